@@ -1,0 +1,5 @@
+import sys
+
+from hintpipe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""The ``hintpipe`` command line: ``simulate``, ``demo`` (more to come).
+
+Every command prints a readable table by default and one JSON object with
+``--json``. Errors in the user's input end the command with exit status 2 and
+one line that says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hintpipe.cli import demo, simulate
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"hintpipe: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hintpipe",
+        description="Readiness-driven pipeline-parallel training: simulate schedules, train, plan.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    simulate.register(commands)
+    demo.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except ValueError as exc:
+        print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

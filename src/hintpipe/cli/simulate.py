@@ -1,0 +1,137 @@
+"""``hintpipe simulate``: run a schedule on the event simulator."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+
+from hintpipe.cli.common import (
+    add_budget_arguments,
+    add_hint_arguments,
+    build_hint,
+    parse_budgets,
+    print_json,
+    progress_bar,
+    stdout,
+)
+from hintpipe.costs import CostModel
+from hintpipe.scoreboard import Policy
+from hintpipe.study import Summary, run_study
+from hintpipe.timeline import plot_timelines
+from hintpipe.trace import write_chrome_trace
+from hintpipe.variability import parse_variability
+
+HELP = "simulate a schedule and policy on a virtual clock"
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("simulate", help=HELP, description=HELP)
+    add_hint_arguments(parser)
+    parser.add_argument(
+        "--policy",
+        default="ready",
+        choices=[p.value for p in Policy],
+        help="fixed: hint order; greedy: best-ranked ready task; ready: greedy with patience (default)",
+    )
+    parser.add_argument("--compare", action="store_true", help="run fixed, greedy and ready on the same samples")
+    parser.add_argument(
+        "--variability",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER]; repeatable",
+    )
+    add_budget_arguments(parser)
+    parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
+    parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    parser.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace of the last trial")
+    parser.add_argument("--timeline", metavar="FILE.png", help="write a Gantt chart of the last trial")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    hint = build_hint(args)
+    models = [parse_variability(spec) for spec in args.variability]
+    cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
+    policy = Policy(args.policy)
+    policies = list(Policy) if args.compare else [policy]
+    with progress_bar("simulating", args.trials, enabled=not args.json and args.trials > 1) as bar:
+        summaries = run_study(
+            hint,
+            policies,
+            cost_model=cost_model,
+            variability=models,
+            trials=args.trials,
+            seed=args.seed,
+            slack=args.memory_slack,
+            budgets=parse_budgets(args.memory_budget, hint.num_ranks),
+            on_trial=lambda _: bar.advance(bar.task_ids[0]),
+        )
+    shown = summaries.get(policy, summaries[policies[-1]])
+    if args.trace:
+        write_chrome_trace(shown.last.records(), args.trace, label=f"{hint.name} / {shown.policy.value}")
+    if args.timeline:
+        plot_timelines(
+            [
+                (f"{hint.name}, {s.policy.value}: makespan {s.last.makespan:.4g}", s.last.records())
+                for s in summaries.values()
+            ],
+            args.timeline,
+        )
+    if args.json:
+        if args.compare:
+            payload: dict[str, Any] = {p.value: s.to_json() for p, s in summaries.items()}
+            payload["speedup"] = summaries[Policy.FIXED].makespan / summaries[Policy.READY].makespan
+            payload["speedup_greedy"] = summaries[Policy.FIXED].makespan / summaries[Policy.GREEDY].makespan
+        else:
+            payload = shown.to_json() | {"policy": shown.policy.value}
+        payload |= {
+            "hint": hint.name,
+            "stages": hint.num_stages,
+            "ranks": hint.num_ranks,
+            "microbatches": hint.num_microbatches,
+            "variability": args.variability,
+        }
+        print_json(payload)
+        return 0
+    title = (
+        f"{hint.name}: {hint.num_ranks} ranks, {hint.num_stages} stages, {hint.num_microbatches} micro-batches"
+        + (f", variability {' '.join(args.variability)}" if args.variability else "")
+        + f", {args.trials} trial{'s' if args.trials != 1 else ''}"
+    )
+    stdout.print(title)
+    stdout.print(_table(list(summaries.values())))
+    if args.compare:
+        fixed = summaries[Policy.FIXED].makespan
+        stdout.print(
+            f"speedup over fixed: ready {fixed / summaries[Policy.READY].makespan:.3f}x, "
+            f"greedy {fixed / summaries[Policy.GREEDY].makespan:.3f}x"
+        )
+    return 0
+
+
+def _table(summaries: list[Summary]) -> Table:
+    table = Table()
+    table.add_column("")
+    for s in summaries:
+        table.add_column(s.policy.value, justify="right")
+    fixed = next((s.makespan for s in summaries if s.policy is Policy.FIXED), None)
+    rows: list[tuple[str, list[str]]] = [
+        ("makespan", [f"{s.makespan:.4g}" for s in summaries]),
+        ("lower bound", [f"{s.lower_bound:.4g}" for s in summaries]),
+        ("efficiency", [f"{s.efficiency:.3f}" for s in summaries]),
+        ("bubble (mean over ranks)", [f"{s.bubble_fraction:.3f}" for s in summaries]),
+        ("peak live per rank", [" ".join(f"{v:.3g}" for v in s.peak_live) for s in summaries]),
+        ("budget per rank", [" ".join(f"{v:.3g}" for v in s.budget) for s in summaries]),
+        ("tasks", [str(s.tasks) for s in summaries]),
+        ("simulated tasks/s", [f"{s.tasks / s.sim_seconds:,.0f}" for s in summaries]),
+    ]
+    if fixed is not None and len(summaries) > 1:
+        rows.insert(1, ("speedup over fixed", [f"{fixed / s.makespan:.3f}x" for s in summaries]))
+    for label, cells in rows:
+        table.add_row(label, *cells)
+    return table

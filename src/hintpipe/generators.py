@@ -1,0 +1,282 @@
+"""Hint generators: the classic pipeline schedules as per-rank task lists.
+
+Each generator returns a :class:`~hintpipe.hint.Hint`. With ``p`` ranks and
+``m`` micro-batches, 1F1B on 4 ranks and 6 micro-batches reads (``F``/``B``
+with the micro-batch, one column per rank)::
+
+    rank 0:  F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5
+    rank 1:  F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5
+    rank 2:  F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5
+    rank 3:  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5
+
+Sources: GPipe (Huang et al. 2019); 1F1B (PipeDream-Flush, Narayanan et al.
+2021); interleaved 1F1B (Megatron-LM, Narayanan et al. 2021); ZB-H1 and ZB-V
+(Qi et al., "Zero Bubble Pipeline Parallelism", 2024), following the
+constructions torch.distributed.pipelining uses. ``bf`` and ``bfw`` are
+rankings by kind, turned into lists by running them once with uniform costs.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from hintpipe.hint import Hint, HintError, HintName, Placement
+from hintpipe.task import Kind, Task
+
+
+def generate_hint(name: str | HintName, ranks: int, microbatches: int, chunks: int = 1) -> Hint:
+    """Build the hint ``name`` for ``ranks`` ranks, ``microbatches`` micro-batches
+    and ``chunks`` stages per rank.
+
+    Raises:
+        ValueError: for an unknown name.
+        HintError: for sizes the schedule does not support, with the fix.
+    """
+    hint_name = HintName.parse(name) if isinstance(name, str) else name
+    if ranks < 1 or microbatches < 1 or chunks < 1:
+        raise HintError(f"ranks, micro-batches and chunks must be at least 1, got {ranks}, {microbatches}, {chunks}")
+    single_chunk = {HintName.ONE_F_ONE_B: "interleaved-1f1b", HintName.ZB_H1: "zbv"}
+    if hint_name in single_chunk and chunks != 1:
+        raise HintError(
+            f"{hint_name.value} runs one chunk per rank, got --chunks {chunks}; "
+            f"use {single_chunk[hint_name]} for several chunks per rank"
+        )
+    if hint_name is HintName.ZBV and chunks != 2:
+        raise HintError(f"zbv runs exactly two chunks per rank in V shape, got --chunks {chunks}")
+    build = _BUILDERS[hint_name]
+    return build(ranks, microbatches, chunks)
+
+
+def _gpipe(p: int, m: int, v: int) -> Hint:
+    # With several chunks this is "looped BFS": all forwards of a stage, then the next.
+    placement = Placement.loop(p, v)
+    order = []
+    for r in range(p):
+        stages = placement.stages_of(r)
+        tasks = [Task(s, Kind.F, mb) for s in stages for mb in range(m)]
+        tasks += [Task(s, Kind.B, mb) for s in reversed(stages) for mb in range(m)]
+        order.append(tasks)
+    return Hint.from_lists(HintName.GPIPE.value, placement, m, order)
+
+
+def _one_f_one_b_rank(r: int, p: int, m: int, split: bool) -> list[Task]:
+    warmup = min(p - r - 1, m)
+    tasks = [Task(r, Kind.F, mb) for mb in range(warmup)]
+    weights = 0
+    for i in range(m):
+        if warmup + i < m:
+            tasks.append(Task(r, Kind.F, warmup + i))
+        tasks.append(Task(r, Kind.B, i))
+        # ZB-H1: rank r keeps its first r weight passes back to fill the
+        # cool-down bubble, then runs one W after each B.
+        if split and i >= r:
+            tasks.append(Task(r, Kind.W, weights))
+            weights += 1
+    if split:
+        tasks += [Task(r, Kind.W, mb) for mb in range(weights, m)]
+    return tasks
+
+
+def _one_f_one_b(p: int, m: int, v: int) -> Hint:
+    order = [_one_f_one_b_rank(r, p, m, split=False) for r in range(p)]
+    return Hint.from_lists(HintName.ONE_F_ONE_B.value, Placement.loop(p), m, order)
+
+
+def _zb_h1(p: int, m: int, v: int) -> Hint:
+    order = [_one_f_one_b_rank(r, p, m, split=True) for r in range(p)]
+    return Hint.from_lists(HintName.ZB_H1.value, Placement.loop(p), m, order)
+
+
+def _interleaved(p: int, m: int, v: int) -> Hint:
+    if v == 1:
+        hint = _one_f_one_b(p, m, v)
+        return Hint(HintName.INTERLEAVED_1F1B.value, hint.placement, m, hint.ranks)
+    if m % p:
+        raise HintError(
+            f"interleaved-1f1b needs the micro-batch count ({m}) to be a multiple of "
+            f"the rank count ({p}); use {m + (-m) % p} micro-batches"
+        )
+    total = m * v
+
+    def mb_of(k: int) -> int:
+        return (k // (p * v)) * p + k % p
+
+    order = []
+    for r in range(p):
+        warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
+        tasks = [Task(((k // p) % v) * p + r, Kind.F, mb_of(k)) for k in range(warmup)]
+        for i in range(total):
+            k = warmup + i
+            if k < total:
+                tasks.append(Task(((k // p) % v) * p + r, Kind.F, mb_of(k)))
+            tasks.append(Task((v - 1 - (i // p) % v) * p + r, Kind.B, mb_of(i)))
+        order.append(tasks)
+    return Hint.from_lists(HintName.INTERLEAVED_1F1B.value, Placement.loop(p, v), m, order)
+
+
+def _zbv(p: int, m: int, v: int) -> Hint:
+    # The ZB-V construction of the zero-bubble paper, as in torch's
+    # ScheduleZBVZeroBubble: run it for at least 2p - 1 micro-batches, then drop
+    # the ones beyond m (the order of the rest stays valid).
+    n = max(2 * p - 1, m)
+    order = []
+    for r in range(p):
+        c0, c1 = r, 2 * p - 1 - r
+        tasks: list[Task] = []
+        f0 = f1 = b0 = b1 = 0
+        for _ in range(2 * (p - r) - 1):
+            tasks.append(Task(c0, Kind.F, f0))
+            f0 += 1
+        for _ in range(r):
+            tasks += [Task(c1, Kind.F, f1), Task(c0, Kind.F, f0)]
+            f1 += 1
+            f0 += 1
+        for _ in range(p - r):
+            tasks += [Task(c1, Kind.F, f1), Task(c1, Kind.B, b1), Task(c1, Kind.W, b1)]
+            f1 += 1
+            b1 += 1
+        while f1 < f0 or f0 < n:
+            if f0 < n:
+                tasks.append(Task(c0, Kind.F, f0))
+                f0 += 1
+            tasks += [Task(c0, Kind.B, b0), Task(c0, Kind.W, b0)]
+            b0 += 1
+            tasks += [Task(c1, Kind.F, f1), Task(c1, Kind.B, b1), Task(c1, Kind.W, b1)]
+            f1 += 1
+            b1 += 1
+        w0, w1 = b0, b1
+        for _ in range(r):
+            tasks += [Task(c0, Kind.B, b0), Task(c1, Kind.B, b1)]
+            b0 += 1
+            b1 += 1
+        for _ in range(p - r):
+            tasks += [Task(c0, Kind.B, b0), Task(c0, Kind.W, w0)]
+            b0 += 1
+            w0 += 1
+        tasks += [Task(c1, Kind.W, mb) for mb in range(w1, b1)]
+        tasks += [Task(c0, Kind.W, mb) for mb in range(w0, b0)]
+        order.append([t for t in tasks if t.mb < m])
+    return Hint.from_lists(HintName.ZBV.value, Placement.v_shape(p), m, order)
+
+
+def _bf(p: int, m: int, v: int) -> Hint:
+    return _rank_by_kind(HintName.BF, p, m, v, split=False)
+
+
+def _bfw(p: int, m: int, v: int) -> Hint:
+    return _rank_by_kind(HintName.BFW, p, m, v, split=True)
+
+
+_KIND_ORDER = {Kind.B: 0, Kind.F: 1, Kind.W: 2}
+
+
+def _rank_by_kind(name: HintName, p: int, m: int, v: int, split: bool) -> Hint:
+    """Run "B first, then F, then W; earlier micro-batch first" once.
+
+    Uniform costs (F = B = W = 1, or B = 2 when not split), zero latency, and
+    1F1B's admission: each stage holds at most as many micro-batches in flight
+    as it does under 1F1B (interleaved 1F1B when ``v > 1``). Per-stage quotas
+    keep several chunks on one rank from starving each other. The order in
+    which each rank ran its tasks is the hint.
+    """
+    reference = _interleaved(p, m, v) if v > 1 else _one_f_one_b(p, m, v)
+    placement = reference.placement
+    quota = _stage_peaks(reference)
+    stages, last = placement.num_stages, placement.num_stages - 1
+    cost = {Kind.F: 1, Kind.B: 1 if split else 2, Kind.W: 1}
+
+    def key(t: Task) -> tuple[int, int, int]:
+        return (_KIND_ORDER[t.kind], t.mb, -t.stage)
+
+    ready: list[list[tuple[tuple[int, int, int], Task]]] = [[] for _ in range(p)]
+    in_flight = [0] * stages
+    order: list[list[Task]] = [[] for _ in range(p)]
+    busy_until = [0] * p
+    events: list[tuple[int, int, Task]] = []  # (finish time, rank, task)
+
+    def make_ready(t: Task) -> None:
+        heapq.heappush(ready[placement.stage_rank[t.stage]], (key(t), t))
+
+    for mb in range(m):
+        make_ready(Task(0, Kind.F, mb))
+    arrived_grad: set[tuple[int, int]] = set()
+    forward_done: set[tuple[int, int]] = set()
+    now = 0
+    while True:
+        for r in range(p):
+            if busy_until[r] > now:
+                continue
+            skipped = []
+            chosen = None
+            while ready[r]:
+                item = heapq.heappop(ready[r])
+                t = item[1]
+                if t.kind is Kind.F and in_flight[t.stage] >= quota[t.stage]:
+                    skipped.append(item)
+                    continue
+                chosen = t
+                break
+            for item in skipped:
+                heapq.heappush(ready[r], item)
+            if chosen is None:
+                continue
+            if chosen.kind is Kind.F:
+                in_flight[chosen.stage] += 1
+            order[r].append(chosen)
+            busy_until[r] = now + cost[chosen.kind]
+            heapq.heappush(events, (busy_until[r], r, chosen))
+        if not events:
+            break
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, r, t = heapq.heappop(events)
+            s, mb = t.stage, t.mb
+            if t.kind is Kind.F:
+                forward_done.add((s, mb))
+                if s < last:
+                    make_ready(Task(s + 1, Kind.F, mb))
+                if s == last or (s, mb) in arrived_grad:
+                    make_ready(Task(s, Kind.B, mb))
+            elif t.kind is Kind.B:
+                if split:
+                    make_ready(Task(s, Kind.W, mb))
+                else:
+                    in_flight[s] -= 1
+                if s > 0:
+                    arrived_grad.add((s - 1, mb))
+                    if (s - 1, mb) in forward_done:
+                        make_ready(Task(s - 1, Kind.B, mb))
+            else:
+                in_flight[s] -= 1
+    if sum(len(o) for o in order) != reference.num_tasks * (3 if split else 2) // 2:
+        raise HintError(f"{name.value} could not be built for {p} ranks, {m} micro-batches, {v} chunks")
+    return Hint.from_lists(name.value, placement, m, order)
+
+
+def _stage_peaks(hint: Hint) -> list[int]:
+    """Per stage, the most micro-batches a fixed-order run of ``hint`` holds at once."""
+    split = hint.split_backward
+    peaks = [0] * hint.num_stages
+    for tasks in hint.ranks:
+        live = [0] * hint.num_stages
+        for t in tasks:
+            if t.kind is Kind.F:
+                live[t.stage] += 1
+                peaks[t.stage] = max(peaks[t.stage], live[t.stage])
+            elif t.kind is (Kind.W if split else Kind.B):
+                live[t.stage] -= 1
+    return peaks
+
+
+_BUILDERS: dict[HintName, Callable[[int, int, int], Hint]] = {
+    HintName.GPIPE: _gpipe,
+    HintName.ONE_F_ONE_B: _one_f_one_b,
+    HintName.INTERLEAVED_1F1B: _interleaved,
+    HintName.ZB_H1: _zb_h1,
+    HintName.ZBV: _zbv,
+    HintName.BF: _bf,
+    HintName.BFW: _bfw,
+}

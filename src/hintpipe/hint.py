@@ -1,0 +1,152 @@
+"""Hints: per-rank ordered task lists, and where each stage lives.
+
+A hint is what a pipeline schedule (GPipe, 1F1B, zero-bubble, ...) produces:
+for every rank, the order in which its tasks would run in a fixed-order
+pipeline. hintpipe treats that order as a *ranking* of ready work, not a
+sequence to wait on; the scoreboard decides what actually runs.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from collections.abc import Sequence
+
+from hintpipe.task import Kind, Task
+
+
+class HintError(ValueError):
+    """A hint (generated, loaded or hand-written) that cannot run."""
+
+
+class HintName(enum.StrEnum):
+    """The schedules hintpipe can generate."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZB_H1 = "zb-h1"
+    ZBV = "zbv"
+    BF = "bf"
+    BFW = "bfw"
+
+    @classmethod
+    def parse(cls, name: str) -> HintName:
+        """Convert a user string to a hint name, refusing unknown ones."""
+        try:
+            return cls(name)
+        except ValueError:
+            known = ", ".join(h.value for h in cls)
+            raise ValueError(f"unknown hint {name!r}: choose one of {known}, or load a CSV file") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Which rank hosts each stage.
+
+    ``stage_rank[s]`` is the rank of global stage ``s``. Two layouts are
+    built in: ``loop`` (stage ``s`` on rank ``s % ranks``: interleaved
+    schedules) and ``v`` (two chunks per rank, the second one mirrored, so the
+    last rank hosts the middle two stages: ZB-V).
+    """
+
+    stage_rank: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.stage_rank:
+            raise ValueError("a placement needs at least one stage")
+        missing = set(range(self.num_ranks)) - set(self.stage_rank)
+        if missing:
+            raise ValueError(f"ranks {sorted(missing)} host no stage")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_rank)
+
+    @property
+    def num_ranks(self) -> int:
+        return max(self.stage_rank) + 1
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """Global stage ids hosted by ``rank``, in increasing order."""
+        return tuple(s for s, r in enumerate(self.stage_rank) if r == rank)
+
+    @classmethod
+    def loop(cls, ranks: int, chunks: int = 1) -> Placement:
+        """Stage ``s`` on rank ``s % ranks`` (``ranks * chunks`` stages)."""
+        _check_positive(ranks=ranks, chunks=chunks)
+        return cls(tuple(s % ranks for s in range(ranks * chunks)))
+
+    @classmethod
+    def v_shape(cls, ranks: int) -> Placement:
+        """Two chunks per rank in V shape: rank ``r`` hosts ``r`` and ``2*ranks-1-r``."""
+        _check_positive(ranks=ranks)
+        return cls(tuple(s if s < ranks else 2 * ranks - 1 - s for s in range(2 * ranks)))
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hint:
+    """Per-rank task order plus the layout it runs on.
+
+    Attributes:
+        name: where the hint came from (a generator name or a file).
+        placement: the stage-to-rank map.
+        num_microbatches: micro-batches per step.
+        ranks: ``ranks[r]`` is rank ``r``'s tasks in hint order.
+    """
+
+    name: str
+    placement: Placement
+    num_microbatches: int
+    ranks: tuple[tuple[Task, ...], ...]
+
+    @property
+    def num_ranks(self) -> int:
+        return self.placement.num_ranks
+
+    @property
+    def num_stages(self) -> int:
+        return self.placement.num_stages
+
+    @functools.cached_property
+    def split_backward(self) -> bool:
+        """True when weight gradients are separate ``W`` tasks."""
+        return any(t.kind is Kind.W for tasks in self.ranks for t in tasks)
+
+    @property
+    def num_tasks(self) -> int:
+        return sum(len(tasks) for tasks in self.ranks)
+
+    @classmethod
+    def from_lists(
+        cls,
+        name: str,
+        placement: Placement,
+        num_microbatches: int,
+        ranks: Sequence[Sequence[Task]],
+    ) -> Hint:
+        return cls(name, placement, num_microbatches, tuple(tuple(r) for r in ranks))
+
+    def grid(self, mark: tuple[int, int] | None = None) -> str:
+        """The step-by-rank table, one column per rank; ``mark=(rank, pos)`` flags a cell."""
+        width = max((len(str(t)) for tasks in self.ranks for t in tasks), default=3) + 2
+        depth = max((len(tasks) for tasks in self.ranks), default=0)
+        lines = ["step " + "".join(f"rank {r}".ljust(width + 2) for r in range(self.num_ranks))]
+        for i in range(depth):
+            cells = []
+            for r, tasks in enumerate(self.ranks):
+                text = str(tasks[i]) if i < len(tasks) else ""
+                if mark == (r, i):
+                    text = f">{text}<"
+                cells.append(text.ljust(width + 2))
+            lines.append(f"{i:<5}" + "".join(cells))
+        return "\n".join(line.rstrip() for line in lines)

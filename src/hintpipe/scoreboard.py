@@ -1,0 +1,416 @@
+"""The scoreboard: one rank's dispatch state machine.
+
+The scoreboard knows, for one rank, which of its tasks are ready (their inputs
+have arrived), which are admitted (memory allows them), and which one to run
+next. It is driven by two events, "a message arrived" (:meth:`Scoreboard.deliver`)
+and "a task finished" (:meth:`Scoreboard.finish`), and asked one question,
+"what now?" (:meth:`Scoreboard.decide`). It knows nothing of clocks, tensors
+or processes: the event simulator drives it with a virtual clock, the runtime
+with messages and compute, so a simulation is a prediction of the runtime.
+
+The hot path works on *positions* (a task's index in the rank's hint) rather
+than on :class:`Task` objects, because the simulator runs it hundreds of
+thousands of times per second.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import math
+from collections.abc import Sequence
+
+from hintpipe.hint import Hint
+from hintpipe.task import Kind, Task
+
+
+class Policy(enum.StrEnum):
+    """How a rank chooses among its ready, admitted tasks.
+
+    - ``fixed``: run the hint in order, waiting for its next task (the
+      baseline every fixed-order pipeline uses).
+    - ``greedy``: run the best-ranked ready, admitted task at once.
+    - ``ready``: greedy with *patience*. When the hint's next task is not
+      ready, wait for it as long as the plan says it should take to arrive
+      (its planned gap after the previous task plus a quarter of its expected
+      cost); only once it is overdue run the best-ranked ready task. Without
+      variability it never deviates from ``fixed``; under variability it keeps
+      most of greedy's gain without greedy's habit of starting a low-ranked
+      task just before a high-ranked one arrives.
+    """
+
+    FIXED = "fixed"
+    GREEDY = "greedy"
+    READY = "ready"
+
+    @classmethod
+    def parse(cls, name: str) -> Policy:
+        try:
+            return cls(name)
+        except ValueError:
+            known = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown policy {name!r}: choose one of {known}") from None
+
+
+#: The share of a task's expected cost the ``ready`` policy waits beyond its
+#: planned arrival before it runs other work.
+PATIENCE_TOLERANCE = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPlan:
+    """What the ``ready`` policy expects of one rank's hint, by position.
+
+    Attributes:
+        allowance: how long after its hint predecessor ends a task may take
+            to become ready (its planned gap plus the tolerance).
+        due: the planned start plus the tolerance: a task is never due
+            earlier than this, even when the rank runs ahead of its plan.
+        expected: expected cost, for backfilling.
+    """
+
+    allowance: tuple[float, ...]
+    due: tuple[float, ...]
+    expected: tuple[float, ...]
+
+    @classmethod
+    def from_timeline(cls, starts: Sequence[float], ends: Sequence[float], expected: Sequence[float]) -> RankPlan:
+        """Build from a fixed-order timeline (planned or measured) of the hint."""
+        slack = [PATIENCE_TOLERANCE * c for c in expected]
+        gaps = [max(0.0, starts[i] - (ends[i - 1] if i else 0.0)) for i in range(len(starts))]
+        return cls(
+            tuple(g + t for g, t in zip(gaps, slack, strict=True)),
+            tuple(s + t for s, t in zip(starts, slack, strict=True)),
+            tuple(float(c) for c in expected),
+        )
+
+
+class BudgetError(ValueError):
+    """A memory budget below what the hint itself needs."""
+
+
+class RankGraph:
+    """The fixed part of one rank's dispatch state: its tasks and how they depend.
+
+    Built once per hint and rank and shared by every scoreboard that runs it.
+
+    Args:
+        hint: the whole hint (the graph reads its own rank's list).
+        rank: which rank.
+        sizes: activation size of each of this rank's ``F`` tasks, by
+            position in the rank's hint (bytes, or ``None`` for one slot per
+            micro-batch). Released by the last backward task of the same stage
+            and micro-batch (``W`` when split, else ``B``).
+    """
+
+    def __init__(self, hint: Hint, rank: int, sizes: Sequence[float] | None = None) -> None:
+        self.hint = hint
+        self.rank = rank
+        self.tasks: tuple[Task, ...] = hint.ranks[rank]
+        n = len(self.tasks)
+        if sizes is not None and len(sizes) != n:
+            raise ValueError(f"sizes has {len(sizes)} entries, rank {rank} has {n} tasks")
+        self.index: dict[Task, int] = {t: i for i, t in enumerate(self.tasks)}
+        stage_rank = hint.placement.stage_rank
+        last_stage = hint.num_stages - 1
+        split = hint.split_backward
+
+        need = [0] * n
+        local: list[tuple[int, ...]] = [()] * n
+        remote: list[tuple[int, Task] | None] = [None] * n
+        delta = [0.0] * n
+        index = self.index
+        for i, (s, kind, mb) in enumerate(self.tasks):
+            after: list[int] = []
+            if kind is Kind.F:
+                need[i] = 0 if s == 0 else 1
+                after.append(index[Task(s, Kind.B, mb)])
+                if s < last_stage:
+                    nxt = Task(s + 1, Kind.F, mb)
+                    if stage_rank[s + 1] == rank:
+                        after.append(index[nxt])
+                    else:
+                        remote[i] = (stage_rank[s + 1], nxt)
+                delta[i] = 1.0 if sizes is None else float(sizes[i])
+            elif kind is Kind.B:
+                need[i] = 1 if s == last_stage else 2
+                if split:
+                    after.append(index[Task(s, Kind.W, mb)])
+                if s > 0:
+                    prv = Task(s - 1, Kind.B, mb)
+                    if stage_rank[s - 1] == rank:
+                        after.append(index[prv])
+                    else:
+                        remote[i] = (stage_rank[s - 1], prv)
+            else:
+                need[i] = 1
+            local[i] = tuple(after)
+        for i, (s, kind, mb) in enumerate(self.tasks):
+            if kind is Kind.W or (kind is Kind.B and not split):
+                delta[i] = -delta[index[Task(s, Kind.F, mb)]]
+
+        self.need = tuple(need)
+        self.local = tuple(local)
+        #: ``remote[pos]``: (rank, task) to notify when ``pos`` finishes, or None.
+        self.remote = tuple(remote)
+        self.delta = tuple(delta)
+        self.is_forward = tuple(t.kind is Kind.F for t in self.tasks)
+        projected = []
+        live = 0.0
+        for d in delta:
+            live += d
+            projected.append(live)
+        #: Live activations after each position when the hint runs in order.
+        self.projected = tuple(projected)
+        #: The most a fixed-order run of the hint holds at once on this rank.
+        self.peak = max(projected, default=0.0)
+        #: The largest single activation: one micro-batch's worth of room.
+        self.unit = max(delta, default=0.0)
+
+
+class Scoreboard:
+    """Dispatch state of one rank.
+
+    Args:
+        graph: the rank's tasks and dependencies.
+        policy: how to choose among ready tasks.
+        budget: live activation limit. ``None``: the hint's own peak, so the
+            rank never holds more than a fixed-order pipeline would.
+        plan: for ``ready``, when each task is expected (see :class:`RankPlan`).
+            ``None``: no patience (behaves as ``greedy``).
+
+    Raises:
+        BudgetError: if ``budget`` is below the hint's own peak on this rank.
+
+    [Note: admission never blocks the hint]
+    A task may run ahead of its hint position only if, afterwards, running the
+    rest of the hint in order still stays within the budget. The scoreboard
+    keeps ``_projected[i]``: the live memory right after position ``i`` if the
+    remaining hint ran in order from here. Running position ``j`` early with
+    size change ``d`` adds ``d`` to ``_projected[next:j]``; an ``F`` is
+    admitted only if that window stays within the budget. So every rank can
+    always fall back to its hint order, a fixed-order run of a valid hint
+    completes, and therefore no policy can deadlock, however many stages a
+    rank hosts.
+    """
+
+    def __init__(
+        self,
+        graph: RankGraph,
+        policy: Policy = Policy.READY,
+        *,
+        budget: float | None = None,
+        plan: RankPlan | None = None,
+    ) -> None:
+        self.graph = graph
+        self.hint = graph.hint
+        self.rank = rank = graph.rank
+        self.policy = policy
+        self.tasks = graph.tasks
+        self.index = graph.index
+        self.remote = graph.remote
+        n = len(self.tasks)
+        need = list(graph.need)
+        self._need = need
+        self._local = graph.local
+        self._delta = graph.delta
+        self._projected = list(graph.projected)
+        self.hint_peak = graph.peak
+        if budget is None:
+            budget = self.hint_peak
+        elif budget < self.hint_peak:
+            raise BudgetError(
+                f"memory budget {budget:g} on rank {rank} is below the hint's own peak "
+                f"{self.hint_peak:g}; raise the budget or choose a hint that holds fewer "
+                "micro-batches in flight"
+            )
+        self.budget = float(budget)
+        if plan is not None and len(plan.due) != n:
+            raise ValueError(f"the plan has {len(plan.due)} tasks, rank {rank} has {n}")
+        self._plan = plan if policy is Policy.READY else None
+        self._taken = [False] * n
+        self.finished = [False] * n
+        self._end_time = [0.0] * n
+        self._heap_f: list[int] = []
+        self._heap_bw: list[int] = []
+        self._is_f = graph.is_forward
+        self.next = 0
+        self.live = 0.0
+        self.peak = 0.0
+        self.wake_at = math.inf
+        self.remaining = n
+        self._n = n
+        # Tasks that are ready when they are the hint's next one run by the fast
+        # path and need no queue; every other ready task waits in a heap.
+        self._queue_ready = policy is not Policy.FIXED
+        if self._queue_ready:
+            for i in range(1, n):
+                if need[i] == 0:
+                    heapq.heappush(self._heap_f if self._is_f[i] else self._heap_bw, i)
+
+    # -- events -------------------------------------------------------------
+
+    def deliver(self, task: Task) -> None:
+        """A message for ``task`` arrived (activation for F, gradient for B)."""
+        self.satisfy(self.index[task])
+
+    def satisfy(self, pos: int) -> None:
+        """One dependency of the task at ``pos`` is met."""
+        need = self._need
+        left = need[pos] - 1
+        need[pos] = left
+        if left == 0 and self._queue_ready and pos != self.next:
+            heapq.heappush(self._heap_f if self._is_f[pos] else self._heap_bw, pos)
+
+    def take(self, now: float) -> int:
+        """:meth:`decide`, then :meth:`start` what it chose; -1 to wait."""
+        k = self.next
+        if k < self._n and self._need[k] == 0:
+            self.start(k)
+            return k
+        pos = self.decide(now)
+        if pos >= 0:
+            self.start(pos)
+        return pos
+
+    def start(self, pos: int) -> None:
+        """The driver starts the task at ``pos`` (as returned by :meth:`decide`)."""
+        taken = self._taken
+        taken[pos] = True
+        d = self._delta[pos]
+        if pos == self.next:
+            n = len(taken)
+            nxt = pos + 1
+            while nxt < n and taken[nxt]:
+                nxt += 1
+            self.next = nxt
+        elif d:
+            projected = self._projected
+            for i in range(self.next, pos):
+                projected[i] += d
+        if d > 0:
+            live = self.live + d
+            self.live = live
+            if live > self.peak:
+                self.peak = live
+
+    def finish(self, pos: int, now: float) -> tuple[int, Task] | None:
+        """The task at ``pos`` finished at ``now``.
+
+        Satisfies its successors on this rank and returns the ``(rank, task)``
+        on another rank that this result unblocks (the driver sends it there),
+        or ``None``.
+        """
+        self.finished[pos] = True
+        self._end_time[pos] = now
+        self.remaining -= 1
+        d = self._delta[pos]
+        if d < 0:
+            self.live += d
+        need = self._need
+        for nxt in self._local[pos]:
+            left = need[nxt] - 1
+            need[nxt] = left
+            if left == 0 and self._queue_ready and nxt != self.next:
+                heapq.heappush(self._heap_f if self._is_f[nxt] else self._heap_bw, nxt)
+        return self.remote[pos]
+
+    # -- decision -----------------------------------------------------------
+
+    def decide(self, now: float) -> int:
+        """The position of the task to start now, or -1 to wait.
+
+        When it returns -1 because of patience, :attr:`wake_at` is the time to
+        ask again if no message arrives first; otherwise it is ``inf``.
+        """
+        self.wake_at = math.inf
+        k = self.next
+        if k >= self._n:
+            return -1
+        if self._need[k] == 0:
+            return k
+        if self.policy is Policy.FIXED:
+            return -1
+        best = self._best_ready()
+        plan = self._plan
+        if best < 0 or plan is None:
+            return best
+        due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+        if now >= due or now + plan.expected[best] <= due:
+            # Overdue, or the best ready task fits before the hint's next is due.
+            return best
+        self.wake_at = due
+        return -1
+
+    def _best_ready(self) -> int:
+        taken = self._taken
+        heap_bw = self._heap_bw
+        heap_f = self._heap_f
+        while heap_bw and taken[heap_bw[0]]:
+            heapq.heappop(heap_bw)
+        while heap_f and taken[heap_f[0]]:
+            heapq.heappop(heap_f)
+        if heap_f and (not heap_bw or heap_f[0] < heap_bw[0]) and self._admits(heap_f[0]):
+            return heap_f[0]
+        if heap_bw:
+            return heap_bw[0]
+        return -1
+
+    def _admits(self, pos: int) -> bool:
+        d = self._delta[pos]
+        budget = self.budget - d
+        if self.live > budget:
+            return False
+        k = self.next
+        return pos == k or max(self._projected[k:pos]) <= budget
+
+    # -- introspection --------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+    def waiting_for(self, pos: int) -> list[str]:
+        """What the task at ``pos`` still waits for, in words."""
+        s, kind, mb = self.tasks[pos]
+        stage_rank = self.hint.placement.stage_rank
+        missing: list[str] = []
+        if kind is Kind.F:
+            if s > 0 and not self._input_arrived(pos):
+                missing.append(f"activation of stage {s - 1} from rank {stage_rank[s - 1]}")
+        elif kind is Kind.B:
+            f_pos = self.index[Task(s, Kind.F, mb)]
+            if not self.finished[f_pos]:
+                missing.append(f"its forward {self.tasks[f_pos]}")
+            if s < self.hint.num_stages - 1 and not self._input_arrived(pos):
+                missing.append(f"gradient of stage {s + 1} from rank {stage_rank[s + 1]}")
+        else:
+            b_pos = self.index[Task(s, Kind.B, mb)]
+            if not self.finished[b_pos]:
+                missing.append(f"its backward {self.tasks[b_pos]}")
+        return missing
+
+    def _input_arrived(self, pos: int) -> bool:
+        # The remote input is the dependency left once every local one is met.
+        s, kind, mb = self.tasks[pos]
+        local_missing = 0
+        if kind is Kind.B and not self.finished[self.index[Task(s, Kind.F, mb)]]:
+            local_missing = 1
+        return self._need[pos] <= local_missing
+
+    def pending_report(self) -> str:
+        """One line for a deadlock or watchdog dump."""
+        if self.done:
+            return f"rank {self.rank}: done"
+        k = self.next
+        running = sum(self._taken) - sum(self.finished)
+        task = self.tasks[k] if k < len(self.tasks) else None
+        waits = "; ".join(self.waiting_for(k)) if task is not None else ""
+        return (
+            f"rank {self.rank}: {self.remaining} tasks pending"
+            + (f", {running} running" if running else "")
+            + (f"; next in hint {task} (position {k}) waits for {waits or 'nothing'}" if task else "")
+        )

@@ -1,0 +1,298 @@
+"""Discrete-event simulator: the scoreboard driven by a virtual clock.
+
+Every rank is a :class:`~hintpipe.scoreboard.Scoreboard`, exactly as in the
+runtime; the simulator only replaces compute by advancing a clock and messages
+by delayed deliveries. Costs are sampled once per trial (see
+:mod:`hintpipe.variability`) so that policies are compared on identical work.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from hintpipe.costs import CostModel
+from hintpipe.hint import Hint
+from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
+from hintpipe.task import Kind, Task
+from hintpipe.variability import CommDelay, Variability, comm_delay, sample_costs, sample_message_delays
+
+
+class DeadlockError(RuntimeError):
+    """Tasks remain but nothing is ready and nothing is running."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One trial's drawn work: ``costs[stage, mb, kind]`` and the delay of the
+    message a task sends when it finishes, ``delays[stage, mb, kind]``."""
+
+    costs: npt.NDArray[np.float64]
+    delays: npt.NDArray[np.float64]
+    latency: float
+
+    @classmethod
+    def draw(
+        cls,
+        hint: Hint,
+        cost_model: CostModel,
+        models: Sequence[Variability] = (),
+        rng: np.random.Generator | None = None,
+    ) -> Sample:
+        """Sample costs and message delays for ``hint`` under ``models``."""
+        cost_model.check_fits(hint.num_stages, hint.num_microbatches)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
+        costs = sample_costs(expected, list(models), rng)
+        comm = comm_delay(list(models))
+        delays = sample_message_delays(comm, costs.size, rng).reshape(costs.shape)
+        return cls(costs, delays, comm.latency)
+
+    @classmethod
+    def expected(cls, hint: Hint, cost_model: CostModel, comm: CommDelay | None = None) -> Sample:
+        """The expected work: no noise, messages take exactly the latency."""
+        cost_model.check_fits(hint.num_stages, hint.num_microbatches)
+        costs = cost_model.expected(hint.num_microbatches, hint.split_backward)
+        latency = comm.latency if comm is not None else 0.0
+        return cls(costs, np.full(costs.shape, latency), latency)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimResult:
+    """What one simulated step did.
+
+    ``starts[r][i]`` / ``ends[r][i]`` are the times of rank ``r``'s task at
+    hint position ``i`` (``hint.ranks[r][i]``).
+    """
+
+    hint: Hint
+    policy: Policy
+    makespan: float
+    lower_bound: float
+    busy: tuple[float, ...]
+    peak_live: tuple[float, ...]
+    budget: tuple[float, ...]
+    starts: tuple[tuple[float, ...], ...]
+    ends: tuple[tuple[float, ...], ...]
+    sim_seconds: float
+
+    @property
+    def efficiency(self) -> float:
+        return self.lower_bound / self.makespan if self.makespan > 0 else 1.0
+
+    @property
+    def bubble(self) -> tuple[float, ...]:
+        """Per rank, the idle share of the makespan."""
+        if self.makespan <= 0:
+            return tuple(0.0 for _ in self.busy)
+        return tuple(1.0 - b / self.makespan for b in self.busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        bubble = self.bubble
+        return sum(bubble) / len(bubble)
+
+    @property
+    def tasks(self) -> int:
+        return self.hint.num_tasks
+
+    def records(self) -> list[tuple[int, Task, float, float]]:
+        """``(rank, task, start, end)`` for every task, in start order."""
+        rows = [
+            (r, task, self.starts[r][i], self.ends[r][i])
+            for r, tasks in enumerate(self.hint.ranks)
+            for i, task in enumerate(tasks)
+        ]
+        rows.sort(key=lambda row: (row[2], row[0]))
+        return rows
+
+
+def lower_bound(hint: Hint, sample: Sample) -> float:
+    """max(busiest rank's work, longest single micro-batch critical path).
+
+    A micro-batch's path runs its forwards through every stage, its backwards
+    back to some stage ``s`` and that stage's ``W``; each hop between ranks
+    costs at least the latency.
+    """
+    costs = sample.costs
+    busy = max(_busy(hint, costs))
+    stage_rank = hint.placement.stage_rank
+    cross = np.array([stage_rank[s] != stage_rank[s + 1] for s in range(hint.num_stages - 1)] + [False], dtype=float)
+    hops_after = np.cumsum(cross[::-1])[::-1]  # cross-rank hops from stage s up to the last stage
+    forward = costs[:, :, Kind.F].sum(axis=0) + cross.sum() * sample.latency
+    backward_suffix = np.cumsum(costs[::-1, :, Kind.B], axis=0)[::-1]
+    tail = backward_suffix + costs[:, :, Kind.W] + (hops_after * sample.latency)[:, None]
+    path = float((forward + tail.max(axis=0)).max())
+    return max(busy, path)
+
+
+def _busy(hint: Hint, costs: npt.NDArray[np.float64]) -> list[float]:
+    return [float(sum(costs[t.stage, t.mb, t.kind] for t in tasks)) for tasks in hint.ranks]
+
+
+class Simulator:
+    """Runs a hint under a policy on sampled work.
+
+    Args:
+        hint: the schedule to rank work by.
+        cost_model: expected costs and activation sizes.
+    """
+
+    def __init__(self, hint: Hint, cost_model: CostModel) -> None:
+        cost_model.check_fits(hint.num_stages, hint.num_microbatches)
+        self.hint = hint
+        self.cost_model = cost_model
+        self._stage = [np.array([t.stage for t in tasks], dtype=np.int64) for tasks in hint.ranks]
+        self._mb = [np.array([t.mb for t in tasks], dtype=np.int64) for tasks in hint.ranks]
+        self._kind = [np.array([int(t.kind) for t in tasks], dtype=np.int64) for tasks in hint.ranks]
+        sizes = cost_model.activation_sizes(hint.num_microbatches)
+        self.graphs = [
+            RankGraph(hint, r, None if sizes is None else sizes[self._stage[r], self._mb[r]].tolist())
+            for r in range(hint.num_ranks)
+        ]
+        self._plans: dict[float, list[RankPlan]] = {}
+
+    def budgets(self, slack: float = 0.0) -> list[float]:
+        """Per rank: the hint's own peak plus room for ``slack`` more micro-batches."""
+        return [g.peak + slack * g.unit for g in self.graphs]
+
+    def plans(self, latency: float = 0.0) -> list[RankPlan]:
+        """Per rank, what ``ready`` expects: a fixed-order run on expected costs."""
+        if latency not in self._plans:
+            plan = self.run(Policy.FIXED, Sample.expected(self.hint, self.cost_model, CommDelay(latency)))
+            expected = Sample.expected(self.hint, self.cost_model).costs
+            self._plans[latency] = [
+                RankPlan.from_timeline(
+                    plan.starts[r],
+                    plan.ends[r],
+                    expected[self._stage[r], self._mb[r], self._kind[r]].tolist(),
+                )
+                for r in range(self.hint.num_ranks)
+            ]
+        return self._plans[latency]
+
+    def _scoreboards(
+        self,
+        policy: Policy,
+        budgets: Sequence[float] | None = None,
+        plans: Sequence[RankPlan] | None = None,
+    ) -> list[Scoreboard]:
+        return [
+            Scoreboard(
+                graph,
+                policy,
+                budget=None if budgets is None else budgets[r],
+                plan=None if plans is None else plans[r],
+            )
+            for r, graph in enumerate(self.graphs)
+        ]
+
+    def run(
+        self,
+        policy: Policy,
+        sample: Sample | None = None,
+        *,
+        budgets: Sequence[float] | None = None,
+        slack: float = 0.0,
+    ) -> SimResult:
+        """Simulate one step.
+
+        Args:
+            policy: the dispatch policy.
+            sample: the work to run (default: expected costs).
+            budgets: per-rank activation budget; default: hint peak + ``slack``.
+            slack: extra micro-batches of room when ``budgets`` is not given.
+
+        Raises:
+            DeadlockError: with a per-rank dump, if the step cannot complete.
+            BudgetError: if a budget is below the hint's own peak.
+        """
+        began = time.perf_counter()
+        hint = self.hint
+        if sample is None:
+            sample = Sample.expected(hint, self.cost_model)
+        if budgets is None and slack:
+            budgets = self.budgets(slack)
+        plans = self.plans(sample.latency) if policy is Policy.READY else None
+        boards = self._scoreboards(policy, budgets, plans)
+        num_ranks = hint.num_ranks
+        cost = [sample.costs[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in range(num_ranks)]
+        delay = [sample.delays[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in range(num_ranks)]
+        # Where each remote notification lands: (rank, position there).
+        links: list[list[tuple[int, int] | None]] = [
+            [None if link is None else (link[0], boards[link[0]].index[link[1]]) for link in sb.remote] for sb in boards
+        ]
+        starts = [[math.nan] * len(tasks) for tasks in hint.ranks]
+        ends = [[math.nan] * len(tasks) for tasks in hint.ranks]
+        running = [False] * num_ranks
+        wake_pending = [math.inf] * num_ranks
+        # (time, rank, pos): pos >= 0 a task finishes, -1 a patience wake-up,
+        # -2 - p a message making position p ready.
+        events: list[tuple[float, int, int]] = []
+        push = heapq.heappush
+        pop = heapq.heappop
+        now = 0.0
+        dirty = set(range(num_ranks))
+        while True:
+            for r in dirty:
+                if running[r]:
+                    continue
+                sb = boards[r]
+                pos = sb.take(now)
+                if pos >= 0:
+                    running[r] = True
+                    starts[r][pos] = now
+                    push(events, (now + cost[r][pos], r, pos))
+                elif sb.wake_at < wake_pending[r]:
+                    wake_pending[r] = sb.wake_at
+                    push(events, (sb.wake_at, r, -1))
+            dirty.clear()
+            if not events:
+                break
+            now = events[0][0]
+            while events and events[0][0] <= now:
+                _, r, pos = pop(events)
+                dirty.add(r)
+                if pos >= 0:
+                    running[r] = False
+                    ends[r][pos] = now
+                    boards[r].finish(pos, now)
+                    link = links[r][pos]
+                    if link is not None:
+                        wait = delay[r][pos]
+                        if wait > 0.0:
+                            push(events, (now + wait, link[0], -2 - link[1]))
+                        else:
+                            boards[link[0]].satisfy(link[1])
+                            dirty.add(link[0])
+                elif pos == -1:
+                    if wake_pending[r] <= now:
+                        wake_pending[r] = math.inf
+                else:
+                    boards[r].satisfy(-2 - pos)
+        if any(not sb.done for sb in boards):
+            dump = "\n".join(sb.pending_report() for sb in boards)
+            raise DeadlockError(
+                f"deadlock at t={now:g} in hint {hint.name!r} under policy {policy.value}: "
+                f"nothing is ready and nothing is running\n{dump}"
+            )
+        return SimResult(
+            hint=hint,
+            policy=policy,
+            makespan=max((max(e) for e in ends if e), default=0.0),
+            lower_bound=lower_bound(hint, sample),
+            busy=tuple(sum(c) for c in cost),
+            peak_live=tuple(sb.peak for sb in boards),
+            budget=tuple(sb.budget for sb in boards),
+            starts=tuple(tuple(s) for s in starts),
+            ends=tuple(tuple(e) for e in ends),
+            sim_seconds=time.perf_counter() - began,
+        )

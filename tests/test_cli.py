@@ -1,0 +1,146 @@
+"""The command line: the documented JSON keys, the claims, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hintpipe.cli import main
+from hintpipe.generators import generate_hint
+from hintpipe.hint import HintName
+from hintpipe.hint_csv import save_hint_csv
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_compare_speedup_under_variable_lengths(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(
+        capsys,
+        "simulate",
+        "--stages",
+        "4",
+        "--microbatches",
+        "16",
+        "--hint",
+        "1f1b",
+        "--variability",
+        "mb:0.5",
+        "--memory-slack",
+        "2",
+        "--trials",
+        "20",
+        "--compare",
+    )
+    assert out["speedup"] >= 1.10
+    assert out["speedup"] == pytest.approx(out["fixed"]["makespan"] / out["ready"]["makespan"])
+    for policy in ("fixed", "greedy", "ready"):
+        keys = {"makespan", "lower_bound", "efficiency", "bubble_fraction", "peak_live", "tasks", "sim_seconds"}
+        assert keys <= set(out[policy])
+        assert out[policy]["tasks"] == 128
+    assert out["fixed"]["peak_live"] == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("hint", [h.value for h in HintName])
+def test_ready_never_loses_without_variability(capsys: pytest.CaptureFixture[str], hint: str) -> None:
+    chunks = ["--chunks", "2"] if hint == "interleaved-1f1b" else []
+    out = run_json(
+        capsys,
+        "simulate",
+        "--stages",
+        "4",
+        "--microbatches",
+        "16",
+        "--hint",
+        hint,
+        *chunks,
+        "--variability",
+        "iid:0.0",
+        "--memory-slack",
+        "2",
+        "--compare",
+    )
+    assert out["speedup"] >= 0.99
+
+
+def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    out = run_json(
+        capsys,
+        "simulate",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--hint",
+        "gpipe",
+        "--policy",
+        "fixed",
+        "--trace",
+        str(trace),
+        "--timeline",
+        str(png),
+    )
+    assert out["makespan"] == 33
+    assert out["bubble_fraction"] == pytest.approx(3 / 11)
+    assert out["peak_live"] == [8, 8, 8, 8]
+    assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]) == 64
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_hint_from_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "zb.csv"
+    save_hint_csv(generate_hint("zb-h1", 4, 8), path)
+    out = run_json(capsys, "simulate", "--stages", "4", "--microbatches", "8", "--hint", str(path), "--policy", "fixed")
+    assert out["makespan"] == 8 * 3 + 3 * 1
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--stages", "2", "--microbatches", "4", "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "makespan" in out and "speedup over fixed: ready 1.000x, greedy 1.000x" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--hint", "2f2b"], "hintpipe simulate: error: unknown hint '2f2b': choose one of gpipe"),
+        (["--variability", "mb"], "hintpipe simulate: error: bad variability 'mb': expected mb:SIGMA"),
+        (
+            ["--memory-budget", "2"],
+            "hintpipe simulate: error: memory budget 2 on rank 0 is below the hint's own peak 4",
+        ),
+        (["--memory-budget", "1,2,3"], "--memory-budget has 3 values, the pipeline has 4 ranks"),
+        (["--memory-budget", "lots"], "bad size 'lots': expected a number with an optional unit"),
+        (["--chunks", "2"], "1f1b runs one chunk per rank, got --chunks 2; use interleaved-1f1b"),
+        (["--trials", "0"], "trials must be at least 1, got 0"),
+        (["--hint", "missing.csv"], "cannot read hint file missing.csv"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["simulate", "--stages", "4", "--microbatches", "8", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_unknown_policy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--stages", "4", "--microbatches", "8", "--policy", "eager"])
+    assert info.value.code == 2
+    assert (
+        "argument --policy: invalid choice: 'eager' (choose from 'fixed', 'greedy', 'ready')" in capsys.readouterr().err
+    )
+
+
+def test_demo_writes_its_timeline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    png = tmp_path / "demo.png"
+    out = run_json(capsys, "demo", "--timeline", str(png))
+    assert out["speedup"] >= 1.10
+    assert png.read_bytes()[:4] == b"\x89PNG"

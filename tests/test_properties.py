@@ -1,0 +1,99 @@
+"""Property tests: random hints, sizes, costs and policies never break the rules."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hintpipe.costs import CostModel
+from hintpipe.generators import generate_hint
+from hintpipe.hint import Hint, HintName
+from hintpipe.scoreboard import Policy
+from hintpipe.simulator import Sample, SimResult, Simulator
+from hintpipe.task import Kind, Task
+from hintpipe.variability import CommDelay, IidNoise, MicrobatchNoise, Straggler
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Hint, CostModel, Sample, Policy, float]:
+    name = draw(st.sampled_from(list(HintName)))
+    ranks = draw(st.integers(1, 6))
+    if name is HintName.ZBV:
+        chunks = 2
+    elif name in (HintName.ONE_F_ONE_B, HintName.ZB_H1):
+        chunks = 1
+    else:
+        chunks = draw(st.integers(1, 3))
+    microbatches = draw(st.integers(1, 12))
+    if name in (HintName.INTERLEAVED_1F1B, HintName.BF, HintName.BFW) and chunks > 1:
+        microbatches = ranks * draw(st.integers(1, 3))  # interleaving needs whole rounds
+    hint = generate_hint(name, ranks, microbatches, chunks)
+    stages = hint.num_stages
+    positive = st.floats(0.1, 5.0)
+    costs = CostModel.uniform(
+        stages,
+        forward=draw(st.lists(positive, min_size=stages, max_size=stages)),
+        backward=draw(st.lists(positive, min_size=stages, max_size=stages)),
+        weight=draw(st.lists(positive, min_size=stages, max_size=stages)),
+        activation=draw(st.none() | st.lists(st.floats(1.0, 1e6), min_size=stages, max_size=stages)),
+    )
+    models = draw(
+        st.lists(
+            st.one_of(
+                st.builds(IidNoise, st.floats(0.0, 1.0)),
+                st.builds(MicrobatchNoise, st.floats(0.0, 1.0)),
+                st.builds(Straggler, st.floats(1.0, 4.0)),
+                st.builds(CommDelay, st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+            ),
+            max_size=3,
+        )
+    )
+    sample = Sample.draw(hint, costs, models, np.random.default_rng(draw(st.integers(0, 2**16))))
+    return hint, costs, sample, draw(st.sampled_from(list(Policy))), draw(st.sampled_from([0.0, 1.0, 2.0, 5.0]))
+
+
+def _check(hint: Hint, sample: Sample, result: SimResult) -> None:
+    stage_rank = hint.placement.stage_rank
+    when: dict[Task, tuple[float, float]] = {}
+    for r, tasks in enumerate(hint.ranks):
+        spans = sorted(zip(result.starts[r], result.ends[r], strict=True))
+        for (_s0, e0), (s1, _) in itertools.pairwise(spans):
+            assert e0 <= s1 + 1e-9, "a rank ran two tasks at once"
+        for i, t in enumerate(tasks):
+            start, end = result.starts[r][i], result.ends[r][i]
+            assert not math.isnan(start) and not math.isnan(end), f"{t} never ran"
+            assert end - start == pytest.approx(sample.costs[t.stage, t.mb, t.kind], rel=1e-9, abs=1e-9)
+            when[t] = (start, end)
+
+    def after(task: Task, dep: Task) -> None:
+        delay = sample.delays[dep.stage, dep.mb, dep.kind] if stage_rank[dep.stage] != stage_rank[task.stage] else 0
+        assert when[task][0] >= when[dep][1] + delay - 1e-9, f"{task} started before {dep} arrived"
+
+    last = hint.num_stages - 1
+    for t in when:
+        if t.kind is Kind.F and t.stage > 0:
+            after(t, Task(t.stage - 1, Kind.F, t.mb))
+        elif t.kind is Kind.B:
+            after(t, Task(t.stage, Kind.F, t.mb))
+            if t.stage < last:
+                after(t, Task(t.stage + 1, Kind.B, t.mb))
+        elif t.kind is Kind.W:
+            after(t, Task(t.stage, Kind.B, t.mb))
+    for peak, budget in zip(result.peak_live, result.budget, strict=True):
+        assert peak <= budget + 1e-6
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_no_policy_deadlocks_runs_a_task_twice_breaks_a_dependency_or_the_budget(
+    scenario: tuple[Hint, CostModel, Sample, Policy, float],
+) -> None:
+    hint, costs, sample, policy, slack = scenario
+    result = Simulator(hint, costs).run(policy, sample, slack=slack)
+    _check(hint, sample, result)
+    assert result.makespan >= result.lower_bound - 1e-9

@@ -1,0 +1,105 @@
+"""The dispatch state machine, driven by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hintpipe.generators import generate_hint
+from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
+from hintpipe.task import B, F
+
+
+def test_fixed_follows_the_hint_and_waits() -> None:
+    hint = generate_hint("1f1b", 2, 3)
+    rank1 = Scoreboard(RankGraph(hint, 1), Policy.FIXED)
+    assert rank1.take(0.0) == -1  # 1F0 needs rank 0's activation
+    rank1.deliver(F(1, 0))
+    assert rank1.tasks[rank1.take(0.0)] == F(1, 0)
+    assert rank1.finish(0, 1.0) is None  # the last stage's F notifies no one
+    pos = rank1.take(1.0)
+    assert rank1.tasks[pos] == B(1, 0)
+    assert rank1.finish(pos, 3.0) == (0, B(0, 0))  # the gradient goes to rank 0
+    # 1F1 is next; its input has not arrived, and fixed order does nothing else.
+    assert rank1.take(3.0) == -1
+    assert rank1.pending_report() == (
+        "rank 1: 4 tasks pending; next in hint 1F1 (position 2) waits for activation of stage 0 from rank 0"
+    )
+
+
+def test_greedy_runs_ahead_within_the_budget() -> None:
+    hint = generate_hint("1f1b", 2, 4)
+    # Rank 0: F0 F1 B0 F2 B1 F3 B2 B3, peak 2 micro-batches.
+    rank0 = Scoreboard(RankGraph(hint, 0), Policy.GREEDY, budget=3)
+    order = []
+    for now in range(3):
+        pos = rank0.take(float(now))
+        order.append(str(rank0.tasks[pos]))
+        rank0.finish(pos, now + 1.0)
+    # 0B0 has not arrived: greedy runs 0F2 ahead of it (room for one more), then stops.
+    assert order == ["0F0", "0F1", "0F2"]
+    assert rank0.live == 3
+    assert rank0.take(3.0) == -1
+    rank0.deliver(B(0, 0))
+    assert str(rank0.tasks[rank0.take(3.0)]) == "0B0"
+
+
+def test_admission_never_blocks_the_hint() -> None:
+    # With budget = the hint's peak there is no room to run an F ahead.
+    hint = generate_hint("1f1b", 2, 4)
+    rank0 = Scoreboard(RankGraph(hint, 0), Policy.GREEDY)
+    for now in range(2):
+        pos = rank0.take(float(now))
+        rank0.finish(pos, now + 1.0)
+    assert rank0.budget == 2
+    assert rank0.take(2.0) == -1  # 0F2 is ready but would exceed what the hint needs
+
+
+def test_budget_below_the_hint_peak_is_refused() -> None:
+    hint = generate_hint("gpipe", 2, 4)
+    with pytest.raises(
+        BudgetError,
+        match=r"memory budget 3 on rank 0 is below the hint's own peak 4; raise the budget or choose a hint",
+    ):
+        Scoreboard(RankGraph(hint, 0), Policy.READY, budget=3)
+
+
+def _rank0_waiting_for_b0(policy: Policy, plan: RankPlan | None) -> Scoreboard:
+    hint = generate_hint("1f1b", 2, 4)
+    rank0 = Scoreboard(RankGraph(hint, 0), policy, budget=3, plan=plan)
+    for now in range(2):
+        pos = rank0.take(float(now))
+        rank0.finish(pos, now + 1.0)
+    return rank0
+
+
+def test_patience_waits_for_a_task_that_is_due_soon() -> None:
+    # Plan: 0B0 (position 2) expected at t = 4, 0F2 costs 3. At t = 2 running 0F2
+    # would end at 5, after 0B0 is due (4 + tolerance 0.25 * 2 = 4.5): wait.
+    plan = RankPlan(
+        allowance=(0.25, 0.25, 2.5, 0.25, 0.5, 0.25, 0.5, 0.5),
+        due=(0.25, 1.25, 4.5, 6.25, 7.5, 9.25, 10.5, 12.5),
+        expected=(1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0),
+    )
+    rank0 = _rank0_waiting_for_b0(Policy.READY, plan)
+    assert rank0.take(2.0) == -1
+    assert rank0.wake_at == 4.5
+    # Still not there when it is due: run the best ready task.
+    assert str(rank0.tasks[rank0.take(4.5)]) == "0F2"
+
+
+def test_patience_backfills_a_task_that_fits_before_the_due_time() -> None:
+    plan = RankPlan(
+        allowance=(0.25, 0.25, 9.0, 0.25, 0.5, 0.25, 0.5, 0.5),
+        due=(0.25, 1.25, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0),
+        expected=(1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0),
+    )
+    rank0 = _rank0_waiting_for_b0(Policy.READY, plan)
+    assert str(rank0.tasks[rank0.take(2.0)]) == "0F2"  # ends at 5, well before 11
+    assert math.isinf(rank0.wake_at)
+
+
+def test_greedy_ignores_the_plan() -> None:
+    rank0 = _rank0_waiting_for_b0(Policy.GREEDY, None)
+    assert str(rank0.tasks[rank0.take(2.0)]) == "0F2"

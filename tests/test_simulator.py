@@ -1,0 +1,163 @@
+"""The event simulator: exact results, variability models, outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import simulate
+from hintpipe.costs import CostModel, CostModelError
+from hintpipe.generators import generate_hint
+from hintpipe.hint import Hint, HintName, Placement
+from hintpipe.scoreboard import Policy
+from hintpipe.simulator import DeadlockError, Sample, Simulator
+from hintpipe.study import run_study
+from hintpipe.task import B, F
+from hintpipe.timeline import plot_timelines
+from hintpipe.trace import chrome_trace
+from hintpipe.variability import SpecError, parse_variability
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 7])
+def test_one_microbatch_runs_its_critical_path(p: int) -> None:
+    # m = 1: the step is one micro-batch's chain, F through every stage and B
+    # back, plus the latency of each of the 2(p - 1) hops: the lower bound, exactly.
+    hint = generate_hint("1f1b", p, 1)
+    sim = Simulator(hint, CostModel.uniform(p))
+    sample = Sample.draw(hint, CostModel.uniform(p), [parse_variability("comm:0.5")])
+    result = sim.run(Policy.FIXED, sample)
+    assert result.makespan == pytest.approx(3 * p + 2 * (p - 1) * 0.5)
+    assert result.lower_bound == pytest.approx(result.makespan)
+    assert result.efficiency == pytest.approx(1.0)
+
+
+def test_lower_bound_is_the_busiest_rank_when_it_dominates() -> None:
+    result = simulate("1f1b", 4, 32)
+    assert result.lower_bound == 96  # 32 micro-batches x (F + B)
+    assert result.efficiency == pytest.approx(96 / 105)
+
+
+@pytest.mark.parametrize("name", [h.value for h in HintName])
+@pytest.mark.parametrize("slack", [0, 2])
+def test_ready_equals_fixed_without_variability(name: str, slack: int) -> None:
+    chunks = 2 if name in ("zbv", "interleaved-1f1b") else 1
+    hint = generate_hint(name, 4, 8, chunks)
+    study = run_study(hint, list(Policy), variability=[parse_variability("iid:0.0")], slack=slack)
+    assert study[Policy.READY].makespan == study[Policy.FIXED].makespan
+
+
+def test_readiness_gains_under_variable_microbatch_lengths() -> None:
+    hint = generate_hint("1f1b", 4, 16)
+    study = run_study(hint, list(Policy), variability=[parse_variability("mb:0.5")], trials=20, slack=2)
+    fixed = study[Policy.FIXED].makespan
+    assert fixed / study[Policy.READY].makespan >= 1.10
+    assert fixed / study[Policy.GREEDY].makespan >= 1.10
+    # Room for two more micro-batches, used but never exceeded.
+    assert study[Policy.READY].peak_live[0] == 6
+    assert all(p <= b for p, b in zip(study[Policy.READY].peak_live, study[Policy.READY].budget, strict=True))
+
+
+def test_microbatch_noise_is_the_same_on_every_stage() -> None:
+    hint = generate_hint("1f1b", 3, 5)
+    sample = Sample.draw(hint, CostModel.uniform(3), [parse_variability("mb:0.7")], np.random.default_rng(1))
+    ratio = sample.costs[:, :, 0]
+    assert np.allclose(ratio, ratio[0:1, :])
+    assert not np.allclose(ratio[0], ratio[0, 0])
+
+
+def test_straggler_slows_one_stage_over_its_window() -> None:
+    hint = generate_hint("1f1b", 3, 8)
+    sample = Sample.draw(hint, CostModel.uniform(3), [parse_variability("straggler:3:1:2:4")])
+    slowed = np.argwhere(sample.costs[:, :, 0] == 3.0)
+    assert slowed.tolist() == [[1, 2], [1, 3], [1, 4]]
+
+
+def test_comm_jitter_never_beats_the_latency() -> None:
+    hint = generate_hint("1f1b", 3, 8)
+    sample = Sample.draw(hint, CostModel.uniform(3), [parse_variability("comm:0.2:0.1")])
+    assert sample.delays.min() >= 0.2
+    assert sample.delays.mean() == pytest.approx(0.3, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("iid", r"bad variability 'iid': expected iid:SIGMA"),
+        ("mb:x", r"bad variability 'mb:x': SIGMA 'x' is not a number"),
+        ("iid:-1", r"bad variability 'iid:-1': SIGMA must be a finite number >= 0"),
+        ("straggler:0.5", r"FACTOR must be a finite number >= 1"),
+        ("straggler:2:1:5:3", r"LAST 3 is before FIRST 5"),
+        ("noise:1", r"unknown model 'noise'; use iid:SIGMA, mb:SIGMA"),
+        ("comm:1:2:3", r"expected comm:LATENCY\[:JITTER\]"),
+    ],
+)
+def test_bad_variability_specs(spec: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_variability(spec)
+
+
+def test_straggler_outside_the_pipeline() -> None:
+    hint = generate_hint("1f1b", 3, 8)
+    with pytest.raises(SpecError, match="straggler stage 5 does not exist: the pipeline has 3 stages"):
+        Sample.draw(hint, CostModel.uniform(3), [parse_variability("straggler:2:5")])
+
+
+def test_activation_bytes_budget() -> None:
+    hint = generate_hint("1f1b", 2, 4)
+    costs = CostModel.uniform(2, activation=[100.0, 50.0], microbatch_scale=[1, 2, 1, 2])
+    sim = Simulator(hint, costs)
+    # Rank 0 holds F0 and F1 (100 + 200 bytes) before its first backward.
+    assert sim.budgets() == [300.0, 100.0]
+    assert sim.budgets(slack=1) == [500.0, 200.0]
+    result = sim.run(Policy.GREEDY, slack=1)
+    assert result.peak_live[0] <= 500.0
+
+
+def test_cost_model_json(tmp_path: Path) -> None:
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"forward": [1, 2], "backward": 2, "weight": 0}))
+    model = CostModel.from_json(path, 2)
+    assert model.forward == (1.0, 2.0)
+    result = Simulator(generate_hint("1f1b", 2, 1), model).run(Policy.FIXED)
+    assert result.makespan == 1 + 2 + 2 + 2
+    path.write_text(json.dumps({"forward": [1, 2, 3]}))
+    with pytest.raises(CostModelError, match="forward has 3 entries, the pipeline has 2 stages"):
+        CostModel.from_json(path, 2)
+    path.write_text(json.dumps({"fwd": 1}))
+    with pytest.raises(CostModelError, match=r"unknown keys \['fwd'\]"):
+        CostModel.from_json(path, 2)
+
+
+def test_deadlock_is_an_error_with_a_per_rank_dump() -> None:
+    hint = Hint.from_lists(
+        "cycle", Placement.loop(2), 2, [[F(0, 0), B(0, 0), F(0, 1), B(0, 1)], [F(1, 1), F(1, 0), B(1, 0), B(1, 1)]]
+    )
+    with pytest.raises(DeadlockError) as info:
+        Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED)
+    assert str(info.value).startswith(
+        "deadlock at t=1 in hint 'cycle' under policy fixed: nothing is ready and nothing is running\n"
+        "rank 0: 3 tasks pending; next in hint 0B0 (position 1) waits for gradient of stage 1 from rank 1\n"
+        "rank 1: 4 tasks pending; next in hint 1F1 (position 0) waits for activation of stage 0 from rank 0"
+    )
+
+
+def test_trace_has_one_slice_per_task_on_its_rank(tmp_path: Path) -> None:
+    result = simulate("zb-h1", 3, 4)
+    trace = chrome_trace(result.records())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == result.tasks == 36
+    first = min(slices, key=lambda e: (e["ts"], e["tid"]))
+    assert (first["name"], first["tid"], first["ts"], first["dur"]) == ("0F0", 0, 0.0, 1000.0)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"rank 0", "rank 1", "rank 2"}
+    png = tmp_path / "t.png"
+    plot_timelines([("zb-h1", result.records())], png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mismatched_cost_model_is_refused() -> None:
+    with pytest.raises(CostModelError, match="cost model has 3 stages, the pipeline has 4"):
+        Simulator(generate_hint("1f1b", 4, 4), CostModel.uniform(3))
