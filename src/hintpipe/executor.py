@@ -1,0 +1,178 @@
+"""What a task computes: forward, backward to the input, weight gradient.
+
+:class:`StageExecutor` runs the real modules; :class:`EmulatedExecutor`
+replaces compute by sleeping each task's cost (for more ranks than cores: the
+messages are real, the arithmetic is not).
+
+The weight-gradient split (B computes only input gradients, W the weight
+gradients later) uses torch.distributed.pipelining's ``stage_backward_input``
+and ``stage_backward_weight``: they keep the intermediate gradients B computed
+so W does not repeat the backward pass, which is the whole point of the split.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+Tensors = list[torch.Tensor | None]
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def as_tensors(value: Any) -> list[torch.Tensor]:
+    """A stage's output as a list of tensors (a tensor, or a tuple/list of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    raise TypeError(
+        f"a stage must return a tensor or a tuple of tensors, got {type(value).__name__}; "
+        "wrap other outputs (dicts, dataclasses) in a tuple of tensors"
+    )
+
+
+def as_input(tensor: torch.Tensor) -> torch.Tensor:
+    """A received activation as a leaf input: floating tensors require grad."""
+    leaf = tensor.detach()
+    if leaf.is_floating_point():
+        leaf.requires_grad_(True)
+    return leaf
+
+
+def _saved_bytes() -> tuple[list[int], Any]:
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    return total, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def _full_backward(outputs: list[torch.Tensor], grads: Tensors | None) -> None:
+    """Backward from ``outputs`` (given their gradients; none for a loss) into
+    the inputs' and parameters' ``.grad``."""
+    pairs = [
+        (o, None if grads is None else grads[i])
+        for i, o in enumerate(outputs)
+        if o.requires_grad and (grads is None or grads[i] is not None)
+    ]
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], None if grads is None else [g for _, g in pairs])
+
+
+class StageExecutor:
+    """Runs this rank's stage modules.
+
+    Args:
+        modules: global stage id -> module, for the stages this rank hosts.
+        last_stage: the global id of the pipeline's last stage.
+        loss_fn: ``loss_fn(output, target)`` at the last stage.
+        split_backward: whether W tasks are separate from B.
+    """
+
+    def __init__(
+        self, modules: Mapping[int, nn.Module], last_stage: int, loss_fn: LossFn, split_backward: bool
+    ) -> None:
+        self.modules = dict(modules)
+        self.last_stage = last_stage
+        self.loss_fn = loss_fn
+        self.split = split_backward
+        self._inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._outputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self._deferred: dict[tuple[int, int], tuple[list[torch.Tensor], Tensors | None]] = {}
+        self.live_bytes = 0
+        self._bytes: dict[tuple[int, int], int] = {}
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Run F; returns (outputs to send on, loss at the last stage or None)."""
+        counter, hooks = _saved_bytes()
+        with hooks:
+            out = self.modules[stage](*inputs)
+            loss = None
+            if stage == self.last_stage:
+                loss = self.loss_fn(out, target) * loss_scale
+                if loss.dim() != 0:
+                    raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+                outputs = [loss]
+            else:
+                outputs = as_tensors(out)
+        self._inputs[(stage, mb)] = list(inputs)
+        self._outputs[(stage, mb)] = outputs
+        size = counter[0] + sum(o.numel() * o.element_size() for o in outputs)
+        self._bytes[(stage, mb)] = size
+        self.live_bytes += size
+        return (outputs if loss is None else []), (None if loss is None else loss.detach())
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        """Run B; returns the gradients for the stage inputs (None where none)."""
+        outputs = self._outputs.pop((stage, mb))
+        inputs = self._inputs.pop((stage, mb))
+        if self.split and not any(i.requires_grad for i in inputs):
+            # No input gradient to compute (the first stage): all of the
+            # backward is weight gradient, and W runs it, as torch does.
+            self._deferred[(stage, mb)] = (outputs, grads)
+            result: Tensors = [None] * len(inputs)
+        elif self.split:
+            dinputs, groups = stage_backward_input(
+                outputs,
+                None if grads is None else list(grads),  # type: ignore[arg-type]
+                inputs,
+                self.modules[stage].parameters(),
+            )
+            self._groups[(stage, mb)] = groups
+            result = list(dinputs)
+        else:
+            _full_backward(outputs, grads)
+            result = [i.grad if i.requires_grad else None for i in inputs]
+            self._release(stage, mb)
+        return result
+
+    def weight(self, stage: int, mb: int) -> None:
+        """Run W: accumulate the weight gradients B left out."""
+        deferred = self._deferred.pop((stage, mb), None)
+        if deferred is not None:
+            _full_backward(*deferred)
+        else:
+            stage_backward_weight(self.modules[stage].parameters(), self._groups.pop((stage, mb)))
+        self._release(stage, mb)
+
+    def _release(self, stage: int, mb: int) -> None:
+        self.live_bytes -= self._bytes.pop((stage, mb), 0)
+
+
+class EmulatedExecutor:
+    """Sleeps each task's cost instead of computing; passes one-element tensors.
+
+    Args:
+        costs: ``costs(stage, kind, mb)`` in seconds (kind ``"F"``, ``"B"`` or ``"W"``).
+        last_stage: the pipeline's last stage (its F produces the loss, zero).
+    """
+
+    def __init__(self, costs: Callable[[int, str, int], float], last_stage: int) -> None:
+        self.costs = costs
+        self.last_stage = last_stage
+        self.live_bytes = 0
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        time.sleep(self.costs(stage, "F", mb))
+        if stage == self.last_stage:
+            return [], torch.zeros(())
+        return [torch.zeros(1)], None
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        time.sleep(self.costs(stage, "B", mb))
+        return [torch.zeros(1)]
+
+    def weight(self, stage: int, mb: int) -> None:
+        time.sleep(self.costs(stage, "W", mb))

@@ -1,0 +1,103 @@
+"""Injected variability for runtime experiments (``hintpipe train --inject``).
+
+=============================  ===============================================
+``compute:SIGMA``              after every task, sleep ``X * t`` where ``t`` is
+                               the task's measured compute time and ``X`` an
+                               independent lognormal factor with mean 1
+``mb:SIGMA``                   the same, with one factor per micro-batch shared
+                               by every stage: what varying document mix does
+                               to a packed fixed-shape batch
+``straggler:RANK:FACTOR``      every task on RANK takes FACTOR times as long
+``comm:MS``                    every message is delivered MS milliseconds late
+=============================  ===============================================
+
+Factors are drawn from ``(seed, step, stage, kind, micro-batch)``, so every
+policy sees exactly the same injected work. This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from hintpipe.variability import SpecError
+
+_USAGE = "compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR or comm:MS"
+_KINDS = {"F": 0, "B": 1, "W": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """All injected variability of a run (the sum of the ``--inject`` specs)."""
+
+    compute_sigma: float = 0.0
+    mb_sigma: float = 0.0
+    stragglers: tuple[tuple[int, float], ...] = ()
+    comm_ms: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, specs: list[str], seed: int = 0) -> Injection:
+        """Combine ``--inject`` specs.
+
+        Raises:
+            SpecError: naming the spec and what is wrong with it.
+        """
+        values: dict[str, float] = {"compute": 0.0, "mb": 0.0, "comm": 0.0}
+        stragglers: list[tuple[int, float]] = []
+        for spec in specs:
+            name, _, rest = spec.strip().partition(":")
+            args = rest.split(":") if rest else []
+            if name in ("compute", "mb", "comm"):
+                if len(args) != 1:
+                    what = "MS" if name == "comm" else "SIGMA"
+                    raise SpecError(f"bad injection {spec!r}: expected {name}:{what}")
+                values[name] += _number(spec, args[0])
+            elif name == "straggler":
+                if len(args) != 2 or not args[0].isdigit():
+                    raise SpecError(f"bad injection {spec!r}: expected straggler:RANK:FACTOR")
+                factor = _number(spec, args[1])
+                if factor < 1:
+                    raise SpecError(f"bad injection {spec!r}: FACTOR must be >= 1")
+                stragglers.append((int(args[0]), factor))
+            else:
+                raise SpecError(f"bad injection {spec!r}: unknown kind {name!r}; use {_USAGE}")
+        return cls(values["compute"], values["mb"], tuple(stragglers), values["comm"], seed)
+
+    def check_ranks(self, ranks: int) -> None:
+        for rank, _ in self.stragglers:
+            if rank >= ranks:
+                raise SpecError(f"straggler rank {rank} does not exist: the run has ranks 0..{ranks - 1}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.compute_sigma or self.mb_sigma or self.stragglers or self.comm_ms)
+
+    def extra_seconds(self, rank: int, step: int, stage: int, kind: str, mb: int, elapsed: float) -> float:
+        """How long to sleep after a task that computed for ``elapsed`` seconds."""
+        extra = 0.0
+        if self.compute_sigma:
+            extra += elapsed * _lognormal(self.compute_sigma, (self.seed, 1, step, stage, _KINDS[kind], mb))
+        if self.mb_sigma:
+            extra += elapsed * _lognormal(self.mb_sigma, (self.seed, 2, step, mb))
+        for straggler, factor in self.stragglers:
+            if straggler == rank:
+                extra += elapsed * (factor - 1.0)
+        return extra
+
+
+def _number(spec: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(f"bad injection {spec!r}: {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise SpecError(f"bad injection {spec!r}: {text!r} must be a finite number >= 0")
+    return value
+
+
+def _lognormal(sigma: float, key: tuple[int, ...]) -> float:
+    rng = np.random.default_rng(list(key))
+    return float(rng.lognormal(-0.5 * sigma * sigma, sigma))

@@ -1,0 +1,237 @@
+"""Message-driven communication between neighbouring ranks.
+
+Why not torch.distributed.pipelining's P2P ops: its schedules post a receive
+for the exact tensor they expect next, with shapes fixed after the first step.
+A readiness runtime does not know which message comes next, and shapes change
+every micro-batch. So each peer gets a *mailbox*: a thread that always has a
+receive posted for the next message *header*, then posts the payload receives
+the header describes and hands the finished message to the rank's inbox.
+
+Per peer, messages arrive in the order they were sent (one receiving thread,
+one tag), so no backend-specific tags are needed. Sends are asynchronous;
+their buffers are held until the backend reports them complete. When nothing
+is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
+
+Wire format, per message: a header of 6 int64 ``(kind, step, stage, mb,
+tensors, meta_len)``, then ``meta_len`` int64 describing each tensor as ``(dtype code,
+ndim, *shape)`` (``ndim = -1`` marks an absent tensor, e.g. no gradient for an
+integer input), then one payload per present tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class MessageKind(enum.IntEnum):
+    ACTIVATION = 0  # forward output of ``stage - 1``, input of F(stage, mb)
+    GRADIENT = 1  # input gradient of ``stage + 1``, output gradient for B(stage, mb)
+    STOP = 2  # the peer is done and will send nothing more
+    ABORT = 3  # the peer failed; ``mb`` carries nothing, the error follows as text
+
+
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+_CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
+_HEADER = 6
+
+
+@dataclasses.dataclass
+class Message:
+    """A message as the rank sees it."""
+
+    kind: MessageKind
+    step: int
+    stage: int
+    mb: int
+    tensors: list[torch.Tensor | None]
+    peer: int
+    arrived: float = 0.0
+    error: str | None = None
+
+
+class PeerFailure(RuntimeError):
+    """A neighbour crashed, closed its connection or reported an error."""
+
+
+def _encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:
+    meta: list[int] = []
+    for t in tensors:
+        if t is None:
+            meta += [0, -1]
+            continue
+        if t.dtype not in _CODE:
+            raise TypeError(f"cannot send a tensor of dtype {t.dtype}; supported: {_DTYPES}")
+        meta += [_CODE[t.dtype], t.dim(), *t.shape]
+    return meta
+
+
+def _decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[int, ...]] | None]:
+    out: list[tuple[torch.dtype, tuple[int, ...]] | None] = []
+    i = 0
+    for _ in range(count):
+        code, ndim = meta[i], meta[i + 1]
+        i += 2
+        if ndim < 0:
+            out.append(None)
+            continue
+        out.append((_DTYPES[code], tuple(meta[i : i + ndim])))
+        i += ndim
+    return out
+
+
+class PostOffice:
+    """All mailboxes of one rank, plus its outgoing sends.
+
+    Args:
+        peers: the ranks this rank exchanges messages with.
+        device: where received tensors are placed (CPU for gloo, CUDA for NCCL).
+        group: the process group (default: the world).
+        delay_s: extra delivery delay per message, for injected network latency.
+    """
+
+    def __init__(
+        self,
+        peers: Sequence[int],
+        device: torch.device,
+        group: dist.ProcessGroup | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.rank = dist.get_rank(group)
+        self.device = device
+        self.group = group
+        self.delay_s = delay_s
+        # gloo moves CPU tensors; NCCL moves tensors on the rank's GPU.
+        self._wire_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        self._threads = []
+        self.peers = sorted(set(peers) - {self.rank})
+        for peer in self.peers:
+            thread = threading.Thread(target=self._receive_loop, args=(peer,), name=f"mailbox-{peer}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    # -- receiving ------------------------------------------------------------
+
+    def _receive_loop(self, peer: int) -> None:
+        try:
+            while True:
+                header = torch.empty(_HEADER, dtype=torch.int64)
+                dist.recv(header, src=peer, group=self.group)
+                kind, step, stage, mb, count, meta_len = (int(v) for v in header.tolist())
+                meta = torch.empty(max(meta_len, 1), dtype=torch.int64)
+                if meta_len:
+                    dist.recv(meta, src=peer, group=self.group)
+                if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
+                    text = bytes(meta[:meta_len].to(torch.uint8).tolist()).decode() if meta_len else None
+                    self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
+                    return
+                tensors: list[torch.Tensor | None] = []
+                for spec in _decode_meta(meta.tolist(), count):
+                    if spec is None:
+                        tensors.append(None)
+                        continue
+                    buffer = torch.empty(spec[1], dtype=spec[0], device=self._wire_device)
+                    if buffer.numel():
+                        dist.recv(buffer, src=peer, group=self.group)
+                    tensors.append(buffer.to(self.device))
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+                self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, time.perf_counter()))
+        except Exception as exc:  # the peer died or the group was torn down
+            self.inbox.put(
+                Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
+            )
+
+    def get(self, timeout: float | None) -> Message | None:
+        """The next message, waiting up to ``timeout`` seconds; ``None`` if none came."""
+        try:
+            return self.inbox.get(timeout=timeout) if timeout is None or timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    # -- sending --------------------------------------------------------------
+
+    def send(
+        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
+    ) -> None:
+        """Post a message to ``peer`` without waiting for it to leave."""
+        meta = _encode_meta(tensors)
+        header = torch.tensor([int(kind), step, stage, mb, len(tensors), len(meta)], dtype=torch.int64)
+        buffers = [header]
+        if meta:
+            buffers.append(torch.tensor(meta, dtype=torch.int64))
+        buffers += [t.detach().to(self._wire_device).contiguous() for t in tensors if t is not None and t.numel()]
+        for buffer in buffers:
+            self._post(buffer, peer, buffers)
+        self._reap()
+
+    def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
+        data = list(text.encode()[:4000])
+        header = torch.tensor([int(kind), -1, -1, -1, 0, len(data)], dtype=torch.int64)
+        self._post(header, peer, [header])
+        if data:
+            meta = torch.tensor(data, dtype=torch.int64)
+            self._post(meta, peer, [meta])
+
+    def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
+        work = dist.isend(tensor, dst=peer, group=self.group)
+        if work is not None:
+            self._pending.append((work, keep))
+
+    def _reap(self) -> None:
+        # gloo only learns that a send finished when it is waited on; every
+        # peer always has a receive posted, so waiting on old sends is short.
+        while len(self._pending) > 64:
+            work, _ = self._pending.pop(0)
+            work.wait()
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every posted send completed (at most ``timeout`` seconds each)."""
+        limit = datetime.timedelta(seconds=timeout)
+        while self._pending:
+            work, _ = self._pending.pop(0)
+            work.wait(limit)
+
+    # -- shutdown ---------------------------------------------------------------
+
+    def close(self, timeout: float = 30.0, error: str | None = None) -> None:
+        """Tell every peer we are done (or failed, with ``error``) and stop the mailboxes."""
+        for peer in self.peers:
+            try:
+                if error is None:
+                    self._send_text(peer, MessageKind.STOP, "")
+                else:
+                    self._send_text(peer, MessageKind.ABORT, error)
+            except Exception as exc:  # the peer may already be gone
+                log.debug("could not notify rank %d: %s", peer, exc)
+        try:
+            self.flush(timeout)
+        except Exception as exc:
+            log.debug("sends did not complete: %s", exc)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
