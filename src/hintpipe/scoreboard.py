@@ -269,7 +269,20 @@ class Scoreboard:
         """:meth:`decide`, then :meth:`start` what it chose; -1 to wait."""
         k = self.next
         if k < self._n and self._need[k] == 0:
-            self.start(k)
+            # The hint's next task is ready: the common case, kept inline.
+            taken = self._taken
+            taken[k] = True
+            n = self._n
+            nxt = k + 1
+            while nxt < n and taken[nxt]:
+                nxt += 1
+            self.next = nxt
+            d = self._delta[k]
+            if d > 0:
+                live = self.live + d
+                self.live = live
+                if live > self.peak:
+                    self.peak = live
             return k
         pos = self.decide(now)
         if pos >= 0:

@@ -115,7 +115,7 @@ class SimResult:
         return rows
 
 
-def lower_bound(hint: Hint, sample: Sample) -> float:
+def lower_bound(hint: Hint, sample: Sample, busy: Sequence[float] | None = None) -> float:
     """max(busiest rank's work, longest single micro-batch critical path).
 
     A micro-batch's path runs its forwards through every stage, its backwards
@@ -123,7 +123,7 @@ def lower_bound(hint: Hint, sample: Sample) -> float:
     costs at least the latency.
     """
     costs = sample.costs
-    busy = max(_busy(hint, costs))
+    busiest = max(busy if busy is not None else _busy(hint, costs))
     stage_rank = hint.placement.stage_rank
     cross = np.array([stage_rank[s] != stage_rank[s + 1] for s in range(hint.num_stages - 1)] + [False], dtype=float)
     hops_after = np.cumsum(cross[::-1])[::-1]  # cross-rank hops from stage s up to the last stage
@@ -131,11 +131,12 @@ def lower_bound(hint: Hint, sample: Sample) -> float:
     backward_suffix = np.cumsum(costs[::-1, :, Kind.B], axis=0)[::-1]
     tail = backward_suffix + costs[:, :, Kind.W] + (hops_after * sample.latency)[:, None]
     path = float((forward + tail.max(axis=0)).max())
-    return max(busy, path)
+    return max(busiest, path)
 
 
 def _busy(hint: Hint, costs: npt.NDArray[np.float64]) -> list[float]:
-    return [float(sum(costs[t.stage, t.mb, t.kind] for t in tasks)) for tasks in hint.ranks]
+    rows = [np.array([(t.stage, t.mb, t.kind) for t in tasks], dtype=np.int64).reshape(-1, 3) for tasks in hint.ranks]
+    return [float(costs[r[:, 0], r[:, 1], r[:, 2]].sum()) for r in rows]
 
 
 class Simulator:
@@ -284,15 +285,17 @@ class Simulator:
                 f"deadlock at t={now:g} in hint {hint.name!r} under policy {policy.value}: "
                 f"nothing is ready and nothing is running\n{dump}"
             )
+        sim_seconds = time.perf_counter() - began
+        busy = tuple(sum(c) for c in cost)
         return SimResult(
             hint=hint,
             policy=policy,
             makespan=max((max(e) for e in ends if e), default=0.0),
-            lower_bound=lower_bound(hint, sample),
-            busy=tuple(sum(c) for c in cost),
+            lower_bound=lower_bound(hint, sample, busy),
+            busy=busy,
             peak_live=tuple(sb.peak for sb in boards),
             budget=tuple(sb.budget for sb in boards),
             starts=tuple(tuple(s) for s in starts),
             ends=tuple(tuple(e) for e in ends),
-            sim_seconds=time.perf_counter() - began,
+            sim_seconds=sim_seconds,
         )

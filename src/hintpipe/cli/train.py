@@ -1,0 +1,168 @@
+"""``hintpipe train``: train a built-in model with the readiness-driven runtime."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+
+from hintpipe.cli.common import print_json, stdout
+from hintpipe.generators import generate_hint
+from hintpipe.hint import HintName
+from hintpipe.inject import Injection
+from hintpipe.models import MODELS, ModelConfig, SeqLenDist
+from hintpipe.scoreboard import Policy
+from hintpipe.timeline import plot_timelines
+from hintpipe.trace import write_chrome_trace
+from hintpipe.training import TrainConfig, TrainResult, profile_costs, train
+from hintpipe.units import format_size
+
+HELP = "train a built-in model across processes with pipeline parallelism"
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="gpt-mini", choices=MODELS, help="built-in model (default gpt-mini)")
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    parser.add_argument("--microbatch-size", type=int, default=4, metavar="B", help="samples per micro-batch")
+    parser.add_argument(
+        "--seq-len-dist",
+        default="fixed:64",
+        metavar="SPEC",
+        help="gpt-mini sequence lengths per micro-batch: fixed:T or lognormal:MEAN:SIGMA (default fixed:64)",
+    )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR, comm:MS; repeatable",
+    )
+    parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
+    parser.add_argument("--seed", type=int, default=0, help="model, data and injection seed (default 0)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="watchdog timeout (default 300 s)")
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("train", help=HELP, description=HELP)
+    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (processes)")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="M")
+    parser.add_argument("--hint", default="1f1b", choices=[h.value for h in HintName])
+    parser.add_argument("--policy", default="ready", choices=[p.value for p in Policy])
+    parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
+    parser.add_argument("--steps", type=int, default=4, metavar="N")
+    parser.add_argument(
+        "--memory-slack",
+        type=float,
+        default=0.0,
+        metavar="K",
+        help="room for K more in-flight micro-batches than the hint's own peak",
+    )
+    add_train_arguments(parser)
+    parser.add_argument("--check-grads", action="store_true", help="compare step 1's gradients with an unsplit copy")
+    parser.add_argument("--trace", metavar="FILE", help="Perfetto/Chrome trace of the last step")
+    parser.add_argument("--timeline", metavar="FILE.png", help="Gantt chart of the last step")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
+    """Validate the arguments once, here, and build the run's config."""
+    if args.stages < 1 or args.microbatches < 1 or args.steps < 1:
+        raise ValueError(
+            f"--stages, --microbatches and --steps must be at least 1, got {args.stages}, "
+            f"{args.microbatches}, {args.steps}"
+        )
+    hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks or (2 if args.hint == "zbv" else 1))
+    Injection.parse(args.inject).check_ranks(args.stages)
+    config = TrainConfig(
+        model=ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed),
+        ranks=args.stages,
+        microbatches=args.microbatches,
+        microbatch_size=args.microbatch_size,
+        hint=args.hint,
+        chunks=args.chunks,
+        policy=policy,
+        steps=args.steps,
+        memory_slack=args.memory_slack,
+        seq_len=SeqLenDist.parse(args.seq_len_dist),
+        inject=tuple(args.inject),
+        seed=args.seed,
+        timeout=args.timeout,
+        check_grads=getattr(args, "check_grads", False),
+        split_backward=hint.split_backward,
+    )
+    if args.emulate:
+        config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
+    return config
+
+
+def result_json(result: TrainResult) -> dict[str, Any]:
+    config = result.config
+    unit = "tokens_per_s" if config.model.name == "gpt-mini" else "samples_per_s"
+    return {
+        "policy": config.policy,
+        "hint": config.hint,
+        "ranks": config.ranks,
+        "microbatches": config.microbatches,
+        "emulated": config.emulate is not None,
+        "step_time_median": result.step_time_median,
+        unit: result.throughput,
+        "efficiency": result.efficiency,
+        "losses": list(result.losses),
+        "peak_live": result.peak_live_bytes,
+        "peak_live_slots": result.peak_live,
+        "step_times": [r.step_time for r in result.reports],
+        "bubble": [list(r.bubble) for r in result.reports],
+        "max_grad_abs_diff": result.max_grad_abs_diff,
+        "max_grad_rel_diff": result.max_grad_rel_diff,
+    }
+
+
+def step_table(result: TrainResult) -> Table:
+    table = Table()
+    for column in (
+        "step",
+        "time ms",
+        "tokens/s" if result.config.model.name == "gpt-mini" else "samples/s",
+        "efficiency",
+        "bubble per rank",
+        "peak live per rank",
+        "loss",
+    ):
+        table.add_column(column, justify="right")
+    for report, tokens, loss in zip(result.reports, result.tokens, result.losses, strict=True):
+        table.add_row(
+            str(report.step),
+            f"{report.step_time * 1e3:.1f}",
+            f"{tokens / report.step_time:,.0f}",
+            f"{report.efficiency:.3f}",
+            " ".join(f"{b:.2f}" for b in report.bubble),
+            " ".join(format_size(b) for b in report.peak_live_bytes),
+            f"{loss:.4f}",
+        )
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from(args, args.policy)
+    result = train(config)
+    if args.trace:
+        write_chrome_trace(result.records(), args.trace, unit_us=1e6, label=f"{config.hint} / {config.policy}")
+    if args.timeline:
+        plot_timelines(
+            [(f"{config.hint}, {config.policy}: last step", result.records())], args.timeline, unit="seconds"
+        )
+    if args.json:
+        print_json(result_json(result))
+        return 0
+    mode = " (emulated compute: tasks sleep their profiled cost)" if config.emulate else ""
+    stdout.print(f"{config.model.name} on {config.ranks} ranks, {config.hint}, {config.policy}{mode}")
+    stdout.print(step_table(result))
+    if result.max_grad_abs_diff is not None:
+        stdout.print(
+            f"gradients vs unsplit model: max abs diff {result.max_grad_abs_diff:.3g}, "
+            f"max rel diff {result.max_grad_rel_diff:.3g}"
+        )
+    return 0

@@ -1,0 +1,192 @@
+"""Built-in example models for the CLI: ``mlp`` and ``gpt-mini``.
+
+Both are lists of layers that split into contiguous stages. ``gpt-mini`` is a
+small causal transformer: token and position embedding on the first stage,
+transformer blocks, final norm and LM head on the last; its micro-batches may
+have different sequence lengths, drawn from a seeded distribution. The data is
+synthetic (a noisy counting language) so that the loss visibly falls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hintpipe.variability import SpecError
+
+MODELS = ("mlp", "gpt-mini")
+
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a built-in model."""
+
+    name: str = "gpt-mini"
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 128
+    max_seq_len: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in MODELS:
+            raise ValueError(f"unknown model {self.name!r}: choose one of {', '.join(MODELS)}")
+        if self.layers < 1 or self.hidden < 1:
+            raise ValueError(f"layers and hidden must be at least 1, got {self.layers} and {self.hidden}")
+        if self.name == "gpt-mini" and self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
+
+
+class Embedding(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(config.vocab, config.hidden)
+        self.positions = nn.Embedding(config.max_seq_len, config.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        embedded: torch.Tensor = self.tokens(ids) + self.positions(positions)[None]
+        return embedded
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with causal self-attention."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.norm1 = nn.LayerNorm(config.hidden)
+        self.qkv = nn.Linear(config.hidden, 3 * config.hidden)
+        self.proj = nn.Linear(config.hidden, config.hidden)
+        self.norm2 = nn.LayerNorm(config.hidden)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.hidden, 4 * config.hidden), nn.GELU(), nn.Linear(4 * config.hidden, config.hidden)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(h, dim=2)
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(b, t, h))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
+
+
+class Head(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(config.hidden)
+        self.out = nn.Linear(config.hidden, config.vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.out(self.norm(x))
+        return logits
+
+
+def build_layers(config: ModelConfig) -> list[nn.Module]:
+    """The model as a list of layers (same weights on every rank for the same seed)."""
+    torch.manual_seed(config.seed)
+    if config.name == "mlp":
+        return [nn.Sequential(nn.Linear(config.hidden, config.hidden), nn.Tanh()) for _ in range(config.layers)]
+    return [Embedding(config), *(Block(config) for _ in range(config.layers)), Head(config)]
+
+
+def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
+    """Cut ``layers`` into ``stages`` contiguous stages with layer counts as even as possible.
+
+    Raises:
+        ValueError: if there are fewer layers than stages.
+    """
+    if stages > len(layers):
+        raise ValueError(
+            f"{len(layers)} layers cannot fill {stages} stages; use --layers {stages} or more, or fewer stages"
+        )
+    bounds = [round(i * len(layers) / stages) for i in range(stages + 1)]
+    return [nn.Sequential(*layers[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def loss_fn_for(name: str) -> LossFunction:
+    return lm_loss if name == "gpt-mini" else mse_loss
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(output, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqLenDist:
+    """``fixed:T`` or ``lognormal:MEAN:SIGMA`` (rounded, clipped to 8..max)."""
+
+    mean: int
+    sigma: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> SeqLenDist:
+        name, _, rest = spec.partition(":")
+        args = rest.split(":") if rest else []
+        try:
+            if name == "fixed" and len(args) == 1:
+                return cls(int(args[0]))
+            if name == "lognormal" and len(args) == 2:
+                sigma = float(args[1])
+                if not math.isfinite(sigma) or sigma < 0:
+                    raise ValueError
+                return cls(int(args[0]), sigma)
+        except ValueError:
+            pass
+        raise SpecError(f"bad sequence length distribution {spec!r}: expected fixed:T or lognormal:MEAN:SIGMA")
+
+    def sample(self, count: int, rng: np.random.Generator, limit: int) -> list[int]:
+        if self.sigma == 0:
+            return [min(self.mean, limit)] * count
+        values = self.mean * rng.lognormal(-0.5 * self.sigma**2, self.sigma, size=count)
+        return [int(v) for v in np.clip(np.round(values), 8, limit)]
+
+
+def make_batch(
+    config: ModelConfig,
+    microbatches: int,
+    microbatch_size: int,
+    seq_len: SeqLenDist,
+    step: int,
+    data_seed: int = 0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """One step's micro-batches: (inputs, targets, tokens per micro-batch).
+
+    Deterministic in ``(data_seed, step)``, so every policy sees the same data.
+    """
+    rng = np.random.default_rng([data_seed, step])
+    generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    inputs, targets, tokens = [], [], []
+    if config.name == "mlp":
+        for _ in range(microbatches):
+            x = torch.randn(microbatch_size, config.hidden, generator=generator)
+            inputs.append(x)
+            targets.append(torch.sin(x))
+            tokens.append(microbatch_size)
+        return inputs, targets, tokens
+    for length in seq_len.sample(microbatches, rng, config.max_seq_len - 1):
+        start = torch.randint(0, config.vocab, (microbatch_size, 1), generator=generator)
+        steps = torch.arange(length + 1)[None, :]
+        noise = (torch.rand(microbatch_size, length + 1, generator=generator) < 0.1).long()
+        sequence = (start + steps + noise * torch.randint(0, config.vocab, (1,), generator=generator)) % config.vocab
+        inputs.append(sequence[:, :-1].contiguous())
+        targets.append(sequence[:, 1:].contiguous())
+        tokens.append(microbatch_size * length)
+    return inputs, targets, tokens
