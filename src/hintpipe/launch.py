@@ -14,11 +14,11 @@ failing ranks' errors, so nothing is left hanging.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
+from torch.multiprocessing.spawn import start_processes
 
 
 class RankFailure(RuntimeError):
@@ -66,14 +66,14 @@ def _child(rank: int, world: int, fn: Callable[..., Any], args: tuple[Any, ...],
         init_rank(rank, world, timeout_s)
         result = fn(rank, world, *args)
         path.write_bytes(pickle.dumps(("ok", result)))
-    except BaseException as exc:  # report, then exit non-zero
+    except BaseException as exc:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         path.write_bytes(pickle.dumps(("error", text, traceback.format_exc())))
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        # Leave at once: tearing the process group down would wait on peers
+        # that may be dead or stuck, which is exactly what must not hang us.
+        sys.stderr.flush()
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 def under_torchrun() -> bool:
@@ -101,24 +101,22 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         context = start_processes(  # type: ignore[no-untyped-call]
             _child, args=(world, fn, args, out, timeout_s), nprocs=world, join=False, start_method="spawn"
         )
-        failed = False
-        try:
-            while not context.join(timeout=0.5):
-                pass
-        except ProcessRaisedException:
-            failed = True
-        except ProcessExitedException:
-            failed = True
-        finally:
-            # A failed rank makes the others fail on their own within the
-            # watchdog; give them a moment to say why before stopping them.
-            if failed:
-                deadline = time.monotonic() + 10.0
-                while time.monotonic() < deadline and any(p.is_alive() for p in context.processes):
-                    time.sleep(0.1)
-            for process in context.processes:
-                if process.is_alive():
-                    process.terminate()
+        # Watch the ranks ourselves rather than with context.join(), which
+        # kills the survivors the moment one rank fails: they must get the
+        # chance to notice and report it (peer failure or watchdog).
+        processes = context.processes
+        failed_at: float | None = None
+        while any(p.is_alive() for p in processes):
+            if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > timeout_s + 5.0:
+                break
+            time.sleep(0.05)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join(timeout=5.0)
+        failed = any(p.exitcode != 0 for p in processes)
         results: list[Any] = []
         errors: list[str] = []
         for rank in range(world):

@@ -18,6 +18,7 @@ step stays the caller's.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import logging
 import math
@@ -171,6 +172,10 @@ class Pipeline:
         # Point-to-point traffic gets its own gloo group so that it never
         # interleaves with the collectives (barrier, gathers) of the default one.
         self._p2p = dist.new_group(backend="gloo")
+        # Collectives of the runtime (step barrier, timeline gather, loss
+        # broadcast) get a group whose timeout is the watchdog's, so a stuck
+        # rank cannot hold the others in a collective either.
+        self._coll = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
         self.device = torch.device("cpu")
         self.post = PostOffice(sorted(peers), self.device, group=self._p2p, delay_s=self.injection.comm_ms / 1000)
         self.graph = RankGraph(hint, self.rank)
@@ -297,7 +302,7 @@ class Pipeline:
                 grad_in[(msg.stage, msg.mb)] = msg.tensors
                 board.deliver(Task(msg.stage, Kind.B, msg.mb))
 
-        dist.barrier()
+        self._barrier(step)
         t0 = time.perf_counter()
         stash, self._stash = self._stash, []
         for msg in stash:
@@ -363,9 +368,19 @@ class Pipeline:
         if broadcast_loss:
             owner = stage_rank[self.last_stage]
             buffer = loss_value.detach().clone() if loss_value is not None else torch.zeros(())
-            dist.broadcast(buffer, src=owner)
+            dist.broadcast(buffer, src=owner, group=self._coll)
             return buffer
         return loss_value
+
+    def _barrier(self, step: int) -> None:
+        """Start the step together (one clock for the timeline), but never wait
+        on a missing rank longer than the watchdog timeout."""
+        try:
+            dist.monitored_barrier(group=self._coll, timeout=datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            raise WatchdogTimeout(
+                f"rank {self.rank}: waited {self.timeout:g} s for the other ranks to start step {step}: {exc}"
+            ) from None
 
     def _finish_step(
         self,
@@ -379,7 +394,7 @@ class Pipeline:
     ) -> None:
         """Share every rank's timeline; build the next step's plan from it."""
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, (records, peak, peak_bytes, step_time))
+        dist.all_gather_object(gathered, (records, peak, peak_bytes, step_time), group=self._coll)
         all_records = [r for part in gathered for r in part[0]]
         durations = np.zeros((self.hint.num_stages, self.microbatches, 3))
         for _, task, start, end in all_records:

@@ -15,14 +15,19 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from hintpipe.costs import CostModel
+from hintpipe.hint import Hint
 from hintpipe.inject import Injection
 from hintpipe.launch import run_ranks
 from hintpipe.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
 from hintpipe.pipeline import Pipeline, Record, StepReport
 from hintpipe.scoreboard import Policy
+from hintpipe.simulator import Sample, Simulator
+from hintpipe.task import Kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,15 +115,16 @@ class TrainResult:
         return self.reports[step].records
 
 
-def train(config: TrainConfig) -> TrainResult:
-    """Start the ranks, train, and return rank 0's result.
+def train(config: TrainConfig) -> TrainResult | None:
+    """Start the ranks, train, and return rank 0's result (``None`` on the
+    other ranks of a ``torchrun`` launch).
 
     Raises:
         hintpipe.launch.RankFailure: with each failed rank's error.
     """
     results = run_ranks(_train_rank, config.ranks, config, timeout_s=config.timeout)
     result = results[0]
-    assert isinstance(result, TrainResult)
+    assert result is None or isinstance(result, TrainResult)
     return result
 
 
@@ -210,6 +216,26 @@ def _compare_gradients(
             worst_abs = max(worst_abs, diff)
             worst_rel = max(worst_rel, diff / max(expected.abs().max().item(), 1e-12))
     return worst_abs, worst_rel
+
+
+def predict_step_time(hint: Hint, report: StepReport, policy: Policy, slack: float = 0.0) -> float:
+    """What the simulator predicts for a measured step.
+
+    The step's measured task times are the sample; the expected costs (what
+    ``ready`` plans with) are each stage's median, as in the runtime.
+    """
+    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    for _, task, start, end in report.records:
+        durations[task.stage, task.mb, task.kind] = end - start
+    medians = np.median(durations, axis=1)
+    cost_model = CostModel.uniform(
+        hint.num_stages,
+        forward=medians[:, Kind.F].tolist(),
+        backward=medians[:, Kind.B].tolist(),
+        weight=medians[:, Kind.W].tolist(),
+    )
+    sample = Sample(durations, np.zeros_like(durations), 0.0)
+    return Simulator(hint, cost_model).run(policy, sample, slack=slack).makespan
 
 
 def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:

@@ -148,6 +148,8 @@ def step_table(result: TrainResult) -> Table:
 def run(args: argparse.Namespace) -> int:
     config = config_from(args, args.policy)
     result = train(config)
+    if result is None:  # a non-zero rank under torchrun: rank 0 reports
+        return 0
     if args.trace:
         write_chrome_trace(result.records(), args.trace, unit_us=1e6, label=f"{config.hint} / {config.policy}")
     if args.timeline:

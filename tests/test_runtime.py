@@ -1,0 +1,243 @@
+"""The runtime across processes (CPU, gloo): same maths as the unsplit model.
+
+Tolerances: float32 gradients compared with ``torch.testing.assert_close`` at
+``rtol=1e-5, atol=1e-6``: the pipeline runs the same operations per
+micro-batch as the reference, only the order in which micro-batch gradients
+are summed may differ.
+
+Each test spawns its ranks once and runs many configurations in that group,
+since starting processes dominates the time on a small machine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hintpipe.launch import RankFailure, run_ranks
+from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.pipeline import Pipeline
+
+RTOL, ATOL = 1e-5, 1e-6
+
+# (hint, chunks) pairs the generators support, each run under every policy.
+HINTS = [
+    ("gpipe", 1),
+    ("gpipe", 2),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("zb-h1", 1),
+    ("zbv", 2),
+    ("bf", 1),
+    ("bf", 2),
+    ("bfw", 1),
+    ("bfw", 2),
+]
+POLICIES = ["fixed", "greedy", "ready"]
+
+
+def _mlp(stages: int) -> list[nn.Module]:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(stages)]
+    return layers
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _batches(variable: bool, microbatches: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    sizes = [1 + (i * 3) % 5 for i in range(microbatches)] if variable else [2] * microbatches
+    xs = [torch.randn(n, 6, generator=g) for n in sizes]
+    return xs, [torch.sin(x) for x in xs]
+
+
+def _reference(modules: list[nn.Module], xs: list[torch.Tensor], ys: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    model = nn.Sequential(*modules)
+    for x, y in zip(xs, ys, strict=True):
+        torch.autograd.backward(_mse(model(x), y) / len(xs))
+    return {f"{s}.{n}": p.grad.clone() for s, m in enumerate(modules) for n, p in m.named_parameters()}  # type: ignore[union-attr]
+
+
+def _grads(pipe: Pipeline, modules: list[nn.Module]) -> dict[str, torch.Tensor]:
+    return {f"{s}.{n}": p.grad.clone() for s in pipe.stages for n, p in modules[s].named_parameters()}  # type: ignore[union-attr]
+
+
+def _matrix_worker(rank: int, world: int, cases: list[tuple[str, int, str, bool]], m: int) -> list[Any]:
+    out = []
+    for hint, chunks, policy, variable in cases:
+        modules = _mlp(world * chunks)
+        pipe = Pipeline.from_modules(
+            modules, loss_fn=_mse, microbatches=m, hint=hint, chunks=chunks, policy=policy,
+            memory_slack=1, timeout=60,
+        )
+        xs, ys = _batches(variable, m)
+        pipe.step(xs, ys)
+        one = _grads(pipe, modules)
+        loss = pipe.step(xs, ys, broadcast_loss=True)  # no zeroing: gradients accumulate
+        two = _grads(pipe, modules)
+        pipe.close()
+        out.append((one, two, float(loss) if loss is not None else None))
+    return out
+
+
+def _check_matrix(world: int, m: int, cases: list[tuple[str, int, str, bool]]) -> None:
+    results = run_ranks(_matrix_worker, world, cases, m, timeout_s=120)
+    for i, (hint, chunks, policy, variable) in enumerate(cases):
+        modules = _mlp(world * chunks)
+        xs, ys = _batches(variable, m)
+        expected = _reference(modules, xs, ys)
+        with torch.no_grad():
+            model = nn.Sequential(*modules)
+            reference_loss = sum(float(_mse(model(x), y)) for x, y in zip(xs, ys, strict=True)) / m
+        seen: set[str] = set()
+        for rank_result in results:
+            one, two, loss = rank_result[i]
+            for name, grad in one.items():
+                where = f"{hint} x{chunks} {policy} {'variable' if variable else 'equal'} shapes, {name}"
+                torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL, msg=lambda m, w=where: f"{w}: {m}")
+                # Two steps without zeroing: exactly twice one step's gradient.
+                torch.testing.assert_close(two[name], 2 * expected[name], rtol=RTOL, atol=ATOL)
+                seen.add(name)
+            assert loss == pytest.approx(reference_loss, rel=1e-5)
+        assert seen == set(expected), f"{hint}: gradients missing for {set(expected) - seen}"
+
+
+def test_every_hint_and_policy_matches_the_unsplit_model_on_two_ranks() -> None:
+    cases = [(h, v, p, variable) for h, v in HINTS for p in POLICIES for variable in (False, True)]
+    _check_matrix(2, 4, cases)
+
+
+def test_four_ranks_with_several_chunks() -> None:
+    cases = [
+        ("1f1b", 1, "ready", True),
+        ("interleaved-1f1b", 2, "greedy", True),
+        ("zbv", 2, "ready", False),
+        ("zb-h1", 1, "greedy", True),
+        ("bfw", 2, "ready", True),
+    ]
+    _check_matrix(4, 8, cases)
+
+
+def _gpt_worker(rank: int, world: int, policy: str) -> Any:
+    config = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+    modules = split_layers(build_layers(config), world)
+    pipe = Pipeline.from_modules(modules, loss_fn=lm_loss, microbatches=4, hint="1f1b", policy=policy, timeout=60)
+    inputs, targets, _ = make_batch(config, 4, 2, SeqLenDist(24, 0.6), step=0)
+    pipe.step(inputs, targets)
+    grads = _grads(pipe, modules)
+    pipe.close()
+    return grads, [x.shape[1] for x in inputs]
+
+
+@pytest.mark.parametrize("policy", ["greedy"])
+def test_gpt_mini_with_variable_sequence_lengths(policy: str) -> None:
+    results = run_ranks(_gpt_worker, 2, policy, timeout_s=120)
+    config = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+    modules = split_layers(build_layers(config), 2)
+    inputs, targets, _ = make_batch(config, 4, 2, SeqLenDist(24, 0.6), step=0)
+    assert len({x.shape[1] for x in inputs}) > 1, "the micro-batches should differ in length"
+    model = nn.Sequential(*modules)
+    for x, y in zip(inputs, targets, strict=True):
+        torch.autograd.backward(lm_loss(model(x), y) / 4)
+    expected = {f"{s}.{n}": p.grad for s, m in enumerate(modules) for n, p in m.named_parameters()}
+    for grads, _ in results:
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL)
+
+
+class _Crash(nn.Module):
+    """Kills its process abruptly in the second step, on micro-batch 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(6, 6)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 4 + 3:
+            os._exit(17)
+        out: torch.Tensor = self.layer(x)
+        return out
+
+
+def _crash_worker(rank: int, world: int) -> None:
+    modules: list[nn.Module] = [nn.Linear(6, 6), _Crash(), nn.Linear(6, 6)]
+    pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", timeout=8)
+    xs, ys = _batches(False, 4)
+    for _ in range(3):
+        pipe.step(xs, ys)
+    pipe.close()
+
+
+def test_a_killed_rank_ends_every_rank_with_an_error() -> None:
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_crash_worker, 3, timeout_s=30)
+    elapsed = time.monotonic() - began
+    message = str(info.value)
+    assert "rank 1: exited without a result" in message
+    # Both neighbours of the dead rank stop with an error that names rank 1, within the timeout.
+    for rank in (0, 2):
+        line = next(line for line in message.splitlines() if line.startswith(f"rank {rank}:"))
+        assert "rank 1" in line, line
+    assert elapsed < 40
+
+
+class _Hang(nn.Module):
+    """Stops making progress in the second step, on micro-batch 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(6, 6)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 4 + 2:
+            time.sleep(120)
+        out: torch.Tensor = self.layer(x)
+        return out
+
+
+def _hang_worker(rank: int, world: int) -> None:
+    modules: list[nn.Module] = [nn.Linear(6, 6), _Hang()]
+    pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy="fixed", timeout=3)
+    xs, ys = _batches(False, 4)
+    pipe.step(xs, ys)
+    pipe.step(xs, ys)
+
+
+def test_a_stuck_rank_trips_the_watchdog_with_what_was_awaited() -> None:
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_hang_worker, 2, timeout_s=3)
+    # Rank 0 gives up after 3 s; the launcher stops the stuck rank 3 + 5 s after that.
+    assert time.monotonic() - began < 25
+    message = str(info.value)
+    line = next(line for line in message.splitlines() if line.startswith("rank 0:"))
+    # Rank 0 ran 0F0, 0F1, 0B0 and 0F2 ... it waits for 1B1, which rank 1 never sends.
+    assert "WatchdogTimeout: rank 0: waited 3 s with nothing ready in step 1; rank 0: " in line
+    assert "waits for gradient of stage 1 from rank 1" in line
+    assert "rank 1: exited without a result" in message
+
+
+def test_misuse_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="call torch.distributed.init_process_group before building a Pipeline"):
+        Pipeline({0: nn.Linear(2, 2)}, loss_fn=_mse, microbatches=2)
+
+
+def _wrong_modules_worker(rank: int, world: int) -> None:
+    Pipeline.from_modules([nn.Linear(2, 2)] * 3, loss_fn=_mse, microbatches=4, hint="1f1b")
+
+
+def test_module_count_must_match_the_hint() -> None:
+    with pytest.raises(RankFailure, match=r"got 3 stage modules; hint '1f1b' on 2 ranks needs 2 \(1 per rank\)"):
+        run_ranks(_wrong_modules_worker, 2, timeout_s=60)
