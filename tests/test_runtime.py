@@ -74,8 +74,14 @@ def _matrix_worker(rank: int, world: int, cases: list[tuple[str, int, str, bool]
     for hint, chunks, policy, variable in cases:
         modules = _mlp(world * chunks)
         pipe = Pipeline.from_modules(
-            modules, loss_fn=_mse, microbatches=m, hint=hint, chunks=chunks, policy=policy,
-            memory_slack=1, timeout=60,
+            modules,
+            loss_fn=_mse,
+            microbatches=m,
+            hint=hint,
+            chunks=chunks,
+            policy=policy,
+            memory_slack=1,
+            timeout=60,
         )
         xs, ys = _batches(variable, m)
         pipe.step(xs, ys)
@@ -101,7 +107,9 @@ def _check_matrix(world: int, m: int, cases: list[tuple[str, int, str, bool]]) -
             one, two, loss = rank_result[i]
             for name, grad in one.items():
                 where = f"{hint} x{chunks} {policy} {'variable' if variable else 'equal'} shapes, {name}"
-                torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL, msg=lambda m, w=where: f"{w}: {m}")
+                torch.testing.assert_close(
+                    grad, expected[name], rtol=RTOL, atol=ATOL, msg=lambda m, w=where: f"{w}: {m}"
+                )
                 # Two steps without zeroing: exactly twice one step's gradient.
                 torch.testing.assert_close(two[name], 2 * expected[name], rtol=RTOL, atol=ATOL)
                 seen.add(name)

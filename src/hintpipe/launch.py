@@ -44,6 +44,9 @@ def free_port() -> int:
 def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
     """Join the process group (already in the environment: MASTER_ADDR/PORT)."""
     torch.set_num_threads(1)
+    # The mailbox threads must get the interpreter promptly while the main
+    # thread computes: hand it over every 0.5 ms instead of every 5 ms.
+    sys.setswitchinterval(0.0005)
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if use_cuda:
         local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()

@@ -12,10 +12,13 @@ one tag), so no backend-specific tags are needed. Sends are asynchronous;
 their buffers are held until the backend reports them complete. When nothing
 is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
 
-Wire format, per message: a header of 6 int64 ``(kind, step, stage, mb,
-tensors, meta_len)``, then ``meta_len`` int64 describing each tensor as ``(dtype code,
-ndim, *shape)`` (``ndim = -1`` marks an absent tensor, e.g. no gradient for an
-integer input), then one payload per present tensor.
+Wire format, per message: a header of 64 int64 ``(kind, step, stage, mb,
+tensors, meta_len, payload_bytes, meta...)`` where ``meta`` describes each
+tensor as ``(dtype code, ndim, *shape)`` (``ndim = -1`` marks an absent tensor,
+e.g. no gradient for an integer input; a description too long for the header
+follows it as a message of its own), then one byte payload holding every
+tensor. Two receives per message keep latency low when the rank's main thread
+is busy computing and holds the interpreter most of the time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import dataclasses
 import datetime
 import enum
 import logging
+import math
 import queue
 import threading
 import time
@@ -55,7 +59,8 @@ _DTYPES = [
     torch.bool,
 ]
 _CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
-_HEADER = 6
+_HEADER = 64
+_INLINE = _HEADER - 7  # tensor descriptions that fit in the header itself
 
 
 @dataclasses.dataclass
@@ -102,6 +107,49 @@ def _decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[i
     return out
 
 
+_ALIGN = 8
+
+
+def _pack(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
+    payload receive per message, whatever the number of tensors."""
+    parts: list[torch.Tensor] = []
+    offset = 0
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        raw = t.contiguous().reshape(-1).view(torch.uint8)
+        parts.append(raw)
+        offset += raw.numel()
+        pad = -offset % _ALIGN
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
+            offset += pad
+    if not parts:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.cat(parts)
+
+
+def _unpack(
+    payload: torch.Tensor, specs: list[tuple[torch.dtype, tuple[int, ...]] | None]
+) -> list[torch.Tensor | None]:
+    out: list[torch.Tensor | None] = []
+    offset = 0
+    for spec in specs:
+        if spec is None:
+            out.append(None)
+            continue
+        dtype, shape = spec
+        count = math.prod(shape)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        if count == 0:
+            out.append(torch.empty(shape, dtype=dtype, device=payload.device))
+            continue
+        out.append(payload[offset : offset + size].view(dtype).reshape(shape))
+        offset += size + (-(offset + size) % _ALIGN)
+    return out
+
+
 class PostOffice:
     """All mailboxes of one rank, plus its outgoing sends.
 
@@ -141,23 +189,24 @@ class PostOffice:
             while True:
                 header = torch.empty(_HEADER, dtype=torch.int64)
                 dist.recv(header, src=peer, group=self.group)
-                kind, step, stage, mb, count, meta_len = (int(v) for v in header.tolist())
-                meta = torch.empty(max(meta_len, 1), dtype=torch.int64)
-                if meta_len:
-                    dist.recv(meta, src=peer, group=self.group)
+                values = header.tolist()
+                kind, step, stage, mb, count, meta_len, nbytes = values[:7]
+                if meta_len <= _INLINE:
+                    meta = values[7 : 7 + meta_len]
+                else:
+                    extra = torch.empty(meta_len, dtype=torch.int64)
+                    dist.recv(extra, src=peer, group=self.group)
+                    meta = extra.tolist()
+                payload = torch.empty(nbytes, dtype=torch.uint8, device=self._wire_device)
+                if nbytes:
+                    dist.recv(payload, src=peer, group=self.group)
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
-                    text = bytes(meta[:meta_len].to(torch.uint8).tolist()).decode() if meta_len else None
+                    text = bytes(payload.tolist()).decode(errors="replace") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
-                tensors: list[torch.Tensor | None] = []
-                for spec in _decode_meta(meta.tolist(), count):
-                    if spec is None:
-                        tensors.append(None)
-                        continue
-                    buffer = torch.empty(spec[1], dtype=spec[0], device=self._wire_device)
-                    if buffer.numel():
-                        dist.recv(buffer, src=peer, group=self.group)
-                    tensors.append(buffer.to(self.device))
+                tensors = _unpack(payload, _decode_meta(meta, count))
+                if self.device != payload.device:
+                    tensors = [None if t is None else t.to(self.device) for t in tensors]
                 if self.delay_s:
                     time.sleep(self.delay_s)
                 self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, time.perf_counter()))
@@ -180,22 +229,37 @@ class PostOffice:
     ) -> None:
         """Post a message to ``peer`` without waiting for it to leave."""
         meta = _encode_meta(tensors)
-        header = torch.tensor([int(kind), step, stage, mb, len(tensors), len(meta)], dtype=torch.int64)
-        buffers = [header]
-        if meta:
-            buffers.append(torch.tensor(meta, dtype=torch.int64))
-        buffers += [t.detach().to(self._wire_device).contiguous() for t in tensors if t is not None and t.numel()]
-        for buffer in buffers:
-            self._post(buffer, peer, buffers)
+        payload = _pack([None if t is None else t.detach().to(self._wire_device) for t in tensors])
+        self._send(peer, kind, step, stage, mb, len(tensors), meta, payload)
         self._reap()
 
+    def _send(
+        self,
+        peer: int,
+        kind: MessageKind,
+        step: int,
+        stage: int,
+        mb: int,
+        count: int,
+        meta: list[int],
+        payload: torch.Tensor,
+    ) -> None:
+        fields = [int(kind), step, stage, mb, count, len(meta), payload.numel()]
+        inline = meta if len(meta) <= _INLINE else []
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[: len(fields) + len(inline)] = torch.tensor(fields + inline, dtype=torch.int64)
+        keep = [header, payload]
+        self._post(header, peer, keep)
+        if len(meta) > _INLINE:
+            extra = torch.tensor(meta, dtype=torch.int64)
+            keep.append(extra)
+            self._post(extra, peer, keep)
+        if payload.numel():
+            self._post(payload, peer, keep)
+
     def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
-        data = list(text.encode()[:4000])
-        header = torch.tensor([int(kind), -1, -1, -1, 0, len(data)], dtype=torch.int64)
-        self._post(header, peer, [header])
-        if data:
-            meta = torch.tensor(data, dtype=torch.int64)
-            self._post(meta, peer, [meta])
+        data = torch.tensor(list(text.encode()[:4000]), dtype=torch.uint8)
+        self._send(peer, kind, -1, -1, -1, 0, [], data)
 
     def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
         work = dist.isend(tensor, dst=peer, group=self.group)
