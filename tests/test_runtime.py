@@ -238,7 +238,7 @@ def test_a_stuck_rank_trips_the_watchdog_with_what_was_awaited() -> None:
 
 
 def test_misuse_is_refused() -> None:
-    with pytest.raises(RuntimeError, match="call torch.distributed.init_process_group before building a Pipeline"):
+    with pytest.raises(RuntimeError, match=r"call torch\.distributed\.init_process_group before building a Pipeline"):
         Pipeline({0: nn.Linear(2, 2)}, loss_fn=_mse, microbatches=2)
 
 
