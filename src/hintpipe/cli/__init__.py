@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from hintpipe.cli import demo, simulate, train
+from hintpipe.launch import RankFailure
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RankFailure as exc:
+        print(f"hintpipe {args.command}: failed:\n{exc}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -11,7 +11,7 @@ from hintpipe.cli.common import print_json, stdout
 from hintpipe.generators import generate_hint
 from hintpipe.hint import HintName
 from hintpipe.inject import Injection
-from hintpipe.models import MODELS, ModelConfig, SeqLenDist
+from hintpipe.models import MODELS, ModelConfig, SeqLenDist, build_layers, split_layers
 from hintpipe.scoreboard import Policy
 from hintpipe.timeline import plot_timelines
 from hintpipe.trace import write_chrome_trace
@@ -76,8 +76,10 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         )
     hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks or (2 if args.hint == "zbv" else 1))
     Injection.parse(args.inject).check_ranks(args.stages)
+    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed)
+    split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
     config = TrainConfig(
-        model=ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed),
+        model=model,
         ranks=args.stages,
         microbatches=args.microbatches,
         microbatch_size=args.microbatch_size,
