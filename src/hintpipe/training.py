@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hintpipe.costs import CostModel
 from hintpipe.hint import Hint
@@ -70,6 +72,7 @@ class TrainConfig:
     check_grads: bool = False
     emulate: EmulatedCosts | None = None
     split_backward: bool = False
+    progress: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     losses: list[float] = []
     tokens: list[int] = []
     grad_diffs: tuple[float, float] | None = None
+    bar = _progress(config.steps) if config.progress and rank == 0 else None
     try:
         for step in range(config.steps):
             inputs, targets, counts = make_batch(
@@ -170,7 +174,11 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+            if bar is not None:
+                bar.advance(bar.task_ids[0])
     finally:
+        if bar is not None:
+            bar.stop()
         pipe.close()
     if rank != 0:
         return None
@@ -182,6 +190,19 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         max_grad_abs_diff=None if grad_diffs is None else grad_diffs[0],
         max_grad_rel_diff=None if grad_diffs is None else grad_diffs[1],
     )
+
+
+def _progress(steps: int) -> Progress | None:
+    """A progress bar over steps on rank 0's stderr, when that is a terminal."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
+    bar = Progress(
+        TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
+    )
+    bar.add_task("steps", total=steps)
+    bar.start()
+    return bar
 
 
 def _compare_gradients(

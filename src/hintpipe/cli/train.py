@@ -94,6 +94,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         timeout=args.timeout,
         check_grads=getattr(args, "check_grads", False),
         split_backward=hint.split_backward,
+        progress=not getattr(args, "json", False),
     )
     if args.emulate:
         config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
