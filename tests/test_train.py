@@ -173,3 +173,17 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path) -> None:
     )
     assert local is not None
     assert out["losses"] == pytest.approx(list(local.losses), rel=1e-6)
+
+
+def test_memory_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["train", "--model", "gpt-mini", "--stages", "2", "--microbatches", "8", "--steps", "3"]
+    assert main([*base, "--memory-budget", "1MiB"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "rank 0: hintpipe.scoreboard.BudgetError: rank 0: memory budget 1MiB is below what the hint itself held" in err
+    )
+    assert main([*base, "--memory-budget", "1GiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # Ample room: after the measuring step, rank 0 runs ahead up to all 8 micro-batches.
+    assert out["peak_live_slots"][0] > 2
+    assert out["peak_live"][0] < 2**30

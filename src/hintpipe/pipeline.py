@@ -38,9 +38,10 @@ from hintpipe.generators import generate_hint
 from hintpipe.hint import Hint, HintName
 from hintpipe.inject import Injection
 from hintpipe.mailbox import Message, MessageKind, PeerFailure, PostOffice
-from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
+from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
 from hintpipe.simulator import Sample, Simulator, lower_bound
 from hintpipe.task import Kind, Task
+from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,10 @@ class Pipeline:
         chunks: stages per rank (interleaved schedules); ``zbv`` implies 2.
         memory_slack: room for this many more in-flight micro-batches than
             the hint's own peak (activation slots), spent by running ahead.
+        memory_budget: activation bytes this rank may hold, instead of
+            ``memory_slack``: the first step runs with no slack and measures
+            the bytes one micro-batch keeps; each later step gets as many
+            extra slots as fit in the budget beyond the measured peak.
         timeout: seconds a rank may wait with nothing ready before the
             watchdog ends the step with an error on every rank.
         injection: variability to inject (experiments).
@@ -130,6 +135,7 @@ class Pipeline:
         policy: str | Policy = Policy.READY,
         chunks: int | None = None,
         memory_slack: float = 0.0,
+        memory_budget: float | None = None,
         timeout: float = 300.0,
         injection: Injection | None = None,
         emulate: Any = None,
@@ -160,7 +166,10 @@ class Pipeline:
         self.last_stage = hint.num_stages - 1
         self.timeout = timeout
         self.injection = injection or Injection()
+        if memory_budget is not None and memory_slack:
+            raise ValueError("give memory_slack or memory_budget, not both")
         self.memory_slack = memory_slack
+        self.memory_budget = memory_budget
         self.executor: StageExecutor | EmulatedExecutor
         if emulate is not None:
             self.executor = EmulatedExecutor(emulate, self.last_stage)
@@ -279,6 +288,7 @@ class Pipeline:
         board = Scoreboard(
             self.graph, policy, budget=self.graph.peak + self.memory_slack * self.graph.unit, plan=self._plan
         )
+        largest_mb_bytes = 0
         stage_rank = self.hint.placement.stage_rank
         losses: list[torch.Tensor] = []
         records: list[Record] = []
@@ -332,10 +342,12 @@ class Pipeline:
             s, kind, mb = task
             start = time.perf_counter()
             if kind is Kind.F:
+                before = self.executor.live_bytes
                 outputs, loss = self.executor.forward(s, mb, act_in.pop((s, mb)), targets[mb], scale)
                 if loss is not None:
                     losses.append(loss)
                 peak_bytes = max(peak_bytes, self.executor.live_bytes)
+                largest_mb_bytes = max(largest_mb_bytes, self.executor.live_bytes - before)
             elif kind is Kind.B:
                 grads = None if s == self.last_stage else grad_in.pop((s, mb))
                 dinputs = self.executor.backward(s, mb, grads)
@@ -362,6 +374,8 @@ class Pipeline:
                     self.post.send(stage_rank[s - 1], MessageKind.GRADIENT, step, s - 1, mb, dinputs)
         end_of_step = time.perf_counter() - t0
         self.post.flush(self.timeout)
+        if self.memory_budget is not None:
+            self._fit_budget(peak_bytes, largest_mb_bytes)
         loss_value = torch.stack(losses).sum() if losses else None
         self._finish_step(step, policy, end_of_step, records, board.peak, peak_bytes, loss_value)
         self.step_count += 1
@@ -371,6 +385,17 @@ class Pipeline:
             dist.broadcast(buffer, src=owner, group=self._coll)
             return buffer
         return loss_value
+
+    def _fit_budget(self, peak_bytes: int, largest_mb_bytes: int) -> None:
+        """Turn the byte budget into slots of room, from what this step measured."""
+        assert self.memory_budget is not None
+        if peak_bytes > self.memory_budget:
+            raise BudgetError(
+                f"rank {self.rank}: memory budget {format_size(self.memory_budget)} is below what the hint itself "
+                f"held, {format_size(peak_bytes)}; raise the budget, or use smaller or fewer micro-batches"
+            )
+        if largest_mb_bytes > 0:
+            self.memory_slack = float((self.memory_budget - peak_bytes) // largest_mb_bytes)
 
     def _barrier(self, step: int) -> None:
         """Start the step together (one clock for the timeline), but never wait

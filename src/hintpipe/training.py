@@ -64,6 +64,7 @@ class TrainConfig:
     policy: str = "ready"
     steps: int = 4
     memory_slack: float = 0.0
+    memory_budget: float | None = None
     seq_len: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
     inject: tuple[str, ...] = ()
     seed: int = 0
@@ -146,6 +147,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         policy=config.policy,
         chunks=config.chunks,
         memory_slack=config.memory_slack,
+        memory_budget=config.memory_budget,
         timeout=config.timeout,
         injection=injection,
         emulate=config.emulate,

@@ -16,7 +16,7 @@ from hintpipe.scoreboard import Policy
 from hintpipe.timeline import plot_timelines
 from hintpipe.trace import write_chrome_trace
 from hintpipe.training import TrainConfig, TrainResult, profile_costs, train
-from hintpipe.units import format_size
+from hintpipe.units import format_size, parse_size
 
 HELP = "train a built-in model across processes with pipeline parallelism"
 
@@ -52,12 +52,19 @@ def register(commands: Any) -> None:
     parser.add_argument("--policy", default="ready", choices=[p.value for p in Policy])
     parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
     parser.add_argument("--steps", type=int, default=4, metavar="N")
-    parser.add_argument(
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument(
         "--memory-slack",
         type=float,
         default=0.0,
         metavar="K",
         help="room for K more in-flight micro-batches than the hint's own peak",
+    )
+    budget.add_argument(
+        "--memory-budget",
+        default=None,
+        metavar="BYTES",
+        help="activation bytes per rank (e.g. 64MiB); the room beyond the hint's measured peak becomes slack",
     )
     add_train_arguments(parser)
     parser.add_argument("--check-grads", action="store_true", help="compare step 1's gradients with an unsplit copy")
@@ -88,6 +95,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         policy=policy,
         steps=args.steps,
         memory_slack=args.memory_slack,
+        memory_budget=None if getattr(args, "memory_budget", None) is None else parse_size(args.memory_budget),
         seq_len=SeqLenDist.parse(args.seq_len_dist),
         inject=tuple(args.inject),
         seed=args.seed,
