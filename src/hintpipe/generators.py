@@ -184,7 +184,7 @@ def _rank_by_kind(name: HintName, p: int, m: int, v: int, split: bool) -> Hint:
     """
     reference = _interleaved(p, m, v) if v > 1 else _one_f_one_b(p, m, v)
     placement = reference.placement
-    quota = _stage_peaks(reference)
+    quota = stage_peaks(reference)
     stages, last = placement.num_stages, placement.num_stages - 1
     cost = {Kind.F: 1, Kind.B: 1 if split else 2, Kind.W: 1}
 
@@ -256,7 +256,7 @@ def _rank_by_kind(name: HintName, p: int, m: int, v: int, split: bool) -> Hint:
     return Hint.from_lists(name.value, placement, m, order)
 
 
-def _stage_peaks(hint: Hint) -> list[int]:
+def stage_peaks(hint: Hint) -> list[int]:
     """Per stage, the most micro-batches a fixed-order run of ``hint`` holds at once."""
     split = hint.split_backward
     peaks = [0] * hint.num_stages

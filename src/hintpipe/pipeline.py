@@ -38,6 +38,7 @@ from hintpipe.generators import generate_hint
 from hintpipe.hint import Hint, HintName
 from hintpipe.inject import Injection
 from hintpipe.mailbox import Message, MessageKind, PeerFailure, PostOffice
+from hintpipe.plan import Plan
 from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
 from hintpipe.simulator import Sample, Simulator, lower_bound
 from hintpipe.task import Kind, Task
@@ -212,6 +213,24 @@ class Pipeline:
                 f"{hint.num_stages} ({hint.num_stages // world} per rank)"
             )
         return cls({s: modules[s] for s in hint.placement.stages_of(rank)}, **kwargs)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, **kwargs: Any) -> Pipeline:
+        """Build from a :class:`~hintpipe.plan.Plan`: each rank builds its planned stages.
+
+        Unless ``memory_slack`` or ``memory_budget`` is given, the rank's slack is
+        the plan's spare memory (budget minus planned peak) in micro-batches of
+        planned activations: the memory the planner frees becomes readiness room.
+        """
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world != plan.ranks:
+            raise ValueError(f"the plan is for {plan.ranks} ranks, the group has {world}")
+        hint = generate_hint(HintName.parse(plan.hint), plan.ranks, plan.microbatches, plan.chunks)
+        mine = hint.placement.stages_of(rank)
+        if "memory_slack" not in kwargs and "memory_budget" not in kwargs:
+            kwargs["memory_slack"] = float(min(plan.spare_slots(s) for s in mine))
+        kwargs.setdefault("microbatches", plan.microbatches)
+        return cls({s: plan.build_stage(s) for s in mine}, hint=hint, **kwargs)
 
     @classmethod
     def from_sequential(cls, model: nn.Sequential, split: Sequence[int], **kwargs: Any) -> Pipeline:

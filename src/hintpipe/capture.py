@@ -1,0 +1,119 @@
+"""Capture a model as a graph of operators (torch.fx), on a deep copy.
+
+The planner cuts the graph between nodes. A cut is allowed where every value
+crossing it is a tensor (shapes and other Python values stay inside a stage)
+and, when the model marks split points with :func:`split_point`, only right
+after one. Models that torch.fx cannot trace can name their top-level
+submodules instead (``modules=["embed", "blocks.0", ...]``): they are then
+treated as a sequence of opaque nodes, each fed the previous one's output.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx as fx
+from torch import nn
+
+
+class CaptureError(ValueError):
+    """The model cannot be captured as given."""
+
+
+@fx.wrap
+def split_point(x: Any) -> Any:
+    """Mark a place in ``forward`` where the planner may cut (identity at run time).
+
+    Once a model uses it, cuts are only placed right after split points.
+    """
+    return x
+
+
+@dataclasses.dataclass
+class CapturedGraph:
+    """A traced copy of the model.
+
+    Attributes:
+        module: the GraphModule (owns a deep copy of the parameters).
+        nodes: the compute nodes in topological order (no placeholders,
+            ``get_attr`` or ``output``): the units the planner places.
+        inputs: the placeholder nodes, in order.
+        output: the output node.
+        marked: whether the model used :func:`split_point`.
+    """
+
+    module: fx.GraphModule
+    nodes: list[fx.Node]
+    inputs: list[fx.Node]
+    output: fx.Node
+    marked: bool
+
+    @property
+    def index(self) -> dict[fx.Node, int]:
+        return {n: i for i, n in enumerate(self.nodes)}
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, leaves: set[str]) -> None:
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return qualname in self.leaves or super().is_leaf_module(m, qualname)
+
+
+def capture(model: nn.Module, *, modules: Sequence[str] | None = None) -> CapturedGraph:
+    """Trace a deep copy of ``model`` (the user's model is never touched).
+
+    Args:
+        model: the model.
+        modules: for untraceable models, the names of submodules to run in
+            sequence as the whole model (each an opaque node).
+
+    Raises:
+        CaptureError: naming the node that could not be traced and the fix.
+    """
+    root = copy.deepcopy(model)
+    if modules is not None:
+        return _sequence_of(root, list(modules))
+    try:
+        graph = _Tracer(set()).trace(root)
+    except Exception as exc:  # torch.fx raises several types for untraceable code
+        raise CaptureError(
+            f"torch.fx cannot trace {type(model).__name__}: {exc}. Fix: make forward traceable (no "
+            "data-dependent control flow), or pass modules=[...] naming the submodules to run in sequence"
+        ) from None
+    module = fx.GraphModule(root, graph)
+    return _captured(module)
+
+
+def _captured(module: fx.GraphModule) -> CapturedGraph:
+    nodes, inputs, output = [], [], None
+    marked = False
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            inputs.append(node)
+        elif node.op == "output":
+            output = node
+        elif node.op != "get_attr":
+            nodes.append(node)
+            marked = marked or (node.op == "call_function" and node.target is split_point)
+    if output is None or not nodes:
+        raise CaptureError("the traced graph has no operations to place")
+    return CapturedGraph(module, nodes, inputs, output, marked)
+
+
+def _sequence_of(root: nn.Module, names: list[str]) -> CapturedGraph:
+    available = dict(root.named_modules())
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise CaptureError(f"no submodules named {missing}; the model has {sorted(k for k in available if k)[:20]}")
+    graph = fx.Graph()
+    value: fx.Node = graph.placeholder("input")
+    for name in names:
+        value = graph.call_module(name, (value,))
+    graph.output(value)
+    return _captured(fx.GraphModule(root, graph))

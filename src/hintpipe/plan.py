@@ -1,0 +1,225 @@
+"""``hintpipe.plan``: capture, profile, cut; the result feeds the runtime.
+
+>>> plan = hintpipe.plan(model, example_microbatch, stages=4, microbatches=16, memory_budget="8GiB")
+>>> pipe = hintpipe.Pipeline.from_plan(plan, loss_fn=loss_fn)      # on every rank
+
+The plan is frozen and JSON-serialisable (:meth:`Plan.to_json`); it keeps the
+captured graph to build each stage's module (:meth:`Plan.build_stage`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from hintpipe.capture import CapturedGraph, capture
+from hintpipe.generators import generate_hint
+from hintpipe.hint import Hint, HintName
+from hintpipe.planner import (
+    CostTables,
+    MemoryModel,
+    Partition,
+    balanced_cuts,
+    describe,
+    inflight_per_stage,
+    max_microbatch_size,
+    search,
+    stage_cost,
+    summary,
+    uniform_cuts,
+)
+from hintpipe.profiling import NodeProfile, profile, tensors_in
+from hintpipe.stagegen import crossing, extract
+from hintpipe.units import parse_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Stage cuts with their recompute/offload choices, and the baselines beside them."""
+
+    hint: str
+    ranks: int
+    chunks: int
+    microbatches: int
+    microbatch_size: int
+    partition: Partition
+    baselines: dict[str, Partition]
+    tied: tuple[str, ...]
+    graph: CapturedGraph = dataclasses.field(compare=False, repr=False)
+    profiles: tuple[NodeProfile, ...] = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.partition.cuts) - 1
+
+    def to_json(self) -> dict[str, Any]:
+        out = summary(self.partition)
+        out["baselines"] = {name: summary(p) for name, p in self.baselines.items()}
+        out |= {
+            "hint": self.hint,
+            "ranks": self.ranks,
+            "chunks": self.chunks,
+            "microbatches": self.microbatches,
+            "microbatch_size": self.microbatch_size,
+            "tied_parameters": list(self.tied),
+        }
+        return out
+
+    def build_stage(self, index: int) -> nn.Module:
+        """Stage ``index`` as a module applying the plan's recompute and offload choices."""
+        if not 0 <= index < self.num_stages:
+            raise IndexError(f"the plan has stages 0..{self.num_stages - 1}, got {index}")
+        graph = self.graph
+        a, b = self.partition.cuts[index], self.partition.cuts[index + 1]
+        nodes = graph.nodes[a:b]
+        inputs = crossing(graph, a) if index else list(graph.inputs)
+        last = index == self.num_stages - 1
+        outputs = list(graph.output.all_input_nodes) if last else crossing(graph, b)
+        stage = self.partition.stages[index]
+        by_name = {n.name: n for n in nodes}
+        groups = {by_name[n]: "recompute" for n in stage.recompute} | {by_name[n]: "offload" for n in stage.offload}
+        return extract(
+            graph, nodes, inputs, outputs, groups=groups, output_value=graph.output.args[0] if last else None
+        )
+
+    def spare_slots(self, stage: int) -> int:
+        """Micro-batches of activations that fit in the stage's budget beyond its planned peak."""
+        s = self.partition.stages[stage]
+        per_mb = s.activation_bytes
+        if math.isinf(s.budget_bytes) or per_mb <= 0:
+            return 0
+        return max(0, int(s.spare_bytes // per_mb))
+
+
+def _budgets(memory_budget: float | str | Sequence[float | str], stages: int) -> tuple[float, ...]:
+    if isinstance(memory_budget, (int, float)):
+        return (float(memory_budget),) * stages
+    if isinstance(memory_budget, str):
+        parts = memory_budget.split(",")
+        values = [parse_size(p) for p in parts]
+    else:
+        values = [parse_size(v) if isinstance(v, str) else float(v) for v in memory_budget]
+    if len(values) == 1:
+        return (values[0],) * stages
+    if len(values) != stages:
+        raise ValueError(f"{len(values)} memory budgets for {stages} stages: give one, or one per stage")
+    return tuple(values)
+
+
+def _tied(graph: CapturedGraph, cuts: Sequence[int]) -> tuple[str, ...]:
+    """Parameters (or modules) used by more than one stage."""
+    index = graph.index
+    stage_of = {}
+    for s in range(len(cuts) - 1):
+        for i in range(cuts[s], cuts[s + 1]):
+            stage_of[graph.nodes[i]] = s
+    seen: dict[str, set[int]] = {}
+    for node in graph.module.graph.nodes:
+        if node.op == "get_attr":
+            stages = {stage_of[u] for u in node.users if u in index}
+            seen.setdefault(str(node.target), set()).update(stages)
+        elif node.op == "call_module" and node in stage_of:
+            seen.setdefault(str(node.target), set()).add(stage_of[node])
+    return tuple(sorted(name for name, stages in seen.items() if len(stages) > 1))
+
+
+def plan(
+    model: nn.Module,
+    example: Any,
+    *,
+    stages: int,
+    microbatches: int,
+    memory_budget: float | str | Sequence[float | str] = math.inf,
+    hint: str | Hint = "1f1b",
+    chunks: int = 1,
+    microbatch_size: int | None = None,
+    optimizer_factor: float = 2.0,
+    host_bandwidth: float = 10e9,
+    repeats: int = 5,
+    cache_dir: str | Path | None = None,
+    modules: Sequence[str] | None = None,
+    profiles: Sequence[NodeProfile] | None = None,
+) -> Plan:
+    """Plan ``model`` into ``stages`` ranks (x ``chunks`` stages each).
+
+    Args:
+        model: the model (a deep copy is captured; the model is not touched).
+        example: one micro-batch of inputs (a tensor or a tuple of tensors);
+            its first dimension is the profiled micro-batch size.
+        stages: pipeline ranks.
+        microbatches: micro-batches per step (the hint's in-flight counts depend on it).
+        memory_budget: bytes per stage: one value or one per stage (``"2GiB"``, ``"1GiB,2GiB,..."``).
+        hint: the schedule the runtime will follow.
+        microbatch_size: plan for this size (default: the example's).
+        optimizer_factor: optimizer state bytes per parameter byte (Adam 2, SGD 0).
+        host_bandwidth: bytes/s for offloading.
+        modules: for untraceable models, the submodules to run in sequence.
+        profiles: reuse profiles instead of measuring.
+
+    Raises:
+        hintpipe.capture.CaptureError: the model cannot be captured.
+        hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short).
+    """
+    inputs = example if isinstance(example, tuple) else (example,)
+    graph = capture(model, modules=modules)
+    profiled = int(tensors_in(list(inputs))[0].shape[0])
+    if profiles is None:
+        profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
+    hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
+    total = hint_obj.num_stages
+    tables = CostTables.from_profiles(profiles, graph)
+    size = microbatch_size or profiled
+    memory = MemoryModel(
+        inflight=inflight_per_stage(hint_obj),
+        budgets=_budgets(memory_budget, total),
+        optimizer_factor=optimizer_factor,
+        host_bandwidth=host_bandwidth,
+        scale=size / profiled,
+    )
+    cuts = search(tables, memory, total)
+
+    def plan_fits(m: MemoryModel) -> bool:
+        try:
+            search(tables, dataclasses.replace(m), total)
+        except ValueError:
+            return False
+        return True
+
+    def partition(cuts: tuple[int, ...], savings: bool) -> Partition:
+        described = describe(tables, memory, cuts, savings=savings)
+
+        def fits(m: MemoryModel) -> bool:
+            if savings:
+                return plan_fits(m)
+            return all(stage_cost(tables, m, s, cuts[s], cuts[s + 1], savings=False).feasible for s in range(total))
+
+        return Partition(
+            cuts=cuts,
+            bottleneck_ms=max(s.time_ms for s in described),
+            stages=described,
+            max_microbatch_size=max_microbatch_size(tables, memory, total, profiled, fits),
+        )
+
+    baselines = {
+        "uniform": partition(uniform_cuts(tables, total), savings=False),
+        "params": partition(balanced_cuts(np.asarray(tables.params), tables.allowed, total), savings=False),
+        "time": partition(balanced_cuts(np.asarray(tables.compute), tables.allowed, total), savings=False),
+    }
+    return Plan(
+        hint=hint_obj.name,
+        ranks=stages,
+        chunks=hint_obj.num_stages // stages,
+        microbatches=microbatches,
+        microbatch_size=size,
+        partition=partition(cuts, savings=True),
+        baselines=baselines,
+        tied=_tied(graph, cuts),
+        graph=graph,
+        profiles=tuple(profiles),
+    )

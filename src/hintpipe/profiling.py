@@ -1,0 +1,187 @@
+"""Per-node profiles: time, saved-activation bytes, parameter and output bytes.
+
+Each compute node of a captured graph runs on its own, on detached copies of
+the values the example input produces there: its forward is timed, its
+backward (gradient of ones into its inputs and parameters) is timed, and the
+tensors autograd saves for that backward are counted through
+``torch.autograd.graph.saved_tensors_hooks``: exact bytes, each storage once,
+parameters excluded (they are not activations). Repeats after a warm-up, the
+median kept. Profiles are cached on disk by a signature of the graph, the
+parameter shapes and the input shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from hintpipe.capture import CapturedGraph
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeProfile:
+    """What one node costs, per micro-batch of the profiled size."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+    saved_bytes: int
+    param_bytes: int
+    output_bytes: int
+    tensor_output: bool
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
+
+
+@contextmanager
+def count_saved(exclude: set[int]) -> Iterator[list[int]]:
+    """Count the bytes autograd saves inside the block, each storage once,
+    skipping storages in ``exclude`` (parameters)."""
+    total = [0]
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in exclude and key not in seen:
+            seen.add(key)
+            total[0] += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield total
+
+
+def parameter_storages(module: torch.nn.Module) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in module.parameters()}
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        leaf = value.detach()
+        return leaf.requires_grad_(True) if leaf.is_floating_point() else leaf
+    if isinstance(value, tuple):
+        return tuple(_detach(v) for v in value)
+    if isinstance(value, list):
+        return [_detach(v) for v in value]
+    return value
+
+
+def run_node(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    """Evaluate one node given the values of its inputs in ``env``."""
+    args = fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+    if node.op == "call_module":
+        return root.get_submodule(str(node.target))(*args, **kwargs)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+    if node.op == "call_method":
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    if node.op == "get_attr":
+        value = root
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        return value
+    raise ValueError(f"cannot run node {node.name} ({node.op})")
+
+
+def signature(graph: CapturedGraph, inputs: Sequence[Any]) -> str:
+    """A key for the profile cache: the graph's code, parameter and input shapes."""
+    parts = [graph.module.code]
+    parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in graph.module.named_parameters()]
+    parts += [f"{tuple(t.shape)}:{t.dtype}" for t in tensors_in(list(inputs))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def profile(
+    graph: CapturedGraph,
+    inputs: Sequence[Any],
+    *,
+    repeats: int = 5,
+    cache_dir: str | Path | None = None,
+) -> list[NodeProfile]:
+    """Profile every compute node of ``graph`` on ``inputs`` (one micro-batch).
+
+    Args:
+        graph: the captured model.
+        inputs: example inputs, one per placeholder.
+        repeats: timed runs per node after one warm-up; the median is kept.
+        cache_dir: where to keep profiles (by signature); ``None``: no cache.
+    """
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"the model takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    cache = None
+    if cache_dir is not None:
+        cache = Path(cache_dir) / f"{signature(graph, inputs)}-{repeats}.json"
+        if cache.exists():
+            return [NodeProfile(**row) for row in json.loads(cache.read_text())]
+    root = graph.module
+    params = parameter_storages(root)
+    env: dict[fx.Node, Any] = dict(zip(graph.inputs, inputs, strict=True))
+    for node in root.graph.nodes:
+        if node.op == "get_attr":
+            env[node] = run_node(root, node, env)
+    profiles = []
+    for node in graph.nodes:
+        forward, backward, saved = [], [], 0
+        for _ in range(repeats + 1):
+            local = {k: _detach(v) for k, v in env.items() if k in node.all_input_nodes}
+            with count_saved(params) as counted:
+                start = time.perf_counter()
+                out = run_node(root, node, local)
+                forward.append(time.perf_counter() - start)
+            grads = [t for t in tensors_in(out) if t.requires_grad]
+            start = time.perf_counter()
+            if grads:
+                torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
+            backward.append(time.perf_counter() - start)
+            saved = counted[0]
+        env[node] = _detach(out) if tensors_in(out) else out
+        module_params = 0
+        if node.op == "call_module":
+            module_params = sum(p.numel() * p.element_size() for p in root.get_submodule(str(node.target)).parameters())
+        module_params += sum(
+            env[a].numel() * env[a].element_size()
+            for a in node.all_input_nodes
+            if a.op == "get_attr" and isinstance(env[a], torch.nn.Parameter)
+        )
+        profiles.append(
+            NodeProfile(
+                name=node.name,
+                forward_s=statistics.median(forward[1:]),
+                backward_s=statistics.median(backward[1:]),
+                saved_bytes=saved,
+                param_bytes=module_params,
+                output_bytes=nbytes(out),
+                tensor_output=isinstance(out, torch.Tensor)
+                or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0),
+            )
+        )
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps([dataclasses.asdict(p) for p in profiles]))
+        tmp.replace(cache)
+    return profiles

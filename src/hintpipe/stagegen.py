@@ -1,0 +1,149 @@
+"""Generated stage modules: a range of graph nodes as an ``nn.Module``.
+
+A stage takes the values crossing its first cut (in the order they were
+defined) and returns those crossing its last cut, so stage ``i``'s outputs are
+exactly stage ``i + 1``'s inputs; a value that skips a stage (a residual
+across a cut) is passed through it. Parameters are referenced, not copied.
+
+Nodes the plan recomputes run inside ``torch.utils.checkpoint`` (their saved
+activations are dropped after the forward and rebuilt in backward); nodes it
+offloads run under ``saved_tensors_hooks`` that move what autograd saves to
+host memory and back. Consecutive nodes with the same choice are grouped into
+one sub-module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils.checkpoint import checkpoint
+
+from hintpipe.capture import CapturedGraph
+
+
+def recompute(module: torch.nn.Module, *args: Any) -> Any:
+    """Run ``module`` keeping no activations; backward recomputes them."""
+    return checkpoint(module, *args, use_reentrant=False)
+
+
+def offload(module: torch.nn.Module, *args: Any) -> Any:
+    """Run ``module`` with its saved activations kept in host memory until backward."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+
+    def pack(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+        host = t.to("cpu", non_blocking=True)
+        if host.data_ptr() == t.data_ptr():  # already on the host: nothing to move
+            return t.device, t
+        return t.device, host
+
+    def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+        where, t = packed
+        return t.to(where if where.type != "cpu" else device, non_blocking=True)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return module(*args)
+
+
+def _used_after(graph: CapturedGraph, nodes: set[fx.Node], stop: int) -> list[fx.Node]:
+    """Values defined in ``nodes`` (or graph inputs) that something at index >= stop uses."""
+    index = graph.index
+    out = []
+    candidates = list(graph.inputs) + [n for n in graph.nodes if n in nodes]
+    for node in candidates:
+        if any(index.get(u, len(graph.nodes)) >= stop for u in node.users):
+            out.append(node)
+    return out
+
+
+def crossing(graph: CapturedGraph, cut: int) -> list[fx.Node]:
+    """The values crossing cut ``cut`` (defined before node ``cut``, used at or after it)."""
+    index = graph.index
+    before = list(graph.inputs) + graph.nodes[:cut]
+    return [n for n in before if any(index.get(u, len(graph.nodes)) >= cut for u in n.users)]
+
+
+def extract(
+    graph: CapturedGraph,
+    nodes: Sequence[fx.Node],
+    inputs: Sequence[fx.Node],
+    outputs: Sequence[fx.Node],
+    *,
+    groups: dict[fx.Node, str] | None = None,
+    output_value: Any = None,
+) -> fx.GraphModule:
+    """A GraphModule computing ``outputs`` from ``inputs`` with ``nodes``.
+
+    ``groups`` maps nodes to ``"recompute"`` or ``"offload"``; runs of them
+    become sub-modules called through :func:`recompute` / :func:`offload`.
+    ``output_value`` (the original graph's output argument) replaces the tuple
+    of ``outputs`` as what the module returns: the last stage returns what the
+    model returned.
+    """
+    root = graph.module
+    new = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for value in inputs:
+        env[value] = new.placeholder(value.name)
+
+    def lookup(value: fx.Node) -> fx.Node:
+        if value not in env:
+            if value.op != "get_attr":
+                raise KeyError(f"{value.name} is not available in this stage")
+            env[value] = new.get_attr(str(value.target))
+        return env[value]
+
+    groups = groups or {}
+    owned: dict[str, Any] = {}  # sub-modules of recompute/offload runs
+    i = 0
+    run_count = 0
+    node_list = list(nodes)
+    while i < len(node_list):
+        node = node_list[i]
+        action = groups.get(node)
+        if action is None:
+            env[node] = new.node_copy(node, lookup)
+            i += 1
+            continue
+        j = i
+        while j < len(node_list) and groups.get(node_list[j]) == action:
+            j += 1
+        run = node_list[i:j]
+        run_set = set(run)
+        run_inputs: list[fx.Node] = []
+        for n in run:
+            for a in n.all_input_nodes:
+                if a not in run_set and a.op != "get_attr" and a not in run_inputs:
+                    run_inputs.append(a)
+        later = set(node_list[j:]) | {graph.output}
+        run_outputs = [n for n in run if any(u in later or u not in set(node_list) for u in n.users)]
+        sub = extract(graph, run, run_inputs, run_outputs)
+        name = f"{action}_{run_count}"
+        run_count += 1
+        owned[name] = sub
+        call = new.call_function(
+            recompute if action == "recompute" else offload,
+            (new.get_attr(name), *[lookup(a) for a in run_inputs]),
+        )
+        for k, n in enumerate(run_outputs):
+            env[n] = new.call_function(_item, (call, k))
+        i = j
+    if output_value is not None:
+        new.output(fx.node.map_arg(output_value, lookup))
+    else:
+        new.output(tuple(lookup(o) for o in outputs))
+    attributes: dict[str, Any] = dict(owned)
+    for node in new.nodes:
+        if node.op in ("get_attr", "call_module") and str(node.target) not in attributes:
+            target = str(node.target)
+            attribute: Any = root
+            for part in target.split("."):
+                attribute = getattr(attribute, part)
+            attributes[target] = attribute
+    return fx.GraphModule(attributes, new)
+
+
+def _item(values: Any, k: int) -> Any:
+    return values[k]
