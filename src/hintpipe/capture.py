@@ -23,7 +23,6 @@ class CaptureError(ValueError):
     """The model cannot be captured as given."""
 
 
-@fx.wrap
 def split_point(x: Any) -> Any:
     """Mark a place in ``forward`` where the planner may cut (identity at run time).
 
@@ -55,11 +54,17 @@ class CapturedGraph:
     def index(self) -> dict[fx.Node, int]:
         return {n: i for i, n in enumerate(self.nodes)}
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Nodes do not pickle; the GraphModule does (it re-traces its own code,
+        # which yields the same nodes in the same order), so rebuild from it.
+        return (_captured_with_sizes, (self.module, [n.meta.get("example_bytes", 0) for n in self.inputs]))
+
 
 class _Tracer(fx.Tracer):
-    def __init__(self, leaves: set[str]) -> None:
-        super().__init__()
-        self.leaves = leaves
+    def __init__(self, leaves: set[str] | None = None) -> None:
+        # split_point stays a node wherever the model's code calls it.
+        super().__init__(autowrap_functions=(split_point,))
+        self.leaves = leaves or set()
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
@@ -93,6 +98,12 @@ def capture(model: nn.Module, *, modules: Sequence[str] | None = None) -> Captur
 def _captured(module: fx.GraphModule) -> CapturedGraph:
     nodes, inputs, output = [], [], None
     marked = False
+    # Type annotations are kept by fx as globals of the generated code; under
+    # ``from __future__ import annotations`` they are strings, which the
+    # GraphModule cannot pickle (a plan travels to every rank). Drop them.
+    for node in module.graph.nodes:
+        node.type = None
+    module.recompile()
     for node in module.graph.nodes:
         if node.op == "placeholder":
             inputs.append(node)
@@ -104,6 +115,13 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
     if output is None or not nodes:
         raise CaptureError("the traced graph has no operations to place")
     return CapturedGraph(module, nodes, inputs, output, marked)
+
+
+def _captured_with_sizes(module: fx.GraphModule, sizes: list[int]) -> CapturedGraph:
+    graph = _captured(module)
+    for node, size in zip(graph.inputs, sizes, strict=True):
+        node.meta["example_bytes"] = size
+    return graph
 
 
 def _sequence_of(root: nn.Module, names: list[str]) -> CapturedGraph:

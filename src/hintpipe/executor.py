@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from hintpipe.profiling import count_saved, parameter_storages
+
 Tensors = list[torch.Tensor | None]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -42,16 +44,6 @@ def as_input(tensor: torch.Tensor) -> torch.Tensor:
     if leaf.is_floating_point():
         leaf.requires_grad_(True)
     return leaf
-
-
-def _saved_bytes() -> tuple[list[int], Any]:
-    total = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    return total, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
 
 def _full_backward(outputs: list[torch.Tensor], grads: Tensors | None) -> None:
@@ -89,13 +81,13 @@ class StageExecutor:
         self._deferred: dict[tuple[int, int], tuple[list[torch.Tensor], Tensors | None]] = {}
         self.live_bytes = 0
         self._bytes: dict[tuple[int, int], int] = {}
+        self._param_storages = {s: parameter_storages(m) for s, m in self.modules.items()}
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Run F; returns (outputs to send on, loss at the last stage or None)."""
-        counter, hooks = _saved_bytes()
-        with hooks:
+        with count_saved(self._param_storages[stage]) as counter:
             out = self.modules[stage](*inputs)
             loss = None
             if stage == self.last_stage:
@@ -107,7 +99,11 @@ class StageExecutor:
                 outputs = as_tensors(out)
         self._inputs[(stage, mb)] = list(inputs)
         self._outputs[(stage, mb)] = outputs
-        size = counter[0] + sum(o.numel() * o.element_size() for o in outputs)
+        # Activations: what autograd saved, the received inputs and the outputs
+        # kept as the roots of the backward; each storage once, parameters excluded.
+        for t in [*inputs, *outputs]:
+            counter.add(t)
+        size = counter.total
         self._bytes[(stage, mb)] = size
         self.live_bytes += size
         return (outputs if loss is None else []), (None if loss is None else loss.detach())

@@ -34,7 +34,7 @@ from hintpipe.planner import (
     summary,
     uniform_cuts,
 )
-from hintpipe.profiling import NodeProfile, profile, tensors_in
+from hintpipe.profiling import NodeProfile, nbytes, profile, tensors_in
 from hintpipe.stagegen import crossing, extract
 from hintpipe.units import parse_size
 
@@ -125,7 +125,9 @@ def _tied(graph: CapturedGraph, cuts: Sequence[int]) -> tuple[str, ...]:
             stages = {stage_of[u] for u in node.users if u in index}
             seen.setdefault(str(node.target), set()).update(stages)
         elif node.op == "call_module" and node in stage_of:
-            seen.setdefault(str(node.target), set()).add(stage_of[node])
+            module = graph.module.get_submodule(str(node.target))
+            for name, _ in module.named_parameters():
+                seen.setdefault(f"{node.target}.{name}", set()).add(stage_of[node])
     return tuple(sorted(name for name, stages in seen.items() if len(stages) > 1))
 
 
@@ -140,7 +142,7 @@ def plan(
     chunks: int = 1,
     microbatch_size: int | None = None,
     optimizer_factor: float = 2.0,
-    host_bandwidth: float = 10e9,
+    host_bandwidth: float | None = None,
     repeats: int = 5,
     cache_dir: str | Path | None = None,
     modules: Sequence[str] | None = None,
@@ -158,7 +160,8 @@ def plan(
         hint: the schedule the runtime will follow.
         microbatch_size: plan for this size (default: the example's).
         optimizer_factor: optimizer state bytes per parameter byte (Adam 2, SGD 0).
-        host_bandwidth: bytes/s for offloading.
+        host_bandwidth: bytes/s to host memory for offloading; default 0 (no
+            offload) for a model on the CPU, where the host is the device, else 10e9.
         modules: for untraceable models, the submodules to run in sequence.
         profiles: reuse profiles instead of measuring.
 
@@ -168,6 +171,8 @@ def plan(
     """
     inputs = example if isinstance(example, tuple) else (example,)
     graph = capture(model, modules=modules)
+    for node, value in zip(graph.inputs, inputs, strict=False):
+        node.meta["example_bytes"] = nbytes(value)
     profiled = int(tensors_in(list(inputs))[0].shape[0])
     if profiles is None:
         profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
@@ -175,6 +180,9 @@ def plan(
     total = hint_obj.num_stages
     tables = CostTables.from_profiles(profiles, graph)
     size = microbatch_size or profiled
+    if host_bandwidth is None:
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        host_bandwidth = 0.0 if on_cpu else 10e9
     memory = MemoryModel(
         inflight=inflight_per_stage(hint_obj),
         budgets=_budgets(memory_budget, total),

@@ -96,44 +96,62 @@ class Partition:
 
 @dataclasses.dataclass(frozen=True)
 class CostTables:
-    """Per-node costs as arrays, plus what crosses each possible cut."""
+    """Per-node costs as arrays, plus what crosses each possible cut.
+
+    ``saved[i]`` is what node ``i`` adds to a micro-batch's activations: its
+    own temporaries, plus its output if anything saves that output (the
+    producer or a consumer), so a tensor saved twice counts once.
+    ``crossing[c]`` lists the values alive across cut ``c`` (between node
+    ``c - 1`` and ``c``) as ``(producer index or -1, bytes, saved)``.
+    """
 
     names: tuple[str, ...]
     compute: Array  # forward + backward seconds
     forward: Array
     saved: Array
     params: Array
-    crossing: Array  # bytes crossing cut c (between node c-1 and c), c = 0..N
+    crossing: tuple[tuple[tuple[int, float, bool], ...], ...]  # per cut c = 0..N
     allowed: tuple[int, ...]  # cut positions 1..N-1 where a cut may fall
 
     @property
     def size(self) -> int:
         return len(self.names)
 
+    def crossing_bytes(self, cut: int) -> float:
+        return sum(size for _, size, _ in self.crossing[cut])
+
     @classmethod
     def from_profiles(cls, profiles: Sequence[NodeProfile], graph: CapturedGraph | None = None) -> CostTables:
+        """Tables for ``profiles`` of ``graph``'s nodes (``graph=None``: a chain, node i feeding i + 1)."""
         n = len(profiles)
         compute = np.array([p.forward_s + p.backward_s for p in profiles])
         forward = np.array([p.forward_s for p in profiles])
-        saved = np.array([float(p.saved_bytes) for p in profiles])
         params = np.array([float(p.param_bytes) for p in profiles])
-        crossing = np.zeros(n + 1)
+        # values: (producer index, last user index (n: the model output), bytes, is tensor)
+        values: list[tuple[int, int, float, bool]] = []
+        saved_by_consumer: set[int] = set()
         blocked = np.zeros(n + 1, dtype=bool)
-        if graph is None:  # a chain: node i feeds node i + 1
-            crossing[1:n] = [p.output_bytes for p in profiles[:-1]]
-            crossing[n] = profiles[-1].output_bytes
+        if graph is None:
+            for i, p in enumerate(profiles):
+                values.append((i, min(i + 1, n), float(p.output_bytes), True))
+                if i + 1 < n and p.name in profiles[i + 1].saved_inputs:
+                    saved_by_consumer.add(i)
             allowed = tuple(range(1, n))
         else:
             index = graph.index
-            defined: list[tuple[int, int, float, bool]] = []
+            names = {node.name: i for i, node in enumerate(graph.nodes)}
+            for p in profiles:
+                saved_by_consumer.update(names[name] for name in p.saved_inputs if name in names)
             for i, node in enumerate(graph.nodes):
                 last = max((index.get(u, n) for u in node.users), default=i)
-                defined.append((i + 1, last, float(profiles[i].output_bytes), profiles[i].tensor_output))
-            for start, last, size, is_tensor in defined:
-                # The value lives from cut ``start`` (just after its node) through cut ``last``.
-                crossing[start : last + 1] += size
+                values.append((i, last, float(profiles[i].output_bytes), profiles[i].tensor_output))
+            for node in graph.inputs:
+                last = max((index.get(u, n) for u in node.users), default=0)
+                values.append((-1, last, float(_placeholder_bytes(node)), True))
+            allowed_list = []
+            for producer, last, _, is_tensor in values:
                 if not is_tensor:
-                    blocked[start : last + 1] = True
+                    blocked[producer + 1 : last + 1] = True
             allowed_list = [c for c in range(1, n) if not blocked[c]]
             if graph.marked:
                 allowed_list = [
@@ -142,7 +160,42 @@ class CostTables:
                     if graph.nodes[c - 1].op == "call_function" and graph.nodes[c - 1].target is split_point
                 ]
             allowed = tuple(allowed_list)
-        return cls(tuple(p.name for p in profiles), compute, forward, saved, params, crossing, allowed)
+        saved = np.array([float(p.internal_bytes) for p in profiles])
+        crossing: list[list[tuple[int, float, bool]]] = [[] for _ in range(n + 1)]
+        for producer, last, size, _ in values:
+            is_saved = producer >= 0 and (profiles[producer].saves_output or producer in saved_by_consumer)
+            if is_saved:
+                saved[producer] += size
+            for c in range(producer + 1, last + 1):
+                crossing[c].append((producer, size, is_saved))
+        return cls(
+            tuple(p.name for p in profiles),
+            compute,
+            forward,
+            saved,
+            params,
+            tuple(tuple(c) for c in crossing),
+            allowed,
+        )
+
+    def per_microbatch(self, a: int, b: int) -> tuple[float, float]:
+        """(kept activations of nodes a:b, boundary bytes held with them) for one micro-batch.
+
+        The boundary is the received inputs plus the outputs, minus what is
+        already counted: outputs the range itself saved, and values passing
+        straight through (received and sent on).
+        """
+        act = float(self.saved[a:b].sum())
+        boundary = self.crossing_bytes(a) + self.crossing_bytes(b)
+        for producer, size, is_saved in self.crossing[b]:
+            if producer < a or (is_saved and producer < b):
+                boundary -= size
+        return act, boundary
+
+
+def _placeholder_bytes(node: Any) -> int:
+    value = node.meta.get("example_bytes", 0) if hasattr(node, "meta") else 0
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +206,7 @@ class MemoryModel:
         inflight: per stage, the micro-batches the hint holds at most.
         budgets: per stage, bytes.
         optimizer_factor: optimizer state per parameter byte (Adam: 2).
-        host_bandwidth: bytes/s to host memory, for offload.
+        host_bandwidth: bytes/s to host memory, for offload; 0 disables offload.
         scale: micro-batch size / profiled micro-batch size (costs scale linearly).
     """
 
@@ -181,25 +234,29 @@ def stage_cost(
     """Time and memory of nodes ``a:b`` as stage ``stage``, with the cheapest savings that fit it."""
     scale = model.scale
     k = model.inflight[stage]
-    act = float(tables.saved[a:b].sum()) * scale
+    act, boundary = tables.per_microbatch(a, b)
+    act *= scale
+    boundary *= scale
     base_time = float(tables.compute[a:b].sum()) * scale
     fixed = float(tables.params[a:b].sum()) * (2.0 + model.optimizer_factor)
-    boundary = k * tables.crossing[a] * scale + tables.crossing[b] * scale
-    memory = fixed + boundary + k * act
+    memory = fixed + k * (act + boundary)
     budget = model.budgets[stage]
     if memory <= budget:
-        return StageCost(True, base_time, memory, act)
+        return StageCost(True, base_time, memory, act + boundary)
     if not savings:
-        return StageCost(False, base_time, memory, act, shortfall=memory - budget)
+        return StageCost(False, base_time, memory, act + boundary, shortfall=memory - budget)
     need = memory - budget
     saved = tables.saved[a:b] * scale * k
     recompute_cost = tables.forward[a:b] * scale
-    transfer = 2.0 * tables.saved[a:b] * scale / model.host_bandwidth
-    offload_cost = np.maximum(0.0, transfer - tables.compute[a:b] * scale)
+    if model.host_bandwidth > 0:
+        transfer = 2.0 * tables.saved[a:b] * scale / model.host_bandwidth
+        offload_cost = np.maximum(0.0, transfer - tables.compute[a:b] * scale)
+    else:  # no host to offload to
+        offload_cost = np.full(b - a, np.inf)
     cost = np.minimum(recompute_cost, offload_cost)
     useful = saved > 0
     if saved[useful].sum() < need:
-        return StageCost(False, base_time, memory - saved.sum(), act, shortfall=need - float(saved.sum()))
+        return StageCost(False, base_time, memory - saved.sum(), act + boundary, shortfall=need - float(saved.sum()))
     order = np.flatnonzero(useful)[np.argsort(cost[useful] / saved[useful], kind="stable")]
     freed = extra = 0.0
     recompute: list[int] = []
@@ -210,7 +267,7 @@ def stage_cost(
         (recompute if recompute_cost[i] <= offload_cost[i] else offload).append(a + int(i))
         if freed >= need:
             break
-    kept = act - freed / k
+    kept = act + boundary - freed / k
     return StageCost(True, base_time + extra, memory - freed, kept, tuple(recompute), tuple(offload))
 
 

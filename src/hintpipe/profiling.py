@@ -39,6 +39,11 @@ class NodeProfile:
     param_bytes: int
     output_bytes: int
     tensor_output: bool
+    # How ``saved_bytes`` splits, so that a tensor saved by two nodes (a
+    # tanh's output saved again as the next linear's input) counts once.
+    internal_bytes: int = 0
+    saves_output: bool = False
+    saved_inputs: tuple[str, ...] = ()
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -55,23 +60,34 @@ def nbytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
 
-@contextmanager
-def count_saved(exclude: set[int]) -> Iterator[list[int]]:
-    """Count the bytes autograd saves inside the block, each storage once,
-    skipping storages in ``exclude`` (parameters)."""
-    total = [0]
-    seen: set[int] = set()
+@dataclasses.dataclass
+class SavedCounter:
+    """Bytes held for backward, each storage counted once."""
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    exclude: set[int]
+    total: int = 0
+    sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def add(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if key not in exclude and key not in seen:
-            seen.add(key)
-            total[0] += storage.nbytes()
+        if key not in self.exclude and key not in self.sizes:
+            self.sizes[key] = storage.nbytes()
+            self.total += storage.nbytes()
+
+
+@contextmanager
+def count_saved(exclude: set[int]) -> Iterator[SavedCounter]:
+    """Count the bytes autograd saves inside the block, each storage once,
+    skipping storages in ``exclude`` (parameters)."""
+    counter = SavedCounter(exclude)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        counter.add(t)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield total
+        yield counter
 
 
 def parameter_storages(module: torch.nn.Module) -> set[int]:
@@ -140,12 +156,14 @@ def profile(
     root = graph.module
     params = parameter_storages(root)
     env: dict[fx.Node, Any] = dict(zip(graph.inputs, inputs, strict=True))
+    for node, value in env.items():
+        node.meta["example_bytes"] = nbytes(value)
     for node in root.graph.nodes:
         if node.op == "get_attr":
             env[node] = run_node(root, node, env)
     profiles = []
     for node in graph.nodes:
-        forward, backward, saved = [], [], 0
+        forward, backward = [], []
         for _ in range(repeats + 1):
             local = {k: _detach(v) for k, v in env.items() if k in node.all_input_nodes}
             with count_saved(params) as counted:
@@ -157,7 +175,11 @@ def profile(
             if grads:
                 torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
             backward.append(time.perf_counter() - start)
-            saved = counted[0]
+        # Which saved storages are this node's inputs, its output, or its own temporaries.
+        input_of = {t.untyped_storage().data_ptr(): a.name for a, v in local.items() for t in tensors_in(v)}
+        outputs = {t.untyped_storage().data_ptr() for t in tensors_in(out)}
+        saved_inputs = tuple(sorted({input_of[k] for k in counted.sizes if k in input_of}))
+        internal = sum(size for k, size in counted.sizes.items() if k not in input_of and k not in outputs)
         env[node] = _detach(out) if tensors_in(out) else out
         module_params = 0
         if node.op == "call_module":
@@ -172,11 +194,14 @@ def profile(
                 name=node.name,
                 forward_s=statistics.median(forward[1:]),
                 backward_s=statistics.median(backward[1:]),
-                saved_bytes=saved,
+                saved_bytes=counted.total,
                 param_bytes=module_params,
                 output_bytes=nbytes(out),
                 tensor_output=isinstance(out, torch.Tensor)
                 or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0),
+                internal_bytes=internal,
+                saves_output=any(k in outputs for k in counted.sizes),
+                saved_inputs=saved_inputs,
             )
         )
     if cache is not None:

@@ -1,4 +1,4 @@
-"""The ``hintpipe`` command line: ``simulate``, ``train``, ``demo``.
+"""The ``hintpipe`` command line: ``simulate``, ``train``, ``plan``, ``demo``.
 
 Every command prints a readable table by default and one JSON object with
 ``--json``. Errors in the user's input end the command with exit status 2 and
@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hintpipe.cli import demo, simulate, train
+from hintpipe.cli import demo, plan, simulate, train
 from hintpipe.launch import RankFailure
 
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     simulate.register(commands)
     train.register(commands)
+    plan.register(commands)
     demo.register(commands)
     return parser
 

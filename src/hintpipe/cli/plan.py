@@ -1,0 +1,105 @@
+"""``hintpipe plan``: cut a built-in model into stages under memory budgets."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+
+from hintpipe.cli.common import print_json, stdout
+from hintpipe.hint import HintName
+from hintpipe.models import MODELS, ModelConfig, SeqLenDist, build_layers, make_batch
+from hintpipe.units import format_size
+
+HELP = "plan stage cuts that minimise the slowest stage under per-device memory budgets"
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("plan", help=HELP, description=HELP)
+    parser.add_argument("--model", default="gpt-mini", choices=MODELS)
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    parser.add_argument("--seq-len", type=int, default=64, help="gpt-mini sequence length to profile (default 64)")
+    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="M")
+    parser.add_argument("--hint", default="1f1b", choices=[h.value for h in HintName])
+    parser.add_argument("--chunks", type=int, default=1, metavar="V")
+    parser.add_argument(
+        "--memory-budget",
+        required=True,
+        metavar="SIZE",
+        help="bytes per stage, e.g. 512MiB or 2GiB; or one per stage, comma-separated",
+    )
+    parser.add_argument("--microbatch-size", type=int, default=4, metavar="B", help="samples per micro-batch")
+    parser.add_argument("--optimizer-factor", type=float, default=2.0, help="optimizer bytes per parameter byte")
+    parser.add_argument(
+        "--host-bandwidth",
+        type=float,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="for offloading activations to host memory (default: 0, no offload, when the model runs on the CPU)",
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per node (default 5)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from hintpipe.plan import plan
+
+    torch.set_num_threads(1)
+    config = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8))
+    model = torch.nn.Sequential(*build_layers(config))
+    inputs, _, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
+    result = plan(
+        model,
+        inputs[0],
+        stages=args.stages,
+        microbatches=args.microbatches,
+        hint=args.hint,
+        chunks=args.chunks,
+        memory_budget=args.memory_budget,
+        optimizer_factor=args.optimizer_factor,
+        repeats=args.repeats,
+    )
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    stdout.print(
+        f"{args.model} ({args.layers} layers, hidden {args.hidden}), {result.num_stages} stages, {args.hint}, "
+        f"{args.microbatches} micro-batches of {args.microbatch_size}, budget {args.memory_budget} per stage"
+    )
+    table = Table()
+    for column in ("stage", "nodes", "first .. last", "time ms", "memory", "in flight", "recompute", "offload"):
+        table.add_column(column, justify="right" if column not in ("first .. last",) else "left")
+    for i, stage in enumerate(result.partition.stages):
+        table.add_row(
+            str(i),
+            str(stage.nodes),
+            f"{stage.first_node} .. {stage.last_node}",
+            f"{stage.time_ms:.3f}",
+            format_size(stage.memory_bytes),
+            str(stage.inflight),
+            str(len(stage.recompute)),
+            str(len(stage.offload)),
+        )
+    stdout.print(table)
+    stdout.print("against the baselines (memory-blind: no recompute or offload)")
+    compare = Table()
+    for column in ("partition", "bottleneck ms", "largest micro-batch", "peak stage memory"):
+        compare.add_column(column, justify="right")
+    rows = {"hintpipe": result.partition, **result.baselines}
+    for name, part in rows.items():
+        compare.add_row(
+            name,
+            f"{part.bottleneck_ms:.3f}",
+            str(part.max_microbatch_size),
+            format_size(max(s.memory_bytes for s in part.stages)),
+        )
+    stdout.print(compare)
+    if result.tied:
+        stdout.print(f"parameters used by more than one stage (tied): {', '.join(result.tied)}")
+    return 0

@@ -1,0 +1,375 @@
+"""The planner: exact cuts against exhaustive search, errors, generated stages, accuracy."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hintpipe.capture import CaptureError, capture, split_point
+from hintpipe.cli import main
+from hintpipe.launch import run_ranks
+from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
+from hintpipe.pipeline import Pipeline
+from hintpipe.plan import Plan, plan
+from hintpipe.planner import CostTables, MemoryModel, PlanError, search, stage_cost
+from hintpipe.profiling import NodeProfile, profile
+
+# -- the search against exhaustive enumeration ------------------------------------------
+
+
+def _exhaustive(tables: CostTables, memory: MemoryModel, stages: int) -> tuple[float, list[tuple[int, ...]]]:
+    """Every placement of the cuts: the best bottleneck and the cuts that reach it."""
+    best, argbest = math.inf, []
+    for inner in itertools.combinations(tables.allowed, stages - 1):
+        cuts = (0, *inner, tables.size)
+        costs = [stage_cost(tables, memory, s, cuts[s], cuts[s + 1]) for s in range(stages)]
+        if not all(c.feasible for c in costs):
+            continue
+        bottleneck = max(c.time for c in costs)
+        if bottleneck < best - 1e-12:
+            best, argbest = bottleneck, [cuts]
+        elif abs(bottleneck - best) <= 1e-12:
+            argbest.append(cuts)
+    return best, argbest
+
+
+def _chain(rng: np.random.Generator, n: int) -> list[NodeProfile]:
+    return [
+        NodeProfile(
+            name=f"n{i}",
+            forward_s=float(rng.integers(1, 6)) * 1e-3,
+            backward_s=float(rng.integers(1, 11)) * 1e-3,
+            saved_bytes=0,
+            param_bytes=int(rng.integers(0, 4)) * 1000,
+            output_bytes=500,  # one size everywhere: boundaries do not break monotonicity
+            tensor_output=True,
+            internal_bytes=int(rng.integers(0, 5)) * 1000,
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_search_equals_exhaustive_search(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, stages = int(rng.integers(4, 10)), int(rng.integers(2, 4))
+    tables = CostTables.from_profiles(_chain(rng, n))
+    inflight = tuple(range(stages, 0, -1))
+    for budget in (1e9, 30_000.0, 18_000.0, 12_000.0, 8_000.0):
+        memory = MemoryModel(inflight=inflight, budgets=(budget,) * stages, optimizer_factor=2.0)
+        best, argbest = _exhaustive(tables, memory, stages)
+        if math.isinf(best):
+            with pytest.raises(PlanError, match=r"stage \d cannot fit in its budget|no partition into"):
+                search(tables, memory, stages)
+            continue
+        cuts = search(tables, memory, stages)
+        got = max(stage_cost(tables, memory, s, cuts[s], cuts[s + 1]).time for s in range(stages))
+        assert got == pytest.approx(best, rel=1e-9), (budget, cuts, argbest)
+        assert cuts in argbest
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float, keep: int) -> torch.Tensor:
+        time.sleep(forward_s)
+        ctx.backward_s = backward_s
+        ctx.save_for_backward(torch.zeros(keep))
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        time.sleep(ctx.backward_s)
+        return grad, None, None, None
+
+
+class SleepLayer(nn.Module):
+    """Known costs: sleeps ``forward_ms`` / ``backward_ms``, keeps ``keep`` floats for backward."""
+
+    def __init__(self, forward_ms: float, backward_ms: float, keep: int) -> None:
+        super().__init__()
+        self.costs = (forward_ms / 1e3, backward_ms / 1e3, keep)
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _Sleep.apply(x * self.scale, *self.costs)
+        return out
+
+
+def test_sleep_modules_give_known_profiles_and_exact_cuts() -> None:
+    costs = [(6, 6, 1000), (2, 2, 1000), (2, 2, 1000), (2, 2, 1000), (4, 4, 1000), (3, 3, 1000)]
+    model = nn.Sequential(*(SleepLayer(*c) for c in costs))
+    graph = capture(model, modules=[str(i) for i in range(len(costs))])
+    profiles = profile(graph, (torch.zeros(10),), repeats=2)
+    for p, (f, b, keep) in zip(profiles, costs, strict=True):
+        # A sleep never returns early; the slack above is for a busy machine.
+        assert f / 1e3 <= p.forward_s < f / 1e3 + 0.015
+        assert b / 1e3 <= p.backward_s < b / 1e3 + 0.015
+        # Exact: the kept buffer plus the layer's input, which x * scale saves.
+        assert p.internal_bytes >= keep * 4
+    # Known costs in place of the measured times: F + B = 12, 4, 4, 4, 8, 6 ms.
+    exact = [
+        NodeProfile(p.name, f / 1e3, b / 1e3, p.saved_bytes, p.param_bytes, p.output_bytes, True, p.internal_bytes)
+        for p, (f, b, _) in zip(profiles, costs, strict=True)
+    ]
+    tables = CostTables.from_profiles(exact, graph)
+    memory = MemoryModel(inflight=(2, 1), budgets=(math.inf, math.inf))
+    assert search(tables, memory, 2) == (0, 3, 6)  # 12 + 4 + 4 = 20 | 4 + 8 + 6 = 18: the only best split
+    assert _exhaustive(tables, memory, 2)[1] == [(0, 3, 6)]
+    memory3 = MemoryModel(inflight=(3, 2, 1), budgets=(math.inf,) * 3)
+    assert search(tables, memory3, 3) == (0, 1, 4, 6)  # 12 | 4 + 4 + 4 | 8 + 6
+    assert _exhaustive(tables, memory3, 3)[1] == [(0, 1, 4, 6)]
+
+
+def _gpt(layers: int = 4, hidden: int = 32) -> tuple[nn.Module, ModelConfig]:
+    config = ModelConfig("gpt-mini", layers=layers, hidden=hidden, heads=2, vocab=64, max_seq_len=130)
+    return nn.Sequential(*build_layers(config)), config
+
+
+def test_an_impossible_budget_names_the_stage_and_the_shortfall() -> None:
+    model, config = _gpt()
+    inputs, _, _ = make_batch(config, 1, 2, SeqLenDist(16), 0)
+    message = (
+        r"stage 1 cannot fit in its budget of 1KiB: with every saving it still needs [\d.]+KiB, ([\d,]+) bytes over"
+    )
+    with pytest.raises(PlanError, match=message) as info:
+        plan(model, inputs[0], stages=2, microbatches=4, memory_budget="1GiB,1KiB", repeats=1)
+    # The smallest last stage, the LM head's output layer alone, holds its weights, gradients
+    # and two optimizer states: 4x its parameter bytes, less the 1KiB budget, at the least.
+    head = sum(p.numel() * 4 for n, p in model.named_parameters() if n.startswith("5.out"))
+    over = int(info.value.args[0].split(", ")[1].split(" bytes")[0].replace(",", ""))
+    assert over >= 4 * head - 1024
+
+
+def test_a_tight_budget_recomputes_and_fits_where_the_baselines_do_not() -> None:
+    model, config = _gpt(layers=4, hidden=64)
+    inputs, _, _ = make_batch(config, 1, 4, SeqLenDist(64), 0)
+    ample = plan(model, inputs[0], stages=2, microbatches=8, repeats=2)
+    budget = 0.8 * max(s.memory_bytes for s in ample.baselines["time"].stages)
+    tight = plan(model, inputs[0], stages=2, microbatches=8, memory_budget=budget, profiles=ample.profiles)
+    assert all(s.memory_bytes <= budget for s in tight.partition.stages)
+    assert sum(len(s.recompute) for s in tight.partition.stages) > 0
+    assert tight.partition.max_microbatch_size > tight.baselines["time"].max_microbatch_size
+    # With an ample budget the plan is the time-balanced one.
+    assert ample.partition.bottleneck_ms == pytest.approx(ample.baselines["time"].bottleneck_ms, rel=1e-9)
+
+
+# -- capture ----------------------------------------------------------------------------------
+
+
+class Skip(nn.Module):
+    """A residual that crosses stage cuts, and split points."""
+
+    def __init__(self, marked: bool = False) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(6, 6) for _ in range(4))
+        self.marked = marked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.marked:
+            h = split_point(h)
+        g = torch.tanh(self.b(h))
+        g = torch.tanh(self.c(g))
+        if self.marked:
+            g = split_point(g)
+        out: torch.Tensor = self.d(g) + h  # h skips over b and c
+        return out
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.mid = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.embed(ids))
+        out: torch.Tensor = torch.nn.functional.linear(h, self.embed.weight)
+        return out
+
+
+class Untraceable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow
+            x = x * 2
+        out: torch.Tensor = self.second(self.first(x))
+        return out
+
+
+def test_split_points_restrict_the_cuts() -> None:
+    result = plan(Skip(marked=True), torch.randn(3, 6), stages=3, microbatches=4, repeats=1)
+    nodes = [n.name for n in result.graph.nodes]
+    for cut in result.partition.cuts[1:-1]:
+        assert nodes[cut - 1].startswith("split_point"), nodes[cut - 1]
+
+
+def test_tied_weights_are_reported() -> None:
+    result = plan(Tied(), torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
+    assert "embed.weight" in result.tied
+
+
+def test_untraceable_models_get_a_clear_error_and_a_fallback() -> None:
+    with pytest.raises(CaptureError, match=r"torch.fx cannot trace Untraceable: .*pass modules=\[\.\.\.\]"):
+        capture(Untraceable())
+    graph = capture(Untraceable(), modules=["first", "second"])
+    assert [n.target for n in graph.nodes] == ["first", "second"]
+    with pytest.raises(CaptureError, match=r"no submodules named \['third'\]"):
+        capture(Untraceable(), modules=["first", "third"])
+
+
+def test_the_users_model_is_not_touched() -> None:
+    model = Skip()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = plan(model, torch.randn(3, 6), stages=2, microbatches=4, repeats=1)
+    stage = result.build_stage(0)
+    with torch.no_grad():
+        for p in stage.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# -- generated stages through the runtime -------------------------------------------------------------
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _planned_worker(rank: int, world: int, cases: list[tuple[Plan, list[Any], list[Any], str]]) -> list[Any]:
+    out = []
+    for planned, xs, ys, loss in cases:
+        pipe = Pipeline.from_plan(planned, loss_fn=lm_loss if loss == "lm" else _mse, policy="greedy", timeout=60)
+        pipe.step(xs, ys)
+        grads = {}
+        for s in pipe.stages:
+            for name, p in pipe.modules[s].named_parameters():
+                grads[name] = p.grad.clone() if p.grad is not None else None
+        reports = pipe.reports
+        pipe.close()
+        out.append((grads, reports[-1]))
+    return out
+
+
+def _reference_grads(model: nn.Module, xs: list[Any], ys: list[Any], loss: str) -> dict[str, torch.Tensor]:
+    fn = lm_loss if loss == "lm" else _mse
+    for x, y in zip(xs, ys, strict=True):
+        torch.autograd.backward(fn(model(x), y) / len(xs))
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_planned_stages_train_like_the_unsplit_model() -> None:
+    cases, references = [], []
+    gpt, config = _gpt(layers=2, hidden=16)
+    xs, ys, _ = make_batch(config, 4, 4, SeqLenDist(64, 0.5), 0)
+    gpt_plan = plan(gpt, xs[0], stages=2, microbatches=4, repeats=1)
+    tight = 0.8 * max(s.memory_bytes for s in gpt_plan.partition.stages)
+    gpt_tight = plan(gpt, xs[0], stages=2, microbatches=4, memory_budget=tight, profiles=gpt_plan.profiles)
+    assert sum(len(s.recompute) for s in gpt_tight.partition.stages) > 0
+    for planned in (gpt_plan, gpt_tight):
+        cases.append((planned, xs, ys, "lm"))
+        references.append(_reference_grads(gpt, xs, ys, "lm"))
+        gpt.zero_grad()
+    skip = Skip()
+    sx = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
+    sy = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
+    skip_plan = plan(skip, sx[0], stages=2, microbatches=4, repeats=1, host_bandwidth=1e9)
+    offloaded = plan(
+        skip,
+        sx[0],
+        stages=2,
+        microbatches=4,
+        repeats=1,
+        host_bandwidth=1e15,
+        memory_budget=0.9 * max(s.memory_bytes for s in skip_plan.partition.stages),
+        profiles=skip_plan.profiles,
+    )
+    assert sum(len(s.offload) for s in offloaded.partition.stages) > 0
+    for planned in (skip_plan, offloaded):
+        cases.append((planned, sx, sy, "mse"))
+        references.append(_reference_grads(skip, sx, sy, "mse"))
+        skip.zero_grad()
+    results = run_ranks(_planned_worker, 2, cases, timeout_s=120)
+    for i, expected in enumerate(references):
+        seen = set()
+        for rank_result in results:
+            grads, _ = rank_result[i]
+            for name, grad in grads.items():
+                key = name.replace("_", ".") if name.replace("_", ".") in expected else name
+                assert grad is not None
+                match = [k for k in expected if k.replace(".", "_") == name.replace(".", "_")]
+                assert match, name
+                torch.testing.assert_close(grad, expected[match[0]], rtol=1e-5, atol=1e-6)
+                seen.add(match[0])
+                del key
+        assert seen == set(expected)
+
+
+def _accuracy_worker(rank: int, world: int, planned: Plan, xs: list[Any], ys: list[Any]) -> Any:
+    pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy="fixed", memory_slack=0, timeout=60)
+    for _ in range(3):
+        pipe.step(xs, ys)
+    pipe.close()
+    return pipe.reports
+
+
+def test_predicted_memory_and_time_match_a_real_run() -> None:
+    model, config = _gpt(layers=4, hidden=128)
+    xs, ys, _ = make_batch(config, 4, 4, SeqLenDist(128), 0)
+    planned = plan(model, xs[0], stages=2, microbatches=4, repeats=5)
+    reports = run_ranks(_accuracy_worker, 2, planned, xs, ys, timeout_s=120)[0]
+    last = reports[-1]
+    for s, stage in enumerate(planned.partition.stages):
+        # Peak live activations: in-flight micro-batches x planned bytes per micro-batch (the
+        # last stage's loss keeps a little the model graph does not have).
+        predicted = stage.inflight * stage.activation_bytes
+        assert last.peak_live_bytes[s] == pytest.approx(predicted, rel=0.10)
+        measured = [
+            statistics.median(e - b for r, t, b, e in rep.records if t.stage == s and t.kind.name == kind)
+            for rep in reports[1:]
+            for kind in ("F", "B")
+        ]
+        per_mb = sum(measured) / (len(reports) - 1)
+        assert per_mb * 1e3 == pytest.approx(stage.time_ms, rel=0.20)
+
+
+def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "plan",
+        "--model",
+        "gpt-mini",
+        "--layers",
+        "2",
+        "--hidden",
+        "32",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--memory-budget",
+        "64MiB",
+        "--repeats",
+        "1",
+        "--json",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["stages"]) == 2
+    for key in ("first_node", "last_node", "time_ms", "memory_bytes", "recompute", "offload"):
+        assert key in out["stages"][0]
+    assert {"bottleneck_ms", "max_microbatch_size"} <= set(out)
+    for name in ("uniform", "params", "time"):
+        assert {"bottleneck_ms", "max_microbatch_size"} <= set(out["baselines"][name])
+    assert out["bottleneck_ms"] == pytest.approx(max(s["time_ms"] for s in out["stages"]))
