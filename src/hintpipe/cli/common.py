@@ -18,7 +18,8 @@ from hintpipe.hint import Hint, HintError, HintName
 from hintpipe.hint_csv import load_hint_csv
 from hintpipe.units import parse_size
 
-stdout = Console()
+# Tables keep their columns when printed to a file or a pipe (rich would assume 80 columns).
+stdout = Console() if sys.stdout.isatty() else Console(width=120)
 stderr = Console(stderr=True)
 
 

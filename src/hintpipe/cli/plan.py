@@ -68,18 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
         return 0
-    stdout.print(
-        f"{args.model} ({args.layers} layers, hidden {args.hidden}), {result.num_stages} stages, {args.hint}, "
-        f"{args.microbatches} micro-batches of {args.microbatch_size}, budget {args.memory_budget} per stage"
-    )
+    stdout.print(f"{args.model} ({args.layers} layers, hidden {args.hidden}), {result.num_stages} stages, {args.hint}")
+    stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, budget {args.memory_budget} per stage")
     table = Table()
-    for column in ("stage", "nodes", "first .. last", "time ms", "memory", "in flight", "recompute", "offload"):
-        table.add_column(column, justify="right" if column not in ("first .. last",) else "left")
+    for column in ("stage", "nodes", "from node", "time ms", "memory", "in flight", "recompute", "offload"):
+        table.add_column(column, justify="left" if column == "from node" else "right", no_wrap=True)
     for i, stage in enumerate(result.partition.stages):
         table.add_row(
             str(i),
             str(stage.nodes),
-            f"{stage.first_node} .. {stage.last_node}",
+            stage.first_node,
             f"{stage.time_ms:.3f}",
             format_size(stage.memory_bytes),
             str(stage.inflight),
