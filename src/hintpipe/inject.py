@@ -9,6 +9,9 @@
                                to a packed fixed-shape batch
 ``straggler:RANK:FACTOR``      every task on RANK takes FACTOR times as long
 ``comm:MS``                    every message is delivered MS milliseconds late
+``crash:RANK:STEP``            RANK exits abruptly in step STEP (faults, tests)
+``hang:RANK:STEP``             RANK stops making progress in step STEP
+``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
 =============================  ===============================================
 
 Factors are drawn from ``(seed, step, stage, kind, micro-batch)``, so every
@@ -24,7 +27,7 @@ import numpy as np
 
 from hintpipe.variability import SpecError
 
-_USAGE = "compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR or comm:MS"
+_USAGE = "compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR, comm:MS, crash:RANK:STEP, hang:RANK:STEP or nan:STEP"
 _KINDS = {"F": 0, "B": 1, "W": 2}
 
 
@@ -37,6 +40,9 @@ class Injection:
     stragglers: tuple[tuple[int, float], ...] = ()
     comm_ms: float = 0.0
     seed: int = 0
+    crash: tuple[tuple[int, int], ...] = ()  # (rank, step)
+    hang: tuple[tuple[int, int], ...] = ()
+    nan_steps: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, specs: list[str], seed: int = 0) -> Injection:
@@ -47,6 +53,8 @@ class Injection:
         """
         values: dict[str, float] = {"compute": 0.0, "mb": 0.0, "comm": 0.0}
         stragglers: list[tuple[int, float]] = []
+        faults: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": []}
+        nan_steps: list[int] = []
         for spec in specs:
             name, _, rest = spec.strip().partition(":")
             args = rest.split(":") if rest else []
@@ -62,14 +70,33 @@ class Injection:
                 if factor < 1:
                     raise SpecError(f"bad injection {spec!r}: FACTOR must be >= 1")
                 stragglers.append((int(args[0]), factor))
+            elif name in ("crash", "hang"):
+                if len(args) != 2 or not all(a.isdigit() for a in args):
+                    raise SpecError(f"bad injection {spec!r}: expected {name}:RANK:STEP")
+                faults[name].append((int(args[0]), int(args[1])))
+            elif name == "nan":
+                if len(args) != 1 or not args[0].isdigit():
+                    raise SpecError(f"bad injection {spec!r}: expected nan:STEP")
+                nan_steps.append(int(args[0]))
             else:
                 raise SpecError(f"bad injection {spec!r}: unknown kind {name!r}; use {_USAGE}")
-        return cls(values["compute"], values["mb"], tuple(stragglers), values["comm"], seed)
+        return cls(
+            values["compute"],
+            values["mb"],
+            tuple(stragglers),
+            values["comm"],
+            seed,
+            tuple(faults["crash"]),
+            tuple(faults["hang"]),
+            tuple(nan_steps),
+        )
 
     def check_ranks(self, ranks: int) -> None:
-        for rank, _ in self.stragglers:
+        named = [("straggler", r) for r, _ in self.stragglers]
+        named += [("crash", r) for r, _ in self.crash] + [("hang", r) for r, _ in self.hang]
+        for what, rank in named:
             if rank >= ranks:
-                raise SpecError(f"straggler rank {rank} does not exist: the run has ranks 0..{ranks - 1}")
+                raise SpecError(f"{what} rank {rank} does not exist: the run has ranks 0..{ranks - 1}")
 
     @property
     def active(self) -> bool:

@@ -22,6 +22,7 @@ import datetime
 import itertools
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,18 @@ Record = tuple[int, Task, float, float]
 
 class WatchdogTimeout(RuntimeError):
     """A rank waited longer than the timeout with nothing ready."""
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss of a micro-batch is NaN or infinite: the step stops before the optimizer runs."""
+
+
+class TaskError(RuntimeError):
+    """A stage's computation failed (e.g. a shape it cannot accept), named by task and micro-batch."""
+
+
+class OptionMismatch(ValueError):
+    """Ranks were started with different pipeline options."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +137,11 @@ class Pipeline:
         injection: variability to inject (experiments).
         emulate: ``costs(stage, kind, mb)`` in seconds; sleep instead of
             computing (for more ranks than cores).
+        on_nonfinite: a NaN or infinite loss ``"raise"``s :class:`NonFiniteLoss`
+            on the last stage's rank (its neighbours then fail naming it), or
+            with ``"skip"`` the step finishes, every rank zeroes its gradients
+            and the step is listed in :attr:`nonfinite_steps` (with ``broadcast_loss``
+            every rank sees the non-finite loss and can skip its optimizer step).
     """
 
     def __init__(
@@ -140,6 +158,7 @@ class Pipeline:
         timeout: float = 300.0,
         injection: Injection | None = None,
         emulate: Any = None,
+        on_nonfinite: str = "raise",
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
@@ -195,6 +214,25 @@ class Pipeline:
         self.step_count = 0
         self.reports: list[StepReport] = []
         self._closed = False
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite
+        self.nonfinite_steps: list[int] = []
+        self._check_options(
+            {
+                "hint": hint.name,
+                "stages": hint.num_stages,
+                "microbatches": microbatches,
+                "policy": self.policy.value,
+                "split_backward": hint.split_backward,
+                "timeout": timeout,
+                "memory_slack": memory_slack,
+                "memory_budget": memory_budget,
+                "on_nonfinite": on_nonfinite,
+                "emulated": emulate is not None,
+                "injection": dataclasses.asdict(self.injection),
+            }
+        )
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], **kwargs: Any) -> Pipeline:
@@ -279,7 +317,8 @@ class Pipeline:
     def _abort(self, exc: BaseException) -> None:
         if not self._closed:
             self._closed = True
-            self.post.close(timeout=5.0, error=f"rank {self.rank}: {exc}")
+            text = str(exc) if str(exc).startswith(f"rank {self.rank}:") else f"rank {self.rank}: {exc}"
+            self.post.close(timeout=5.0, error=text)
 
     def _step(self, inputs: Any, target: Any, loss_divisor: float | None, broadcast_loss: bool) -> torch.Tensor | None:
         step, m = self.step_count, self.microbatches
@@ -318,7 +357,7 @@ class Pipeline:
                 self._stopped.add(msg.peer)
                 return
             if msg.kind is MessageKind.ABORT:
-                raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in step {step}: {msg.error}")
+                raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in step {step}; it said: {msg.error}")
             if msg.step > step:
                 self._stash.append(msg)
                 return
@@ -359,19 +398,31 @@ class Pipeline:
                 continue
             task = board.tasks[pos]
             s, kind, mb = task
+            if records:
+                self._inject_fault(step)
             start = time.perf_counter()
-            if kind is Kind.F:
-                before = self.executor.live_bytes
-                outputs, loss = self.executor.forward(s, mb, act_in.pop((s, mb)), targets[mb], scale)
-                if loss is not None:
-                    losses.append(loss)
-                peak_bytes = max(peak_bytes, self.executor.live_bytes)
-                largest_mb_bytes = max(largest_mb_bytes, self.executor.live_bytes - before)
-            elif kind is Kind.B:
-                grads = None if s == self.last_stage else grad_in.pop((s, mb))
-                dinputs = self.executor.backward(s, mb, grads)
-            else:
-                self.executor.weight(s, mb)
+            try:
+                if kind is Kind.F:
+                    before = self.executor.live_bytes
+                    mb_scale = math.nan if (step in self.injection.nan_steps and mb == 0) else scale
+                    outputs, loss = self.executor.forward(s, mb, act_in.pop((s, mb)), targets[mb], mb_scale)
+                    if loss is not None:
+                        self._check_loss(loss, step, mb)
+                        losses.append(loss)
+                    peak_bytes = max(peak_bytes, self.executor.live_bytes)
+                    largest_mb_bytes = max(largest_mb_bytes, self.executor.live_bytes - before)
+                elif kind is Kind.B:
+                    grads = None if s == self.last_stage else grad_in.pop((s, mb))
+                    dinputs = self.executor.backward(s, mb, grads)
+                else:
+                    self.executor.weight(s, mb)
+            except (NonFiniteLoss, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                raise TaskError(
+                    f"rank {self.rank}: task {task} (stage {s}, micro-batch {mb}) failed in step {step}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             compute_end = time.perf_counter()
             if self.injection.active:
                 extra = self.injection.extra_seconds(self.rank, step, s, kind.name, mb, compute_end - start)
@@ -416,6 +467,40 @@ class Pipeline:
         if largest_mb_bytes > 0:
             self.memory_slack = float((self.memory_budget - peak_bytes) // largest_mb_bytes)
 
+    def _inject_fault(self, step: int) -> None:
+        """Injected faults, for tests: this rank dies or stops in the middle of ``step``."""
+        if (self.rank, step) in self.injection.crash:
+            log.error("rank %d: injected crash in step %d", self.rank, step)
+            os._exit(3)
+        if (self.rank, step) in self.injection.hang:
+            log.error("rank %d: injected hang in step %d", self.rank, step)
+            while True:
+                time.sleep(3600)
+
+    def _check_loss(self, loss: torch.Tensor, step: int, mb: int) -> None:
+        if not bool(torch.isfinite(loss)):
+            self.nonfinite_steps.append(step)
+            if self.on_nonfinite == "raise":
+                raise NonFiniteLoss(
+                    f"rank {self.rank}: the loss of micro-batch {mb} in step {step} is {float(loss)}; the step "
+                    "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
+                )
+
+    def _check_options(self, options: dict[str, Any]) -> None:
+        """Every rank must run the same pipeline: compare once, at start-up."""
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, options, group=self._coll)
+        for rank, theirs in enumerate(gathered):
+            differing = {k: (options[k], theirs.get(k)) for k in options if theirs.get(k) != options[k]}
+            if differing:
+                detail = ", ".join(
+                    f"{k}: {mine!r} here, {other!r} on rank {rank}" for k, (mine, other) in differing.items()
+                )
+                raise OptionMismatch(
+                    f"rank {self.rank}: ranks disagree on pipeline options ({detail}); start every "
+                    "rank with the same options"
+                )
+
     def _barrier(self, step: int) -> None:
         """Start the step together (one clock for the timeline), but never wait
         on a missing rank longer than the watchdog timeout."""
@@ -438,7 +523,16 @@ class Pipeline:
     ) -> None:
         """Share every rank's timeline; build the next step's plan from it."""
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, (records, peak, peak_bytes, step_time), group=self._coll)
+        flagged = step in self.nonfinite_steps
+        dist.all_gather_object(gathered, (records, peak, peak_bytes, step_time, flagged), group=self._coll)
+        if any(part[4] for part in gathered):
+            # on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere.
+            if not flagged:
+                self.nonfinite_steps.append(step)
+            for module in self.modules.values():
+                for param in module.parameters():
+                    param.grad = None
+            log.warning("rank %d: step %d had a non-finite loss; its gradients were zeroed", self.rank, step)
         all_records = [r for part in gathered for r in part[0]]
         durations = np.zeros((self.hint.num_stages, self.microbatches, 3))
         for _, task, start, end in all_records:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import statistics
 import time
 from typing import Any
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hintpipe.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hintpipe.costs import CostModel
 from hintpipe.hint import Hint
 from hintpipe.inject import Injection
@@ -74,6 +76,11 @@ class TrainConfig:
     emulate: EmulatedCosts | None = None
     split_backward: bool = False
     progress: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    on_nonfinite: str = "raise"
+    return_state: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +93,9 @@ class TrainResult:
     tokens: tuple[int, ...]
     max_grad_abs_diff: float | None = None
     max_grad_rel_diff: float | None = None
+    resumed_from: int = 0
+    skipped_steps: tuple[int, ...] = ()
+    state: dict[str, torch.Tensor] | None = None
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
@@ -151,15 +161,23 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         timeout=config.timeout,
         injection=injection,
         emulate=config.emulate,
+        on_nonfinite=config.on_nonfinite,
     )
     params = [p for s in pipe.stages for p in modules[s].parameters()]
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
+    mine = {s: modules[s] for s in pipe.stages}
+    first = 0
+    if config.resume and config.checkpoint_dir is not None:
+        found = latest_checkpoint(config.checkpoint_dir)
+        if found is not None:
+            first = load_checkpoint(found, mine, optimizer)
+            pipe.step_count = first
     losses: list[float] = []
     tokens: list[int] = []
     grad_diffs: tuple[float, float] | None = None
-    bar = _progress(config.steps) if config.progress and rank == 0 else None
+    bar = _progress(config.steps - first) if config.progress and rank == 0 else None
     try:
-        for step in range(config.steps):
+        for step in range(first, config.steps):
             inputs, targets, counts = make_batch(
                 config.model, config.microbatches, config.microbatch_size, config.seq_len, step, config.seed
             )
@@ -173,15 +191,26 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
             )
             if step == 0 and config.check_grads:
                 grad_diffs = _compare_gradients(pipe, modules, reference, inputs, targets, config)
-            if optimizer is not None:
+            if optimizer is not None and math.isfinite(float(loss)):
                 optimizer.step()
+            if optimizer is not None:
                 optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            if config.checkpoint_dir is not None and config.checkpoint_every and done % config.checkpoint_every == 0:
+                save_checkpoint(config.checkpoint_dir, mine, optimizer, done)
             if bar is not None:
                 bar.advance(bar.task_ids[0])
     finally:
         if bar is not None:
             bar.stop()
         pipe.close()
+    state = None
+    if config.return_state:
+        shares: list[Any] = [None] * world
+        dist.all_gather_object(
+            shares, {f"{s}.{n}": t.detach().clone() for s, m in mine.items() for n, t in m.state_dict().items()}
+        )
+        state = {k: v for share in shares for k, v in share.items()}
     if rank != 0:
         return None
     return TrainResult(
@@ -191,6 +220,9 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         tokens=tuple(tokens),
         max_grad_abs_diff=None if grad_diffs is None else grad_diffs[0],
         max_grad_rel_diff=None if grad_diffs is None else grad_diffs[1],
+        resumed_from=first,
+        skipped_steps=tuple(pipe.nonfinite_steps),
+        state=state,
     )
 
 

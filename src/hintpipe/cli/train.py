@@ -67,6 +67,15 @@ def register(commands: Any) -> None:
         help="activation bytes per rank (e.g. 64MiB); the room beyond the hint's measured peak becomes slack",
     )
     add_train_arguments(parser)
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (torch.distributed.checkpoint)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save after every K steps")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument(
+        "--on-nonfinite",
+        default="raise",
+        choices=["raise", "skip"],
+        help="a NaN/inf loss stops the run (raise, default) or skips that step's optimizer update (skip)",
+    )
     parser.add_argument("--check-grads", action="store_true", help="compare step 1's gradients with an unsplit copy")
     parser.add_argument("--trace", metavar="FILE", help="Perfetto/Chrome trace of the last step")
     parser.add_argument("--timeline", metavar="FILE.png", help="Gantt chart of the last step")
@@ -103,7 +112,15 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         check_grads=getattr(args, "check_grads", False),
         split_backward=hint.split_backward,
         progress=not getattr(args, "json", False),
+        checkpoint_dir=getattr(args, "checkpoint_dir", None),
+        checkpoint_every=getattr(args, "checkpoint_every", 0),
+        resume=getattr(args, "resume", False),
+        on_nonfinite=getattr(args, "on_nonfinite", "raise"),
     )
+    if config.resume and config.checkpoint_dir is None:
+        raise ValueError("--resume needs --checkpoint-dir")
+    if config.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0, got {config.checkpoint_every}")
     if args.emulate:
         config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
     return config
@@ -128,6 +145,8 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "bubble": [list(r.bubble) for r in result.reports],
         "max_grad_abs_diff": result.max_grad_abs_diff,
         "max_grad_rel_diff": result.max_grad_rel_diff,
+        "resumed_from": result.resumed_from,
+        "skipped_steps": list(result.skipped_steps),
     }
 
 

@@ -1,0 +1,301 @@
+"""Checkpoint and resume, injected faults, bad input, and adversarial message orders."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from hintpipe.checkpoint import latest_checkpoint, load_merged
+from hintpipe.generators import generate_hint
+from hintpipe.hint import HintError, HintName
+from hintpipe.hint_csv import parse_hint_csv
+from hintpipe.inject import Injection
+from hintpipe.launch import RankFailure, run_ranks
+from hintpipe.models import ModelConfig, SeqLenDist
+from hintpipe.pipeline import Pipeline
+from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
+from hintpipe.task import Kind, Task
+from hintpipe.training import TrainConfig, train
+from hintpipe.variability import SpecError, parse_variability
+
+MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+
+
+def _config(**changes: object) -> TrainConfig:
+    base = TrainConfig(
+        model=MODEL,
+        ranks=2,
+        microbatches=4,
+        microbatch_size=2,
+        steps=6,
+        policy="fixed",
+        seq_len=SeqLenDist(16, 0.5),
+        timeout=20,
+        return_state=True,
+    )
+    return TrainConfig(**{**base.__dict__, **changes})
+
+
+# -- checkpoint and resume --------------------------------------------------------------------------
+
+
+def test_a_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:
+    straight = train(_config())
+    assert straight is not None and straight.state is not None
+    checkpoints = str(tmp_path / "ck")
+    with pytest.raises(RankFailure, match="rank 1: exited without a result"):
+        train(_config(checkpoint_dir=checkpoints, checkpoint_every=2, inject=("crash:1:3",)))
+    assert latest_checkpoint(checkpoints) == tmp_path / "ck" / "step-00000002"
+    resumed = train(_config(checkpoint_dir=checkpoints, checkpoint_every=2, resume=True))
+    assert resumed is not None and resumed.state is not None
+    assert resumed.resumed_from == 2
+    assert resumed.losses == straight.losses[2:]
+    assert resumed.state.keys() == straight.state.keys()
+    for key, value in straight.state.items():
+        assert torch.equal(resumed.state[key], value), key
+    # The last checkpoint loads in one process, all stages merged.
+    merged = load_merged(tmp_path / "ck" / "step-00000006")
+    assert merged.keys() == straight.state.keys()
+    for key, value in straight.state.items():
+        assert torch.equal(merged[key], value), key
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "ck"
+    train(_config(steps=2, checkpoint_dir=str(checkpoints), checkpoint_every=2))
+    (checkpoints / "step-00000004.tmp").mkdir()  # a save that died half-way
+    assert latest_checkpoint(checkpoints) == checkpoints / "step-00000002"
+    resumed = train(_config(steps=4, checkpoint_dir=str(checkpoints), checkpoint_every=2, resume=True))
+    assert resumed is not None and resumed.resumed_from == 2
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-00000002", "step-00000004"]
+
+
+# -- injected faults -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        (
+            "crash:1:3",
+            ["rank 1: exited without a result", "rank 0: hintpipe.mailbox.PeerFailure: rank 0: rank 1 failed"],
+        ),
+        (
+            "hang:1:2",
+            [
+                "rank 1: exited without a result",
+                "WatchdogTimeout: rank 0: waited 4 s with nothing ready in step 2",
+                "waits for gradient of stage 1 from rank 1",
+            ],
+        ),
+        (
+            "nan:2",
+            [
+                "NonFiniteLoss: rank 1: the loss of micro-batch 0 in step 2 is nan",
+                "rank 0: hintpipe.mailbox.PeerFailure: rank 0: rank 1 failed in step 2",
+            ],
+        ),
+    ],
+)
+def test_each_fault_ends_every_rank_with_an_error_naming_it(fault: str, expected: list[str]) -> None:
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        train(_config(inject=(fault,), timeout=4))
+    assert time.monotonic() - began < 4 + 5 + 15  # watchdog, launcher grace, start-up
+    for text in expected:
+        assert text in str(info.value)
+
+
+def test_a_nonfinite_loss_can_skip_the_step() -> None:
+    result = train(_config(steps=4, inject=("nan:2",), on_nonfinite="skip"))
+    assert result is not None
+    assert result.skipped_steps == (2,)
+    clean = train(_config(steps=2))
+    assert clean is not None and clean.state is not None and result.state is not None
+    # Steps 0 and 1 are the same; step 2 changed nothing; step 3 trained on.
+    assert result.losses[:2] == clean.losses
+    assert result.losses[2] != result.losses[2]  # NaN
+
+
+def test_the_crash_acceptance_command() -> None:
+    began = time.monotonic()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hintpipe",
+            "train",
+            "--model",
+            "gpt-mini",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "6",
+            "--inject",
+            "crash:1:3",
+            "--timeout",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert time.monotonic() - began < 60
+    assert "rank 1" in run.stderr
+
+
+# -- bad input --------------------------------------------------------------------------------------------
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _bad_input_worker(rank: int, world: int, case: str) -> None:
+    modules: list[nn.Module] = [nn.Linear(4, 4), nn.Linear(5, 4)] if case == "shape" else [nn.Linear(4, 4)] * 2
+    policy = "greedy" if (case == "options" and rank == 1) else "fixed"
+    pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy=policy, timeout=10)
+    batch = 6 if case == "divisible" else 8
+    pipe.step(torch.randn(batch, 4), torch.randn(batch, 4))
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("divisible", "inputs: batch of 6 does not split into 4 equal micro-batches; use a batch size divisible by 4"),
+        ("shape", "rank 1: task 1F0 (stage 1, micro-batch 0) failed in step 0: RuntimeError: mat1 and mat2 shapes"),
+        ("options", "ranks disagree on pipeline options (policy: 'fixed' here, 'greedy' on rank 1)"),
+    ],
+)
+def test_bad_input_is_refused_with_its_values(case: str, message: str) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_bad_input_worker, 2, case, timeout_s=20)
+    assert message in str(info.value)
+
+
+def test_a_torchrun_world_of_the_wrong_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(RankFailure, match="torchrun started 2 ranks, the pipeline needs 3"):
+        run_ranks(_bad_input_worker, 3, "divisible")
+
+
+def test_fewer_microbatches_than_interleaving_needs() -> None:
+    with pytest.raises(
+        HintError,
+        match=r"interleaved-1f1b needs the micro-batch count \(2\) to be a multiple of "
+        r"the rank count \(4\); use 4 micro-batches",
+    ):
+        generate_hint("interleaved-1f1b", 4, 2, 2)
+
+
+# -- parsers never crash with anything but their own error -----------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789FBIW,\n ;x-", max_size=60))
+def test_hint_csv_parser_fuzz(text: str) -> None:
+    try:
+        parse_hint_csv(text)
+    except HintError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="iidmbstragglercomcrashangn:0123456789.-e", max_size=30))
+def test_spec_parsers_fuzz(text: str) -> None:
+    try:
+        parse_variability(text)
+    except SpecError:
+        pass
+    try:
+        Injection.parse([text])
+    except SpecError:
+        pass
+
+
+# -- the scoreboard under adversarial message orders ------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from([h for h in HintName if h is not HintName.INTERLEAVED_1F1B]),
+    ranks=st.integers(1, 4),
+    microbatches=st.integers(1, 6),
+    policy=st.sampled_from(list(Policy)),
+    slack=st.sampled_from([0, 1, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_scoreboards_complete_under_any_message_order(
+    name: HintName, ranks: int, microbatches: int, policy: Policy, slack: int, seed: int
+) -> None:
+    """Deliver messages (FIFO per pair of ranks, nothing else guaranteed) and
+    finish tasks in a random order; every task runs once, after its inputs,
+    within the budget, and nothing deadlocks."""
+    hint = generate_hint(name, ranks, microbatches, 2 if name is HintName.ZBV else 1)
+    rng = random.Random(seed)
+    boards = []
+    for r in range(hint.num_ranks):
+        graph = RankGraph(hint, r)
+        n = len(graph.tasks)
+        plan = RankPlan(tuple(rng.uniform(0, 2) for _ in range(n)), tuple(float(i) for i in range(n)), (1.0,) * n)
+        boards.append(Scoreboard(graph, policy, budget=graph.peak + slack, plan=plan))
+    queues: dict[tuple[int, int], list[Task]] = {}
+    running: dict[int, int] = {}
+    done: set[Task] = set()
+    clock = 0.0
+    for _ in range(100_000):
+        for r, board in enumerate(boards):
+            if r not in running:
+                pos = board.take(clock)
+                if pos < 0 and board.wake_at != float("inf"):
+                    clock = max(clock, board.wake_at)
+                    pos = board.take(clock)
+                if pos >= 0:
+                    task = board.tasks[pos]
+                    s, kind, mb = task
+                    needed = []
+                    if kind is Kind.F and s > 0:
+                        needed.append(Task(s - 1, Kind.F, mb))
+                    if kind is Kind.B:
+                        needed.append(Task(s, Kind.F, mb))
+                        if s < hint.num_stages - 1:
+                            needed.append(Task(s + 1, Kind.B, mb))
+                    if kind is Kind.W:
+                        needed.append(Task(s, Kind.B, mb))
+                    assert all(d in done for d in needed), f"{task} started before {needed}"
+                    assert board.live <= board.budget
+                    running[r] = pos
+        events = [("finish", r) for r in running] + [("deliver", key) for key, q in queues.items() if q]
+        if not events:
+            break
+        kind_of, where = rng.choice(events)
+        clock += rng.random()
+        if kind_of == "finish":
+            rank = int(where)  # type: ignore[arg-type]
+            pos = running.pop(rank)
+            task = boards[rank].tasks[pos]
+            assert task not in done
+            done.add(task)
+            link = boards[rank].finish(pos, clock)
+            if link is not None:
+                queues.setdefault((rank, link[0]), []).append(link[1])
+        else:
+            key = where
+            assert isinstance(key, tuple)
+            boards[key[1]].deliver(queues[key].pop(0))
+    assert all(board.done for board in boards), "\n".join(b.pending_report() for b in boards)
+    assert len(done) == hint.num_tasks
