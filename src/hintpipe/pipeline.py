@@ -137,6 +137,7 @@ class Pipeline:
         injection: variability to inject (experiments).
         emulate: ``costs(stage, kind, mb)`` in seconds; sleep instead of
             computing (for more ranks than cores).
+        history: how many steps' reports (timelines) to keep.
         on_nonfinite: a NaN or infinite loss ``"raise"``s :class:`NonFiniteLoss`
             on the last stage's rank (its neighbours then fail naming it), or
             with ``"skip"`` the step finishes, every rank zeroes its gradients
@@ -159,6 +160,7 @@ class Pipeline:
         injection: Injection | None = None,
         emulate: Any = None,
         on_nonfinite: str = "raise",
+        history: int = 100,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
@@ -212,7 +214,9 @@ class Pipeline:
         self._stash: list[Message] = []
         self._stopped: set[int] = set()
         self.step_count = 0
+        #: The last ``history`` steps' reports (bounded: a run of days must not grow).
         self.reports: list[StepReport] = []
+        self.history = history
         self._closed = False
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
@@ -553,6 +557,8 @@ class Pipeline:
                 loss=None if loss is None else float(loss),
             )
         )
+        if len(self.reports) > self.history:
+            del self.reports[: len(self.reports) - self.history]
 
     def _plan_from(self, durations: np.ndarray[Any, Any]) -> RankPlan:
         """The fixed-order timeline of the hint with each stage's median measured costs."""

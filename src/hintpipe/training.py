@@ -174,6 +174,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
             pipe.step_count = first
     losses: list[float] = []
     tokens: list[int] = []
+    reports: list[StepReport] = []
     grad_diffs: tuple[float, float] | None = None
     bar = _progress(config.steps - first) if config.progress and rank == 0 else None
     try:
@@ -185,6 +186,9 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
                 pipe.executor.costs = config.emulate.for_step(counts)  # type: ignore[union-attr]
             loss = pipe.step(inputs, targets, broadcast_loss=True)
             assert loss is not None
+            if len(reports) >= 2:  # keep the timelines of the first and the latest steps only
+                reports[-1] = dataclasses.replace(reports[-1], records=())
+            reports.append(pipe.reports[-1])
             losses.append(float(loss))
             tokens.append(
                 sum(counts) if config.model.name == "gpt-mini" else config.microbatches * config.microbatch_size
@@ -215,7 +219,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         return None
     return TrainResult(
         config=config,
-        reports=tuple(pipe.reports),
+        reports=tuple(reports),
         losses=tuple(losses),
         tokens=tuple(tokens),
         max_grad_abs_diff=None if grad_diffs is None else grad_diffs[0],
