@@ -33,13 +33,15 @@ class Policy(enum.StrEnum):
     - ``fixed``: run the hint in order, waiting for its next task (the
       baseline every fixed-order pipeline uses).
     - ``greedy``: run the best-ranked ready, admitted task at once.
-    - ``ready``: greedy with *patience*. When the hint's next task is not
-      ready, wait for it as long as the plan says it should take to arrive
-      (its planned gap after the previous task plus a quarter of its expected
-      cost); only once it is overdue run the best-ranked ready task. Without
-      variability it never deviates from ``fixed``; under variability it keeps
-      most of greedy's gain without greedy's habit of starting a low-ranked
-      task just before a high-ranked one arrives.
+    - ``ready``: greedy with *patience* and *backfilling*. When the hint's
+      next task is not ready, the rank runs the best-ranked ready task only if
+      it is expected to finish before the next task is due (its planned gap
+      after its hint predecessor plus a quarter of its expected cost, and
+      never before its planned start), or once the next task is overdue;
+      otherwise it waits. Without variability nothing is overdue and nothing
+      is backfilled in the plan's way, so it equals ``fixed``; under
+      variability it keeps most of greedy's gain without greedy's habit of
+      starting a low-ranked task just before a high-ranked one arrives.
     """
 
     FIXED = "fixed"
