@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
-import statistics
 import time
 from typing import Any
 
@@ -19,8 +19,8 @@ from hintpipe.cli import main
 from hintpipe.launch import run_ranks
 from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
 from hintpipe.pipeline import Pipeline
-from hintpipe.plan import Plan, plan
 from hintpipe.planner import CostTables, MemoryModel, PlanError, search, stage_cost
+from hintpipe.planning import Plan, plan
 from hintpipe.profiling import NodeProfile, profile
 
 # -- the search against exhaustive enumeration ------------------------------------------
@@ -252,6 +252,8 @@ def _planned_worker(rank: int, world: int, cases: list[tuple[Plan, list[Any], li
     out = []
     for planned, xs, ys, loss in cases:
         pipe = Pipeline.from_plan(planned, loss_fn=lm_loss if loss == "lm" else _mse, policy="greedy", timeout=60)
+        for module in pipe.modules.values():  # plans of one model share its parameters
+            module.zero_grad(set_to_none=True)
         pipe.step(xs, ys)
         grads = {}
         for s in pipe.stages:
@@ -285,19 +287,12 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
     skip = Skip()
     sx = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
     sy = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
-    skip_plan = plan(skip, sx[0], stages=2, microbatches=4, repeats=1, host_bandwidth=1e9)
-    offloaded = plan(
-        skip,
-        sx[0],
-        stages=2,
-        microbatches=4,
-        repeats=1,
-        host_bandwidth=1e15,
-        memory_budget=0.9 * max(s.memory_bytes for s in skip_plan.partition.stages),
-        profiles=skip_plan.profiles,
-    )
-    assert sum(len(s.offload) for s in offloaded.partition.stages) > 0
-    for planned in (skip_plan, offloaded):
+    skip_plan = plan(skip, sx[0], stages=2, microbatches=4, repeats=1)
+    # Every node offloaded, or every node recomputed: the generated stages'
+    # saved_tensors_hooks and checkpoint paths, whatever the budget would choose.
+    offloaded = _forced(skip_plan, "offload")
+    recomputed = _forced(skip_plan, "recompute")
+    for planned in (skip_plan, offloaded, recomputed):
         cases.append((planned, sx, sy, "mse"))
         references.append(_reference_grads(skip, sx, sy, "mse"))
         skip.zero_grad()
@@ -313,6 +308,14 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
         assert seen == set(expected)
 
 
+def _forced(planned: Plan, action: str) -> Plan:
+    stages = []
+    for stage, (a, b) in zip(planned.partition.stages, itertools.pairwise(planned.partition.cuts), strict=True):
+        names = tuple(n.name for n in planned.graph.nodes[a:b])
+        stages.append(dataclasses.replace(stage, **{action: names}))
+    return dataclasses.replace(planned, partition=dataclasses.replace(planned.partition, stages=tuple(stages)))
+
+
 def _accuracy_worker(rank: int, world: int, planned: Plan, xs: list[Any], ys: list[Any]) -> Any:
     pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy="fixed", memory_slack=0, timeout=60)
     for _ in range(3):
@@ -321,7 +324,8 @@ def _accuracy_worker(rank: int, world: int, planned: Plan, xs: list[Any], ys: li
     return pipe.reports
 
 
-def test_predicted_memory_and_time_match_a_real_run() -> None:
+def test_predicted_memory_matches_a_real_run() -> None:
+    # (Predicted against measured stage *time* is a timing question: see the planner benchmark.)
     model, config = _gpt(layers=4, hidden=128)
     xs, ys, _ = make_batch(config, 4, 4, SeqLenDist(128), 0)
     planned = plan(model, xs[0], stages=2, microbatches=4, repeats=5)
@@ -332,13 +336,6 @@ def test_predicted_memory_and_time_match_a_real_run() -> None:
         # last stage's loss keeps a little the model graph does not have).
         predicted = stage.inflight * stage.activation_bytes
         assert last.peak_live_bytes[s] == pytest.approx(predicted, rel=0.10)
-        measured = [
-            statistics.median(e - b for r, t, b, e in rep.records if t.stage == s and t.kind.name == kind)
-            for rep in reports[1:]
-            for kind in ("F", "B")
-        ]
-        per_mb = sum(measured) / (len(reports) - 1)
-        assert per_mb * 1e3 == pytest.approx(stage.time_ms, rel=0.20)
 
 
 def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,12 +17,12 @@ from hintpipe.task import Kind, Task
 if TYPE_CHECKING:
     from hintpipe.capture import split_point
     from hintpipe.pipeline import Pipeline
-    from hintpipe.plan import Plan, plan
+    from hintpipe.planning import Plan, plan
 
 _LAZY = {
     "Pipeline": "hintpipe.pipeline",
-    "Plan": "hintpipe.plan",
-    "plan": "hintpipe.plan",
+    "Plan": "hintpipe.planning",
+    "plan": "hintpipe.planning",
     "split_point": "hintpipe.capture",
 }
 

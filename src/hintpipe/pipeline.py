@@ -39,7 +39,7 @@ from hintpipe.generators import generate_hint
 from hintpipe.hint import Hint, HintName
 from hintpipe.inject import Injection
 from hintpipe.mailbox import Message, MessageKind, PeerFailure, PostOffice
-from hintpipe.plan import Plan
+from hintpipe.planning import Plan
 from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
 from hintpipe.simulator import Sample, Simulator, lower_bound
 from hintpipe.task import Kind, Task
@@ -230,8 +230,6 @@ class Pipeline:
                 "policy": self.policy.value,
                 "split_backward": hint.split_backward,
                 "timeout": timeout,
-                "memory_slack": memory_slack,
-                "memory_budget": memory_budget,
                 "on_nonfinite": on_nonfinite,
                 "emulated": emulate is not None,
                 "injection": dataclasses.asdict(self.injection),
@@ -258,7 +256,7 @@ class Pipeline:
 
     @classmethod
     def from_plan(cls, plan: Plan, **kwargs: Any) -> Pipeline:
-        """Build from a :class:`~hintpipe.plan.Plan`: each rank builds its planned stages.
+        """Build from a :class:`~hintpipe.planning.Plan`: each rank builds its planned stages.
 
         Unless ``memory_slack`` or ``memory_budget`` is given, the rank's slack is
         the plan's spare memory (budget minus planned peak) in micro-batches of
@@ -491,7 +489,11 @@ class Pipeline:
                 )
 
     def _check_options(self, options: dict[str, Any]) -> None:
-        """Every rank must run the same pipeline: compare once, at start-up."""
+        """Every rank must run the same pipeline: compare once, at start-up.
+
+        Memory slack and budgets are left out: they may differ per rank
+        (heterogeneous devices, a plan's spare memory per stage).
+        """
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, options, group=self._coll)
         for rank, theirs in enumerate(gathered):

@@ -35,16 +35,19 @@ sub-range of the last feasible one. So the greedy construction decides
 feasibility exactly, and the binary search finds the optimal ``T``; each check
 costs ``O(P log N)`` range evaluations instead of enumerating ``C(N-1, P-1)``
 partitions. The one term that is not monotone is the boundary (the bytes
-crossing a cut depend on where it falls); the greedy evaluates every stage
-with its true boundary and backs off to the longest range that fits, which is
-exact whenever boundaries are the same size (stacks of identical blocks) and a
-heuristic otherwise. The tests check the claim against exhaustive search.
+crossing a cut depend on where it falls, from token ids to several times the
+hidden width inside a block). So each stage tries its ends longest first and,
+when the next stage then has no feasible start, backtracks to a shorter end,
+remembering failed ``(stage, start)`` pairs: exact for the cost model whatever
+the boundaries, and as fast as the plain greedy when boundaries are uniform.
+The tests check it against exhaustive search.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -112,10 +115,24 @@ class CostTables:
     params: Array
     crossing: tuple[tuple[tuple[int, float, bool], ...], ...]  # per cut c = 0..N
     allowed: tuple[int, ...]  # cut positions 1..N-1 where a cut may fall
+    # Savings are chosen per *segment*, the nodes between two neighbouring
+    # allowed cuts: recomputing one (one checkpointed run) frees its nodes'
+    # temporaries and every value produced in it whose savers are all in it;
+    # its inputs stay saved (checkpoint keeps them), and so does a value that
+    # a node outside saves. Conservative: merged runs free at least as much.
+    segment_bounds: tuple[int, ...] = ()
+    segment_free: Array = dataclasses.field(default_factory=lambda: np.zeros(0))
+    segment_forward: Array = dataclasses.field(default_factory=lambda: np.zeros(0))
+    segment_compute: Array = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     @property
     def size(self) -> int:
         return len(self.names)
+
+    @functools.cached_property
+    def compute_prefix(self) -> list[float]:
+        """``compute_prefix[i]``: the compute time of nodes ``0..i-1``."""
+        return [0.0, *np.cumsum(self.compute).tolist()]
 
     def crossing_bytes(self, cut: int) -> float:
         return sum(size for _, size, _ in self.crossing[cut])
@@ -129,19 +146,20 @@ class CostTables:
         params = np.array([float(p.param_bytes) for p in profiles])
         # values: (producer index, last user index (n: the model output), bytes, is tensor)
         values: list[tuple[int, int, float, bool]] = []
-        saved_by_consumer: set[int] = set()
+        # savers_of[i]: the nodes that keep node i's output for their backward.
+        savers_of: dict[int, set[int]] = {i: {i} for i, p in enumerate(profiles) if p.saves_output}
+        names = {p.name: i for i, p in enumerate(profiles)}
+        for consumer, p in enumerate(profiles):
+            for name in p.saved_inputs:
+                if name in names:
+                    savers_of.setdefault(names[name], set()).add(consumer)
         blocked = np.zeros(n + 1, dtype=bool)
         if graph is None:
             for i, p in enumerate(profiles):
                 values.append((i, min(i + 1, n), float(p.output_bytes), True))
-                if i + 1 < n and p.name in profiles[i + 1].saved_inputs:
-                    saved_by_consumer.add(i)
             allowed = tuple(range(1, n))
         else:
             index = graph.index
-            names = {node.name: i for i, node in enumerate(graph.nodes)}
-            for p in profiles:
-                saved_by_consumer.update(names[name] for name in p.saved_inputs if name in names)
             for i, node in enumerate(graph.nodes):
                 last = max((index.get(u, n) for u in node.users), default=i)
                 values.append((i, last, float(profiles[i].output_bytes), profiles[i].tensor_output))
@@ -160,12 +178,19 @@ class CostTables:
                     if graph.nodes[c - 1].op == "call_function" and graph.nodes[c - 1].target is split_point
                 ]
             allowed = tuple(allowed_list)
-        saved = np.array([float(p.internal_bytes) for p in profiles])
+        internal = np.array([float(p.internal_bytes) for p in profiles])
+        saved = internal.copy()
+        bounds = sorted({0, *allowed, n})
+        segment_of = np.searchsorted(bounds, np.arange(n), side="right") - 1
+        segment_free = np.add.reduceat(internal, bounds[:-1]) if n else np.zeros(0)
         crossing: list[list[tuple[int, float, bool]]] = [[] for _ in range(n + 1)]
         for producer, last, size, _ in values:
-            is_saved = producer >= 0 and (profiles[producer].saves_output or producer in saved_by_consumer)
+            savers = savers_of.get(producer, set())
+            is_saved = bool(savers)
             if is_saved:
                 saved[producer] += size
+                if len({int(segment_of[i]) for i in savers} | {int(segment_of[producer])}) == 1:
+                    segment_free[segment_of[producer]] += size
             for c in range(producer + 1, last + 1):
                 crossing[c].append((producer, size, is_saved))
         return cls(
@@ -176,6 +201,10 @@ class CostTables:
             params,
             tuple(tuple(c) for c in crossing),
             allowed,
+            tuple(bounds),
+            segment_free,
+            np.add.reduceat(forward, bounds[:-1]) if n else np.zeros(0),
+            np.add.reduceat(compute, bounds[:-1]) if n else np.zeros(0),
         )
 
     def per_microbatch(self, a: int, b: int) -> tuple[float, float]:
@@ -246,13 +275,15 @@ def stage_cost(
     if not savings:
         return StageCost(False, base_time, memory, act + boundary, shortfall=memory - budget)
     need = memory - budget
-    saved = tables.saved[a:b] * scale * k
-    recompute_cost = tables.forward[a:b] * scale
+    bounds = tables.segment_bounds
+    first, last = bisect.bisect_left(bounds, a), bisect.bisect_left(bounds, b)
+    saved = tables.segment_free[first:last] * scale * k
+    recompute_cost = tables.segment_forward[first:last] * scale
     if model.host_bandwidth > 0:
-        transfer = 2.0 * tables.saved[a:b] * scale / model.host_bandwidth
-        offload_cost = np.maximum(0.0, transfer - tables.compute[a:b] * scale)
+        transfer = 2.0 * tables.segment_free[first:last] * scale / model.host_bandwidth
+        offload_cost = np.maximum(0.0, transfer - tables.segment_compute[first:last] * scale)
     else:  # no host to offload to
-        offload_cost = np.full(b - a, np.inf)
+        offload_cost = np.full(last - first, np.inf)
     cost = np.minimum(recompute_cost, offload_cost)
     useful = saved > 0
     if saved[useful].sum() < need:
@@ -264,49 +295,61 @@ def stage_cost(
     for i in order:
         freed += saved[i]
         extra += cost[i]
-        (recompute if recompute_cost[i] <= offload_cost[i] else offload).append(a + int(i))
+        nodes = range(bounds[first + int(i)], bounds[first + int(i) + 1])
+        (recompute if recompute_cost[i] <= offload_cost[i] else offload).extend(nodes)
         if freed >= need:
             break
+    recompute.sort()
+    offload.sort()
     kept = act + boundary - freed / k
     return StageCost(True, base_time + extra, memory - freed, kept, tuple(recompute), tuple(offload))
 
 
 def _greedy(tables: CostTables, model: MemoryModel, stages: int, limit: float) -> tuple[int, ...] | None:
-    """Stages as long as they fit and take at most ``limit`` (see the module note)."""
+    """Stages as long as they fit and take at most ``limit`` (see the module note).
+
+    Each stage tries its ends from the longest whose plain compute time fits
+    ``limit`` downwards; a stage that leaves the next one no feasible start
+    backtracks to its next-longest end. Failed ``(stage, start)`` pairs are
+    remembered, so the search visits each at most once. When boundaries are
+    all the same size, the first choice never fails and this is the greedy of
+    the note; otherwise the backtracking makes it exact for the cost model.
+    """
     n = tables.size
     allowed = tables.allowed
-    cuts = [0]
-    a = 0
-    for s in range(stages - 1):
-        remaining = stages - 1 - s  # stages after this one, each needs a cut after ours
+    prefix = tables.compute_prefix
+    scale = model.scale
+    failed: set[tuple[int, int]] = set()
+
+    def fits(stage: int, a: int, b: int) -> bool:
+        cost = stage_cost(tables, model, stage, a, b)
+        return cost.feasible and cost.time <= limit
+
+    def solve(stage: int, a: int) -> list[int] | None:
+        if (stage, a) in failed:
+            return None
+        if stage == stages - 1:
+            if (prefix[n] - prefix[a]) * scale <= limit and fits(stage, a, n):
+                return [n]
+            failed.add((stage, a))
+            return None
+        remaining = stages - 1 - stage  # cuts still needed after this stage's end
         lo = bisect.bisect_right(allowed, a)
-        hi = len(allowed) - remaining  # leave cuts for the stages after this one
-        if lo >= hi + 1 or lo >= len(allowed):
-            return None
-        candidates = allowed[lo : hi + 1]
-
-        def fits(c: int, stage: int = s, start: int = a) -> bool:
-            cost = stage_cost(tables, model, stage, start, c)
-            return cost.feasible and cost.time <= limit
-
-        # Longest feasible stage: binary search on the (monotone) prefix, then
-        # back off while the true boundary does not fit.
-        left, right = 0, len(candidates) - 1
-        if not fits(candidates[0]):
-            return None
-        while left < right:
-            mid = (left + right + 1) // 2
-            if fits(candidates[mid]):
-                left = mid
-            else:
-                right = mid - 1
-        a = candidates[left]
-        cuts.append(a)
-    last = stage_cost(tables, model, stages - 1, a, n)
-    if not (last.feasible and last.time <= limit):
+        hi = len(allowed) - remaining  # index of the last end that leaves room for them
+        # The plain compute time only grows with the end: no end past this one can fit.
+        top = bisect.bisect_right(prefix, prefix[a] + limit / scale if scale else math.inf) - 1
+        hi = min(hi, bisect.bisect_right(allowed, top) - 1)
+        for index in range(hi, lo - 1, -1):
+            end = allowed[index]
+            if fits(stage, a, end):
+                rest = solve(stage + 1, end)
+                if rest is not None:
+                    return [end, *rest]
+        failed.add((stage, a))
         return None
-    cuts.append(n)
-    return tuple(cuts)
+
+    found = solve(0, 0)
+    return None if found is None else (0, *found)
 
 
 def search(tables: CostTables, model: MemoryModel, stages: int) -> tuple[int, ...]:

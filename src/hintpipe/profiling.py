@@ -165,7 +165,7 @@ def profile(
     for node in graph.nodes:
         forward, backward = [], []
         for _ in range(repeats + 1):
-            local = {k: _detach(v) for k, v in env.items() if k in node.all_input_nodes}
+            local = {a: _detach(env[a]) for a in node.all_input_nodes}
             with count_saved(params) as counted:
                 start = time.perf_counter()
                 out = run_node(root, node, local)

@@ -137,12 +137,41 @@ def extract(
     attributes: dict[str, Any] = dict(owned)
     for node in new.nodes:
         if node.op in ("get_attr", "call_module") and str(node.target) not in attributes:
-            target = str(node.target)
-            attribute: Any = root
-            for part in target.split("."):
-                attribute = getattr(attribute, part)
-            attributes[target] = attribute
-    return fx.GraphModule(attributes, new)
+            attributes[str(node.target)] = _lookup(root, str(node.target))
+    module = fx.GraphModule(attributes, new)
+    if owned:
+        # Register the original modules and parameters under their own names
+        # before the recompute/offload groups that also hold them, so that
+        # parameter names (checkpoints, gradient checks) are the model's.
+        targets = [str(n.target) for n in node_list if n.op == "call_module"]
+        targets += [str(a.target) for n in node_list for a in n.all_input_nodes if a.op == "get_attr"]
+        held = {name: module._modules.pop(name) for name in owned}
+        for target in dict.fromkeys(targets):
+            _place(module, target, _lookup(root, target))
+        module._modules.update(held)
+    return module
+
+
+def _lookup(root: torch.nn.Module, target: str) -> Any:
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _place(module: torch.nn.Module, target: str, value: Any) -> None:
+    """Set ``module.<target>`` (dotted), creating empty parent modules as needed."""
+    *parents, name = target.split(".")
+    for part in parents:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if isinstance(value, torch.nn.Module):
+        module.add_module(name, value)
+    elif isinstance(value, torch.nn.Parameter):
+        module.register_parameter(name, value)
+    else:
+        setattr(module, name, value)
 
 
 def _item(values: Any, k: int) -> Any:

@@ -142,6 +142,9 @@ def train(config: TrainConfig) -> TrainResult | None:
     return result
 
 
+_TIMELINES = 10  # steps whose full timelines a run keeps (the first, and this many latest)
+
+
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
     layers = build_layers(config.model)
     stages = world * (config.chunks or (2 if config.hint == "zbv" else 1))
@@ -186,8 +189,9 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
                 pipe.executor.costs = config.emulate.for_step(counts)  # type: ignore[union-attr]
             loss = pipe.step(inputs, targets, broadcast_loss=True)
             assert loss is not None
-            if len(reports) >= 2:  # keep the timelines of the first and the latest steps only
-                reports[-1] = dataclasses.replace(reports[-1], records=())
+            if len(reports) > _TIMELINES:  # keep the first step's timeline and the latest ones
+                old = len(reports) - _TIMELINES
+                reports[old] = dataclasses.replace(reports[old], records=())
             reports.append(pipe.reports[-1])
             losses.append(float(loss))
             tokens.append(

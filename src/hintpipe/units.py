@@ -40,5 +40,6 @@ def format_size(value: float) -> str:
     """``1536`` -> ``'1.5KiB'``; small plain numbers stay as they are."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
+            x = value / scale
+            return f"{x:.3g}{unit}" if abs(x) < 100 else f"{x:.0f}{unit}"
     return f"{value:g}"

@@ -48,7 +48,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hintpipe.plan import plan
+    from hintpipe.planning import plan
 
     torch.set_num_threads(1)
     config = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8))

@@ -1,4 +1,4 @@
-"""``hintpipe.plan``: capture, profile, cut; the result feeds the runtime.
+"""Planning: ``hintpipe.plan`` captures, profiles and cuts; the result feeds the runtime.
 
 >>> plan = hintpipe.plan(model, example_microbatch, stages=4, microbatches=16, memory_budget="8GiB")
 >>> pipe = hintpipe.Pipeline.from_plan(plan, loss_fn=loss_fn)      # on every rank
