@@ -50,7 +50,7 @@ def _chain(rng: np.random.Generator, n: int) -> list[NodeProfile]:
             backward_s=float(rng.integers(1, 11)) * 1e-3,
             saved_bytes=0,
             param_bytes=int(rng.integers(0, 4)) * 1000,
-            output_bytes=500,  # one size everywhere: boundaries do not break monotonicity
+            output_bytes=int(rng.choice([200, 500, 3000])),  # boundaries of different sizes: not monotone
             tensor_output=True,
             internal_bytes=int(rng.integers(0, 5)) * 1000,
         )
