@@ -79,6 +79,7 @@ class StepReport:
     peak_live: tuple[float, ...]
     peak_live_bytes: tuple[int, ...]
     loss: float | None
+    busy: tuple[float, ...] = ()  # per rank, seconds of task time (kept when ``records`` is dropped)
 
     @property
     def efficiency(self) -> float:
@@ -87,10 +88,7 @@ class StepReport:
     @property
     def bubble(self) -> tuple[float, ...]:
         """Per rank, the idle share of the step."""
-        busy: dict[int, float] = {}
-        for rank, _, start, end in self.records:
-            busy[rank] = busy.get(rank, 0.0) + end - start
-        return tuple(1.0 - busy.get(r, 0.0) / self.step_time for r in range(len(self.peak_live)))
+        return tuple(1.0 - b / self.step_time for b in self.busy)
 
 
 def _split(value: Any, count: int, what: str) -> list[Any]:
@@ -557,6 +555,7 @@ class Pipeline:
                 peak_live=tuple(part[1] for part in gathered),
                 peak_live_bytes=tuple(part[2] for part in gathered),
                 loss=None if loss is None else float(loss),
+                busy=tuple(sum(end - start for _, _, start, end in part[0]) for part in gathered),
             )
         )
         if len(self.reports) > self.history:

@@ -285,8 +285,11 @@ def predict_step_time(hint: Hint, report: StepReport, policy: Policy, slack: flo
     """What the simulator predicts for a measured step.
 
     The step's measured task times are the sample; the expected costs (what
-    ``ready`` plans with) are each stage's median, as in the runtime.
+    ``ready`` plans with) are each stage's median over this step (the runtime
+    plans each step from the previous step's medians).
     """
+    if not report.records:
+        raise ValueError(f"step {report.step}'s timeline was not kept; predict from a step that has its records")
     durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
     for _, task, start, end in report.records:
         durations[task.stage, task.mb, task.kind] = end - start
