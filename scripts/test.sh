@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/ruff format --check .
+.venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy
 .venv/bin/python -m pytest -q "$@"

@@ -40,7 +40,10 @@ hidden width inside a block). So each stage tries its ends longest first and,
 when the next stage then has no feasible start, backtracks to a shorter end,
 remembering failed ``(stage, start)`` pairs: exact for the cost model whatever
 the boundaries, and as fast as the plain greedy when boundaries are uniform.
-The tests check it against exhaustive search.
+Backtracking is bounded (a fixed number of range evaluations per check), so a
+very large graph with very uneven boundaries may get a slightly worse
+bottleneck rather than a slow search. The tests check it against exhaustive
+search.
 """
 
 from __future__ import annotations
@@ -320,8 +323,15 @@ def _greedy(tables: CostTables, model: MemoryModel, stages: int, limit: float) -
     prefix = tables.compute_prefix
     scale = model.scale
     failed: set[tuple[int, int]] = set()
+    # Backtracking is exact but can visit every (stage, start, end) when ``limit``
+    # is infeasible; past this many range evaluations the candidate counts as
+    # infeasible (the longest-first path itself is always tried in full).
+    budget = [_BACKTRACK_EVALUATIONS]
 
     def fits(stage: int, a: int, b: int) -> bool:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _OutOfBudget
         cost = stage_cost(tables, model, stage, a, b)
         return cost.feasible and cost.time <= limit
 
@@ -348,8 +358,19 @@ def _greedy(tables: CostTables, model: MemoryModel, stages: int, limit: float) -
         failed.add((stage, a))
         return None
 
-    found = solve(0, 0)
+    try:
+        found = solve(0, 0)
+    except _OutOfBudget:
+        return None
     return None if found is None else (0, *found)
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+#: Range evaluations one feasibility check may spend on backtracking.
+_BACKTRACK_EVALUATIONS = 2_000
 
 
 def search(tables: CostTables, model: MemoryModel, stages: int) -> tuple[int, ...]:
@@ -366,7 +387,7 @@ def search(tables: CostTables, model: MemoryModel, stages: int) -> tuple[int, ..
         raise PlanError(_why_infeasible(tables, model, stages))
     lo = 0.0
     for _ in range(100):
-        if hi - lo <= 1e-12 * max(hi, 1e-30):
+        if hi - lo <= 1e-7 * max(hi, 1e-30):
             break
         mid = (lo + hi) / 2
         cuts = _greedy(tables, model, stages, mid)
@@ -386,9 +407,9 @@ def _why_infeasible(tables: CostTables, model: MemoryModel, stages: int) -> str:
         cost = stage_cost(tables, model, s, a, end)
         if not cost.feasible:
             return (
-                f"stage {s} cannot fit in its budget of {format_size(model.budgets[s])}: with every saving it "
-                f"still needs {format_size(model.budgets[s] + cost.shortfall)}, {cost.shortfall:,.0f} bytes "
-                "over; raise its budget, use more stages or a smaller micro-batch"
+                f"stage {s} cannot fit in its budget of {format_size(model.budgets[s])}: where the cuts before it "
+                f"leave it, even with every saving it needs {format_size(model.budgets[s] + cost.shortfall)}, "
+                f"{cost.shortfall:,.0f} bytes over; raise its budget, use more stages or a smaller micro-batch"
             )
         best = end
         for c in tables.allowed:
