@@ -160,24 +160,29 @@ def test_gpt_mini_with_variable_sequence_lengths(policy: str) -> None:
             torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL)
 
 
-class _Crash(nn.Module):
-    """Kills its process abruptly in the second step, on micro-batch 2."""
+class _Fault(nn.Module):
+    """A linear layer that misbehaves on its ``call``-th forward: ``crash`` kills
+    the process abruptly, ``hang`` stops making progress."""
 
-    def __init__(self) -> None:
+    def __init__(self, call: int, fault: str) -> None:
         super().__init__()
         self.layer = nn.Linear(6, 6)
         self.calls = 0
+        self.call, self.fault = call, fault
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        if self.calls == 4 + 3:
-            os._exit(17)
+        if self.calls == self.call:
+            if self.fault == "crash":
+                os._exit(17)
+            time.sleep(120)
         out: torch.Tensor = self.layer(x)
         return out
 
 
 def _crash_worker(rank: int, world: int) -> None:
-    modules: list[nn.Module] = [nn.Linear(6, 6), _Crash(), nn.Linear(6, 6)]
+    # Dies in the second step, on micro-batch 2 (4 forwards per step).
+    modules: list[nn.Module] = [nn.Linear(6, 6), _Fault(4 + 3, "crash"), nn.Linear(6, 6)]
     pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", timeout=8)
     xs, ys = _batches(False, 4)
     for _ in range(3):
@@ -199,24 +204,9 @@ def test_a_killed_rank_ends_every_rank_with_an_error() -> None:
     assert elapsed < 40
 
 
-class _Hang(nn.Module):
-    """Stops making progress in the second step, on micro-batch 1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(6, 6)
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if self.calls == 4 + 2:
-            time.sleep(120)
-        out: torch.Tensor = self.layer(x)
-        return out
-
-
 def _hang_worker(rank: int, world: int) -> None:
-    modules: list[nn.Module] = [nn.Linear(6, 6), _Hang()]
+    # Stops in the second step, on micro-batch 1.
+    modules: list[nn.Module] = [nn.Linear(6, 6), _Fault(4 + 2, "hang")]
     pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy="fixed", timeout=3)
     xs, ys = _batches(False, 4)
     pipe.step(xs, ys)
