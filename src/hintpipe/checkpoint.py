@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +147,3 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
         target.unlink(missing_ok=True)
     model = state["model"]
     return {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
-
-
-def stage_keys(state: dict[str, torch.Tensor], stages: Sequence[int]) -> dict[int, dict[str, torch.Tensor]]:
-    """Split a merged state dict back into per-stage state dicts."""
-    out: dict[int, dict[str, torch.Tensor]] = {s: {} for s in stages}
-    for key, value in state.items():
-        stage, _, name = key.partition(".")
-        if int(stage) in out:
-            out[int(stage)][name] = value
-    return out

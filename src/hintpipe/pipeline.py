@@ -43,11 +43,10 @@ from hintpipe.planning import Plan
 from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
 from hintpipe.simulator import Sample, Simulator, lower_bound
 from hintpipe.task import Kind, Task
+from hintpipe.trace import Record
 from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)
-
-Record = tuple[int, Task, float, float]
 
 
 class WatchdogTimeout(RuntimeError):

@@ -557,7 +557,3 @@ def summary(partition: Partition) -> dict[str, Any]:
         "bottleneck_ms": partition.bottleneck_ms,
         "max_microbatch_size": partition.max_microbatch_size,
     }
-
-
-def infinite_budget(model: MemoryModel) -> MemoryModel:
-    return dataclasses.replace(model, budgets=tuple(math.inf for _ in model.budgets))

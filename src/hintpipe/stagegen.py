@@ -47,17 +47,6 @@ def offload(module: torch.nn.Module, *args: Any) -> Any:
         return module(*args)
 
 
-def _used_after(graph: CapturedGraph, nodes: set[fx.Node], stop: int) -> list[fx.Node]:
-    """Values defined in ``nodes`` (or graph inputs) that something at index >= stop uses."""
-    index = graph.index
-    out = []
-    candidates = list(graph.inputs) + [n for n in graph.nodes if n in nodes]
-    for node in candidates:
-        if any(index.get(u, len(graph.nodes)) >= stop for u in node.users):
-            out.append(node)
-    return out
-
-
 def crossing(graph: CapturedGraph, cut: int) -> list[fx.Node]:
     """The values crossing cut ``cut`` (defined before node ``cut``, used at or after it)."""
     index = graph.index

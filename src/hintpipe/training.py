@@ -28,10 +28,11 @@ from hintpipe.hint import Hint
 from hintpipe.inject import Injection
 from hintpipe.launch import run_ranks
 from hintpipe.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
-from hintpipe.pipeline import Pipeline, Record, StepReport
+from hintpipe.pipeline import Pipeline, StepReport
 from hintpipe.scoreboard import Policy
 from hintpipe.simulator import Sample, Simulator
 from hintpipe.task import Kind
+from hintpipe.trace import Record
 
 
 @dataclasses.dataclass(frozen=True)
