@@ -15,10 +15,24 @@ is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
 Wire format, per message: a header of 64 int64 ``(kind, step, stage, mb,
 tensors, meta_len, payload_bytes, meta...)`` where ``meta`` describes each
 tensor as ``(dtype code, ndim, *shape)`` (``ndim = -1`` marks an absent tensor,
-e.g. no gradient for an integer input; a description too long for the header
-follows it as a message of its own), then one byte payload holding every
-tensor. Two receives per message keep latency low when the rank's main thread
-is busy computing and holds the interpreter most of the time.
+e.g. no gradient for an integer input), then one byte payload holding every
+tensor.
+
+[Note: pre-posted payloads]
+gloo transfers a message only once the receiver has posted its receive; a
+send that finds none waits for the receiver's "ready" notice, which the
+*sender's* communication thread must then act on. On a busy host that thread
+waits for a core while the sender computes its next task, and every message
+paid that wait (milliseconds on two shared cores). So each mailbox keeps two
+receives posted: the next header, and the next payload's first ``expected``
+bytes, where ``expected`` is the largest payload this peer has sent so far.
+Both sides track ``expected`` by the same rule, so the sender knows what is
+posted: it sends the payload's first ``expected`` bytes (padded when the
+payload is smaller), then, only when the payload is larger, the rest as a
+message of its own (which waits for its receive, as before), then a tensor
+description too long for the header. In steady state every message goes out
+in the sending call itself. The cost: a payload smaller than the largest so
+far is padded to it (variable shapes send up to the largest shape's bytes).
 """
 
 from __future__ import annotations
@@ -110,9 +124,10 @@ def _decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[i
 _ALIGN = 8
 
 
-def _pack(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+def _pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least: int = 0) -> tuple[torch.Tensor, int]:
     """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
-    payload receive per message, whatever the number of tensors."""
+    payload per message, whatever the number of tensors. The buffer is padded
+    to ``at_least`` bytes; returns it and the payload's own size."""
     parts: list[torch.Tensor] = []
     offset = 0
     for t in tensors:
@@ -125,9 +140,11 @@ def _pack(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
             offset += pad
+    if offset < at_least:
+        parts.append(torch.empty(at_least - offset, dtype=torch.uint8, device=device))
     if not parts:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.cat(parts)
+        return torch.empty(0, dtype=torch.uint8, device=device), 0
+    return torch.cat(parts), offset
 
 
 def _unpack(
@@ -175,6 +192,7 @@ class PostOffice:
         self._wire_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.inbox: queue.Queue[Message] = queue.Queue()
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        self._expected: dict[int, int] = {}  # per peer, see [Note: pre-posted payloads]
         self._threads = []
         self.peers = sorted(set(peers) - {self.rank})
         for peer in self.peers:
@@ -185,25 +203,32 @@ class PostOffice:
     # -- receiving ------------------------------------------------------------
 
     def _receive_loop(self, peer: int) -> None:
+        expected = 0  # bytes of the next payload already posted (see [Note: pre-posted payloads])
         try:
+            header, first, posted = self._arm(peer, expected)
             while True:
-                header = torch.empty(_HEADER, dtype=torch.int64)
-                dist.recv(header, src=peer, group=self.group)
+                for work in posted:
+                    work.wait()
                 values = header.tolist()
                 kind, step, stage, mb, count, meta_len, nbytes = values[:7]
+                if nbytes > expected:
+                    rest = torch.empty(nbytes - expected, dtype=torch.uint8, device=self._wire_device)
+                    dist.recv(rest, src=peer, group=self.group)
+                    payload = torch.cat([first, rest]) if expected else rest
+                else:
+                    payload = first[:nbytes]
                 if meta_len <= _INLINE:
                     meta = values[7 : 7 + meta_len]
                 else:
                     extra = torch.empty(meta_len, dtype=torch.int64)
                     dist.recv(extra, src=peer, group=self.group)
                     meta = extra.tolist()
-                payload = torch.empty(nbytes, dtype=torch.uint8, device=self._wire_device)
-                if nbytes:
-                    dist.recv(payload, src=peer, group=self.group)
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
                     text = bytes(payload.tolist()).decode(errors="replace") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
+                expected = max(expected, nbytes)
+                header, first, posted = self._arm(peer, expected)  # before delivering: the next may be on its way
                 tensors = _unpack(payload, _decode_meta(meta, count))
                 if self.device != payload.device:
                     tensors = [None if t is None else t.to(self.device) for t in tensors]
@@ -214,6 +239,15 @@ class PostOffice:
             self.inbox.put(
                 Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
             )
+
+    def _arm(self, peer: int, expected: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
+        """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
+        header = torch.empty(_HEADER, dtype=torch.int64)
+        first = torch.empty(expected, dtype=torch.uint8, device=self._wire_device)
+        posted = [dist.irecv(header, src=peer, group=self.group)]
+        if expected:
+            posted.append(dist.irecv(first, src=peer, group=self.group))
+        return header, first, [w for w in posted if w is not None]
 
     def get(self, timeout: float | None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds; ``None`` if none came."""
@@ -229,8 +263,7 @@ class PostOffice:
     ) -> None:
         """Post a message to ``peer`` without waiting for it to leave."""
         meta = _encode_meta(tensors)
-        payload = _pack([None if t is None else t.detach().to(self._wire_device) for t in tensors])
-        self._send(peer, kind, step, stage, mb, len(tensors), meta, payload)
+        self._send(peer, kind, step, stage, mb, meta, [None if t is None else t.detach() for t in tensors])
         self._reap()
 
     def _send(
@@ -240,26 +273,35 @@ class PostOffice:
         step: int,
         stage: int,
         mb: int,
-        count: int,
         meta: list[int],
-        payload: torch.Tensor,
+        tensors: Sequence[torch.Tensor | None],
     ) -> None:
-        fields = [int(kind), step, stage, mb, count, len(meta), payload.numel()]
+        expected = self._expected.get(peer, 0)
+        wire = [None if t is None else t.to(self._wire_device) for t in tensors]
+        if len(wire) == 1 and wire[0] is not None and wire[0].is_contiguous() and wire[0].nbytes == expected:
+            # The common case, one tensor of the usual size: its own bytes, no copy.
+            payload, nbytes = wire[0].reshape(-1).view(torch.uint8), expected
+        else:
+            payload, nbytes = _pack(wire, self._wire_device, at_least=expected)
+        fields = [int(kind), step, stage, mb, len(tensors), len(meta), nbytes]
         inline = meta if len(meta) <= _INLINE else []
-        header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[: len(fields) + len(inline)] = torch.tensor(fields + inline, dtype=torch.int64)
+        values = fields + inline
+        header = torch.tensor(values + [0] * (_HEADER - len(values)), dtype=torch.int64)
         keep = [header, payload]
         self._post(header, peer, keep)
+        if expected:
+            self._post(payload[:expected], peer, keep)
+        if nbytes > expected:
+            self._post(payload[expected:nbytes], peer, keep)
         if len(meta) > _INLINE:
             extra = torch.tensor(meta, dtype=torch.int64)
             keep.append(extra)
             self._post(extra, peer, keep)
-        if payload.numel():
-            self._post(payload, peer, keep)
+        self._expected[peer] = max(expected, nbytes)
 
     def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
         data = torch.tensor(list(text.encode()[:4000]), dtype=torch.uint8)
-        self._send(peer, kind, -1, -1, -1, 0, [], data)
+        self._send(peer, kind, -1, -1, -1, _encode_meta([data]), [data])
 
     def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
         work = dist.isend(tensor, dst=peer, group=self.group)

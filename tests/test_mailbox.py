@@ -1,0 +1,58 @@
+"""The mailbox wire protocol between two ranks: every message arrives whole,
+in order, whatever its shapes, dtypes and size relative to the pre-posted
+payload (see [Note: pre-posted payloads] in hintpipe.mailbox)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hintpipe.launch import run_ranks
+from hintpipe.mailbox import MessageKind, PostOffice
+
+
+def _messages() -> list[list[torch.Tensor | None]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        [torch.randn(4, 8, generator=g)],  # the first: nothing pre-posted yet
+        [torch.randn(4, 8, generator=g)],  # the same size: the pre-posted receive takes it whole
+        [torch.randn(2, 3, generator=g)],  # smaller: padded to the pre-posted size
+        [torch.randn(16, 8, generator=g)],  # larger: the pre-posted part, then the rest
+        [torch.randint(0, 9, (5,), generator=g), None, torch.randn(3, dtype=torch.float64, generator=g)],
+        [torch.ones(3, dtype=torch.bool), torch.empty(0, 4)],  # odd byte counts and an empty tensor
+        [torch.randn(1, 1, 1, generator=g) for _ in range(30)],  # a description longer than the header
+        [torch.randn(40, 8, generator=g), torch.randint(0, 3, (7,), dtype=torch.int8, generator=g)],
+        [torch.randn(4, 8, generator=g)],
+    ]
+
+
+def _mailbox_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tensor | None]]] | None:
+    group = dist.new_group(backend="gloo")
+    post = PostOffice([1 - rank], torch.device("cpu"), group=group)
+    received = None
+    if rank == 0:
+        for mb, tensors in enumerate(_messages()):
+            post.send(1, MessageKind.ACTIVATION, 0, 1, mb, tensors)
+    else:
+        received = []
+        for _ in _messages():
+            msg = post.get(30)
+            assert msg is not None, "a message did not arrive"
+            received.append((int(msg.kind), msg.mb, msg.tensors))
+    post.close(timeout=30)
+    return received
+
+
+def test_every_message_arrives_whole_and_in_order() -> None:
+    received = run_ranks(_mailbox_worker, 2, timeout_s=60)[1]
+    sent = _messages()
+    assert [mb for _, mb, _ in received] == list(range(len(sent)))
+    assert all(kind == MessageKind.ACTIVATION for kind, _, _ in received)
+    for (_, mb, got), expected in zip(received, sent, strict=True):
+        assert len(got) == len(expected), mb
+        for a, b in zip(got, expected, strict=True):
+            if b is None:
+                assert a is None, mb
+            else:
+                assert a is not None and a.dtype == b.dtype and a.shape == b.shape, mb
+                assert torch.equal(a, b), mb
