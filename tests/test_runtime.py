@@ -180,6 +180,37 @@ class _Fault(nn.Module):
         return out
 
 
+def _byte_budget_worker(rank: int, world: int, budget: float, rows: list[list[int]]) -> Any:
+    torch.manual_seed(0)
+    modules: list[nn.Module] = [nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8)) for _ in range(world)]
+    pipe = Pipeline.from_modules(
+        modules, loss_fn=_mse, microbatches=len(rows[0]), hint="1f1b", policy="greedy", memory_budget=budget
+    )
+    g = torch.Generator().manual_seed(2)
+    for step_rows in rows:
+        xs = [torch.randn(n, 8, generator=g) for n in step_rows]
+        pipe.step(xs, [torch.sin(x) for x in xs])
+    pipe.close()
+    return [(r.peak_live[rank], r.peak_live_bytes[rank]) for r in pipe.reports], pipe.bytes_per_element
+
+
+def test_a_byte_budget_holds_with_micro_batches_of_different_sizes() -> None:
+    # The measuring step sees small micro-batches only; later steps mix in large ones. Admission
+    # in slots of the first step's size would run ahead with large micro-batches and overshoot;
+    # admission by each micro-batch's own bytes keeps every step within the budget, and still runs
+    # ahead where small micro-batches fit.
+    small, large = 2, 64
+    rows = [[small] * 8, [large, small, large, small, small, small, large, small], [small, large] * 4]
+    probe = run_ranks(_byte_budget_worker, 2, 1e12, rows[:1], timeout_s=60)
+    per_row = probe[0][1][0] * 8  # stage 0's bytes per input element, times 8 elements a row
+    budget = 3 * large * per_row  # rank 0 (two in flight under 1F1B) gets room for one more large one
+    results = run_ranks(_byte_budget_worker, 2, budget, rows, timeout_s=60)
+    slots, held = zip(*results[0][0], strict=True)
+    assert all(b <= budget for b in held), (held, budget)
+    assert max(slots[1:]) > 2  # it did run ahead of 1F1B's two micro-batches
+    assert max(held[1:]) > 2 * large * per_row  # ... and spent the room
+
+
 def _crash_worker(rank: int, world: int) -> None:
     # Dies in the second step, on micro-batch 2 (4 forwards per step).
     modules: list[nn.Module] = [nn.Linear(6, 6), _Fault(4 + 3, "crash"), nn.Linear(6, 6)]

@@ -126,9 +126,7 @@ class Pipeline:
         memory_slack: room for this many more in-flight micro-batches than
             the hint's own peak (activation slots), spent by running ahead.
         memory_budget: activation bytes this rank may hold, instead of
-            ``memory_slack``: the first step runs with no slack and measures
-            the bytes one micro-batch keeps; each later step gets as many
-            extra slots as fit in the budget beyond the measured peak.
+            ``memory_slack`` (see [Note: byte admission]).
         timeout: seconds a rank may wait with nothing ready before the
             watchdog ends the step with an error on every rank.
         injection: variability to inject (experiments).
@@ -140,6 +138,21 @@ class Pipeline:
             with ``"skip"`` the step finishes, every rank zeroes its gradients
             and the step is listed in :attr:`nonfinite_steps` (with ``broadcast_loss``
             every rank sees the non-finite loss and can skip its optimizer step).
+
+    [Note: byte admission]
+    With a ``memory_budget`` each micro-batch is admitted by its own size, so
+    that micro-batches of different shapes (variable sequence lengths) cannot
+    push a rank over its budget by running ahead. At the start of a step the
+    rank of stage 0 broadcasts each micro-batch's size in input elements
+    (tokens, rows); every rank estimates the activation bytes of ``F(s, mb)``
+    as that size times the most bytes per element stage ``s`` has kept so far
+    (measured, as :attr:`StepReport.peak_live_bytes` is), and the scoreboard
+    admits in those bytes. The first step runs the hint in order and measures;
+    if it alone holds more than the budget, :class:`BudgetError`. A later step
+    whose micro-batches are so large that the hint's own order needs more than
+    the budget runs that order (no running ahead); a step whose measured peak
+    still exceeds the budget (activations that grow faster than the input, as
+    attention scores do) logs a warning and raises the estimates by the excess.
     """
 
     def __init__(
@@ -189,7 +202,12 @@ class Pipeline:
             raise ValueError("give memory_slack or memory_budget, not both")
         self.memory_slack = memory_slack
         self.memory_budget = memory_budget
+        #: Per stage of this rank, the most activation bytes per input element seen (byte admission).
+        self.bytes_per_element: dict[int, float] = {}
+        self._strict_budget = True  # a plan's budget is room to run ahead, not a limit on the hint itself
         self.executor: StageExecutor | EmulatedExecutor
+        if emulate is not None and memory_budget is not None:
+            raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
         if emulate is not None:
             self.executor = EmulatedExecutor(emulate, self.last_stage)
         else:
@@ -229,6 +247,7 @@ class Pipeline:
                 "timeout": timeout,
                 "on_nonfinite": on_nonfinite,
                 "emulated": emulate is not None,
+                "byte_admission": memory_budget is not None,
                 "injection": dataclasses.asdict(self.injection),
             }
         )
@@ -255,19 +274,28 @@ class Pipeline:
     def from_plan(cls, plan: Plan, **kwargs: Any) -> Pipeline:
         """Build from a :class:`~hintpipe.planning.Plan`: each rank builds its planned stages.
 
-        Unless ``memory_slack`` or ``memory_budget`` is given, the rank's slack is
-        the plan's spare memory (budget minus planned peak) in micro-batches of
-        planned activations: the memory the planner frees becomes readiness room.
+        Unless ``memory_slack`` or ``memory_budget`` is given, a plan made under
+        a memory budget gives each rank a byte budget for activations: its
+        stages' planned activations plus their spare memory (budget minus
+        planned peak), so the memory the planner frees becomes room to run
+        ahead, admitted by each micro-batch's own size (see [Note: byte
+        admission]). If the hint's own order turns out to hold more than the
+        plan predicted, the rank runs the hint without running ahead.
         """
         rank, world = dist.get_rank(), dist.get_world_size()
         if world != plan.ranks:
             raise ValueError(f"the plan is for {plan.ranks} ranks, the group has {world}")
         hint = generate_hint(HintName.parse(plan.hint), plan.ranks, plan.microbatches, plan.chunks)
         mine = hint.placement.stages_of(rank)
-        if "memory_slack" not in kwargs and "memory_budget" not in kwargs:
-            kwargs["memory_slack"] = float(min(plan.spare_slots(s) for s in mine))
+        from_budget = "memory_slack" not in kwargs and "memory_budget" not in kwargs
+        if from_budget:
+            room = plan.activation_room(mine)
+            if math.isfinite(room) and not kwargs.get("emulate"):
+                kwargs["memory_budget"] = room
         kwargs.setdefault("microbatches", plan.microbatches)
-        return cls({s: plan.build_stage(s) for s in mine}, hint=hint, **kwargs)
+        pipe = cls({s: plan.build_stage(s) for s in mine}, hint=hint, **kwargs)
+        pipe._strict_budget = not from_budget
+        return pipe
 
     @classmethod
     def from_sequential(cls, model: nn.Sequential, split: Sequence[int], **kwargs: Any) -> Pipeline:
@@ -342,10 +370,9 @@ class Pipeline:
         policy = self.policy
         if policy is Policy.READY and self._plan is None:
             policy = Policy.FIXED  # no measured plan yet: the first step runs the hint in order
-        board = Scoreboard(
-            self.graph, policy, budget=self.graph.peak + self.memory_slack * self.graph.unit, plan=self._plan
-        )
-        largest_mb_bytes = 0
+        elements = self._elements(act_in) if self.memory_budget is not None else None
+        graph, budget = self._admission(elements)
+        board = Scoreboard(graph, policy, budget=budget, plan=self._plan)
         stage_rank = self.hint.placement.stage_rank
         losses: list[torch.Tensor] = []
         records: list[Record] = []
@@ -409,7 +436,9 @@ class Pipeline:
                         self._check_loss(loss, step, mb)
                         losses.append(loss)
                     peak_bytes = max(peak_bytes, self.executor.live_bytes)
-                    largest_mb_bytes = max(largest_mb_bytes, self.executor.live_bytes - before)
+                    if elements is not None:
+                        kept = (self.executor.live_bytes - before) / max(1, elements[mb])
+                        self.bytes_per_element[s] = max(self.bytes_per_element.get(s, 0.0), kept)
                 elif kind is Kind.B:
                     grads = None if s == self.last_stage else grad_in.pop((s, mb))
                     dinputs = self.executor.backward(s, mb, grads)
@@ -444,9 +473,9 @@ class Pipeline:
         end_of_step = time.perf_counter() - t0
         self.post.flush(self.timeout)
         if self.memory_budget is not None:
-            self._fit_budget(peak_bytes, largest_mb_bytes)
+            self._check_budget(step, peak_bytes, budget, first=graph is self.graph)
         loss_value = torch.stack(losses).sum() if losses else None
-        self._finish_step(step, policy, end_of_step, records, board.peak, peak_bytes, loss_value)
+        self._finish_step(step, policy, end_of_step, records, self._in_flight_peak(records), peak_bytes, loss_value)
         self.step_count += 1
         if broadcast_loss:
             owner = stage_rank[self.last_stage]
@@ -455,16 +484,64 @@ class Pipeline:
             return buffer
         return loss_value
 
-    def _fit_budget(self, peak_bytes: int, largest_mb_bytes: int) -> None:
-        """Turn the byte budget into slots of room, from what this step measured."""
+    def _elements(self, act_in: Mapping[tuple[int, int], list[torch.Tensor]]) -> list[int]:
+        """Each micro-batch's size in input elements, from the rank of stage 0 to every rank."""
+        sizes = torch.zeros(self.microbatches, dtype=torch.int64)
+        if 0 in self.stages:
+            for mb in range(self.microbatches):
+                sizes[mb] = sum(t.numel() for t in act_in[(0, mb)])
+        dist.broadcast(sizes, src=self.hint.placement.stage_rank[0], group=self._coll)
+        return [int(v) for v in sizes.tolist()]
+
+    def _admission(self, elements: list[int] | None) -> tuple[RankGraph, float]:
+        """The step's dependency graph and budget: slots, or bytes per micro-batch (byte admission)."""
+        if elements is None:
+            return self.graph, self.graph.peak + self.memory_slack * self.graph.unit
         assert self.memory_budget is not None
-        if peak_bytes > self.memory_budget:
-            raise BudgetError(
-                f"rank {self.rank}: memory budget {format_size(self.memory_budget)} is below what the hint itself "
-                f"held, {format_size(peak_bytes)}; raise the budget, or use smaller or fewer micro-batches"
+        if any(s not in self.bytes_per_element for s in self.stages):
+            return self.graph, self.graph.peak  # the first step: the hint in order, measuring
+        sizes = [
+            self.bytes_per_element[t.stage] * elements[t.mb] if t.kind is Kind.F else 0.0 for t in self.graph.tasks
+        ]
+        graph = RankGraph(self.hint, self.rank, sizes)
+        return graph, max(self.memory_budget, graph.peak)
+
+    def _check_budget(self, step: int, peak_bytes: int, budget: float, first: bool) -> None:
+        """After a step under byte admission: the hint itself must fit; estimates that fell short grow."""
+        assert self.memory_budget is not None
+        if peak_bytes <= self.memory_budget:
+            return
+        if first:
+            if self._strict_budget:
+                raise BudgetError(
+                    f"rank {self.rank}: memory budget {format_size(self.memory_budget)} is below what the hint "
+                    f"itself held, {format_size(peak_bytes)}; raise the budget, or use smaller or fewer micro-batches"
+                )
+        elif peak_bytes > budget:
+            log.warning(
+                "rank %d: step %d held %s of activations, over its budget of %s: activations grew faster than the "
+                "micro-batches' input elements; the estimates are raised by that factor",
+                self.rank,
+                step,
+                format_size(peak_bytes),
+                format_size(budget),
             )
-        if largest_mb_bytes > 0:
-            self.memory_slack = float((self.memory_budget - peak_bytes) // largest_mb_bytes)
+            factor = peak_bytes / budget
+            self.bytes_per_element = {s: v * factor for s, v in self.bytes_per_element.items()}
+
+    def _in_flight_peak(self, records: Sequence[Record]) -> float:
+        """The most micro-batches this rank held at once: from an ``F``'s start to the end of the backward
+        task that releases it (``W`` when split off, else ``B``)."""
+        release = Kind.W if self.hint.split_backward else Kind.B
+        events = sorted(
+            [(start, 1) for _, task, start, _ in records if task.kind is Kind.F]
+            + [(end, -1) for _, task, _, end in records if task.kind is release]
+        )
+        live = peak = 0
+        for _, delta in events:
+            live += delta
+            peak = max(peak, live)
+        return float(peak)
 
     def _inject_fault(self, step: int) -> None:
         """Injected faults, for tests: this rank dies or stops in the middle of ``step``."""

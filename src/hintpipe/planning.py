@@ -88,6 +88,14 @@ class Plan:
             graph, nodes, inputs, outputs, groups=groups, output_value=graph.output.args[0] if last else None
         )
 
+    def activation_room(self, stages: Sequence[int]) -> float:
+        """Activation bytes the budgets leave to these stages (one rank's): their planned
+        in-flight activations plus their spare memory; infinite without a budget."""
+        planned = [self.partition.stages[s] for s in stages]
+        if any(math.isinf(s.budget_bytes) for s in planned):
+            return math.inf
+        return sum(max(0.0, s.spare_bytes) + s.inflight * s.activation_bytes for s in planned)
+
     def spare_slots(self, stage: int) -> int:
         """Micro-batches of activations that fit in the stage's budget beyond its planned peak."""
         s = self.partition.stages[stage]
