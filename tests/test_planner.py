@@ -21,7 +21,7 @@ from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make
 from hintpipe.pipeline import Pipeline
 from hintpipe.planner import CostTables, MemoryModel, PlanError, search, stage_cost
 from hintpipe.planning import Plan, plan
-from hintpipe.profiling import NodeProfile, profile
+from hintpipe.profiling import NodeProfile, count_saved, parameter_storages, profile
 
 # -- the search against exhaustive enumeration ------------------------------------------
 
@@ -224,6 +224,33 @@ class Untraceable(nn.Module):
         return out
 
 
+class Gated(nn.Module):
+    """Two saved views of one storage, and a saved view of a saved output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 48), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b, c = self.up(x).chunk(3, dim=-1)  # mul saves two thirds: the whole 48-wide output stays
+        gated = torch.tanh(a * b + c)  # tanh saves its output ...
+        out: torch.Tensor = self.down(gated.reshape(-1, 16))  # ... and down saves a view of it again
+        return out
+
+
+def test_saved_bytes_are_counted_by_storage() -> None:
+    model, x = Gated(), torch.randn(5, 8)
+    graph = capture(model)
+    tables = CostTables.from_profiles(profile(graph, [x], repeats=1), graph)
+    # autograd keeps up's output (5 x 48 floats, once for both saved thirds) and tanh's output
+    # (5 x 16, once for tanh and down); up also saves x, the stage's input, not counted here.
+    # Counting views by their own size would give 5 x 16 for the first and count the second twice.
+    assert tables.saved.sum() == 4 * (5 * 48 + 5 * 16)
+    with count_saved(parameter_storages(model)) as counted:
+        model(x)
+    assert counted.total - x.numel() * 4 == tables.saved.sum()
+
+
 def test_split_points_restrict_the_cuts() -> None:
     result = plan(Skip(marked=True), torch.randn(3, 6), stages=3, microbatches=4, repeats=1)
     nodes = [n.name for n in result.graph.nodes]
@@ -347,10 +374,11 @@ def test_predicted_memory_matches_a_real_run() -> None:
     reports = run_ranks(_accuracy_worker, 2, planned, xs, ys, timeout_s=120)[0]
     last = reports[-1]
     for s, stage in enumerate(planned.partition.stages):
-        # Peak live activations: in-flight micro-batches x planned bytes per micro-batch (the
-        # last stage's loss keeps a little the model graph does not have).
+        # Peak live activations: in-flight micro-batches x planned bytes per micro-batch, counted
+        # by storage as autograd keeps them (q, k and v: three views of one projection output).
+        # The last stage's loss keeps a little the model graph does not have: 2%.
         predicted = stage.inflight * stage.activation_bytes
-        assert last.peak_live_bytes[s] == pytest.approx(predicted, rel=0.10)
+        assert last.peak_live_bytes[s] == pytest.approx(predicted, rel=0.02)
 
 
 def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -149,13 +149,23 @@ class CostTables:
         params = np.array([float(p.param_bytes) for p in profiles])
         # values: (producer index, last user index (n: the model output), bytes, is tensor)
         values: list[tuple[int, int, float, bool]] = []
-        # savers_of[i]: the nodes that keep node i's output for their backward.
-        savers_of: dict[int, set[int]] = {i: {i} for i, p in enumerate(profiles) if p.saves_output}
+        # savers_of[i]: the nodes that keep node i's output storage for their backward (a view's
+        # saver keeps the storage of the node it is a view of: see NodeProfile.alias_of).
         names = {p.name: i for i, p in enumerate(profiles)}
+
+        def owner(i: int) -> int:
+            while profiles[i].alias_of in names and names[profiles[i].alias_of] < i:
+                i = names[profiles[i].alias_of]
+            return i
+
+        savers_of: dict[int, set[int]] = {}
+        for i, p in enumerate(profiles):
+            if p.saves_output:
+                savers_of.setdefault(owner(i), set()).add(i)
         for consumer, p in enumerate(profiles):
             for name in p.saved_inputs:
                 if name in names:
-                    savers_of.setdefault(names[name], set()).add(consumer)
+                    savers_of.setdefault(owner(names[name]), set()).add(consumer)
         blocked = np.zeros(n + 1, dtype=bool)
         if graph is None:
             for i, p in enumerate(profiles):
@@ -191,9 +201,10 @@ class CostTables:
             savers = savers_of.get(producer, set())
             is_saved = bool(savers)
             if is_saved:
-                saved[producer] += size
+                kept = max(size, float(profiles[producer].storage_bytes)) if producer >= 0 else size
+                saved[producer] += kept
                 if len({int(segment_of[i]) for i in savers} | {int(segment_of[producer])}) == 1:
-                    segment_free[segment_of[producer]] += size
+                    segment_free[segment_of[producer]] += kept
             for c in range(producer + 1, last + 1):
                 crossing[c].append((producer, size, is_saved))
         return cls(

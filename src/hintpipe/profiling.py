@@ -44,6 +44,13 @@ class NodeProfile:
     internal_bytes: int = 0
     saves_output: bool = False
     saved_inputs: tuple[str, ...] = ()
+    # Where the output's memory lives: ``alias_of`` names the earlier node
+    # whose output storage this output is a view of ("" if its own), and
+    # ``storage_bytes`` is the size of that storage. Saving a view keeps the
+    # whole storage alive (q, k and v split from one projection), and two
+    # saved views of one storage keep it once.
+    storage_bytes: int = 0
+    alias_of: str = ""
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -58,6 +65,12 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
 
 def nbytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(value))
+
+
+def storage_nbytes(value: Any) -> int:
+    """Bytes of the storages behind ``value``'s tensors, each storage once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors_in(value)}
+    return sum(storages.values())
 
 
 @dataclasses.dataclass
@@ -162,6 +175,7 @@ def profile(
         if node.op == "get_attr":
             env[node] = run_node(root, node, env)
     profiles = []
+    owner = {t.untyped_storage().data_ptr(): n.name for n, v in env.items() for t in tensors_in(v)}
     for node in graph.nodes:
         forward, backward = [], []
         for _ in range(repeats + 1):
@@ -180,7 +194,11 @@ def profile(
         outputs = {t.untyped_storage().data_ptr() for t in tensors_in(out)}
         saved_inputs = tuple(sorted({input_of[k] for k in counted.sizes if k in input_of}))
         internal = sum(size for k, size in counted.sizes.items() if k not in input_of and k not in outputs)
-        env[node] = _detach(out) if tensors_in(out) else out
+        env[node] = _detach(out) if tensors_in(out) else out  # kept: no storage of an output is reused
+        storages = [t.untyped_storage().data_ptr() for t in tensors_in(out)]
+        alias = next((owner[k] for k in storages if k in owner), "")
+        for k in storages:
+            owner.setdefault(k, node.name)
         module_params = 0
         if node.op == "call_module":
             module_params = sum(p.numel() * p.element_size() for p in root.get_submodule(str(node.target)).parameters())
@@ -197,6 +215,8 @@ def profile(
                 saved_bytes=counted.total,
                 param_bytes=module_params,
                 output_bytes=nbytes(out),
+                storage_bytes=storage_nbytes(out),
+                alias_of=alias,
                 tensor_output=isinstance(out, torch.Tensor)
                 or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0),
                 internal_bytes=internal,
