@@ -13,7 +13,7 @@ Three parts, all on CPU:
    2,000 nodes for several budgets, and a real gpt-mini fx graph of about 2,000 nodes through the whole of
    ``plan()``.
 3. The combined result on 2 ranks with variable sequence lengths: fixed order on the ``time`` baseline's
-   cuts against the planned cuts run with ``ready`` and the plan's spare memory as slack.
+   cuts against the planned cuts run with ``ready`` and the plan's room for activations as its byte budget.
 
 Run from the repository root::
 
@@ -679,7 +679,7 @@ def part2(quick: bool) -> tuple[dict[str, Any], list[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One training run: a plan, the policy, and the slack (None: the plan's spare memory)."""
+    """One training run: a plan, the policy, and the slack (None: the plan's room as a byte budget)."""
 
     label: str
     plan: Plan
@@ -718,14 +718,14 @@ def train_worker(rank: int, world: int, cases: list[Case], work: Workload) -> li
                 optimizer.zero_grad(set_to_none=True)
         finally:
             pipe.close()
-        slack: list[Any] = [None] * world
-        torch.distributed.all_gather_object(slack, pipe.memory_slack)
+        room: list[Any] = [None] * world
+        torch.distributed.all_gather_object(room, pipe.memory_budget)
         reports = pipe.reports
         out.append(
             {
                 "label": case.label,
                 "policy": case.policy,
-                "slack": slack,
+                "activation_budget": room,
                 "step_times": [r.step_time for r in reports],
                 "tokens": tokens,
                 "losses": losses,
@@ -795,7 +795,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
                     str(rnd),
                     " ".join(str(c) for c in fixed["cuts"][1:-1]),
                     " ".join(str(c) for c in ready["cuts"][1:-1]),
-                    " ".join(f"{s:g}" for s in ready["slack"]),
+                    " ".join("-" if b is None else size_text(b) for b in ready["activation_budget"]),
                     f"{fixed['tokens_per_s']:,.0f}",
                     f"{ready['tokens_per_s']:,.0f}",
                     ratio(ready["tokens_per_s"], fixed["tokens_per_s"]),
@@ -807,7 +807,6 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
             for r, stage in enumerate(part.stages):
                 fixed_bytes = stage.memory_bytes - stage.inflight * stage.activation_bytes
                 room = budget - fixed_bytes
-                slots = stage.inflight + both[0]["slack"][r]
                 per_mb = stage.activation_bytes
                 peaks = [run["peak_live_bytes"][r] for run in both]
                 mem_rows.append(
@@ -818,7 +817,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
                         size_text(budget),
                         size_text(fixed_bytes),
                         size_text(room),
-                        f"{slots:g} x {size_text(per_mb)} = {size_text(slots * per_mb)}",
+                        f"{stage.inflight} x {size_text(per_mb)} = {size_text(stage.inflight * per_mb)}",
                         " / ".join(size_text(p) for p in peaks),
                         " / ".join(f"{run['peak_live_slots'][r]:g}" for run in both),
                         " / ".join(ratio(p, room) for p in peaks),
@@ -830,7 +829,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
         "round",
         "time cuts",
         "planned cuts",
-        "ready slack/rank",
+        "ready activation budget/rank",
         "fixed tokens/s",
         "ready tokens/s",
         "ready / fixed",
@@ -850,7 +849,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
         "bytes/stage",
         "params+grads+Adam",
         "room for activations",
-        f"planned peak (slots x bytes/micro-batch at {work.seq_len.mean} tokens)",
+        f"hint's planned peak (in flight x bytes/micro-batch at {work.seq_len.mean} tokens)",
         "measured peak live (round 1 / 2)",
         "peak in flight",
         "measured / room",
