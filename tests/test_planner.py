@@ -326,6 +326,14 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
         cases.append((planned, xs, ys, "lm"))
         references.append(_reference_grads(gpt, xs, ys, "lm"))
         gpt.zero_grad()
+    mlp_config = ModelConfig("mlp", layers=4, hidden=8)
+    mlp = nn.Sequential(*build_layers(mlp_config))
+    mx, my, _ = make_batch(mlp_config, 4, 3, SeqLenDist(1), 0)
+    mlp_plan = plan(mlp, mx[0], stages=2, microbatches=4, repeats=1)
+    for planned in (mlp_plan, _forced(mlp_plan, "recompute")):
+        cases.append((planned, mx, my, "mse"))
+        references.append(_reference_grads(mlp, mx, my, "mse"))
+        mlp.zero_grad()
     skip = Skip()
     sx = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
     sy = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
