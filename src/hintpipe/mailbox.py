@@ -32,7 +32,9 @@ payload is smaller), then, only when the payload is larger, the rest as a
 message of its own (which waits for its receive, as before), then a tensor
 description too long for the header. In steady state every message goes out
 in the sending call itself. The cost: a payload smaller than the largest so
-far is padded to it (variable shapes send up to the largest shape's bytes).
+far is padded to it (variable shapes send up to the largest shape's bytes),
+and the receiver copies it out of the posted buffer, so that the tensors it
+delivers hold only their own bytes.
 """
 
 from __future__ import annotations
@@ -215,8 +217,10 @@ class PostOffice:
                     rest = torch.empty(nbytes - expected, dtype=torch.uint8, device=self._wire_device)
                     dist.recv(rest, src=peer, group=self.group)
                     payload = torch.cat([first, rest]) if expected else rest
+                elif nbytes < expected:
+                    payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
                 else:
-                    payload = first[:nbytes]
+                    payload = first
                 if meta_len <= _INLINE:
                     meta = values[7 : 7 + meta_len]
                 else:
