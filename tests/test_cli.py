@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,16 @@ def test_demo_trains_the_same_model_both_ways(capsys: pytest.CaptureFixture[str]
     assert ready["peak_live_slots"][0] <= 4  # its budget: 2 + memory slack 2
     assert out["speedup"] == pytest.approx(ready["tokens_per_s"] / fixed["tokens_per_s"])
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_command_line_and_the_simulator_run_without_torch() -> None:
+    # ``hintpipe simulate`` is pure Python and numpy: importing torch would cost it seconds.
+    code = (
+        "import sys, hintpipe.cli, hintpipe.simulator, hintpipe.study, hintpipe.scoreboard\n"
+        "from hintpipe.cli import main\n"
+        "assert main(['simulate', '--stages', '2', '--microbatches', '4', '--json']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["makespan"] == 15.0  # (m + p - 1)(F + B) = 5 x (1 + 2)

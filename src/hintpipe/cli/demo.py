@@ -10,15 +10,17 @@ timelines to one PNG.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from hintpipe.cli.common import print_json, stdout
 from hintpipe.cli.train import config_from, result_json
 from hintpipe.timeline import plot_timelines
-from hintpipe.training import TrainResult, train
 from hintpipe.units import format_size
+
+if TYPE_CHECKING:
+    from hintpipe.training import TrainResult
 
 HELP = "train gpt-mini on 2 CPU ranks, fixed order then readiness, and compare"
 
@@ -58,6 +60,8 @@ def demo_arguments(steps: int) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hintpipe.training import train  # here, not above: ``hintpipe simulate`` runs without torch
+
     base = demo_arguments(args.steps)
     results: dict[str, TrainResult] = {}
     for policy in ("fixed", "ready"):

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from hintpipe.cli.common import print_json, stdout
 from hintpipe.hint import HintName
-from hintpipe.models import MODELS, ModelConfig, SeqLenDist, build_layers, make_batch
+from hintpipe.model_config import MODELS, ModelConfig, SeqLenDist
 from hintpipe.units import format_size
 
 HELP = "plan stage cuts that minimise the slowest stage under per-device memory budgets"
@@ -46,8 +46,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # here, not above: ``hintpipe simulate`` runs without torch
 
+    from hintpipe.models import build_layers, make_batch
     from hintpipe.planning import plan
 
     torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -11,12 +11,14 @@ from hintpipe.cli.common import print_json, stdout
 from hintpipe.generators import generate_hint
 from hintpipe.hint import HintName
 from hintpipe.inject import Injection
-from hintpipe.models import MODELS, ModelConfig, SeqLenDist, build_layers, split_layers
+from hintpipe.model_config import MODELS, ModelConfig, SeqLenDist
 from hintpipe.scoreboard import Policy
 from hintpipe.timeline import plot_timelines
 from hintpipe.trace import write_chrome_trace
-from hintpipe.training import TrainConfig, TrainResult, profile_costs, train
 from hintpipe.units import format_size, parse_size
+
+if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
+    from hintpipe.training import TrainConfig, TrainResult
 
 HELP = "train a built-in model across processes with pipeline parallelism"
 
@@ -85,6 +87,9 @@ def register(commands: Any) -> None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
+    from hintpipe.models import build_layers, split_layers
+    from hintpipe.training import TrainConfig, profile_costs
+
     if args.stages < 1 or args.microbatches < 1 or args.steps < 1:
         raise ValueError(
             f"--stages, --microbatches and --steps must be at least 1, got {args.stages}, "
@@ -176,6 +181,8 @@ def step_table(result: TrainResult) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hintpipe.training import train
+
     config = config_from(args, args.policy)
     result = train(config)
     if result is None:  # a non-zero rank under torchrun: rank 0 reports

@@ -1,0 +1,67 @@
+"""What a built-in model is, without building it: names, sizes, sequence lengths.
+
+Kept apart from :mod:`hintpipe.models` (which needs torch) so that the command
+line can describe and validate its options without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from hintpipe.variability import SpecError
+
+MODELS = ("mlp", "gpt-mini")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a built-in model."""
+
+    name: str = "gpt-mini"
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 128
+    max_seq_len: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in MODELS:
+            raise ValueError(f"unknown model {self.name!r}: choose one of {', '.join(MODELS)}")
+        if self.layers < 1 or self.hidden < 1:
+            raise ValueError(f"layers and hidden must be at least 1, got {self.layers} and {self.hidden}")
+        if self.name == "gpt-mini" and self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqLenDist:
+    """``fixed:T`` or ``lognormal:MEAN:SIGMA`` (rounded, clipped to 8..max)."""
+
+    mean: int
+    sigma: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> SeqLenDist:
+        name, _, rest = spec.partition(":")
+        args = rest.split(":") if rest else []
+        try:
+            if name == "fixed" and len(args) == 1:
+                return cls(int(args[0]))
+            if name == "lognormal" and len(args) == 2:
+                sigma = float(args[1])
+                if not math.isfinite(sigma) or sigma < 0:
+                    raise ValueError
+                return cls(int(args[0]), sigma)
+        except ValueError:
+            pass
+        raise SpecError(f"bad sequence length distribution {spec!r}: expected fixed:T or lognormal:MEAN:SIGMA")
+
+    def sample(self, count: int, rng: np.random.Generator, limit: int) -> list[int]:
+        if self.sigma == 0:
+            return [min(self.mean, limit)] * count
+        values = self.mean * rng.lognormal(-0.5 * self.sigma**2, self.sigma, size=count)
+        return [int(v) for v in np.clip(np.round(values), 8, limit)]
