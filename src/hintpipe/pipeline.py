@@ -370,6 +370,7 @@ class Pipeline:
         policy = self.policy
         if policy is Policy.READY and self._plan is None:
             policy = Policy.FIXED  # no measured plan yet: the first step runs the hint in order
+        self._barrier(step)  # before any collective of the step: a missing rank is named here
         elements = self._elements(act_in) if self.memory_budget is not None else None
         graph, budget = self._admission(elements)
         board = Scoreboard(graph, policy, budget=budget, plan=self._plan)
@@ -396,7 +397,6 @@ class Pipeline:
                 grad_in[(msg.stage, msg.mb)] = msg.tensors
                 board.deliver(Task(msg.stage, Kind.B, msg.mb))
 
-        self._barrier(step)
         t0 = time.perf_counter()
         stash, self._stash = self._stash, []
         for msg in stash:
@@ -490,7 +490,14 @@ class Pipeline:
         if 0 in self.stages:
             for mb in range(self.microbatches):
                 sizes[mb] = sum(t.numel() for t in act_in[(0, mb)])
-        dist.broadcast(sizes, src=self.hint.placement.stage_rank[0], group=self._coll)
+        source = self.hint.placement.stage_rank[0]
+        try:
+            dist.broadcast(sizes, src=source, group=self._coll)
+        except RuntimeError as exc:
+            raise WatchdogTimeout(
+                f"rank {self.rank}: waited {self.timeout:g} s for the micro-batch sizes from rank {source} in step "
+                f"{self.step_count}: {exc}"
+            ) from None
         return [int(v) for v in sizes.tolist()]
 
     def _admission(self, elements: list[int] | None) -> tuple[RankGraph, float]:
