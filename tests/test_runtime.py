@@ -211,6 +211,25 @@ def test_a_byte_budget_holds_with_micro_batches_of_different_sizes() -> None:
     assert max(held[1:]) > 2 * large * per_row  # ... and spent the room
 
 
+def _batch_views_worker(rank: int, world: int) -> list[int]:
+    batch = torch.randn(64, 16)
+    peaks = []
+    for given in (batch, [x.clone() for x in batch.chunk(4)]):  # one tensor (split into views), or four
+        torch.manual_seed(0)
+        modules: list[nn.Module] = [nn.Linear(16, 16) for _ in range(world)]
+        pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy="fixed")
+        pipe.step(given, torch.sin(batch))
+        pipe.close()
+        peaks.append(pipe.reports[-1].peak_live_bytes[0])
+    return peaks
+
+
+def test_the_callers_batch_is_not_counted_as_pipeline_memory() -> None:
+    # Stage 0's inputs are the caller's; views of one batch must not count the whole batch per micro-batch.
+    whole, separate = run_ranks(_batch_views_worker, 2, timeout_s=60)[0]
+    assert whole == separate
+
+
 def _crash_worker(rank: int, world: int) -> None:
     # Dies in the second step, on micro-batch 2 (4 forwards per step).
     modules: list[nn.Module] = [nn.Linear(6, 6), _Fault(4 + 3, "crash"), nn.Linear(6, 6)]

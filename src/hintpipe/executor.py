@@ -95,7 +95,10 @@ class StageExecutor:
         """Run F; returns (outputs to send on, loss at the last stage or None)."""
         key = (stage, tuple(tuple(t.shape) for t in inputs))
         known = self._kept.get(key)
-        with count_saved(self._param_storages[stage]) if known is None else contextlib.nullcontext() as counter:
+        exclude = self._param_storages[stage]
+        if stage == 0:  # the caller's batch (often one tensor, split into views): not the pipeline's memory
+            exclude = exclude | {t.untyped_storage().data_ptr() for t in inputs}
+        with count_saved(exclude) if known is None else contextlib.nullcontext() as counter:
             out = self.modules[stage](*inputs)
             loss = None
             if stage == self.last_stage:
@@ -112,7 +115,8 @@ class StageExecutor:
             size = known
         else:
             # Activations: what autograd saved, the received inputs and the outputs
-            # kept as the roots of the backward; each storage once, parameters excluded.
+            # kept as the roots of the backward; each storage once, parameters and
+            # the first stage's inputs excluded.
             for t in [*inputs, *outputs]:
                 counter.add(t)
             size = counter.total
