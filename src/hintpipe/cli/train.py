@@ -66,7 +66,7 @@ def register(commands: Any) -> None:
         "--memory-budget",
         default=None,
         metavar="BYTES",
-        help="activation bytes per rank (e.g. 64MiB); the room beyond the hint's measured peak becomes slack",
+        help="activation bytes per rank (e.g. 64MiB); each micro-batch admitted by its own estimated bytes",
     )
     add_train_arguments(parser)
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (torch.distributed.checkpoint)")
