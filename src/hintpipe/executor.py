@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from hintpipe.profiling import count_saved, parameter_storages
+from hintpipe.profiling import SavedCounter, count_saved, parameter_storages
 
 Tensors = list[torch.Tensor | None]
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -95,10 +95,13 @@ class StageExecutor:
         """Run F; returns (outputs to send on, loss at the last stage or None)."""
         key = (stage, tuple(tuple(t.shape) for t in inputs))
         known = self._kept.get(key)
-        exclude = self._param_storages[stage]
-        if stage == 0:  # the caller's batch (often one tensor, split into views): not the pipeline's memory
-            exclude = exclude | {t.untyped_storage().data_ptr() for t in inputs}
-        with count_saved(exclude) if known is None else contextlib.nullcontext() as counter:
+        counting: contextlib.AbstractContextManager[SavedCounter | None] = contextlib.nullcontext()
+        if known is None:
+            exclude = self._param_storages[stage]
+            if stage == 0:  # the caller's batch (often one tensor, split into views): not the pipeline's memory
+                exclude = exclude | {t.untyped_storage().data_ptr() for t in inputs}
+            counting = count_saved(exclude)
+        with counting as counter:
             out = self.modules[stage](*inputs)
             loss = None
             if stage == self.last_stage:
