@@ -199,8 +199,9 @@ class CostTables:
         crossing: list[list[tuple[int, float, bool]]] = [[] for _ in range(n + 1)]
         for producer, last, size, _ in values:
             savers = savers_of.get(producer, set())
-            is_saved = bool(savers)
-            if is_saved:
+            # A view whose storage is saved is held with it (crossing a cut, it is not extra memory).
+            is_saved = bool(savers_of.get(owner(producer))) if producer >= 0 else bool(savers)
+            if savers:
                 kept = max(size, float(profiles[producer].storage_bytes)) if producer >= 0 else size
                 saved[producer] += kept
                 if len({int(segment_of[i]) for i in savers} | {int(segment_of[producer])}) == 1:
