@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hintpipe.costs import CostModel
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import SimResult, Simulator
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import SimResult, Simulator
 
 
 def simulate(

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hintpipe.cli import main
-from hintpipe.generators import generate_hint
-from hintpipe.hint import HintName
-from hintpipe.hint_csv import save_hint_csv
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintName
+from hintpipe.schedule.hint_csv import save_hint_csv
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
@@ -156,7 +156,7 @@ def test_demo_trains_the_same_model_both_ways(capsys: pytest.CaptureFixture[str]
 def test_the_command_line_and_the_simulator_run_without_torch() -> None:
     # ``hintpipe simulate`` is pure Python and numpy: importing torch would cost it seconds.
     code = (
-        "import sys, hintpipe.cli, hintpipe.simulator, hintpipe.study, hintpipe.scoreboard\n"
+        "import sys, hintpipe.cli, hintpipe.sim.simulator, hintpipe.sim.compare, hintpipe.scoreboard\n"
         "from hintpipe.cli import main\n"
         "assert main(['simulate', '--stages', '2', '--microbatches', '4', '--json']) == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

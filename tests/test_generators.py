@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import simulate
-from hintpipe.generators import generate_hint
-from hintpipe.hint import HintError, HintName
-from hintpipe.task import Kind, Task
-from hintpipe.validation import validate_hint
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintError, HintName
+from hintpipe.schedule.task import Kind, Task
+from hintpipe.schedule.validation import validate_hint
 
 SIZES = [(1, 1), (2, 1), (2, 5), (3, 3), (4, 4), (4, 8), (4, 13), (5, 16), (8, 24)]
 

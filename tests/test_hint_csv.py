@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hintpipe.generators import generate_hint
-from hintpipe.hint import HintError
-from hintpipe.hint_csv import hint_to_csv, load_hint_csv, parse_hint_csv, save_hint_csv
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintError
+from hintpipe.schedule.hint_csv import hint_to_csv, load_hint_csv, parse_hint_csv, save_hint_csv
 
 
 @pytest.mark.parametrize(("name", "v"), [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2)])

@@ -1,14 +1,14 @@
 """The mailbox wire protocol between two ranks: every message arrives whole,
 in order, whatever its shapes, dtypes and size relative to the pre-posted
-payload (see [Note: pre-posted payloads] in hintpipe.mailbox)."""
+payload (see [Note: pre-posted payloads] in hintpipe.runtime.mailbox)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from hintpipe.launch import run_ranks
-from hintpipe.mailbox import MessageKind, PostOffice
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.mailbox import MessageKind, PostOffice
 
 
 def _messages() -> list[list[torch.Tensor | None]]:

@@ -14,14 +14,15 @@ import pytest
 import torch
 from torch import nn
 
-from hintpipe.capture import CaptureError, capture, split_point
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
 from hintpipe.cli import main
-from hintpipe.launch import run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
-from hintpipe.pipeline import Pipeline
-from hintpipe.planner import CostTables, MemoryModel, PlanError, search, stage_cost
-from hintpipe.planning import Plan, plan
-from hintpipe.profiling import NodeProfile, count_saved, parameter_storages, profile
+from hintpipe.planner.capture import CaptureError, capture, split_point
+from hintpipe.planner.plan import Plan, plan
+from hintpipe.planner.profile import NodeProfile, profile
+from hintpipe.planner.search import CostTables, MemoryModel, PlanError, search, stage_cost
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.tensor_bytes import count_saved, parameter_storages
 
 # -- the search against exhaustive enumeration ------------------------------------------
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hintpipe.costs import CostModel
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint, HintName
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, HintName
+from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import Sample, SimResult, Simulator
-from hintpipe.task import Kind, Task
-from hintpipe.variability import CommDelay, IidNoise, MicrobatchNoise, Straggler
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, SimResult, Simulator
+from hintpipe.sim.variability import CommDelay, IidNoise, MicrobatchNoise, Straggler
 
 
 @st.composite

@@ -15,18 +15,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from hintpipe.checkpoint import latest_checkpoint, load_merged
-from hintpipe.generators import generate_hint
-from hintpipe.hint import HintError, HintName
-from hintpipe.hint_csv import parse_hint_csv
-from hintpipe.inject import Injection
-from hintpipe.launch import RankFailure, run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist
-from hintpipe.pipeline import Pipeline
+from hintpipe.apps.models import ModelConfig, SeqLenDist
+from hintpipe.apps.training import TrainConfig, train
+from hintpipe.runtime.checkpoint import latest_checkpoint, load_merged
+from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintError, HintName
+from hintpipe.schedule.hint_csv import parse_hint_csv
+from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
-from hintpipe.task import Kind, Task
-from hintpipe.training import TrainConfig, train
-from hintpipe.variability import SpecError, parse_variability
+from hintpipe.sim.variability import SpecError, parse_variability
 
 MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
 
@@ -240,7 +240,7 @@ def test_scoreboards_complete_under_any_message_order(
     """Deliver messages (FIFO per pair of ranks, nothing else guaranteed) and
     finish tasks in a random order; every task runs once, after its inputs,
     within the budget, and nothing deadlocks."""
-    hint = generate_hint(name, ranks, microbatches, 2 if name is HintName.ZBV else 1)
+    hint = generate_hint(name, ranks, microbatches)
     rng = random.Random(seed)
     boards = []
     for r in range(hint.num_ranks):

@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch import nn
 
-from hintpipe.launch import RankFailure, run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
-from hintpipe.pipeline import Pipeline
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.pipeline import Pipeline
 
 RTOL, ATOL = 1e-5, 1e-6
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from hintpipe.generators import generate_hint
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.task import B, F
 from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
-from hintpipe.task import B, F
 
 
 def test_fixed_follows_the_hint_and_waits() -> None:

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from conftest import simulate
-from hintpipe.costs import CostModel, CostModelError
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint, HintName, Placement
+from hintpipe.observe.timeline import plot_timelines
+from hintpipe.observe.trace import chrome_trace
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, HintName, Placement
+from hintpipe.schedule.task import B, F
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import DeadlockError, Sample, Simulator
-from hintpipe.study import run_study
-from hintpipe.task import B, F
-from hintpipe.timeline import plot_timelines
-from hintpipe.trace import chrome_trace
-from hintpipe.variability import SpecError, parse_variability
+from hintpipe.sim.compare import run_study
+from hintpipe.sim.cost_model import CostModel, CostModelError
+from hintpipe.sim.simulator import DeadlockError, Sample, Simulator
+from hintpipe.sim.variability import SpecError, parse_variability
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 7])

@@ -1,6 +1,6 @@
 import pytest
 
-from hintpipe.task import B, F, Kind, Task, W
+from hintpipe.schedule.task import B, F, Kind, Task, W
 
 
 def test_text_form_matches_torch_action_strings() -> None:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from hintpipe.apps.models import ModelConfig, SeqLenDist
+from hintpipe.apps.training import EmulatedCosts, TrainConfig, predict_step_time, train
 from hintpipe.cli import main
-from hintpipe.generators import generate_hint
-from hintpipe.inject import Injection
-from hintpipe.launch import free_port
-from hintpipe.models import ModelConfig, SeqLenDist
+from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.launch import free_port
+from hintpipe.schedule.generators import generate_hint
 from hintpipe.scoreboard import Policy
-from hintpipe.training import EmulatedCosts, TrainConfig, predict_step_time, train
-from hintpipe.variability import SpecError
+from hintpipe.sim.variability import SpecError
 
 
 def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

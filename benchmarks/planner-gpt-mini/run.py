@@ -43,26 +43,25 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from hintpipe.capture import capture
-from hintpipe.executor import StageExecutor, as_input
-from hintpipe.generators import generate_hint
-from hintpipe.hint import HintName
-from hintpipe.launch import run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
-from hintpipe.pipeline import Pipeline
-from hintpipe.planner import (
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
+from hintpipe.planner.capture import capture
+from hintpipe.planner.plan import Plan, plan
+from hintpipe.planner.profile import NodeProfile, profile
+from hintpipe.planner.search import (
     CostTables,
     MemoryModel,
     Partition,
     PlanError,
     balanced_cuts,
-    inflight_per_stage,
     max_microbatch_size,
     search,
     stage_cost,
 )
-from hintpipe.planning import Plan, plan
-from hintpipe.profiling import NodeProfile, profile
+from hintpipe.runtime.executor import StageExecutor, as_input
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintName
 
 MiB = 2**20
 STAGES = 4
@@ -137,7 +136,7 @@ def memory_model(budget: float, scale: float = 1.0, stages: int = STAGES) -> Mem
     """The model ``plan()`` builds for a CPU model: Adam (factor 2), no offload."""
     hint = generate_hint(HintName.parse(HINT), stages, MICROBATCHES, 1)
     return MemoryModel(
-        inflight=inflight_per_stage(hint),
+        inflight=hint.stage_peaks,
         budgets=(budget,) * stages,
         optimizer_factor=2.0,
         host_bandwidth=0.0,

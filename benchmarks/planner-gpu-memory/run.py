@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import hintpipe
-from hintpipe.executor import as_input
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
+from hintpipe.runtime.executor import as_input
 
 
 def main() -> int:

@@ -14,10 +14,10 @@ import statistics
 
 import numpy as np
 
-from hintpipe.costs import CostModel
-from hintpipe.generators import generate_hint
+from hintpipe.schedule.generators import generate_hint
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import Sample, Simulator
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, Simulator
 
 FORWARD_MS, BACKWARD_MS, SIGMA, DRAWS = 8.0, 15.0, 0.5, 400
 

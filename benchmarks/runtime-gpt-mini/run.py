@@ -41,15 +41,15 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 import hintpipe
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint
-from hintpipe.inject import Injection
-from hintpipe.launch import run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
-from hintpipe.pipeline import Pipeline, StepReport
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.apps.training import TrainConfig, TrainResult, predict_step_time, profile_costs, train
+from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.pipeline import Pipeline, StepReport
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
-from hintpipe.task import Kind
-from hintpipe.training import TrainConfig, TrainResult, predict_step_time, profile_costs, train
 
 SLACK = 2.0
 SEED = 0

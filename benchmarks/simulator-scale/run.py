@@ -26,12 +26,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from hintpipe.costs import CostModel
-from hintpipe.generators import generate_hint
+from hintpipe.schedule.generators import generate_hint
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import Sample, Simulator
-from hintpipe.study import run_study
-from hintpipe.variability import parse_variability
+from hintpipe.sim.compare import run_study
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, Simulator
+from hintpipe.sim.variability import parse_variability
 
 GOAL = 300_000  # simulated tasks per second the project aims for
 HINTS = [("1f1b", 1), ("interleaved-1f1b", 2)]

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from hintpipe.inject import Injection
-from hintpipe.launch import run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
-from hintpipe.pipeline import Pipeline
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.pipeline import Pipeline
 
 WARMUP = 20
 LONGEST = 256  # gpt-mini's max_seq_len - 1: lognormal lengths are clipped to it

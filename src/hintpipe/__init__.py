@@ -9,22 +9,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint, Placement
+from hintpipe import _compat
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, Placement
+from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, Scoreboard
-from hintpipe.task import Kind, Task
 
 if TYPE_CHECKING:
-    from hintpipe.capture import split_point
-    from hintpipe.pipeline import Pipeline
-    from hintpipe.planning import Plan, plan
+    from hintpipe.planner.capture import split_point
+    from hintpipe.planner.plan import Plan, plan
+    from hintpipe.runtime.pipeline import Pipeline
 
 _LAZY = {
-    "Pipeline": "hintpipe.pipeline",
-    "Plan": "hintpipe.planning",
-    "plan": "hintpipe.planning",
-    "split_point": "hintpipe.capture",
+    "Pipeline": "hintpipe.runtime.pipeline",
+    "Plan": "hintpipe.planner.plan",
+    "plan": "hintpipe.planner.plan",
+    "split_point": "hintpipe.planner.capture",
 }
+
+
+_compat.install()
 
 
 def __getattr__(name: str) -> Any:

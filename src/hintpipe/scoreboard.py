@@ -23,8 +23,9 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from hintpipe.hint import Hint
-from hintpipe.task import Kind, Task
+from hintpipe.schedule import rules
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind, Task
 
 
 class Policy(enum.StrEnum):
@@ -117,42 +118,27 @@ class RankGraph:
             raise ValueError(f"sizes has {len(sizes)} entries, rank {rank} has {n} tasks")
         self.index: dict[Task, int] = {t: i for i, t in enumerate(self.tasks)}
         stage_rank = hint.placement.stage_rank
-        last_stage = hint.num_stages - 1
-        split = hint.split_backward
-
-        need = [0] * n
+        stages, split = hint.num_stages, hint.split_backward
+        need = [len(rules.dependencies(t, stages)) for t in self.tasks]
         local: list[tuple[int, ...]] = [()] * n
         remote: list[tuple[int, Task] | None] = [None] * n
         delta = [0.0] * n
         index = self.index
-        for i, (s, kind, mb) in enumerate(self.tasks):
+        for i, task in enumerate(self.tasks):
             after: list[int] = []
-            if kind is Kind.F:
-                need[i] = 0 if s == 0 else 1
-                after.append(index[Task(s, Kind.B, mb)])
-                if s < last_stage:
-                    nxt = Task(s + 1, Kind.F, mb)
-                    if stage_rank[s + 1] == rank:
-                        after.append(index[nxt])
-                    else:
-                        remote[i] = (stage_rank[s + 1], nxt)
-                delta[i] = 1.0 if sizes is None else float(sizes[i])
-            elif kind is Kind.B:
-                need[i] = 1 if s == last_stage else 2
-                if split:
-                    after.append(index[Task(s, Kind.W, mb)])
-                if s > 0:
-                    prv = Task(s - 1, Kind.B, mb)
-                    if stage_rank[s - 1] == rank:
-                        after.append(index[prv])
-                    else:
-                        remote[i] = (stage_rank[s - 1], prv)
-            else:
-                need[i] = 1
+            for nxt in rules.successors(task, stages, split):
+                if stage_rank[nxt.stage] == rank:
+                    after.append(index[nxt])
+                else:
+                    assert remote[i] is None, f"{task} feeds two remote tasks"
+                    remote[i] = (stage_rank[nxt.stage], nxt)
             local[i] = tuple(after)
-        for i, (s, kind, mb) in enumerate(self.tasks):
-            if kind is Kind.W or (kind is Kind.B and not split):
-                delta[i] = -delta[index[Task(s, Kind.F, mb)]]
+            units = rules.memory_delta(task, split)
+            if units > 0:
+                delta[i] = 1.0 if sizes is None else float(sizes[i])
+        for i, task in enumerate(self.tasks):
+            if rules.memory_delta(task, split) < 0:
+                delta[i] = -delta[index[Task(task.stage, Kind.F, task.mb)]]
 
         self.need = tuple(need)
         self.local = tuple(local)
@@ -390,42 +376,20 @@ class Scoreboard:
 
     def waiting_for(self, pos: int) -> list[str]:
         """What the task at ``pos`` still waits for, in words."""
-        s, kind, mb = self.tasks[pos]
+        task = self.tasks[pos]
         stage_rank = self.hint.placement.stage_rank
-        missing: list[str] = []
-        if kind is Kind.F:
-            if s > 0 and not self._input_arrived(pos):
-                missing.append(f"activation of stage {s - 1} from rank {stage_rank[s - 1]}")
-        elif kind is Kind.B:
-            f_pos = self.index[Task(s, Kind.F, mb)]
-            if not self.finished[f_pos]:
-                missing.append(f"its forward {self.tasks[f_pos]}")
-            if s < self.hint.num_stages - 1 and not self._input_arrived(pos):
-                missing.append(f"gradient of stage {s + 1} from rank {stage_rank[s + 1]}")
-        else:
-            b_pos = self.index[Task(s, Kind.B, mb)]
-            if not self.finished[b_pos]:
-                missing.append(f"its backward {self.tasks[b_pos]}")
-        return missing
-
-    def _input_arrived(self, pos: int) -> bool:
-        # The remote input is the dependency left once every local one is met.
-        s, kind, mb = self.tasks[pos]
-        local_missing = 0
-        if kind is Kind.B and not self.finished[self.index[Task(s, Kind.F, mb)]]:
-            local_missing = 1
-        return self._need[pos] <= local_missing
+        deps = rules.dependencies(task, self.hint.num_stages)
+        local_missing = [d for d in deps if d in self.index and not self.finished[self.index[d]]]
+        # The remote input (at most one) is the dependency left once every local one is met.
+        remote_missing = self._need[pos] - len(local_missing)
+        unmet = local_missing + [d for d in deps if d not in self.index][:remote_missing]
+        return [rules.waiting_words(task, d, stage_rank) for d in deps if d in unmet]
 
     def pending_report(self) -> str:
         """One line for a deadlock or watchdog dump."""
-        if self.done:
-            return f"rank {self.rank}: done"
         k = self.next
-        running = sum(self._taken) - sum(self.finished)
         task = self.tasks[k] if k < len(self.tasks) else None
-        waits = "; ".join(self.waiting_for(k)) if task is not None else ""
-        return (
-            f"rank {self.rank}: {self.remaining} tasks pending"
-            + (f", {running} running" if running else "")
-            + (f"; next in hint {task} (position {k}) waits for {waits or 'nothing'}" if task else "")
+        running = sum(self._taken) - sum(self.finished)
+        return rules.pending_report(
+            self.rank, self.remaining, running, task, k, self.waiting_for(k) if task is not None else []
         )

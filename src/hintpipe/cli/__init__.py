@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        launch = sys.modules.get("hintpipe.launch")  # not imported here: it needs torch
+        launch = sys.modules.get("hintpipe.runtime.launch")  # not imported here: it needs torch
         if launch is None or not isinstance(exc, launch.RankFailure):
             raise
         print(f"hintpipe {args.command}: failed:\n{exc}", file=sys.stderr)

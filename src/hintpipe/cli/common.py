@@ -13,9 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint, HintError, HintName
-from hintpipe.hint_csv import load_hint_csv
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, HintError, HintName
+from hintpipe.schedule.hint_csv import load_hint_csv
 from hintpipe.units import parse_size
 
 # Tables keep their columns when printed to a file or a pipe (rich would assume 80 columns).
@@ -60,9 +60,7 @@ def build_hint(args: argparse.Namespace) -> Hint:
                 f"but --stages {args.stages} --microbatches {args.microbatches} were given"
             )
         return hint
-    name = HintName.parse(args.hint)
-    chunks = args.chunks if args.chunks is not None else (2 if name is HintName.ZBV else 1)
-    return generate_hint(name, args.stages, args.microbatches, chunks)
+    return generate_hint(HintName.parse(args.hint), args.stages, args.microbatches, args.chunks)
 
 
 def add_budget_arguments(parser: argparse.ArgumentParser) -> None:

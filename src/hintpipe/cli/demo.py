@@ -16,11 +16,11 @@ from rich.table import Table
 
 from hintpipe.cli.common import print_json, stdout
 from hintpipe.cli.train import config_from, result_json
-from hintpipe.timeline import plot_timelines
+from hintpipe.observe.timeline import plot_timelines
 from hintpipe.units import format_size
 
 if TYPE_CHECKING:
-    from hintpipe.training import TrainResult
+    from hintpipe.apps.training import TrainResult
 
 HELP = "train gpt-mini on 2 CPU ranks, fixed order then readiness, and compare"
 
@@ -60,7 +60,7 @@ def demo_arguments(steps: int) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hintpipe.training import train  # here, not above: ``hintpipe simulate`` runs without torch
+    from hintpipe.apps.training import train  # here, not above: ``hintpipe simulate`` runs without torch
 
     base = demo_arguments(args.steps)
     results: dict[str, TrainResult] = {}

@@ -7,9 +7,9 @@ from typing import Any
 
 from rich.table import Table
 
+from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
 from hintpipe.cli.common import print_json, stdout
-from hintpipe.hint import HintName
-from hintpipe.model_config import MODELS, ModelConfig, SeqLenDist
+from hintpipe.schedule.hint import HintName
 from hintpipe.units import format_size
 
 HELP = "plan stage cuts that minimise the slowest stage under per-device memory budgets"
@@ -48,8 +48,8 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # here, not above: ``hintpipe simulate`` runs without torch
 
-    from hintpipe.models import build_layers, make_batch
-    from hintpipe.planning import plan
+    from hintpipe.apps.models import build_layers, make_batch
+    from hintpipe.planner.plan import plan
 
     torch.set_num_threads(1)
     config = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8))

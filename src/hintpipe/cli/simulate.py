@@ -16,12 +16,12 @@ from hintpipe.cli.common import (
     progress_bar,
     stdout,
 )
-from hintpipe.costs import CostModel
+from hintpipe.observe.timeline import plot_timelines
+from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.scoreboard import Policy
-from hintpipe.study import Summary, run_study
-from hintpipe.timeline import plot_timelines
-from hintpipe.trace import write_chrome_trace
-from hintpipe.variability import parse_variability
+from hintpipe.sim.compare import Summary, run_study
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.variability import parse_variability
 
 HELP = "simulate a schedule and policy on a virtual clock"
 

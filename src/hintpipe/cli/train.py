@@ -7,18 +7,18 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
 from hintpipe.cli.common import print_json, stdout
-from hintpipe.generators import generate_hint
-from hintpipe.hint import HintName
-from hintpipe.inject import Injection
-from hintpipe.model_config import MODELS, ModelConfig, SeqLenDist
+from hintpipe.observe.timeline import plot_timelines
+from hintpipe.observe.trace import write_chrome_trace
+from hintpipe.runtime.faults import Injection
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintName
 from hintpipe.scoreboard import Policy
-from hintpipe.timeline import plot_timelines
-from hintpipe.trace import write_chrome_trace
 from hintpipe.units import format_size, parse_size
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
-    from hintpipe.training import TrainConfig, TrainResult
+    from hintpipe.apps.training import TrainConfig, TrainResult
 
 HELP = "train a built-in model across processes with pipeline parallelism"
 
@@ -87,8 +87,8 @@ def register(commands: Any) -> None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
-    from hintpipe.models import build_layers, split_layers
-    from hintpipe.training import TrainConfig, profile_costs
+    from hintpipe.apps.models import build_layers, split_layers
+    from hintpipe.apps.training import TrainConfig, profile_costs
 
     if args.stages < 1 or args.microbatches < 1 or args.steps < 1:
         raise ValueError(
@@ -181,7 +181,7 @@ def step_table(result: TrainResult) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hintpipe.training import train
+    from hintpipe.apps.training import train
 
     config = config_from(args, args.policy)
     result = train(config)

@@ -21,21 +21,24 @@ This module is torch-free.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from hintpipe.hint import Hint, HintError, HintName, Placement
-from hintpipe.task import Kind, Task
+from hintpipe.schedule import rules
+from hintpipe.schedule.hint import Hint, HintError, HintName, Placement
+from hintpipe.schedule.task import Kind, Task
 
 
-def generate_hint(name: str | HintName, ranks: int, microbatches: int, chunks: int = 1) -> Hint:
+def generate_hint(name: str | HintName, ranks: int, microbatches: int, chunks: int | None = None) -> Hint:
     """Build the hint ``name`` for ``ranks`` ranks, ``microbatches`` micro-batches
-    and ``chunks`` stages per rank.
+    and ``chunks`` stages per rank (default: the hint's :attr:`~HintName.default_chunks`).
 
     Raises:
         ValueError: for an unknown name.
         HintError: for sizes the schedule does not support, with the fix.
     """
     hint_name = HintName.parse(name) if isinstance(name, str) else name
+    if chunks is None:
+        chunks = hint_name.default_chunks
     if ranks < 1 or microbatches < 1 or chunks < 1:
         raise HintError(f"ranks, micro-batches and chunks must be at least 1, got {ranks}, {microbatches}, {chunks}")
     single_chunk = {HintName.ONE_F_ONE_B: "interleaved-1f1b", HintName.ZB_H1: "zbv"}
@@ -184,43 +187,35 @@ def _rank_by_kind(name: HintName, p: int, m: int, v: int, split: bool) -> Hint:
     """
     reference = _interleaved(p, m, v) if v > 1 else _one_f_one_b(p, m, v)
     placement = reference.placement
-    quota = stage_peaks(reference)
-    stages, last = placement.num_stages, placement.num_stages - 1
+    quota = reference.stage_peaks
+    stages = placement.num_stages
     cost = {Kind.F: 1, Kind.B: 1 if split else 2, Kind.W: 1}
+    release = rules.releaser(split)
 
     def key(t: Task) -> tuple[int, int, int]:
         return (_KIND_ORDER[t.kind], t.mb, -t.stage)
 
     ready: list[list[tuple[tuple[int, int, int], Task]]] = [[] for _ in range(p)]
+    need: dict[Task, int] = {}
     in_flight = [0] * stages
     order: list[list[Task]] = [[] for _ in range(p)]
     busy_until = [0] * p
     events: list[tuple[int, int, Task]] = []  # (finish time, rank, task)
 
-    def make_ready(t: Task) -> None:
-        heapq.heappush(ready[placement.stage_rank[t.stage]], (key(t), t))
+    def satisfy(t: Task) -> None:
+        left = need.get(t, len(rules.dependencies(t, stages))) - 1
+        need[t] = left
+        if left == 0:
+            heapq.heappush(ready[placement.stage_rank[t.stage]], (key(t), t))
 
     for mb in range(m):
-        make_ready(Task(0, Kind.F, mb))
-    arrived_grad: set[tuple[int, int]] = set()
-    forward_done: set[tuple[int, int]] = set()
+        heapq.heappush(ready[0], (key(Task(0, Kind.F, mb)), Task(0, Kind.F, mb)))
     now = 0
     while True:
         for r in range(p):
             if busy_until[r] > now:
                 continue
-            skipped = []
-            chosen = None
-            while ready[r]:
-                item = heapq.heappop(ready[r])
-                t = item[1]
-                if t.kind is Kind.F and in_flight[t.stage] >= quota[t.stage]:
-                    skipped.append(item)
-                    continue
-                chosen = t
-                break
-            for item in skipped:
-                heapq.heappush(ready[r], item)
+            chosen = _pop_admitted(ready[r], in_flight, quota)
             if chosen is None:
                 continue
             if chosen.kind is Kind.F:
@@ -233,42 +228,31 @@ def _rank_by_kind(name: HintName, p: int, m: int, v: int, split: bool) -> Hint:
         now = events[0][0]
         while events and events[0][0] == now:
             _, r, t = heapq.heappop(events)
-            s, mb = t.stage, t.mb
-            if t.kind is Kind.F:
-                forward_done.add((s, mb))
-                if s < last:
-                    make_ready(Task(s + 1, Kind.F, mb))
-                if s == last or (s, mb) in arrived_grad:
-                    make_ready(Task(s, Kind.B, mb))
-            elif t.kind is Kind.B:
-                if split:
-                    make_ready(Task(s, Kind.W, mb))
-                else:
-                    in_flight[s] -= 1
-                if s > 0:
-                    arrived_grad.add((s - 1, mb))
-                    if (s - 1, mb) in forward_done:
-                        make_ready(Task(s - 1, Kind.B, mb))
-            else:
-                in_flight[s] -= 1
+            if t.kind is release:
+                in_flight[t.stage] -= 1
+            for nxt in rules.successors(t, stages, split):
+                satisfy(nxt)
     if sum(len(o) for o in order) != reference.num_tasks * (3 if split else 2) // 2:
         raise HintError(f"{name.value} could not be built for {p} ranks, {m} micro-batches, {v} chunks")
     return Hint.from_lists(name.value, placement, m, order)
 
 
-def stage_peaks(hint: Hint) -> list[int]:
-    """Per stage, the most micro-batches a fixed-order run of ``hint`` holds at once."""
-    split = hint.split_backward
-    peaks = [0] * hint.num_stages
-    for tasks in hint.ranks:
-        live = [0] * hint.num_stages
-        for t in tasks:
-            if t.kind is Kind.F:
-                live[t.stage] += 1
-                peaks[t.stage] = max(peaks[t.stage], live[t.stage])
-            elif t.kind is (Kind.W if split else Kind.B):
-                live[t.stage] -= 1
-    return peaks
+def _pop_admitted(
+    ready: list[tuple[tuple[int, int, int], Task]], in_flight: list[int], quota: Sequence[int]
+) -> Task | None:
+    """The best-keyed ready task whose stage has room (an F over its quota waits)."""
+    skipped = []
+    chosen = None
+    while ready:
+        item = heapq.heappop(ready)
+        if item[1].kind is Kind.F and in_flight[item[1].stage] >= quota[item[1].stage]:
+            skipped.append(item)
+            continue
+        chosen = item[1]
+        break
+    for item in skipped:
+        heapq.heappush(ready, item)
+    return chosen
 
 
 _BUILDERS: dict[HintName, Callable[[int, int, int], Hint]] = {

@@ -2,7 +2,7 @@
 
 The text form ``"2F0"`` (stage 2, forward, micro-batch 0) is the one
 torch.distributed.pipelining uses for its actions, so schedules can be
-exchanged with it as CSV (see :mod:`hintpipe.hint_csv`).
+exchanged with it as CSV (see :mod:`hintpipe.schedule.hint_csv`).
 
 This module is torch-free: the scoreboard and the simulator build on it.
 """

@@ -17,15 +17,15 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from hintpipe.capture import CapturedGraph
+from hintpipe.planner.capture import CapturedGraph
+from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,60 +51,6 @@ class NodeProfile:
     # saved views of one storage keep it once.
     storage_bytes: int = 0
     alias_of: str = ""
-
-
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in tensors_in(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in tensors_in(v)]
-    return []
-
-
-def nbytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors_in(value))
-
-
-def storage_nbytes(value: Any) -> int:
-    """Bytes of the storages behind ``value``'s tensors, each storage once."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors_in(value)}
-    return sum(storages.values())
-
-
-@dataclasses.dataclass
-class SavedCounter:
-    """Bytes held for backward, each storage counted once."""
-
-    exclude: set[int]
-    total: int = 0
-    sizes: dict[int, int] = dataclasses.field(default_factory=dict)
-
-    def add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key not in self.exclude and key not in self.sizes:
-            self.sizes[key] = storage.nbytes()
-            self.total += storage.nbytes()
-
-
-@contextmanager
-def count_saved(exclude: set[int]) -> Iterator[SavedCounter]:
-    """Count the bytes autograd saves inside the block, each storage once,
-    skipping storages in ``exclude`` (parameters)."""
-    counter = SavedCounter(exclude)
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        counter.add(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield counter
-
-
-def parameter_storages(module: torch.nn.Module) -> set[int]:
-    return {p.untyped_storage().data_ptr() for p in module.parameters()}
 
 
 def _detach(value: Any) -> Any:

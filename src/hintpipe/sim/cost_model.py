@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.task import Kind
+from hintpipe.schedule.task import Kind
 
 
 class CostModelError(ValueError):

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from hintpipe.variability import SpecError
+from hintpipe.sim.variability import SpecError
 
 _USAGE = "compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR, comm:MS, crash:RANK:STEP, hang:RANK:STEP or nan:STEP"
 _KINDS = {"F": 0, "B": 1, "W": 2}

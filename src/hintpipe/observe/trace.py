@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hintpipe.task import Kind, Task
+from hintpipe.schedule.task import Kind, Task
 
 Record = tuple[int, Task, float, float]
 """``(rank, task, start, end)``."""

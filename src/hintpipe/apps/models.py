@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hintpipe.model_config import MODELS as MODELS
-from hintpipe.model_config import ModelConfig as ModelConfig
-from hintpipe.model_config import SeqLenDist as SeqLenDist
+from hintpipe.apps.model_config import MODELS as MODELS
+from hintpipe.apps.model_config import ModelConfig as ModelConfig
+from hintpipe.apps.model_config import SeqLenDist as SeqLenDist
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

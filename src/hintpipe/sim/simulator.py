@@ -3,7 +3,7 @@
 Every rank is a :class:`~hintpipe.scoreboard.Scoreboard`, exactly as in the
 runtime; the simulator only replaces compute by advancing a clock and messages
 by delayed deliveries. Costs are sampled once per trial (see
-:mod:`hintpipe.variability`) so that policies are compared on identical work.
+:mod:`hintpipe.sim.variability`) so that policies are compared on identical work.
 
 This module is torch-free.
 """
@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.costs import CostModel
-from hintpipe.hint import Hint
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
-from hintpipe.task import Kind, Task
-from hintpipe.variability import CommDelay, Variability, comm_delay, sample_costs, sample_message_delays
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.variability import CommDelay, Variability, comm_delay, sample_costs, sample_message_delays
 
 
 class DeadlockError(RuntimeError):

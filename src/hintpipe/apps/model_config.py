@@ -1,6 +1,6 @@
 """What a built-in model is, without building it: names, sizes, sequence lengths.
 
-Kept apart from :mod:`hintpipe.models` (which needs torch) so that the command
+Kept apart from :mod:`hintpipe.apps.models` (which needs torch) so that the command
 line can describe and validate its options without importing torch.
 """
 
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from hintpipe.variability import SpecError
+from hintpipe.sim.variability import SpecError
 
 MODELS = ("mlp", "gpt-mini")
 

@@ -18,24 +18,24 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from hintpipe.capture import CapturedGraph, capture
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint, HintName
-from hintpipe.planner import (
+from hintpipe.planner.capture import CapturedGraph, capture
+from hintpipe.planner.profile import NodeProfile, profile
+from hintpipe.planner.search import (
     CostTables,
     MemoryModel,
     Partition,
     balanced_cuts,
     describe,
-    inflight_per_stage,
     max_microbatch_size,
     search,
     stage_cost,
     summary,
     uniform_cuts,
 )
-from hintpipe.profiling import NodeProfile, nbytes, profile, tensors_in
-from hintpipe.stagegen import crossing, extract
+from hintpipe.planner.stagegen import crossing, extract
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, HintName
+from hintpipe.tensor_bytes import nbytes, tensors_in
 from hintpipe.units import parse_size
 
 
@@ -192,7 +192,7 @@ def plan(
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         host_bandwidth = 0.0 if on_cpu else 10e9
     memory = MemoryModel(
-        inflight=inflight_per_stage(hint_obj),
+        inflight=hint_obj.stage_peaks,
         budgets=_budgets(memory_budget, total),
         optimizer_factor=optimizer_factor,
         host_bandwidth=host_bandwidth,

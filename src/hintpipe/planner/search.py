@@ -58,9 +58,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.capture import CapturedGraph, split_point
-from hintpipe.hint import Hint
-from hintpipe.profiling import NodeProfile
+from hintpipe.planner.capture import CapturedGraph, split_point
+from hintpipe.planner.profile import NodeProfile
 from hintpipe.units import format_size
 
 Array = npt.NDArray[np.float64]
@@ -540,13 +539,6 @@ def uniform_cuts(tables: CostTables, stages: int) -> tuple[int, ...]:
         options = [c for c in tables.allowed if c > cuts[-1]]
         cuts.append(min(options, key=lambda c: (abs(c - target), c)))
     return (*cuts, tables.size)
-
-
-def inflight_per_stage(hint: Hint) -> tuple[int, ...]:
-    """Per stage, the most micro-batches a fixed-order run of ``hint`` holds."""
-    from hintpipe.generators import stage_peaks
-
-    return tuple(stage_peaks(hint))
 
 
 def summary(partition: Partition) -> dict[str, Any]:

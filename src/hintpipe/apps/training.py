@@ -22,17 +22,17 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hintpipe.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from hintpipe.costs import CostModel
-from hintpipe.hint import Hint
-from hintpipe.inject import Injection
-from hintpipe.launch import run_ranks
-from hintpipe.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
-from hintpipe.pipeline import Pipeline, StepReport
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
+from hintpipe.observe.trace import Record
+from hintpipe.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.pipeline import Pipeline, StepReport
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import Sample, Simulator
-from hintpipe.task import Kind
-from hintpipe.trace import Record
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, Simulator
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
-from hintpipe.capture import CapturedGraph
+from hintpipe.planner.capture import CapturedGraph
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from hintpipe.profiling import SavedCounter, count_saved, parameter_storages
+from hintpipe.tensor_bytes import SavedCounter, count_saved, parameter_storages
 
 Tensors = list[torch.Tensor | None]
 LossFn = Callable[[Any, Any], torch.Tensor]

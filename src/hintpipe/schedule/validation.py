@@ -10,11 +10,9 @@ This module is torch-free.
 
 from __future__ import annotations
 
-from hintpipe.costs import CostModel
-from hintpipe.hint import Hint, HintError
-from hintpipe.scoreboard import Policy
-from hintpipe.simulator import DeadlockError, Simulator
-from hintpipe.task import Kind, Task
+from hintpipe.schedule import rules
+from hintpipe.schedule.hint import Hint, HintError
+from hintpipe.schedule.task import Kind, Task
 
 
 def _fail(hint: Hint, rank: int, pos: int, rule: str) -> HintError:
@@ -61,25 +59,40 @@ def validate_hint(hint: Hint) -> None:
                     raise _fail(hint, r, len(hint.ranks[r]), f"{task} is missing from rank {r}")
     for r, tasks in enumerate(hint.ranks):
         for i, t in enumerate(tasks):
-            for before, why in _local_dependencies(t, hint):
+            for before in rules.dependencies(t, stages):
                 where = seen[before]
                 if where[0] == r and where[1] > i:
-                    raise _fail(hint, r, i, f"{t} comes before {before} at position {where[1]}: {why}")
-    try:
-        Simulator(hint, CostModel.uniform(stages)).run(Policy.FIXED)
-    except DeadlockError as exc:
-        raise HintError(f"hint {hint.name!r} cannot complete in fixed order: {exc}") from None
+                    raise _fail(hint, r, i, f"{t} comes before {before} at position {where[1]}: {rules.why(t, before)}")
+    stuck = _fixed_order_stuck(hint)
+    if stuck:
+        raise HintError(f"hint {hint.name!r} cannot complete in fixed order: every rank waits\n{stuck}")
 
 
-def _local_dependencies(t: Task, hint: Hint) -> list[tuple[Task, str]]:
-    s, kind, mb = t
-    deps: list[tuple[Task, str]] = []
-    if kind is Kind.F and s > 0:
-        deps.append((Task(s - 1, Kind.F, mb), "a forward needs the previous stage's forward"))
-    elif kind is Kind.B:
-        deps.append((Task(s, Kind.F, mb), "a backward needs its forward"))
-        if s < hint.num_stages - 1:
-            deps.append((Task(s + 1, Kind.B, mb), "a backward needs the next stage's backward"))
-    elif kind is Kind.W:
-        deps.append((Task(s, Kind.B, mb), "a weight gradient needs its backward"))
-    return deps
+def _fixed_order_stuck(hint: Hint) -> str:
+    """Run every rank's list in order, each task once its dependencies are done; a dump
+    of the ranks left waiting (a cycle between ranks), or "" when all complete."""
+    stages, stage_rank = hint.num_stages, hint.placement.stage_rank
+    done: set[Task] = set()
+    position = [0] * hint.num_ranks
+    progress = True
+    while progress:
+        progress = False
+        for r, tasks in enumerate(hint.ranks):
+            i = position[r]
+            while i < len(tasks) and all(d in done for d in rules.dependencies(tasks[i], stages)):
+                done.add(tasks[i])
+                i += 1
+            progress = progress or i != position[r]
+            position[r] = i
+    if len(done) == hint.num_tasks:
+        return ""
+    lines = []
+    for r, tasks in enumerate(hint.ranks):
+        i = position[r]
+        if i == len(tasks):
+            lines.append(rules.pending_report(r, 0, 0, None, i, []))
+            continue
+        unmet = [d for d in rules.dependencies(tasks[i], stages) if d not in done]
+        waits = [rules.waiting_words(tasks[i], d, stage_rank) for d in unmet]
+        lines.append(rules.pending_report(r, len(tasks) - i, 0, tasks[i], i, waits))
+    return "\n".join(lines)

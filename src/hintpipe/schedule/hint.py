@@ -15,7 +15,8 @@ import enum
 import functools
 from collections.abc import Sequence
 
-from hintpipe.task import Kind, Task
+from hintpipe.schedule import rules
+from hintpipe.schedule.task import Kind, Task
 
 
 class HintError(ValueError):
@@ -41,6 +42,11 @@ class HintName(enum.StrEnum):
         except ValueError:
             known = ", ".join(h.value for h in cls)
             raise ValueError(f"unknown hint {name!r}: choose one of {known}, or load a CSV file") from None
+
+    @property
+    def default_chunks(self) -> int:
+        """Stages per rank when none are given: two for ZB-V (its V shape), else one."""
+        return 2 if self is HintName.ZBV else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +127,11 @@ class Hint:
     def split_backward(self) -> bool:
         """True when weight gradients are separate ``W`` tasks."""
         return any(t.kind is Kind.W for tasks in self.ranks for t in tasks)
+
+    @functools.cached_property
+    def stage_peaks(self) -> tuple[int, ...]:
+        """Per stage, the most micro-batches a fixed-order run holds at once (see :mod:`~hintpipe.schedule.rules`)."""
+        return tuple(rules.stage_peaks(self.ranks, self.num_stages, self.split_backward))
 
     @property
     def num_tasks(self) -> int:

@@ -33,17 +33,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hintpipe.costs import CostModel
-from hintpipe.executor import EmulatedExecutor, LossFn, StageExecutor, as_input
-from hintpipe.generators import generate_hint
-from hintpipe.hint import Hint, HintName
-from hintpipe.inject import Injection
-from hintpipe.mailbox import Message, MessageKind, PeerFailure, PostOffice
-from hintpipe.planning import Plan
+from hintpipe.observe.trace import Record
+from hintpipe.planner.plan import Plan
+from hintpipe.runtime.executor import EmulatedExecutor, LossFn, StageExecutor, as_input
+from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.mailbox import Message, MessageKind, PeerFailure, PostOffice
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, HintName
+from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
-from hintpipe.simulator import Sample, Simulator, lower_bound
-from hintpipe.task import Kind, Task
-from hintpipe.trace import Record
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, Simulator, lower_bound
 from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)

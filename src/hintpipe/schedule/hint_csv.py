@@ -17,9 +17,9 @@ import io
 import re
 from pathlib import Path
 
-from hintpipe.hint import Hint, HintError, Placement
-from hintpipe.task import Kind, Task
-from hintpipe.validation import validate_hint
+from hintpipe.schedule.hint import Hint, HintError, Placement
+from hintpipe.schedule.task import Kind, Task
+from hintpipe.schedule.validation import validate_hint
 
 _ACTION = re.compile(r"(\d+)([FBIW])(\d+)")
 

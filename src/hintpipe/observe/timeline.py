@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hintpipe.task import Kind
-from hintpipe.trace import Record
+from hintpipe.observe.trace import Record
+from hintpipe.schedule.task import Kind
 
 _COLOURS = {Kind.F: "#4C72B0", Kind.B: "#55A868", Kind.W: "#8172B2"}
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from hintpipe.costs import CostModel
-from hintpipe.hint import Hint
+from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
-from hintpipe.simulator import Sample, SimResult, Simulator
-from hintpipe.variability import Variability
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, SimResult, Simulator
+from hintpipe.sim.variability import Variability
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,7 @@ def run_study(
         hint: the schedule.
         policies: the policies to compare.
         cost_model: expected costs; default F = B = W = 1.
-        variability: noise models (see :mod:`hintpipe.variability`).
+        variability: noise models (see :mod:`hintpipe.sim.variability`).
         trials: number of independent samples.
         seed: seeds the sampling.
         slack: extra micro-batches of room over the hint's own peak.

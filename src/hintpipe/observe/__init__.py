@@ -1,0 +1,1 @@
+"""Observability: timelines as Perfetto traces and PNG Gantt charts."""
