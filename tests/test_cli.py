@@ -41,10 +41,10 @@ def test_compare_speedup_under_variable_lengths(capsys: pytest.CaptureFixture[st
     assert out["speedup"] >= 1.10
     assert out["speedup"] == pytest.approx(out["fixed"]["makespan"] / out["ready"]["makespan"])
     for policy in ("fixed", "greedy", "ready"):
-        keys = {"makespan", "lower_bound", "efficiency", "bubble_fraction", "peak_live", "tasks", "sim_seconds"}
+        keys = {"makespan", "lower_bound", "efficiency", "bubble_fraction", "peak_live_slots", "tasks", "sim_seconds"}
         assert keys <= set(out[policy])
         assert out[policy]["tasks"] == 128
-    assert out["fixed"]["peak_live"] == [4, 3, 2, 1]
+    assert out["fixed"]["peak_live_slots"] == [4, 3, 2, 1]
 
 
 @pytest.mark.parametrize("hint", [h.value for h in HintName])
@@ -89,7 +89,7 @@ def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_
     )
     assert out["makespan"] == 33
     assert out["bubble_fraction"] == pytest.approx(3 / 11)
-    assert out["peak_live"] == [8, 8, 8, 8]
+    assert out["peak_live_slots"] == [8, 8, 8, 8]
     assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]) == 64
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -113,11 +113,13 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         (["--hint", "2f2b"], "hintpipe simulate: error: unknown hint '2f2b': choose one of gpipe"),
         (["--variability", "mb"], "hintpipe simulate: error: bad variability 'mb': expected mb:SIGMA"),
         (
-            ["--memory-budget", "2"],
+            ["--activation-budget", "2"],
             "hintpipe simulate: error: memory budget 2 on rank 0 is below the hint's own peak 4",
         ),
-        (["--memory-budget", "1,2,3"], "--memory-budget has 3 values, the pipeline has 4 ranks"),
-        (["--memory-budget", "lots"], "bad size 'lots': expected a number with an optional unit"),
+        (["--activation-budget", "1,2,3"], "--activation-budget has 3 values for 4: give one, or one each"),
+        (["--activation-budget", "lots"], "bad size 'lots': expected a number with an optional unit"),
+        (["--memory-budget", "2"], "--memory-budget was renamed: use --activation-budget (activation room per rank)"),
+        (["--variability", "comm:2ms"], "the simulator counts in cost units: write cost units"),
         (["--chunks", "2"], "1f1b runs one chunk per rank, got --chunks 2; use interleaved-1f1b"),
         (["--trials", "0"], "trials must be at least 1, got 0"),
         (["--hint", "missing.csv"], "cannot read hint file missing.csv"),
@@ -133,9 +135,7 @@ def test_bad_input_exits_2_with_one_clear_line(
 
 
 def test_unknown_policy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["simulate", "--stages", "4", "--microbatches", "8", "--policy", "eager"])
-    assert info.value.code == 2
+    assert main(["simulate", "--stages", "4", "--microbatches", "8", "--policy", "eager"]) == 2
     assert (
         "argument --policy: invalid choice: 'eager' (choose from 'fixed', 'greedy', 'ready')" in capsys.readouterr().err
     )

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.mailbox import MessageKind, PostOffice
+from hintpipe.runtime.mailbox import PostOffice
+from hintpipe.runtime.wire import MessageKind
 
 
 def _messages() -> list[list[torch.Tensor | None]]:

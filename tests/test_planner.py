@@ -403,7 +403,7 @@ def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
         "2",
         "--microbatches",
         "4",
-        "--memory-budget",
+        "--stage-memory",
         "64MiB",
         "--repeats",
         "1",

@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from conftest import hang_bound
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import TrainConfig, train
 from hintpipe.runtime.checkpoint import latest_checkpoint, load_merged
-from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
@@ -88,7 +89,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
     [
         (
             "crash:1:3",
-            ["rank 1: exited without a result", "rank 0: hintpipe.mailbox.PeerFailure: rank 0: rank 1 failed"],
+            ["rank 1: exited without a result", "rank 0: hintpipe.runtime.errors.PeerFailure: rank 0: rank 1 failed"],
         ),
         (
             "hang:1:2",
@@ -102,7 +103,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
             "nan:2",
             [
                 "NonFiniteLoss: rank 1: the loss of micro-batch 0 in step 2 is nan",
-                "rank 0: hintpipe.mailbox.PeerFailure: rank 0: rank 1 failed in step 2",
+                "rank 0: hintpipe.runtime.errors.PeerFailure: rank 0: rank 1 failed in step 2",
             ],
         ),
     ],
@@ -111,7 +112,7 @@ def test_each_fault_ends_every_rank_with_an_error_naming_it(fault: str, expected
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
         train(_config(inject=(fault,), timeout=4))
-    assert time.monotonic() - began < 4 + 5 + 15  # watchdog, launcher grace, start-up
+    assert time.monotonic() - began < hang_bound(4)
     for text in expected:
         assert text in str(info.value)
 
@@ -150,10 +151,10 @@ def test_the_crash_acceptance_command() -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=2 * hang_bound(20),
     )
     assert run.returncode != 0
-    assert time.monotonic() - began < 60
+    assert time.monotonic() - began < hang_bound(20)
     assert "rank 1" in run.stderr
 
 

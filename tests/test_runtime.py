@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import hang_bound
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.pipeline import Pipeline
@@ -107,9 +109,7 @@ def _check_matrix(world: int, m: int, cases: list[tuple[str, int, str, bool]]) -
             one, two, loss = rank_result[i]
             for name, grad in one.items():
                 where = f"{hint} x{chunks} {policy} {'variable' if variable else 'equal'} shapes, {name}"
-                torch.testing.assert_close(
-                    grad, expected[name], rtol=RTOL, atol=ATOL, msg=lambda m, w=where: f"{w}: {m}"
-                )
+                torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL, msg=_prefixed(where))
                 # Two steps without zeroing: exactly twice one step's gradient.
                 torch.testing.assert_close(two[name], 2 * expected[name], rtol=RTOL, atol=ATOL)
                 seen.add(name)
@@ -180,9 +180,24 @@ class _Fault(nn.Module):
         return out
 
 
+class _Slow(nn.Module):
+    """Sleeps in its forward: the last stage is far slower than the first, so the first
+    rank's gradients come late and running ahead does not depend on message timing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.1)
+        return x
+
+
+def _prefixed(where: str) -> Callable[[str], str]:
+    """An assert_close message that says which case failed."""
+    return lambda message: f"{where}: {message}"
+
+
 def _byte_budget_worker(rank: int, world: int, budget: float, rows: list[list[int]]) -> Any:
     torch.manual_seed(0)
-    modules: list[nn.Module] = [nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8)) for _ in range(world)]
+    modules: list[nn.Module] = [nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8)) for _ in range(world - 1)]
+    modules.append(nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8), _Slow()))
     pipe = Pipeline.from_modules(
         modules, loss_fn=_mse, microbatches=len(rows[0]), hint="1f1b", policy="greedy", memory_budget=budget
     )
@@ -191,7 +206,9 @@ def _byte_budget_worker(rank: int, world: int, budget: float, rows: list[list[in
         xs = [torch.randn(n, 8, generator=g) for n in step_rows]
         pipe.step(xs, [torch.sin(x) for x in xs])
     pipe.close()
-    return [(r.peak_live[rank], r.peak_live_bytes[rank]) for r in pipe.reports], pipe.bytes_per_element
+    return [(r.peak_live[r.ranks.index(rank)], r.peak_live_bytes[r.ranks.index(rank)]) for r in pipe.reports], (
+        pipe.admission.bytes_per_element
+    )
 
 
 def test_a_byte_budget_holds_with_micro_batches_of_different_sizes() -> None:
@@ -251,7 +268,7 @@ def test_a_killed_rank_ends_every_rank_with_an_error() -> None:
     for rank in (0, 2):
         line = next(line for line in message.splitlines() if line.startswith(f"rank {rank}:"))
         assert "rank 1" in line, line
-    assert elapsed < 40
+    assert elapsed < hang_bound(8)
 
 
 def _hang_worker(rank: int, world: int) -> None:
@@ -268,7 +285,7 @@ def test_a_stuck_rank_trips_the_watchdog_with_what_was_awaited() -> None:
     with pytest.raises(RankFailure) as info:
         run_ranks(_hang_worker, 2, timeout_s=3)
     # Rank 0 gives up after 3 s; the launcher stops the stuck rank 3 + 5 s after that.
-    assert time.monotonic() - began < 25
+    assert time.monotonic() - began < hang_bound(3)
     message = str(info.value)
     line = next(line for line in message.splitlines() if line.startswith("rank 0:"))
     # Rank 0 ran 0F0, 0F1, 0B0 and 0F2 ... it waits for 1B1, which rank 1 never sends.

@@ -13,11 +13,13 @@ import pytest
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import EmulatedCosts, TrainConfig, predict_step_time, train
 from hintpipe.cli import main
-from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import free_port
 from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
-from hintpipe.sim.variability import SpecError
+from hintpipe.sim.variability import CommDelay, parse_variability
+from hintpipe.spec import SpecError
 
 
 def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -52,13 +54,13 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
         "tokens_per_s",
         "efficiency",
         "losses",
-        "peak_live",
+        "peak_live_bytes",
         "max_grad_abs_diff",
         "max_grad_rel_diff",
     ):
         assert key in out
     assert len(out["losses"]) == 3 and out["losses"][-1] < out["losses"][0]
-    assert len(out["peak_live"]) == 2 and min(out["peak_live"]) > 0
+    assert len(out["peak_live_bytes"]) == 2 and min(out["peak_live_bytes"]) > 0
     assert out["max_grad_abs_diff"] <= 1e-6
     assert out["max_grad_rel_diff"] <= 1e-5
     # zb-h1 on 2 ranks, 4 micro-batches: F, B and W of 2 stages.
@@ -71,7 +73,7 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
     ("argv", "message"),
     [
         (["--inject", "jitter:1"], "bad injection 'jitter:1': unknown kind 'jitter'"),
-        (["--inject", "straggler:5:2"], "straggler rank 5 does not exist: the run has ranks 0..1"),
+        (["--inject", "straggler:2:5"], "straggler stage 5 does not exist: the pipeline has 2 stages"),
         (["--seq-len-dist", "normal:3"], "bad sequence length distribution 'normal:3'"),
         (["--hint", "zbv", "--chunks", "3"], "zbv runs exactly two chunks per rank in V shape, got --chunks 3"),
         (["--layers", "1", "--model", "mlp"], "1 layers cannot fill 2 stages"),
@@ -83,23 +85,48 @@ def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[
 
 
 def test_injection_is_the_same_for_every_policy() -> None:
-    injection = Injection.parse(["mb:0.5", "compute:0.3"], seed=7)
-    a = injection.extra_seconds(0, 3, 1, "F", 2, 0.01)
-    assert a == injection.extra_seconds(0, 3, 1, "F", 2, 0.01)
-    assert a != injection.extra_seconds(0, 3, 1, "F", 3, 0.01)
+    factors = Injection.parse(["mb:0.5", "iid:0.3"], seed=7).factors(stages=6, microbatches=4)
+    a = factors(3, 1, Kind.F, 2)
+    assert a == factors(3, 1, Kind.F, 2)
+    assert a != factors(3, 1, Kind.F, 3)
     # mb:SIGMA is one factor per micro-batch, whatever the stage.
-    only_mb = Injection.parse(["mb:0.5"], seed=7)
-    assert only_mb.extra_seconds(0, 3, 0, "F", 2, 0.01) == only_mb.extra_seconds(1, 3, 5, "B", 2, 0.01)
-    assert Injection.parse(["straggler:1:3"]).extra_seconds(1, 0, 0, "F", 0, 0.01) == pytest.approx(0.02)
-    with pytest.raises(SpecError, match=r"bad injection 'comm:x': 'x' is not a number"):
-        Injection.parse(["comm:x"])
+    only_mb = Injection.parse(["mb:0.5"], seed=7).factors(stages=6, microbatches=4)
+    assert only_mb(3, 0, Kind.F, 2) == only_mb(3, 5, Kind.B, 2)
+    # straggler:FACTOR:STAGE, the simulator's grammar: stage 1's tasks cost 3 times as much.
+    straggler = Injection.parse(["straggler:3:1:0:3"]).factors(stages=2, microbatches=4)
+    assert (straggler(0, 1, Kind.F, 0), straggler(0, 0, Kind.F, 0)) == (3.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("comm:x", "bad variability 'comm:x': LATENCY 'x' is not a number or a time such as 2ms"),
+        ("comm:5", "bad variability 'comm:5': the runtime delays messages in time: write a time with a unit"),
+        ("compute:0.3", "bad injection 'compute:0.3': compute:SIGMA is now iid:SIGMA"),
+        ("straggler:1:2.5", "bad injection 'straggler:1:2.5': expected straggler:FACTOR[:STAGE[:FIRST:LAST]]"),
+        ("crash:0", "bad injection 'crash:0': expected crash:RANK:STEP"),
+    ],
+)
+def test_bad_injection_is_refused_naming_the_fix(spec: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        Injection.parse([spec])
+    assert str(info.value).startswith(message)
+
+
+def test_a_word_means_the_same_in_the_simulator_and_the_runtime() -> None:
+    # Both parse the shared words with one function: the same model, in the units each counts in.
+    assert parse_variability("mb:0.5") == Injection.parse(["mb:0.5"]).variability[0]
+    assert parse_variability("straggler:2:1:0:3") == Injection.parse(["straggler:2:1:0:3"]).variability[0]
+    assert Injection.parse(["comm:2ms:1ms"]).comm == CommDelay(0.002, 0.001, in_seconds=True)
+    with pytest.raises(SpecError, match="the simulator counts in cost units: write cost units"):
+        parse_variability("comm:2ms")
 
 
 @pytest.mark.parametrize("policy", ["fixed", "ready"])
 def test_simulator_predicts_emulated_steps_within_10_percent(policy: str) -> None:
-    # Sleep-based tasks (F 20 ms, B 40 ms per stage); variable micro-batch
-    # sizes would need tokens, so the mlp's micro-batches scale nothing here.
-    costs = EmulatedCosts((0.02, 0.02), (0.04, 0.04), (0.0, 0.0), reference_tokens=4)
+    # Sleep-based tasks (F 100 ms, B 200 ms per stage: far above the runtime's own overhead on a
+    # loaded machine); the mlp's micro-batches all have the reference size.
+    costs = EmulatedCosts((0.1, 0.1), (0.2, 0.2), (0.0, 0.0), reference_size=4 * 8)
     config = TrainConfig(
         model=ModelConfig("mlp", layers=2, hidden=8),
         ranks=2,
@@ -111,6 +138,7 @@ def test_simulator_predicts_emulated_steps_within_10_percent(policy: str) -> Non
         inject=("mb:0.5",),
         emulate=costs,
         timeout=60,
+        timelines=True,
     )
     result = train(config)
     assert result is not None
@@ -177,14 +205,15 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path) -> None:
 
 def test_memory_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["train", "--model", "gpt-mini", "--stages", "2", "--microbatches", "8", "--steps", "3"]
-    assert main([*base, "--memory-budget", "1MiB"]) == 1
+    assert main([*base, "--activation-budget", "1MiB"]) == 1
     err = capsys.readouterr().err
     assert (
         "rank 0: hintpipe.scoreboard.BudgetError: rank 0: memory budget 1MiB is below what the hint itself held" in err
     )
-    assert main([*base, "--memory-budget", "1GiB", "--policy", "greedy", "--json"]) == 0
+    slow_last = ["--inject", "straggler:20:1"]  # the last stage 20x slower: gradients come late, whatever the load
+    assert main([*base, "--activation-budget", "1GiB", "--policy", "greedy", "--json", *slow_last]) == 0
     out = json.loads(capsys.readouterr().out)
     # Ample room: after the measuring step, rank 0 runs ahead (greedy: whenever the hint's next
     # task, the first backward, is not ready, which it cannot be while rank 1 still computes).
     assert out["peak_live_slots"][0] > 2
-    assert out["peak_live"][0] < 2**30
+    assert out["peak_live_bytes"][0] < 2**30

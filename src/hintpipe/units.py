@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 _UNITS = {
     "": 1,
@@ -43,3 +44,23 @@ def format_size(value: float) -> str:
             x = value / scale
             return f"{x:.3g}{unit}" if abs(x) < 100 else f"{x:.0f}{unit}"
     return f"{value:g}"
+
+
+def parse_sizes(text: str | float | Sequence[str | float], count: int, what: str) -> tuple[float, ...]:
+    """One size for each of ``count`` ranks or stages: one value (for all) or ``count``
+    values (a sequence, or text separated by commas).
+
+    Raises:
+        ValueError: naming ``what`` and the counts when they do not match.
+    """
+    if isinstance(text, (int, float)):
+        values = [float(text)]
+    elif isinstance(text, str):
+        values = [parse_size(part) for part in text.split(",")]
+    else:
+        values = [parse_size(v) if isinstance(v, str) else float(v) for v in text]
+    if len(values) == 1:
+        return (values[0],) * count
+    if len(values) != count:
+        raise ValueError(f"{what} has {len(values)} values for {count}: give one, or one each")
+    return tuple(values)

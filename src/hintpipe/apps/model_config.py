@@ -7,11 +7,11 @@ line can describe and validate its options without importing torch.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
-from hintpipe.sim.variability import SpecError
+from hintpipe.sim.variability import mean_one_lognormal
+from hintpipe.spec import Spec
 
 MODELS = ("mlp", "gpt-mini")
 
@@ -45,23 +45,24 @@ class SeqLenDist:
     sigma: float = 0.0
 
     @classmethod
-    def parse(cls, spec: str) -> SeqLenDist:
-        name, _, rest = spec.partition(":")
-        args = rest.split(":") if rest else []
-        try:
-            if name == "fixed" and len(args) == 1:
-                return cls(int(args[0]))
-            if name == "lognormal" and len(args) == 2:
-                sigma = float(args[1])
-                if not math.isfinite(sigma) or sigma < 0:
-                    raise ValueError
-                return cls(int(args[0]), sigma)
-        except ValueError:
-            pass
-        raise SpecError(f"bad sequence length distribution {spec!r}: expected fixed:T or lognormal:MEAN:SIGMA")
+    def parse(cls, text: str) -> SeqLenDist:
+        """Parse ``fixed:T`` or ``lognormal:MEAN:SIGMA`` (the colon-spec grammar of :mod:`hintpipe.spec`).
+
+        Raises:
+            SpecError: naming the spec and what is wrong with it.
+        """
+        spec = Spec.split(text)
+        kind = "sequence length distribution"
+        if spec.word == "fixed":
+            spec.expect((1,), "fixed:T or lognormal:MEAN:SIGMA", kind)
+            return cls(spec.integer(0, "T", minimum=1, kind=kind))
+        if spec.word == "lognormal":
+            spec.expect((2,), "fixed:T or lognormal:MEAN:SIGMA", kind)
+            return cls(spec.integer(0, "MEAN", minimum=1, kind=kind), spec.number(1, "SIGMA", kind=kind))
+        raise spec.fail("expected fixed:T or lognormal:MEAN:SIGMA", kind)
 
     def sample(self, count: int, rng: np.random.Generator, limit: int) -> list[int]:
         if self.sigma == 0:
             return [min(self.mean, limit)] * count
-        values = self.mean * rng.lognormal(-0.5 * self.sigma**2, self.sigma, size=count)
+        values = self.mean * mean_one_lognormal(rng, self.sigma, (count,))
         return [int(v) for v in np.clip(np.round(values), 8, limit)]

@@ -13,45 +13,25 @@ import copy
 import dataclasses
 import math
 import statistics
-import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hintpipe.apps.emulation import profile_costs
+from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
+from hintpipe.apps.progress import progress_bar
 from hintpipe.observe.trace import Record
 from hintpipe.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.executor import EmulatedCosts
+from hintpipe.runtime.faults import inject
+from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.pipeline import Pipeline, StepReport
-from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.task import Kind
+from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, StepReport
+from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Sample, Simulator
-
-
-@dataclasses.dataclass(frozen=True)
-class EmulatedCosts:
-    """Per-stage task costs in seconds for one reference micro-batch of
-    ``reference_tokens`` tokens; a micro-batch costs in proportion to its tokens."""
-
-    forward: tuple[float, ...]
-    backward: tuple[float, ...]
-    weight: tuple[float, ...]
-    reference_tokens: int
-    tokens: tuple[int, ...] = ()
-
-    def for_step(self, tokens: list[int]) -> EmulatedCosts:
-        return dataclasses.replace(self, tokens=tuple(tokens))
-
-    def __call__(self, stage: int, kind: str, mb: int) -> float:
-        base = {"F": self.forward, "B": self.backward, "W": self.weight}[kind][stage]
-        return base * self.tokens[mb] / self.reference_tokens
+from hintpipe.sim.expected import predict_step_time as _predict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +47,7 @@ class TrainConfig:
     policy: str = "ready"
     steps: int = 4
     memory_slack: float = 0.0
-    memory_budget: float | None = None
+    memory_budget: tuple[float, ...] | None = None  # activation bytes per rank
     seq_len: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
     inject: tuple[str, ...] = ()
     seed: int = 0
@@ -82,6 +62,7 @@ class TrainConfig:
     resume: bool = False
     on_nonfinite: str = "raise"
     return_state: bool = False
+    timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +101,11 @@ class TrainResult:
 
     @property
     def peak_live_bytes(self) -> list[int]:
-        return [max(r.peak_live_bytes[i] for r in self.reports) for i in range(self.config.ranks)]
+        return [max(r.peak_live_bytes[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
 
     @property
     def peak_live(self) -> list[float]:
-        return [max(r.peak_live[i] for r in self.reports) for i in range(self.config.ranks)]
+        return [max(r.peak_live[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
 
     def records(self, step: int = -1) -> tuple[Record, ...]:
         return self.reports[step].records
@@ -143,16 +124,10 @@ def train(config: TrainConfig) -> TrainResult | None:
     return result
 
 
-_TIMELINES = 10  # steps whose full timelines a run keeps (the first, and this many latest)
-
-
-def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
-    layers = build_layers(config.model)
-    stages = world * (config.chunks or (2 if config.hint == "zbv" else 1))
-    modules = split_layers(layers, stages)
-    reference = copy.deepcopy(modules) if config.check_grads and rank == 0 else None
-    injection = Injection.parse(list(config.inject), seed=config.seed)
-    injection.check_ranks(world)
+def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipeline, list[torch.nn.Module]]:
+    """This rank's pipeline over the built-in model, with the run's injection wrapped around it."""
+    stages = world * (config.chunks or HintName.parse(config.hint).default_chunks)
+    modules = split_layers(build_layers(config.model), stages)
     pipe = Pipeline.from_modules(
         modules,
         loss_fn=loss_fn_for(config.model.name),
@@ -161,12 +136,29 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         policy=config.policy,
         chunks=config.chunks,
         memory_slack=config.memory_slack,
-        memory_budget=config.memory_budget,
+        memory_budget=None if config.memory_budget is None else config.memory_budget[rank],
         timeout=config.timeout,
-        injection=injection,
         emulate=config.emulate,
-        on_nonfinite=config.on_nonfinite,
+        on_nonfinite=OnNonFinite.parse(config.on_nonfinite),
+        timelines=config.timelines,
     )
+    inject(pipe, Injection.parse(list(config.inject), seed=config.seed))
+    return pipe, modules
+
+
+@dataclasses.dataclass
+class _Run:
+    """What rank 0 collects over the steps."""
+
+    losses: list[float] = dataclasses.field(default_factory=list)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    reports: list[StepReport] = dataclasses.field(default_factory=list)
+    grad_diffs: tuple[float, float] | None = None
+
+
+def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
+    pipe, modules = _build_pipeline(rank, world, config)
+    reference = copy.deepcopy(modules) if config.check_grads and rank == 0 else None
     params = [p for s in pipe.stages for p in modules[s].parameters()]
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
     mine = {s: modules[s] for s in pipe.stages}
@@ -176,30 +168,21 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         if found is not None:
             first = load_checkpoint(found, mine, optimizer)
             pipe.step_count = first
-    losses: list[float] = []
-    tokens: list[int] = []
-    reports: list[StepReport] = []
-    grad_diffs: tuple[float, float] | None = None
-    bar = _progress(config.steps - first) if config.progress and rank == 0 else None
+    run = _Run()
+    bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
     try:
         for step in range(first, config.steps):
             inputs, targets, counts = make_batch(
                 config.model, config.microbatches, config.microbatch_size, config.seq_len, step, config.seed
             )
-            if config.emulate is not None:
-                pipe.executor.costs = config.emulate.for_step(counts)  # type: ignore[union-attr]
             loss = pipe.step(inputs, targets, broadcast_loss=True)
             assert loss is not None
-            if len(reports) > _TIMELINES:  # keep the first step's timeline and the latest ones
-                old = len(reports) - _TIMELINES
-                reports[old] = dataclasses.replace(reports[old], records=())
-            reports.append(pipe.reports[-1])
-            losses.append(float(loss))
-            tokens.append(
-                sum(counts) if config.model.name == "gpt-mini" else config.microbatches * config.microbatch_size
-            )
+            run.reports.append(pipe.reports[-1])
+            run.losses.append(float(loss))
+            mlp = config.model.name == "mlp"
+            run.tokens.append(config.microbatches * config.microbatch_size if mlp else sum(counts))
             if step == 0 and config.check_grads:
-                grad_diffs = _compare_gradients(pipe, modules, reference, inputs, targets, config)
+                run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
             if optimizer is not None and math.isfinite(float(loss)):
                 optimizer.step()
             if optimizer is not None:
@@ -213,131 +196,43 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         if bar is not None:
             bar.stop()
         pipe.close()
-    state = None
-    if config.return_state:
-        shares: list[Any] = [None] * world
-        dist.all_gather_object(
-            shares, {f"{s}.{n}": t.detach().clone() for s, m in mine.items() for n, t in m.state_dict().items()}
-        )
-        state = {k: v for share in shares for k, v in share.items()}
+    state = _gather_state(mine, world) if config.return_state else None
     if rank != 0:
         return None
     return TrainResult(
         config=config,
-        reports=tuple(reports),
-        losses=tuple(losses),
-        tokens=tuple(tokens),
-        max_grad_abs_diff=None if grad_diffs is None else grad_diffs[0],
-        max_grad_rel_diff=None if grad_diffs is None else grad_diffs[1],
+        reports=tuple(run.reports),
+        losses=tuple(run.losses),
+        tokens=tuple(run.tokens),
+        max_grad_abs_diff=None if run.grad_diffs is None else run.grad_diffs[0],
+        max_grad_rel_diff=None if run.grad_diffs is None else run.grad_diffs[1],
         resumed_from=first,
         skipped_steps=tuple(pipe.nonfinite_steps),
         state=state,
     )
 
 
-def _progress(steps: int) -> Progress | None:
-    """A progress bar over steps on rank 0's stderr, when that is a terminal."""
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return None
-    bar = Progress(
-        TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
+def _gather_state(mine: dict[int, torch.nn.Module], world: int) -> dict[str, torch.Tensor]:
+    """Every rank's parameters and buffers, keyed ``<stage>.<name>`` (for tests and evaluation)."""
+    shares: list[Any] = [None] * world
+    dist.all_gather_object(
+        shares, {f"{s}.{n}": t.detach().clone() for s, m in mine.items() for n, t in m.state_dict().items()}
     )
-    bar.add_task("steps", total=steps)
-    bar.start()
-    return bar
-
-
-def _compare_gradients(
-    pipe: Pipeline,
-    modules: list[torch.nn.Module],
-    reference: list[torch.nn.Module] | None,
-    inputs: list[torch.Tensor],
-    targets: list[torch.Tensor],
-    config: TrainConfig,
-) -> tuple[float, float] | None:
-    """Rank 0 runs the same step on an unsplit copy and compares every gradient."""
-    local = {
-        (s, n): p.grad.detach().clone()
-        for s in pipe.stages
-        for n, p in modules[s].named_parameters()
-        if p.grad is not None
-    }
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    if reference is None:
-        return None
-    model = torch.nn.Sequential(*reference)
-    loss_fn = loss_fn_for(config.model.name)
-    for x, y in zip(inputs, targets, strict=True):
-        torch.autograd.backward(loss_fn(model(x), y) / len(inputs))
-    worst_abs = worst_rel = 0.0
-    for part in gathered:
-        for (stage, name), grad in part.items():
-            expected = dict(reference[stage].named_parameters())[name].grad
-            assert expected is not None
-            diff = (grad - expected).abs().max().item()
-            worst_abs = max(worst_abs, diff)
-            worst_rel = max(worst_rel, diff / max(expected.abs().max().item(), 1e-12))
-    return worst_abs, worst_rel
+    return {k: v for share in shares for k, v in share.items()}
 
 
 def predict_step_time(hint: Hint, report: StepReport, policy: Policy, slack: float = 0.0) -> float:
-    """What the simulator predicts for a measured step.
+    """What the simulator predicts for a measured step (see :func:`hintpipe.sim.expected.predict_step_time`).
 
-    The step's measured task times are the sample; the expected costs (what
-    ``ready`` plans with) are each stage's median over this step (the runtime
-    plans each step from the previous step's medians).
+    Raises:
+        ValueError: if the step's timelines were not kept (``TrainConfig(timelines=True)``, on rank 0).
     """
-    if not report.records:
-        raise ValueError(f"step {report.step}'s timeline was not kept; predict from a step that has its records")
-    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
-    for _, task, start, end in report.records:
-        durations[task.stage, task.mb, task.kind] = end - start
-    medians = np.median(durations, axis=1)
-    cost_model = CostModel.uniform(
-        hint.num_stages,
-        forward=medians[:, Kind.F].tolist(),
-        backward=medians[:, Kind.B].tolist(),
-        weight=medians[:, Kind.W].tolist(),
-    )
-    sample = Sample(durations, np.zeros_like(durations), 0.0)
-    return Simulator(hint, cost_model).run(policy, sample, slack=slack).makespan
+    if len(report.records) != hint.num_tasks:
+        raise ValueError(
+            f"step {report.step}'s timelines were not kept; train with timelines=True (--trace or --timeline) "
+            "and predict from rank 0's reports"
+        )
+    return _predict(hint, report.records, report.plan_costs, policy, slack)
 
 
-def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
-    """Measure each stage's forward and backward on one reference micro-batch in
-    this process (median of ``repeats`` after a warm-up): the costs ``--emulate`` sleeps.
-
-    When the hint splits weight gradients off, the measured backward is shared
-    equally between B and W.
-    """
-    torch.set_num_threads(1)
-    stages = config.ranks * (config.chunks or (2 if config.hint == "zbv" else 1))
-    modules = split_layers(build_layers(config.model), stages)
-    inputs, _, counts = make_batch(
-        config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len.mean), 0, config.seed
-    )
-    forward, backward = [], []
-    x: torch.Tensor = inputs[0]
-    for module in modules:
-        f_times, b_times = [], []
-        for _ in range(repeats + 1):
-            leaf = x.detach().requires_grad_(x.is_floating_point())
-            start = time.perf_counter()
-            out = module(leaf)
-            middle = time.perf_counter()
-            out.backward(torch.ones_like(out))
-            end = time.perf_counter()
-            f_times.append(middle - start)
-            b_times.append(end - middle)
-        forward.append(statistics.median(f_times[1:]))
-        backward.append(statistics.median(b_times[1:]))
-        x = out.detach()
-    if config.split_backward:
-        half = tuple(b / 2 for b in backward)
-        return EmulatedCosts(tuple(forward), half, half, counts[0])
-    return EmulatedCosts(tuple(forward), tuple(backward), (0.0,) * stages, counts[0])
-
-
-__all__ = ["EmulatedCosts", "Policy", "TrainConfig", "TrainResult", "profile_costs", "train"]
+__all__ = ["EmulatedCosts", "Policy", "TrainConfig", "TrainResult", "predict_step_time", "profile_costs", "train"]

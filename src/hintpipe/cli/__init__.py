@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from hintpipe.cli import demo, plan, simulate, train
+from hintpipe.runtime.errors import RankFailure
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,16 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         code: int = args.run(args)
     except ValueError as exc:
         print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:
-        launch = sys.modules.get("hintpipe.runtime.launch")  # not imported here: it needs torch
-        if launch is None or not isinstance(exc, launch.RankFailure):
-            raise
+    except RankFailure as exc:
         print(f"hintpipe {args.command}: failed:\n{exc}", file=sys.stderr)
         return 1
     return code

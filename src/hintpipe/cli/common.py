@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintError, HintName
 from hintpipe.schedule.hint_csv import load_hint_csv
-from hintpipe.units import parse_size
+from hintpipe.units import parse_sizes
 
 # Tables keep their columns when printed to a file or a pipe (rich would assume 80 columns).
 stdout = Console() if sys.stdout.isatty() else Console(width=120)
@@ -63,7 +63,8 @@ def build_hint(args: argparse.Namespace) -> Hint:
     return generate_hint(HintName.parse(args.hint), args.stages, args.microbatches, args.chunks)
 
 
-def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+def add_budget_arguments(parser: argparse.ArgumentParser, *, bytes_only: bool) -> None:
+    """``--memory-slack`` or ``--activation-budget``: the room each rank has for in-flight activations."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--memory-slack",
@@ -72,24 +73,30 @@ def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="room for K more micro-batches of activations than the hint's own peak (default 0)",
     )
+    unit = "bytes, e.g. 64MiB" if bytes_only else "slots, or bytes such as 2GiB when the cost model has sizes"
     group.add_argument(
-        "--memory-budget",
+        "--activation-budget",
         default=None,
         metavar="SIZE",
-        help="activation budget per rank (slots, or bytes such as 2GiB when activation sizes are known); "
-        "one value, or one per rank separated by commas",
+        help=f"activations each rank may hold ({unit}); one value, or one per rank separated by commas",
     )
+    renamed(parser, "--memory-budget", "--activation-budget (activation room per rank)")
+
+
+def renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Refuse a flag that was renamed, naming the new one."""
+
+    class _Renamed(argparse.Action):
+        def __call__(self, *args: Any, **kwargs: Any) -> None:
+            parser.exit(2, f"{parser.prog}: error: {old} was renamed: use {new}\n")
+
+    parser.add_argument(old, action=_Renamed, help=argparse.SUPPRESS)
 
 
 def parse_budgets(text: str | None, ranks: int) -> list[float] | None:
     if text is None:
         return None
-    values = [parse_size(part) for part in text.split(",")]
-    if len(values) == 1:
-        return values * ranks
-    if len(values) != ranks:
-        raise ValueError(f"--memory-budget has {len(values)} values, the pipeline has {ranks} ranks")
-    return values
+    return list(parse_sizes(text, ranks, "--activation-budget"))
 
 
 def print_json(payload: dict[str, Any]) -> None:

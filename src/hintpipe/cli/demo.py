@@ -56,6 +56,7 @@ def demo_arguments(steps: int) -> argparse.Namespace:
         seed=0,
         timeout=120.0,
         check_grads=False,
+        timeline=True,
     )
 
 

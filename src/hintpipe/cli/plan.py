@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
-from hintpipe.cli.common import print_json, stdout
+from hintpipe.cli.common import print_json, renamed, stdout
 from hintpipe.schedule.hint import HintName
 from hintpipe.units import format_size
 
@@ -26,11 +26,13 @@ def register(commands: Any) -> None:
     parser.add_argument("--hint", default="1f1b", choices=[h.value for h in HintName])
     parser.add_argument("--chunks", type=int, default=1, metavar="V")
     parser.add_argument(
-        "--memory-budget",
+        "--stage-memory",
         required=True,
         metavar="SIZE",
-        help="bytes per stage, e.g. 512MiB or 2GiB; or one per stage, comma-separated",
+        help="total memory of each stage's device (parameters, gradients, optimizer state and activations), "
+        "e.g. 512MiB or 2GiB; or one per stage, comma-separated",
     )
+    renamed(parser, "--memory-budget", "--stage-memory (total memory per stage)")
     parser.add_argument("--microbatch-size", type=int, default=4, metavar="B", help="samples per micro-batch")
     parser.add_argument("--optimizer-factor", type=float, default=2.0, help="optimizer bytes per parameter byte")
     parser.add_argument(
@@ -62,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         microbatches=args.microbatches,
         hint=args.hint,
         chunks=args.chunks,
-        memory_budget=args.memory_budget,
+        memory_budget=args.stage_memory,
+        host_bandwidth=args.host_bandwidth,
         optimizer_factor=args.optimizer_factor,
         repeats=args.repeats,
     )
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.to_json())
         return 0
     stdout.print(f"{args.model} ({args.layers} layers, hidden {args.hidden}), {result.num_stages} stages, {args.hint}")
-    stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, budget {args.memory_budget} per stage")
+    stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, stage memory {args.stage_memory}")
     table = Table()
     for column in ("stage", "nodes", "from node", "time ms", "memory", "in flight", "recompute", "offload"):
         table.add_column(column, justify="left" if column == "from node" else "right", no_wrap=True)

@@ -41,9 +41,10 @@ def register(commands: Any) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER]; repeatable",
+        help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] (cost units); "
+        "repeatable",
     )
-    add_budget_arguments(parser)
+    add_budget_arguments(parser, bytes_only=False)
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
     parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
+    in_bytes = cost_model is not None and cost_model.activation is not None
     policy = Policy(args.policy)
     policies = list(Policy) if args.compare else [policy]
     with progress_bar("simulating", args.trials, enabled=not args.json and args.trials > 1) as bar:
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             trials=args.trials,
             seed=args.seed,
             slack=args.memory_slack,
-            budgets=parse_budgets(args.memory_budget, hint.num_ranks),
+            budgets=parse_budgets(args.activation_budget, hint.num_ranks),
             on_trial=lambda _: bar.advance(bar.task_ids[0]),
         )
     shown = summaries.get(policy, summaries[policies[-1]])
@@ -84,11 +86,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         if args.compare:
-            payload: dict[str, Any] = {p.value: s.to_json() for p, s in summaries.items()}
+            payload: dict[str, Any] = {p.value: s.to_json(in_bytes) for p, s in summaries.items()}
             payload["speedup"] = summaries[Policy.FIXED].makespan / summaries[Policy.READY].makespan
             payload["speedup_greedy"] = summaries[Policy.FIXED].makespan / summaries[Policy.GREEDY].makespan
         else:
-            payload = shown.to_json() | {"policy": shown.policy.value}
+            payload = shown.to_json(in_bytes) | {"policy": shown.policy.value}
         payload |= {
             "hint": hint.name,
             "stages": hint.num_stages,

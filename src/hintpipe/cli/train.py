@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
-from hintpipe.cli.common import print_json, stdout
+from hintpipe.cli.common import add_budget_arguments, print_json, stdout
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
-from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
 from hintpipe.scoreboard import Policy
-from hintpipe.units import format_size, parse_size
+from hintpipe.units import format_size, parse_sizes
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
@@ -39,7 +39,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR, comm:MS; repeatable",
+        help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] (times: 2ms), "
+        "crash:RANK:STEP, hang:RANK:STEP, nan:STEP; the simulator's words, same meaning; repeatable",
     )
     parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
     parser.add_argument("--seed", type=int, default=0, help="model, data and injection seed (default 0)")
@@ -54,20 +55,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--policy", default="ready", choices=[p.value for p in Policy])
     parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
     parser.add_argument("--steps", type=int, default=4, metavar="N")
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument(
-        "--memory-slack",
-        type=float,
-        default=0.0,
-        metavar="K",
-        help="room for K more in-flight micro-batches than the hint's own peak",
-    )
-    budget.add_argument(
-        "--memory-budget",
-        default=None,
-        metavar="BYTES",
-        help="activation bytes per rank (e.g. 64MiB); each micro-batch admitted by its own estimated bytes",
-    )
+    add_budget_arguments(parser, bytes_only=True)
     add_train_arguments(parser)
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (torch.distributed.checkpoint)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save after every K steps")
@@ -95,8 +83,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             f"--stages, --microbatches and --steps must be at least 1, got {args.stages}, "
             f"{args.microbatches}, {args.steps}"
         )
-    hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks or (2 if args.hint == "zbv" else 1))
-    Injection.parse(args.inject).check_ranks(args.stages)
+    hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks)
+    Injection.parse(args.inject).check(args.stages, hint.num_stages, args.microbatches)
     model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed)
     split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
     config = TrainConfig(
@@ -109,7 +97,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         policy=policy,
         steps=args.steps,
         memory_slack=args.memory_slack,
-        memory_budget=None if getattr(args, "memory_budget", None) is None else parse_size(args.memory_budget),
+        memory_budget=_budget(getattr(args, "activation_budget", None), args.stages),
         seq_len=SeqLenDist.parse(args.seq_len_dist),
         inject=tuple(args.inject),
         seed=args.seed,
@@ -121,6 +109,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         checkpoint_every=getattr(args, "checkpoint_every", 0),
         resume=getattr(args, "resume", False),
         on_nonfinite=getattr(args, "on_nonfinite", "raise"),
+        timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
@@ -129,6 +118,10 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.emulate:
         config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
     return config
+
+
+def _budget(text: str | None, ranks: int) -> tuple[float, ...] | None:
+    return None if text is None else parse_sizes(text, ranks, "--activation-budget")
 
 
 def result_json(result: TrainResult) -> dict[str, Any]:
@@ -144,7 +137,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         unit: result.throughput,
         "efficiency": result.efficiency,
         "losses": list(result.losses),
-        "peak_live": result.peak_live_bytes,
+        "peak_live_bytes": result.peak_live_bytes,
         "peak_live_slots": result.peak_live,
         "step_times": [r.step_time for r in result.reports],
         "bubble": [list(r.bubble) for r in result.reports],

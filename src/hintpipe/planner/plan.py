@@ -36,7 +36,7 @@ from hintpipe.planner.stagegen import crossing, extract
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.tensor_bytes import nbytes, tensors_in
-from hintpipe.units import parse_size
+from hintpipe.units import parse_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,21 +103,6 @@ class Plan:
         if math.isinf(s.budget_bytes) or per_mb <= 0:
             return 0
         return max(0, int(s.spare_bytes // per_mb))
-
-
-def _budgets(memory_budget: float | str | Sequence[float | str], stages: int) -> tuple[float, ...]:
-    if isinstance(memory_budget, (int, float)):
-        return (float(memory_budget),) * stages
-    if isinstance(memory_budget, str):
-        parts = memory_budget.split(",")
-        values = [parse_size(p) for p in parts]
-    else:
-        values = [parse_size(v) if isinstance(v, str) else float(v) for v in memory_budget]
-    if len(values) == 1:
-        return (values[0],) * stages
-    if len(values) != stages:
-        raise ValueError(f"{len(values)} memory budgets for {stages} stages: give one, or one per stage")
-    return tuple(values)
 
 
 def _tied(graph: CapturedGraph, cuts: Sequence[int]) -> tuple[str, ...]:
@@ -193,7 +178,7 @@ def plan(
         host_bandwidth = 0.0 if on_cpu else 10e9
     memory = MemoryModel(
         inflight=hint_obj.stage_peaks,
-        budgets=_budgets(memory_budget, total),
+        budgets=parse_sizes(memory_budget, total, "memory_budget"),
         optimizer_factor=optimizer_factor,
         host_bandwidth=host_bandwidth,
         scale=size / profiled,

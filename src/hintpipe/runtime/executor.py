@@ -1,8 +1,10 @@
 """What a task computes: forward, backward to the input, weight gradient.
 
-:class:`StageExecutor` runs the real modules; :class:`EmulatedExecutor`
-replaces compute by sleeping each task's cost (for more ranks than cores: the
-messages are real, the arithmetic is not).
+:class:`Executor` is the protocol the step loop drives. :class:`StageExecutor`
+runs the real modules; :class:`EmulatedExecutor` replaces compute by sleeping
+each task's cost (for more ranks than cores: the messages are real, the
+arithmetic is not). :mod:`hintpipe.runtime.faults` wraps either to inject
+variability and faults.
 
 The weight-gradient split (B computes only input gradients, W the weight
 gradients later) uses torch.distributed.pipelining's ``stage_backward_input``
@@ -13,18 +15,46 @@ so W does not repeat the backward pass, which is the whole point of the split.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from hintpipe.schedule.task import Kind
 from hintpipe.tensor_bytes import SavedCounter, count_saved, parameter_storages
 
 Tensors = list[torch.Tensor | None]
 LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class Executor(Protocol):
+    """What the step loop asks of compute: run one task of this rank's stages.
+
+    ``live_bytes`` is what the forwards not yet released by their last
+    backward task hold (for byte admission and the reports).
+    """
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes the forwards not yet released hold."""
+
+    def begin_step(self, step: int) -> None:
+        """The loop starts step ``step`` (wrappers that inject per-step work read it)."""
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Run F; returns (outputs to send on, the scaled loss at the last stage or None)."""
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        """Run B; returns the gradients for the stage inputs (None where none)."""
+
+    def weight(self, stage: int, mb: int) -> None:
+        """Run W: accumulate the weight gradients B left out."""
 
 
 def as_tensors(value: Any) -> list[torch.Tensor]:
@@ -88,6 +118,9 @@ class StageExecutor:
         # forward), so each shape is counted once. A stage whose saved bytes depend on its
         # input's values rather than its shapes would be counted at its first such input.
         self._kept: dict[tuple[int, tuple[tuple[int, ...], ...]], int] = {}
+
+    def begin_step(self, step: int) -> None:
+        """Nothing per step: what a task computes does not depend on it."""
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
@@ -166,30 +199,77 @@ class StageExecutor:
         self.live_bytes -= self._bytes.pop((stage, mb), 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class EmulatedCosts:
+    """Per-stage task costs in seconds for a micro-batch of ``reference_size``
+    input elements (the first input tensor's ``numel``); a micro-batch costs in
+    proportion to its size."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    weight: tuple[float, ...]
+    reference_size: int
+
+    def __post_init__(self) -> None:
+        if not len(self.forward) == len(self.backward) == len(self.weight):
+            raise ValueError("forward, backward and weight need one cost per stage each")
+        if self.reference_size < 1:
+            raise ValueError(f"reference_size must be at least 1, got {self.reference_size}")
+
+    def cost(self, stage: int, kind: Kind, size: float) -> float:
+        base = (self.forward, self.backward, self.weight)[kind][stage]
+        return base * size / self.reference_size
+
+
 class EmulatedExecutor:
-    """Sleeps each task's cost instead of computing; passes one-element tensors.
+    """Sleeps each task's cost instead of computing.
+
+    The first stage's inputs are the real batch; their size (elements of the
+    first tensor) travels down the pipeline as a one-element activation, so
+    every stage sleeps in proportion to the micro-batch it serves, with no
+    tensors of the model's sizes.
 
     Args:
-        costs: ``costs(stage, kind, mb)`` in seconds (kind ``"F"``, ``"B"`` or ``"W"``).
+        costs: the per-stage costs.
         last_stage: the pipeline's last stage (its F produces the loss, zero).
+        factor: ``factor(step, stage, kind, mb)`` multiplies each cost (injected variability).
     """
 
-    def __init__(self, costs: Callable[[int, str, int], float], last_stage: int) -> None:
+    def __init__(
+        self,
+        costs: EmulatedCosts,
+        last_stage: int,
+        factor: Callable[[int, int, Kind, int], float] | None = None,
+    ) -> None:
+        if len(costs.forward) != last_stage + 1:
+            raise ValueError(f"emulated costs are for {len(costs.forward)} stages, the pipeline has {last_stage + 1}")
         self.costs = costs
         self.last_stage = last_stage
+        self.factor = factor
         self.live_bytes = 0
+        self.step = 0
+        self._sizes: dict[tuple[int, int], float] = {}
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    def _sleep(self, stage: int, kind: Kind, mb: int, size: float) -> None:
+        scale = self.factor(self.step, stage, kind, mb) if self.factor is not None else 1.0
+        time.sleep(self.costs.cost(stage, kind, size) * scale)
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        time.sleep(self.costs(stage, "F", mb))
+        size = float(inputs[0].numel()) if stage == 0 else float(inputs[0].reshape(-1)[0])
+        self._sizes[(stage, mb)] = size
+        self._sleep(stage, Kind.F, mb, size)
         if stage == self.last_stage:
             return [], torch.zeros(())
-        return [torch.zeros(1)], None
+        return [torch.tensor([size])], None
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
-        time.sleep(self.costs(stage, "B", mb))
+        self._sleep(stage, Kind.B, mb, self._sizes[(stage, mb)])
         return [torch.zeros(1)]
 
     def weight(self, stage: int, mb: int) -> None:
-        time.sleep(self.costs(stage, "W", mb))
+        self._sleep(stage, Kind.W, mb, self._sizes[(stage, mb)])

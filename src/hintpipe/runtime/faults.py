@@ -1,130 +1,200 @@
-"""Injected variability for runtime experiments (``hintpipe train --inject``).
+"""Injected variability and faults, as wrappers around the executor and the transport.
 
-=============================  ===============================================
-``compute:SIGMA``              after every task, sleep ``X * t`` where ``t`` is
-                               the task's measured compute time and ``X`` an
-                               independent lognormal factor with mean 1
-``mb:SIGMA``                   the same, with one factor per micro-batch shared
-                               by every stage: what varying document mix does
-                               to a packed fixed-shape batch
-``straggler:RANK:FACTOR``      every task on RANK takes FACTOR times as long
-``comm:MS``                    every message is delivered MS milliseconds late
-``crash:RANK:STEP``            RANK exits abruptly in step STEP (faults, tests)
-``hang:RANK:STEP``             RANK stops making progress in step STEP
-``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
-=============================  ===============================================
+:func:`inject` applies an :class:`~hintpipe.runtime.injection.Injection` to a
+:class:`~hintpipe.runtime.pipeline.Pipeline`: cost factors wrap the executor,
+faults wrap it again, message delays wrap the transport. The step loop knows
+none of it.
 
-Factors are drawn from ``(seed, step, stage, kind, micro-batch)``, so every
-policy sees exactly the same injected work. This module is torch-free.
+[Note: how the runtime realises a cost factor]
+A task of cost ``t`` costs ``X t`` under a factor ``X``. With emulated compute
+that is exact (the task sleeps ``X t``). Real compute cannot be made faster:
+a task that computed for ``t`` sleeps ``(X - 1) t`` more when ``X > 1`` and
+runs as it is when ``X <= 1``, so its mean factor is ``E[max(X, 1)]`` (1.20
+for sigma 0.5), not 1. Use ``--emulate`` for the simulator's distribution.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import heapq
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
-from hintpipe.sim.variability import SpecError
+from hintpipe.runtime.executor import EmulatedExecutor, Executor, Tensors
+from hintpipe.runtime.injection import CostFactors, Injection
+from hintpipe.runtime.transport import Transport
+from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.schedule.task import Kind
+from hintpipe.sim.variability import CommDelay
 
-_USAGE = "compute:SIGMA, mb:SIGMA, straggler:RANK:FACTOR, comm:MS, crash:RANK:STEP, hang:RANK:STEP or nan:STEP"
-_KINDS = {"F": 0, "B": 1, "W": 2}
+if TYPE_CHECKING:
+    from hintpipe.runtime.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class Injection:
-    """All injected variability of a run (the sum of the ``--inject`` specs)."""
+class StepAware:
+    """Executor wrappers learn where the step loop is through :meth:`begin_step`."""
 
-    compute_sigma: float = 0.0
-    mb_sigma: float = 0.0
-    stragglers: tuple[tuple[int, float], ...] = ()
-    comm_ms: float = 0.0
-    seed: int = 0
-    crash: tuple[tuple[int, int], ...] = ()  # (rank, step)
-    hang: tuple[tuple[int, int], ...] = ()
-    nan_steps: tuple[int, ...] = ()
+    step = 0
 
-    @classmethod
-    def parse(cls, specs: list[str], seed: int = 0) -> Injection:
-        """Combine ``--inject`` specs.
+    def begin_step(self, step: int) -> None:
+        self.step = step
 
-        Raises:
-            SpecError: naming the spec and what is wrong with it.
-        """
-        values: dict[str, float] = {"compute": 0.0, "mb": 0.0, "comm": 0.0}
-        stragglers: list[tuple[int, float]] = []
-        faults: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": []}
-        nan_steps: list[int] = []
-        for spec in specs:
-            name, _, rest = spec.strip().partition(":")
-            args = rest.split(":") if rest else []
-            if name in ("compute", "mb", "comm"):
-                if len(args) != 1:
-                    what = "MS" if name == "comm" else "SIGMA"
-                    raise SpecError(f"bad injection {spec!r}: expected {name}:{what}")
-                values[name] += _number(spec, args[0])
-            elif name == "straggler":
-                if len(args) != 2 or not args[0].isdigit():
-                    raise SpecError(f"bad injection {spec!r}: expected straggler:RANK:FACTOR")
-                factor = _number(spec, args[1])
-                if factor < 1:
-                    raise SpecError(f"bad injection {spec!r}: FACTOR must be >= 1")
-                stragglers.append((int(args[0]), factor))
-            elif name in ("crash", "hang"):
-                if len(args) != 2 or not all(a.isdigit() for a in args):
-                    raise SpecError(f"bad injection {spec!r}: expected {name}:RANK:STEP")
-                faults[name].append((int(args[0]), int(args[1])))
-            elif name == "nan":
-                if len(args) != 1 or not args[0].isdigit():
-                    raise SpecError(f"bad injection {spec!r}: expected nan:STEP")
-                nan_steps.append(int(args[0]))
-            else:
-                raise SpecError(f"bad injection {spec!r}: unknown kind {name!r}; use {_USAGE}")
-        return cls(
-            values["compute"],
-            values["mb"],
-            tuple(stragglers),
-            values["comm"],
-            seed,
-            tuple(faults["crash"]),
-            tuple(faults["hang"]),
-            tuple(nan_steps),
-        )
 
-    def check_ranks(self, ranks: int) -> None:
-        named = [("straggler", r) for r, _ in self.stragglers]
-        named += [("crash", r) for r, _ in self.crash] + [("hang", r) for r, _ in self.hang]
-        for what, rank in named:
-            if rank >= ranks:
-                raise SpecError(f"{what} rank {rank} does not exist: the run has ranks 0..{ranks - 1}")
+class VariedExecutor(StepAware):
+    """Real compute made slower by the injected factors (see [Note: how the runtime realises a cost factor])."""
+
+    def __init__(self, inner: Executor, factors: CostFactors) -> None:
+        self.inner = inner
+        self.factors = factors
 
     @property
-    def active(self) -> bool:
-        return bool(self.compute_sigma or self.mb_sigma or self.stragglers or self.comm_ms)
+    def live_bytes(self) -> int:
+        return self.inner.live_bytes
 
-    def extra_seconds(self, rank: int, step: int, stage: int, kind: str, mb: int, elapsed: float) -> float:
-        """How long to sleep after a task that computed for ``elapsed`` seconds."""
-        extra = 0.0
-        if self.compute_sigma:
-            extra += elapsed * _lognormal(self.compute_sigma, (self.seed, 1, step, stage, _KINDS[kind], mb))
-        if self.mb_sigma:
-            extra += elapsed * _lognormal(self.mb_sigma, (self.seed, 2, step, mb))
-        for straggler, factor in self.stragglers:
-            if straggler == rank:
-                extra += elapsed * (factor - 1.0)
-        return extra
+    def _pad(self, began: float, stage: int, kind: Kind, mb: int) -> None:
+        factor = self.factors(self.step, stage, kind, mb)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * (time.perf_counter() - began))
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        began = time.perf_counter()
+        result = self.inner.forward(stage, mb, inputs, target, loss_scale)
+        self._pad(began, stage, Kind.F, mb)
+        return result
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        began = time.perf_counter()
+        result = self.inner.backward(stage, mb, grads)
+        self._pad(began, stage, Kind.B, mb)
+        return result
+
+    def weight(self, stage: int, mb: int) -> None:
+        began = time.perf_counter()
+        self.inner.weight(stage, mb)
+        self._pad(began, stage, Kind.W, mb)
 
 
-def _number(spec: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SpecError(f"bad injection {spec!r}: {text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise SpecError(f"bad injection {spec!r}: {text!r} must be a finite number >= 0")
-    return value
+class FaultyExecutor(StepAware):
+    """Crashes, hangs or poisons the loss where the injection says, for tests of failure handling.
+
+    A crash or hang happens when the rank starts its second task of the step
+    (its first has run, so its neighbours are mid-step too).
+    """
+
+    def __init__(self, inner: Executor, injection: Injection, rank: int) -> None:
+        self.inner = inner
+        self.injection = injection
+        self.rank = rank
+        self._tasks = 0
+
+    @property
+    def live_bytes(self) -> int:
+        return self.inner.live_bytes
+
+    def begin_step(self, step: int) -> None:
+        super().begin_step(step)
+        self._tasks = 0
+
+    def _maybe_fail(self) -> None:
+        self._tasks += 1
+        if self._tasks != 2:
+            return
+        if (self.rank, self.step) in self.injection.crash:
+            log.error("rank %d: injected crash in step %d", self.rank, self.step)
+            os._exit(3)
+        if (self.rank, self.step) in self.injection.hang:
+            log.error("rank %d: injected hang in step %d", self.rank, self.step)
+            while True:
+                time.sleep(3600)
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self._maybe_fail()
+        if self.step in self.injection.nan_steps and mb == 0:
+            loss_scale = float("nan")
+        return self.inner.forward(stage, mb, inputs, target, loss_scale)
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        self._maybe_fail()
+        return self.inner.backward(stage, mb, grads)
+
+    def weight(self, stage: int, mb: int) -> None:
+        self._maybe_fail()
+        self.inner.weight(stage, mb)
 
 
-def _lognormal(sigma: float, key: tuple[int, ...]) -> float:
-    rng = np.random.default_rng(list(key))
-    return float(rng.lognormal(-0.5 * sigma * sigma, sigma))
+class DelayedTransport:
+    """A transport whose messages arrive ``latency + Exp(jitter)`` seconds late,
+    still first in first out per neighbour (a later message is never delivered
+    before an earlier one from the same peer)."""
+
+    def __init__(self, inner: Transport, delay: CommDelay, seed: int = 0) -> None:
+        self.inner = inner
+        self.delay = delay
+        self._rng = np.random.default_rng([seed, 4])
+        self._held: list[tuple[float, int, Message]] = []  # (due, order, message)
+        self._last_due: dict[int, float] = {}
+        self._order = 0
+
+    def _hold(self, msg: Message) -> None:
+        extra = float(self._rng.exponential(self.delay.jitter)) if self.delay.jitter else 0.0
+        due = max(msg.arrived + self.delay.latency + extra, self._last_due.get(msg.peer, 0.0))
+        self._last_due[msg.peer] = due
+        self._order += 1
+        heapq.heappush(self._held, (due, self._order, msg))
+
+    def get(self, timeout: float | None) -> Message | None:
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            while (arrived := self.inner.get(0)) is not None:
+                self._hold(arrived)
+            now = time.perf_counter()
+            if self._held and self._held[0][0] <= now:
+                return heapq.heappop(self._held)[2]
+            wait = self._held[0][0] - now if self._held else None
+            if deadline is not None:
+                left = deadline - now
+                if left <= 0:
+                    return None
+                wait = left if wait is None else min(wait, left)
+            arrived = self.inner.get(wait)
+            if arrived is not None:
+                self._hold(arrived)
+
+    def send(
+        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
+    ) -> None:
+        self.inner.send(peer, kind, step, stage, mb, tensors)
+
+    def flush(self, timeout: float) -> None:
+        self.inner.flush(timeout)
+
+    def close(self, timeout: float = 30.0, error: str | None = None) -> None:
+        self.inner.close(timeout, error)
+
+
+def inject(pipe: Pipeline, injection: Injection) -> None:
+    """Wrap ``pipe``'s executor and transport so that they inject ``injection``."""
+    injection.check(pipe.world, pipe.hint.num_stages, pipe.microbatches)
+    factors = injection.factors(pipe.hint.num_stages, pipe.microbatches)
+    executor = pipe.executor
+    if isinstance(executor, EmulatedExecutor):
+        executor.factor = factors if injection.varies else None
+    elif injection.varies:
+        executor = VariedExecutor(executor, factors)
+    if injection.faulty:
+        executor = FaultyExecutor(executor, injection, pipe.rank)
+    pipe.executor = executor
+    comm = injection.comm
+    if comm is not None:
+        pipe.transport = DelayedTransport(pipe.transport, comm, injection.seed)

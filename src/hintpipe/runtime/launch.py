@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import start_processes
 
+from hintpipe.runtime.errors import RankFailure
 
-class RankFailure(RuntimeError):
-    """One or more ranks ended with an error; the message has each rank's error."""
+__all__ = ["RankFailure", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 
 
 def free_port() -> int:

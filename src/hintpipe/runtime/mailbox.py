@@ -12,11 +12,7 @@ one tag), so no backend-specific tags are needed. Sends are asynchronous;
 their buffers are held until the backend reports them complete. When nothing
 is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
 
-Wire format, per message: a header of 64 int64 ``(kind, step, stage, mb,
-tensors, meta_len, payload_bytes, meta...)`` where ``meta`` describes each
-tensor as ``(dtype code, ndim, *shape)`` (``ndim = -1`` marks an absent tensor,
-e.g. no gradient for an integer input), then one byte payload holding every
-tensor.
+The wire format is in :mod:`hintpipe.runtime.wire`.
 
 [Note: pre-posted payloads]
 gloo transfers a message only once the receiver has posted its receive; a
@@ -39,11 +35,8 @@ delivers hold only their own bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import enum
 import logging
-import math
 import queue
 import threading
 import time
@@ -52,131 +45,18 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_meta, encode_meta, pack, unpack
+
 log = logging.getLogger(__name__)
 
 
-class MessageKind(enum.IntEnum):
-    ACTIVATION = 0  # forward output of ``stage - 1``, input of F(stage, mb)
-    GRADIENT = 1  # input gradient of ``stage + 1``, output gradient for B(stage, mb)
-    STOP = 2  # the peer is done and will send nothing more
-    ABORT = 3  # the peer failed; ``mb`` carries nothing, the error follows as text
-
-
-_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-]
-_CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
-_HEADER = 64
-_INLINE = _HEADER - 7  # tensor descriptions that fit in the header itself
-
-
-@dataclasses.dataclass
-class Message:
-    """A message as the rank sees it."""
-
-    kind: MessageKind
-    step: int
-    stage: int
-    mb: int
-    tensors: list[torch.Tensor | None]
-    peer: int
-    arrived: float = 0.0
-    error: str | None = None
-
-
-class PeerFailure(RuntimeError):
-    """A neighbour crashed, closed its connection or reported an error."""
-
-
-def _encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:
-    meta: list[int] = []
-    for t in tensors:
-        if t is None:
-            meta += [0, -1]
-            continue
-        if t.dtype not in _CODE:
-            raise TypeError(f"cannot send a tensor of dtype {t.dtype}; supported: {_DTYPES}")
-        meta += [_CODE[t.dtype], t.dim(), *t.shape]
-    return meta
-
-
-def _decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[int, ...]] | None]:
-    out: list[tuple[torch.dtype, tuple[int, ...]] | None] = []
-    i = 0
-    for _ in range(count):
-        code, ndim = meta[i], meta[i + 1]
-        i += 2
-        if ndim < 0:
-            out.append(None)
-            continue
-        out.append((_DTYPES[code], tuple(meta[i : i + ndim])))
-        i += ndim
-    return out
-
-
-_ALIGN = 8
-
-
-def _pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least: int = 0) -> tuple[torch.Tensor, int]:
-    """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
-    payload per message, whatever the number of tensors. The buffer is padded
-    to ``at_least`` bytes; returns it and the payload's own size."""
-    parts: list[torch.Tensor] = []
-    offset = 0
-    for t in tensors:
-        if t is None or t.numel() == 0:
-            continue
-        raw = t.contiguous().reshape(-1).view(torch.uint8)
-        parts.append(raw)
-        offset += raw.numel()
-        pad = -offset % _ALIGN
-        if pad:
-            parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
-            offset += pad
-    if offset < at_least:
-        parts.append(torch.empty(at_least - offset, dtype=torch.uint8, device=device))
-    if not parts:
-        return torch.empty(0, dtype=torch.uint8, device=device), 0
-    return torch.cat(parts), offset
-
-
-def _unpack(
-    payload: torch.Tensor, specs: list[tuple[torch.dtype, tuple[int, ...]] | None]
-) -> list[torch.Tensor | None]:
-    out: list[torch.Tensor | None] = []
-    offset = 0
-    for spec in specs:
-        if spec is None:
-            out.append(None)
-            continue
-        dtype, shape = spec
-        count = math.prod(shape)
-        size = count * torch.empty((), dtype=dtype).element_size()
-        if count == 0:
-            out.append(torch.empty(shape, dtype=dtype, device=payload.device))
-            continue
-        out.append(payload[offset : offset + size].view(dtype).reshape(shape))
-        offset += size + (-(offset + size) % _ALIGN)
-    return out
-
-
 class PostOffice:
-    """All mailboxes of one rank, plus its outgoing sends.
+    """All mailboxes of one rank, plus its outgoing sends: the gloo :class:`~hintpipe.runtime.transport.Transport`.
 
     Args:
         peers: the ranks this rank exchanges messages with.
         device: where received tensors are placed (CPU for gloo, CUDA for NCCL).
         group: the process group (default: the world).
-        delay_s: extra delivery delay per message, for injected network latency.
     """
 
     def __init__(
@@ -184,12 +64,10 @@ class PostOffice:
         peers: Sequence[int],
         device: torch.device,
         group: dist.ProcessGroup | None = None,
-        delay_s: float = 0.0,
     ) -> None:
         self.rank = dist.get_rank(group)
         self.device = device
         self.group = group
-        self.delay_s = delay_s
         # gloo moves CPU tensors; NCCL moves tensors on the rank's GPU.
         self._wire_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.inbox: queue.Queue[Message] = queue.Queue()
@@ -221,23 +99,21 @@ class PostOffice:
                     payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
                 else:
                     payload = first
-                if meta_len <= _INLINE:
+                if meta_len <= INLINE:
                     meta = values[7 : 7 + meta_len]
                 else:
                     extra = torch.empty(meta_len, dtype=torch.int64)
                     dist.recv(extra, src=peer, group=self.group)
                     meta = extra.tolist()
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
-                    text = bytes(payload.tolist()).decode(errors="replace") if nbytes else None
+                    text = bytes(payload.tolist()).decode(errors="replace").rstrip("\x00") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
                 expected = max(expected, nbytes)
                 header, first, posted = self._arm(peer, expected)  # before delivering: the next may be on its way
-                tensors = _unpack(payload, _decode_meta(meta, count))
+                tensors = unpack(payload, decode_meta(meta, count))
                 if self.device != payload.device:
                     tensors = [None if t is None else t.to(self.device) for t in tensors]
-                if self.delay_s:
-                    time.sleep(self.delay_s)
                 self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, time.perf_counter()))
         except Exception as exc:  # the peer died or the group was torn down
             self.inbox.put(
@@ -246,7 +122,7 @@ class PostOffice:
 
     def _arm(self, peer: int, expected: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
         """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
-        header = torch.empty(_HEADER, dtype=torch.int64)
+        header = torch.empty(HEADER, dtype=torch.int64)
         first = torch.empty(expected, dtype=torch.uint8, device=self._wire_device)
         posted = [dist.irecv(header, src=peer, group=self.group)]
         if expected:
@@ -266,7 +142,7 @@ class PostOffice:
         self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
     ) -> None:
         """Post a message to ``peer`` without waiting for it to leave."""
-        meta = _encode_meta(tensors)
+        meta = encode_meta(tensors)
         self._send(peer, kind, step, stage, mb, meta, [None if t is None else t.detach() for t in tensors])
         self._reap()
 
@@ -286,18 +162,18 @@ class PostOffice:
             # The common case, one tensor of the usual size: its own bytes, no copy.
             payload, nbytes = wire[0].reshape(-1).view(torch.uint8), expected
         else:
-            payload, nbytes = _pack(wire, self._wire_device, at_least=expected)
+            payload, nbytes = pack(wire, self._wire_device, at_least=expected)
         fields = [int(kind), step, stage, mb, len(tensors), len(meta), nbytes]
-        inline = meta if len(meta) <= _INLINE else []
+        inline = meta if len(meta) <= INLINE else []
         values = fields + inline
-        header = torch.tensor(values + [0] * (_HEADER - len(values)), dtype=torch.int64)
+        header = torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64)
         keep = [header, payload]
         self._post(header, peer, keep)
         if expected:
             self._post(payload[:expected], peer, keep)
         if nbytes > expected:
             self._post(payload[expected:nbytes], peer, keep)
-        if len(meta) > _INLINE:
+        if len(meta) > INLINE:
             extra = torch.tensor(meta, dtype=torch.int64)
             keep.append(extra)
             self._post(extra, peer, keep)
@@ -305,7 +181,7 @@ class PostOffice:
 
     def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
         data = torch.tensor(list(text.encode()[:4000]), dtype=torch.uint8)
-        self._send(peer, kind, -1, -1, -1, _encode_meta([data]), [data])
+        self._send(peer, kind, -1, -1, -1, encode_meta([data]), [data])
 
     def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
         work = dist.isend(tensor, dst=peer, group=self.group)

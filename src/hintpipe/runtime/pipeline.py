@@ -1,9 +1,4 @@
-"""The runtime: one process per rank, driven by the scoreboard.
-
-Each rank runs the same loop: take the messages that arrived, ask the
-:class:`~hintpipe.scoreboard.Scoreboard` what to run, run it, send what it
-produced. When nothing is ready it blocks on its inbox until a message comes,
-the ``ready`` policy's patience runs out, or the watchdog fires.
+"""The public runtime: :class:`Pipeline`, one per rank.
 
 Training semantics are those of the unsplit model: the loss of micro-batch
 ``i`` is ``loss_fn(output_i, target_i) / D`` with ``D`` the number of
@@ -13,101 +8,80 @@ the whole batch when micro-batches are equal) or a divisor the caller gives
 accumulated into ``.grad`` and never rescaled, so calling :meth:`Pipeline.step`
 twice without zeroing gives exactly twice one step's gradient. The optimizer
 step stays the caller's.
+
+A step: every rank meets at a barrier, (with a byte budget) learns each
+micro-batch's size, runs its :class:`~hintpipe.runtime.step_loop.StepLoop`,
+and then agrees with the others in one small all-reduce on the measured
+per-stage costs (the ``ready`` plan) and on whether any loss was non-finite;
+rank 0 gathers the step's report (:mod:`hintpipe.runtime.reports`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
+import enum
 import itertools
 import logging
 import math
-import os
-import statistics
-import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from hintpipe.observe.trace import Record
-from hintpipe.planner.plan import Plan
-from hintpipe.runtime.executor import EmulatedExecutor, LossFn, StageExecutor, as_input
-from hintpipe.runtime.faults import Injection
-from hintpipe.runtime.mailbox import Message, MessageKind, PeerFailure, PostOffice
+from hintpipe.runtime.admission import Admission, broadcast_sizes
+from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
+from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
+from hintpipe.runtime.mailbox import PostOffice
+from hintpipe.runtime.microbatch import Batch, as_inputs, split_microbatches
+from hintpipe.runtime.ready_plan import ReadyPlanner
+from hintpipe.runtime.reports import RankSummary, StepReport, durations_array, gather_report
+from hintpipe.runtime.step_loop import StepLoop, StepState
+from hintpipe.runtime.transport import Transport
+from hintpipe.runtime.wire import Message
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
-from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Sample, Simulator, lower_bound
-from hintpipe.units import format_size
+from hintpipe.scoreboard import BudgetError, Policy, Scoreboard
+from hintpipe.sim.expected import stage_medians
+
+if TYPE_CHECKING:
+    from hintpipe.planner.plan import Plan
 
 log = logging.getLogger(__name__)
 
-
-class WatchdogTimeout(RuntimeError):
-    """A rank waited longer than the timeout with nothing ready."""
+__all__ = ["BudgetError", "NonFiniteLoss", "OnNonFinite", "Pipeline", "PipelineOptions", "StepReport"]
 
 
-class NonFiniteLoss(FloatingPointError):
-    """The loss of a micro-batch is NaN or infinite: the step stops before the optimizer runs."""
+class OnNonFinite(enum.StrEnum):
+    """What a NaN or infinite loss does: ``raise`` stops the step with :class:`NonFiniteLoss`;
+    ``skip`` finishes it, zeroes every rank's gradients and lists it in :attr:`Pipeline.nonfinite_steps`."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+    @classmethod
+    def parse(cls, value: str) -> OnNonFinite:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {value!r}") from None
 
 
-class TaskError(RuntimeError):
-    """A stage's computation failed (e.g. a shape it cannot accept), named by task and micro-batch."""
+class PipelineOptions(TypedDict, total=False):
+    """The optional keyword arguments of :class:`Pipeline` (and of its ``from_*`` constructors)."""
 
-
-class OptionMismatch(ValueError):
-    """Ranks were started with different pipeline options."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepReport:
-    """What one step did on this rank (``records``: every rank's, after gathering)."""
-
-    step: int
-    rank: int
-    policy: Policy
-    step_time: float
-    lower_bound: float
-    records: tuple[Record, ...]
-    peak_live: tuple[float, ...]
-    peak_live_bytes: tuple[int, ...]
-    loss: float | None
-    busy: tuple[float, ...] = ()  # per rank, seconds of task time (kept when ``records`` is dropped)
-
-    @property
-    def efficiency(self) -> float:
-        return self.lower_bound / self.step_time if self.step_time > 0 else 1.0
-
-    @property
-    def bubble(self) -> tuple[float, ...]:
-        """Per rank, the idle share of the step."""
-        return tuple(1.0 - b / self.step_time for b in self.busy)
-
-
-def _split(value: Any, count: int, what: str) -> list[Any]:
-    """``value`` as ``count`` micro-batches: a list of them as given, or a tensor
-    (or tuple of tensors) split equally along dimension 0."""
-    if isinstance(value, list):
-        if len(value) != count:
-            raise ValueError(f"{what}: got a list of {len(value)} micro-batches, the pipeline runs {count}")
-        return value
-    tensors = value if isinstance(value, tuple) else (value,)
-    size = tensors[0].shape[0]
-    if size % count:
-        raise ValueError(
-            f"{what}: batch of {size} does not split into {count} equal micro-batches; "
-            f"use a batch size divisible by {count}, or pass a list of {count} micro-batches"
-        )
-    parts = [t.chunk(count, dim=0) for t in tensors]
-    if isinstance(value, tuple):
-        return [tuple(p[i] for p in parts) for i in range(count)]
-    return list(parts[0])
+    hint: str | Hint
+    policy: str | Policy
+    chunks: int | None
+    memory_slack: float
+    memory_budget: float | None
+    timeout: float
+    emulate: EmulatedCosts | None
+    on_nonfinite: str | OnNonFinite
+    history: int
+    timelines: bool
 
 
 class Pipeline:
@@ -120,39 +94,26 @@ class Pipeline:
             :meth:`from_modules` to pass the whole list).
         loss_fn: ``loss_fn(output, target)`` of one micro-batch, a scalar.
         microbatches: micro-batches per step.
-        hint: a generator name or a :class:`~hintpipe.hint.Hint`.
+        hint: a generator name or a :class:`~hintpipe.schedule.hint.Hint`.
         policy: ``fixed``, ``greedy`` or ``ready``.
-        chunks: stages per rank (interleaved schedules); ``zbv`` implies 2.
+        chunks: stages per rank (interleaved schedules); default the hint's own.
         memory_slack: room for this many more in-flight micro-batches than
             the hint's own peak (activation slots), spent by running ahead.
         memory_budget: activation bytes this rank may hold, instead of
-            ``memory_slack`` (see [Note: byte admission]).
+            ``memory_slack`` (see [Note: byte admission] in
+            :mod:`hintpipe.runtime.admission`).
         timeout: seconds a rank may wait with nothing ready before the
             watchdog ends the step with an error on every rank.
-        injection: variability to inject (experiments).
-        emulate: ``costs(stage, kind, mb)`` in seconds; sleep instead of
-            computing (for more ranks than cores).
-        history: how many steps' reports (timelines) to keep.
-        on_nonfinite: a NaN or infinite loss ``"raise"``s :class:`NonFiniteLoss`
-            on the last stage's rank (its neighbours then fail naming it), or
-            with ``"skip"`` the step finishes, every rank zeroes its gradients
-            and the step is listed in :attr:`nonfinite_steps` (with ``broadcast_loss``
-            every rank sees the non-finite loss and can skip its optimizer step).
+        emulate: sleep these costs instead of computing (for more ranks than
+            cores); the modules are then not run.
+        on_nonfinite: see :class:`OnNonFinite`.
+        history: how many steps' reports to keep.
+        timelines: gather every rank's task timeline to rank 0 each step
+            (traces, pictures, predictions); otherwise only summaries travel.
 
-    [Note: byte admission]
-    With a ``memory_budget`` each micro-batch is admitted by its own size, so
-    that micro-batches of different shapes (variable sequence lengths) cannot
-    push a rank over its budget by running ahead. At the start of a step the
-    rank of stage 0 broadcasts each micro-batch's size in input elements
-    (tokens, rows); every rank estimates the activation bytes of ``F(s, mb)``
-    as that size times the most bytes per element stage ``s`` has kept so far
-    (measured, as :attr:`StepReport.peak_live_bytes` is), and the scoreboard
-    admits in those bytes. The first step runs the hint in order and measures;
-    if it alone holds more than the budget, :class:`BudgetError`. A later step
-    whose micro-batches are so large that the hint's own order needs more than
-    the budget runs that order (no running ahead); a step whose measured peak
-    still exceeds the budget (activations that grow faster than the input, as
-    attention scores do) logs a warning and raises the estimates by the excess.
+    Raises:
+        ValueError: for options that contradict each other or the group.
+        OptionMismatch: when ranks were started with different options.
     """
 
     def __init__(
@@ -167,150 +128,133 @@ class Pipeline:
         memory_slack: float = 0.0,
         memory_budget: float | None = None,
         timeout: float = 300.0,
-        injection: Injection | None = None,
-        emulate: Any = None,
-        on_nonfinite: str = "raise",
+        emulate: EmulatedCosts | None = None,
+        on_nonfinite: str | OnNonFinite = OnNonFinite.RAISE,
         history: int = 100,
+        timelines: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
+        _check_positive(microbatches=microbatches, history=history)
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.policy = Policy.parse(policy) if isinstance(policy, str) else policy
-        if isinstance(hint, str):
-            name = HintName.parse(hint)
-            chunks = chunks if chunks is not None else (2 if name is HintName.ZBV else 1)
-            hint = generate_hint(name, self.world, microbatches, chunks)
-        elif hint.num_ranks != self.world or hint.num_microbatches != microbatches:
-            raise ValueError(
-                f"hint {hint.name!r} is for {hint.num_ranks} ranks and {hint.num_microbatches} micro-batches, "
-                f"the group has {self.world} ranks and the pipeline runs {microbatches}"
-            )
-        self.hint = hint
+        self.on_nonfinite = OnNonFinite.parse(on_nonfinite) if isinstance(on_nonfinite, str) else on_nonfinite
+        self.hint = _resolve_hint(hint, self.world, microbatches, chunks)
         self.microbatches = microbatches
-        mine = hint.placement.stages_of(self.rank)
-        if sorted(modules) != list(mine):
+        self.stages = self.hint.placement.stages_of(self.rank)
+        if sorted(modules) != list(self.stages):
             raise ValueError(
-                f"rank {self.rank} hosts stages {list(mine)} under hint {hint.name!r}, got modules for "
+                f"rank {self.rank} hosts stages {list(self.stages)} under hint {self.hint.name!r}, got modules for "
                 f"stages {sorted(modules)}"
             )
-        self.stages = mine
-        self.last_stage = hint.num_stages - 1
-        self.timeout = timeout
-        self.injection = injection or Injection()
-        if memory_budget is not None and memory_slack:
-            raise ValueError("give memory_slack or memory_budget, not both")
-        self.memory_slack = memory_slack
-        self.memory_budget = memory_budget
-        #: Per stage of this rank, the most activation bytes per input element seen (byte admission).
-        self.bytes_per_element: dict[int, float] = {}
-        self._strict_budget = True  # a plan's budget is room to run ahead, not a limit on the hint itself
-        self.executor: StageExecutor | EmulatedExecutor
         if emulate is not None and memory_budget is not None:
             raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
-        if emulate is not None:
-            self.executor = EmulatedExecutor(emulate, self.last_stage)
-        else:
-            self.executor = StageExecutor(modules, self.last_stage, loss_fn, hint.split_backward)
         self.modules = dict(modules)
-        stage_rank = hint.placement.stage_rank
-        peers = {stage_rank[s + d] for s in mine for d in (-1, 1) if 0 <= s + d < hint.num_stages}
-        # Point-to-point traffic gets its own gloo group so that it never
-        # interleaves with the collectives (barrier, gathers) of the default one.
-        self._p2p = dist.new_group(backend="gloo")
-        # Collectives of the runtime (step barrier, timeline gather, loss
-        # broadcast) get a group whose timeout is the watchdog's, so a stuck
-        # rank cannot hold the others in a collective either.
-        self._coll = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        self.timeout = timeout
+        self.timelines = timelines
+        self.history = history
+        self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget)
+        last = self.hint.num_stages - 1
+        self.executor: Executor = (
+            EmulatedExecutor(emulate, last)
+            if emulate is not None
+            else StageExecutor(self.modules, last, loss_fn, self.hint.split_backward)
+        )
         self.device = torch.device("cpu")
-        self.post = PostOffice(sorted(peers), self.device, group=self._p2p, delay_s=self.injection.comm_ms / 1000)
-        self.graph = RankGraph(hint, self.rank)
-        self._plan: RankPlan | None = None
+        self.transport: Transport = self._connect()
+        self.planner = ReadyPlanner(self.hint, self.rank)
         self._stash: list[Message] = []
-        self._stopped: set[int] = set()
         self.step_count = 0
         #: The last ``history`` steps' reports (bounded: a run of days must not grow).
         self.reports: list[StepReport] = []
-        self.history = history
-        self._closed = False
-        if on_nonfinite not in ("raise", "skip"):
-            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
-        self.on_nonfinite = on_nonfinite
         self.nonfinite_steps: list[int] = []
-        self._check_options(
-            {
-                "hint": hint.name,
-                "stages": hint.num_stages,
-                "microbatches": microbatches,
-                "policy": self.policy.value,
-                "split_backward": hint.split_backward,
-                "timeout": timeout,
-                "on_nonfinite": on_nonfinite,
-                "emulated": emulate is not None,
-                "byte_admission": memory_budget is not None,
-                "injection": dataclasses.asdict(self.injection),
-            }
-        )
+        self._closed = False
+        self._check_options(emulated=emulate is not None, byte_admission=memory_budget is not None)
+
+    def _connect(self) -> Transport:
+        """The process groups and the transport to the neighbours.
+
+        Point-to-point traffic gets its own gloo group so that it never interleaves
+        with the collectives of the default one; the runtime's collectives get a group
+        whose timeout is the watchdog's, so a stuck rank cannot hold the others there.
+        """
+        self._p2p = dist.new_group(backend="gloo")
+        self._coll = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
+        stage_rank = self.hint.placement.stage_rank
+        peers = {stage_rank[s + d] for s in self.stages for d in (-1, 1) if 0 <= s + d < self.hint.num_stages}
+        return PostOffice(sorted(peers), self.device, group=self._p2p)
+
+    # -- building ---------------------------------------------------------------
 
     @classmethod
-    def from_modules(cls, modules: Sequence[nn.Module], **kwargs: Any) -> Pipeline:
+    def from_modules(
+        cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int, **options: Unpack[PipelineOptions]
+    ) -> Pipeline:
         """Build from the list of *all* stage modules (global order); each rank keeps its own."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        microbatches = kwargs["microbatches"]
-        hint = kwargs.get("hint", "1f1b")
-        if isinstance(hint, str):
-            name = HintName.parse(hint)
-            chunks = kwargs.get("chunks") or (2 if name is HintName.ZBV else 1)
-            hint = generate_hint(name, world, microbatches, chunks)
-            kwargs["hint"] = hint
+        hint = _resolve_hint(options.get("hint", "1f1b"), dist.get_world_size(), microbatches, options.get("chunks"))
         if len(modules) != hint.num_stages:
             raise ValueError(
-                f"got {len(modules)} stage modules; hint {hint.name!r} on {world} ranks needs "
-                f"{hint.num_stages} ({hint.num_stages // world} per rank)"
+                f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.num_ranks} ranks needs "
+                f"{hint.num_stages} ({hint.num_stages // hint.num_ranks} per rank)"
             )
-        return cls({s: modules[s] for s in hint.placement.stages_of(rank)}, **kwargs)
+        mine = {s: modules[s] for s in hint.placement.stages_of(dist.get_rank())}
+        options["hint"] = hint
+        return cls(mine, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     @classmethod
-    def from_plan(cls, plan: Plan, **kwargs: Any) -> Pipeline:
-        """Build from a :class:`~hintpipe.planning.Plan`: each rank builds its planned stages.
+    def from_plan(
+        cls, plan: Plan, *, loss_fn: LossFn, microbatches: int | None = None, **options: Unpack[PipelineOptions]
+    ) -> Pipeline:
+        """Build from a :class:`~hintpipe.planner.plan.Plan`: each rank builds its planned stages.
 
         Unless ``memory_slack`` or ``memory_budget`` is given, a plan made under
         a memory budget gives each rank a byte budget for activations: its
         stages' planned activations plus their spare memory (budget minus
         planned peak), so the memory the planner frees becomes room to run
-        ahead, admitted by each micro-batch's own size (see [Note: byte
-        admission]). If the hint's own order turns out to hold more than the
-        plan predicted, the rank runs the hint without running ahead.
+        ahead, admitted by each micro-batch's own size. If the hint's own
+        order turns out to hold more than the plan predicted, the rank runs the
+        hint without running ahead.
         """
         rank, world = dist.get_rank(), dist.get_world_size()
         if world != plan.ranks:
             raise ValueError(f"the plan is for {plan.ranks} ranks, the group has {world}")
+        microbatches = microbatches if microbatches is not None else plan.microbatches
         hint = generate_hint(HintName.parse(plan.hint), plan.ranks, plan.microbatches, plan.chunks)
         mine = hint.placement.stages_of(rank)
-        from_budget = "memory_slack" not in kwargs and "memory_budget" not in kwargs
-        if from_budget:
-            room = plan.activation_room(mine)
-            if math.isfinite(room) and not kwargs.get("emulate"):
-                kwargs["memory_budget"] = room
-        kwargs.setdefault("microbatches", plan.microbatches)
-        pipe = cls({s: plan.build_stage(s) for s in mine}, hint=hint, **kwargs)
-        pipe._strict_budget = not from_budget
+        from_budget = "memory_slack" not in options and "memory_budget" not in options
+        if from_budget and options.get("emulate") is None and math.isfinite(room := plan.activation_room(mine)):
+            options["memory_budget"] = room
+        options["hint"] = hint
+        pipe = cls({s: plan.build_stage(s) for s in mine}, loss_fn=loss_fn, microbatches=microbatches, **options)
+        pipe.admission.strict = not from_budget
         return pipe
 
     @classmethod
-    def from_sequential(cls, model: nn.Sequential, split: Sequence[int], **kwargs: Any) -> Pipeline:
+    def from_sequential(
+        cls,
+        model: nn.Sequential,
+        split: Sequence[int],
+        *,
+        loss_fn: LossFn,
+        microbatches: int,
+        **options: Unpack[PipelineOptions],
+    ) -> Pipeline:
         """Cut ``model`` before each index in ``split`` (``[2, 4]``: layers 0-1, 2-3, 4-)."""
         bounds = [0, *split, len(model)]
         if any(b <= a for a, b in itertools.pairwise(bounds)):
             raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
-        return cls.from_modules([model[a:b] for a, b in itertools.pairwise(bounds)], **kwargs)
+        stages = [model[a:b] for a, b in itertools.pairwise(bounds)]
+        return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     # -- one step ---------------------------------------------------------------
 
     def step(
         self,
-        inputs: Any = None,
-        target: Any = None,
+        inputs: Batch | None = None,
+        target: Batch | None = None,
         *,
         loss_divisor: float | None = None,
         broadcast_loss: bool = False,
@@ -332,6 +276,7 @@ class Pipeline:
         Raises:
             WatchdogTimeout: a rank waited ``timeout`` seconds with nothing ready.
             PeerFailure: a neighbour failed or vanished.
+            NonFiniteLoss: a loss was NaN or infinite (``on_nonfinite="raise"``).
         """
         if self._closed:
             raise RuntimeError("this Pipeline is closed")
@@ -341,240 +286,139 @@ class Pipeline:
             self._abort(exc)
             raise
 
-    def _abort(self, exc: BaseException) -> None:
-        if not self._closed:
-            self._closed = True
-            text = str(exc) if str(exc).startswith(f"rank {self.rank}:") else f"rank {self.rank}: {exc}"
-            self.post.close(timeout=5.0, error=text)
-
-    def _step(self, inputs: Any, target: Any, loss_divisor: float | None, broadcast_loss: bool) -> torch.Tensor | None:
-        step, m = self.step_count, self.microbatches
-        act_in: dict[tuple[int, int], list[torch.Tensor]] = {}
-        grad_in: dict[tuple[int, int], list[torch.Tensor | None]] = {}
-        targets: list[Any] = [None] * m
-        emulated = isinstance(self.executor, EmulatedExecutor)
-        if 0 in self.stages:
-            if emulated:
-                batches = [torch.zeros(1)] * m
-            elif inputs is None:
-                raise ValueError(f"rank {self.rank} hosts stage 0 and needs the inputs")
-            else:
-                batches = _split(inputs, m, "inputs")
-            for mb, batch in enumerate(batches):
-                act_in[(0, mb)] = list(batch) if isinstance(batch, tuple) else [batch]
-        if self.last_stage in self.stages and not emulated:
-            if target is None:
-                raise ValueError(f"rank {self.rank} hosts the last stage and needs the target")
-            targets = _split(target, m, "target")
-        scale = 1.0 / (loss_divisor if loss_divisor is not None else m)
-        policy = self.policy
-        if policy is Policy.READY and self._plan is None:
-            policy = Policy.FIXED  # no measured plan yet: the first step runs the hint in order
+    def _step(
+        self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
+    ) -> torch.Tensor | None:
+        state = self._prepare(inputs, target, loss_divisor)
+        step = state.step
+        policy = self.policy if self.planner.plan is not None or self.policy is not Policy.READY else Policy.FIXED
+        plan_costs = self.planner.costs if policy is Policy.READY else None
         self._barrier(step)  # before any collective of the step: a missing rank is named here
-        elements = self._elements(act_in) if self.memory_budget is not None else None
-        graph, budget = self._admission(elements)
-        board = Scoreboard(graph, policy, budget=budget, plan=self._plan)
-        stage_rank = self.hint.placement.stage_rank
-        losses: list[torch.Tensor] = []
-        records: list[Record] = []
-        peak_bytes = self.executor.live_bytes
-
-        def accept(msg: Message) -> None:
-            if msg.kind is MessageKind.STOP:
-                self._stopped.add(msg.peer)
-                return
-            if msg.kind is MessageKind.ABORT:
-                raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in step {step}; it said: {msg.error}")
-            if msg.step > step:
-                self._stash.append(msg)
-                return
-            if msg.step < step:
-                raise RuntimeError(f"rank {self.rank}: message for old step {msg.step} in step {step}")
-            if msg.kind is MessageKind.ACTIVATION:
-                act_in[(msg.stage, msg.mb)] = [as_input(t) for t in msg.tensors if t is not None]
-                board.deliver(Task(msg.stage, Kind.F, msg.mb))
-            else:
-                grad_in[(msg.stage, msg.mb)] = msg.tensors
-                board.deliver(Task(msg.stage, Kind.B, msg.mb))
-
-        t0 = time.perf_counter()
-        stash, self._stash = self._stash, []
-        for msg in stash:
-            accept(msg)
-        last_progress = t0
-        while not board.done:
-            while (arrived := self.post.get(0)) is not None:
-                accept(arrived)
-            now = time.perf_counter()
-            pos = board.take(now - t0)
-            if pos < 0:
-                deadline = last_progress + self.timeout
-                wait = deadline - now
-                if math.isfinite(board.wake_at):
-                    wait = min(wait, board.wake_at - (now - t0))
-                arrived = self.post.get(max(wait, 1e-4))
-                if arrived is not None:
-                    accept(arrived)
-                    last_progress = time.perf_counter()
-                elif time.perf_counter() >= deadline:
-                    raise WatchdogTimeout(
-                        f"rank {self.rank}: waited {self.timeout:g} s with nothing ready in step {step}; "
-                        + board.pending_report()
-                    )
-                continue
-            task = board.tasks[pos]
-            s, kind, mb = task
-            if records:
-                self._inject_fault(step)
-            start = time.perf_counter()
-            try:
-                if kind is Kind.F:
-                    before = self.executor.live_bytes
-                    mb_scale = math.nan if (step in self.injection.nan_steps and mb == 0) else scale
-                    outputs, loss = self.executor.forward(s, mb, act_in.pop((s, mb)), targets[mb], mb_scale)
-                    if loss is not None:
-                        self._check_loss(loss, step, mb)
-                        losses.append(loss)
-                    peak_bytes = max(peak_bytes, self.executor.live_bytes)
-                    if elements is not None:
-                        kept = (self.executor.live_bytes - before) / max(1, elements[mb])
-                        self.bytes_per_element[s] = max(self.bytes_per_element.get(s, 0.0), kept)
-                elif kind is Kind.B:
-                    grads = None if s == self.last_stage else grad_in.pop((s, mb))
-                    dinputs = self.executor.backward(s, mb, grads)
-                else:
-                    self.executor.weight(s, mb)
-            except (NonFiniteLoss, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                raise TaskError(
-                    f"rank {self.rank}: task {task} (stage {s}, micro-batch {mb}) failed in step {step}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            compute_end = time.perf_counter()
-            if self.injection.active:
-                extra = self.injection.extra_seconds(self.rank, step, s, kind.name, mb, compute_end - start)
-                if extra > 0:
-                    time.sleep(extra)
-            end = time.perf_counter()
-            board.finish(pos, end - t0)
-            records.append((self.rank, task, start - t0, end - t0))
-            last_progress = end
-            if kind is Kind.F and s < self.last_stage:
-                if stage_rank[s + 1] == self.rank:
-                    act_in[(s + 1, mb)] = [as_input(t) for t in outputs]
-                else:
-                    self.post.send(stage_rank[s + 1], MessageKind.ACTIVATION, step, s + 1, mb, outputs)
-            elif kind is Kind.B and s > 0:
-                if stage_rank[s - 1] == self.rank:
-                    grad_in[(s - 1, mb)] = dinputs
-                else:
-                    self.post.send(stage_rank[s - 1], MessageKind.GRADIENT, step, s - 1, mb, dinputs)
-        end_of_step = time.perf_counter() - t0
-        self.post.flush(self.timeout)
-        if self.memory_budget is not None:
-            self._check_budget(step, peak_bytes, budget, first=graph is self.graph)
-        loss_value = torch.stack(losses).sum() if losses else None
-        self._finish_step(step, policy, end_of_step, records, self._in_flight_peak(records), peak_bytes, loss_value)
+        if self.admission.by_bytes:
+            first = {mb: state.activations[(0, mb)] for mb in range(self.microbatches)} if 0 in self.stages else {}
+            state.elements = broadcast_sizes(
+                first,
+                self.microbatches,
+                self.hint.placement.stage_rank[0],
+                self._coll,
+                rank=self.rank,
+                step=step,
+                timeout=self.timeout,
+            )
+        graph, budget = self.admission.for_step(state.elements)
+        board = Scoreboard(graph, policy, budget=budget, plan=self.planner.plan if policy is Policy.READY else None)
+        self.executor.begin_step(step)
+        loop = StepLoop(
+            rank=self.rank,
+            board=board,
+            executor=self.executor,
+            transport=self.transport,
+            admission=self.admission,
+            timeout=self.timeout,
+            stash=self._stash,
+            check_loss=lambda loss, mb: self._check_loss(loss, step, mb),
+        )
+        loop_time = loop.run(state)
+        self.transport.flush(self.timeout)
+        if self.admission.by_bytes:
+            self.admission.check(step, state.peak_bytes, budget, first=graph is self.admission.graph)
+        loss = torch.stack(state.losses).sum() if state.losses else None
+        self._finish(state, policy, loop_time, loss, plan_costs)
         self.step_count += 1
         if broadcast_loss:
-            owner = stage_rank[self.last_stage]
-            buffer = loss_value.detach().clone() if loss_value is not None else torch.zeros(())
-            dist.broadcast(buffer, src=owner, group=self._coll)
+            buffer = loss.detach().clone() if loss is not None else torch.zeros(())
+            dist.broadcast(buffer, src=self.hint.placement.stage_rank[-1], group=self._coll)
             return buffer
-        return loss_value
+        return loss
 
-    def _elements(self, act_in: Mapping[tuple[int, int], list[torch.Tensor]]) -> list[int]:
-        """Each micro-batch's size in input elements, from the rank of stage 0 to every rank."""
-        sizes = torch.zeros(self.microbatches, dtype=torch.int64)
+    def _prepare(self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None) -> StepState:
+        """The step's first-stage inputs and last-stage targets, split into micro-batches."""
+        m = self.microbatches
+        state = StepState(self.step_count, {}, loss_scale=1.0 / (loss_divisor if loss_divisor is not None else m))
         if 0 in self.stages:
-            for mb in range(self.microbatches):
-                sizes[mb] = sum(t.numel() for t in act_in[(0, mb)])
-        source = self.hint.placement.stage_rank[0]
-        try:
-            dist.broadcast(sizes, src=source, group=self._coll)
-        except RuntimeError as exc:
-            raise WatchdogTimeout(
-                f"rank {self.rank}: waited {self.timeout:g} s for the micro-batch sizes from rank {source} in step "
-                f"{self.step_count}: {exc}"
-            ) from None
-        return [int(v) for v in sizes.tolist()]
+            if inputs is None and isinstance(self.executor, EmulatedExecutor):
+                inputs = [torch.empty(self.executor.costs.reference_size, dtype=torch.uint8)] * m
+            if inputs is None:
+                raise ValueError(f"rank {self.rank} hosts stage 0 and needs the inputs")
+            for mb, batch in enumerate(split_microbatches(inputs, m, "inputs")):
+                state.activations[(0, mb)] = as_inputs(batch)
+        if self.hint.num_stages - 1 in self.stages and not isinstance(self.executor, EmulatedExecutor):
+            if target is None:
+                raise ValueError(f"rank {self.rank} hosts the last stage and needs the target")
+            state.targets = split_microbatches(target, m, "target")
+        return state
 
-    def _admission(self, elements: list[int] | None) -> tuple[RankGraph, float]:
-        """The step's dependency graph and budget: slots, or bytes per micro-batch (byte admission)."""
-        if elements is None:
-            return self.graph, self.graph.peak + self.memory_slack * self.graph.unit
-        assert self.memory_budget is not None
-        if any(s not in self.bytes_per_element for s in self.stages):
-            return self.graph, self.graph.peak  # the first step: the hint in order, measuring
-        sizes = [
-            self.bytes_per_element[t.stage] * elements[t.mb] if t.kind is Kind.F else 0.0 for t in self.graph.tasks
-        ]
-        graph = RankGraph(self.hint, self.rank, sizes)
-        return graph, max(self.memory_budget, graph.peak)
-
-    def _check_budget(self, step: int, peak_bytes: int, budget: float, first: bool) -> None:
-        """After a step under byte admission: the hint itself must fit; estimates that fell short grow."""
-        assert self.memory_budget is not None
-        if peak_bytes <= self.memory_budget:
-            return
-        if first:
-            if self._strict_budget:
-                raise BudgetError(
-                    f"rank {self.rank}: memory budget {format_size(self.memory_budget)} is below what the hint "
-                    f"itself held, {format_size(peak_bytes)}; raise the budget, or use smaller or fewer micro-batches"
-                )
-        elif peak_bytes > budget:
-            log.warning(
-                "rank %d: step %d held %s of activations, over its budget of %s: activations grew faster than the "
-                "micro-batches' input elements; the estimates are raised by that factor",
-                self.rank,
-                step,
-                format_size(peak_bytes),
-                format_size(budget),
-            )
-            factor = peak_bytes / budget
-            self.bytes_per_element = {s: v * factor for s, v in self.bytes_per_element.items()}
-
-    def _in_flight_peak(self, records: Sequence[Record]) -> float:
-        """The most micro-batches this rank held at once: from an ``F``'s start to the end of the backward
-        task that releases it (``W`` when split off, else ``B``)."""
-        release = Kind.W if self.hint.split_backward else Kind.B
-        events = sorted(
-            [(start, 1) for _, task, start, _ in records if task.kind is Kind.F]
-            + [(end, -1) for _, task, _, end in records if task.kind is release]
+    def _finish(
+        self,
+        state: StepState,
+        policy: Policy,
+        loop_time: float,
+        loss: torch.Tensor | None,
+        plan_costs: tuple[tuple[float, ...], ...] | None,
+    ) -> None:
+        """Agree on costs and non-finite losses; gather the report to rank 0."""
+        summary = RankSummary.of(self.rank, loop_time, state.records, self.hint.split_backward, state.peak_bytes)
+        medians, poisoned = self._agree(summary, state.step in self.nonfinite_steps)
+        if poisoned:
+            self._drop_gradients(state.step)
+        if self.policy is Policy.READY:
+            self.planner.update(medians)
+        report = gather_report(
+            summary,
+            hint=self.hint,
+            step=state.step,
+            policy=policy,
+            loss=None if loss is None else float(loss),
+            timelines=self.timelines,
+            plan_costs=plan_costs,
+            group=self._coll,
         )
-        live = peak = 0
-        for _, delta in events:
-            live += delta
-            peak = max(peak, live)
-        return float(peak)
+        self.reports.append(report)
+        del self.reports[: max(0, len(self.reports) - self.history)]
 
-    def _inject_fault(self, step: int) -> None:
-        """Injected faults, for tests: this rank dies or stops in the middle of ``step``."""
-        if (self.rank, step) in self.injection.crash:
-            log.error("rank %d: injected crash in step %d", self.rank, step)
-            os._exit(3)
-        if (self.rank, step) in self.injection.hang:
-            log.error("rank %d: injected hang in step %d", self.rank, step)
-            while True:
-                time.sleep(3600)
+    def _agree(self, summary: RankSummary, flagged: bool) -> tuple[np.ndarray[Any, np.dtype[np.float64]], bool]:
+        """One all-reduce: every stage's median costs (each rank fills its own) and any non-finite loss."""
+        own = stage_medians(durations_array(self.hint, [summary]))  # zero for the other ranks' stages
+        values = torch.from_numpy(np.concatenate([own.reshape(-1), [1.0 if flagged else 0.0]]))
+        dist.all_reduce(values, group=self._coll)
+        result = values.numpy()
+        return result[:-1].reshape(self.hint.num_stages, 3), bool(result[-1] > 0)
+
+    def _drop_gradients(self, step: int) -> None:
+        """on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere."""
+        if step not in self.nonfinite_steps:
+            self.nonfinite_steps.append(step)
+        for module in self.modules.values():
+            for param in module.parameters():
+                param.grad = None
+        log.warning("rank %d: step %d had a non-finite loss; its gradients were zeroed", self.rank, step)
 
     def _check_loss(self, loss: torch.Tensor, step: int, mb: int) -> None:
-        if not bool(torch.isfinite(loss)):
-            self.nonfinite_steps.append(step)
-            if self.on_nonfinite == "raise":
-                raise NonFiniteLoss(
-                    f"rank {self.rank}: the loss of micro-batch {mb} in step {step} is {float(loss)}; the step "
-                    "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
-                )
+        if bool(torch.isfinite(loss)):
+            return
+        self.nonfinite_steps.append(step)
+        if self.on_nonfinite is OnNonFinite.RAISE:
+            raise NonFiniteLoss(
+                f"rank {self.rank}: the loss of micro-batch {mb} in step {step} is {float(loss)}; the step "
+                "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
+            )
 
-    def _check_options(self, options: dict[str, Any]) -> None:
+    def _check_options(self, **extra: Any) -> None:
         """Every rank must run the same pipeline: compare once, at start-up.
 
         Memory slack and budgets are left out: they may differ per rank
         (heterogeneous devices, a plan's spare memory per stage).
         """
+        options = {
+            "hint": self.hint.name,
+            "stages": self.hint.num_stages,
+            "microbatches": self.microbatches,
+            "policy": self.policy.value,
+            "split_backward": self.hint.split_backward,
+            "timeout": self.timeout,
+            "on_nonfinite": self.on_nonfinite.value,
+            **extra,
+        }
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, options, group=self._coll)
         for rank, theirs in enumerate(gathered):
@@ -598,74 +442,42 @@ class Pipeline:
                 f"rank {self.rank}: waited {self.timeout:g} s for the other ranks to start step {step}: {exc}"
             ) from None
 
-    def _finish_step(
-        self,
-        step: int,
-        policy: Policy,
-        step_time: float,
-        records: list[Record],
-        peak: float,
-        peak_bytes: int,
-        loss: torch.Tensor | None,
-    ) -> None:
-        """Share every rank's timeline; build the next step's plan from it."""
-        gathered: list[Any] = [None] * self.world
-        flagged = step in self.nonfinite_steps
-        dist.all_gather_object(gathered, (records, peak, peak_bytes, step_time, flagged), group=self._coll)
-        if any(part[4] for part in gathered):
-            # on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere.
-            if not flagged:
-                self.nonfinite_steps.append(step)
-            for module in self.modules.values():
-                for param in module.parameters():
-                    param.grad = None
-            log.warning("rank %d: step %d had a non-finite loss; its gradients were zeroed", self.rank, step)
-        all_records = [r for part in gathered for r in part[0]]
-        durations = np.zeros((self.hint.num_stages, self.microbatches, 3))
-        for _, task, start, end in all_records:
-            durations[task.stage, task.mb, task.kind] = end - start
-        sample = Sample(durations, np.zeros_like(durations), 0.0)
-        if self.policy is Policy.READY:
-            self._plan = self._plan_from(durations)
-        self.reports.append(
-            StepReport(
-                step=step,
-                rank=self.rank,
-                policy=policy,
-                step_time=max(part[3] for part in gathered),
-                lower_bound=lower_bound(self.hint, sample),
-                records=tuple(sorted(all_records, key=lambda r: (r[2], r[0]))),
-                peak_live=tuple(part[1] for part in gathered),
-                peak_live_bytes=tuple(part[2] for part in gathered),
-                loss=None if loss is None else float(loss),
-                busy=tuple(sum(end - start for _, _, start, end in part[0]) for part in gathered),
-            )
-        )
-        if len(self.reports) > self.history:
-            del self.reports[: len(self.reports) - self.history]
-
-    def _plan_from(self, durations: np.ndarray[Any, Any]) -> RankPlan:
-        """The fixed-order timeline of the hint with each stage's median measured costs."""
-        expected = np.zeros_like(durations)
-        for s in range(durations.shape[0]):
-            for k in range(3):
-                expected[s, :, k] = statistics.median(durations[s, :, k].tolist())
-        sim = Simulator(self.hint, CostModel.uniform(self.hint.num_stages))
-        plan = sim.run(Policy.FIXED, Sample(expected, np.zeros_like(expected), 0.0))
-        r = self.rank
-        expected_costs = [float(expected[t.stage, t.mb, t.kind]) for t in self.hint.ranks[r]]
-        return RankPlan.from_timeline(plan.starts[r], plan.ends[r], expected_costs)
-
     # -- shutdown ------------------------------------------------------------------
+
+    def _abort(self, exc: BaseException) -> None:
+        if not self._closed:
+            self._closed = True
+            text = str(exc) if str(exc).startswith(f"rank {self.rank}:") else f"rank {self.rank}: {exc}"
+            self.transport.close(timeout=5.0, error=text)
 
     def close(self) -> None:
         """Tell the neighbours this rank is done and stop its mailboxes."""
         if not self._closed:
             self._closed = True
-            self.post.close(timeout=self.timeout)
+            self.transport.close(timeout=self.timeout)
 
     def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _resolve_hint(hint: str | Hint, ranks: int, microbatches: int, chunks: int | None) -> Hint:
+    """A generated hint by name, or the given one checked against the group and the step."""
+    if isinstance(hint, str):
+        if chunks is not None and chunks < 1:
+            raise ValueError(f"chunks must be at least 1, got {chunks}")
+        return generate_hint(HintName.parse(hint), ranks, microbatches, chunks)
+    if hint.num_ranks != ranks or hint.num_microbatches != microbatches:
+        raise ValueError(
+            f"hint {hint.name!r} is for {hint.num_ranks} ranks and {hint.num_microbatches} micro-batches, "
+            f"the group has {ranks} ranks and the pipeline runs {microbatches}"
+        )
+    return hint
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")

@@ -39,15 +39,18 @@ class Summary:
     trials: int
     last: SimResult
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, in_bytes: bool = False) -> dict[str, Any]:
+        """The summary as JSON; live memory is ``peak_live_bytes`` when the cost model has
+        activation sizes, else ``peak_live_slots`` (micro-batches), and so is ``budget``."""
+        unit = "bytes" if in_bytes else "slots"
         return {
             "makespan": self.makespan,
             "lower_bound": self.lower_bound,
             "efficiency": self.efficiency,
             "bubble_fraction": self.bubble_fraction,
             "bubble": list(self.bubble),
-            "peak_live": list(self.peak_live),
-            "budget": list(self.budget),
+            f"peak_live_{unit}": list(self.peak_live),
+            f"budget_{unit}": list(self.budget),
             "tasks": self.tasks,
             "sim_seconds": self.sim_seconds,
             "trials": self.trials,

@@ -1,4 +1,4 @@
-"""Runtime variability models for the simulator, parsed from short specs.
+"""Variability models, parsed from short specs, shared by the simulator and the runtime.
 
 =============================  ===============================================
 ``iid:SIGMA``                  every task's cost times an independent
@@ -11,9 +11,14 @@
                                window default to a seeded random stage and a
                                random quarter of the micro-batches
 ``comm:LATENCY[:JITTER]``      every message between ranks takes LATENCY plus
-                               an exponential extra with mean JITTER
+                               an exponential extra with mean JITTER: bare
+                               numbers in cost units (the simulator), or times
+                               with a unit, ``comm:2ms:1ms`` (the runtime)
 =============================  ===============================================
 
+The words mean the same in ``hintpipe simulate --variability`` and ``hintpipe
+train --inject``: a task whose cost is ``t`` costs ``X t`` (see
+:mod:`hintpipe.runtime.faults` for how the runtime realises that).
 Sampling is seeded, so policies can be compared on identical costs.
 This module is torch-free.
 """
@@ -21,14 +26,11 @@ This module is torch-free.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import numpy.typing as npt
 
-
-class SpecError(ValueError):
-    """A ``--variability`` (or ``--inject``) spec that cannot be parsed."""
+from hintpipe.spec import Spec, SpecError, quantity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,72 +53,70 @@ class Straggler:
 
 @dataclasses.dataclass(frozen=True)
 class CommDelay:
+    """Message delay: ``latency`` plus an exponential extra with mean ``jitter``,
+    in seconds when ``in_seconds`` (the runtime), else in cost units (the simulator)."""
+
     latency: float
     jitter: float = 0.0
+    in_seconds: bool = False
 
 
 Variability = IidNoise | MicrobatchNoise | Straggler | CommDelay
 
 _USAGE = "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]] or comm:LATENCY[:JITTER]"
+__all__ = ["SpecError", "parse_variability"]
 
 
-def _number(spec: str, text: str, what: str, *, minimum: float = 0.0) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SpecError(f"bad variability {spec!r}: {what} {text!r} is not a number") from None
-    if not math.isfinite(value) or value < minimum:
-        raise SpecError(f"bad variability {spec!r}: {what} must be a finite number >= {minimum:g}")
-    return value
+_KIND = "variability"
 
 
-def _integer(spec: str, text: str, what: str) -> int:
-    if not text.isdigit():
-        raise SpecError(f"bad variability {spec!r}: {what} {text!r} is not a non-negative integer")
-    return int(text)
-
-
-def parse_variability(spec: str) -> Variability:
+def parse_variability(text: str, *, seconds: bool = False) -> Variability:
     """Parse one spec (see the module docstring).
+
+    Args:
+        text: the spec.
+        seconds: whether message delays are times (the runtime) rather than
+            cost units (the simulator).
 
     Raises:
         SpecError: naming the spec and what is wrong with it.
     """
-    name, _, rest = spec.strip().partition(":")
-    args = rest.split(":") if rest else []
-    if name in ("iid", "mb"):
-        if len(args) != 1:
-            raise SpecError(f"bad variability {spec!r}: expected {name}:SIGMA")
-        sigma = _number(spec, args[0], "SIGMA")
-        return IidNoise(sigma) if name == "iid" else MicrobatchNoise(sigma)
-    if name == "straggler":
-        if len(args) not in (1, 2, 4):
-            raise SpecError(f"bad variability {spec!r}: expected straggler:FACTOR[:STAGE[:FIRST:LAST]]")
-        factor = _number(spec, args[0], "FACTOR", minimum=1.0)
-        stage = _integer(spec, args[1], "STAGE") if len(args) >= 2 else None
+    spec = Spec.split(text)
+    if spec.word in ("iid", "mb"):
+        spec.expect((1,), f"{spec.word}:SIGMA", _KIND)
+        sigma = spec.number(0, "SIGMA", kind=_KIND)
+        return IidNoise(sigma) if spec.word == "iid" else MicrobatchNoise(sigma)
+    if spec.word == "straggler":
+        spec.expect((1, 2, 4), "straggler:FACTOR[:STAGE[:FIRST:LAST]]", _KIND)
+        factor = spec.number(0, "FACTOR", minimum=1.0, kind=_KIND)
+        stage = spec.integer(1, "STAGE", kind=_KIND) if len(spec.args) >= 2 else None
         first = last = None
-        if len(args) == 4:
-            first = _integer(spec, args[2], "FIRST")
-            last = _integer(spec, args[3], "LAST")
+        if len(spec.args) == 4:
+            first, last = spec.integer(2, "FIRST", kind=_KIND), spec.integer(3, "LAST", kind=_KIND)
             if last < first:
-                raise SpecError(f"bad variability {spec!r}: LAST {last} is before FIRST {first}")
+                raise spec.fail(f"LAST {last} is before FIRST {first}", _KIND)
         return Straggler(factor, stage, first, last)
-    if name == "comm":
-        if len(args) not in (1, 2):
-            raise SpecError(f"bad variability {spec!r}: expected comm:LATENCY[:JITTER]")
-        latency = _number(spec, args[0], "LATENCY")
-        jitter = _number(spec, args[1], "JITTER") if len(args) == 2 else 0.0
-        return CommDelay(latency, jitter)
-    raise SpecError(f"bad variability {spec!r}: unknown model {name!r}; use {_USAGE}")
+    if spec.word == "comm":
+        spec.expect((1, 2), "comm:LATENCY[:JITTER]", _KIND)
+        parts = [quantity(spec, i, name, _KIND) for i, name in enumerate(("LATENCY", "JITTER")[: len(spec.args)])]
+        if any(is_time != seconds for _, is_time in parts):
+            fix = "a time with a unit, e.g. comm:2ms" if seconds else "cost units, a bare number such as comm:0.2"
+            where = "the runtime delays messages in time" if seconds else "the simulator counts in cost units"
+            raise spec.fail(f"{where}: write {fix}", _KIND)
+        return CommDelay(parts[0][0], parts[1][0] if len(parts) == 2 else 0.0, seconds)
+    raise spec.fail(f"unknown model {spec.word!r}; use {_USAGE}", _KIND)
 
 
 def comm_delay(models: list[Variability]) -> CommDelay:
     """The combined message delay (latencies and jitters add up)."""
     comms = [m for m in models if isinstance(m, CommDelay)]
-    return CommDelay(sum(c.latency for c in comms), sum(c.jitter for c in comms))
+    seconds = any(c.in_seconds for c in comms)
+    return CommDelay(sum(c.latency for c in comms), sum(c.jitter for c in comms), seconds)
 
 
-def _lognormal(rng: np.random.Generator, sigma: float, size: tuple[int, ...]) -> npt.NDArray[np.float64]:
+def mean_one_lognormal(rng: np.random.Generator, sigma: float, size: tuple[int, ...]) -> npt.NDArray[np.float64]:
+    """Lognormal factors with mean 1 (``mu = -sigma^2 / 2``): noise that scales costs
+    without changing their expectation. The one definition every caller uses."""
     if sigma == 0.0:
         return np.ones(size)
     return rng.lognormal(mean=-0.5 * sigma * sigma, sigma=sigma, size=size)
@@ -136,23 +136,31 @@ def sample_costs(
     costs = expected.copy()
     for model in models:
         if isinstance(model, IidNoise):
-            costs *= _lognormal(rng, model.sigma, costs.shape)
+            costs *= mean_one_lognormal(rng, model.sigma, costs.shape)
         elif isinstance(model, MicrobatchNoise):
-            costs *= _lognormal(rng, model.sigma, (1, mbs, 1))
+            costs *= mean_one_lognormal(rng, model.sigma, (1, mbs, 1))
         elif isinstance(model, Straggler):
-            stage = int(rng.integers(stages)) if model.stage is None else model.stage
-            if stage >= stages:
-                raise SpecError(f"straggler stage {stage} does not exist: the pipeline has {stages} stages")
-            if model.first is None or model.last is None:
-                width = max(1, mbs // 4)
-                first = int(rng.integers(mbs - width + 1))
-                last = first + width - 1
-            else:
-                first, last = model.first, model.last
-                if last >= mbs:
-                    raise SpecError(f"straggler window {first}..{last} exceeds the {mbs} micro-batches")
+            stage, first, last = straggler_window(model, stages, mbs, rng)
             costs[stage, first : last + 1, :] *= model.factor
     return costs
+
+
+def straggler_window(model: Straggler, stages: int, mbs: int, rng: np.random.Generator) -> tuple[int, int, int]:
+    """``(stage, first, last)`` of a straggler: as given, or drawn from ``rng``.
+
+    Raises:
+        SpecError: if the straggler names a stage or micro-batch that does not exist.
+    """
+    stage = int(rng.integers(stages)) if model.stage is None else model.stage
+    if stage >= stages:
+        raise SpecError(f"straggler stage {stage} does not exist: the pipeline has {stages} stages")
+    if model.first is None or model.last is None:
+        width = max(1, mbs // 4)
+        first = int(rng.integers(mbs - width + 1))
+        return stage, first, first + width - 1
+    if model.last >= mbs:
+        raise SpecError(f"straggler window {model.first}..{model.last} exceeds the {mbs} micro-batches")
+    return stage, model.first, model.last
 
 
 def sample_message_delays(comm: CommDelay, count: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:

@@ -1,0 +1,49 @@
+"""Costs for emulated compute, measured on this machine (``hintpipe train --emulate``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from hintpipe.apps.models import SeqLenDist, build_layers, make_batch, split_layers
+from hintpipe.runtime.executor import EmulatedCosts
+from hintpipe.schedule.hint import HintName
+
+if TYPE_CHECKING:
+    from hintpipe.apps.training import TrainConfig
+
+
+def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
+    """Measure each stage's forward and backward on one reference micro-batch in
+    this process (median of ``repeats`` after a warm-up): the costs ``--emulate`` sleeps.
+
+    When the hint splits weight gradients off, the measured backward is shared
+    equally between B and W.
+    """
+    torch.set_num_threads(1)
+    stages = config.ranks * (config.chunks or HintName.parse(config.hint).default_chunks)
+    modules = split_layers(build_layers(config.model), stages)
+    inputs, _, _ = make_batch(config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len.mean), 0, config.seed)
+    forward, backward = [], []
+    x: torch.Tensor = inputs[0]
+    for module in modules:
+        f_times, b_times = [], []
+        for _ in range(repeats + 1):
+            leaf = x.detach().requires_grad_(x.is_floating_point())
+            start = time.perf_counter()
+            out = module(leaf)
+            middle = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            end = time.perf_counter()
+            f_times.append(middle - start)
+            b_times.append(end - middle)
+        forward.append(statistics.median(f_times[1:]))
+        backward.append(statistics.median(b_times[1:]))
+        x = out.detach()
+    if config.split_backward:
+        half = tuple(b / 2 for b in backward)
+        return EmulatedCosts(tuple(forward), half, half, inputs[0].numel())
+    return EmulatedCosts(tuple(forward), tuple(backward), (0.0,) * stages, inputs[0].numel())

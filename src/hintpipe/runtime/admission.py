@@ -1,0 +1,130 @@
+"""Admission: how much a rank may hold, in micro-batch slots or in bytes.
+
+[Note: byte admission]
+With a ``memory_budget`` each micro-batch is admitted by its own size, so
+that micro-batches of different shapes (variable sequence lengths) cannot
+push a rank over its budget by running ahead. At the start of a step the
+rank of stage 0 broadcasts each micro-batch's size in input elements
+(tokens, rows); every rank estimates the activation bytes of ``F(s, mb)`` as
+that size times the most bytes per element stage ``s`` has kept so far
+(measured, as :attr:`StepReport.peak_live_bytes` is), and the scoreboard
+admits in those bytes. The first step runs the hint in order and measures;
+if it alone holds more than the budget, :class:`BudgetError`. A later step
+whose micro-batches are so large that the hint's own order needs more than
+the budget runs that order (no running ahead); a step whose measured peak
+still exceeds the budget (activations that grow faster than the input, as
+attention scores do) logs a warning and raises the estimates by the excess.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind
+from hintpipe.scoreboard import BudgetError, RankGraph
+from hintpipe.units import format_size
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """One rank's admission rule: the hint's own peak plus slack in slots, or a byte budget.
+
+    Args:
+        hint: the schedule.
+        rank: this rank.
+        memory_slack: room for this many more micro-batches than the hint's own peak.
+        memory_budget: activation bytes this rank may hold (byte admission), or None.
+        strict: whether a first step over ``memory_budget`` is an error (a
+            budget the user gave) or not (a plan's room to run ahead).
+    """
+
+    def __init__(
+        self, hint: Hint, rank: int, memory_slack: float, memory_budget: float | None, *, strict: bool = True
+    ) -> None:
+        if memory_budget is not None and memory_slack:
+            raise ValueError("give memory_slack or memory_budget, not both")
+        self.hint = hint
+        self.rank = rank
+        self.stages = hint.placement.stages_of(rank)
+        self.graph = RankGraph(hint, rank)
+        self.memory_slack = memory_slack
+        self.memory_budget = memory_budget
+        self.strict = strict
+        #: Per stage of this rank, the most activation bytes per input element seen.
+        self.bytes_per_element: dict[int, float] = {}
+
+    @property
+    def by_bytes(self) -> bool:
+        return self.memory_budget is not None
+
+    def for_step(self, elements: Sequence[int] | None) -> tuple[RankGraph, float]:
+        """The step's dependency graph and budget: slots, or bytes per micro-batch."""
+        if self.memory_budget is None or elements is None:
+            return self.graph, self.graph.peak + self.memory_slack * self.graph.unit
+        if any(s not in self.bytes_per_element for s in self.stages):
+            return self.graph, self.graph.peak  # the first step: the hint in order, measuring
+        sizes = [
+            self.bytes_per_element[t.stage] * elements[t.mb] if t.kind is Kind.F else 0.0 for t in self.graph.tasks
+        ]
+        graph = RankGraph(self.hint, self.rank, sizes)
+        return graph, max(self.memory_budget, graph.peak)
+
+    def observe(self, stage: int, kept_bytes: int, elements: int) -> None:
+        """A forward of ``elements`` input elements kept ``kept_bytes``."""
+        per_element = kept_bytes / max(1, elements)
+        self.bytes_per_element[stage] = max(self.bytes_per_element.get(stage, 0.0), per_element)
+
+    def check(self, step: int, peak_bytes: int, budget: float, first: bool) -> None:
+        """After a step under byte admission: the hint itself must fit; estimates that fell short grow."""
+        if self.memory_budget is None or peak_bytes <= self.memory_budget:
+            return
+        if first:
+            if self.strict:
+                raise BudgetError(
+                    f"rank {self.rank}: memory budget {format_size(self.memory_budget)} is below what the hint "
+                    f"itself held, {format_size(peak_bytes)}; raise the budget, or use smaller or fewer micro-batches"
+                )
+        elif peak_bytes > budget:
+            log.warning(
+                "rank %d: step %d held %s of activations, over its budget of %s: activations grew faster than the "
+                "micro-batches' input elements; the estimates are raised by that factor",
+                self.rank,
+                step,
+                format_size(peak_bytes),
+                format_size(budget),
+            )
+            factor = peak_bytes / budget
+            self.bytes_per_element = {s: v * factor for s, v in self.bytes_per_element.items()}
+
+
+def broadcast_sizes(
+    first_inputs: Mapping[int, Sequence[torch.Tensor]],
+    microbatches: int,
+    source: int,
+    group: dist.ProcessGroup,
+    *,
+    rank: int,
+    step: int,
+    timeout: float,
+) -> list[int]:
+    """Each micro-batch's size in input elements, from the rank of stage 0 (``source``) to every rank.
+
+    ``first_inputs`` maps micro-batch to stage 0's inputs (empty on other ranks).
+    """
+    sizes = torch.zeros(microbatches, dtype=torch.int64)
+    for mb, inputs in first_inputs.items():
+        sizes[mb] = sum(t.numel() for t in inputs)
+    try:
+        dist.broadcast(sizes, src=source, group=group)
+    except RuntimeError as exc:
+        raise WatchdogTimeout(
+            f"rank {rank}: waited {timeout:g} s for the micro-batch sizes from rank {source} in step {step}: {exc}"
+        ) from None
+    return [int(v) for v in sizes.tolist()]

@@ -1,0 +1,32 @@
+"""The runtime's errors, in one torch-free module (the command line catches them
+without importing torch).
+
+Every error that ends a step names the rank that raised it, what it waited
+for or what failed, and the step.
+"""
+
+from __future__ import annotations
+
+
+class WatchdogTimeout(RuntimeError):
+    """A rank waited longer than the timeout with nothing ready (or for a collective)."""
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss of a micro-batch is NaN or infinite: the step stops before the optimizer runs."""
+
+
+class TaskError(RuntimeError):
+    """A stage's computation failed (e.g. a shape it cannot accept), named by task and micro-batch."""
+
+
+class OptionMismatch(ValueError):
+    """Ranks were started with different pipeline options."""
+
+
+class PeerFailure(RuntimeError):
+    """A neighbour crashed, closed its connection or reported an error."""
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks ended with an error; the message has each rank's error."""

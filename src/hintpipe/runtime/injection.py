@@ -1,0 +1,151 @@
+"""The ``--inject`` specs: variability (the simulator's words, same meaning) and faults.
+
+=============================  ===============================================
+``iid:SIGMA``                  every task's cost times an independent
+                               lognormal factor ``X`` with mean 1
+``mb:SIGMA``                   one factor per micro-batch, shared by every
+                               stage: what varying document mix does to a
+                               packed fixed-shape batch
+``straggler:FACTOR[:STAGE[:FIRST:LAST]]``
+                               STAGE's tasks on micro-batches FIRST..LAST
+                               cost FACTOR times as much
+``comm:LATENCY[:JITTER]``      every message is delivered LATENCY (plus an
+                               exponential extra with mean JITTER) late; times
+                               with a unit: ``comm:2ms``, ``comm:1ms:500us``
+``crash:RANK:STEP``            RANK exits abruptly in step STEP
+``hang:RANK:STEP``             RANK stops making progress in step STEP
+``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
+=============================  ===============================================
+
+Factors are drawn from ``(seed, step, stage, kind, micro-batch)``, so every
+policy sees exactly the same injected work. :mod:`hintpipe.runtime.faults`
+applies them. This module is torch-free (the command line checks specs
+without importing torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from hintpipe.schedule.task import Kind
+from hintpipe.sim.variability import (
+    CommDelay,
+    IidNoise,
+    MicrobatchNoise,
+    Straggler,
+    Variability,
+    comm_delay,
+    mean_one_lognormal,
+    parse_variability,
+    straggler_window,
+)
+from hintpipe.spec import Spec, SpecError
+
+_KIND = "injection"
+_USAGE = (
+    "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER], crash:RANK:STEP, "
+    "hang:RANK:STEP or nan:STEP"
+)
+_RENAMED = {
+    "compute": "compute:SIGMA is now iid:SIGMA, the simulator's word for the same thing",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """All injected variability and faults of a run (the sum of the ``--inject`` specs)."""
+
+    variability: tuple[Variability, ...] = ()
+    crash: tuple[tuple[int, int], ...] = ()  # (rank, step)
+    hang: tuple[tuple[int, int], ...] = ()
+    nan_steps: tuple[int, ...] = ()
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, specs: Sequence[str], seed: int = 0) -> Injection:
+        """Combine ``--inject`` specs.
+
+        Raises:
+            SpecError: naming the spec and what is wrong with it.
+        """
+        variability: list[Variability] = []
+        faults: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": []}
+        nan_steps: list[int] = []
+        for text in specs:
+            spec = Spec.split(text)
+            if spec.word in _RENAMED:
+                raise spec.fail(_RENAMED[spec.word], _KIND)
+            if spec.word in ("crash", "hang"):
+                spec.expect((2,), f"{spec.word}:RANK:STEP", _KIND)
+                faults[spec.word].append((spec.integer(0, "RANK", kind=_KIND), spec.integer(1, "STEP", kind=_KIND)))
+            elif spec.word == "nan":
+                spec.expect((1,), "nan:STEP", _KIND)
+                nan_steps.append(spec.integer(0, "STEP", kind=_KIND))
+            elif spec.word not in ("iid", "mb", "straggler", "comm"):
+                raise spec.fail(f"unknown kind {spec.word!r}; use {_USAGE}", _KIND)
+            elif spec.word == "straggler" and len(spec.args) == 2 and not spec.args[1].isdigit():
+                raise spec.fail(
+                    "expected straggler:FACTOR[:STAGE[:FIRST:LAST]] (STAGE, not RANK, follows FACTOR)", _KIND
+                )
+            else:
+                variability.append(parse_variability(text, seconds=True))
+        return cls(tuple(variability), tuple(faults["crash"]), tuple(faults["hang"]), tuple(nan_steps), seed)
+
+    def check(self, ranks: int, stages: int, microbatches: int) -> None:
+        """Refuse ranks, stages or micro-batches the run does not have."""
+        named = [("crash", r) for r, _ in self.crash] + [("hang", r) for r, _ in self.hang]
+        for what, rank in named:
+            if rank >= ranks:
+                raise SpecError(f"{what} rank {rank} does not exist: the run has ranks 0..{ranks - 1}")
+        self.factors(stages, microbatches)  # resolves the stragglers, refusing stages that do not exist
+
+    @property
+    def varies(self) -> bool:
+        """Whether task costs are scaled (iid, mb or straggler)."""
+        return any(not isinstance(v, CommDelay) for v in self.variability)
+
+    @property
+    def comm(self) -> CommDelay | None:
+        delay = comm_delay(list(self.variability))
+        return delay if delay.latency or delay.jitter else None
+
+    @property
+    def faulty(self) -> bool:
+        return bool(self.crash or self.hang or self.nan_steps)
+
+    def factors(self, stages: int, microbatches: int) -> CostFactors:
+        """The per-task cost factors of this injection on a pipeline of this size."""
+        rng = np.random.default_rng([self.seed, 3])
+        windows = [
+            (v.factor, *straggler_window(v, stages, microbatches, rng))
+            for v in self.variability
+            if isinstance(v, Straggler)
+        ]
+        sigmas = {type(v): v.sigma for v in self.variability if isinstance(v, (IidNoise, MicrobatchNoise))}
+        return CostFactors(self.seed, sigmas.get(IidNoise, 0.0), sigmas.get(MicrobatchNoise, 0.0), tuple(windows))
+
+
+@dataclasses.dataclass(frozen=True)
+class CostFactors:
+    """``factor(step, stage, kind, mb)``: the product of the injected cost factors of one task."""
+
+    seed: int
+    iid_sigma: float
+    mb_sigma: float
+    stragglers: tuple[tuple[float, int, int, int], ...]  # (factor, stage, first, last)
+
+    def __call__(self, step: int, stage: int, kind: Kind, mb: int) -> float:
+        factor = 1.0
+        if self.iid_sigma:
+            rng = np.random.default_rng([self.seed, 1, step, stage, int(kind), mb])
+            factor *= float(mean_one_lognormal(rng, self.iid_sigma, (1,))[0])
+        if self.mb_sigma:
+            rng = np.random.default_rng([self.seed, 2, step, mb])
+            factor *= float(mean_one_lognormal(rng, self.mb_sigma, (1,))[0])
+        for slow, s, first, last in self.stragglers:
+            if s == stage and first <= mb <= last:
+                factor *= slow
+        return factor

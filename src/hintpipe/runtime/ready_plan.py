@@ -1,0 +1,45 @@
+"""The ``ready`` policy's plan: what each task is expected to cost and when it is due.
+
+Built from each stage's median measured costs with
+:func:`hintpipe.sim.expected.plans_for` (the same function the prediction of
+a step uses), and rebuilt only when those medians move by more than
+:data:`REFRESH_THRESHOLD`: rebuilding runs the whole hint once, which at
+hundreds of ranks is far too much work to repeat every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hintpipe.schedule.hint import Hint
+from hintpipe.scoreboard import RankPlan
+from hintpipe.sim.expected import moved, plans_for
+
+#: Relative change of any stage's median cost that makes the plan be rebuilt.
+REFRESH_THRESHOLD = 0.1
+
+
+class ReadyPlanner:
+    """One rank's current plan, kept in step with the measured costs.
+
+    Every rank sees the same medians (they are all-reduced), so every rank
+    rebuilds at the same step, and from the same numbers.
+    """
+
+    def __init__(self, hint: Hint, rank: int, threshold: float = REFRESH_THRESHOLD) -> None:
+        self.hint = hint
+        self.rank = rank
+        self.threshold = threshold
+        self.costs: tuple[tuple[float, ...], ...] | None = None
+        self.plan: RankPlan | None = None
+        self.rebuilds = 0
+
+    def update(self, medians: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+        """Per-stage ``[F, B, W]`` medians of the step that just ended."""
+        costs = tuple(tuple(float(v) for v in row) for row in medians)
+        if moved(self.costs, costs, self.threshold):
+            self.costs = costs
+            self.plan = plans_for(self.hint, costs)[self.rank]
+            self.rebuilds += 1

@@ -1,0 +1,154 @@
+"""What a step did: per rank, then gathered to rank 0.
+
+[Note: reporting is O(own tasks) per rank]
+Each rank summarises its own step (loop time, busy time, peaks, each task's
+duration) and sends that summary to rank 0 only, with one ``gather``; the
+full timelines (every task's start and end) travel only when the pipeline
+was asked to keep them (``timelines=True``: a trace, a picture, a
+prediction). Rank 0's :attr:`Pipeline.reports` therefore cover every rank
+(``ranks`` lists them); another rank's cover itself. Nothing here runs a
+simulation: the ``ready`` plan is refreshed elsewhere, and only when the
+measured costs move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+
+from hintpipe.observe.trace import Record
+from hintpipe.schedule import rules
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind
+from hintpipe.scoreboard import Policy
+from hintpipe.sim.simulator import Sample, lower_bound
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one step did. Per-rank tuples are indexed like ``ranks`` (every rank on
+    rank 0, this rank alone elsewhere).
+
+    Attributes:
+        step_time: the slowest covered rank's time from the step's start to its last task's end.
+        lower_bound: max(busiest rank, one micro-batch's critical path) from the
+            measured task times (rank 0 only; NaN elsewhere).
+        records: ``(rank, task, start, end)``: this rank's tasks, or on rank 0
+            with timelines kept, every rank's, in start order.
+        plan_costs: the per-stage ``[F, B, W]`` costs ``ready`` planned this step
+            with (None when it had no plan): :func:`hintpipe.apps.training.predict_step_time`
+            uses them, so a prediction uses the plan the runtime used.
+    """
+
+    step: int
+    rank: int
+    policy: Policy
+    step_time: float
+    lower_bound: float
+    records: tuple[Record, ...]
+    peak_live: tuple[float, ...]
+    peak_live_bytes: tuple[int, ...]
+    loss: float | None
+    busy: tuple[float, ...] = ()
+    ranks: tuple[int, ...] = ()
+    plan_costs: tuple[tuple[float, ...], ...] | None = None
+
+    @property
+    def efficiency(self) -> float:
+        return self.lower_bound / self.step_time if self.step_time > 0 else 1.0
+
+    @property
+    def bubble(self) -> tuple[float, ...]:
+        """Per covered rank, the idle share of the step."""
+        return tuple(1.0 - b / self.step_time for b in self.busy)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSummary:
+    """One rank's step, as sent to rank 0."""
+
+    rank: int
+    loop_time: float
+    busy: float
+    peak_slots: float
+    peak_bytes: int
+    durations: tuple[tuple[int, int, int, float], ...]  # (stage, mb, kind, seconds)
+    records: tuple[Record, ...]
+
+    @classmethod
+    def of(cls, rank: int, loop_time: float, records: Sequence[Record], split: bool, peak_bytes: int) -> RankSummary:
+        return cls(
+            rank=rank,
+            loop_time=loop_time,
+            busy=sum(end - start for _, _, start, end in records),
+            peak_slots=float(measured_peak(records, split)),
+            peak_bytes=peak_bytes,
+            durations=tuple((t.stage, t.mb, int(t.kind), end - start) for _, t, start, end in records),
+            records=tuple(records),
+        )
+
+
+def measured_peak(records: Sequence[Record], split_backward: bool) -> int:
+    """The most micro-batches a rank held at once: from an ``F``'s start to the end of
+    the task that releases it (:func:`hintpipe.schedule.rules.releaser`)."""
+    release = rules.releaser(split_backward)
+    events = sorted(
+        [(start, 1) for _, task, start, _ in records if task.kind is Kind.F]
+        + [(end, -1) for _, task, _, end in records if task.kind is release]
+    )
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def durations_array(hint: Hint, summaries: Sequence[RankSummary]) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """``[stage, mb, kind]`` seconds from the summaries' task durations."""
+    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    for summary in summaries:
+        for stage, mb, kind, seconds in summary.durations:
+            durations[stage, mb, kind] = seconds
+    return durations
+
+
+def gather_report(
+    mine: RankSummary,
+    *,
+    hint: Hint,
+    step: int,
+    policy: Policy,
+    loss: float | None,
+    timelines: bool,
+    plan_costs: tuple[tuple[float, ...], ...] | None,
+    group: dist.ProcessGroup,
+) -> StepReport:
+    """Send this rank's summary to rank 0; build the step's report there (and this rank's own elsewhere)."""
+    sent = mine if timelines else dataclasses.replace(mine, records=())
+    rank = dist.get_rank()
+    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(sent, gathered, dst=0, group=group)
+    summaries: list[RankSummary] = gathered if gathered is not None else [mine]
+    bound = math.nan
+    if gathered is not None:
+        bound = lower_bound(hint, Sample(durations_array(hint, summaries), np.zeros(1), 0.0))
+    records = [r for s in summaries for r in (s.records or (mine.records if s.rank == rank else ()))]
+    return StepReport(
+        step=step,
+        rank=rank,
+        policy=policy,
+        step_time=max(s.loop_time for s in summaries),
+        lower_bound=bound,
+        records=tuple(sorted(records, key=lambda r: (r[2], r[0]))),
+        peak_live=tuple(s.peak_slots for s in summaries),
+        peak_live_bytes=tuple(s.peak_bytes for s in summaries),
+        loss=loss,
+        busy=tuple(s.busy for s in summaries),
+        ranks=tuple(s.rank for s in summaries),
+        plan_costs=plan_costs,
+    )

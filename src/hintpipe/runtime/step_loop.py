@@ -1,0 +1,187 @@
+"""One step's dispatch loop: messages in, the scoreboard's choice, compute, messages out.
+
+The loop owns nothing but the step's state: the scoreboard decides, the
+:class:`~hintpipe.runtime.executor.Executor` computes and the
+:class:`~hintpipe.runtime.transport.Transport` carries messages. When nothing
+is ready it blocks on the transport until a message comes, the ``ready``
+policy's patience runs out, or the watchdog fires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hintpipe.observe.trace import Record
+from hintpipe.runtime.admission import Admission
+from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
+from hintpipe.runtime.executor import Executor, Tensors, as_input
+from hintpipe.runtime.transport import Transport
+from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.schedule.task import Kind, Task
+from hintpipe.scoreboard import Scoreboard
+
+
+@dataclasses.dataclass
+class StepState:
+    """What one step of one rank holds: inputs that arrived, targets, and what it produced."""
+
+    step: int
+    activations: dict[tuple[int, int], list[torch.Tensor]]  # (stage, mb) -> inputs of F
+    gradients: dict[tuple[int, int], Tensors] = dataclasses.field(default_factory=dict)  # -> output grads for B
+    targets: Sequence[Any] = ()
+    loss_scale: float = 1.0
+    elements: Sequence[int] | None = None  # per micro-batch input elements (byte admission)
+    losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    records: list[Record] = dataclasses.field(default_factory=list)
+    peak_bytes: int = 0
+
+
+class StepLoop:
+    """Runs one step of one rank to completion.
+
+    Args:
+        rank: this rank.
+        board: the step's scoreboard.
+        executor: runs tasks.
+        transport: carries messages.
+        admission: learns bytes per element from forwards (byte admission).
+        timeout: seconds without progress before :class:`WatchdogTimeout`.
+        stash: messages of later steps that arrived early (kept by the caller across steps).
+        check_loss: called with each loss at the last stage (raises on a non-finite one).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        board: Scoreboard,
+        executor: Executor,
+        transport: Transport,
+        admission: Admission,
+        timeout: float,
+        stash: list[Message],
+        check_loss: Callable[[torch.Tensor, int], None],
+    ) -> None:
+        self.rank = rank
+        self.board = board
+        self.hint = board.hint
+        self.executor = executor
+        self.transport = transport
+        self.admission = admission
+        self.timeout = timeout
+        self.stash = stash
+        self.check_loss = check_loss
+
+    def run(self, state: StepState) -> float:
+        """Run every task of the step; returns the time from the start to the last task's end."""
+        board = self.board
+        t0 = time.perf_counter()
+        early, self.stash[:] = list(self.stash), []
+        for msg in early:
+            self._accept(msg, state)
+        state.peak_bytes = self.executor.live_bytes
+        last_progress = t0
+        while not board.done:
+            while (arrived := self.transport.get(0)) is not None:
+                self._accept(arrived, state)
+            now = time.perf_counter()
+            pos = board.take(now - t0)
+            if pos < 0:
+                if self._wait(now - t0, last_progress, state):
+                    last_progress = time.perf_counter()
+                continue
+            start = time.perf_counter()
+            self._run(board.tasks[pos], state)
+            end = time.perf_counter()
+            board.finish(pos, end - t0)
+            state.records.append((self.rank, board.tasks[pos], start - t0, end - t0))
+            last_progress = end
+        return time.perf_counter() - t0
+
+    def _wait(self, now: float, last_progress: float, state: StepState) -> bool:
+        """Block until a message comes (True), patience runs out, or the watchdog fires."""
+        deadline = last_progress + self.timeout
+        wait = deadline - time.perf_counter()
+        if math.isfinite(self.board.wake_at):
+            wait = min(wait, self.board.wake_at - now)
+        arrived = self.transport.get(max(wait, 1e-4))
+        if arrived is not None:
+            self._accept(arrived, state)
+            return True
+        if time.perf_counter() >= deadline:
+            raise WatchdogTimeout(
+                f"rank {self.rank}: waited {self.timeout:g} s with nothing ready in step {state.step}; "
+                + self.board.pending_report()
+            )
+        return False
+
+    def _accept(self, msg: Message, state: StepState) -> None:
+        if msg.kind is MessageKind.STOP:
+            return
+        if msg.kind is MessageKind.ABORT:
+            raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in step {state.step}; it said: {msg.error}")
+        if msg.step > state.step:
+            self.stash.append(msg)
+            return
+        if msg.step < state.step:
+            raise RuntimeError(f"rank {self.rank}: message for old step {msg.step} in step {state.step}")
+        if msg.kind is MessageKind.ACTIVATION:
+            state.activations[(msg.stage, msg.mb)] = [as_input(t) for t in msg.tensors if t is not None]
+            self.board.deliver(Task(msg.stage, Kind.F, msg.mb))
+        else:
+            state.gradients[(msg.stage, msg.mb)] = msg.tensors
+            self.board.deliver(Task(msg.stage, Kind.B, msg.mb))
+
+    def _run(self, task: Task, state: StepState) -> None:
+        """Compute ``task`` and pass its result on (to this rank's next stage, or a neighbour)."""
+        s, kind, mb = task
+        try:
+            if kind is Kind.F:
+                self._forward(task, state)
+            elif kind is Kind.B:
+                last = s == self.hint.num_stages - 1
+                grads = self.executor.backward(s, mb, None if last else state.gradients.pop((s, mb)))
+                if s > 0:
+                    self._pass_on(s - 1, mb, MessageKind.GRADIENT, grads, state)
+            else:
+                self.executor.weight(s, mb)
+        except (NonFiniteLoss, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise TaskError(
+                f"rank {self.rank}: task {task} (stage {s}, micro-batch {mb}) failed in step {state.step}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _forward(self, task: Task, state: StepState) -> None:
+        s, _, mb = task
+        before = self.executor.live_bytes
+        target = state.targets[mb] if state.targets else None
+        outputs, loss = self.executor.forward(s, mb, state.activations.pop((s, mb)), target, state.loss_scale)
+        if loss is not None:
+            self.check_loss(loss, mb)
+            state.losses.append(loss)
+        state.peak_bytes = max(state.peak_bytes, self.executor.live_bytes)
+        if state.elements is not None:
+            self.admission.observe(s, self.executor.live_bytes - before, state.elements[mb])
+        if s < self.hint.num_stages - 1:
+            self._pass_on(s + 1, mb, MessageKind.ACTIVATION, outputs, state)
+
+    def _pass_on(
+        self, stage: int, mb: int, kind: MessageKind, tensors: Sequence[torch.Tensor | None], state: StepState
+    ) -> None:
+        """Hand a result to ``stage``: in place when this rank hosts it, else as a message."""
+        owner = self.hint.placement.stage_rank[stage]
+        if owner != self.rank:
+            self.transport.send(owner, kind, state.step, stage, mb, tensors)
+            return
+        if kind is MessageKind.ACTIVATION:
+            state.activations[(stage, mb)] = [as_input(t) for t in tensors if t is not None]
+        else:
+            state.gradients[(stage, mb)] = list(tensors)

@@ -1,0 +1,126 @@
+"""The wire format of messages between ranks.
+
+Per message: a header of :data:`HEADER` int64 ``(kind, step, stage, mb,
+tensors, meta_len, payload_bytes, meta...)`` where ``meta`` describes each
+tensor as ``(dtype code, ndim, *shape)`` (``ndim = -1`` marks an absent
+tensor, e.g. no gradient for an integer input), then one byte payload holding
+every tensor, each start aligned to 8 bytes. A description too long for the
+header follows as a message of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+class MessageKind(enum.IntEnum):
+    ACTIVATION = 0  # forward output of ``stage - 1``, input of F(stage, mb)
+    GRADIENT = 1  # input gradient of ``stage + 1``, output gradient for B(stage, mb)
+    STOP = 2  # the peer is done and will send nothing more
+    ABORT = 3  # the peer failed; ``mb`` carries nothing, the error follows as text
+
+
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+_CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
+HEADER = 64
+INLINE = HEADER - 7  # tensor descriptions that fit in the header itself
+
+
+@dataclasses.dataclass
+class Message:
+    """A message as the rank sees it."""
+
+    kind: MessageKind
+    step: int
+    stage: int
+    mb: int
+    tensors: list[torch.Tensor | None]
+    peer: int
+    arrived: float = 0.0
+    error: str | None = None
+
+
+def encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:
+    meta: list[int] = []
+    for t in tensors:
+        if t is None:
+            meta += [0, -1]
+            continue
+        if t.dtype not in _CODE:
+            raise TypeError(f"cannot send a tensor of dtype {t.dtype}; supported: {_DTYPES}")
+        meta += [_CODE[t.dtype], t.dim(), *t.shape]
+    return meta
+
+
+def decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[int, ...]] | None]:
+    out: list[tuple[torch.dtype, tuple[int, ...]] | None] = []
+    i = 0
+    for _ in range(count):
+        code, ndim = meta[i], meta[i + 1]
+        i += 2
+        if ndim < 0:
+            out.append(None)
+            continue
+        out.append((_DTYPES[code], tuple(meta[i : i + ndim])))
+        i += ndim
+    return out
+
+
+_ALIGN = 8
+
+
+def pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least: int = 0) -> tuple[torch.Tensor, int]:
+    """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
+    payload per message, whatever the number of tensors. The buffer is padded
+    to ``at_least`` bytes; returns it and the payload's own size."""
+    parts: list[torch.Tensor] = []
+    offset = 0
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        raw = t.contiguous().reshape(-1).view(torch.uint8)
+        parts.append(raw)
+        offset += raw.numel()
+        pad = -offset % _ALIGN
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
+            offset += pad
+    if offset < at_least:
+        parts.append(torch.empty(at_least - offset, dtype=torch.uint8, device=device))
+    if not parts:
+        return torch.empty(0, dtype=torch.uint8, device=device), 0
+    return torch.cat(parts), offset
+
+
+def unpack(payload: torch.Tensor, specs: list[tuple[torch.dtype, tuple[int, ...]] | None]) -> list[torch.Tensor | None]:
+    out: list[torch.Tensor | None] = []
+    offset = 0
+    for spec in specs:
+        if spec is None:
+            out.append(None)
+            continue
+        dtype, shape = spec
+        count = math.prod(shape)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        if count == 0:
+            out.append(torch.empty(shape, dtype=dtype, device=payload.device))
+            continue
+        out.append(payload[offset : offset + size].view(dtype).reshape(shape))
+        offset += size + (-(offset + size) % _ALIGN)
+    return out

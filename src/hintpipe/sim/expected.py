@@ -1,0 +1,76 @@
+"""What the ``ready`` policy expects, from measured task times: one definition.
+
+The runtime plans ``ready`` with each stage's median measured costs
+(:func:`stage_medians`), and :func:`plans_for` turns those into every rank's
+:class:`~hintpipe.scoreboard.RankPlan` by a fixed-order run of the hint on the
+simulator. The prediction of a measured step uses the very same costs (a
+:class:`~hintpipe.runtime.reports.StepReport` carries the ones its step
+planned with), so "the simulator predicts the runtime" compares like with like.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.task import Kind, Task
+from hintpipe.scoreboard import Policy, RankPlan
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, Simulator
+
+#: ``[stage][kind]`` expected cost of one task (kind = :class:`Kind` value).
+StageCosts = Sequence[Sequence[float]]
+
+
+def stage_medians(durations: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Per stage and kind, the median over micro-batches of ``durations[stage, mb, kind]``."""
+    return np.median(durations, axis=1)
+
+
+def cost_model_of(costs: StageCosts) -> CostModel:
+    """A cost model with these per-stage costs for every micro-batch."""
+    array = np.asarray(costs, dtype=float)
+    return CostModel.uniform(
+        len(array),
+        forward=array[:, Kind.F].tolist(),
+        backward=array[:, Kind.B].tolist(),
+        weight=array[:, Kind.W].tolist(),
+    )
+
+
+def plans_for(hint: Hint, costs: StageCosts) -> list[RankPlan]:
+    """Every rank's plan: the hint run in fixed order on these per-stage costs."""
+    return Simulator(hint, cost_model_of(costs)).plans()
+
+
+def moved(old: StageCosts | None, new: StageCosts, threshold: float) -> bool:
+    """Whether any cost moved by more than ``threshold`` (relative) since ``old``:
+    the runtime rebuilds its plan only then."""
+    if old is None:
+        return True
+    a, b = np.asarray(old, dtype=float), np.asarray(new, dtype=float)
+    scale = np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-12)
+    return bool((np.abs(a - b) / scale > threshold).any())
+
+
+def predict_step_time(
+    hint: Hint,
+    records: Sequence[tuple[int, Task, float, float]],
+    plan_costs: StageCosts | None,
+    policy: Policy,
+    slack: float = 0.0,
+) -> float:
+    """The simulator's makespan for a measured step: its measured task times are the
+    sample, and ``ready`` plans with ``plan_costs``, the costs the runtime planned
+    that step with (the step's own medians when it had no plan)."""
+    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    for _, task, start, end in records:
+        durations[task.stage, task.mb, task.kind] = end - start
+    costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
+    sample = Sample(durations, np.zeros_like(durations), 0.0)
+    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack).makespan
