@@ -306,3 +306,23 @@ def _wrong_modules_worker(rank: int, world: int) -> None:
 def test_module_count_must_match_the_hint() -> None:
     with pytest.raises(RankFailure, match=r"got 3 stage modules; hint '1f1b' on 2 ranks needs 2 \(1 per rank\)"):
         run_ranks(_wrong_modules_worker, 2, timeout_s=60)
+
+
+def _misspelt_option_worker(rank: int, world: int) -> list[str]:
+    errors = []
+    for options in ({"polcy": "ready"}, {"timeout": 0.0}, {"on_nonfinite": "ignore"}, {"chunks": 0}):
+        try:
+            Pipeline.from_modules([nn.Linear(2, 2)], loss_fn=_mse, microbatches=4, **options)
+        except (TypeError, ValueError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+    return errors
+
+
+def test_a_misspelt_or_bad_option_is_refused_by_name() -> None:
+    errors = run_ranks(_misspelt_option_worker, 1, timeout_s=60)[0]
+    assert errors == [
+        "TypeError: Pipeline.__init__() got an unexpected keyword argument 'polcy'",
+        "ValueError: timeout must be a positive number of seconds, got 0.0",
+        "ValueError: on_nonfinite must be 'raise' or 'skip', got 'ignore'",
+        "ValueError: chunks must be at least 1, got 0",
+    ]

@@ -253,9 +253,13 @@ class EmulatedExecutor:
     def begin_step(self, step: int) -> None:
         self.step = step
 
-    def _sleep(self, stage: int, kind: Kind, mb: int, size: float) -> None:
+    def duration(self, stage: int, kind: Kind, mb: int, size: float) -> float:
+        """Seconds the task sleeps: its cost for a micro-batch of ``size`` elements, times its factor."""
         scale = self.factor(self.step, stage, kind, mb) if self.factor is not None else 1.0
-        time.sleep(self.costs.cost(stage, kind, size) * scale)
+        return self.costs.cost(stage, kind, size) * scale
+
+    def _sleep(self, stage: int, kind: Kind, mb: int, size: float) -> None:
+        time.sleep(self.duration(stage, kind, mb, size))
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float

@@ -1,0 +1,112 @@
+"""Injection wrappers: the delayed transport and the varied executor, on fakes (no processes)."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Tensors
+from hintpipe.runtime.faults import DelayedTransport, VariedExecutor
+from hintpipe.runtime.injection import Injection
+from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.schedule.task import Kind
+from hintpipe.sim.variability import CommDelay
+
+
+class _Inbox:
+    """A transport whose messages are put in by the test."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Message] = queue.Queue()
+
+    def put(self, peer: int, mb: int) -> None:
+        self.queue.put(Message(MessageKind.ACTIVATION, 0, 1, mb, [], peer, time.perf_counter()))
+
+    def get(self, timeout: float | None) -> Message | None:
+        try:
+            return self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def send(
+        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
+    ) -> None:
+        raise AssertionError("not used")
+
+    def flush(self, timeout: float) -> None:
+        pass
+
+    def close(self, timeout: float = 30.0, error: str | None = None) -> None:
+        pass
+
+
+def test_delayed_messages_arrive_no_earlier_than_the_latency_and_in_order_per_peer() -> None:
+    inner = _Inbox()
+    transport = DelayedTransport(inner, CommDelay(0.05, 0.05, in_seconds=True), seed=3)
+    for mb in range(6):
+        inner.put(peer=mb % 2, mb=mb)
+    sent = time.perf_counter()
+    assert transport.get(0) is None  # nothing is due yet
+    got: list[tuple[int, int, float]] = []
+    while len(got) < 6:
+        msg = transport.get(5.0)
+        assert msg is not None
+        got.append((msg.peer, msg.mb, time.perf_counter() - sent))
+    assert all(elapsed >= 0.05 for _, _, elapsed in got)
+    for peer in (0, 1):
+        assert [mb for p, mb, _ in got if p == peer] == [mb for mb in range(6) if mb % 2 == peer]
+
+
+class _Timed:
+    """An executor whose every task computes (sleeps) for a fixed time."""
+
+    live_bytes = 0
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        time.sleep(self.seconds)
+        return [], None
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        time.sleep(self.seconds)
+        return []
+
+    def weight(self, stage: int, mb: int) -> None:
+        time.sleep(self.seconds)
+
+
+def test_real_compute_is_slowed_by_the_factor_and_never_sped_up() -> None:
+    # straggler:4:0 makes stage 0's tasks cost 4x: a task that computed 20 ms sleeps 60 ms more.
+    factors = Injection.parse(["straggler:4:0:0:0"]).factors(stages=2, microbatches=2)
+    executor = VariedExecutor(_Timed(0.02), factors)
+    began = time.perf_counter()
+    executor.forward(0, 0, [], None, 1.0)
+    slowed = time.perf_counter() - began
+    began = time.perf_counter()
+    executor.forward(1, 0, [], None, 1.0)  # factor 1 on stage 1: as it is
+    plain = time.perf_counter() - began
+    assert slowed >= 0.08
+    assert plain < slowed
+
+
+def test_emulated_compute_takes_the_factor_exactly() -> None:
+    costs = EmulatedCosts((0.01, 0.01), (0.03, 0.03), (0.0, 0.0), reference_size=4)
+    executor = EmulatedExecutor(costs, last_stage=1, factor=lambda step, stage, kind, mb: 0.5 if mb == 1 else 2.0)
+    assert executor.duration(0, Kind.F, 0, 4) == pytest.approx(0.02)
+    assert executor.duration(0, Kind.F, 1, 8) == pytest.approx(0.01)  # twice the reference size, factor 0.5
+    assert executor.duration(1, Kind.B, 1, 4) == pytest.approx(0.015)
+    # The first stage's input size travels down the pipeline as a one-element activation.
+    outputs, _ = executor.forward(0, 3, [torch.zeros(2, 6)], None, 1.0)
+    assert outputs[0].tolist() == [12.0]
