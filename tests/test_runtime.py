@@ -323,6 +323,6 @@ def test_a_misspelt_or_bad_option_is_refused_by_name() -> None:
     assert errors == [
         "TypeError: Pipeline.__init__() got an unexpected keyword argument 'polcy'",
         "ValueError: timeout must be a positive number of seconds, got 0.0",
-        "ValueError: on_nonfinite must be 'raise' or 'skip', got 'ignore'",
+        "ValueError: unknown on_nonfinite 'ignore': choose one of raise, skip",
         "ValueError: chunks must be at least 1, got 0",
     ]

@@ -18,17 +18,17 @@ This module is torch-free.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import heapq
 import math
 from collections.abc import Sequence
 
+from hintpipe.choice import Choice
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind, Task
 
 
-class Policy(enum.StrEnum):
+class Policy(Choice):
     """How a rank chooses among its ready, admitted tasks.
 
     - ``fixed``: run the hint in order, waiting for its next task (the
@@ -48,14 +48,6 @@ class Policy(enum.StrEnum):
     FIXED = "fixed"
     GREEDY = "greedy"
     READY = "ready"
-
-    @classmethod
-    def parse(cls, name: str) -> Policy:
-        try:
-            return cls(name)
-        except ValueError:
-            known = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown policy {name!r}: choose one of {known}") from None
 
 
 #: The share of a task's expected cost the ``ready`` policy waits beyond its

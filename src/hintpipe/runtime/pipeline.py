@@ -19,7 +19,6 @@ rank 0 gathers the step's report (:mod:`hintpipe.runtime.reports`).
 from __future__ import annotations
 
 import datetime
-import enum
 import itertools
 import logging
 import math
@@ -31,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.choice import Choice
 from hintpipe.runtime.admission import Admission, broadcast_sizes
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 __all__ = ["BudgetError", "NonFiniteLoss", "OnNonFinite", "Pipeline", "PipelineOptions", "StepReport"]
 
 
-class OnNonFinite(enum.StrEnum):
+class OnNonFinite(Choice):
     """What a NaN or infinite loss does: ``raise`` stops the step with :class:`NonFiniteLoss`;
     ``skip`` finishes it, zeroes every rank's gradients and lists it in :attr:`Pipeline.nonfinite_steps`."""
 
@@ -62,11 +62,8 @@ class OnNonFinite(enum.StrEnum):
     SKIP = "skip"
 
     @classmethod
-    def parse(cls, value: str) -> OnNonFinite:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {value!r}") from None
+    def noun(cls) -> str:
+        return "on_nonfinite"
 
 
 class PipelineOptions(TypedDict, total=False):
@@ -140,8 +137,8 @@ class Pipeline:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.policy = Policy.parse(policy) if isinstance(policy, str) else policy
-        self.on_nonfinite = OnNonFinite.parse(on_nonfinite) if isinstance(on_nonfinite, str) else on_nonfinite
+        self.policy = Policy.parse(policy)
+        self.on_nonfinite = OnNonFinite.parse(on_nonfinite)
         self.hint = _resolve_hint(hint, self.world, microbatches, chunks)
         self.microbatches = microbatches
         self.stages = self.hint.placement.stages_of(self.rank)

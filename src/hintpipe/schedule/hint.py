@@ -11,10 +11,10 @@ This module is torch-free.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 from collections.abc import Sequence
 
+from hintpipe.choice import Choice
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
 
@@ -23,7 +23,7 @@ class HintError(ValueError):
     """A hint (generated, loaded or hand-written) that cannot run."""
 
 
-class HintName(enum.StrEnum):
+class HintName(Choice):
     """The schedules hintpipe can generate."""
 
     GPIPE = "gpipe"
@@ -35,13 +35,12 @@ class HintName(enum.StrEnum):
     BFW = "bfw"
 
     @classmethod
-    def parse(cls, name: str) -> HintName:
-        """Convert a user string to a hint name, refusing unknown ones."""
-        try:
-            return cls(name)
-        except ValueError:
-            known = ", ".join(h.value for h in cls)
-            raise ValueError(f"unknown hint {name!r}: choose one of {known}, or load a CSV file") from None
+    def noun(cls) -> str:
+        return "hint"
+
+    @classmethod
+    def alternatives(cls) -> str:
+        return ", or load a CSV file"
 
     @property
     def default_chunks(self) -> int:

@@ -10,4 +10,13 @@ from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import DeadlockError, Sample, SimResult, Simulator
 from hintpipe.sim.variability import parse_variability
 
-__all__ = ["CostModel", "DeadlockError", "Sample", "SimResult", "Simulator", "Summary", "parse_variability", "run_study"]
+__all__ = [
+    "CostModel",
+    "DeadlockError",
+    "Sample",
+    "SimResult",
+    "Simulator",
+    "Summary",
+    "parse_variability",
+    "run_study",
+]
