@@ -6,7 +6,7 @@ allocator actually holds: for each planned stage, the peak memory allocated by
 one micro-batch's forward (activations kept for backward plus outputs), with
 the stage's recompute choices applied, against the plan's prediction.
 
-Run on a machine with a GPU:  python benchmarks/planner-gpu-memory/run.py [--budget 64MiB]
+Run on a machine with a GPU:  python benchmarks/planner-gpu-memory/planner_gpu_memory.py [--budget 64MiB]
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 import torch
 from torch import nn
 
-import hintpipe
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
+from hintpipe.planner.plan import plan
 from hintpipe.runtime.executor import as_input
 
 
@@ -40,7 +40,7 @@ def main() -> int:
     model = nn.Sequential(*build_layers(config)).to(device)
     inputs, targets, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
     x, y = inputs[0].to(device), targets[0].to(device)
-    planned = hintpipe.plan(model, x, stages=4, microbatches=8, memory_budget=args.budget, repeats=3)
+    planned = plan(model, x, stages=4, microbatches=8, memory_budget=args.budget, repeats=3)
     print(
         f"gpt-mini {args.layers} blocks, hidden {args.hidden}, {args.microbatch_size} x {args.seq_len} tokens, "
         f"budget {args.budget}"

@@ -1,11 +1,13 @@
 """The most readiness can gain over fixed order on part D's workload, from the event simulator.
 
 1f1b, 2 ranks x 8 micro-batches, F = 8 ms and B = 15 ms per stage (part D's measured task times);
-each task takes ``(1 + X) t``, with ``X`` the ``mb:0.5`` injection's lognormal factor (mean 1, one
-per micro-batch, the same on both stages), as the stage wrapper makes it. No runtime overhead: what
-``ready`` gains here is what any runtime following the same hint could gain over fixed order.
+each task takes ``(1 + X) t``, with ``X`` a mean-one lognormal factor (sigma 0.5, one per
+micro-batch, the same on both stages), as part D's stage wrapper makes it (the wrapper sleeps
+``X t`` after a task that computed for ``t``; the runtime's own ``--inject mb:0.5`` differs, see
+``hintpipe.runtime.faults``). No runtime overhead: what ``ready`` gains here is what any runtime
+following the same hint could gain over fixed order.
 
-    .venv/bin/python benchmarks/runtime-gpt-mini/ceiling.py
+    .venv/bin/python benchmarks/runtime-gpt-mini/runtime_ceiling.py
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hintpipe.schedule.generators import generate_hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
+from hintpipe.sim.variability import mean_one_lognormal
 
 FORWARD_MS, BACKWARD_MS, SIGMA, DRAWS = 8.0, 15.0, 0.5, 400
 
@@ -30,7 +33,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     gains: dict[str, list[float]] = {"ready, slack 2": [], "greedy, slack 2": [], "greedy, unlimited room": []}
     for _ in range(DRAWS):
-        factor = 1 + rng.lognormal(-0.5 * SIGMA * SIGMA, SIGMA, size=8)
+        factor = 1 + mean_one_lognormal(rng, SIGMA, (8,))
         costs = np.zeros((2, 8, 3))
         costs[:, :, 0] = FORWARD_MS * factor
         costs[:, :, 1] = BACKWARD_MS * factor

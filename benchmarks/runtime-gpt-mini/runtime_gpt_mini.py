@@ -3,7 +3,7 @@
 Four parts, all on CPU with gloo and one thread per rank, training gpt-mini:
 
 A. ``ready`` vs ``fixed`` with real compute on 2 ranks, under each injected variability model and
-   under variable sequence lengths (``hintpipe.training.train``).
+   under variable sequence lengths (``hintpipe.apps.training.train``).
 B. The same comparison with emulated compute (tasks sleep their profiled cost) on 4 and 8 ranks.
 C. How well the event simulator predicts the measured step times of the hintpipe runs of parts A, B and D.
 D. hintpipe against torch's ``Schedule1F1B`` and ``ScheduleGPipe`` on the same 2-stage split and data:
@@ -14,7 +14,8 @@ Each run waits for the machine to be quiet and is redone if other work used its 
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/runtime-gpt-mini/run.py [--quick] [--parts ABCD] [--json FILE]
+    .venv/bin/python benchmarks/runtime-gpt-mini/runtime_gpt_mini.py [--quick] [--parts ABCD] [--repeats N]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -43,17 +44,19 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 import hintpipe
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.apps.training import TrainConfig, TrainResult, predict_step_time, profile_costs, train
-from hintpipe.runtime.faults import Injection
+from hintpipe.runtime.injection import CostFactors, Injection
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
+from hintpipe.sim.variability import MicrobatchNoise
 
 SLACK = 2.0
 SEED = 0
 IGNORE = -100  # cross-entropy's ignore_index: padded target positions
+Gradients = tuple[torch.Tensor, ...] | torch.Tensor  # what torch passes module backward hooks
 
 
 # -- environment and tables ------------------------------------------------------------------------------
@@ -234,15 +237,14 @@ def part_a(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
         seq_len=SeqLenDist(96),
         seed=SEED,
         timeout=120.0,
+        timelines=True,  # every rank's task records on rank 0: part C predicts each measured step
     )
-    conditions: list[tuple[str, TrainConfig]] = [
-        ("none", base),
-        ("compute:0.5", dataclasses.replace(base, inject=("compute:0.5",))),
-        ("mb:0.5", dataclasses.replace(base, inject=("mb:0.5",))),
-        ("straggler:1:1.5", dataclasses.replace(base, inject=("straggler:1:1.5",))),
-        ("comm:2", dataclasses.replace(base, inject=("comm:2",))),
-        ("seq lognormal:96:0.5", dataclasses.replace(base, seq_len=SeqLenDist(96, 0.5))),
-    ]
+    # Stage 1 (rank 1 under 1f1b on 2 ranks) 1.5x slower on every micro-batch.
+    straggler = f"straggler:1.5:1:0:{base.microbatches - 1}"
+    conditions: list[tuple[str, TrainConfig]] = [("none", base)]
+    for spec in ("iid:0.5", "mb:0.5", straggler, "comm:2ms"):
+        conditions.append((spec, dataclasses.replace(base, inject=(spec,))))
+    conditions.append(("seq lognormal:96:0.5", dataclasses.replace(base, seq_len=SeqLenDist(96, 0.5))))
     out: dict[str, dict[str, PolicyRuns]] = {}
     for label, config in conditions:
         log(f"A: {label}")
@@ -272,11 +274,12 @@ def part_b(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
             seq_len=SeqLenDist(96),
             seed=SEED,
             timeout=120.0,
+            timelines=True,
         )
         costs = profile_costs(base)
         costs_md.append(
             f"{ranks} ranks: F ms {' '.join(f'{c * 1e3:.1f}' for c in costs.forward)}; "
-            f"B ms {' '.join(f'{c * 1e3:.1f}' for c in costs.backward)} (per {costs.reference_tokens} tokens)"
+            f"B ms {' '.join(f'{c * 1e3:.1f}' for c in costs.backward)} (per {costs.reference_size} tokens)"
         )
         base = dataclasses.replace(base, emulate=costs)
         for label, config in [
@@ -305,15 +308,19 @@ class Agreement:
 
 
 def agreement_from_runs(runs: dict[str, dict[str, PolicyRuns]]) -> dict[str, Agreement]:
-    """Part A/B runs: every measured step whose timeline ``train`` kept (it keeps the first step's and a
-    bounded number of the latest)."""
+    """Part A/B runs: every measured step whose report holds every rank's tasks (all of them, as the runs
+    train with ``timelines=True``)."""
     out = {}
     for label, by_policy in runs.items():
         c = by_policy["fixed"].results[0].config
+        hint = generate_hint(c.hint, c.ranks, c.microbatches, c.chunks)
         out[label] = Agreement(
-            generate_hint(c.hint, c.ranks, c.microbatches, c.chunks or 1),
+            hint,
             c.memory_slack,
-            {p: [s for r in pr.results for s in r.measured if s.records] for p, pr in by_policy.items()},
+            {
+                p: [s for r in pr.results for s in r.measured if len(s.records) == hint.num_tasks]
+                for p, pr in by_policy.items()
+            },
             by_policy["ready"].throughput / by_policy["fixed"].throughput,
         )
     return out
@@ -356,8 +363,11 @@ def part_c(groups: dict[str, Agreement], what: str) -> tuple[str, list[dict[str,
 class InjectedStage(nn.Module):
     """A stage module that sleeps ``X * t`` after its forward and after its backward.
 
-    ``t`` is the forward's (backward's) measured time and ``X`` the lognormal factor of ``mb:SIGMA``
-    injection for (step, micro-batch), exactly as ``hintpipe.inject.Injection`` draws it. Forwards and
+    ``t`` is the forward's (backward's) measured time and ``X`` the ``mb:SIGMA`` cost factor for
+    (step, micro-batch), drawn by ``hintpipe.runtime.injection.Injection`` (one mean-one lognormal
+    factor per micro-batch, the same on every stage). A task thus takes ``(1 + X) t``: the wrapper
+    keeps the benchmark's own model of a slowdown, the same for both runtimes, rather than the
+    runtime's ``--inject mb:SIGMA`` (which makes a task of ``t`` take ``max(X, 1) t``). Forwards and
     backwards are counted per step to know the micro-batch: both torch schedules and hintpipe's
     ``1f1b`` run each stage's forwards, and its backwards, in micro-batch order (checked per step).
 
@@ -366,7 +376,9 @@ class InjectedStage(nn.Module):
     hooks sit on the layers after the embedding (whose backward, a scatter into its weights, is cheap).
     """
 
-    def __init__(self, module: nn.Sequential, stage: int, sigma: float, seed: int) -> None:
+    def __init__(
+        self, module: nn.Sequential, stage: int, stages: int, microbatches: int, sigma: float, seed: int
+    ) -> None:
         super().__init__()
         layers = list(module)
         cut = 1 if stage == 0 else 0
@@ -375,7 +387,9 @@ class InjectedStage(nn.Module):
         self.body.register_full_backward_pre_hook(self._backward_start)
         self.body.register_full_backward_hook(self._backward_end)
         self.stage = stage
-        self.injection = Injection(mb_sigma=sigma, seed=seed)
+        self.factor: CostFactors | None = None
+        if sigma:
+            self.factor = Injection(variability=(MicrobatchNoise(sigma),), seed=seed).factors(stages, microbatches)
         self.step_index = 0
         self.forwards = 0
         self.backwards = 0
@@ -388,20 +402,20 @@ class InjectedStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
         out: torch.Tensor = self.body(self.front(x))
-        self._sleep("F", self.forwards, time.perf_counter() - start)
+        self._sleep(Kind.F, self.forwards, time.perf_counter() - start)
         self.forwards += 1
         return out
 
-    def _backward_start(self, module: nn.Module, grad_output: Any) -> None:
+    def _backward_start(self, module: nn.Module, grad_output: Gradients) -> None:
         self._began = time.perf_counter()
 
-    def _backward_end(self, module: nn.Module, grad_input: Any, grad_output: Any) -> None:
-        self._sleep("B", self.backwards, time.perf_counter() - self._began)
+    def _backward_end(self, module: nn.Module, grad_input: Gradients, grad_output: Gradients) -> None:
+        self._sleep(Kind.B, self.backwards, time.perf_counter() - self._began)
         self.backwards += 1
 
-    def _sleep(self, kind: str, mb: int, elapsed: float) -> None:
-        if self.injection.active:
-            extra = self.injection.extra_seconds(-1, self.step_index, self.stage, kind, mb, elapsed)
+    def _sleep(self, kind: Kind, mb: int, elapsed: float) -> None:
+        if self.factor is not None:
+            extra = self.factor(self.step_index, self.stage, kind, mb) * elapsed
             self.slept += extra
             time.sleep(extra)
 
@@ -436,7 +450,7 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
     """One rank of a part D run: build the same stage, train ``v.steps`` steps, time each step."""
     stage_module = split_layers(build_layers(v.model), world)[rank]
     assert isinstance(stage_module, nn.Sequential)
-    wrapped = InjectedStage(stage_module, rank, v.sigma, SEED)
+    wrapped = InjectedStage(stage_module, rank, world, v.microbatches, v.sigma, SEED)
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=v.lr)
     first, last = rank == 0, rank == world - 1
     run_step: Callable[[list[torch.Tensor], list[torch.Tensor]], float | None]
@@ -472,6 +486,7 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
             policy=v.schedule,
             memory_slack=SLACK,
             timeout=120.0,
+            timelines=True,  # every rank's task records on rank 0, for part C and the order check
         )
 
         def run_hintpipe(inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float | None:

@@ -7,7 +7,7 @@ work under each variability model, with and without memory slack.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/simulator-scale/run.py [--quick] [--json FILE]
+    .venv/bin/python benchmarks/simulator-scale/simulator_scale.py [--quick] [--json FILE]
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ class EmulatedExecutor:
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        size = float(inputs[0].numel()) if stage == 0 else float(inputs[0].reshape(-1)[0])
+        size = float(inputs[0].numel()) if stage == 0 else float(inputs[0].detach().reshape(-1)[0])
         self._sizes[(stage, mb)] = size
         self._sleep(stage, Kind.F, mb, size)
         if stage == self.last_stage:
