@@ -9,11 +9,13 @@ accumulated into ``.grad`` and never rescaled, so calling :meth:`Pipeline.step`
 twice without zeroing gives exactly twice one step's gradient. The optimizer
 step stays the caller's.
 
-A step: every rank meets at a barrier, (with a byte budget) learns each
-micro-batch's size, runs its :class:`~hintpipe.runtime.step_loop.StepLoop`,
-and then agrees with the others in one small all-reduce on the measured
-per-stage costs (the ``ready`` plan) and on whether any loss was non-finite;
-rank 0 gathers the step's report (:mod:`hintpipe.runtime.reports`).
+A step: (with a byte budget) every rank learns each micro-batch's size, runs
+its :class:`~hintpipe.runtime.step_loop.StepLoop`, and then agrees with the
+others in one small all-reduce on the measured per-stage costs (the ``ready``
+plan) and on whether any loss was non-finite; rank 0 gathers the step's report
+(:mod:`hintpipe.runtime.reports`). Only the first step starts with a barrier:
+later ones were synchronised by the previous step's all-reduce, and a rank
+that runs ahead into the next step only fills its neighbours' inboxes.
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ class Pipeline:
         self.reports: list[StepReport] = []
         self.nonfinite_steps: list[int] = []
         self._closed = False
+        self._started = False
         self._check_options(emulated=emulate is not None, byte_admission=memory_budget is not None)
 
     def _connect(self) -> Transport:
@@ -290,7 +293,9 @@ class Pipeline:
         step = state.step
         policy = self.policy if self.planner.plan is not None or self.policy is not Policy.READY else Policy.FIXED
         plan_costs = self.planner.costs if policy is Policy.READY else None
-        self._barrier(step)  # before any collective of the step: a missing rank is named here
+        if not self._started:  # the first step starts together; later ones meet at the end of the step before
+            self._barrier(step)
+            self._started = True
         if self.admission.by_bytes:
             first = {mb: state.activations[(0, mb)] for mb in range(self.microbatches)} if 0 in self.stages else {}
             state.elements = broadcast_sizes(
@@ -354,8 +359,9 @@ class Pipeline:
         plan_costs: tuple[tuple[float, ...], ...] | None,
     ) -> None:
         """Agree on costs and non-finite losses; gather the report to rank 0."""
-        summary = RankSummary.of(self.rank, loop_time, state.records, self.hint.split_backward, state.peak_bytes)
-        medians, poisoned = self._agree(summary, state.step in self.nonfinite_steps)
+        split = self.hint.split_backward
+        summary = RankSummary.of(self.rank, state.started, loop_time, state.records, split, state.peak_bytes)
+        medians, poisoned = self._agree(summary, state.step)
         if poisoned:
             self._drop_gradients(state.step)
         if self.policy is Policy.READY:
@@ -373,11 +379,21 @@ class Pipeline:
         self.reports.append(report)
         del self.reports[: max(0, len(self.reports) - self.history)]
 
-    def _agree(self, summary: RankSummary, flagged: bool) -> tuple[np.ndarray[Any, np.dtype[np.float64]], bool]:
-        """One all-reduce: every stage's median costs (each rank fills its own) and any non-finite loss."""
+    def _agree(self, summary: RankSummary, step: int) -> tuple[np.ndarray[Any, np.dtype[np.float64]], bool]:
+        """One all-reduce: every stage's median costs (each rank fills its own) and any non-finite loss.
+
+        It is also where the ranks meet between steps: a rank that never gets here is waited for
+        at most the watchdog's timeout.
+        """
         own = stage_medians(durations_array(self.hint, [summary]))  # zero for the other ranks' stages
+        flagged = step in self.nonfinite_steps
         values = torch.from_numpy(np.concatenate([own.reshape(-1), [1.0 if flagged else 0.0]]))
-        dist.all_reduce(values, group=self._coll)
+        try:
+            dist.all_reduce(values, group=self._coll)
+        except RuntimeError as exc:
+            raise WatchdogTimeout(
+                f"rank {self.rank}: waited {self.timeout:g} s for the other ranks to finish step {step}: {exc}"
+            ) from None
         result = values.numpy()
         return result[:-1].reshape(self.hint.num_stages, 3), bool(result[-1] > 0)
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch.distributed as dist
 
 from hintpipe.observe.trace import Record
+from hintpipe.runtime.errors import WatchdogTimeout
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
@@ -35,7 +36,7 @@ class StepReport:
     rank 0, this rank alone elsewhere).
 
     Attributes:
-        step_time: the slowest covered rank's time from the step's start to its last task's end.
+        step_time: from the first covered rank's loop start to the last task's end (one wall clock).
         lower_bound: max(busiest rank, one micro-batch's critical path) from the
             measured task times (rank 0 only; NaN elsewhere).
         records: ``(rank, task, start, end)``: this rank's tasks, or on rank 0
@@ -73,6 +74,7 @@ class RankSummary:
     """One rank's step, as sent to rank 0."""
 
     rank: int
+    started: float  # wall clock of the loop's start
     loop_time: float
     busy: float
     peak_slots: float
@@ -81,9 +83,12 @@ class RankSummary:
     records: tuple[Record, ...]
 
     @classmethod
-    def of(cls, rank: int, loop_time: float, records: Sequence[Record], split: bool, peak_bytes: int) -> RankSummary:
+    def of(
+        cls, rank: int, started: float, loop_time: float, records: Sequence[Record], split: bool, peak_bytes: int
+    ) -> RankSummary:
         return cls(
             rank=rank,
+            started=started,
             loop_time=loop_time,
             busy=sum(end - start for _, _, start, end in records),
             peak_slots=float(measured_peak(records, split)),
@@ -132,17 +137,28 @@ def gather_report(
     sent = mine if timelines else dataclasses.replace(mine, records=())
     rank = dist.get_rank()
     gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(sent, gathered, dst=0, group=group)
+    try:
+        dist.gather_object(sent, gathered, dst=0, group=group)
+    except RuntimeError as exc:
+        raise WatchdogTimeout(
+            f"rank {rank}: the report of step {step} could not be gathered to rank 0: {exc}"
+        ) from None
     summaries: list[RankSummary] = gathered if gathered is not None else [mine]
     bound = math.nan
     if gathered is not None:
         bound = lower_bound(hint, Sample(durations_array(hint, summaries), np.zeros(1), 0.0))
-    records = [r for s in summaries for r in (s.records or (mine.records if s.rank == rank else ()))]
+    # Ranks start their loops at slightly different moments: one clock for all, from the earliest.
+    origin = min(s.started for s in summaries)
+    records = [
+        (r, task, start + s.started - origin, end + s.started - origin)
+        for s in summaries
+        for r, task, start, end in (s.records or (mine.records if s.rank == rank else ()))
+    ]
     return StepReport(
         step=step,
         rank=rank,
         policy=policy,
-        step_time=max(s.loop_time for s in summaries),
+        step_time=max(s.started - origin + s.loop_time for s in summaries),
         lower_bound=bound,
         records=tuple(sorted(records, key=lambda r: (r[2], r[0]))),
         peak_live=tuple(s.peak_slots for s in summaries),

@@ -40,6 +40,7 @@ class StepState:
     losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
     records: list[Record] = dataclasses.field(default_factory=list)
     peak_bytes: int = 0
+    started: float = 0.0  # wall clock (time.time) at the loop's start: the ranks' common clock
 
 
 class StepLoop:
@@ -81,6 +82,7 @@ class StepLoop:
     def run(self, state: StepState) -> float:
         """Run every task of the step; returns the time from the start to the last task's end."""
         board = self.board
+        state.started = time.time()
         t0 = time.perf_counter()
         early, self.stash[:] = list(self.stash), []
         for msg in early:
