@@ -18,21 +18,15 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from hintpipe.planner.capture import CapturedGraph, capture
-from hintpipe.planner.profile import NodeProfile, profile
-from hintpipe.planner.search import (
-    CostTables,
-    MemoryModel,
-    Partition,
-    balanced_cuts,
-    describe,
-    max_microbatch_size,
-    search,
-    stage_cost,
-    summary,
-    uniform_cuts,
-)
+from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
+from hintpipe.planner.capture import CapturedGraph, allowed_cuts, capture, value_uses
+from hintpipe.planner.memory import MemoryModel, stage_cost
+from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.partition import Partition, describe, max_microbatch_size, summary
+from hintpipe.planner.profile import profile
+from hintpipe.planner.search import search
 from hintpipe.planner.stagegen import crossing, extract
+from hintpipe.planner.tables import NodeTables
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.tensor_bytes import nbytes, tensors_in
@@ -103,6 +97,14 @@ class Plan:
         if math.isinf(s.budget_bytes) or per_mb <= 0:
             return 0
         return max(0, int(s.spare_bytes // per_mb))
+
+
+def node_tables(profiles: Sequence[NodeProfile], graph: CapturedGraph | None = None) -> NodeTables:
+    """Tables for ``profiles`` of ``graph``'s nodes (``graph=None``: a chain, node i feeding i + 1)."""
+    if graph is None:
+        return NodeTables.chain(profiles)
+    uses = value_uses(graph, profiles)
+    return NodeTables.build(profiles, uses, allowed_cuts(graph, uses))
 
 
 def _budgets(memory_budget: float | str | Sequence[float | str], stages: int) -> tuple[float, ...]:
@@ -186,7 +188,7 @@ def plan(
         profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
     hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
     total = hint_obj.num_stages
-    tables = CostTables.from_profiles(profiles, graph)
+    tables = node_tables(profiles, graph)
     size = microbatch_size or profiled
     if host_bandwidth is None:
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
