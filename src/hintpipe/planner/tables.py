@@ -166,17 +166,21 @@ class NodeTables:
         )
 
     def sent(self, a: int, cuts: Sequence[int] | IntArray) -> Array:
-        """For each cut ``b`` in ``cuts`` (all after ``a``): ``boundary(a, b) - received[a]``.
+        """For each cut ``b`` in ``cuts`` (increasing, all after ``a``): ``boundary(a, b) - received[a]``.
 
         That is the bytes of values produced in ``a:b`` that cross ``b`` and
         nothing saves; it does not depend on anything else about ``a``.
         """
+        ends = np.asarray(cuts, dtype=np.int64)
+        if not len(ends):
+            return np.zeros(0)
         producers, last, size = self._sent_values
-        first = int(np.searchsorted(producers, a))
-        length = self.size + 2
-        starts = np.bincount(producers[first:] + 1, size[first:], length)
-        diff = starts - np.bincount(last[first:] + 1, size[first:], length)
-        return np.asarray(np.cumsum(diff)[np.asarray(cuts, dtype=np.int64)], dtype=np.float64)
+        first, stop = np.searchsorted(producers, [a, ends[-1]])  # produced in a:cuts[-1]
+        length = int(ends[-1]) + 1
+        diff = np.bincount(producers[first:stop] + 1, size[first:stop], length)
+        crossed = np.minimum(last[first:stop] + 1, length)  # past the last cut asked about: never subtracted
+        diff -= np.bincount(crossed, size[first:stop], length + 1)[:length]
+        return np.asarray(np.cumsum(diff)[ends], dtype=np.float64)
 
     @functools.cached_property
     def uniform_boundaries(self) -> bool:
