@@ -179,13 +179,7 @@ def plan(
         hintpipe.capture.CaptureError: the model cannot be captured.
         hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short).
     """
-    inputs = example if isinstance(example, tuple) else (example,)
-    graph = capture(model, modules=modules)
-    for node, value in zip(graph.inputs, inputs, strict=False):
-        node.meta["example_bytes"] = nbytes(value)
-    profiled = int(tensors_in(list(inputs))[0].shape[0])
-    if profiles is None:
-        profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
+    graph, profiles, profiled = _measured(model, example, modules, profiles, repeats=repeats, cache_dir=cache_dir)
     hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
     total = hint_obj.num_stages
     tables = node_tables(profiles, graph)
@@ -193,51 +187,75 @@ def plan(
     if host_bandwidth is None:
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         host_bandwidth = 0.0 if on_cpu else 10e9
-    memory = MemoryModel(
-        inflight=hint_obj.stage_peaks,
-        budgets=_budgets(memory_budget, total),
-        optimizer_factor=optimizer_factor,
-        host_bandwidth=host_bandwidth,
-        scale=size / profiled,
-    )
+    budgets = _budgets(memory_budget, total)
+    memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=size / profiled)
     cuts = search(tables, memory, total)
-
-    def plan_fits(m: MemoryModel) -> bool:
-        try:
-            search(tables, dataclasses.replace(m), total)
-        except ValueError:
-            return False
-        return True
-
-    def partition(cuts: tuple[int, ...], savings: bool) -> Partition:
-        described = describe(tables, memory, cuts, savings=savings)
-
-        def fits(m: MemoryModel) -> bool:
-            if savings:
-                return plan_fits(m)
-            return all(stage_cost(tables, m, s, cuts[s], cuts[s + 1], savings=False).feasible for s in range(total))
-
-        return Partition(
-            cuts=cuts,
-            bottleneck_ms=max(s.time_ms for s in described),
-            stages=described,
-            max_microbatch_size=max_microbatch_size(tables, memory, total, profiled, fits),
-        )
-
-    baselines = {
-        "uniform": partition(uniform_cuts(tables, total), savings=False),
-        "params": partition(balanced_cuts(np.asarray(tables.params), tables.allowed, total), savings=False),
-        "time": partition(balanced_cuts(np.asarray(tables.compute), tables.allowed, total), savings=False),
-    }
     return Plan(
         hint=hint_obj.name,
         ranks=stages,
         chunks=hint_obj.num_stages // stages,
         microbatches=microbatches,
         microbatch_size=size,
-        partition=partition(cuts, savings=True),
-        baselines=baselines,
+        partition=_partition(tables, memory, cuts, profiled, savings=True),
+        baselines=_baselines(tables, memory, total, profiled),
         tied=_tied(graph, cuts),
         graph=graph,
         profiles=tuple(profiles),
+    )
+
+
+def _measured(
+    model: nn.Module,
+    example: Any,
+    modules: Sequence[str] | None,
+    profiles: Sequence[NodeProfile] | None,
+    *,
+    repeats: int,
+    cache_dir: str | Path | None,
+) -> tuple[CapturedGraph, Sequence[NodeProfile], int]:
+    """The captured graph, its profiles (``profiles`` if given) and the profiled micro-batch size."""
+    inputs = example if isinstance(example, tuple) else (example,)
+    graph = capture(model, modules=modules)
+    for node, value in zip(graph.inputs, inputs, strict=False):
+        node.meta["example_bytes"] = nbytes(value)
+    profiled = int(tensors_in(list(inputs))[0].shape[0])
+    if profiles is None:
+        profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
+    return graph, profiles, profiled
+
+
+def _baselines(tables: NodeTables, memory: MemoryModel, stages: int, profiled: int) -> dict[str, Partition]:
+    """The memory-blind partitions, as cut (no savings): equal layers, balanced parameters, balanced time."""
+    return {
+        name: _partition(tables, memory, cuts, profiled, savings=False)
+        for name, cuts in (
+            ("uniform", uniform_cuts(tables, stages)),
+            ("params", balanced_cuts(np.asarray(tables.params), tables.allowed, stages)),
+            ("time", balanced_cuts(np.asarray(tables.compute), tables.allowed, stages)),
+        )
+    }
+
+
+def _partition(
+    tables: NodeTables, memory: MemoryModel, cuts: tuple[int, ...], profiled: int, *, savings: bool
+) -> Partition:
+    """``cuts`` described, with the largest micro-batch that fits: for the plan (``savings``), the largest
+    for which the search finds any partition; for a baseline, the largest its own cuts hold as cut."""
+    stages = len(cuts) - 1
+    described = describe(tables, memory, cuts, savings=savings)
+
+    def fits(m: MemoryModel) -> bool:
+        if savings:
+            try:
+                search(tables, m, stages)
+            except ValueError:
+                return False
+            return True
+        return all(stage_cost(tables, m, s, cuts[s], cuts[s + 1], savings=False).feasible for s in range(stages))
+
+    return Partition(
+        cuts=cuts,
+        bottleneck_ms=max(s.time_ms for s in described),
+        stages=described,
+        max_microbatch_size=max_microbatch_size(tables, memory, stages, profiled, fits),
     )
