@@ -1,10 +1,10 @@
 """The search without torch: exact on 2,000-node chains against independent dynamic programs, its
 evaluation limit, and the properties of the tables and the cost model that its note relies on.
 
-The references here share nothing with the search but :func:`stage_cost` (and, for the uneven
-chains, not even that: their memory and time are recomputed from the chain's own numbers, and
-checked against :func:`stage_cost` on a sample of ranges). Bytes are whole numbers, so memory sums
-are exact in floating point and a budget can sit exactly on a stage's memory.
+The references here share nothing with the search but :func:`stage_cost`, and for the uneven
+chains even less: their memory (and their time where nothing can be saved) is recomputed from the
+chain's own numbers, and checked against :func:`stage_cost` on a sample of ranges. Bytes are whole
+numbers, so memory sums are exact in floating point and a budget can sit exactly on a stage's memory.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ from hintpipe.planner.capture import CapturedGraph
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 
+__all__ = ["NodeProfile", "profile", "run_node", "signature"]  # NodeProfile lives in node_profile (no torch)
+
 
 def _detach(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
