@@ -17,9 +17,12 @@ from torch import nn
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
 from hintpipe.cli import main
 from hintpipe.planner.capture import CaptureError, capture, split_point
-from hintpipe.planner.plan import Plan, plan
-from hintpipe.planner.profile import NodeProfile, profile
-from hintpipe.planner.search import CostTables, MemoryModel, PlanError, search, stage_cost
+from hintpipe.planner.memory import MemoryModel, stage_cost
+from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.plan import Plan, node_tables, plan
+from hintpipe.planner.profile import profile
+from hintpipe.planner.search import PlanError, search
+from hintpipe.planner.tables import NodeTables
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.tensor_bytes import count_saved, parameter_storages
@@ -27,7 +30,7 @@ from hintpipe.tensor_bytes import count_saved, parameter_storages
 # -- the search against exhaustive enumeration ------------------------------------------
 
 
-def _exhaustive(tables: CostTables, memory: MemoryModel, stages: int) -> tuple[float, list[tuple[int, ...]]]:
+def _exhaustive(tables: NodeTables, memory: MemoryModel, stages: int) -> tuple[float, list[tuple[int, ...]]]:
     """Every placement of the cuts: the best bottleneck and the cuts that reach it."""
     best, argbest = math.inf, []
     for inner in itertools.combinations(tables.allowed, stages - 1):
@@ -63,7 +66,7 @@ def _chain(rng: np.random.Generator, n: int) -> list[NodeProfile]:
 def test_search_equals_exhaustive_search(seed: int) -> None:
     rng = np.random.default_rng(seed)
     n, stages = int(rng.integers(4, 10)), int(rng.integers(2, 4))
-    tables = CostTables.from_profiles(_chain(rng, n))
+    tables = NodeTables.chain(_chain(rng, n))
     inflight = tuple(range(stages, 0, -1))
     for budget in (1e9, 30_000.0, 18_000.0, 12_000.0, 8_000.0):
         memory = MemoryModel(inflight=inflight, budgets=(budget,) * stages, optimizer_factor=2.0)
@@ -101,7 +104,7 @@ class SleepLayer(nn.Module):
         self.scale = nn.Parameter(torch.ones(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _Sleep.apply(x * self.scale, *self.costs)
+        out: torch.Tensor = _Sleep.apply(x * self.scale, *self.costs)  # type: ignore[no-untyped-call]  # torch: Function.apply is untyped
         return out
 
 
@@ -121,7 +124,7 @@ def test_sleep_modules_give_known_profiles_and_exact_cuts() -> None:
         NodeProfile(p.name, f / 1e3, b / 1e3, p.saved_bytes, p.param_bytes, p.output_bytes, True, p.internal_bytes)
         for p, (f, b, _) in zip(profiles, costs, strict=True)
     ]
-    tables = CostTables.from_profiles(exact, graph)
+    tables = node_tables(exact, graph)
     memory = MemoryModel(inflight=(2, 1), budgets=(math.inf, math.inf))
     assert search(tables, memory, 2) == (0, 3, 6)  # 12 + 4 + 4 = 20 | 4 + 8 + 6 = 18: the only best split
     assert _exhaustive(tables, memory, 2)[1] == [(0, 3, 6)]
@@ -242,7 +245,7 @@ class Gated(nn.Module):
 def test_saved_bytes_are_counted_by_storage() -> None:
     model, x = Gated(), torch.randn(5, 8)
     graph = capture(model)
-    tables = CostTables.from_profiles(profile(graph, [x], repeats=1), graph)
+    tables = node_tables(profile(graph, [x], repeats=1), graph)
     # autograd keeps up's output (5 x 48 floats, once for both saved thirds) and tanh's output
     # (5 x 16, once for tanh and down); up also saves x, the stage's input, not counted here.
     # Counting views by their own size would give 5 x 16 for the first and count the second twice.
@@ -363,7 +366,8 @@ def _forced(planned: Plan, action: str) -> Plan:
     stages = []
     for stage, (a, b) in zip(planned.partition.stages, itertools.pairwise(planned.partition.cuts), strict=True):
         names = tuple(n.name for n in planned.graph.nodes[a:b])
-        stages.append(dataclasses.replace(stage, **{action: names}))
+        forced = dataclasses.replace(stage, recompute=names) if action == "recompute" else stage
+        stages.append(dataclasses.replace(forced, offload=names) if action == "offload" else forced)
     return dataclasses.replace(planned, partition=dataclasses.replace(planned.partition, stages=tuple(stages)))
 
 

@@ -18,6 +18,9 @@ from typing import Any
 import torch.fx as fx
 from torch import nn
 
+from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.tables import ValueUse
+
 
 class CaptureError(ValueError):
     """The model cannot be captured as given."""
@@ -95,6 +98,10 @@ def capture(model: nn.Module, *, modules: Sequence[str] | None = None) -> Captur
     return _captured(module)
 
 
+def _is_split_point(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is split_point
+
+
 def _captured(module: fx.GraphModule) -> CapturedGraph:
     nodes, inputs, output = [], [], None
     marked = False
@@ -111,7 +118,7 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
             output = node
         elif node.op != "get_attr":
             nodes.append(node)
-            marked = marked or (node.op == "call_function" and node.target is split_point)
+            marked = marked or _is_split_point(node)
     if output is None or not nodes:
         raise CaptureError("the traced graph has no operations to place")
     return CapturedGraph(module, nodes, inputs, output, marked)
@@ -135,3 +142,37 @@ def _sequence_of(root: nn.Module, names: list[str]) -> CapturedGraph:
         value = graph.call_module(name, (value,))
     graph.output(value)
     return _captured(fx.GraphModule(root, graph))
+
+
+def value_uses(graph: CapturedGraph, profiles: Sequence[NodeProfile]) -> list[ValueUse]:
+    """The values ``graph``'s nodes pass on, as plain data for :class:`~hintpipe.planner.tables.NodeTables`.
+
+    Each node's output (its bytes and whether it is a tensor, from its
+    profile) and each model input (its example bytes, once :func:`hintpipe.plan`
+    or :func:`~hintpipe.planner.profile.profile` has set them), with the last
+    node that reads it (``len(graph.nodes)``: the model's output).
+    """
+    n = len(graph.nodes)
+    index = graph.index
+    uses = []
+    for i, node in enumerate(graph.nodes):
+        last = max((index.get(u, n) for u in node.users), default=i)
+        uses.append(ValueUse(i, last, float(profiles[i].output_bytes), profiles[i].tensor_output))
+    for node in graph.inputs:
+        last = max((index.get(u, n) for u in node.users), default=0)
+        uses.append(ValueUse(-1, last, float(node.meta.get("example_bytes", 0)), True))
+    return uses
+
+
+def allowed_cuts(graph: CapturedGraph, uses: Sequence[ValueUse]) -> tuple[int, ...]:
+    """The positions ``1..n-1`` where a cut may fall: only tensors cross it and, if the model marks split
+    points, it is right after one."""
+    n = len(graph.nodes)
+    blocked = [False] * (n + 1)
+    for producer, last, _, is_tensor in uses:
+        if not is_tensor:
+            blocked[producer + 1 : last + 1] = [True] * (last - producer)
+    allowed = [c for c in range(1, n) if not blocked[c]]
+    if graph.marked:
+        allowed = [c for c in allowed if _is_split_point(graph.nodes[c - 1])]
+    return tuple(allowed)

@@ -18,21 +18,15 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from hintpipe.planner.capture import CapturedGraph, capture
-from hintpipe.planner.profile import NodeProfile, profile
-from hintpipe.planner.search import (
-    CostTables,
-    MemoryModel,
-    Partition,
-    balanced_cuts,
-    describe,
-    max_microbatch_size,
-    search,
-    stage_cost,
-    summary,
-    uniform_cuts,
-)
+from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
+from hintpipe.planner.capture import CapturedGraph, allowed_cuts, capture, value_uses
+from hintpipe.planner.memory import MemoryModel, stage_cost
+from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.partition import Partition, describe, max_microbatch_size, summary
+from hintpipe.planner.profile import profile
+from hintpipe.planner.search import search
 from hintpipe.planner.stagegen import crossing, extract
+from hintpipe.planner.tables import NodeTables
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.tensor_bytes import nbytes, tensors_in
@@ -105,6 +99,14 @@ class Plan:
         return max(0, int(s.spare_bytes // per_mb))
 
 
+def node_tables(profiles: Sequence[NodeProfile], graph: CapturedGraph | None = None) -> NodeTables:
+    """Tables for ``profiles`` of ``graph``'s nodes (``graph=None``: a chain, node i feeding i + 1)."""
+    if graph is None:
+        return NodeTables.chain(profiles)
+    uses = value_uses(graph, profiles)
+    return NodeTables.build(profiles, uses, allowed_cuts(graph, uses))
+
+
 def _tied(graph: CapturedGraph, cuts: Sequence[int]) -> tuple[str, ...]:
     """Parameters (or modules) used by more than one stage."""
     index = graph.index
@@ -162,6 +164,41 @@ def plan(
         hintpipe.capture.CaptureError: the model cannot be captured.
         hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short).
     """
+    graph, profiles, profiled = _measured(model, example, modules, profiles, repeats=repeats, cache_dir=cache_dir)
+    hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
+    total = hint_obj.num_stages
+    tables = node_tables(profiles, graph)
+    size = microbatch_size or profiled
+    if host_bandwidth is None:
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        host_bandwidth = 0.0 if on_cpu else 10e9
+    budgets = parse_sizes(memory_budget, total, "memory_budget")
+    memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=size / profiled)
+    cuts = search(tables, memory, total)
+    return Plan(
+        hint=hint_obj.name,
+        ranks=stages,
+        chunks=hint_obj.num_stages // stages,
+        microbatches=microbatches,
+        microbatch_size=size,
+        partition=_partition(tables, memory, cuts, profiled, savings=True),
+        baselines=_baselines(tables, memory, total, profiled),
+        tied=_tied(graph, cuts),
+        graph=graph,
+        profiles=tuple(profiles),
+    )
+
+
+def _measured(
+    model: nn.Module,
+    example: Any,
+    modules: Sequence[str] | None,
+    profiles: Sequence[NodeProfile] | None,
+    *,
+    repeats: int,
+    cache_dir: str | Path | None,
+) -> tuple[CapturedGraph, Sequence[NodeProfile], int]:
+    """The captured graph, its profiles (``profiles`` if given) and the profiled micro-batch size."""
     inputs = example if isinstance(example, tuple) else (example,)
     graph = capture(model, modules=modules)
     for node, value in zip(graph.inputs, inputs, strict=False):
@@ -169,58 +206,41 @@ def plan(
     profiled = int(tensors_in(list(inputs))[0].shape[0])
     if profiles is None:
         profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
-    hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
-    total = hint_obj.num_stages
-    tables = CostTables.from_profiles(profiles, graph)
-    size = microbatch_size or profiled
-    if host_bandwidth is None:
-        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-        host_bandwidth = 0.0 if on_cpu else 10e9
-    memory = MemoryModel(
-        inflight=hint_obj.stage_peaks,
-        budgets=parse_sizes(memory_budget, total, "memory_budget"),
-        optimizer_factor=optimizer_factor,
-        host_bandwidth=host_bandwidth,
-        scale=size / profiled,
-    )
-    cuts = search(tables, memory, total)
+    return graph, profiles, profiled
 
-    def plan_fits(m: MemoryModel) -> bool:
-        try:
-            search(tables, dataclasses.replace(m), total)
-        except ValueError:
-            return False
-        return True
 
-    def partition(cuts: tuple[int, ...], savings: bool) -> Partition:
-        described = describe(tables, memory, cuts, savings=savings)
-
-        def fits(m: MemoryModel) -> bool:
-            if savings:
-                return plan_fits(m)
-            return all(stage_cost(tables, m, s, cuts[s], cuts[s + 1], savings=False).feasible for s in range(total))
-
-        return Partition(
-            cuts=cuts,
-            bottleneck_ms=max(s.time_ms for s in described),
-            stages=described,
-            max_microbatch_size=max_microbatch_size(tables, memory, total, profiled, fits),
+def _baselines(tables: NodeTables, memory: MemoryModel, stages: int, profiled: int) -> dict[str, Partition]:
+    """The memory-blind partitions, as cut (no savings): equal layers, balanced parameters, balanced time."""
+    return {
+        name: _partition(tables, memory, cuts, profiled, savings=False)
+        for name, cuts in (
+            ("uniform", uniform_cuts(tables, stages)),
+            ("params", balanced_cuts(np.asarray(tables.params), tables.allowed, stages)),
+            ("time", balanced_cuts(np.asarray(tables.compute), tables.allowed, stages)),
         )
-
-    baselines = {
-        "uniform": partition(uniform_cuts(tables, total), savings=False),
-        "params": partition(balanced_cuts(np.asarray(tables.params), tables.allowed, total), savings=False),
-        "time": partition(balanced_cuts(np.asarray(tables.compute), tables.allowed, total), savings=False),
     }
-    return Plan(
-        hint=hint_obj.name,
-        ranks=stages,
-        chunks=hint_obj.num_stages // stages,
-        microbatches=microbatches,
-        microbatch_size=size,
-        partition=partition(cuts, savings=True),
-        baselines=baselines,
-        tied=_tied(graph, cuts),
-        graph=graph,
-        profiles=tuple(profiles),
+
+
+def _partition(
+    tables: NodeTables, memory: MemoryModel, cuts: tuple[int, ...], profiled: int, *, savings: bool
+) -> Partition:
+    """``cuts`` described, with the largest micro-batch that fits: for the plan (``savings``), the largest
+    for which the search finds any partition; for a baseline, the largest its own cuts hold as cut."""
+    stages = len(cuts) - 1
+    described = describe(tables, memory, cuts, savings=savings)
+
+    def fits(m: MemoryModel) -> bool:
+        if savings:
+            try:
+                search(tables, m, stages)
+            except ValueError:
+                return False
+            return True
+        return all(stage_cost(tables, m, s, cuts[s], cuts[s + 1], savings=False).feasible for s in range(stages))
+
+    return Partition(
+        cuts=cuts,
+        bottleneck_ms=max(s.time_ms for s in described),
+        stages=described,
+        max_microbatch_size=max_microbatch_size(tables, memory, stages, profiled, fits),
     )

@@ -25,32 +25,10 @@ import torch
 import torch.fx as fx
 
 from hintpipe.planner.capture import CapturedGraph
+from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 
-
-@dataclasses.dataclass(frozen=True)
-class NodeProfile:
-    """What one node costs, per micro-batch of the profiled size."""
-
-    name: str
-    forward_s: float
-    backward_s: float
-    saved_bytes: int
-    param_bytes: int
-    output_bytes: int
-    tensor_output: bool
-    # How ``saved_bytes`` splits, so that a tensor saved by two nodes (a
-    # tanh's output saved again as the next linear's input) counts once.
-    internal_bytes: int = 0
-    saves_output: bool = False
-    saved_inputs: tuple[str, ...] = ()
-    # Where the output's memory lives: ``alias_of`` names the earlier node
-    # whose output storage this output is a view of ("" if its own), and
-    # ``storage_bytes`` is the size of that storage. Saving a view keeps the
-    # whole storage alive (q, k and v split from one projection), and two
-    # saved views of one storage keep it once.
-    storage_bytes: int = 0
-    alias_of: str = ""
+__all__ = ["NodeProfile", "profile", "run_node", "signature"]  # NodeProfile lives in node_profile (no torch)
 
 
 def _detach(value: Any) -> Any:
@@ -107,11 +85,9 @@ def profile(
     """
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"the model takes {len(graph.inputs)} inputs, got {len(inputs)}")
-    cache = None
-    if cache_dir is not None:
-        cache = Path(cache_dir) / f"{signature(graph, inputs)}-{repeats}.json"
-        if cache.exists():
-            return [NodeProfile(**row) for row in json.loads(cache.read_text())]
+    cache = None if cache_dir is None else Path(cache_dir) / f"{signature(graph, inputs)}-{repeats}.json"
+    if cache is not None and cache.exists():
+        return [NodeProfile(**row) for row in json.loads(cache.read_text())]
     root = graph.module
     params = parameter_storages(root)
     env: dict[fx.Node, Any] = dict(zip(graph.inputs, inputs, strict=True))
@@ -120,59 +96,72 @@ def profile(
     for node in root.graph.nodes:
         if node.op == "get_attr":
             env[node] = run_node(root, node, env)
-    profiles = []
+    # Each storage's first owner: an output living in an earlier value's storage is a view of it.
     owner = {t.untyped_storage().data_ptr(): n.name for n, v in env.items() for t in tensors_in(v)}
-    for node in graph.nodes:
-        forward, backward = [], []
-        for _ in range(repeats + 1):
-            local = {a: _detach(env[a]) for a in node.all_input_nodes}
-            with count_saved(params) as counted:
-                start = time.perf_counter()
-                out = run_node(root, node, local)
-                forward.append(time.perf_counter() - start)
-            grads = [t for t in tensors_in(out) if t.requires_grad]
-            start = time.perf_counter()
-            if grads:
-                torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
-            backward.append(time.perf_counter() - start)
-        # Which saved storages are this node's inputs, its output, or its own temporaries.
-        input_of = {t.untyped_storage().data_ptr(): a.name for a, v in local.items() for t in tensors_in(v)}
-        outputs = {t.untyped_storage().data_ptr() for t in tensors_in(out)}
-        saved_inputs = tuple(sorted({input_of[k] for k in counted.sizes if k in input_of}))
-        internal = sum(size for k, size in counted.sizes.items() if k not in input_of and k not in outputs)
-        env[node] = _detach(out) if tensors_in(out) else out  # kept: no storage of an output is reused
-        storages = [t.untyped_storage().data_ptr() for t in tensors_in(out)]
-        alias = next((owner[k] for k in storages if k in owner), "")
-        for k in storages:
-            owner.setdefault(k, node.name)
-        module_params = 0
-        if node.op == "call_module":
-            module_params = sum(p.numel() * p.element_size() for p in root.get_submodule(str(node.target)).parameters())
-        module_params += sum(
-            env[a].numel() * env[a].element_size()
-            for a in node.all_input_nodes
-            if a.op == "get_attr" and isinstance(env[a], torch.nn.Parameter)
-        )
-        profiles.append(
-            NodeProfile(
-                name=node.name,
-                forward_s=statistics.median(forward[1:]),
-                backward_s=statistics.median(backward[1:]),
-                saved_bytes=counted.total,
-                param_bytes=module_params,
-                output_bytes=nbytes(out),
-                storage_bytes=storage_nbytes(out),
-                alias_of=alias,
-                tensor_output=isinstance(out, torch.Tensor)
-                or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0),
-                internal_bytes=internal,
-                saves_output=any(k in outputs for k in counted.sizes),
-                saved_inputs=saved_inputs,
-            )
-        )
+    profiles = [_profile_node(root, node, env, owner, params, repeats) for node in graph.nodes]
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
         tmp.write_text(json.dumps([dataclasses.asdict(p) for p in profiles]))
         tmp.replace(cache)
     return profiles
+
+
+def _profile_node(
+    root: fx.GraphModule,
+    node: fx.Node,
+    env: dict[fx.Node, Any],
+    owner: dict[int, str],
+    params: set[int],
+    repeats: int,
+) -> NodeProfile:
+    """Time ``node`` and count what it saves; its output goes into ``env`` and its storages into ``owner``."""
+    forward, backward = [], []
+    for _ in range(repeats + 1):
+        local = {a: _detach(env[a]) for a in node.all_input_nodes}
+        with count_saved(params) as counted:
+            start = time.perf_counter()
+            out = run_node(root, node, local)
+            forward.append(time.perf_counter() - start)
+        grads = [t for t in tensors_in(out) if t.requires_grad]
+        start = time.perf_counter()
+        if grads:
+            torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
+        backward.append(time.perf_counter() - start)
+    # Which saved storages are this node's inputs, its output, or its own temporaries.
+    input_of = {t.untyped_storage().data_ptr(): a.name for a, v in local.items() for t in tensors_in(v)}
+    outputs = {t.untyped_storage().data_ptr() for t in tensors_in(out)}
+    internal = sum(size for k, size in counted.sizes.items() if k not in input_of and k not in outputs)
+    env[node] = _detach(out) if tensors_in(out) else out  # kept: no storage of an output is reused
+    storages = [t.untyped_storage().data_ptr() for t in tensors_in(out)]
+    alias = next((owner[k] for k in storages if k in owner), "")
+    for k in storages:
+        owner.setdefault(k, node.name)
+    return NodeProfile(
+        name=node.name,
+        forward_s=statistics.median(forward[1:]),
+        backward_s=statistics.median(backward[1:]),
+        saved_bytes=counted.total,
+        param_bytes=_param_bytes(root, node, env),
+        output_bytes=nbytes(out),
+        storage_bytes=storage_nbytes(out),
+        alias_of=alias,
+        tensor_output=isinstance(out, torch.Tensor)
+        or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0),
+        internal_bytes=internal,
+        saves_output=any(k in outputs for k in counted.sizes),
+        saved_inputs=tuple(sorted({input_of[k] for k in counted.sizes if k in input_of})),
+    )
+
+
+def _param_bytes(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> int:
+    """The parameter bytes ``node`` uses: its module's, and those it reads directly (``get_attr``)."""
+    total = 0
+    if node.op == "call_module":
+        total = sum(p.numel() * p.element_size() for p in root.get_submodule(str(node.target)).parameters())
+    total += sum(
+        env[a].numel() * env[a].element_size()
+        for a in node.all_input_nodes
+        if a.op == "get_attr" and isinstance(env[a], torch.nn.Parameter)
+    )
+    return int(total)

@@ -1,399 +1,140 @@
-"""The memory-aware planner: cut a captured graph into pipeline stages.
+"""The search: stage cuts that minimise the slowest stage's time under each stage's memory budget.
 
-Goal: minimise the slowest stage's time (forward + backward per micro-batch)
-under a memory budget per stage, choosing per node whether to keep its saved
-activations, recompute them in backward, or offload them to host memory.
+Imports no torch: it reads :class:`~hintpipe.planner.tables.NodeTables` through
+:func:`~hintpipe.planner.memory.stage_cost`.
 
-Memory of stage ``s`` (bytes, per device)::
+[Note: how the search finds the best cuts]
+Binary search on the bottleneck time ``T``, from above the whole graph's time
+down to a relative width of 1e-7 (at most 100 steps; about 30 from a ``T``
+every stage meets). Each step asks: is there a partition into ``P`` stages
+whose every stage fits its budget and takes at most ``T``? A *range* is the
+nodes between two cut positions; a *range evaluation* is one call of the
+cost model for one range as one stage. ``N`` is the number of allowed cuts.
 
-    params x (2 + optimizer_factor)                 weights, gradients, optimizer state
-    + inflight(s) x (kept activations + input)      what the in-flight micro-batches hold
-    + output                                        the send buffer
+*Monotone ranges.* A range's memory and time are sums of non-negative
+per-node and per-segment terms (segments: the nodes between neighbouring
+allowed cuts) plus one that is not: the *boundary*, the bytes received at the
+range's start ``a`` plus the bytes produced in the range, not saved, that
+cross its end ``b`` (:meth:`~hintpipe.planner.tables.NodeTables.sent`). With
+the boundary held fixed, a sub-range of a range that fits fits too and takes
+no longer: it sheds at least the bytes its dropped segments could free, so
+it needs no more savings, and its cheapest savings cost no more
+(:func:`~hintpipe.planner.memory.range_cost`). A later start only drops
+producers, so what a range sends never grows when its start moves later.
+For one stage, this gives:
 
-``inflight(s)`` is what the hint's fixed-order run holds on that stage at most
-(1F1B: ``min(p - s, m)``), read off the scoreboard's own accounting.
+* (ends) from a start ``a``, the ends that fit with the same bytes sent are
+  a prefix of those ends, so the longest is found by bisection. If every end
+  sends the same bytes, that is all; otherwise the ends that fit when sending
+  the most any of them sends are a sure prefix, those past the last that fits
+  when sending the least are surely out, and in the band between, each group
+  of ends sending the same bytes is bisected on its own;
+* (starts) a start ``a' > a`` that receives no more bytes than ``a``
+  reaches every end past ``a'`` that ``a`` reaches: it *dominates* ``a`` there.
 
-Savings per node: recompute frees its saved bytes for its forward time again
-in backward; offload frees them for ``2 x bytes / host_bandwidth`` minus the
-node's own compute it overlaps with. A stage over budget takes the cheapest
-savings per byte until it fits.
+Boundaries are *uniform*
+(:attr:`~hintpipe.planner.tables.NodeTables.uniform_boundaries`) when every
+allowed cut receives the same bytes and sends the same bytes and no sent
+value crosses two cuts: then both properties hold with no band at all.
 
-[Note: why greedy stages are optimal]
-Search: binary search on the bottleneck time ``T``; for a given ``T``, build
-stages left to right, each as long as it can be while it fits its budget and
-takes at most ``T``. *Claim*: if any partition meets ``T``, this one does.
-*Argument* (an exchange, in the spirit of DawnPiper's partitioning theorem):
-suppose feasibility of a range for stage ``k`` is monotone, i.e. every
-sub-range of a feasible range is feasible for the same stage (time, parameter
-and activation terms are sums of non-negative per-node terms, and the cheapest
-savings of a sub-range never cost more). Let ``o_1 < ... < o_{P-1}`` be the
-cuts of a feasible partition and ``g_k`` the greedy ones. By induction
-``g_k >= o_k``: stage ``k`` starts at ``g_{k-1} >= o_{k-1}``, so
-``[g_{k-1}, o_k)`` is a sub-range of the feasible ``[o_{k-1}, o_k)`` and the
-greedy stage extends at least to ``o_k``. The last greedy stage is then a
-sub-range of the last feasible one. So the greedy construction decides
-feasibility exactly, and the binary search finds the optimal ``T``; each check
-costs ``O(P log N)`` range evaluations instead of enumerating ``C(N-1, P-1)``
-partitions. The one term that is not monotone is the boundary (the bytes
-crossing a cut depend on where it falls, from token ids to several times the
-hidden width inside a block). So each stage tries its ends longest first and,
-when the next stage then has no feasible start, backtracks to a shorter end,
-remembering failed ``(stage, start)`` pairs: exact for the cost model whatever
-the boundaries, and as fast as the plain greedy when boundaries are uniform.
-Backtracking is bounded (a fixed number of range evaluations per check), so a
-very large graph with very uneven boundaries may get a slightly worse
-bottleneck rather than a slow search. The tests check it against exhaustive
-search.
+*Each step* tries, in order:
+
+1. The longest-first path: each stage takes the longest range that fits from
+   where the previous one ended, leaving a cut for each later stage; no
+   backtracking. ``O(P log N)`` evaluations with uniform boundaries, plus the
+   bands otherwise (windows of fewer than 4 ends are tried end by end). A
+   path found answers yes. Not finding one proves nothing: stages differ
+   (budgets, micro-batches in flight), and a stage ending early may let a
+   later, roomier stage take a node that this one cannot hold.
+2. With uniform boundaries, a certificate for no: the same path with empty
+   stages allowed and no room kept for later stages, ``O(P log N)``
+   evaluations. By induction its ``k``-th start is at or after the ``k``-th
+   start of any partition that meets ``T`` (an exchange argument, in the
+   spirit of DawnPiper's partitioning theorem, which needs both properties
+   above; hence only with uniform boundaries), so when it cannot reach the
+   end no partition can. Otherwise on to step 3.
+3. The exact answer: every start each stage can be reached at, stage by
+   stage, and one path back from the end. A start only serves the ends up to
+   the next reachable start that receives no more bytes (past that, the
+   later start dominates), so the reachable sets are exact. With uniform
+   boundaries each start then serves a single segment but the last of a
+   run: one evaluation per reachable start, and evaluations are memoised for
+   the whole search (they do not depend on ``T``; only the comparison with
+   ``T`` does), so ``O(P N)`` evaluations over the whole search plus a
+   bisection per run of starts per step. With uneven boundaries a start's
+   ends cost a bisection plus its band: ``O(P N^2)`` at worst in one step.
+   Step 3 therefore stops after ``max_evaluations`` evaluations not already
+   memoised (100,000 by default; the most the tests see in one step is about
+   8,400, on a 2,000-node chain in 8 stages with boundaries of 30 sizes).
+
+Steps 1 and 2 only answer when they are right, and step 3 is exact, so a
+step is exact unless step 3 stops at its limit. A step that stops counts as
+"no": the bottleneck found may then be above the best one. If the first step
+(at a ``T`` every stage meets) stops, the search raises
+:class:`SearchLimitError`, not the "no partition fits" of :class:`PlanError`.
+The tests check the search against exhaustive search on small graphs and
+against independent dynamic programs on 2,000-node chains.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import functools
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.planner.capture import CapturedGraph, split_point
-from hintpipe.planner.profile import NodeProfile
+from hintpipe.planner.memory import MemoryModel, range_cost, stage_cost
+from hintpipe.planner.tables import NodeTables
 from hintpipe.units import format_size
 
-Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+#: Range evaluations step 3 of one feasibility check may spend (see the note).
+MAX_EVALUATIONS = 100_000
+#: Windows of fewer ends than this are tried end by end rather than bounded first.
+_FEW_ENDS = 4
 
 
 class PlanError(ValueError):
     """No partition satisfies the budgets."""
 
 
-@dataclasses.dataclass(frozen=True)
-class StagePlan:
-    """One stage of a plan (JSON-serialisable)."""
-
-    first_node: str
-    last_node: str
-    nodes: int
-    time_ms: float
-    memory_bytes: float
-    budget_bytes: float
-    inflight: int
-    activation_bytes: float
-    recompute: tuple[str, ...]
-    offload: tuple[str, ...]
-
-    @property
-    def spare_bytes(self) -> float:
-        return self.budget_bytes - self.memory_bytes
+class SearchLimitError(PlanError):
+    """The search stopped at its evaluation limit before it found a partition or showed there is none."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Partition:
-    """Stage boundaries as node indices: stage ``s`` covers ``cuts[s]:cuts[s+1]``."""
-
-    cuts: tuple[int, ...]
-    bottleneck_ms: float
-    stages: tuple[StagePlan, ...]
-    max_microbatch_size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class CostTables:
-    """Per-node costs as arrays, plus what crosses each possible cut.
-
-    ``saved[i]`` is what node ``i`` adds to a micro-batch's activations: its
-    own temporaries, plus its output if anything saves that output (the
-    producer or a consumer), so a tensor saved twice counts once.
-    ``crossing[c]`` lists the values alive across cut ``c`` (between node
-    ``c - 1`` and ``c``) as ``(producer index or -1, bytes, saved)``.
-    """
-
-    names: tuple[str, ...]
-    compute: Array  # forward + backward seconds
-    forward: Array
-    saved: Array
-    params: Array
-    crossing: tuple[tuple[tuple[int, float, bool], ...], ...]  # per cut c = 0..N
-    allowed: tuple[int, ...]  # cut positions 1..N-1 where a cut may fall
-    # Savings are chosen per *segment*, the nodes between two neighbouring
-    # allowed cuts: recomputing one (one checkpointed run) frees its nodes'
-    # temporaries and every value produced in it whose savers are all in it;
-    # its inputs stay saved (checkpoint keeps them), and so does a value that
-    # a node outside saves. Conservative: merged runs free at least as much.
-    segment_bounds: tuple[int, ...] = ()
-    segment_free: Array = dataclasses.field(default_factory=lambda: np.zeros(0))
-    segment_forward: Array = dataclasses.field(default_factory=lambda: np.zeros(0))
-    segment_compute: Array = dataclasses.field(default_factory=lambda: np.zeros(0))
-
-    @property
-    def size(self) -> int:
-        return len(self.names)
-
-    @functools.cached_property
-    def compute_prefix(self) -> list[float]:
-        """``compute_prefix[i]``: the compute time of nodes ``0..i-1``."""
-        return [0.0, *np.cumsum(self.compute).tolist()]
-
-    def crossing_bytes(self, cut: int) -> float:
-        return sum(size for _, size, _ in self.crossing[cut])
-
-    @classmethod
-    def from_profiles(cls, profiles: Sequence[NodeProfile], graph: CapturedGraph | None = None) -> CostTables:
-        """Tables for ``profiles`` of ``graph``'s nodes (``graph=None``: a chain, node i feeding i + 1)."""
-        n = len(profiles)
-        compute = np.array([p.forward_s + p.backward_s for p in profiles])
-        forward = np.array([p.forward_s for p in profiles])
-        params = np.array([float(p.param_bytes) for p in profiles])
-        # values: (producer index, last user index (n: the model output), bytes, is tensor)
-        values: list[tuple[int, int, float, bool]] = []
-        # savers_of[i]: the nodes that keep node i's output storage for their backward (a view's
-        # saver keeps the storage of the node it is a view of: see NodeProfile.alias_of).
-        names = {p.name: i for i, p in enumerate(profiles)}
-
-        def owner(i: int) -> int:
-            while profiles[i].alias_of in names and names[profiles[i].alias_of] < i:
-                i = names[profiles[i].alias_of]
-            return i
-
-        savers_of: dict[int, set[int]] = {}
-        for i, p in enumerate(profiles):
-            if p.saves_output:
-                savers_of.setdefault(owner(i), set()).add(i)
-        for consumer, p in enumerate(profiles):
-            for name in p.saved_inputs:
-                if name in names:
-                    savers_of.setdefault(owner(names[name]), set()).add(consumer)
-        blocked = np.zeros(n + 1, dtype=bool)
-        if graph is None:
-            for i, p in enumerate(profiles):
-                values.append((i, min(i + 1, n), float(p.output_bytes), True))
-            allowed = tuple(range(1, n))
-        else:
-            index = graph.index
-            for i, node in enumerate(graph.nodes):
-                last = max((index.get(u, n) for u in node.users), default=i)
-                values.append((i, last, float(profiles[i].output_bytes), profiles[i].tensor_output))
-            for node in graph.inputs:
-                last = max((index.get(u, n) for u in node.users), default=0)
-                values.append((-1, last, float(_placeholder_bytes(node)), True))
-            allowed_list = []
-            for producer, last, _, is_tensor in values:
-                if not is_tensor:
-                    blocked[producer + 1 : last + 1] = True
-            allowed_list = [c for c in range(1, n) if not blocked[c]]
-            if graph.marked:
-                allowed_list = [
-                    c
-                    for c in allowed_list
-                    if graph.nodes[c - 1].op == "call_function" and graph.nodes[c - 1].target is split_point
-                ]
-            allowed = tuple(allowed_list)
-        internal = np.array([float(p.internal_bytes) for p in profiles])
-        saved = internal.copy()
-        bounds = sorted({0, *allowed, n})
-        segment_of = np.searchsorted(bounds, np.arange(n), side="right") - 1
-        segment_free = np.add.reduceat(internal, bounds[:-1]) if n else np.zeros(0)
-        crossing: list[list[tuple[int, float, bool]]] = [[] for _ in range(n + 1)]
-        for producer, last, size, _ in values:
-            savers = savers_of.get(producer, set())
-            # A view whose storage is saved is held with it (crossing a cut, it is not extra memory).
-            is_saved = bool(savers_of.get(owner(producer))) if producer >= 0 else bool(savers)
-            if savers:
-                kept = max(size, float(profiles[producer].storage_bytes)) if producer >= 0 else size
-                saved[producer] += kept
-                if len({int(segment_of[i]) for i in savers} | {int(segment_of[producer])}) == 1:
-                    segment_free[segment_of[producer]] += kept
-            for c in range(producer + 1, last + 1):
-                crossing[c].append((producer, size, is_saved))
-        return cls(
-            tuple(p.name for p in profiles),
-            compute,
-            forward,
-            saved,
-            params,
-            tuple(tuple(c) for c in crossing),
-            allowed,
-            tuple(bounds),
-            segment_free,
-            np.add.reduceat(forward, bounds[:-1]) if n else np.zeros(0),
-            np.add.reduceat(compute, bounds[:-1]) if n else np.zeros(0),
-        )
-
-    def per_microbatch(self, a: int, b: int) -> tuple[float, float]:
-        """(kept activations of nodes a:b, boundary bytes held with them) for one micro-batch.
-
-        The boundary is the received inputs plus the outputs, minus what is
-        already counted: outputs the range itself saved, and values passing
-        straight through (received and sent on).
-        """
-        act = float(self.saved[a:b].sum())
-        boundary = self.crossing_bytes(a) + self.crossing_bytes(b)
-        for producer, size, is_saved in self.crossing[b]:
-            if producer < a or (is_saved and producer < b):
-                boundary -= size
-        return act, boundary
-
-
-def _placeholder_bytes(node: Any) -> int:
-    value = node.meta.get("example_bytes", 0) if hasattr(node, "meta") else 0
-    return int(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryModel:
-    """How stage memory is counted.
-
-    Attributes:
-        inflight: per stage, the micro-batches the hint holds at most.
-        budgets: per stage, bytes.
-        optimizer_factor: optimizer state per parameter byte (Adam: 2).
-        host_bandwidth: bytes/s to host memory, for offload; 0 disables offload.
-        scale: micro-batch size / profiled micro-batch size (costs scale linearly).
-    """
-
-    inflight: tuple[int, ...]
-    budgets: tuple[float, ...]
-    optimizer_factor: float = 2.0
-    host_bandwidth: float = 10e9
-    scale: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class StageCost:
-    feasible: bool
-    time: float
-    memory: float
-    activation: float
-    recompute: tuple[int, ...] = ()
-    offload: tuple[int, ...] = ()
-    shortfall: float = 0.0
-
-
-def stage_cost(
-    tables: CostTables, model: MemoryModel, stage: int, a: int, b: int, *, savings: bool = True
-) -> StageCost:
-    """Time and memory of nodes ``a:b`` as stage ``stage``, with the cheapest savings that fit it."""
-    scale = model.scale
-    k = model.inflight[stage]
-    act, boundary = tables.per_microbatch(a, b)
-    act *= scale
-    boundary *= scale
-    base_time = float(tables.compute[a:b].sum()) * scale
-    fixed = float(tables.params[a:b].sum()) * (2.0 + model.optimizer_factor)
-    memory = fixed + k * (act + boundary)
-    budget = model.budgets[stage]
-    if memory <= budget:
-        return StageCost(True, base_time, memory, act + boundary)
-    if not savings:
-        return StageCost(False, base_time, memory, act + boundary, shortfall=memory - budget)
-    need = memory - budget
-    bounds = tables.segment_bounds
-    first, last = bisect.bisect_left(bounds, a), bisect.bisect_left(bounds, b)
-    saved = tables.segment_free[first:last] * scale * k
-    recompute_cost = tables.segment_forward[first:last] * scale
-    if model.host_bandwidth > 0:
-        transfer = 2.0 * tables.segment_free[first:last] * scale / model.host_bandwidth
-        offload_cost = np.maximum(0.0, transfer - tables.segment_compute[first:last] * scale)
-    else:  # no host to offload to
-        offload_cost = np.full(last - first, np.inf)
-    cost = np.minimum(recompute_cost, offload_cost)
-    useful = saved > 0
-    if saved[useful].sum() < need:
-        return StageCost(False, base_time, memory - saved.sum(), act + boundary, shortfall=need - float(saved.sum()))
-    order = np.flatnonzero(useful)[np.argsort(cost[useful] / saved[useful], kind="stable")]
-    freed = extra = 0.0
-    recompute: list[int] = []
-    offload: list[int] = []
-    for i in order:
-        freed += saved[i]
-        extra += cost[i]
-        nodes = range(bounds[first + int(i)], bounds[first + int(i) + 1])
-        (recompute if recompute_cost[i] <= offload_cost[i] else offload).extend(nodes)
-        if freed >= need:
-            break
-    recompute.sort()
-    offload.sort()
-    kept = act + boundary - freed / k
-    return StageCost(True, base_time + extra, memory - freed, kept, tuple(recompute), tuple(offload))
-
-
-def _greedy(tables: CostTables, model: MemoryModel, stages: int, limit: float) -> tuple[int, ...] | None:
-    """Stages as long as they fit and take at most ``limit`` (see the module note).
-
-    Each stage tries its ends from the longest whose plain compute time fits
-    ``limit`` downwards; a stage that leaves the next one no feasible start
-    backtracks to its next-longest end. Failed ``(stage, start)`` pairs are
-    remembered, so the search visits each at most once. When boundaries are
-    all the same size, the first choice never fails and this is the greedy of
-    the note; otherwise the backtracking makes it exact for the cost model.
-    """
-    n = tables.size
-    allowed = tables.allowed
-    prefix = tables.compute_prefix
-    scale = model.scale
-    failed: set[tuple[int, int]] = set()
-    # Backtracking is exact but can visit every (stage, start, end) when ``limit``
-    # is infeasible; past this many range evaluations the candidate counts as
-    # infeasible (the longest-first path itself is always tried in full).
-    budget = [_BACKTRACK_EVALUATIONS]
-
-    def fits(stage: int, a: int, b: int) -> bool:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise _OutOfBudget
-        cost = stage_cost(tables, model, stage, a, b)
-        return cost.feasible and cost.time <= limit
-
-    def solve(stage: int, a: int) -> list[int] | None:
-        if (stage, a) in failed:
-            return None
-        if stage == stages - 1:
-            if (prefix[n] - prefix[a]) * scale <= limit and fits(stage, a, n):
-                return [n]
-            failed.add((stage, a))
-            return None
-        remaining = stages - 1 - stage  # cuts still needed after this stage's end
-        lo = bisect.bisect_right(allowed, a)
-        hi = len(allowed) - remaining  # index of the last end that leaves room for them
-        # The plain compute time only grows with the end: no end past this one can fit.
-        top = bisect.bisect_right(prefix, prefix[a] + limit / scale if scale else math.inf) - 1
-        hi = min(hi, bisect.bisect_right(allowed, top) - 1)
-        for index in range(hi, lo - 1, -1):
-            end = allowed[index]
-            if fits(stage, a, end):
-                rest = solve(stage + 1, end)
-                if rest is not None:
-                    return [end, *rest]
-        failed.add((stage, a))
-        return None
-
-    try:
-        found = solve(0, 0)
-    except _OutOfBudget:
-        return None
-    return None if found is None else (0, *found)
-
-
-class _OutOfBudget(Exception):
+class _OutOfEvaluations(Exception):
     pass
 
 
-#: Range evaluations one feasibility check may spend on backtracking.
-_BACKTRACK_EVALUATIONS = 2_000
+def search(
+    tables: NodeTables, model: MemoryModel, stages: int, *, max_evaluations: int = MAX_EVALUATIONS
+) -> tuple[int, ...]:
+    """The cuts minimising the bottleneck under the budgets (see the module note).
 
-
-def search(tables: CostTables, model: MemoryModel, stages: int) -> tuple[int, ...]:
-    """The cuts minimising the bottleneck under the budgets.
+    Args:
+        max_evaluations: range evaluations one feasibility check may spend on
+            its exact part (step 3 of the note).
 
     Raises:
         PlanError: naming the stage that cannot fit and by how many bytes.
+        SearchLimitError: the first check stopped at ``max_evaluations``.
     """
     if stages > len(tables.allowed) + 1:
         raise PlanError(f"the graph allows {len(tables.allowed) + 1} stages at most, {stages} were asked for")
+    ranges = _Ranges(tables, model, stages, max_evaluations)
     hi = float((tables.compute.sum() + tables.forward.sum()) * model.scale) + 1.0
-    best = _greedy(tables, model, stages, hi)
+    try:
+        best = ranges.check(hi)
+    except _OutOfEvaluations:
+        raise SearchLimitError(
+            f"the search hit its limit of {max_evaluations:,} range evaluations per feasibility check "
+            f"(max_evaluations) before it found a partition into {stages} stages or showed that none fits the "
+            f"budgets {[format_size(b) for b in model.budgets]}; raise max_evaluations, or mark split points "
+            "to allow fewer cuts"
+        ) from None
     if best is None:
         raise PlanError(_why_infeasible(tables, model, stages))
     lo = 0.0
@@ -401,7 +142,10 @@ def search(tables: CostTables, model: MemoryModel, stages: int) -> tuple[int, ..
         if hi - lo <= 1e-7 * max(hi, 1e-30):
             break
         mid = (lo + hi) / 2
-        cuts = _greedy(tables, model, stages, mid)
+        try:
+            cuts = ranges.check(mid)
+        except _OutOfEvaluations:
+            cuts = None  # undecided: keep the partition found so far
         if cuts is None:
             lo = mid
         else:
@@ -409,7 +153,180 @@ def search(tables: CostTables, model: MemoryModel, stages: int) -> tuple[int, ..
     return best
 
 
-def _why_infeasible(tables: CostTables, model: MemoryModel, stages: int) -> str:
+def _last_true(holds: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest ``i`` in ``lo..hi`` where ``holds`` (true on a prefix of ``lo..hi``); ``lo - 1`` if none."""
+    if lo > hi or not holds(lo):
+        return lo - 1
+    if holds(hi):
+        return hi
+    hi -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _Ranges:
+    """The feasibility check of one search: which ends a stage can take from a start under a time limit.
+
+    Range costs are memoised for the whole search: they do not depend on the limit.
+    """
+
+    def __init__(self, tables: NodeTables, model: MemoryModel, stages: int, max_evaluations: int) -> None:
+        self.tables, self.model, self.stages = tables, model, stages
+        self.allowed = tables.allowed
+        self.n = tables.size
+        self.uniform = tables.uniform_boundaries
+        self.max_evaluations = max_evaluations
+        self.counting = False
+        self.evaluations = 0
+        self._costs: dict[tuple[int, int, int, float | None], tuple[bool, float]] = {}
+
+    def fits(self, stage: int, a: int, b: int, limit: float, boundary: float | None = None) -> bool:
+        """Whether nodes ``a:b`` fit as stage ``stage`` within ``limit`` (with ``boundary`` bytes, if given)."""
+        key = (stage, a, b, boundary)
+        found = self._costs.get(key)
+        if found is None:
+            if self.counting:
+                self.evaluations += 1
+                if self.evaluations > self.max_evaluations:
+                    raise _OutOfEvaluations
+            if boundary is None:
+                cost = stage_cost(self.tables, self.model, stage, a, b)
+            else:
+                cost = range_cost(self.tables, self.model, stage, a, b, boundary)
+            found = self._costs[key] = (cost.feasible, cost.time)
+        return found[0] and found[1] <= limit
+
+    def fits_to_end(self, stage: int, a: int, limit: float) -> bool:
+        prefix = self.tables.compute_prefix
+        return (prefix[self.n] - prefix[a]) * self.model.scale <= limit and self.fits(stage, a, self.n, limit)
+
+    def window(self, stage: int, a: int, limit: float, *, room: bool = True) -> tuple[int, int]:
+        """Indices ``lo..hi`` into the allowed cuts of the ends worth trying for stage ``stage`` from ``a``.
+
+        After ``a``, within ``limit`` by plain compute time (it only grows with
+        the end), and with ``room``, leaving a cut for each later stage.
+        """
+        allowed, prefix, scale = self.allowed, self.tables.compute_prefix, self.model.scale
+        lo = bisect.bisect_right(allowed, a)
+        hi = len(allowed) - (self.stages - 1 - stage) if room else len(allowed) - 1
+        top = bisect.bisect_right(prefix, prefix[a] + limit / scale if scale else math.inf) - 1
+        return lo, min(hi, bisect.bisect_right(allowed, top) - 1)
+
+    def feasible_ends(self, stage: int, a: int, limit: float, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The ends in ``allowed[lo..hi]`` that fit from ``a``, as index intervals ``[i, j)`` (see the note)."""
+        allowed = self.allowed
+        if self.uniform:
+            last = _last_true(lambda i: self.fits(stage, a, allowed[i], limit), lo, hi)
+            return [(lo, last + 1)] if last >= lo else []
+        if hi - lo < _FEW_ENDS:  # cheaper to try them all (their costs are memoised)
+            return [(i, i + 1) for i in range(lo, hi + 1) if self.fits(stage, a, allowed[i], limit)]
+        sent = self.tables.sent(a, allowed[lo : hi + 1])
+        received = float(self.tables.received[a])
+        least, most = received + float(sent.min()), received + float(sent.max())
+        # Sending the most: a sure prefix. Sending the least: past it, none fits (and up to sure, all do).
+        sure = _last_true(lambda i: self.fits(stage, a, allowed[i], limit, most), lo, hi)
+        top = _last_true(lambda i: self.fits(stage, a, allowed[i], limit, least), sure + 1, hi)
+        out = [(lo, sure + 1)] if sure >= lo else []
+        band = sent[sure + 1 - lo : top + 1 - lo]
+        for value in np.unique(band) if len(band) else ():
+            group: list[int] = (sure + 1 + np.flatnonzero(band == value)).tolist()
+            out += [(i, i + 1) for i in group[: self._fitting(stage, a, limit, group)]]
+        return out
+
+    def _fitting(self, stage: int, a: int, limit: float, ends: list[int]) -> int:
+        """How many of ``allowed[ends]`` fit from ``a``, when they send the same bytes (so those that fit lead)."""
+        return 1 + _last_true(lambda j: self.fits(stage, a, self.allowed[ends[j]], limit), 0, len(ends) - 1)
+
+    def longest(self, stage: int, a: int, limit: float, *, room: bool = True) -> int | None:
+        """The longest end (a position) that fits for stage ``stage`` from ``a``; None if none does."""
+        lo, hi = self.window(stage, a, limit, room=room)
+        ends = self.feasible_ends(stage, a, limit, lo, hi)
+        return self.allowed[max(j for _, j in ends) - 1] if ends else None
+
+    def check(self, limit: float) -> tuple[int, ...] | None:
+        """Cuts whose every stage fits and takes at most ``limit``; None if there are none.
+
+        Raises:
+            _OutOfEvaluations: step 3 of the note spent ``max_evaluations``.
+        """
+        cuts = self.longest_first(limit)
+        if cuts is not None:
+            return cuts
+        if self.uniform and not self.covers_with_empty_stages(limit):
+            return None
+        self.counting, self.evaluations = True, 0
+        try:
+            return self.reach(limit)
+        finally:
+            self.counting = False
+
+    def longest_first(self, limit: float) -> tuple[int, ...] | None:
+        """Step 1 of the note: each stage as long as it fits, leaving room for the others; no backtracking."""
+        a, cuts = 0, [0]
+        for s in range(self.stages - 1):
+            end = self.longest(s, a, limit)
+            if end is None:
+                return None
+            cuts.append(end)
+            a = end
+        return (*cuts, self.n) if self.fits_to_end(self.stages - 1, a, limit) else None
+
+    def covers_with_empty_stages(self, limit: float) -> bool:
+        """Step 2 of the note (uniform boundaries): False proves that no partition meets ``limit``."""
+        a = 0
+        for s in range(self.stages):
+            if self.fits_to_end(s, a, limit):
+                return True
+            end = self.longest(s, a, limit, room=False) if s < self.stages - 1 else None
+            a = a if end is None else end
+        return False
+
+    def reach(self, limit: float) -> tuple[int, ...] | None:
+        """Step 3 of the note: the starts each stage can be reached at; the cuts of one path to the end."""
+        allowed = np.asarray(self.allowed, dtype=np.int64)
+        starts: list[IntArray] = [np.zeros(1, dtype=np.int64)]
+        parents: list[IntArray] = []  # per stage, for each allowed cut it can end at, a start that gets there
+        for s in range(self.stages - 1):
+            parent = np.full(len(allowed), -1, dtype=np.int64)
+            for a, stop in self._served(starts[-1]):
+                lo, hi = self.window(s, a, limit)
+                hi = min(hi, bisect.bisect_right(self.allowed, stop) - 1)
+                for i, j in self.feasible_ends(s, a, limit, lo, hi):
+                    unset = parent[i:j]
+                    unset[unset < 0] = a
+            if not (parent >= 0).any():
+                return None
+            starts.append(allowed[parent >= 0])
+            parents.append(parent)
+        # The last stage ends at the end: only starts no later start dominates can serve it.
+        served = [a for a, stop in self._served(starts[-1]) if stop == self.n]
+        end = next((a for a in served if self.fits_to_end(self.stages - 1, a, limit)), None)
+        if end is None:
+            return None
+        cuts = [self.n, end]
+        for parent in reversed(parents):
+            cuts.append(int(parent[bisect.bisect_left(self.allowed, cuts[-1])]))
+        return tuple(reversed(cuts))
+
+    def _served(self, starts: IntArray) -> list[tuple[int, int]]:
+        """Each start with the last end it must serve: the next start receiving no more bytes, else the end."""
+        received = self.tables.received
+        out: list[tuple[int, int]] = []
+        later: list[int] = []  # later starts, nearest last; each receives no more bytes than those after it
+        for a in reversed(starts.tolist()):
+            while later and received[later[-1]] > received[a]:
+                later.pop()
+            out.append((a, later[-1] if later else self.n))
+            later.append(a)
+        return out[::-1]
+
+
+def _why_infeasible(tables: NodeTables, model: MemoryModel, stages: int) -> str:
     # Walk the memory-only greedy to the first stage that cannot hold even its smallest range.
     a = 0
     n = tables.size
@@ -432,132 +349,3 @@ def _why_infeasible(tables: CostTables, model: MemoryModel, stages: int) -> str:
                 break
         a = best
     return f"no partition into {stages} stages fits the budgets {[format_size(b) for b in model.budgets]}"
-
-
-def describe(
-    tables: CostTables, model: MemoryModel, cuts: Sequence[int], *, savings: bool = True
-) -> tuple[StagePlan, ...]:
-    out = []
-    for s in range(len(cuts) - 1):
-        a, b = cuts[s], cuts[s + 1]
-        cost = stage_cost(tables, model, s, a, b, savings=savings)
-        out.append(
-            StagePlan(
-                first_node=tables.names[a],
-                last_node=tables.names[b - 1],
-                nodes=b - a,
-                time_ms=cost.time * 1e3,
-                memory_bytes=cost.memory,
-                budget_bytes=model.budgets[s],
-                inflight=model.inflight[s],
-                activation_bytes=cost.activation,
-                recompute=tuple(tables.names[i] for i in cost.recompute),
-                offload=tuple(tables.names[i] for i in cost.offload),
-            )
-        )
-    return tuple(out)
-
-
-def max_microbatch_size(
-    tables: CostTables,
-    model: MemoryModel,
-    stages: int,
-    profiled_size: int,
-    fits: Callable[[MemoryModel], bool],
-    limit: int = 1 << 16,
-) -> int:
-    """The largest micro-batch size (a multiple of 1) for which ``fits`` holds; 0 if none."""
-
-    def at(size: int) -> bool:
-        return fits(dataclasses.replace(model, scale=size / profiled_size))
-
-    if not at(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and at(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if at(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def balanced_cuts(weights: Array, allowed: Sequence[int], stages: int) -> tuple[int, ...]:
-    """Contiguous cuts minimising the largest per-stage sum of ``weights`` (no memory)."""
-    prefix = np.concatenate([[0.0], np.cumsum(weights)])
-    n = len(weights)
-
-    def greedy(limit: float) -> tuple[int, ...] | None:
-        cuts, a = [0], 0
-        for s in range(stages - 1):
-            remaining = stages - 1 - s
-            lo = bisect.bisect_right(allowed, a)
-            hi = len(allowed) - remaining
-            if lo > hi or lo >= len(allowed):
-                return None
-            best = None
-            for c in allowed[lo : hi + 1]:
-                if prefix[c] - prefix[a] <= limit:
-                    best = c
-                else:
-                    break
-            if best is None:
-                return None
-            cuts.append(best)
-            a = best
-        if prefix[n] - prefix[a] > limit:
-            return None
-        return (*cuts, n)
-
-    lo_t, hi_t = 0.0, float(prefix[n])
-    best = greedy(hi_t)
-    assert best is not None
-    for _ in range(100):
-        if hi_t - lo_t <= 1e-12 * max(hi_t, 1e-30):
-            break
-        mid = (lo_t + hi_t) / 2
-        cuts = greedy(mid)
-        if cuts is None:
-            lo_t = mid
-        else:
-            hi_t, best = mid, cuts
-    return best
-
-
-def uniform_cuts(tables: CostTables, stages: int) -> tuple[int, ...]:
-    """Equal numbers of parameterised nodes (layers) per stage, snapped to allowed cuts."""
-    layered = np.flatnonzero(tables.params > 0)
-    if len(layered) < stages:
-        layered = np.arange(tables.size)
-    cuts = [0]
-    for s in range(1, stages):
-        target = int(layered[round(s * len(layered) / stages)])
-        options = [c for c in tables.allowed if c > cuts[-1]]
-        cuts.append(min(options, key=lambda c: (abs(c - target), c)))
-    return (*cuts, tables.size)
-
-
-def summary(partition: Partition) -> dict[str, Any]:
-    return {
-        "stages": [
-            {
-                "first_node": s.first_node,
-                "last_node": s.last_node,
-                "nodes": s.nodes,
-                "time_ms": s.time_ms,
-                "memory_bytes": s.memory_bytes,
-                "budget_bytes": s.budget_bytes,
-                "inflight": s.inflight,
-                "recompute": len(s.recompute),
-                "offload": len(s.offload),
-            }
-            for s in partition.stages
-        ],
-        "cuts": list(partition.cuts),
-        "bottleneck_ms": partition.bottleneck_ms,
-        "max_microbatch_size": partition.max_microbatch_size,
-    }

@@ -71,34 +71,48 @@ def extract(
     of ``outputs`` as what the module returns: the last stage returns what the
     model returned.
     """
-    root = graph.module
-    new = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for value in inputs:
-        env[value] = new.placeholder(value.name)
-
-    def lookup(value: fx.Node) -> fx.Node:
-        if value not in env:
-            if value.op != "get_attr":
-                raise KeyError(f"{value.name} is not available in this stage")
-            env[value] = new.get_attr(str(value.target))
-        return env[value]
-
-    groups = groups or {}
-    owned: dict[str, Any] = {}  # sub-modules of recompute/offload runs
-    i = 0
-    run_count = 0
+    copy = _Copy(graph, inputs)
     node_list = list(nodes)
+    groups = groups or {}
+    i = 0
     while i < len(node_list):
-        node = node_list[i]
-        action = groups.get(node)
+        action = groups.get(node_list[i])
         if action is None:
-            env[node] = new.node_copy(node, lookup)
+            copy.env[node_list[i]] = copy.new.node_copy(node_list[i], copy.lookup)
             i += 1
             continue
         j = i
         while j < len(node_list) and groups.get(node_list[j]) == action:
             j += 1
+        copy.call_run(node_list, i, j, action)
+        i = j
+    if output_value is not None:
+        copy.new.output(fx.node.map_arg(output_value, copy.lookup))
+    else:
+        copy.new.output(tuple(copy.lookup(o) for o in outputs))
+    return copy.module(node_list)
+
+
+class _Copy:
+    """A new graph being filled with copies of a captured graph's nodes (see :func:`extract`)."""
+
+    def __init__(self, graph: CapturedGraph, inputs: Sequence[fx.Node]) -> None:
+        self.graph = graph
+        self.new = fx.Graph()
+        self.env: dict[fx.Node, fx.Node] = {}  # original node -> its value in the new graph
+        self.owned: dict[str, Any] = {}  # sub-modules of recompute/offload runs
+        for value in inputs:
+            self.env[value] = self.new.placeholder(value.name)
+
+    def lookup(self, value: fx.Node) -> fx.Node:
+        if value not in self.env:
+            if value.op != "get_attr":
+                raise KeyError(f"{value.name} is not available in this stage")
+            self.env[value] = self.new.get_attr(str(value.target))
+        return self.env[value]
+
+    def call_run(self, node_list: list[fx.Node], i: int, j: int, action: str) -> None:
+        """Nodes ``node_list[i:j]`` as one sub-module, called through :func:`recompute` or :func:`offload`."""
         run = node_list[i:j]
         run_set = set(run)
         run_inputs: list[fx.Node] = []
@@ -106,39 +120,37 @@ def extract(
             for a in n.all_input_nodes:
                 if a not in run_set and a.op != "get_attr" and a not in run_inputs:
                     run_inputs.append(a)
-        later = set(node_list[j:]) | {graph.output}
+        later = set(node_list[j:]) | {self.graph.output}
         run_outputs = [n for n in run if any(u in later or u not in set(node_list) for u in n.users)]
-        sub = extract(graph, run, run_inputs, run_outputs)
-        name = f"{action}_{run_count}"
-        run_count += 1
-        owned[name] = sub
-        call = new.call_function(
+        sub = extract(self.graph, run, run_inputs, run_outputs)
+        name = f"{action}_{len(self.owned)}"
+        self.owned[name] = sub
+        call = self.new.call_function(
             recompute if action == "recompute" else offload,
-            (new.get_attr(name), *[lookup(a) for a in run_inputs]),
+            (self.new.get_attr(name), *[self.lookup(a) for a in run_inputs]),
         )
         for k, n in enumerate(run_outputs):
-            env[n] = new.call_function(_item, (call, k))
-        i = j
-    if output_value is not None:
-        new.output(fx.node.map_arg(output_value, lookup))
-    else:
-        new.output(tuple(lookup(o) for o in outputs))
-    attributes: dict[str, Any] = dict(owned)
-    for node in new.nodes:
-        if node.op in ("get_attr", "call_module") and str(node.target) not in attributes:
-            attributes[str(node.target)] = _lookup(root, str(node.target))
-    module = fx.GraphModule(attributes, new)
-    if owned:
-        # Register the original modules and parameters under their own names
-        # before the recompute/offload groups that also hold them, so that
-        # parameter names (checkpoints, gradient checks) are the model's.
-        targets = [str(n.target) for n in node_list if n.op == "call_module"]
-        targets += [str(a.target) for n in node_list for a in n.all_input_nodes if a.op == "get_attr"]
-        held = {name: module._modules.pop(name) for name in owned}
-        for target in dict.fromkeys(targets):
-            _place(module, target, _lookup(root, target))
-        module._modules.update(held)
-    return module
+            self.env[n] = self.new.call_function(_item, (call, k))
+
+    def module(self, node_list: list[fx.Node]) -> fx.GraphModule:
+        """The new graph as a module holding the parameters and modules its nodes use."""
+        root = self.graph.module
+        attributes: dict[str, Any] = dict(self.owned)
+        for node in self.new.nodes:
+            if node.op in ("get_attr", "call_module") and str(node.target) not in attributes:
+                attributes[str(node.target)] = _lookup(root, str(node.target))
+        module = fx.GraphModule(attributes, self.new)
+        if self.owned:
+            # Register the original modules and parameters under their own names
+            # before the recompute/offload groups that also hold them, so that
+            # parameter names (checkpoints, gradient checks) are the model's.
+            targets = [str(n.target) for n in node_list if n.op == "call_module"]
+            targets += [str(a.target) for n in node_list for a in n.all_input_nodes if a.op == "get_attr"]
+            held = {name: module._modules.pop(name) for name in self.owned}
+            for target in dict.fromkeys(targets):
+                _place(module, target, _lookup(root, target))
+            module._modules.update(held)
+        return module
 
 
 def _lookup(root: torch.nn.Module, target: str) -> Any:

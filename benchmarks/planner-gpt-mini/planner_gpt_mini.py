@@ -17,7 +17,7 @@ Three parts, all on CPU:
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/planner-gpt-mini/run.py [--quick] [--parts 123] [--json FILE]
+    .venv/bin/python benchmarks/planner-gpt-mini/planner_gpt_mini.py [--quick] [--parts 123] [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,19 +44,15 @@ from rich.table import Table
 from torch import nn
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
+from hintpipe.planner.baselines import balanced_cuts
 from hintpipe.planner.capture import capture
-from hintpipe.planner.plan import Plan, plan
-from hintpipe.planner.profile import NodeProfile, profile
-from hintpipe.planner.search import (
-    CostTables,
-    MemoryModel,
-    Partition,
-    PlanError,
-    balanced_cuts,
-    max_microbatch_size,
-    search,
-    stage_cost,
-)
+from hintpipe.planner.memory import MemoryModel, stage_cost
+from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.partition import Partition, max_microbatch_size
+from hintpipe.planner.plan import Plan, node_tables, plan
+from hintpipe.planner.profile import profile
+from hintpipe.planner.search import PlanError, search
+from hintpipe.planner.tables import NodeTables
 from hintpipe.runtime.executor import StageExecutor, as_input
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
@@ -147,7 +143,7 @@ def memory_model(budget: float, scale: float = 1.0, stages: int = STAGES) -> Mem
 # -- exhaustive search (dynamic programming over every cut placement) ------------------------------------
 
 
-def exhaustive_bottleneck(tables: CostTables, memory: MemoryModel, stages: int) -> float | None:
+def exhaustive_bottleneck(tables: NodeTables, memory: MemoryModel, stages: int) -> float | None:
     """The smallest bottleneck (seconds) over every placement of the cuts at allowed positions, with
     ``stage_cost``'s own savings per stage; None when no placement fits."""
     n = tables.size
@@ -168,12 +164,12 @@ def exhaustive_bottleneck(tables: CostTables, memory: MemoryModel, stages: int) 
     return best.get(n)
 
 
-def exhaustive(tables: CostTables, memory: MemoryModel, stages: int, profiled: int) -> tuple[float | None, int]:
+def exhaustive(tables: NodeTables, memory: MemoryModel, stages: int, profiled: int) -> tuple[float | None, int]:
     """(smallest bottleneck at the profiled size, largest micro-batch size), both by exhaustive search."""
     return exhaustive_bottleneck(tables, memory, stages), exhaustive_largest(tables, memory, stages, profiled)
 
 
-def exhaustive_largest(tables: CostTables, memory: MemoryModel, stages: int, profiled: int) -> int:
+def exhaustive_largest(tables: NodeTables, memory: MemoryModel, stages: int, profiled: int) -> int:
     """Largest micro-batch size for which some placement of the cuts fits (the planner's bracketing)."""
     return max_microbatch_size(
         tables, memory, stages, profiled, lambda m: exhaustive_bottleneck(tables, m, stages) is not None
@@ -195,7 +191,7 @@ def part1(quick: bool) -> tuple[dict[str, Any], list[str]]:
     ample, (profile_s,) = timed(
         lambda: plan(model, example, stages=STAGES, microbatches=MICROBATCHES, hint=HINT, repeats=REPEATS)
     )
-    tables = CostTables.from_profiles(list(ample.profiles), ample.graph)
+    tables = node_tables(list(ample.profiles), ample.graph)
     time_peak = max(s.memory_bytes for s in ample.baselines["time"].stages)
     if quick:
         budgets = [round(f * time_peak / MiB, 1) * MiB for f in (0.5, 0.7, 1.2, 2.4)]
@@ -495,7 +491,7 @@ def synthetic_chain(n: int, seed: int = SEED) -> list[NodeProfile]:
 
 
 def search_rows(
-    label: str, tables: CostTables, budgets: list[tuple[str, float]], repeats: int
+    label: str, tables: NodeTables, budgets: list[tuple[str, float]], repeats: int
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:
     """Time ``search`` for each budget (median of ``repeats``), and ``plan()``'s largest-micro-batch bracketing.
 
@@ -563,7 +559,7 @@ def search_rows(
     return records, rows
 
 
-def time_peak_bytes(tables: CostTables) -> float:
+def time_peak_bytes(tables: NodeTables) -> float:
     """Largest stage memory of the time-balanced (memory-blind) cuts, no savings."""
     cuts = balanced_cuts(np.asarray(tables.compute), tables.allowed, STAGES)
     memory = memory_model(math.inf)
@@ -580,7 +576,7 @@ def part2(quick: bool) -> tuple[dict[str, Any], list[str]]:
     # Shorter chains first (unbounded and one recompute budget): how search time grows with the length.
     for length, fractions in ((n // 4, (0.5,)), (n // 2, (0.5,)), (n, (1.0, 0.7, 0.5, 0.35))):
         profiles = synthetic_chain(length)
-        chain, (tables_s,) = timed(functools.partial(CostTables.from_profiles, profiles))
+        chain, (tables_s,) = timed(functools.partial(NodeTables.chain, profiles))
         if length == n:
             chain_tables_s = tables_s
         peak = time_peak_bytes(chain)
@@ -596,7 +592,7 @@ def part2(quick: bool) -> tuple[dict[str, Any], list[str]]:
     console.print(f"[bold]part 2[/bold]: gpt-mini {layers} blocks through plan() ...")
     graph, (capture_s,) = timed(lambda: capture(model))
     node_profiles, (profile_s,) = timed(lambda: profile(graph, (example,), repeats=REPEATS))
-    real, (real_tables_s,) = timed(lambda: CostTables.from_profiles(node_profiles, graph))
+    real, (real_tables_s,) = timed(lambda: node_tables(node_profiles, graph))
     label = f"gpt-mini fx graph, {len(graph.nodes)} nodes"
     real_peak = time_peak_bytes(real)
     real_fractions = (1.0, 0.85, 0.7)
@@ -718,7 +714,7 @@ def train_worker(rank: int, world: int, cases: list[Case], work: Workload) -> li
         finally:
             pipe.close()
         room: list[Any] = [None] * world
-        torch.distributed.all_gather_object(room, pipe.memory_budget)
+        torch.distributed.all_gather_object(room, pipe.admission.memory_budget)
         reports = pipe.reports
         out.append(
             {
@@ -728,8 +724,8 @@ def train_worker(rank: int, world: int, cases: list[Case], work: Workload) -> li
                 "step_times": [r.step_time for r in reports],
                 "tokens": tokens,
                 "losses": losses,
-                "peak_live_bytes": [max(r.peak_live_bytes[i] for r in reports) for i in range(world)],
-                "peak_live_slots": [max(r.peak_live[i] for r in reports) for i in range(world)],
+                "peak_live_bytes": [max(r.peak_live_bytes[i] for r in reports) for i in range(len(reports[0].ranks))],
+                "peak_live_slots": [max(r.peak_live[i] for r in reports) for i in range(len(reports[0].ranks))],
             }
         )
     return out if rank == 0 else None

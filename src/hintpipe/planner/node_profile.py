@@ -1,0 +1,34 @@
+"""What one node costs, as plain data: the profiler's output and the planner's input.
+
+Kept apart from :mod:`~hintpipe.planner.profile` (which runs nodes under torch)
+so that the search and its tables can be built and tested without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeProfile:
+    """What one node costs, per micro-batch of the profiled size."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+    saved_bytes: int
+    param_bytes: int
+    output_bytes: int
+    tensor_output: bool
+    # How ``saved_bytes`` splits, so that a tensor saved by two nodes (a
+    # tanh's output saved again as the next linear's input) counts once.
+    internal_bytes: int = 0
+    saves_output: bool = False
+    saved_inputs: tuple[str, ...] = ()
+    # Where the output's memory lives: ``alias_of`` names the earlier node
+    # whose output storage this output is a view of ("" if its own), and
+    # ``storage_bytes`` is the size of that storage. Saving a view keeps the
+    # whole storage alive (q, k and v split from one projection), and two
+    # saved views of one storage keep it once.
+    storage_bytes: int = 0
+    alias_of: str = ""
