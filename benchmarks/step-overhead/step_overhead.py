@@ -43,7 +43,7 @@ def _run_ranks() -> Callable[..., list[Any]]:
     return run
 
 
-def _pipeline(world: int, microbatches: int, baseline: bool) -> Any:
+def _pipeline(world: int, microbatches: int, baseline: bool, report_every: int) -> Any:
     pipeline = _module("hintpipe.runtime.pipeline", "hintpipe.pipeline").Pipeline
     modules: list[nn.Module] = [nn.Identity() for _ in range(world)]
     if baseline:  # the API before the reorganisation: a callable of (stage, kind, mb)
@@ -60,12 +60,20 @@ def _pipeline(world: int, microbatches: int, baseline: bool) -> Any:
 
     costs = EmulatedCosts((COST,) * world, (COST,) * world, (0.0,) * world, reference_size=1)
     return Pipeline.from_modules(
-        modules, loss_fn=lambda o, t: o.sum(), microbatches=microbatches, policy="ready", timeout=300, emulate=costs
+        modules,
+        loss_fn=lambda o, t: o.sum(),
+        microbatches=microbatches,
+        policy="ready",
+        timeout=300,
+        emulate=costs,
+        report_every=report_every,
     )
 
 
-def worker(rank: int, world: int, microbatches: int, steps: int, baseline: bool) -> dict[str, list[float]]:
-    pipe = _pipeline(world, microbatches, baseline)
+def worker(
+    rank: int, world: int, microbatches: int, steps: int, baseline: bool, report_every: int
+) -> dict[str, list[float]]:
+    pipe = _pipeline(world, microbatches, baseline, report_every)
     walls, outside = [], []
     for _ in range(steps):
         began = time.perf_counter()
@@ -77,19 +85,21 @@ def worker(rank: int, world: int, microbatches: int, steps: int, baseline: bool)
     return {"wall": walls, "outside": outside}
 
 
-def measure(ranks: int, microbatches: int, steps: int, baseline: bool) -> dict[str, float]:
-    results = _run_ranks()(worker, ranks, microbatches, steps, baseline, timeout_s=600)
+def measure(ranks: int, microbatches: int, steps: int, baseline: bool, report_every: int) -> dict[str, float]:
+    results = _run_ranks()(worker, ranks, microbatches, steps, baseline, report_every, timeout_s=600)
     warm = 2  # the first steps build the plan and warm up
     rank0 = results[0]
     wall = statistics.median(rank0["wall"][warm:])
     ideal = (microbatches + ranks - 1) * 2 * COST
     return {
+        "report_every": report_every,
         "ranks": ranks,
         "microbatches": microbatches,
         "step_ms": wall * 1e3,
         "ideal_ms": ideal * 1e3,
         "over_ideal_ms": (wall - ideal) * 1e3,
         "outside_loops_ms": statistics.median(rank0["outside"][warm:]) * 1e3,
+        "outside_loops_mean_ms": statistics.mean(rank0["outside"][warm:]) * 1e3,
     }
 
 
@@ -97,11 +107,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--microbatches", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--report-every", type=int, nargs="+", default=[1], help="Pipeline(report_every=...)")
     parser.add_argument("--baseline", action="store_true", help="the checkout on PYTHONPATH has the old API")
     args = parser.parse_args()
-    for ranks in args.ranks:
-        print(json.dumps(measure(ranks, args.microbatches, args.steps, args.baseline)), flush=True)
+    for every in [1] if args.baseline else args.report_every:
+        for ranks in args.ranks:
+            print(json.dumps(measure(ranks, args.microbatches, args.steps, args.baseline, every)), flush=True)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class PipelineOptions(TypedDict, total=False):
     on_nonfinite: str | OnNonFinite
     history: int
     timelines: bool
+    report_every: int
 
 
 class Pipeline:
@@ -109,6 +110,8 @@ class Pipeline:
         history: how many steps' reports to keep.
         timelines: gather every rank's task timeline to rank 0 each step
             (traces, pictures, predictions); otherwise only summaries travel.
+        report_every: gather every rank's summary to rank 0 every this many
+            steps (0: never); the other steps' reports cover their own rank.
 
     Raises:
         ValueError: for options that contradict each other or the group.
@@ -131,10 +134,13 @@ class Pipeline:
         on_nonfinite: str | OnNonFinite = OnNonFinite.RAISE,
         history: int = 100,
         timelines: bool = False,
+        report_every: int = 1,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
         _check_positive(microbatches=microbatches, history=history)
+        if report_every < 0:
+            raise ValueError(f"report_every must be >= 0, got {report_every}")
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.rank = dist.get_rank()
@@ -154,6 +160,7 @@ class Pipeline:
         self.modules = dict(modules)
         self.timeout = timeout
         self.timelines = timelines
+        self.report_every = report_every
         self.history = history
         self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget)
         last = self.hint.num_stages - 1
@@ -358,14 +365,26 @@ class Pipeline:
         loss: torch.Tensor | None,
         plan_costs: tuple[tuple[float, ...], ...] | None,
     ) -> None:
-        """Agree on costs and non-finite losses; gather the report to rank 0."""
+        """Agree on costs and non-finite losses when needed; gather the report to rank 0 when due.
+
+        [Note: collectives per step]
+        A step's only collectives are the ones something needs: the sizes for byte
+        admission, the all-reduce of measured costs when the ``ready`` plan looks at
+        them (every step until they settle, then rarely) or of non-finite losses
+        (``on_nonfinite="skip"``), the report's gather (``report_every``), the
+        loss broadcast (``broadcast_loss``). Otherwise ranks are coupled only by
+        their messages, and a hang is still caught by the watchdog.
+        """
         split = self.hint.split_backward
         summary = RankSummary.of(self.rank, state.started, loop_time, state.records, split, state.peak_bytes)
-        medians, poisoned = self._agree(summary, state.step)
-        if poisoned:
-            self._drop_gradients(state.step)
-        if self.policy is Policy.READY:
-            self.planner.update(medians)
+        ready = self.policy is Policy.READY
+        if self.on_nonfinite is OnNonFinite.SKIP or (ready and self.planner.due(state.step)):
+            medians, poisoned = self._agree(summary, state.step)
+            if poisoned:
+                self._drop_gradients(state.step)
+            if ready:
+                self.planner.update(state.step, medians)
+        gather = self.report_every > 0 and state.step % self.report_every == 0
         report = gather_report(
             summary,
             hint=self.hint,
@@ -374,7 +393,7 @@ class Pipeline:
             loss=None if loss is None else float(loss),
             timelines=self.timelines,
             plan_costs=plan_costs,
-            group=self._coll,
+            group=self._coll if gather else None,
         )
         self.reports.append(report)
         del self.reports[: max(0, len(self.reports) - self.history)]

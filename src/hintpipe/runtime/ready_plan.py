@@ -19,13 +19,21 @@ from hintpipe.sim.expected import moved, plans_for
 
 #: Relative change of any stage's median cost that makes the plan be rebuilt.
 REFRESH_THRESHOLD = 0.1
+#: The most steps between two looks at the measured costs once they have settled.
+LONGEST_INTERVAL = 16
 
 
 class ReadyPlanner:
     """One rank's current plan, kept in step with the measured costs.
 
     Every rank sees the same medians (they are all-reduced), so every rank
-    rebuilds at the same step, and from the same numbers.
+    rebuilds at the same step, and from the same numbers. The costs are
+    looked at after steps 0, 1, 3, 7, ...: at intervals that double up to
+    :data:`LONGEST_INTERVAL`, whether or not they moved. Timings on a busy
+    machine move by more than the threshold all the time, and a plan rebuilt
+    (and costs all-reduced) every step costs more than it saves; so steady
+    training pays for a look on one step in 16 at most, and a real change of
+    costs is taken up within 16 steps.
     """
 
     def __init__(self, hint: Hint, rank: int, threshold: float = REFRESH_THRESHOLD) -> None:
@@ -35,11 +43,19 @@ class ReadyPlanner:
         self.costs: tuple[tuple[float, ...], ...] | None = None
         self.plan: RankPlan | None = None
         self.rebuilds = 0
+        self._interval = 1
+        self._next = 0
 
-    def update(self, medians: np.ndarray[Any, np.dtype[np.float64]]) -> None:
-        """Per-stage ``[F, B, W]`` medians of the step that just ended."""
+    def due(self, step: int) -> bool:
+        """Whether the step that just ended should share its measured costs."""
+        return step >= self._next
+
+    def update(self, step: int, medians: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+        """Per-stage ``[F, B, W]`` medians of ``step``, the step that just ended."""
         costs = tuple(tuple(float(v) for v in row) for row in medians)
         if moved(self.costs, costs, self.threshold):
             self.costs = costs
             self.plan = plans_for(self.hint, costs)[self.rank]
             self.rebuilds += 1
+        self._next = step + self._interval
+        self._interval = min(2 * self._interval, LONGEST_INTERVAL)

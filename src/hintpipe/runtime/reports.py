@@ -131,18 +131,18 @@ def gather_report(
     loss: float | None,
     timelines: bool,
     plan_costs: tuple[tuple[float, ...], ...] | None,
-    group: dist.ProcessGroup,
+    group: dist.ProcessGroup | None,
 ) -> StepReport:
-    """Send this rank's summary to rank 0; build the step's report there (and this rank's own elsewhere)."""
+    """Send this rank's summary to rank 0 and build the step's report there (this rank's own
+    elsewhere); with ``group`` None, nothing travels and every rank reports itself."""
     sent = mine if timelines else dataclasses.replace(mine, records=())
     rank = dist.get_rank()
-    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-    try:
-        dist.gather_object(sent, gathered, dst=0, group=group)
-    except RuntimeError as exc:
-        raise WatchdogTimeout(
-            f"rank {rank}: the report of step {step} could not be gathered to rank 0: {exc}"
-        ) from None
+    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 and group is not None else None
+    if group is not None:
+        try:
+            dist.gather_object(sent, gathered, dst=0, group=group)
+        except RuntimeError as exc:
+            raise WatchdogTimeout(f"rank {rank}: the report of step {step} could not reach rank 0: {exc}") from None
     summaries: list[RankSummary] = gathered if gathered is not None else [mine]
     bound = math.nan
     if gathered is not None:
