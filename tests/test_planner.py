@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -265,7 +266,37 @@ def test_split_points_restrict_the_cuts() -> None:
 
 def test_tied_weights_are_reported() -> None:
     result = plan(Tied(), torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
-    assert "embed.weight" in result.tied
+    assert result.tied == (("embed.weight",),)
+
+
+class SharedLinear(nn.Module):
+    """Two distinct modules holding one ``nn.Linear``: a tie by identity, under two names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(8, 8)
+        self.first = nn.Sequential(shared, nn.Tanh())
+        self.middle = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh())
+        self.last = nn.Sequential(shared)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.last(self.middle(self.first(x)))
+        return out
+
+
+def test_a_module_shared_by_two_stages_is_tied_by_identity_under_every_name() -> None:
+    result = plan(SharedLinear(), torch.randn(4, 8), stages=2, microbatches=4, repeats=1)
+    assert result.tied == (("first.0.bias", "last.0.bias"), ("first.0.weight", "last.0.weight"))
+
+
+def test_stages_built_from_a_plan_hold_no_gradients_and_the_model_is_untouched() -> None:
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 6))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    planned = plan(model, torch.randn(8, 6), stages=2, microbatches=4, repeats=1)
+    for index in range(planned.num_stages):
+        assert all(p.grad is None for p in planned.build_stage(index).parameters())
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
 def test_untraceable_models_get_a_clear_error_and_a_fallback() -> None:
@@ -423,3 +454,48 @@ def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("uniform", "params", "time"):
         assert {"bottleneck_ms", "max_microbatch_size"} <= set(out["baselines"][name])
     assert out["bottleneck_ms"] == pytest.approx(max(s["time_ms"] for s in out["stages"]))
+
+
+def _lm(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _tied_worker(rank: int, world: int, planned: Plan, policy: str, steps: list[tuple[Any, Any]]) -> list[Any]:
+    pipe = Pipeline.from_plan(planned, loss_fn=_lm, policy=policy, memory_slack=1 if policy == "ready" else 0)
+    params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
+    optimizer = torch.optim.AdamW(params, lr=0.05)
+    states = []
+    for xs, ys in steps:
+        pipe.step(xs, ys)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        states.append({n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()})
+    pipe.close()
+    return states
+
+
+@pytest.mark.parametrize("policy", ["fixed", "ready"])
+def test_a_weight_tied_across_ranks_trains_like_the_unsplit_model(policy: str) -> None:
+    torch.manual_seed(0)
+    model = Tied()
+    planned = plan(model, torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
+    assert planned.tied == (("embed.weight",),) and planned.tied_stages == ((0, 1),)
+    g = torch.Generator().manual_seed(1)
+    steps = []
+    for _ in range(3):  # variable lengths per micro-batch
+        ids = [torch.randint(0, 16, (2, n + 1), generator=g) for n in (3, 7, 5, 2)]
+        steps.append(([x[:, :-1] for x in ids], [x[:, 1:] for x in ids]))
+    results = run_ranks(_tied_worker, 2, planned, policy, steps, timeout_s=120)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
+    for step, (xs, ys) in enumerate(steps):
+        for x, y in zip(xs, ys, strict=True):
+            torch.autograd.backward(_lm(reference(x), y) / len(xs))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected = dict(reference.named_parameters())
+        copies = [state[step]["embed.weight"] for state in results]
+        torch.testing.assert_close(copies[0], copies[1], rtol=0, atol=0)  # the two copies stay one tensor
+        for state in results:
+            for name, value in state[step].items():
+                torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)

@@ -326,3 +326,15 @@ def test_a_misspelt_or_bad_option_is_refused_by_name() -> None:
         "ValueError: unknown on_nonfinite 'ignore': choose one of raise, skip",
         "ValueError: chunks must be at least 1, got 0",
     ]
+
+
+def _own_copy_worker(rank: int, world: int, weights: torch.Tensor) -> float:
+    weights += rank + 1  # what an optimizer step does to a parameter, in place
+    torch.distributed.barrier()
+    return float(weights[0])
+
+
+def test_every_rank_gets_its_own_copy_of_tensor_arguments() -> None:
+    # Regression: torch's process spawning moved tensor arguments into shared memory, so every rank
+    # stepped the same parameters (a plan's weights, trained twice over). Each rank must see only its own change.
+    assert run_ranks(_own_copy_worker, 2, torch.zeros(4), timeout_s=60) == [1.0, 2.0]

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
-from hintpipe.apps.models import ModelConfig, SeqLenDist
+from hintpipe.apps.models import ModelConfig, SeqLenDist, loss_fn_for, make_batch
 from hintpipe.apps.training import EmulatedCosts, TrainConfig, predict_step_time, train
 from hintpipe.cli import main
+from hintpipe.planner.plan import plan
+from hintpipe.planner.plan_file import PlanFileError, load_plan, save_plan
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.launch import free_port
+from hintpipe.runtime.launch import free_port, run_ranks
+from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
@@ -217,3 +223,54 @@ def test_memory_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     # task, the first backward, is not ready, which it cannot be while rank 1 still computes).
     assert out["peak_live_slots"][0] > 2
     assert out["peak_live_bytes"][0] < 2**30
+
+
+def _from_plan_worker(rank: int, world: int, path: str, steps: int) -> list[float]:
+    planned, meta = load_plan(path)
+    config = ModelConfig(**meta["config"])
+    pipe = Pipeline.from_plan(planned, loss_fn=loss_fn_for(config.name), microbatches=4, policy="fixed")
+    params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    losses = []
+    for step in range(steps):
+        inputs, targets, _ = make_batch(config, 4, 4, SeqLenDist(64), step, 0)
+        loss = pipe.step(inputs, targets, broadcast_loss=True)
+        assert loss is not None
+        losses.append(float(loss))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    pipe.close()
+    return losses
+
+
+def test_a_saved_plan_trains_from_the_command_line_as_from_python(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = str(tmp_path / "plan.pt")
+    planning = ["plan", "--model", "mlp", "--layers", "4", "--hidden", "8", "--stages", "2", "--microbatches", "4"]
+    assert main([*planning, "--stage-memory", "1GiB", "--repeats", "1", "--save", path, "--json"]) == 0
+    capsys.readouterr()
+    training = ["train", "--plan", path, "--model", "mlp", "--microbatches", "4", "--steps", "3", "--policy", "fixed"]
+    assert main([*training, "--stages", "2", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)["losses"]
+    python = run_ranks(_from_plan_worker, 2, path, 3, timeout_s=120)[0]
+    assert cli == pytest.approx(python, rel=1e-6)
+    assert main([*training, "--stages", "3"]) == 2
+    assert f"{path} is planned for 2 ranks, this run has 3; plan again or use --stages 2" in capsys.readouterr().err
+
+
+def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plan.pt"
+    planned = plan(
+        nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)), torch.randn(2, 4), stages=2, microbatches=2
+    )
+    save_plan(planned, path)
+    payload = torch.load(path, weights_only=False)
+    torch.save({**payload, "torch": "1.0.0"}, path)
+    with pytest.raises(
+        PlanFileError, match=rf"was planned with torch 1\.0\.0, this is torch {re.escape(torch.__version__)}"
+    ):
+        load_plan(path)
+    path.write_bytes(b"not a plan")
+    with pytest.raises(PlanFileError, match="cannot read plan file"):
+        load_plan(path)

@@ -23,12 +23,13 @@ from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
 from hintpipe.apps.progress import progress_bar
 from hintpipe.observe.trace import Record
+from hintpipe.planner.plan_file import load_plan
 from hintpipe.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hintpipe.runtime.executor import EmulatedCosts
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, StepReport
+from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, PipelineOptions, StepReport
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
@@ -63,6 +64,7 @@ class TrainConfig:
     on_nonfinite: str = "raise"
     return_state: bool = False
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
+    plan_path: str | None = None  # train a saved plan's stages (hintpipe plan --save) instead of even layer cuts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,24 +126,32 @@ def train(config: TrainConfig) -> TrainResult | None:
     return result
 
 
-def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipeline, list[torch.nn.Module]]:
-    """This rank's pipeline over the built-in model, with the run's injection wrapped around it."""
-    stages = world * (config.chunks or HintName.parse(config.hint).default_chunks)
-    modules = split_layers(build_layers(config.model), stages)
-    pipe = Pipeline.from_modules(
-        modules,
-        loss_fn=loss_fn_for(config.model.name),
-        microbatches=config.microbatches,
-        hint=config.hint,
-        policy=config.policy,
-        chunks=config.chunks,
-        memory_slack=config.memory_slack,
-        memory_budget=None if config.memory_budget is None else config.memory_budget[rank],
-        timeout=config.timeout,
-        emulate=config.emulate,
-        on_nonfinite=OnNonFinite.parse(config.on_nonfinite),
-        timelines=config.timelines,
-    )
+def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipeline, list[torch.nn.Module] | None]:
+    """This rank's pipeline over the built-in model (cut evenly, or as a saved plan says), with the run's
+    injection wrapped around it; and every stage's module when the model was cut here (for gradient checks)."""
+    options: PipelineOptions = {
+        "hint": config.hint,
+        "policy": config.policy,
+        "chunks": config.chunks,
+        "timeout": config.timeout,
+        "emulate": config.emulate,
+        "on_nonfinite": OnNonFinite.parse(config.on_nonfinite),
+        "timelines": config.timelines,
+    }
+    if config.memory_slack:
+        options["memory_slack"] = config.memory_slack
+    if config.memory_budget is not None:
+        options["memory_budget"] = config.memory_budget[rank]
+    loss_fn = loss_fn_for(config.model.name)
+    modules: list[torch.nn.Module] | None = None
+    if config.plan_path is not None:
+        planned, _ = load_plan(config.plan_path)
+        del options["hint"], options["chunks"]  # the plan's own
+        pipe = Pipeline.from_plan(planned, loss_fn=loss_fn, microbatches=config.microbatches, **options)
+    else:
+        stages = world * (config.chunks or HintName.parse(config.hint).default_chunks)
+        modules = split_layers(build_layers(config.model), stages)
+        pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     inject(pipe, Injection.parse(list(config.inject), seed=config.seed))
     return pipe, modules
 
@@ -159,9 +169,9 @@ class _Run:
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
     pipe, modules = _build_pipeline(rank, world, config)
     reference = copy.deepcopy(modules) if config.check_grads and rank == 0 else None
-    params = [p for s in pipe.stages for p in modules[s].parameters()]
+    mine = dict(pipe.modules)
+    params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
-    mine = {s: modules[s] for s in pipe.stages}
     first = 0
     if config.resume and config.checkpoint_dir is not None:
         found = latest_checkpoint(config.checkpoint_dir)
@@ -181,7 +191,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
             run.losses.append(float(loss))
             mlp = config.model.name == "mlp"
             run.tokens.append(config.microbatches * config.microbatch_size if mlp else sum(counts))
-            if step == 0 and config.check_grads:
+            if step == 0 and config.check_grads and modules is not None:
                 run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
             if optimizer is not None and math.isfinite(float(loss)):
                 optimizer.step()

@@ -118,3 +118,10 @@ def progress_bar(label: str, total: int, enabled: bool) -> Iterator[Progress]:
     with progress:
         progress.add_task(label, total=total)
         yield progress
+
+
+def check_writable(path: str, option: str) -> None:
+    """Refuse an output path whose folder does not exist, before any work is done."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: the folder {folder} does not exist")

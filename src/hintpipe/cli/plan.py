@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
-from hintpipe.cli.common import print_json, renamed, stdout
+from hintpipe.cli.common import check_writable, print_json, renamed, stdout
 from hintpipe.schedule.hint import HintName
 from hintpipe.units import format_size
 
@@ -43,6 +44,10 @@ def register(commands: Any) -> None:
         help="for offloading activations to host memory (default: 0, no offload, when the model runs on the CPU)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per node (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="model seed (default 0)")
+    parser.add_argument(
+        "--save", metavar="FILE", help="write the plan (with the model's weights) for `hintpipe train --plan FILE`"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -52,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
 
     from hintpipe.apps.models import build_layers, make_batch
     from hintpipe.planner.plan import plan
+    from hintpipe.planner.plan_file import save_plan
 
+    if args.save is not None:
+        check_writable(args.save, "--save")
     torch.set_num_threads(1)
-    config = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8))
+    config = ModelConfig(
+        args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=args.seed
+    )
     model = torch.nn.Sequential(*build_layers(config))
     inputs, _, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
     result = plan(
@@ -69,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         optimizer_factor=args.optimizer_factor,
         repeats=args.repeats,
     )
+    if args.save is not None:
+        save_plan(result, args.save, model={"config": dataclasses.asdict(config)})
     if args.json:
         print_json(result.to_json())
         return 0
@@ -103,5 +115,8 @@ def run(args: argparse.Namespace) -> int:
         )
     stdout.print(compare)
     if result.tied:
-        stdout.print(f"parameters used by more than one stage (tied): {', '.join(result.tied)}")
+        groups = "; ".join(" = ".join(group) for group in result.tied)
+        stdout.print(f"parameters used by more than one stage (tied): {groups}")
+    if args.save is not None:
+        stdout.print(f"plan saved to {args.save}: hintpipe train --plan {args.save} --stages {args.stages} ...")
     return 0

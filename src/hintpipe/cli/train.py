@@ -57,6 +57,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--steps", type=int, default=4, metavar="N")
     add_budget_arguments(parser, bytes_only=True)
     add_train_arguments(parser)
+    parser.add_argument(
+        "--plan", metavar="FILE", help="train the stages of a plan saved by `hintpipe plan --save` (and its weights)"
+    )
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (torch.distributed.checkpoint)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save after every K steps")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
@@ -86,7 +89,11 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks)
     Injection.parse(args.inject).check(args.stages, hint.num_stages, args.microbatches)
     model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed)
-    split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
+    plan_path = getattr(args, "plan", None)
+    if plan_path is not None:
+        model = _planned_model(args, plan_path)
+    else:
+        split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
     config = TrainConfig(
         model=model,
         ranks=args.stages,
@@ -110,6 +117,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         resume=getattr(args, "resume", False),
         on_nonfinite=getattr(args, "on_nonfinite", "raise"),
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
+        plan_path=plan_path,
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
@@ -118,6 +126,21 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.emulate:
         config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
     return config
+
+
+def _planned_model(args: argparse.Namespace, path: str) -> ModelConfig:
+    """The model a plan file was made for, after checking the file against the other options."""
+    from hintpipe.planner.plan_file import check_plan, load_plan
+
+    planned, meta = load_plan(path)
+    check_plan(planned, path, ranks=args.stages, microbatches=args.microbatches)
+    if planned.hint != args.hint:
+        raise ValueError(f"{path} is planned for hint {planned.hint!r}, this run asks for {args.hint!r}")
+    if "config" not in meta:
+        raise ValueError(f"{path} does not say which built-in model it was planned for: plan it with `hintpipe plan`")
+    if getattr(args, "check_grads", False):
+        raise ValueError("--check-grads compares with the built-in model's layers; it does not apply to --plan")
+    return ModelConfig(**meta["config"])
 
 
 def _budget(text: str | None, ranks: int) -> tuple[float, ...] | None:

@@ -45,6 +45,8 @@ class CapturedGraph:
         inputs: the placeholder nodes, in order.
         output: the output node.
         marked: whether the model used :func:`split_point`.
+        aliases: per parameter name in ``module``, every name the model has for
+            that tensor (tracing keeps one name per shared module or tensor).
     """
 
     module: fx.GraphModule
@@ -52,6 +54,7 @@ class CapturedGraph:
     inputs: list[fx.Node]
     output: fx.Node
     marked: bool
+    aliases: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def index(self) -> dict[fx.Node, int]:
@@ -60,7 +63,8 @@ class CapturedGraph:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Nodes do not pickle; the GraphModule does (it re-traces its own code,
         # which yields the same nodes in the same order), so rebuild from it.
-        return (_captured_with_sizes, (self.module, [n.meta.get("example_bytes", 0) for n in self.inputs]))
+        sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
+        return (_captured_with_sizes, (self.module, sizes, self.aliases))
 
 
 class _Tracer(fx.Tracer):
@@ -94,8 +98,18 @@ def capture(model: nn.Module, *, modules: Sequence[str] | None = None) -> Captur
             f"torch.fx cannot trace {type(model).__name__}: {exc}. Fix: make forward traceable (no "
             "data-dependent control flow), or pass modules=[...] naming the submodules to run in sequence"
         ) from None
-    module = fx.GraphModule(root, graph)
-    return _captured(module)
+    return _with_aliases(_captured(fx.GraphModule(root, graph)), root)
+
+
+def _with_aliases(graph: CapturedGraph, root: nn.Module) -> CapturedGraph:
+    """Record every name ``root`` has for each parameter the captured module holds."""
+    names: dict[int, list[str]] = {}
+    for name, param in root.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    graph.aliases = {
+        name: tuple(sorted(names.get(id(param), [name]))) for name, param in graph.module.named_parameters()
+    }
+    return graph
 
 
 def _is_split_point(node: fx.Node) -> bool:
@@ -124,8 +138,11 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
     return CapturedGraph(module, nodes, inputs, output, marked)
 
 
-def _captured_with_sizes(module: fx.GraphModule, sizes: list[int]) -> CapturedGraph:
+def _captured_with_sizes(
+    module: fx.GraphModule, sizes: list[int], aliases: dict[str, tuple[str, ...]]
+) -> CapturedGraph:
     graph = _captured(module)
+    graph.aliases = aliases
     for node, size in zip(graph.inputs, sizes, strict=True):
         node.meta["example_bytes"] = size
     return graph
@@ -141,7 +158,7 @@ def _sequence_of(root: nn.Module, names: list[str]) -> CapturedGraph:
     for name in names:
         value = graph.call_module(name, (value,))
     graph.output(value)
-    return _captured(fx.GraphModule(root, graph))
+    return _with_aliases(_captured(fx.GraphModule(root, graph)), root)
 
 
 def value_uses(graph: CapturedGraph, profiles: Sequence[NodeProfile]) -> list[ValueUse]:

@@ -44,7 +44,8 @@ class Plan:
     microbatch_size: int
     partition: Partition
     baselines: dict[str, Partition]
-    tied: tuple[str, ...]
+    tied: tuple[tuple[str, ...], ...]  # groups of names of one tensor used by several stages
+    tied_stages: tuple[tuple[int, ...], ...]  # the stages using each group's tensor
     graph: CapturedGraph = dataclasses.field(compare=False, repr=False)
     profiles: tuple[NodeProfile, ...] = dataclasses.field(compare=False, repr=False)
 
@@ -61,7 +62,7 @@ class Plan:
             "chunks": self.chunks,
             "microbatches": self.microbatches,
             "microbatch_size": self.microbatch_size,
-            "tied_parameters": list(self.tied),
+            "tied_parameters": [list(group) for group in self.tied],
         }
         return out
 
@@ -107,23 +108,34 @@ def node_tables(profiles: Sequence[NodeProfile], graph: CapturedGraph | None = N
     return NodeTables.build(profiles, uses, allowed_cuts(graph, uses))
 
 
-def _tied(graph: CapturedGraph, cuts: Sequence[int]) -> tuple[str, ...]:
-    """Parameters (or modules) used by more than one stage."""
-    index = graph.index
-    stage_of = {}
+def _tied(graph: CapturedGraph, cuts: Sequence[int]) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Parameters used by more than one stage, found by tensor identity: per tensor, every name it
+    has (``lm_head.weight`` and ``transformer.wte.weight`` when they are one) and the stages using it."""
+    root = graph.module
+    names: dict[int, set[str]] = {}
+    for name, param in root.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), set()).update(graph.aliases.get(name, (name,)))
+    stages_of: dict[int, set[int]] = {}
     for s in range(len(cuts) - 1):
-        for i in range(cuts[s], cuts[s + 1]):
-            stage_of[graph.nodes[i]] = s
-    seen: dict[str, set[int]] = {}
-    for node in graph.module.graph.nodes:
-        if node.op == "get_attr":
-            stages = {stage_of[u] for u in node.users if u in index}
-            seen.setdefault(str(node.target), set()).update(stages)
-        elif node.op == "call_module" and node in stage_of:
-            module = graph.module.get_submodule(str(node.target))
-            for name, _ in module.named_parameters():
-                seen.setdefault(f"{node.target}.{name}", set()).add(stage_of[node])
-    return tuple(sorted(name for name, stages in seen.items() if len(stages) > 1))
+        for node in graph.nodes[cuts[s] : cuts[s + 1]]:
+            for param in _parameters_used(root, node):
+                stages_of.setdefault(id(param), set()).add(s)
+    return sorted((tuple(sorted(names[key])), tuple(sorted(st))) for key, st in stages_of.items() if len(st) > 1)
+
+
+def _parameters_used(root: nn.Module, node: Any) -> list[nn.Parameter]:
+    """The parameters a graph node reads: its module's, or the ones its inputs fetch."""
+    found: list[nn.Parameter] = []
+    if node.op == "call_module":
+        found += list(root.get_submodule(str(node.target)).parameters())
+    for arg in node.all_input_nodes:
+        if arg.op == "get_attr":
+            value = root
+            for part in str(arg.target).split("."):
+                value = getattr(value, part)
+            if isinstance(value, nn.Parameter):
+                found.append(value)
+    return found
 
 
 def plan(
@@ -175,6 +187,7 @@ def plan(
     budgets = parse_sizes(memory_budget, total, "memory_budget")
     memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=size / profiled)
     cuts = search(tables, memory, total)
+    tied = _tied(graph, cuts)
     return Plan(
         hint=hint_obj.name,
         ranks=stages,
@@ -183,7 +196,8 @@ def plan(
         microbatch_size=size,
         partition=_partition(tables, memory, cuts, profiled, savings=True),
         baselines=_baselines(tables, memory, total, profiled),
-        tied=_tied(graph, cuts),
+        tied=tuple(names for names, _ in tied),
+        tied_stages=tuple(stages for _, stages in tied),
         graph=graph,
         profiles=tuple(profiles),
     )
@@ -206,6 +220,8 @@ def _measured(
     profiled = int(tensors_in(list(inputs))[0].shape[0])
     if profiles is None:
         profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
+    for param in graph.module.parameters():  # profiling ran backward into the copy's parameters
+        param.grad = None
     return graph, profiles, profiled
 
 

@@ -60,14 +60,14 @@ def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
 
 
-def _child(rank: int, world: int, fn: Callable[..., Any], args: tuple[Any, ...], out: str, timeout_s: float) -> None:
+def _child(rank: int, world: int, fn: Callable[..., Any], packed: bytes, out: str, timeout_s: float) -> None:
     os.environ["RANK"] = str(rank)
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
     path = Path(out) / f"rank{rank}.pkl"
     try:
         init_rank(rank, world, timeout_s)
-        result = fn(rank, world, *args)
+        result = fn(rank, world, *pickle.loads(packed))
         path.write_bytes(pickle.dumps(("ok", result)))
     except BaseException as exc:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -101,8 +101,12 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     with tempfile.TemporaryDirectory(prefix="hintpipe-") as out:
+        # [Note: every rank its own copy] The arguments travel as plain pickled bytes: torch's
+        # process spawning would otherwise move their tensors into shared memory, and every rank
+        # would train one and the same parameters (a plan's weights, stepped by each optimizer).
+        packed = pickle.dumps(args)
         context = start_processes(  # type: ignore[no-untyped-call]
-            _child, args=(world, fn, args, out, timeout_s), nprocs=world, join=False, start_method="spawn"
+            _child, args=(world, fn, packed, out, timeout_s), nprocs=world, join=False, start_method="spawn"
         )
         # Watch the ranks ourselves rather than with context.join(), which
         # kills the survivors the moment one rank fails: they must get the

@@ -41,6 +41,7 @@ from hintpipe.runtime.microbatch import Batch, as_inputs, split_microbatches
 from hintpipe.runtime.ready_plan import ReadyPlanner
 from hintpipe.runtime.reports import RankSummary, StepReport, durations_array, gather_report
 from hintpipe.runtime.step_loop import StepLoop, StepState
+from hintpipe.runtime.tied import TiedGradients, TiedParameter
 from hintpipe.runtime.transport import Transport
 from hintpipe.runtime.wire import Message
 from hintpipe.schedule.generators import generate_hint
@@ -82,6 +83,7 @@ class PipelineOptions(TypedDict, total=False):
     history: int
     timelines: bool
     report_every: int
+    tied: Sequence[TiedParameter]
 
 
 class Pipeline:
@@ -112,6 +114,8 @@ class Pipeline:
             (traces, pictures, predictions); otherwise only summaries travel.
         report_every: gather every rank's summary to rank 0 every this many
             steps (0: never); the other steps' reports cover their own rank.
+        tied: parameters shared by stages on different ranks, kept equal
+            (see :mod:`hintpipe.runtime.tied`); :meth:`from_plan` fills it in.
 
     Raises:
         ValueError: for options that contradict each other or the group.
@@ -135,6 +139,7 @@ class Pipeline:
         history: int = 100,
         timelines: bool = False,
         report_every: int = 1,
+        tied: Sequence[TiedParameter] = (),
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
@@ -171,6 +176,7 @@ class Pipeline:
         )
         self.device = torch.device("cpu")
         self.transport: Transport = self._connect()
+        self.tied = TiedGradients(tied, self.modules, self.hint.placement.stage_rank, self.rank)
         self.planner = ReadyPlanner(self.hint, self.rank)
         self._stash: list[Message] = []
         self.step_count = 0
@@ -223,7 +229,8 @@ class Pipeline:
         planned peak), so the memory the planner frees becomes room to run
         ahead, admitted by each micro-batch's own size. If the hint's own
         order turns out to hold more than the plan predicted, the rank runs the
-        hint without running ahead.
+        hint without running ahead. Parameters the plan found tied across
+        stages are kept equal (``tied``).
         """
         rank, world = dist.get_rank(), dist.get_world_size()
         if world != plan.ranks:
@@ -235,6 +242,7 @@ class Pipeline:
         if from_budget and options.get("emulate") is None and math.isfinite(room := plan.activation_room(mine)):
             options["memory_budget"] = room
         options["hint"] = hint
+        options.setdefault("tied", [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)])
         pipe = cls({s: plan.build_stage(s) for s in mine}, loss_fn=loss_fn, microbatches=microbatches, **options)
         pipe.admission.strict = not from_budget
         return pipe
@@ -329,6 +337,7 @@ class Pipeline:
         )
         loop_time = loop.run(state)
         self.transport.flush(self.timeout)
+        self.tied.reduce(step)
         if self.admission.by_bytes:
             self.admission.check(step, state.peak_bytes, budget, first=graph is self.admission.graph)
         loss = torch.stack(state.losses).sum() if state.losses else None

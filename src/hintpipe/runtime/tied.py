@@ -1,0 +1,88 @@
+"""Tied parameters: one tensor of the model held by several ranks, kept equal.
+
+A weight shared by the first and the last stage (an embedding tied to the LM
+head) is one tensor in the unsplit model, whose gradient is the sum of both
+uses' gradients. Split across ranks it becomes one copy per rank, each of
+which sees only its own use. So, as Megatron does for embeddings, the ranks
+holding a copy sum its gradient after their last backward of the step, in a
+group of exactly those ranks; the copies start from one value (broadcast from
+the lowest rank when the pipeline is built), and identical optimizer steps on
+identical gradients keep them identical. Copies on one rank are one tensor
+already (the stages of a plan share the captured module's parameters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hintpipe.runtime.errors import WatchdogTimeout
+
+
+@dataclasses.dataclass(frozen=True)
+class TiedParameter:
+    """One tensor used by several stages: every name it has, and the stages using it."""
+
+    names: tuple[str, ...]
+    stages: tuple[int, ...]
+
+
+class TiedGradients:
+    """The tied parameters this rank holds, with a process group per tensor.
+
+    Build on every rank, in the same order (process groups are collective).
+
+    Raises:
+        ValueError: if a stage of this rank should hold a tied parameter and does not.
+    """
+
+    def __init__(
+        self,
+        tied: Sequence[TiedParameter],
+        modules: Mapping[int, nn.Module],
+        stage_rank: Sequence[int],
+        rank: int,
+    ) -> None:
+        self.rank = rank
+        self._links: list[tuple[nn.Parameter, dist.ProcessGroup, tuple[int, ...]]] = []
+        for entry in tied:
+            ranks = tuple(sorted({stage_rank[s] for s in entry.stages}))
+            if len(ranks) < 2:
+                continue  # every use on one rank: one tensor already
+            group = dist.new_group(list(ranks), backend="gloo")
+            if rank not in ranks:
+                continue
+            param = _find(entry, modules, rank)
+            with torch.no_grad():
+                dist.broadcast(param.data, src=ranks[0], group=group)
+            self._links.append((param, group, ranks))
+
+    def reduce(self, step: int) -> None:
+        """Sum each tied parameter's gradient over the ranks holding it (after the step's last backward)."""
+        for param, group, ranks in self._links:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            try:
+                dist.all_reduce(param.grad, group=group)
+            except RuntimeError as exc:
+                raise WatchdogTimeout(
+                    f"rank {self.rank}: the tied parameter's gradient sum with ranks {list(ranks)} failed in step "
+                    f"{step}: {exc}"
+                ) from None
+
+
+def _find(entry: TiedParameter, modules: Mapping[int, nn.Module], rank: int) -> nn.Parameter:
+    """This rank's copy: the parameter of one of its stages named by any of the entry's names."""
+    for stage in entry.stages:
+        if stage in modules:
+            for name, param in modules[stage].named_parameters(remove_duplicate=False):
+                if name in entry.names:
+                    return param
+    raise ValueError(
+        f"rank {rank}: tied parameter {' = '.join(entry.names)} should be in stages {list(entry.stages)}, but no "
+        f"stage of this rank ({sorted(modules)}) has a parameter of those names"
+    )
