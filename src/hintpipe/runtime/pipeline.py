@@ -379,10 +379,11 @@ class Pipeline:
         [Note: collectives per step]
         A step's only collectives are the ones something needs: the sizes for byte
         admission, the all-reduce of measured costs when the ``ready`` plan looks at
-        them (every step until they settle, then rarely) or of non-finite losses
-        (``on_nonfinite="skip"``), the report's gather (``report_every``), the
-        loss broadcast (``broadcast_loss``). Otherwise ranks are coupled only by
-        their messages, and a hang is still caught by the watchdog.
+        them (after steps 0, 1, 3, 7, ..., then every 16) or of non-finite losses
+        (``on_nonfinite="skip"``), the sum of tied gradients, the report's gather
+        (``report_every``), the loss broadcast (``broadcast_loss``). Otherwise
+        ranks are coupled only by their messages, and a hang is still caught by
+        the watchdog.
         """
         split = self.hint.split_backward
         summary = RankSummary.of(self.rank, state.started, loop_time, state.records, split, state.peak_bytes)
