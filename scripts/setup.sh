@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Create .venv at the repository root with hintpipe installed in editable mode.
 # torch is pinned to the CPU build 2.13.0 and installed first, on its own, so that
-# no looser requirement can pull a different build.
+# no looser requirement can pull a different build. The hf extra (transformers, for
+# Hugging Face models) needs no torch of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,hf]"

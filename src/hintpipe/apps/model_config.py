@@ -13,7 +13,9 @@ import numpy as np
 from hintpipe.sim.variability import mean_one_lognormal
 from hintpipe.spec import Spec
 
-MODELS = ("mlp", "gpt-mini")
+MODELS = ("mlp", "gpt-mini", "hf-gpt2", "hf-llama")
+#: The models the pipeline gets from a plan (captured through torch.export), not from a list of layers.
+PLANNED_MODELS = ("hf-gpt2", "hf-llama")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,7 @@ class ModelConfig:
             raise ValueError(f"unknown model {self.name!r}: choose one of {', '.join(MODELS)}")
         if self.layers < 1 or self.hidden < 1:
             raise ValueError(f"layers and hidden must be at least 1, got {self.layers} and {self.hidden}")
-        if self.name == "gpt-mini" and self.hidden % self.heads:
+        if self.name != "mlp" and self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
 
 

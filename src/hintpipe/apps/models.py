@@ -1,4 +1,4 @@
-"""Built-in example models for the CLI: ``mlp`` and ``gpt-mini``.
+"""Built-in example models for the CLI: ``mlp`` and ``gpt-mini`` (and the data of ``hf-gpt2``/``hf-llama``).
 
 Both are lists of layers that split into contiguous stages. ``gpt-mini`` is a
 small causal transformer: token and position embedding on the first stage,
@@ -94,7 +94,7 @@ def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
 
 
 def loss_fn_for(name: str) -> LossFunction:
-    return lm_loss if name == "gpt-mini" else mse_loss
+    return mse_loss if name == "mlp" else lm_loss
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -18,11 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hintpipe.apps.corpus import stdlib_batch
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
 from hintpipe.apps.progress import progress_bar
 from hintpipe.observe.trace import Record
+from hintpipe.planner.plan import Plan
 from hintpipe.planner.plan_file import load_plan
 from hintpipe.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hintpipe.runtime.executor import EmulatedCosts
@@ -65,6 +67,8 @@ class TrainConfig:
     return_state: bool = False
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan_path: str | None = None  # train a saved plan's stages (hintpipe plan --save) instead of even layer cuts
+    plan: Plan | None = None  # or this plan's (a Hugging Face model, captured and planned by the caller)
+    data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +148,8 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         options["memory_budget"] = config.memory_budget[rank]
     loss_fn = loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
-    if config.plan_path is not None:
-        planned, _ = load_plan(config.plan_path)
+    if config.plan_path is not None or config.plan is not None:
+        planned = config.plan if config.plan is not None else load_plan(str(config.plan_path))[0]
         del options["hint"], options["chunks"]  # the plan's own
         pipe = Pipeline.from_plan(planned, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     else:
@@ -182,9 +186,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
     try:
         for step in range(first, config.steps):
-            inputs, targets, counts = make_batch(
-                config.model, config.microbatches, config.microbatch_size, config.seq_len, step, config.seed
-            )
+            inputs, targets, counts = step_batch(config, step)
             loss = pipe.step(inputs, targets, broadcast_loss=True)
             assert loss is not None
             run.reports.append(pipe.reports[-1])
@@ -220,6 +222,13 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         skipped_steps=tuple(pipe.nonfinite_steps),
         state=state,
     )
+
+
+def step_batch(config: TrainConfig, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """Step ``step``'s micro-batches (inputs, targets, tokens each): the same for every policy and rank."""
+    if config.data == "stdlib":
+        return stdlib_batch(config.microbatches, config.microbatch_size, step, config.seed, config.model.max_seq_len)
+    return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len, step, config.seed)
 
 
 def _gather_state(mine: dict[int, torch.nn.Module], world: int) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
+from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
 from hintpipe.cli.common import add_budget_arguments, print_json, stdout
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
@@ -19,6 +19,7 @@ from hintpipe.units import format_size, parse_sizes
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
+    from hintpipe.planner.plan import Plan
 
 HELP = "train a built-in model across processes with pipeline parallelism"
 
@@ -41,6 +42,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] (times: 2ms), "
         "crash:RANK:STEP, hang:RANK:STEP, nan:STEP; the simulator's words, same meaning; repeatable",
+    )
+    parser.add_argument(
+        "--data",
+        default="synthetic",
+        choices=["synthetic", "stdlib"],
+        help="synthetic counting text with --seq-len-dist lengths (default), or the Python standard library's "
+        "source files as byte-level text (real, heavy-tailed lengths; vocabulary 256)",
     )
     parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
     parser.add_argument("--seed", type=int, default=0, help="model, data and injection seed (default 0)")
@@ -88,10 +96,17 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         )
     hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks)
     Injection.parse(args.inject).check(args.stages, hint.num_stages, args.microbatches)
-    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed)
+    data = getattr(args, "data", "synthetic")
+    vocab = 256 if data == "stdlib" else ModelConfig.vocab
+    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed, vocab=vocab)
+    if data == "stdlib" and model.name == "mlp":
+        raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
     plan_path = getattr(args, "plan", None)
+    planned = None
     if plan_path is not None:
         model = _planned_model(args, plan_path)
+    elif model.name in PLANNED_MODELS:
+        planned = _plan_hf(args, model)
     else:
         split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
     config = TrainConfig(
@@ -118,6 +133,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         on_nonfinite=getattr(args, "on_nonfinite", "raise"),
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         plan_path=plan_path,
+        plan=planned,
+        data=data,
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
@@ -126,6 +143,30 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.emulate:
         config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
     return config
+
+
+def _plan_hf(args: argparse.Namespace, model: ModelConfig) -> Plan:
+    """A Hugging Face model captured (torch.export) and cut into stages once, here, for every rank."""
+    import torch
+
+    from hintpipe.apps.hf_models import CALL_KWARGS, build_hf_model
+    from hintpipe.apps.models import make_batch
+    from hintpipe.planner.plan import plan
+
+    if getattr(args, "check_grads", False):
+        raise ValueError(f"--check-grads compares with a list of layers; {model.name} is planned, not listed")
+    torch.set_num_threads(1)
+    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(16), 0, args.seed)
+    return plan(
+        build_hf_model(model),
+        inputs[0],
+        stages=args.stages,
+        microbatches=args.microbatches,
+        hint=args.hint,
+        chunks=args.chunks or HintName.parse(args.hint).default_chunks,
+        repeats=1,
+        kwargs=CALL_KWARGS,
+    )
 
 
 def _planned_model(args: argparse.Namespace, path: str) -> ModelConfig:

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -47,6 +48,10 @@ class CapturedGraph:
         marked: whether the model used :func:`split_point`.
         aliases: per parameter name in ``module``, every name the model has for
             that tensor (tracing keeps one name per shared module or tensor).
+        scalars: positions in ``nodes`` of the nodes whose value is a Python
+            number (a sequence length in an exported graph): it crosses a cut
+            as a 0-d tensor. Positions, not names: a pickled graph is re-traced
+            on the way in, which keeps the order of the nodes but not their names.
     """
 
     module: fx.GraphModule
@@ -55,6 +60,7 @@ class CapturedGraph:
     output: fx.Node
     marked: bool
     aliases: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    scalars: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def index(self) -> dict[fx.Node, int]:
@@ -64,7 +70,7 @@ class CapturedGraph:
         # Nodes do not pickle; the GraphModule does (it re-traces its own code,
         # which yields the same nodes in the same order), so rebuild from it.
         sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
-        return (_captured_with_sizes, (self.module, sizes, self.aliases))
+        return (_captured_with_sizes, (self.module, sizes, self.aliases, self.scalars))
 
 
 class _Tracer(fx.Tracer):
@@ -77,28 +83,104 @@ class _Tracer(fx.Tracer):
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
 
 
-def capture(model: nn.Module, *, modules: Sequence[str] | None = None) -> CapturedGraph:
-    """Trace a deep copy of ``model`` (the user's model is never touched).
+def capture(
+    model: nn.Module,
+    *,
+    modules: Sequence[str] | None = None,
+    example: tuple[Any, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> CapturedGraph:
+    """Capture a deep copy of ``model`` as a graph (the user's model is never touched).
+
+    torch.fx tracing first; where it fails (Hugging Face models, for one) and
+    an ``example`` is given, torch.export (non-strict, every input dimension
+    free to vary, so micro-batches of other lengths run the same graph); a
+    model neither can capture may name its submodules to run in sequence.
 
     Args:
         model: the model.
         modules: for untraceable models, the names of submodules to run in
             sequence as the whole model (each an opaque node).
+        example: example positional inputs (one micro-batch), for torch.export.
+        kwargs: keyword inputs for the capture (``use_cache=False``); tensors
+            among them become inputs after the positional ones, in this order.
 
     Raises:
-        CaptureError: naming the node that could not be traced and the fix.
+        CaptureError: naming what could not be captured and the fallback.
     """
     root = copy.deepcopy(model)
     if modules is not None:
         return _sequence_of(root, list(modules))
-    try:
-        graph = _Tracer(set()).trace(root)
-    except Exception as exc:  # torch.fx raises several types for untraceable code
+    traced_error: Exception | None = None
+    if not kwargs:
+        try:
+            graph = _Tracer(set()).trace(root)
+            return _with_aliases(_captured(fx.GraphModule(root, graph)), root)
+        except Exception as exc:  # torch.fx raises several types for untraceable code
+            traced_error = exc
+    if example is None:
         raise CaptureError(
-            f"torch.fx cannot trace {type(model).__name__}: {exc}. Fix: make forward traceable (no "
-            "data-dependent control flow), or pass modules=[...] naming the submodules to run in sequence"
+            f"torch.fx cannot trace {type(model).__name__}: {traced_error}. Fix: pass an example input so that "
+            "torch.export can capture it, make forward traceable (no data-dependent control flow), or pass "
+            "modules=[...] naming the submodules to run in sequence"
+        )
+    exported = _exported(root, example, kwargs or {})
+    captured = _with_aliases(_captured(exported), root)
+    captured.scalars = {i for i, n in enumerate(captured.nodes) if isinstance(n.meta.get("val"), _NUMBERS)}
+    return captured
+
+
+#: What a graph node may compute besides tensors and still send across a cut (as a 0-d tensor).
+_NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+    """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
+    no input guards, one output value (the first, and only, tensor of what the model returns)."""
+    from torch.export import Dim
+
+    def free(value: Any) -> Any:
+        return {d: Dim.AUTO for d in range(value.dim())} if isinstance(value, torch.Tensor) else None
+
+    shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
+    try:
+        program = torch.export.export(
+            root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False
+        )
+    except Exception as exc:  # export raises many kinds, each naming the construct
+        raise CaptureError(
+            f"neither torch.fx nor torch.export can capture {type(root).__name__}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}. Fix: pass modules=[...] naming the submodules "
+            "to run in sequence"
         ) from None
-    return _with_aliases(_captured(fx.GraphModule(root, graph)), root)
+    module = program.module()
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and not node.users:
+            graph.erase_node(node)
+    graph.set_codegen(fx.graph.CodeGen())
+    # A plan travels to every rank pickled; the GraphModule re-traces its code on the way in, with
+    # the plain fx tracer (export's own needs arguments it does not pickle).
+    graph._tracer_cls = None
+    graph._tracer_extras = {}
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat = output.args[0]
+    if isinstance(flat, (tuple, list)) and len(flat) >= 1:
+        output.args = (flat[0],)
+    graph.lint()
+    return fx.GraphModule(module, graph)
+
+
+def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
+    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them."""
+    import inspect
+
+    names = [n for n in inspect.signature(root.forward).parameters if n not in ("self",)]
+    positional = dict(zip(names, shapes.pop("args"), strict=False))
+    return {**positional, **shapes}
 
 
 def _with_aliases(graph: CapturedGraph, root: nn.Module) -> CapturedGraph:
@@ -139,10 +221,11 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
 
 
 def _captured_with_sizes(
-    module: fx.GraphModule, sizes: list[int], aliases: dict[str, tuple[str, ...]]
+    module: fx.GraphModule, sizes: list[int], aliases: dict[str, tuple[str, ...]], scalars: set[int]
 ) -> CapturedGraph:
     graph = _captured(module)
     graph.aliases = aliases
+    graph.scalars = scalars
     for node, size in zip(graph.inputs, sizes, strict=True):
         node.meta["example_bytes"] = size
     return graph

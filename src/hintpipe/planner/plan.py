@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
@@ -79,9 +80,8 @@ class Plan:
         stage = self.partition.stages[index]
         by_name = {n.name: n for n in nodes}
         groups = {by_name[n]: "recompute" for n in stage.recompute} | {by_name[n]: "offload" for n in stage.offload}
-        return extract(
-            graph, nodes, inputs, outputs, groups=groups, output_value=graph.output.args[0] if last else None
-        )
+        output_value = graph.output.args[0] if last else None
+        return extract(graph, nodes, inputs, outputs, groups=groups, output_value=output_value, boundary=True)
 
     def activation_room(self, stages: Sequence[int]) -> float:
         """Activation bytes the budgets leave to these stages (one rank's): their planned
@@ -154,6 +154,7 @@ def plan(
     cache_dir: str | Path | None = None,
     modules: Sequence[str] | None = None,
     profiles: Sequence[NodeProfile] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> Plan:
     """Plan ``model`` into ``stages`` ranks (x ``chunks`` stages each).
 
@@ -171,12 +172,18 @@ def plan(
             offload) for a model on the CPU, where the host is the device, else 10e9.
         modules: for untraceable models, the submodules to run in sequence.
         profiles: reuse profiles instead of measuring.
+        kwargs: keyword inputs of the capture (``{"use_cache": False}``):
+            torch.export captures the model with them (see
+            :func:`~hintpipe.planner.capture.capture`); tensors among them
+            become stage 0's inputs after the positional ones.
 
     Raises:
         hintpipe.capture.CaptureError: the model cannot be captured.
         hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short).
     """
-    graph, profiles, profiled = _measured(model, example, modules, profiles, repeats=repeats, cache_dir=cache_dir)
+    graph, profiles, profiled = _measured(
+        model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir
+    )
     hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
     total = hint_obj.num_stages
     tables = node_tables(profiles, graph)
@@ -208,13 +215,15 @@ def _measured(
     example: Any,
     modules: Sequence[str] | None,
     profiles: Sequence[NodeProfile] | None,
+    kwargs: dict[str, Any],
     *,
     repeats: int,
     cache_dir: str | Path | None,
 ) -> tuple[CapturedGraph, Sequence[NodeProfile], int]:
     """The captured graph, its profiles (``profiles`` if given) and the profiled micro-batch size."""
-    inputs = example if isinstance(example, tuple) else (example,)
-    graph = capture(model, modules=modules)
+    positional = example if isinstance(example, tuple) else (example,)
+    graph = capture(model, modules=modules, example=positional, kwargs=kwargs)
+    inputs = (*positional, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
     for node, value in zip(graph.inputs, inputs, strict=False):
         node.meta["example_bytes"] = nbytes(value)
     profiled = int(tensors_in(list(inputs))[0].shape[0])

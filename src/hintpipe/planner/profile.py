@@ -98,7 +98,9 @@ def profile(
             env[node] = run_node(root, node, env)
     # Each storage's first owner: an output living in an earlier value's storage is a view of it.
     owner = {t.untyped_storage().data_ptr(): n.name for n, v in env.items() for t in tensors_in(v)}
-    profiles = [_profile_node(root, node, env, owner, params, repeats) for node in graph.nodes]
+    profiles = [
+        _profile_node(root, node, env, owner, params, repeats, i in graph.scalars) for i, node in enumerate(graph.nodes)
+    ]
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -114,8 +116,10 @@ def _profile_node(
     owner: dict[int, str],
     params: set[int],
     repeats: int,
+    scalar: bool,
 ) -> NodeProfile:
-    """Time ``node`` and count what it saves; its output goes into ``env`` and its storages into ``owner``."""
+    """Time ``node`` and count what it saves; its output goes into ``env`` and its storages into ``owner``.
+    A number the graph computes (``scalar``) may cross a cut: it counts as a tensor output."""
     forward, backward = [], []
     for _ in range(repeats + 1):
         local = {a: _detach(env[a]) for a in node.all_input_nodes}
@@ -147,7 +151,8 @@ def _profile_node(
         storage_bytes=storage_nbytes(out),
         alias_of=alias,
         tensor_output=isinstance(out, torch.Tensor)
-        or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0),
+        or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0)
+        or scalar,
         internal_bytes=internal,
         saves_output=any(k in outputs for k in counted.sizes),
         saved_inputs=tuple(sorted({input_of[k] for k in counted.sizes if k in input_of})),

@@ -62,6 +62,7 @@ def extract(
     *,
     groups: dict[fx.Node, str] | None = None,
     output_value: Any = None,
+    boundary: bool = False,
 ) -> fx.GraphModule:
     """A GraphModule computing ``outputs`` from ``inputs`` with ``nodes``.
 
@@ -69,9 +70,11 @@ def extract(
     become sub-modules called through :func:`recompute` / :func:`offload`.
     ``output_value`` (the original graph's output argument) replaces the tuple
     of ``outputs`` as what the module returns: the last stage returns what the
-    model returned.
+    model returned. With ``boundary`` (a pipeline stage), numbers the graph
+    computes (``graph.scalars``, e.g. a sequence length) cross as 0-d tensors:
+    boxed on the way out, unboxed on the way in, since stages exchange tensors.
     """
-    copy = _Copy(graph, inputs)
+    copy = _Copy(graph, inputs, boundary)
     node_list = list(nodes)
     groups = groups or {}
     i = 0
@@ -89,20 +92,32 @@ def extract(
     if output_value is not None:
         copy.new.output(fx.node.map_arg(output_value, copy.lookup))
     else:
-        copy.new.output(tuple(copy.lookup(o) for o in outputs))
+        copy.new.output(tuple(copy.boxed(o) for o in outputs))
     return copy.module(node_list)
 
 
 class _Copy:
     """A new graph being filled with copies of a captured graph's nodes (see :func:`extract`)."""
 
-    def __init__(self, graph: CapturedGraph, inputs: Sequence[fx.Node]) -> None:
+    def __init__(self, graph: CapturedGraph, inputs: Sequence[fx.Node], boundary: bool = False) -> None:
         self.graph = graph
         self.new = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}  # original node -> its value in the new graph
         self.owned: dict[str, Any] = {}  # sub-modules of recompute/offload runs
+        self.boundary = boundary
+        self.position = graph.index
         for value in inputs:
-            self.env[value] = self.new.placeholder(value.name)
+            placeholder = self.new.placeholder(value.name)
+            self.env[value] = self.new.call_function(_unbox, (placeholder,)) if self.scalar(value) else placeholder
+
+    def scalar(self, value: fx.Node) -> bool:
+        """Whether ``value`` is a number that crosses this stage's boundary."""
+        return self.boundary and self.position.get(value, -1) in self.graph.scalars
+
+    def boxed(self, value: fx.Node) -> fx.Node:
+        """``value`` as a stage sends it: a number becomes a 0-d tensor."""
+        node = self.lookup(value)
+        return self.new.call_function(_box, (node,)) if self.scalar(value) else node
 
     def lookup(self, value: fx.Node) -> fx.Node:
         if value not in self.env:
@@ -173,6 +188,16 @@ def _place(module: torch.nn.Module, target: str, value: Any) -> None:
         module.register_parameter(name, value)
     else:
         setattr(module, name, value)
+
+
+def _box(value: Any) -> torch.Tensor:
+    """A number as a 0-d tensor, to cross a cut."""
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+
+
+def _unbox(value: Any) -> Any:
+    """A number received as a 0-d tensor, back to a Python number."""
+    return value.item() if isinstance(value, torch.Tensor) else value
 
 
 def _item(values: Any, k: int) -> Any:

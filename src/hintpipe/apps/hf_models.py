@@ -1,0 +1,49 @@
+"""Hugging Face causal language models from small configs built in code (no download).
+
+``hf-gpt2`` is ``GPT2LMHeadModel`` and ``hf-llama`` ``LlamaForCausalLM`` (with
+``tie_word_embeddings``), weights drawn from the seed, dropout off so that a
+pipeline and the unsplit model compute the same. ``transformers`` is the
+optional extra ``hf`` (``pip install -e .[hf]``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hintpipe.apps.model_config import ModelConfig
+
+#: The keyword inputs every capture and call of these models uses.
+CALL_KWARGS = {"use_cache": False}
+
+
+def build_hf_model(config: ModelConfig) -> nn.Module:
+    """The model ``config`` names, its weights drawn from ``config.seed``.
+
+    Raises:
+        ImportError: when transformers is not installed, naming the extra.
+    """
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(f"{config.name} needs transformers: pip install -e '.[hf]'") from exc
+    torch.manual_seed(config.seed)
+    model: nn.Module
+    if config.name == "hf-gpt2":
+        model = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                n_layer=config.layers, n_embd=config.hidden, n_head=config.heads, vocab_size=config.vocab,
+                n_positions=config.max_seq_len, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                eos_token_id=0,
+            )
+        )  # fmt: skip
+    else:
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                hidden_size=config.hidden, intermediate_size=4 * config.hidden, num_hidden_layers=config.layers,
+                num_attention_heads=config.heads, num_key_value_heads=config.heads, vocab_size=config.vocab,
+                max_position_embeddings=config.max_seq_len, tie_word_embeddings=True, pad_token_id=0, bos_token_id=0,
+                eos_token_id=0,
+            )
+        )  # fmt: skip
+    return model

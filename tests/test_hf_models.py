@@ -1,0 +1,148 @@
+"""Hugging Face models end to end: captured through torch.export, planned, trained on ranks.
+
+GPT-2 and Llama (embeddings tied to the LM head) from small configs built in
+code, weights random, no download. Planned into 2 and 3 stages, trained three
+AdamW steps on micro-batches of different lengths under ``fixed`` and
+``ready``: losses and every parameter equal the unsplit model trained on the
+same micro-batches (rtol 1e-4, atol 1e-5: float32 sums in another order), and
+the tied copies on the first and last stage's ranks equal each other exactly.
+AdamW runs with ``eps=1e-4``: some gradients are zero in exact arithmetic (the
+attention keys' bias) and rounding noise in float32, and Adam's first step,
+``lr * g / (|g| + eps)``, would turn noise of 1e-9 into updates of either
+sign at the default ``eps=1e-8``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hintpipe.apps.hf_models import build_hf_model
+from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
+from hintpipe.cli import main
+from hintpipe.planner.plan import Plan, plan
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.pipeline import Pipeline
+
+transformers = pytest.importorskip("transformers")
+
+RTOL, ATOL = 1e-4, 1e-5
+VOCAB = 64
+KWARGS = {"use_cache": False}
+EPS = 1e-4
+
+
+def _gpt2() -> nn.Module:
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    model: nn.Module = transformers.GPT2LMHeadModel(config)
+    return model
+
+
+def _llama() -> nn.Module:
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0,
+    )  # fmt: skip
+    model: nn.Module = transformers.LlamaForCausalLM(config)
+    return model
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def _steps(seed: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for _ in range(3):
+        ids = [torch.randint(0, VOCAB, (2, n + 1), generator=g) for n in (5, 11, 8, 3)]
+        steps.append(([x[:, :-1] for x in ids], [x[:, 1:] for x in ids]))
+    return steps
+
+
+def _train_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for policy in ("fixed", "ready"):
+        # Stages built from one plan share its captured weights: a fresh copy for each run.
+        pipe = Pipeline.from_plan(copy.deepcopy(planned), loss_fn=causal_lm_loss, policy=policy)
+        params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
+        optimizer = torch.optim.AdamW(params, lr=0.01, eps=EPS)
+        losses, states = [], []
+        for xs, ys in steps:
+            loss = pipe.step(xs, ys, broadcast_loss=True)
+            assert loss is not None
+            losses.append(float(loss))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            states.append({n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()})
+        pipe.close()
+        out[policy] = (losses, states)
+    return out
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(build: Any, stages: int) -> None:
+    torch.manual_seed(0)
+    model = build()
+    planned = plan(model, torch.randint(0, VOCAB, (2, 9)), stages=stages, microbatches=4, repeats=1, kwargs=KWARGS)
+    head, embedding = planned.tied[0]
+    assert head == "lm_head.weight" and embedding in ("transformer.wte.weight", "model.embed_tokens.weight")
+    assert planned.tied_stages == ((0, stages - 1),)
+    steps = _steps(stages)
+    results = run_ranks(_train_worker, stages, planned, steps, timeout_s=300)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=0.01, eps=EPS)
+    for step, (xs, ys) in enumerate(steps):
+        loss = sum(causal_lm_loss(reference(x, **KWARGS).logits, y) / len(xs) for x, y in zip(xs, ys, strict=True))
+        assert isinstance(loss, torch.Tensor)
+        torch.autograd.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected = dict(reference.named_parameters())
+        for policy in ("fixed", "ready"):
+            losses, _ = results[0][policy]
+            assert losses[step] == pytest.approx(float(loss), rel=RTOL)
+            first, last = results[0][policy][1][step], results[-1][policy][1][step]
+            torch.testing.assert_close(first[embedding], last[embedding], rtol=0, atol=0)  # one tensor, two copies
+            for rank_result in results:
+                for name, value in rank_result[policy][1][step].items():
+                    torch.testing.assert_close(value, expected[name], rtol=RTOL, atol=ATOL, msg=f"{policy} {name}")
+
+
+def test_every_stage_of_a_planned_hugging_face_model_starts_without_gradients() -> None:
+    planned = plan(_gpt2(), torch.randint(0, VOCAB, (2, 9)), stages=2, microbatches=2, repeats=1, kwargs=KWARGS)
+    for index in range(planned.num_stages):
+        assert all(p.grad is None for p in planned.build_stage(index).parameters())
+
+
+@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama"])
+def test_hintpipe_train_runs_a_hugging_face_model_as_the_unsplit_model_would(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--model", name, "--layers", "2", "--hidden", "32", "--stages", "2", "--microbatches", "4"]
+    spec = "lognormal:12:0.5"
+    assert main([*argv, "--steps", "3", "--seq-len-dist", spec, "--policy", "ready", "--json"]) == 0
+    losses = json.loads(capsys.readouterr().out)["losses"]
+    config = ModelConfig(name, layers=2, hidden=32)
+    model = build_hf_model(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    expected = []
+    for step in range(3):
+        xs, ys, _ = make_batch(config, 4, 4, SeqLenDist.parse(spec), step, 0)
+        loss = sum(causal_lm_loss(model(x, **KWARGS).logits, y) / len(xs) for x, y in zip(xs, ys, strict=True))
+        assert isinstance(loss, torch.Tensor)
+        expected.append(float(loss))
+        torch.autograd.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert losses == pytest.approx(expected, rel=1e-4)
