@@ -146,3 +146,20 @@ def test_hintpipe_train_runs_a_hugging_face_model_as_the_unsplit_model_would(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     assert losses == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_tensor_keyword_input_becomes_a_first_stage_input() -> None:
+    torch.manual_seed(0)
+    model = _gpt2()
+    ids = torch.randint(0, VOCAB, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.int64)
+    planned = plan(model, ids, stages=2, microbatches=2, repeats=1, kwargs={"attention_mask": mask, **KWARGS})
+    x = torch.randint(0, VOCAB, (2, 12))
+    padded = torch.ones(2, 12, dtype=torch.int64)
+    padded[1, 8:] = 0  # the second row is 8 tokens long
+    values: tuple[torch.Tensor, ...] = (x, padded)
+    for index in range(planned.num_stages):
+        out = planned.build_stage(index)(*values)
+        values = out if isinstance(out, tuple) else (out,)
+    expected = model(x, attention_mask=padded, **KWARGS).logits
+    torch.testing.assert_close(values[0], expected, rtol=1e-5, atol=1e-5)

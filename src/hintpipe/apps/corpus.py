@@ -1,15 +1,20 @@
 """Real variable-length text on every machine: the Python standard library's own source files.
 
-One document per ``.py`` file of the standard library (found through
-``sysconfig``), byte-level tokens (vocabulary 256). A micro-batch takes
+The ``.py`` files of the standard library (found through ``sysconfig``), cut
+into documents at their top-level definitions (``def``, ``class``, a
+decorator at the start of a line), byte-level tokens (vocabulary 256). Whole
+files are far longer than any context a CPU run affords (median 4.9 KB, so
+nearly every one would be cropped to the same length); their top-level
+definitions have the real, heavy-tailed lengths of code (CPython 3.11's: 96,921
+documents, median 440 bytes, 90th percentile 3.2 KB). A micro-batch takes
 ``size`` documents drawn from ``(seed, step)`` and crops them to the shortest
-one (at most ``max_len`` tokens), so micro-batch lengths follow the real,
-heavy-tailed distribution of file lengths, as a pipeline sees them.
+one (at most ``max_len`` tokens).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import sysconfig
 from pathlib import Path
 
@@ -17,12 +22,14 @@ import numpy as np
 import torch
 
 VOCAB = 256
-_SHORTEST = 16  # bytes: files shorter than this are left out (empty __init__.py files)
+_SHORTEST = 16  # bytes: shorter documents are left out (empty __init__.py files)
+_TOP_LEVEL = re.compile(rb"\n(?=(?:def |class |async def |@))")
 
 
 @functools.cache
 def stdlib_documents() -> tuple[bytes, ...]:
-    """The standard library's source files, sorted by path (the same on every rank)."""
+    """The standard library's top-level definitions, in the order of the sorted file paths (the same on
+    every rank)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     documents = []
     for path in sorted(root.rglob("*.py")):
@@ -30,8 +37,7 @@ def stdlib_documents() -> tuple[bytes, ...]:
             data = path.read_bytes()
         except OSError:
             continue
-        if len(data) >= _SHORTEST:
-            documents.append(data)
+        documents += [part for part in _TOP_LEVEL.split(data) if len(part) >= _SHORTEST]
     if not documents:
         raise FileNotFoundError(f"no Python source files under {root}")
     return tuple(documents)
