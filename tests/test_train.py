@@ -257,6 +257,8 @@ def test_a_saved_plan_trains_from_the_command_line_as_from_python(
     assert cli == pytest.approx(python, rel=1e-6)
     assert main([*training, "--stages", "3"]) == 2
     assert f"{path} is planned for 2 ranks, this run has 3; plan again or use --stages 2" in capsys.readouterr().err
+    assert main([*training, "--stages", "2", "--model", "gpt-mini"]) == 2
+    assert f"{path} is planned for model 'mlp', this run asks for 'gpt-mini'" in capsys.readouterr().err
 
 
 def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None:

@@ -181,7 +181,10 @@ def _planned_model(args: argparse.Namespace, path: str) -> ModelConfig:
         raise ValueError(f"{path} does not say which built-in model it was planned for: plan it with `hintpipe plan`")
     if getattr(args, "check_grads", False):
         raise ValueError("--check-grads compares with the built-in model's layers; it does not apply to --plan")
-    return ModelConfig(**meta["config"])
+    config = ModelConfig(**meta["config"])
+    if config.name != args.model:
+        raise ValueError(f"{path} is planned for model {config.name!r}, this run asks for {args.model!r}")
+    return config  # its sizes and weights are the plan's
 
 
 def _budget(text: str | None, ranks: int) -> tuple[float, ...] | None:
