@@ -24,6 +24,7 @@ from hintpipe.planner.plan import Plan, node_tables, plan
 from hintpipe.planner.profile import profile
 from hintpipe.planner.search import PlanError, search
 from hintpipe.planner.tables import NodeTables
+from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.tensor_bytes import count_saved, parameter_storages
@@ -499,3 +500,30 @@ def test_a_weight_tied_across_ranks_trains_like_the_unsplit_model(policy: str) -
         for state in results:
             for name, value in state[step].items():
                 torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
+
+
+def _two_plans_worker(rank: int, world: int, plans: list[Plan], share: bool) -> str:
+    mine = plans[rank].share() if share else plans[rank]
+    try:
+        pipe = Pipeline.from_plan(mine, loss_fn=_mse, microbatches=2)
+    except OptionMismatch as exc:
+        return str(exc)
+    pipe.close()
+    return f"cuts {mine.partition.cuts}"
+
+
+def test_ranks_holding_different_plans_are_refused_and_a_shared_plan_is_one() -> None:
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 6))
+    planned = plan(model, torch.randn(8, 6), stages=2, microbatches=2, repeats=1)
+    cuts = planned.partition.cuts
+    other_cut = next(c for c in planned.graph.index.values() if 0 < c < cuts[-1] and c != cuts[1])
+    other = dataclasses.replace(
+        planned, partition=dataclasses.replace(planned.partition, cuts=(0, other_cut, cuts[-1]))
+    )
+    assert other.fingerprint != planned.fingerprint
+    refused = run_ranks(_two_plans_worker, 2, [planned, other], False, timeout_s=60)
+    assert refused[0].startswith("rank 0: ranks [1] hold another plan than this rank's (fingerprint ")
+    assert refused[0].endswith("make the plan once and share it: plan.share(), or one plan file loaded on every rank")
+    assert refused[1].startswith("rank 1: ranks [0] hold another plan")
+    shared = run_ranks(_two_plans_worker, 2, [planned, other], True, timeout_s=60)
+    assert shared == [f"cuts {cuts}"] * 2  # rank 0's plan on both

@@ -10,6 +10,7 @@ captured graph to build each stage's module (:meth:`Plan.build_stage`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,33 @@ class Plan:
     def num_stages(self) -> int:
         return len(self.partition.cuts) - 1
 
+    @property
+    def fingerprint(self) -> str:
+        """What makes two plans train the same model the same way: the pipeline, the cuts, the
+        recompute and offload choices, the captured graph's code and parameter shapes.
+
+        Two ``hintpipe.plan`` calls on one model can cut differently (node times are measured
+        afresh); :meth:`~hintpipe.runtime.pipeline.Pipeline.from_plan` refuses ranks whose
+        fingerprints differ. Make the plan once and :meth:`share` it, or load one plan file.
+        """
+        parts = [
+            f"{self.hint} {self.ranks} {self.chunks} {self.microbatches} {self.partition.cuts}",
+            *(f"{s.recompute} {s.offload}" for s in self.partition.stages),
+            self.graph.module.code,
+            *(f"{n}:{tuple(p.shape)}" for n, p in self.graph.module.named_parameters()),
+        ]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+    def share(self, src: int = 0) -> Plan:
+        """This plan as rank ``src`` holds it, on every rank (call on every rank of the process group)."""
+        import torch.distributed as dist
+
+        box: list[Any] = [self if dist.get_rank() == src else None]
+        dist.broadcast_object_list(box, src=src)
+        shared = box[0]
+        assert isinstance(shared, Plan)
+        return shared
+
     def to_json(self) -> dict[str, Any]:
         out = summary(self.partition)
         out["baselines"] = {name: summary(p) for name, p in self.baselines.items()}
@@ -68,7 +96,12 @@ class Plan:
         return out
 
     def build_stage(self, index: int) -> nn.Module:
-        """Stage ``index`` as a module applying the plan's recompute and offload choices."""
+        """Stage ``index`` as a module applying the plan's recompute and offload choices.
+
+        Its parameters are the plan's own (the captured copy of the model's), so stages of one
+        rank that share a tensor share it here too; two pipelines built from one plan object
+        train the same parameters: build the second from a copy (``copy.deepcopy(plan)``).
+        """
         if not 0 <= index < self.num_stages:
             raise IndexError(f"the plan has stages 0..{self.num_stages - 1}, got {index}")
         graph = self.graph

@@ -243,9 +243,23 @@ class Pipeline:
             options["memory_budget"] = room
         options["hint"] = hint
         options.setdefault("tied", [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)])
+        cls._same_plan(plan)
         pipe = cls({s: plan.build_stage(s) for s in mine}, loss_fn=loss_fn, microbatches=microbatches, **options)
         pipe.admission.strict = not from_budget
         return pipe
+
+    @staticmethod
+    def _same_plan(plan: Plan) -> None:
+        """Refuse to start when ranks hold different plans (each rank planning for itself)."""
+        mine = plan.fingerprint
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        others = [rank for rank, theirs in enumerate(gathered) if theirs != mine]
+        if others:
+            raise OptionMismatch(
+                f"rank {dist.get_rank()}: ranks {others} hold another plan than this rank's (fingerprint {mine}); "
+                "make the plan once and share it: plan.share(), or one plan file loaded on every rank"
+            )
 
     @classmethod
     def from_sequential(
