@@ -213,9 +213,9 @@ def test_memory_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["train", "--model", "gpt-mini", "--stages", "2", "--microbatches", "8", "--steps", "3"]
     assert main([*base, "--activation-budget", "1MiB"]) == 1
     err = capsys.readouterr().err
-    assert (
-        "rank 0: hintpipe.scoreboard.BudgetError: rank 0: memory budget 1MiB is below what the hint itself held" in err
-    )
+    # Both ranks hold more than 1 MiB; which one reports first (and the other forwards it) is timing.
+    assert "BudgetError: rank " in err
+    assert "memory budget 1MiB is below what the hint itself held" in err
     slow_last = ["--inject", "straggler:20:1"]  # the last stage 20x slower: gradients come late, whatever the load
     assert main([*base, "--activation-budget", "1GiB", "--policy", "greedy", "--json", *slow_last]) == 0
     out = json.loads(capsys.readouterr().out)
