@@ -22,6 +22,7 @@ from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import free_port, run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint_csv import save_hint_csv
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.variability import CommDelay, parse_variability
@@ -83,6 +84,15 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
         (["--seq-len-dist", "normal:3"], "bad sequence length distribution 'normal:3'"),
         (["--hint", "zbv", "--chunks", "3"], "zbv runs exactly two chunks per rank in V shape, got --chunks 3"),
         (["--layers", "1", "--model", "mlp"], "1 layers cannot fill 2 stages"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+        (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+        (["--microbatch-size", "0"], "--microbatch-size must be at least 1, got 0"),
+        (["--seq-len-dist", "fixed:0"], "bad sequence length distribution 'fixed:0': T '0' is not an integer >= 1"),
+        (["--seq-len-dist", "fixed:-3"], "bad sequence length distribution 'fixed:-3': T '-3' is not an integer"),
+        (["--chunks", "0"], "ranks, micro-batches and chunks must be at least 1, got 2, 4, 0"),
+        (["--inject", "crash:1:99"], "--inject names step 99, the run has steps 0..0: it would never fire"),
+        (["--trace", "/no/such/folder/t.json"], "--trace /no/such/folder/t.json: the folder /no/such/folder does not"),
+        (["--checkpoint-dir", "pyproject.toml"], "--checkpoint-dir pyproject.toml is a file, not a folder"),
     ],
 )
 def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
@@ -276,3 +286,26 @@ def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None
     path.write_bytes(b"not a plan")
     with pytest.raises(PlanFileError, match="cannot read plan file"):
         load_plan(path)
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_left(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["train", "--model", "mlp", "--stages", "2", "--microbatches", "2", "--steps", "2"]
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1"]
+    assert main([*argv, *ckpt, "--json"]) == 0
+    capsys.readouterr()
+    assert main([*argv, *ckpt, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: the checkpoint in {tmp_path / 'ckpt'} is at step 2, the run has --steps 2" in err
+    assert err.count("\n") == 1
+
+
+def test_train_takes_a_csv_hint_as_simulate_does(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "zb.csv"
+    save_hint_csv(generate_hint("zb-h1", 2, 4), path)
+    argv = ["train", "--model", "mlp", "--stages", "2", "--microbatches", "4", "--steps", "2", "--policy", "fixed"]
+    assert main([*argv, "--hint", str(path), "--json"]) == 0
+    from_csv = json.loads(capsys.readouterr().out)["losses"]
+    assert main([*argv, "--hint", "zb-h1", "--json"]) == 0
+    assert from_csv == json.loads(capsys.readouterr().out)["losses"]
+    assert main([*argv, "--hint", str(path), "--stages", "3"]) == 2
+    assert "has 2 ranks and 4 micro-batches, but --stages 3 --microbatches 4 were given" in capsys.readouterr().err

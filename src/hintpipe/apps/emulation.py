@@ -10,7 +10,6 @@ import torch
 
 from hintpipe.apps.models import SeqLenDist, build_layers, make_batch, split_layers
 from hintpipe.runtime.executor import EmulatedCosts
-from hintpipe.schedule.hint import HintName
 
 if TYPE_CHECKING:
     from hintpipe.apps.training import TrainConfig
@@ -24,7 +23,9 @@ def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
     equally between B and W.
     """
     torch.set_num_threads(1)
-    stages = config.ranks * (config.chunks or HintName.parse(config.hint).default_chunks)
+    from hintpipe.apps.training import resolve_hint
+
+    stages = resolve_hint(config).num_stages
     modules = split_layers(build_layers(config.model), stages)
     inputs, _, _ = make_batch(config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len.mean), 0, config.seed)
     forward, backward = [], []

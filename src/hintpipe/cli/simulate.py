@@ -11,6 +11,7 @@ from hintpipe.cli.common import (
     add_budget_arguments,
     add_hint_arguments,
     build_hint,
+    check_writable,
     parse_budgets,
     print_json,
     progress_bar,
@@ -55,6 +56,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for option in ("trace", "timeline"):
+        if getattr(args, option):
+            check_writable(getattr(args, option), f"--{option}")
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None

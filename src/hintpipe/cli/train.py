@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
-from hintpipe.cli.common import add_budget_arguments, print_json, stdout
+from hintpipe.cli.common import add_budget_arguments, build_hint, check_writable, print_json, stdout
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.runtime.injection import Injection
-from hintpipe.schedule.generators import generate_hint
-from hintpipe.schedule.hint import HintName
+from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.scoreboard import Policy
 from hintpipe.units import format_size, parse_sizes
 
@@ -59,7 +60,12 @@ def register(commands: Any) -> None:
     parser = commands.add_parser("train", help=HELP, description=HELP)
     parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (processes)")
     parser.add_argument("--microbatches", type=int, required=True, metavar="M")
-    parser.add_argument("--hint", default="1f1b", choices=[h.value for h in HintName])
+    parser.add_argument(
+        "--hint",
+        default="1f1b",
+        metavar="H",
+        help=f"{', '.join(h.value for h in HintName)}, or a CSV file as simulate takes (default: 1f1b)",
+    )
     parser.add_argument("--policy", default="ready", choices=[p.value for p in Policy])
     parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
     parser.add_argument("--steps", type=int, default=4, metavar="N")
@@ -94,8 +100,13 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             f"--stages, --microbatches and --steps must be at least 1, got {args.stages}, "
             f"{args.microbatches}, {args.steps}"
         )
-    hint = generate_hint(args.hint, args.stages, args.microbatches, args.chunks)
-    Injection.parse(args.inject).check(args.stages, hint.num_stages, args.microbatches)
+    _check_run_options(args)
+    hint = build_hint(args)
+    injection = Injection.parse(args.inject)
+    injection.check(args.stages, hint.num_stages, args.microbatches)
+    late = [step for _, step in (*injection.crash, *injection.hang)] + list(injection.nan_steps)
+    if late and max(late) >= args.steps:
+        raise ValueError(f"--inject names step {max(late)}, the run has steps 0..{args.steps - 1}: it would never fire")
     data = getattr(args, "data", "synthetic")
     vocab = 256 if data == "stdlib" else ModelConfig.vocab
     model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed, vocab=vocab)
@@ -106,7 +117,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if plan_path is not None:
         model = _planned_model(args, plan_path)
     elif model.name in PLANNED_MODELS:
-        planned = _plan_hf(args, model)
+        planned = _plan_hf(args, model, hint)
     else:
         split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
     config = TrainConfig(
@@ -145,7 +156,21 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     return config
 
 
-def _plan_hf(args: argparse.Namespace, model: ModelConfig) -> Plan:
+def _check_run_options(args: argparse.Namespace) -> None:
+    """Refuse bad values before any rank starts, each in one line naming the option."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.microbatch_size < 1:
+        raise ValueError(f"--microbatch-size must be at least 1, got {args.microbatch_size}")
+    for option in ("trace", "timeline"):
+        if getattr(args, option, None):
+            check_writable(getattr(args, option), f"--{option}")
+    directory = getattr(args, "checkpoint_dir", None)
+    if directory is not None and Path(directory).exists() and not Path(directory).is_dir():
+        raise ValueError(f"--checkpoint-dir {directory} is a file, not a folder")
+
+
+def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:
     """A Hugging Face model captured (torch.export) and cut into stages once, here, for every rank."""
     import torch
 
@@ -162,8 +187,7 @@ def _plan_hf(args: argparse.Namespace, model: ModelConfig) -> Plan:
         inputs[0],
         stages=args.stages,
         microbatches=args.microbatches,
-        hint=args.hint,
-        chunks=args.chunks or HintName.parse(args.hint).default_chunks,
+        hint=hint,
         repeats=1,
         kwargs=CALL_KWARGS,
     )
@@ -247,6 +271,11 @@ def run(args: argparse.Namespace) -> int:
     result = train(config)
     if result is None:  # a non-zero rank under torchrun: rank 0 reports
         return 0
+    if not result.reports:
+        raise ValueError(
+            f"--resume: the checkpoint in {config.checkpoint_dir} is at step {result.resumed_from}, the run has "
+            f"--steps {config.steps}: nothing left to train (raise --steps to go on)"
+        )
     if args.trace:
         write_chrome_trace(result.records(), args.trace, unit_us=1e6, label=f"{config.hint} / {config.policy}")
     if args.timeline:
