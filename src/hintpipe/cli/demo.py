@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def demo_arguments(steps: int) -> argparse.Namespace:
+def demo_arguments(steps: int, timeline: str = "demo-timeline.png") -> argparse.Namespace:
     return argparse.Namespace(
         model="gpt-mini",
         layers=4,
@@ -56,14 +56,14 @@ def demo_arguments(steps: int) -> argparse.Namespace:
         seed=0,
         timeout=120.0,
         check_grads=False,
-        timeline=True,
+        timeline=timeline,  # the timelines are kept, to draw
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train  # here, not above: ``hintpipe simulate`` runs without torch
 
-    base = demo_arguments(args.steps)
+    base = demo_arguments(args.steps, args.timeline)
     results: dict[str, TrainResult] = {}
     for policy in ("fixed", "ready"):
         if not args.json:
