@@ -224,68 +224,16 @@ class Simulator:
             budgets = self.budgets(slack)
         plans = self.plans(sample.latency) if policy is Policy.READY else None
         boards = self._scoreboards(policy, budgets, plans)
-        num_ranks = hint.num_ranks
-        cost = [sample.costs[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in range(num_ranks)]
-        delay = [sample.delays[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in range(num_ranks)]
-        # Where each remote notification lands: (rank, position there).
-        links: list[list[tuple[int, int] | None]] = [
-            [None if link is None else (link[0], boards[link[0]].index[link[1]]) for link in sb.remote] for sb in boards
-        ]
-        starts = [[math.nan] * len(tasks) for tasks in hint.ranks]
-        ends = [[math.nan] * len(tasks) for tasks in hint.ranks]
-        running = [False] * num_ranks
-        wake_pending = [math.inf] * num_ranks
-        # (time, rank, pos): pos >= 0 a task finishes, -1 a patience wake-up,
-        # -2 - p a message making position p ready.
-        events: list[tuple[float, int, int]] = []
-        push = heapq.heappush
-        pop = heapq.heappop
-        now = 0.0
-        dirty = set(range(num_ranks))
-        while True:
-            for r in dirty:
-                if running[r]:
-                    continue
-                sb = boards[r]
-                pos = sb.take(now)
-                if pos >= 0:
-                    running[r] = True
-                    starts[r][pos] = now
-                    push(events, (now + cost[r][pos], r, pos))
-                elif sb.wake_at < wake_pending[r]:
-                    wake_pending[r] = sb.wake_at
-                    push(events, (sb.wake_at, r, -1))
-            dirty.clear()
-            if not events:
-                break
-            now = events[0][0]
-            while events and events[0][0] <= now:
-                _, r, pos = pop(events)
-                dirty.add(r)
-                if pos >= 0:
-                    running[r] = False
-                    ends[r][pos] = now
-                    boards[r].finish(pos, now)
-                    link = links[r][pos]
-                    if link is not None:
-                        wait = delay[r][pos]
-                        if wait > 0.0:
-                            push(events, (now + wait, link[0], -2 - link[1]))
-                        else:
-                            boards[link[0]].satisfy(link[1])
-                            dirty.add(link[0])
-                elif pos == -1:
-                    if wake_pending[r] <= now:
-                        wake_pending[r] = math.inf
-                else:
-                    boards[r].satisfy(-2 - pos)
+        ranks = range(hint.num_ranks)
+        cost = [sample.costs[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]
+        delay = [sample.delays[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]
+        starts, ends, now = _drive(boards, cost, delay)
         if any(not sb.done for sb in boards):
             dump = "\n".join(sb.pending_report() for sb in boards)
             raise DeadlockError(
                 f"deadlock at t={now:g} in hint {hint.name!r} under policy {policy.value}: "
                 f"nothing is ready and nothing is running\n{dump}"
             )
-        sim_seconds = time.perf_counter() - began
         busy = tuple(sum(c) for c in cost)
         return SimResult(
             hint=hint,
@@ -297,5 +245,69 @@ class Simulator:
             budget=tuple(sb.budget for sb in boards),
             starts=tuple(tuple(s) for s in starts),
             ends=tuple(tuple(e) for e in ends),
-            sim_seconds=sim_seconds,
+            sim_seconds=time.perf_counter() - began,
         )
+
+
+def _drive(
+    boards: Sequence[Scoreboard], cost: Sequence[Sequence[float]], delay: Sequence[Sequence[float]]
+) -> tuple[list[list[float]], list[list[float]], float]:
+    """The event loop: every rank's scoreboard on one virtual clock until no event is left.
+
+    ``cost[r][pos]`` is how long rank ``r``'s task at hint position ``pos`` runs, ``delay[r][pos]``
+    how late the message it sends arrives. Returns each task's start and end (NaN if it never ran)
+    and the clock at the end. This is the simulator's hot path: one function, locals only.
+    """
+    num_ranks = len(boards)
+    # Where each remote notification lands: (rank, position there).
+    links: list[list[tuple[int, int] | None]] = [
+        [None if link is None else (link[0], boards[link[0]].index[link[1]]) for link in sb.remote] for sb in boards
+    ]
+    starts = [[math.nan] * len(c) for c in cost]
+    ends = [[math.nan] * len(c) for c in cost]
+    running = [False] * num_ranks
+    wake_pending = [math.inf] * num_ranks
+    # (time, rank, pos): pos >= 0 a task finishes, -1 a patience wake-up,
+    # -2 - p a message making position p ready.
+    events: list[tuple[float, int, int]] = []
+    push = heapq.heappush
+    pop = heapq.heappop
+    now = 0.0
+    dirty = set(range(num_ranks))
+    while True:
+        for r in dirty:
+            if running[r]:
+                continue
+            sb = boards[r]
+            pos = sb.take(now)
+            if pos >= 0:
+                running[r] = True
+                starts[r][pos] = now
+                push(events, (now + cost[r][pos], r, pos))
+            elif sb.wake_at < wake_pending[r]:
+                wake_pending[r] = sb.wake_at
+                push(events, (sb.wake_at, r, -1))
+        dirty.clear()
+        if not events:
+            return starts, ends, now
+        now = events[0][0]
+        while events and events[0][0] <= now:
+            _, r, pos = pop(events)
+            dirty.add(r)
+            if pos >= 0:
+                running[r] = False
+                ends[r][pos] = now
+                boards[r].finish(pos, now)
+                link = links[r][pos]
+                if link is not None:
+                    wait = delay[r][pos]
+                    if wait > 0.0:
+                        push(events, (now + wait, link[0], -2 - link[1]))
+                    else:
+                        boards[link[0]].satisfy(link[1])
+                        dirty.add(link[0])
+            elif pos == -1:
+                if wake_pending[r] <= now:
+                    wake_pending[r] = math.inf
+            else:
+                boards[r].satisfy(-2 - pos)
