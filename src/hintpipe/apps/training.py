@@ -26,7 +26,6 @@ from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_
 from hintpipe.apps.progress import progress_bar
 from hintpipe.observe.trace import Record
 from hintpipe.planner.plan import Plan
-from hintpipe.planner.plan_file import load_plan
 from hintpipe.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hintpipe.runtime.executor import EmulatedCosts
 from hintpipe.runtime.faults import inject
@@ -69,8 +68,7 @@ class TrainConfig:
     on_nonfinite: str = "raise"
     return_state: bool = False
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
-    plan_path: str | None = None  # train a saved plan's stages (hintpipe plan --save) instead of even layer cuts
-    plan: Plan | None = None  # or this plan's (a Hugging Face model, captured and planned by the caller)
+    plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
     data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
 
 
@@ -151,10 +149,9 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         options["memory_budget"] = config.memory_budget[rank]
     loss_fn = loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
-    if config.plan_path is not None or config.plan is not None:
-        planned = config.plan if config.plan is not None else load_plan(str(config.plan_path))[0]
+    if config.plan is not None:
         del options["hint"]  # the plan's own
-        pipe = Pipeline.from_plan(planned, loss_fn=loss_fn, microbatches=config.microbatches, **options)
+        pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     else:
         modules = split_layers(build_layers(config.model), hint.num_stages)
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)

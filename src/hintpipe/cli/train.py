@@ -115,7 +115,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     plan_path = getattr(args, "plan", None)
     planned = None
     if plan_path is not None:
-        model = _planned_model(args, plan_path)
+        model, planned = _planned_model(args, plan_path)
     elif model.name in PLANNED_MODELS:
         planned = _plan_hf(args, model, hint)
     else:
@@ -143,7 +143,6 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         resume=getattr(args, "resume", False),
         on_nonfinite=getattr(args, "on_nonfinite", "raise"),
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
-        plan_path=plan_path,
         plan=planned,
         data=data,
     )
@@ -193,8 +192,11 @@ def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:
     )
 
 
-def _planned_model(args: argparse.Namespace, path: str) -> ModelConfig:
-    """The model a plan file was made for, after checking the file against the other options."""
+def _planned_model(args: argparse.Namespace, path: str) -> tuple[ModelConfig, Plan]:
+    """A plan file's plan and the model it was made for, after checking them against the other options.
+
+    The plan travels to every rank inside the run's config (each rank unpickles its own copy), so the
+    file is read once, here."""
     from hintpipe.planner.plan_file import check_plan, load_plan
 
     planned, meta = load_plan(path)
@@ -208,7 +210,7 @@ def _planned_model(args: argparse.Namespace, path: str) -> ModelConfig:
     config = ModelConfig(**meta["config"])
     if config.name != args.model:
         raise ValueError(f"{path} is planned for model {config.name!r}, this run asks for {args.model!r}")
-    return config  # its sizes and weights are the plan's
+    return config, planned  # its sizes and weights are the plan's
 
 
 def _budget(text: str | None, ranks: int) -> tuple[float, ...] | None:

@@ -136,7 +136,8 @@ _NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
     """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
-    no input guards, one output value (the first, and only, tensor of what the model returns)."""
+    no input guards. What the model returns comes out flat: one tensor as itself (a Hugging Face model's
+    logits, with ``use_cache=False``), several as a tuple, never silently dropped."""
     from torch.export import Dim
 
     def free(value: Any) -> Any:
@@ -168,8 +169,8 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     graph._tracer_extras = {}
     output = next(n for n in graph.nodes if n.op == "output")
     flat = output.args[0]
-    if isinstance(flat, (tuple, list)) and len(flat) >= 1:
-        output.args = (flat[0],)
+    if isinstance(flat, (tuple, list)):
+        output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
     graph.lint()
     return fx.GraphModule(module, graph)
 
@@ -192,6 +193,14 @@ def _with_aliases(graph: CapturedGraph, root: nn.Module) -> CapturedGraph:
         name: tuple(sorted(names.get(id(param), [name]))) for name, param in graph.module.named_parameters()
     }
     return graph
+
+
+def attribute(root: nn.Module, target: str) -> Any:
+    """What a ``get_attr`` node (or a ``call_module`` target) names: ``root`` followed along the dotted path."""
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _is_split_point(node: fx.Node) -> bool:

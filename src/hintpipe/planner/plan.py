@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
-from hintpipe.planner.capture import CapturedGraph, allowed_cuts, capture, value_uses
+from hintpipe.planner.capture import CapturedGraph, allowed_cuts, attribute, capture, value_uses
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.partition import Partition, describe, max_microbatch_size, summary
@@ -162,12 +162,8 @@ def _parameters_used(root: nn.Module, node: Any) -> list[nn.Parameter]:
     if node.op == "call_module":
         found += list(root.get_submodule(str(node.target)).parameters())
     for arg in node.all_input_nodes:
-        if arg.op == "get_attr":
-            value = root
-            for part in str(arg.target).split("."):
-                value = getattr(value, part)
-            if isinstance(value, nn.Parameter):
-                found.append(value)
+        if arg.op == "get_attr" and isinstance(value := attribute(root, str(arg.target)), nn.Parameter):
+            found.append(value)
     return found
 
 

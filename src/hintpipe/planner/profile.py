@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from hintpipe.planner.capture import CapturedGraph
+from hintpipe.planner.capture import CapturedGraph, attribute
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 
@@ -53,10 +53,7 @@ def run_node(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> An
     if node.op == "call_method":
         return getattr(args[0], str(node.target))(*args[1:], **kwargs)
     if node.op == "get_attr":
-        value = root
-        for part in str(node.target).split("."):
-            value = getattr(value, part)
-        return value
+        return attribute(root, str(node.target))
     raise ValueError(f"cannot run node {node.name} ({node.op})")
 
 

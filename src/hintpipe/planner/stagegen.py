@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
-from hintpipe.planner.capture import CapturedGraph
+from hintpipe.planner.capture import CapturedGraph, attribute
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:
@@ -153,7 +153,7 @@ class _Copy:
         attributes: dict[str, Any] = dict(self.owned)
         for node in self.new.nodes:
             if node.op in ("get_attr", "call_module") and str(node.target) not in attributes:
-                attributes[str(node.target)] = _lookup(root, str(node.target))
+                attributes[str(node.target)] = attribute(root, str(node.target))
         module = fx.GraphModule(attributes, self.new)
         if self.owned:
             # Register the original modules and parameters under their own names
@@ -163,16 +163,9 @@ class _Copy:
             targets += [str(a.target) for n in node_list for a in n.all_input_nodes if a.op == "get_attr"]
             held = {name: module._modules.pop(name) for name in self.owned}
             for target in dict.fromkeys(targets):
-                _place(module, target, _lookup(root, target))
+                _place(module, target, attribute(root, target))
             module._modules.update(held)
         return module
-
-
-def _lookup(root: torch.nn.Module, target: str) -> Any:
-    value: Any = root
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _place(module: torch.nn.Module, target: str, value: Any) -> None:

@@ -143,7 +143,8 @@ def gather_report(
             dist.gather_object(sent, gathered, dst=0, group=group)
         except RuntimeError as exc:
             raise WatchdogTimeout(f"rank {rank}: the report of step {step} could not reach rank 0: {exc}") from None
-    summaries: list[RankSummary] = gathered if gathered is not None else [mine]
+    # This rank's own summary keeps its records, whether or not they travelled.
+    summaries = [mine] if gathered is None else [mine if s.rank == rank else s for s in gathered]
     bound = math.nan
     if gathered is not None:
         bound = lower_bound(hint, Sample(durations_array(hint, summaries), np.zeros(1), 0.0))
@@ -152,7 +153,7 @@ def gather_report(
     records = [
         (r, task, start + s.started - origin, end + s.started - origin)
         for s in summaries
-        for r, task, start, end in (s.records or (mine.records if s.rank == rank else ()))
+        for r, task, start, end in s.records
     ]
     return StepReport(
         step=step,

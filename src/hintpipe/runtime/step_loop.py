@@ -42,6 +42,15 @@ class StepState:
     peak_bytes: int = 0
     started: float = 0.0  # wall clock (time.time) at the loop's start: the ranks' common clock
 
+    def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]) -> Task:
+        """Keep what arrived for ``stage`` (from a neighbour, or this rank's previous stage); returns the
+        task it is an input of. Activations become leaf inputs; gradients are kept as they are."""
+        if kind is MessageKind.ACTIVATION:
+            self.activations[(stage, mb)] = [as_input(t) for t in tensors if t is not None]
+            return Task(stage, Kind.F, mb)
+        self.gradients[(stage, mb)] = list(tensors)
+        return Task(stage, Kind.B, mb)
+
 
 class StepLoop:
     """Runs one step of one rank to completion.
@@ -133,12 +142,7 @@ class StepLoop:
             return
         if msg.step < state.step:
             raise RuntimeError(f"rank {self.rank}: message for old step {msg.step} in step {state.step}")
-        if msg.kind is MessageKind.ACTIVATION:
-            state.activations[(msg.stage, msg.mb)] = [as_input(t) for t in msg.tensors if t is not None]
-            self.board.deliver(Task(msg.stage, Kind.F, msg.mb))
-        else:
-            state.gradients[(msg.stage, msg.mb)] = msg.tensors
-            self.board.deliver(Task(msg.stage, Kind.B, msg.mb))
+        self.board.deliver(state.receive(msg.kind, msg.stage, msg.mb, msg.tensors))
 
     def _run(self, task: Task, state: StepState) -> None:
         """Compute ``task`` and pass its result on (to this rank's next stage, or a neighbour)."""
@@ -182,8 +186,5 @@ class StepLoop:
         owner = self.hint.placement.stage_rank[stage]
         if owner != self.rank:
             self.transport.send(owner, kind, state.step, stage, mb, tensors)
-            return
-        if kind is MessageKind.ACTIVATION:
-            state.activations[(stage, mb)] = [as_input(t) for t in tensors if t is not None]
-        else:
-            state.gradients[(stage, mb)] = list(tensors)
+        else:  # the scoreboard already counted the local dependency when the task finished
+            state.receive(kind, stage, mb, tensors)
