@@ -89,7 +89,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
     [
         (
             "crash:1:3",
-            ["rank 1: exited without a result", "rank 0: hintpipe.runtime.errors.PeerFailure: rank 0: rank 1 failed"],
+            ["rank 1: exited without a result", "rank 0: PeerFailure: rank 0: rank 1 failed"],
         ),
         (
             "hang:1:2",
@@ -103,7 +103,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
             "nan:2",
             [
                 "NonFiniteLoss: rank 1: the loss of micro-batch 0 in step 2 is nan",
-                "rank 0: hintpipe.runtime.errors.PeerFailure: rank 0: rank 1 failed in step 2",
+                "rank 0: PeerFailure: rank 0: rank 1 failed in step 2",
             ],
         ),
     ],

@@ -26,12 +26,13 @@ from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_
 from hintpipe.apps.progress import progress_bar
 from hintpipe.observe.trace import Record
 from hintpipe.planner.plan import Plan
-from hintpipe.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hintpipe.runtime.checkpoint import Checkpointer
 from hintpipe.runtime.executor import EmulatedCosts
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.launch import attempt, run_ranks
 from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, PipelineOptions, StepReport
+from hintpipe.runtime.stopping import StopRequest
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.hint_csv import load_hint_csv
@@ -64,6 +65,7 @@ class TrainConfig:
     progress: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    checkpoint_keep: int = 2  # verified checkpoints kept (one more while the newest is unproven)
     resume: bool = False
     on_nonfinite: str = "raise"
     return_state: bool = False
@@ -85,6 +87,9 @@ class TrainResult:
     resumed_from: int = 0
     skipped_steps: tuple[int, ...] = ()
     state: dict[str, torch.Tensor] | None = None
+    stopped_by: str = ""  # the signal that stopped the run early ("SIGTERM"), if any
+    checkpoint: str | None = None  # the last checkpoint this run saved
+    notes: tuple[str, ...] = ()  # damaged checkpoints skipped when resuming, one line each
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
@@ -175,34 +180,23 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
+    checkpoints = _checkpointer(config, pipe, optimizer)
     first = 0
-    if config.resume and config.checkpoint_dir is not None:
-        found = latest_checkpoint(config.checkpoint_dir)
-        if found is not None:
-            first = load_checkpoint(found, mine, optimizer)
-            pipe.step_count = first
+    if checkpoints is not None and config.resume:
+        first = pipe.step_count = checkpoints.resume()
     run = _Run()
     bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
     try:
-        for step in range(first, config.steps):
-            inputs, targets, counts = step_batch(config, step)
-            loss = pipe.step(inputs, targets, broadcast_loss=True)
-            assert loss is not None
-            run.reports.append(pipe.reports[-1])
-            run.losses.append(float(loss))
-            mlp = config.model.name == "mlp"
-            run.tokens.append(config.microbatches * config.microbatch_size if mlp else sum(counts))
-            if step == 0 and config.check_grads and modules is not None:
-                run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
-            if optimizer is not None and math.isfinite(float(loss)):
-                optimizer.step()
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            done = step + 1
-            if config.checkpoint_dir is not None and config.checkpoint_every and done % config.checkpoint_every == 0:
-                save_checkpoint(config.checkpoint_dir, mine, optimizer, done)
-            if bar is not None:
-                bar.advance(bar.task_ids[0])
+        with StopRequest() as stop:
+            for step in range(first, config.steps):
+                _step(config, pipe, modules, reference, optimizer, step, run)
+                stopping = stop.agreed()
+                if checkpoints is not None:
+                    checkpoints.after_step(step + 1, stopping=stopping)
+                if bar is not None:
+                    bar.advance(bar.task_ids[0])
+                if stopping:
+                    break
     finally:
         if bar is not None:
             bar.stop()
@@ -220,7 +214,52 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         resumed_from=first,
         skipped_steps=tuple(pipe.nonfinite_steps),
         state=state,
+        stopped_by=stop.name,
+        checkpoint=None if checkpoints is None or checkpoints.last is None else str(checkpoints.last),
+        notes=() if checkpoints is None else tuple(checkpoints.skipped),
     )
+
+
+def _checkpointer(config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Optimizer | None) -> Checkpointer | None:
+    if config.checkpoint_dir is None:
+        return None
+    checkpoints = Checkpointer(
+        config.checkpoint_dir,
+        pipe.modules,
+        optimizer,
+        every=config.checkpoint_every,
+        keep=config.checkpoint_keep,
+        hint=pipe.hint.name,
+    )
+    if attempt() == 0:  # injected faults fire in the first attempt only
+        failures = Injection.parse(list(config.inject)).save_failures
+        checkpoints.fail_at = {step + 1 for rank, step in failures if rank == pipe.rank}
+    return checkpoints
+
+
+def _step(
+    config: TrainConfig,
+    pipe: Pipeline,
+    modules: list[torch.nn.Module] | None,
+    reference: list[torch.nn.Module] | None,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    run: _Run,
+) -> None:
+    """One training step: forward and backward through the pipeline, then the optimizer."""
+    inputs, targets, counts = step_batch(config, step)
+    loss = pipe.step(inputs, targets, broadcast_loss=True)
+    assert loss is not None
+    run.reports.append(pipe.reports[-1])
+    run.losses.append(float(loss))
+    mlp = config.model.name == "mlp"
+    run.tokens.append(config.microbatches * config.microbatch_size if mlp else sum(counts))
+    if step == 0 and config.check_grads and modules is not None:
+        run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
+    if optimizer is not None and math.isfinite(float(loss)):
+        optimizer.step()
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
 
 
 def resolve_hint(config: TrainConfig) -> Hint:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from hintpipe.cli import demo, plan, simulate, train
-from hintpipe.runtime.errors import RankFailure
+from hintpipe.runtime.errors import Interrupted, RankFailure
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,8 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"hintpipe {args.command}: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except RankFailure as exc:
-        print(f"hintpipe {args.command}: failed:\n{exc}", file=sys.stderr)
+        text = str(exc)
+        print(f"hintpipe {args.command}: failed:{' ' if chr(10) not in text else chr(10)}{text}", file=sys.stderr)
         return 1
     return code
 

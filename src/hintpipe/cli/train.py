@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,14 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (torch.distributed.checkpoint)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save after every K steps")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument(
+        "--checkpoint-keep", type=int, default=2, metavar="K", help="verified checkpoints kept (default 2)"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --checkpoint-dir that verifies (damaged ones are skipped)",
+    )
     parser.add_argument(
         "--on-nonfinite",
         default="raise",
@@ -104,7 +112,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     hint = build_hint(args)
     injection = Injection.parse(args.inject)
     injection.check(args.stages, hint.num_stages, args.microbatches)
-    late = [step for _, step in (*injection.crash, *injection.hang)] + list(injection.nan_steps)
+    late = [step for _, step in (*injection.crash, *injection.hang, *injection.save_failures)]
+    late += list(injection.nan_steps)
     if late and max(late) >= args.steps:
         raise ValueError(f"--inject names step {max(late)}, the run has steps 0..{args.steps - 1}: it would never fire")
     data = getattr(args, "data", "synthetic")
@@ -140,6 +149,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         progress=not getattr(args, "json", False),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
         checkpoint_every=getattr(args, "checkpoint_every", 0),
+        checkpoint_keep=getattr(args, "checkpoint_keep", 2),
         resume=getattr(args, "resume", False),
         on_nonfinite=getattr(args, "on_nonfinite", "raise"),
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
@@ -150,6 +160,10 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         raise ValueError("--resume needs --checkpoint-dir")
     if config.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0, got {config.checkpoint_every}")
+    if config.checkpoint_keep < 1:
+        raise ValueError(f"--checkpoint-keep must be at least 1, got {config.checkpoint_keep}")
+    if injection.save_failures and not (config.checkpoint_dir and config.checkpoint_every):
+        raise ValueError("--inject savefail needs --checkpoint-dir and --checkpoint-every")
     if args.emulate:
         config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
     return config
@@ -266,6 +280,21 @@ def step_table(result: TrainResult) -> Table:
     return table
 
 
+def _stopped(result: TrainResult) -> int:
+    """A run stopped by a signal: say what was saved, in one line; the exit status says which signal."""
+    import signal
+
+    config = result.config
+    last = result.resumed_from + len(result.reports)
+    if result.checkpoint is not None:
+        saved = f"checkpoint {result.checkpoint} saved; --resume continues from step {last}"
+    else:
+        saved = "nothing saved (no --checkpoint-dir)"
+    stopped = f"stopped by {result.stopped_by} after step {last} of {config.steps}"
+    print(f"hintpipe train: {stopped}: {saved}", file=sys.stderr)
+    return 128 + int(signal.Signals[result.stopped_by])
+
+
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
 
@@ -273,6 +302,10 @@ def run(args: argparse.Namespace) -> int:
     result = train(config)
     if result is None:  # a non-zero rank under torchrun: rank 0 reports
         return 0
+    for note in result.notes:
+        print(f"hintpipe train: {note}", file=sys.stderr)
+    if result.stopped_by:
+        return _stopped(result)
     if not result.reports:
         raise ValueError(
             f"--resume: the checkpoint in {config.checkpoint_dir} is at step {result.resumed_from}, the run has "

@@ -1,4 +1,4 @@
-"""Checkpoints: each rank saves its own stages, written atomically.
+"""Checkpoints: each rank saves its own stages; a checkpoint is verified before it is trusted.
 
 torch.distributed.checkpoint (DCP) writes every rank's share in parallel. The
 state of a rank is its stages' parameters (named ``<stage>.<parameter>``, so
@@ -7,18 +7,33 @@ keys never collide between ranks) and, under ``rank<r>``, its optimizer state
 parameter), the step counter and its RNG state.
 
 [Note: atomic checkpoints]
-A checkpoint is written into ``step-<n>.tmp`` and renamed to ``step-<n>`` by
-rank 0 only after every rank finished writing (a barrier); then ``latest`` is
-replaced atomically (``os.replace`` of a file written beside it). A crash at
-any point leaves ``latest`` naming the previous complete checkpoint, and a
-``.tmp`` folder that the next save cleans up. Older checkpoints beyond
-``keep`` are removed after the new one is in place.
+A save checks that every parameter and optimizer tensor is finite (a NaN saved
+is a run lost), writes into ``step-<n>.tmp``, syncs every file, and lets rank 0
+write ``manifest.json`` last (the run's identity and each file's digest, see
+:mod:`hintpipe.runtime.manifest`) and rename the folder to ``step-<n>``; then
+``latest`` is replaced atomically. A crash at any point leaves the previous
+checkpoints as they were and a ``.tmp`` folder that the next save removes.
+Each phase ends with every rank learning every other rank's outcome
+(:func:`hintpipe.runtime.collective.together`), so a rank whose disk is full
+stops the others at once instead of leaving them in a barrier.
+
+[Note: which checkpoint a resume uses]
+The newest folder whose manifest verifies (every file present, of its size and
+digest). A damaged one is skipped, saying so, and the next older one is tried;
+``latest`` is only a pointer for people and tools. A checkpoint of *another*
+run (other tensors, stage count or placement) is refused, never skipped.
+Pruning (:func:`prune_checkpoints`) deletes old checkpoints only after the
+newest has been verified again and a step after it has completed.
 """
 
 from __future__ import annotations
 
-import os
+import errno
+import logging
 import shutil
+import tempfile
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +45,43 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from hintpipe.runtime.collective import together
+from hintpipe.runtime.manifest import (
+    CheckpointError,
+    DamagedCheckpoint,
+    Manifest,
+    RunIdentity,
+    digests,
+    step_folders,
+    sync_file,
+    sync_folder,
+    write_synced,
+)
+
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "DamagedCheckpoint",
+    "find_checkpoint",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_merged",
+    "prune_checkpoints",
+    "resume",
+    "run_identity",
+    "save_checkpoint",
+]
+
 LATEST = "latest"
+log = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read or does not match the run."""
-
-
-def _container(modules: dict[int, nn.Module]) -> nn.ModuleDict:
+def _container(modules: Mapping[int, nn.Module]) -> nn.ModuleDict:
     return nn.ModuleDict({str(stage): module for stage, module in modules.items()})
 
 
 def _state(
-    modules: dict[int, nn.Module], optimizer: torch.optim.Optimizer | None, step: int, rank: int
+    modules: Mapping[int, nn.Module], optimizer: torch.optim.Optimizer | None, step: int, rank: int
 ) -> dict[str, Any]:
     container = _container(modules)
     if optimizer is not None:
@@ -58,74 +97,200 @@ def _state(
     }
 
 
+def _versions() -> dict[str, str]:
+    try:
+        own = version("hintpipe")
+    except PackageNotFoundError:  # running from a source tree
+        own = "unknown"
+    return {"hintpipe": own, "torch": torch.__version__}
+
+
+def run_identity(
+    modules: Mapping[int, nn.Module], *, hint: str = "", group: dist.ProcessGroup | None = None
+) -> RunIdentity:
+    """What this run's checkpoints belong to (call on every rank): every rank's stage tensors and placement."""
+    own = {f"{s}.{n}": list(t.shape) for s, m in modules.items() for n, t in m.state_dict().items()}
+    stages = sorted(modules)
+    shares = together(lambda: (own, stages), "comparing the ranks' stages", group=group, error=CheckpointError)
+    stage_rank: dict[int, int] = {s: rank for rank, (_, held) in enumerate(shares) for s in held}
+    placement = [stage_rank.get(s, -1) for s in range(max(stage_rank, default=-1) + 1)]
+    tensors = {name: shape for share, _ in shares for name, shape in share.items()}
+    return RunIdentity(tensors=tensors, stage_ranks=placement, hint=hint, versions=_versions())
+
+
+def _first_nonfinite(modules: Mapping[int, nn.Module], optimizer: torch.optim.Optimizer | None) -> str | None:
+    for stage, module in modules.items():
+        for name, tensor in module.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                return f"parameter {stage}.{name}"
+    if optimizer is not None:
+        names = {id(p): f"{s}.{n}" for s, m in modules.items() for n, p in m.named_parameters()}
+        for param, slots in optimizer.state.items():
+            for slot, value in slots.items():
+                finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(value).all())
+                if not finite:
+                    return f"optimizer state {slot!r} of {names.get(id(param), 'a parameter')}"
+    return None
+
+
 def save_checkpoint(
     directory: str | Path,
-    modules: dict[int, nn.Module],
+    modules: Mapping[int, nn.Module],
     optimizer: torch.optim.Optimizer | None,
     step: int,
     *,
+    hint: str = "",
     group: dist.ProcessGroup | None = None,
-    keep: int = 2,
+    fail: bool = False,
 ) -> Path:
-    """Save this rank's share of step ``step`` (call on every rank); returns the checkpoint folder."""
+    """Save this rank's share of step ``step`` (call on every rank); returns the checkpoint folder.
+
+    ``fail`` makes this rank's write fail as a full disk would (for fault tests).
+    Old checkpoints are not removed here: see :func:`prune_checkpoints`.
+
+    Raises:
+        CheckpointError: on every rank, one line naming the rank that failed and why.
+    """
     root = Path(directory)
     rank = dist.get_rank(group)
     final = root / f"step-{step:08d}"
     tmp = root / f"step-{step:08d}.tmp"
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    dist.barrier(group=group)
-    dcp_save(_state(modules, optimizer, step, rank), checkpoint_id=str(tmp), process_group=group)
-    dist.barrier(group=group)
-    if rank == 0:
+    what = f"saving checkpoint step {step} in {root}"
+    identity = run_identity(modules, hint=hint, group=group)
+
+    def prepare() -> None:
+        bad = _first_nonfinite(modules, optimizer)
+        if bad is not None:
+            raise CheckpointError(f"{bad} is not finite; nothing was saved, the earlier checkpoints are kept")
+        if fail:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob("step-*.tmp"):
+                shutil.rmtree(stale)
+
+    together(prepare, what, group=group, error=CheckpointError)
+    state = _state(modules, optimizer, step, rank)
+    together(
+        lambda: dcp_save(state, checkpoint_id=str(tmp), process_group=group), what, group=group, error=CheckpointError
+    )
+
+    def own_files() -> dict[str, tuple[int, str]]:
+        # Each rank vouches for the files it wrote (``__<rank>_<i>.distcp``); rank 0 also for the rest.
+        mine = [p for p in tmp.iterdir() if p.name.startswith(f"__{rank}_")]
+        if rank == 0:
+            mine += [p for p in tmp.iterdir() if p.is_file() and not p.name.startswith("__")]
+        for path in mine:
+            sync_file(path)
+        return digests(mine, tmp)
+
+    files = {k: v for share in together(own_files, what, group=group, error=CheckpointError) for k, v in share.items()}
+
+    def finish() -> None:
+        if rank != 0:
+            return
+        Manifest(step, identity, files).write(tmp)
         if final.exists():
             shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = root / (LATEST + ".tmp")
-        pointer.write_text(final.name)
-        os.replace(pointer, root / LATEST)
-        for old in sorted(p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp")[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in root.glob("step-*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
-    dist.barrier(group=group)
+        tmp.replace(final)
+        sync_folder(root)
+        write_synced(root / LATEST, final.name)
+
+    together(finish, what, group=group, error=CheckpointError)
     return final
 
 
+def prune_checkpoints(directory: str | Path, keep: int = 2) -> list[Path]:
+    """Keep the ``keep`` newest checkpoints that verify; remove older ones and damaged ones older than the
+    newest that verifies. Returns what was removed.
+
+    Call on rank 0, after a step completed past the newest checkpoint. Nothing
+    is removed while the newest checkpoint is damaged: the older ones are then
+    all there is.
+    """
+    folders = step_folders(Path(directory))
+    kept: list[Path] = []
+    removed: list[Path] = []
+    for folder in folders:
+        if len(kept) >= max(keep, 1):
+            removed.append(folder)
+            continue
+        try:
+            Manifest.read(folder).verify(folder)
+        except DamagedCheckpoint as exc:
+            if not kept:
+                log.warning("keeping every older checkpoint: %s", exc)
+                return []
+            removed.append(folder)
+            continue
+        kept.append(folder)
+    for old in removed:
+        shutil.rmtree(old, ignore_errors=True)
+    return removed
+
+
+def find_checkpoint(directory: str | Path, identity: RunIdentity | None = None) -> tuple[Path | None, list[str]]:
+    """The newest verified checkpoint in ``directory`` (None if there is none) and what was skipped on the
+    way, one line each.
+
+    Raises:
+        CheckpointError: the newest verified checkpoint belongs to another run, or checkpoints exist and
+            none of them verifies.
+    """
+    root = Path(directory)
+    skipped: list[str] = []
+    for folder in step_folders(root):
+        try:
+            manifest = Manifest.read(folder)
+            manifest.verify(folder)
+        except DamagedCheckpoint as exc:
+            skipped.append(str(exc))
+            continue
+        changes = [] if identity is None else identity.differences(manifest.identity)
+        if changes:
+            raise CheckpointError(
+                f"{folder} was written for another run ({'; '.join(changes)}); resume with the model, stages "
+                f"and ranks it was written for, or start fresh in another checkpoint folder ({root} is left as it is)"
+            )
+        if skipped:
+            skipped[-1] += f"; resuming from {folder.name}"
+        return folder, skipped
+    if skipped:
+        raise CheckpointError(
+            f"no usable checkpoint in {root} ({'; '.join(skipped)}); start fresh without resuming, or in another "
+            "checkpoint folder"
+        )
+    return None, skipped
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest complete checkpoint in ``directory``, or None."""
-    pointer = Path(directory) / LATEST
-    if not pointer.exists():
+    """The newest checkpoint in ``directory`` that verifies, or None (a damaged one is skipped)."""
+    try:
+        return find_checkpoint(directory)[0]
+    except CheckpointError:
         return None
-    path = Path(directory) / pointer.read_text().strip()
-    if not path.is_dir():
-        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
-    return path
 
 
 def load_checkpoint(
     path: str | Path,
-    modules: dict[int, nn.Module],
+    modules: Mapping[int, nn.Module],
     optimizer: torch.optim.Optimizer | None,
     *,
     group: dist.ProcessGroup | None = None,
 ) -> int:
-    """Restore this rank's share (call on every rank); returns the step the checkpoint ended.
+    """Restore this rank's share of a checkpoint (call on every rank); returns the step it ended.
 
     Raises:
-        CheckpointError: if the checkpoint does not hold this rank's stages.
+        CheckpointError: on every rank, if any rank cannot load its share.
     """
     rank = dist.get_rank(group)
     state = _state(modules, optimizer, 0, rank)
-    try:
-        dcp_load(state, checkpoint_id=str(path), process_group=group)
-    except Exception as exc:
-        raise CheckpointError(
-            f"rank {rank}: cannot load {path} for stages {sorted(modules)}: {exc}; resume with the same "
-            "model, stage count and hint the checkpoint was written with"
-        ) from exc
+    together(
+        lambda: dcp_load(state, checkpoint_id=str(path), process_group=group),
+        f"loading {path} (stages {sorted(modules)} on rank {rank})",
+        group=group,
+        error=CheckpointError,
+    )
     container = _container(modules)
     own = state[f"rank{rank}"]
     if optimizer is not None:
@@ -136,14 +301,112 @@ def load_checkpoint(
     return int(own["step"])
 
 
+def resume(
+    directory: str | Path,
+    modules: Mapping[int, nn.Module],
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    hint: str = "",
+    group: dist.ProcessGroup | None = None,
+) -> tuple[int, list[str]]:
+    """Load the newest verified checkpoint of this run (call on every rank).
+
+    Returns the step to continue from (0 when there is no checkpoint) and the
+    damaged checkpoints skipped on the way, one line each. Rank 0 reads the
+    folder and every rank loads what it chose.
+
+    Raises:
+        CheckpointError: on every rank, when the checkpoint belongs to another run or none is usable.
+    """
+    identity = run_identity(modules, hint=hint, group=group)
+    rank = dist.get_rank(group)
+    chosen = together(
+        lambda: find_checkpoint(directory, identity) if rank == 0 else None,
+        f"resuming from {directory}",
+        group=group,
+        error=CheckpointError,
+    )[0]
+    assert chosen is not None
+    folder, skipped = chosen
+    if folder is None:
+        return 0, skipped
+    step = load_checkpoint(folder, modules, optimizer, group=group)
+    return step, skipped
+
+
 def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
     """All stages' parameters as one state dict, in one process (for evaluation):
-    keys are ``<stage>.<parameter>``."""
-    target = Path(path) / "merged.pt.tmp"
-    dcp_to_torch_save(str(path), str(target))
-    try:
+    keys are ``<stage>.<parameter>``.
+
+    Raises:
+        DamagedCheckpoint: if the checkpoint does not verify.
+    """
+    folder = Path(path)
+    Manifest.read(folder).verify(folder)
+    with tempfile.TemporaryDirectory(prefix="hintpipe-merge-") as scratch:
+        target = Path(scratch) / "merged.pt"
+        dcp_to_torch_save(str(folder), str(target))
         state = torch.load(target, weights_only=False)
-    finally:
-        target.unlink(missing_ok=True)
     model = state["model"]
     return {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
+
+
+class Checkpointer:
+    """A training loop's checkpoints: resume once, then :meth:`after_step` after every step (every rank).
+
+    It saves every ``every`` steps and when the loop is stopping, and prunes to
+    ``keep`` verified checkpoints one step after a save (so the newest has been
+    verified and a step after it completed before anything older goes).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        modules: Mapping[int, nn.Module],
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        every: int = 0,
+        keep: int = 2,
+        hint: str = "",
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if every < 0 or keep < 1:
+            raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")
+        self.directory = Path(directory)
+        self.modules = modules
+        self.optimizer = optimizer
+        self.every = every
+        self.keep = keep
+        self.hint = hint
+        self.group = group
+        #: Damaged checkpoints the resume skipped, one line each.
+        self.skipped: list[str] = []
+        #: The last checkpoint this run saved.
+        self.last: Path | None = None
+        #: Steps (counted from 1) whose save fails on this rank (fault tests).
+        self.fail_at: set[int] = set()
+        self._prune_due = False
+
+    def resume(self) -> int:
+        """Load the newest verified checkpoint; returns the step to continue from (0 if there is none)."""
+        step, self.skipped = resume(self.directory, self.modules, self.optimizer, hint=self.hint, group=self.group)
+        return step
+
+    def after_step(self, done: int, *, stopping: bool = False) -> Path | None:
+        """Call when step ``done - 1`` has completed (``done`` steps done); returns the checkpoint it saved."""
+        if self._prune_due and dist.get_rank(self.group) == 0:
+            prune_checkpoints(self.directory, self.keep)
+        self._prune_due = False
+        if not (stopping or (self.every and done % self.every == 0)):
+            return None
+        self.last = save_checkpoint(
+            self.directory,
+            self.modules,
+            self.optimizer,
+            done,
+            hint=self.hint,
+            group=self.group,
+            fail=done in self.fail_at,
+        )
+        self._prune_due = True
+        return self.last

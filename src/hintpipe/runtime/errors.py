@@ -30,3 +30,19 @@ class PeerFailure(RuntimeError):
 
 class RankFailure(RuntimeError):
     """One or more ranks ended with an error; the message has each rank's error."""
+
+
+class Interrupted(RankFailure):
+    """The ranks were killed by a signal (a second Ctrl-C, or a stop that took too long)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written, read, or does not match the run (one line)."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose files are missing, incomplete or altered."""

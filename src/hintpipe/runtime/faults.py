@@ -27,6 +27,7 @@ import torch
 
 from hintpipe.runtime.executor import EmulatedExecutor, Executor, Tensors
 from hintpipe.runtime.injection import CostFactors, Injection
+from hintpipe.runtime.launch import attempt
 from hintpipe.runtime.transport import Transport
 from hintpipe.runtime.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind
@@ -95,6 +96,7 @@ class FaultyExecutor(StepAware):
         self.injection = injection
         self.rank = rank
         self._tasks = 0
+        self._first_attempt = attempt() == 0  # a restarted job runs past its injected crash
 
     @property
     def live_bytes(self) -> int:
@@ -106,7 +108,7 @@ class FaultyExecutor(StepAware):
 
     def _maybe_fail(self) -> None:
         self._tasks += 1
-        if self._tasks != 2:
+        if self._tasks != 2 or not self._first_attempt:
             return
         if (self.rank, self.step) in self.injection.crash:
             log.error("rank %d: injected crash in step %d", self.rank, self.step)

@@ -15,7 +15,12 @@
 ``crash:RANK:STEP``            RANK exits abruptly in step STEP
 ``hang:RANK:STEP``             RANK stops making progress in step STEP
 ``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
+``savefail:RANK:STEP``         RANK's checkpoint save after step STEP fails
+                               as a full disk would
 =============================  ===============================================
+
+Crashes, hangs and failing saves fire in the first attempt of a job only: an
+elastic restart (``torchrun --max-restarts``) resumes and runs past them.
 
 Factors are drawn from ``(seed, step, stage, kind, micro-batch)``, so every
 policy sees exactly the same injected work. :mod:`hintpipe.runtime.faults`
@@ -47,7 +52,7 @@ from hintpipe.spec import Spec, SpecError
 _KIND = "injection"
 _USAGE = (
     "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER], crash:RANK:STEP, "
-    "hang:RANK:STEP or nan:STEP"
+    "hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
 )
 _RENAMED = {
     "compute": "compute:SIGMA is now iid:SIGMA, the simulator's word for the same thing",
@@ -63,6 +68,7 @@ class Injection:
     hang: tuple[tuple[int, int], ...] = ()
     nan_steps: tuple[int, ...] = ()
     seed: int = 0
+    save_failures: tuple[tuple[int, int], ...] = ()  # (rank, step)
 
     @classmethod
     def parse(cls, specs: Sequence[str], seed: int = 0) -> Injection:
@@ -72,13 +78,13 @@ class Injection:
             SpecError: naming the spec and what is wrong with it.
         """
         variability: list[Variability] = []
-        faults: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": []}
+        faults: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": [], "savefail": []}
         nan_steps: list[int] = []
         for text in specs:
             spec = Spec.split(text)
             if spec.word in _RENAMED:
                 raise spec.fail(_RENAMED[spec.word], _KIND)
-            if spec.word in ("crash", "hang"):
+            if spec.word in faults:
                 spec.expect((2,), f"{spec.word}:RANK:STEP", _KIND)
                 faults[spec.word].append((spec.integer(0, "RANK", kind=_KIND), spec.integer(1, "STEP", kind=_KIND)))
             elif spec.word == "nan":
@@ -92,11 +98,19 @@ class Injection:
                 )
             else:
                 variability.append(parse_variability(text, seconds=True))
-        return cls(tuple(variability), tuple(faults["crash"]), tuple(faults["hang"]), tuple(nan_steps), seed)
+        return cls(
+            tuple(variability),
+            tuple(faults["crash"]),
+            tuple(faults["hang"]),
+            tuple(nan_steps),
+            seed,
+            tuple(faults["savefail"]),
+        )
 
     def check(self, ranks: int, stages: int, microbatches: int) -> None:
         """Refuse ranks, stages or micro-batches the run does not have."""
         named = [("crash", r) for r, _ in self.crash] + [("hang", r) for r, _ in self.hang]
+        named += [("savefail", r) for r, _ in self.save_failures]
         for what, rank in named:
             if rank >= ranks:
                 raise SpecError(f"{what} rank {rank} does not exist: the run has ranks 0..{ranks - 1}")

@@ -8,8 +8,22 @@ torch.distributed (gloo on CPU, NCCL when the rank has a GPU), uses one CPU
 thread, runs ``fn(rank, world_size, *args)``, and its return value comes back
 to the caller (rank 0's under torchrun).
 
-If any rank fails, the others are stopped and the failure is raised with the
-failing ranks' errors, so nothing is left hanging.
+If any rank fails, the others get a few seconds to report what they saw, then
+are stopped, and the failure is raised with the failing ranks' errors, so
+nothing is left hanging. A spawned rank whose launcher dies exits too.
+
+[Note: signals to the launcher]
+The first SIGINT or SIGTERM to the launcher writes the stop file that every
+rank's :class:`~hintpipe.runtime.stopping.StopRequest` watches: the ranks finish
+their step, save and return. A second signal (or ranks still running
+``timeout_s + 10`` seconds later) kills them at once and raises
+:class:`Interrupted`. The temporary folder is removed either way.
+
+[Note: elastic restarts]
+Under ``torchrun --max-restarts N`` a restarted attempt meets in the same
+rendezvous store as the failed one, where the failed attempt's keys (gloo's
+peer addresses among them) are still present. Each attempt therefore works
+under its own key prefix (``TORCHELASTIC_RESTART_COUNT``).
 """
 
 from __future__ import annotations
@@ -17,22 +31,31 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore
+from torch.distributed.rendezvous import rendezvous
 from torch.multiprocessing.spawn import start_processes
 
-from hintpipe.runtime.errors import RankFailure
+from hintpipe.runtime.errors import Interrupted, RankFailure
+from hintpipe.runtime.stopping import SIGNALS, STOP_FILE_ENV
 
-__all__ = ["RankFailure", "free_port", "init_rank", "run_ranks", "under_torchrun"]
+__all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
+
+#: Seconds the surviving ranks get, after one failed, to report what they saw.
+FAILURE_GRACE_S = 10.0
 
 
 def free_port() -> int:
@@ -51,19 +74,41 @@ def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
     if use_cuda:
         local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
         torch.cuda.set_device(local)
+    timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
+    store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
     dist.init_process_group(
         backend="nccl" if use_cuda else "gloo",
+        store=PrefixStore(f"hintpipe/attempt-{attempt()}", store),
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=max(timeout_s, 30.0)),
+        timeout=timeout,
     )
     return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+
+
+def attempt() -> int:
+    """Which attempt of an elastic job this is (0 unless torchrun restarted it)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _exit_with_launcher() -> None:
+    """A spawned rank must not outlive its launcher (killed with SIGKILL, it cannot stop us itself)."""
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def _child(rank: int, world: int, fn: Callable[..., Any], packed: bytes, out: str, timeout_s: float) -> None:
     os.environ["RANK"] = str(rank)
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
+    os.environ[STOP_FILE_ENV] = str(Path(out) / "stop")
+    _exit_with_launcher()
     path = Path(out) / f"rank{rank}.pkl"
     try:
         init_rank(rank, world, timeout_s)
@@ -71,6 +116,8 @@ def _child(rank: int, world: int, fn: Callable[..., Any], packed: bytes, out: st
         path.write_bytes(pickle.dumps(("ok", result)))
     except BaseException as exc:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if type(exc).__module__.startswith("hintpipe."):  # our errors by their name alone
+            text = f"{type(exc).__name__}: {exc}"
         path.write_bytes(pickle.dumps(("error", text, traceback.format_exc())))
         # Leave at once: tearing the process group down would wait on peers
         # that may be dead or stuck, which is exactly what must not hang us.
@@ -83,11 +130,46 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
+class _Signals:
+    """The launcher's signal handling while its ranks run (see [Note: signals to the launcher])."""
+
+    def __init__(self, stop_file: Path) -> None:
+        self.stop_file = stop_file
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        name = signal.Signals(signum).name
+        if len(self.received) == 1:
+            self.stop_file.write_text(str(signum))
+            print(
+                f"hintpipe: {name}: every rank finishes its step and saves; {name} again stops at once",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    @property
+    def at_once(self) -> bool:
+        return len(self.received) > 1
+
+
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 300.0) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on every rank; returns the per-rank results.
 
     Raises:
         RankFailure: naming each rank that failed and its error.
+        Interrupted: the ranks were killed after a second signal, or did not stop in time after the first.
     """
     if under_torchrun():
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -100,7 +182,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
             dist.destroy_process_group()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
-    with tempfile.TemporaryDirectory(prefix="hintpipe-") as out:
+    with tempfile.TemporaryDirectory(prefix="hintpipe-") as out, _Signals(Path(out) / "stop") as signals:
         # [Note: every rank its own copy] The arguments travel as plain pickled bytes: torch's
         # process spawning would otherwise move their tensors into shared memory, and every rank
         # would train one and the same parameters (a plan's weights, stepped by each optimizer).
@@ -108,36 +190,73 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         context = start_processes(  # type: ignore[no-untyped-call]
             _child, args=(world, fn, packed, out, timeout_s), nprocs=world, join=False, start_method="spawn"
         )
-        # Watch the ranks ourselves rather than with context.join(), which
-        # kills the survivors the moment one rank fails: they must get the
-        # chance to notice and report it (peer failure or watchdog).
         processes = context.processes
-        failed_at: float | None = None
-        while any(p.is_alive() for p in processes):
-            if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > timeout_s + 5.0:
-                break
-            time.sleep(0.05)
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-            process.join(timeout=5.0)
-        failed = any(p.exitcode != 0 for p in processes)
-        results: list[Any] = []
-        errors: list[str] = []
-        for rank in range(world):
-            path = Path(out) / f"rank{rank}.pkl"
-            if not path.exists():
-                errors.append(f"rank {rank}: exited without a result (killed, or crashed hard)")
-                results.append(None)
-                continue
-            outcome = pickle.loads(path.read_bytes())
-            if outcome[0] == "ok":
-                results.append(outcome[1])
-            else:
-                errors.append(f"rank {rank}: {outcome[1]}")
-                results.append(None)
-        if errors or failed:
-            raise RankFailure("\n".join(errors) or "a rank failed")
-        return results
+        killed = _watch(processes, signals, timeout_s)
+        return _collect(Path(out), world, processes, signals, killed)
+
+
+def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:
+    """Wait for the ranks; returns whether they had to be killed.
+
+    Watched here rather than with context.join(), which kills the survivors the
+    moment one rank fails: they must get the chance to notice and report it.
+    """
+    failed_at: float | None = None
+    signalled_at: float | None = None
+    killed = False
+    while any(p.is_alive() for p in processes):
+        now = time.monotonic()
+        if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
+            failed_at = now
+        if signalled_at is None and signals.received:
+            signalled_at = now
+        late_failure = failed_at is not None and now - failed_at > min(timeout_s + 5.0, FAILURE_GRACE_S)
+        late_stop = signalled_at is not None and now - signalled_at > timeout_s + 10.0
+        if signals.at_once or late_stop or late_failure:
+            killed = signals.at_once or late_stop
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+            break
+        time.sleep(0.05)
+    for process in processes:
+        process.join(timeout=5.0)
+    return killed
+
+
+def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, killed: bool) -> list[Any]:
+    results: list[Any] = []
+    errors: list[str] = []
+    for rank in range(world):
+        path = out / f"rank{rank}.pkl"
+        if not path.exists():
+            killed_here = processes[rank].exitcode == -signal.SIGKILL
+            why = "stopped by the launcher" if killed_here else "killed, or crashed hard"
+            errors.append(f"rank {rank}: exited without a result ({why})")
+            results.append(None)
+            continue
+        outcome = pickle.loads(path.read_bytes())
+        if outcome[0] == "ok":
+            results.append(outcome[1])
+        else:
+            errors.append(f"rank {rank}: {outcome[1]}")
+            results.append(None)
+    if killed:
+        name = signal.Signals(signals.received[-1]).name
+        how = f"a second {name}" if signals.at_once else f"{name}, and they did not stop in time"
+        raise Interrupted(f"ranks killed after {how}; nothing more was saved", signals.received[-1])
+    if errors or any(p.exitcode != 0 for p in processes):
+        raise RankFailure(_merge(errors) or "a rank failed")
+    return results
+
+
+def _merge(errors: list[str]) -> str:
+    """Ranks that failed with the same error (a collective phase raises it on every rank) in one line."""
+    by_text: dict[str, list[str]] = {}
+    for line in errors:
+        rank, _, text = line.partition(": ")
+        by_text.setdefault(text, []).append(rank.removeprefix("rank "))
+    return "\n".join(
+        f"rank {ranks[0]}: {text}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}: {text}"
+        for text, ranks in by_text.items()
+    )

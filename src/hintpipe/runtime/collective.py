@@ -1,0 +1,76 @@
+"""Collective phases whose failures reach every rank at once.
+
+Saving, loading and start-up checks are phases in which every rank does its own
+part and then meets the others. If one rank's part fails and it simply
+raised, the others would wait at the next meeting point until the timeout,
+printing nothing. :func:`together` makes each rank's outcome part of the
+meeting: every rank runs its part, then one ``all_gather_object`` carries
+either its result or its error, and if any rank failed *every* rank raises the
+same one-line error naming it.
+
+torch.distributed.checkpoint raises ``CheckpointException``, which derives from
+``BaseException``; it is caught here with ``Exception`` so that a failed save
+is reported like any other failure. KeyboardInterrupt and SystemExit are never
+caught: a signal must stop the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+T = TypeVar("T")
+
+
+class PhaseError(RuntimeError):
+    """A collective phase failed on some rank; raised on every rank with the same text."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: torch's checkpoint errors carry each rank's traceback, which is not for users."""
+    if isinstance(exc, CheckpointException):
+        failures = exc.failures
+        if failures:
+            first = next(iter(failures.values()))
+            inner = getattr(first, "exc", first)  # a wrapped failure holds the original
+            return one_line(inner) if isinstance(inner, BaseException) else str(inner).splitlines()[0]
+    text = str(exc).strip().splitlines()
+    if type(exc).__module__.startswith("hintpipe"):  # our own errors are written to be read as they are
+        return text[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def together(
+    action: Callable[[], T],
+    what: str,
+    *,
+    group: dist.ProcessGroup | None = None,
+    error: type[RuntimeError] = PhaseError,
+) -> list[T]:
+    """Run this rank's part of a collective phase; return every rank's result.
+
+    Raises:
+        ``error``: on every rank, if any rank's part raised; the text names
+        each failed rank and its error, and starts with ``what``.
+    """
+    outcome: tuple[bool, Any]
+    try:
+        outcome = (True, action())
+    except (Exception, CheckpointException) as exc:
+        outcome = (False, one_line(exc))
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, outcome, group=group)
+    failed = [(rank, text) for rank, (ok, text) in enumerate(gathered) if not ok]
+    if failed:
+        detail = "; ".join(f"rank {rank}: {_strip_rank(text, rank)}" for rank, text in failed)
+        raise error(f"{what} failed ({detail})")
+    return [result for _, result in gathered]
+
+
+def _strip_rank(text: str, rank: int) -> str:
+    """Errors already naming their rank ("rank 1: ...") are not named twice."""
+    prefix = f"rank {rank}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text

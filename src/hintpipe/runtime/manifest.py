@@ -1,0 +1,189 @@
+"""What a checkpoint belongs to, and proof that its files are the ones written.
+
+A checkpoint folder holds torch.distributed.checkpoint's files and, written
+last, ``manifest.json``: the run's identity (:class:`RunIdentity`) and a
+SHA-256 digest and size per file. A folder without a manifest was never
+finished; a file whose digest differs was damaged after it was written. Both
+are told apart from a checkpoint of *another run* (a changed model, stage
+count or placement), which is refused rather than skipped: falling back past it
+would silently resume something older.
+
+This module is torch-free: the checks run anywhere, on any copy of the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
+
+__all__ = ["CheckpointError", "DamagedCheckpoint", "Manifest", "RunIdentity"]
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunIdentity:
+    """What must be the same to resume: every stage's tensors and where each stage lives.
+
+    ``hint`` and ``versions`` are recorded for the reader; a change in them is
+    allowed (a new torch, another hint with the same placement).
+    """
+
+    tensors: dict[str, list[int]]  # "<stage>.<name>" -> shape, every rank's stages
+    stage_ranks: list[int]  # stage -> rank
+    hint: str
+    versions: dict[str, str]
+
+    def differences(self, saved: RunIdentity) -> list[str]:
+        """What the run (``self``) changed from the checkpoint (``saved``), in words; empty if resumable."""
+        found: list[str] = []
+        if len(self.stage_ranks) != len(saved.stage_ranks) or max(self.stage_ranks, default=0) != max(
+            saved.stage_ranks, default=0
+        ):
+            found.append(
+                f"{len(saved.stage_ranks)} stages on {max(saved.stage_ranks, default=0) + 1} ranks there, "
+                f"{len(self.stage_ranks)} on {max(self.stage_ranks, default=0) + 1} here"
+            )
+        elif self.stage_ranks != saved.stage_ranks:
+            found.append(f"stages placed on ranks {saved.stage_ranks} there, {self.stage_ranks} here")
+        only_saved = sorted(set(saved.tensors) - set(self.tensors))
+        only_here = sorted(set(self.tensors) - set(saved.tensors))
+        reshaped = sorted(k for k in set(saved.tensors) & set(self.tensors) if saved.tensors[k] != self.tensors[k])
+        if only_saved:
+            found.append(f"{len(only_saved)} tensors only in the checkpoint ({_shapes(only_saved, saved.tensors)})")
+        if only_here:
+            found.append(f"{len(only_here)} tensors only in this model ({_shapes(only_here, self.tensors)})")
+        if reshaped:
+            name = reshaped[0]
+            found.append(
+                f"{len(reshaped)} tensors of another shape ({name}: {_shape(saved.tensors[name])} there, "
+                f"{_shape(self.tensors[name])} here)"
+            )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunIdentity:
+        return cls(
+            tensors={str(k): [int(d) for d in v] for k, v in data["tensors"].items()},
+            stage_ranks=[int(r) for r in data["stage_ranks"]],
+            hint=str(data["hint"]),
+            versions={str(k): str(v) for k, v in data["versions"].items()},
+        )
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _shapes(names: list[str], tensors: Mapping[str, list[int]]) -> str:
+    shown = ", ".join(f"{n} {_shape(tensors[n])}" for n in names[:2])
+    return shown + (", ..." if len(names) > 2 else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A finished checkpoint's record: its step, the run's identity, and each file's size and digest."""
+
+    step: int
+    identity: RunIdentity
+    files: dict[str, tuple[int, str]]  # relative name -> (bytes, sha256)
+
+    def write(self, folder: Path) -> None:
+        """Written last, through a temporary name, and synced: its presence means every file is down."""
+        data = {"format": FORMAT, "step": self.step, "identity": self.identity.to_json(), "files": self.files}
+        write_synced(folder / MANIFEST, json.dumps(data, indent=1, sort_keys=True))
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        path = folder / MANIFEST
+        if not path.is_file():
+            raise DamagedCheckpoint(f"{folder.name} has no {MANIFEST} (its save never finished)")
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != FORMAT:
+                raise DamagedCheckpoint(f"{folder.name}: {MANIFEST} has format {data.get('format')!r}, not {FORMAT}")
+            return cls(
+                step=int(data["step"]),
+                identity=RunIdentity.from_json(data["identity"]),
+                files={str(k): (int(v[0]), str(v[1])) for k, v in data["files"].items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise DamagedCheckpoint(f"{folder.name}: {MANIFEST} is unreadable ({type(exc).__name__}: {exc})") from None
+
+    def verify(self, folder: Path) -> None:
+        """Every recorded file present, of its size and digest.
+
+        Raises:
+            DamagedCheckpoint: naming the first file that differs.
+        """
+        if step_of(folder) != self.step:
+            raise DamagedCheckpoint(f"{folder.name}: its {MANIFEST} is for step {self.step}")
+        for name, (size, digest) in sorted(self.files.items()):
+            path = folder / name
+            if not path.is_file():
+                raise DamagedCheckpoint(f"{folder.name}: {name} is missing")
+            if path.stat().st_size != size:
+                raise DamagedCheckpoint(f"{folder.name}: {name} has {path.stat().st_size} bytes, {size} were written")
+            if file_digest(path) != digest:
+                raise DamagedCheckpoint(f"{folder.name}: {name} is not the file that was written (checksum differs)")
+
+
+def file_digest(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def digests(paths: Iterable[Path], root: Path) -> dict[str, tuple[int, str]]:
+    """Size and digest of each file, keyed by its name relative to ``root``."""
+    return {str(p.relative_to(root)): (p.stat().st_size, file_digest(p)) for p in paths}
+
+
+def step_of(folder: Path) -> int | None:
+    """The step of a ``step-<n>`` folder, or None for any other name."""
+    match = _STEP_DIR.match(folder.name)
+    return int(match.group(1)) if match else None
+
+
+def step_folders(root: Path) -> list[Path]:
+    """The finished-looking checkpoint folders under ``root``, newest first (``.tmp`` folders excluded)."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+
+
+def sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_folder(path: Path) -> None:
+    """A rename or a new file is durable only once its folder's entry is synced."""
+    sync_file(path)
+
+
+def write_synced(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with ``text``: a reader sees the old file or the whole new one."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    sync_folder(path.parent)

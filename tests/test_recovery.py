@@ -1,0 +1,431 @@
+"""Nothing lost, nothing silently wrong: verified checkpoints, failing saves, signals, elastic restarts.
+
+Each test reproduces a fault and asserts what the run does about it: which
+checkpoint is used, the message, that good checkpoints survive, the time bound,
+that no process or temporary folder is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import hang_bound
+from hintpipe.apps.models import ModelConfig, SeqLenDist
+from hintpipe.apps.training import TrainConfig, train
+from hintpipe.runtime.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_merged,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.manifest import DamagedCheckpoint, Manifest, RunIdentity
+
+MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+TIMEOUT = 20.0
+
+
+def _config(**changes: object) -> TrainConfig:
+    base = TrainConfig(
+        model=MODEL,
+        ranks=2,
+        microbatches=4,
+        microbatch_size=2,
+        steps=6,
+        policy="fixed",
+        seq_len=SeqLenDist(16, 0.5),
+        timeout=TIMEOUT,
+        return_state=True,
+    )
+    return TrainConfig(**{**base.__dict__, **changes})
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted() -> dict[str, torch.Tensor]:
+    """The parameters after 6 steps without any fault."""
+    result = train(_config())
+    assert result is not None and result.state is not None
+    return result.state
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 4 of the 6 steps, saved after steps 2 and 4 (the pristine copy; tests work on copies)."""
+    folder = tmp_path_factory.mktemp("saved") / "ck"
+    train(_config(steps=4, checkpoint_dir=str(folder), checkpoint_every=2))
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000002", "step-00000004"]
+    return folder
+
+
+def _copy(four_steps: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "ck"
+    shutil.copytree(four_steps, target)
+    return target
+
+
+# -- a corrupt or incomplete checkpoint falls back to the previous valid one ------------------------------------
+
+
+def _truncate(folder: Path) -> str:
+    path = folder / "step-00000004" / "__1_0.distcp"
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(size // 2)
+    return f"step-00000004: __1_0.distcp has {size // 2} bytes, {size} were written; resuming from step-00000002"
+
+
+def _flip(folder: Path) -> str:
+    path = folder / "step-00000004" / "__0_0.distcp"
+    data = bytearray(path.read_bytes())
+    data[1000:1400] = bytes(255 - b for b in data[1000:1400])  # 400 bytes overwritten, the size unchanged
+    path.write_bytes(bytes(data))
+    return (
+        "step-00000004: __0_0.distcp is not the file that was written (checksum differs); resuming from step-00000002"
+    )
+
+
+def _no_metadata(folder: Path) -> str:
+    (folder / "step-00000004" / ".metadata").unlink()
+    return "step-00000004: .metadata is missing; resuming from step-00000002"
+
+
+def _no_manifest(folder: Path) -> str:
+    (folder / "step-00000004" / "manifest.json").unlink()
+    return "step-00000004 has no manifest.json (its save never finished); resuming from step-00000002"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _no_metadata, _no_manifest])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
+    damage: object, four_steps: Path, tmp_path: Path, uninterrupted: dict[str, torch.Tensor]
+) -> None:
+    folder = _copy(four_steps, tmp_path)
+    assert callable(damage)
+    message = damage(folder)
+    good = _snapshot(folder / "step-00000002")
+    result = train(_config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True))
+    assert result is not None and result.state is not None
+    assert result.notes == (message,)
+    assert result.resumed_from == 2
+    assert _equal(result.state, uninterrupted)  # steps 2..5 again, bitwise the same as without the fault
+    # The good checkpoint survived the run: the new step-4 and step-6 were proven before anything was removed.
+    assert _snapshot(folder / "step-00000002") == good or (folder / "step-00000006").is_dir()
+
+
+def test_an_empty_latest_pointer_does_not_matter(
+    four_steps: Path, tmp_path: Path, uninterrupted: dict[str, torch.Tensor]
+) -> None:
+    folder = _copy(four_steps, tmp_path)
+    (folder / "latest").write_text("")
+    result = train(_config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True))
+    assert result is not None and result.state is not None
+    assert (result.resumed_from, result.notes) == (4, ())
+    assert _equal(result.state, uninterrupted)
+
+
+def test_no_usable_checkpoint_is_one_line_naming_each(four_steps: Path, tmp_path: Path) -> None:
+    folder = _copy(four_steps, tmp_path)
+    (folder / "step-00000004" / "manifest.json").unlink()
+    (folder / "step-00000002" / "__0_0.distcp").unlink()
+    before = _snapshot(folder)
+    with pytest.raises(RankFailure) as failure:
+        train(_config(checkpoint_dir=str(folder), resume=True))
+    assert str(failure.value) == (
+        f"ranks 0, 1: CheckpointError: resuming from {folder} failed (rank 0: no usable checkpoint in {folder} "
+        "(step-00000004 has no manifest.json (its save never finished); step-00000002: __0_0.distcp is missing); "
+        "start fresh without resuming, or in another checkpoint folder)"
+    )
+    assert _snapshot(folder) == before
+
+
+# -- resuming another run is refused, and its checkpoints are left as they were -------------------------------
+
+
+def test_resuming_with_a_changed_model_is_refused_with_the_originals_intact(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    mlp = ModelConfig("mlp", layers=4, hidden=16)
+    train(_config(model=mlp, steps=4, checkpoint_dir=str(folder), checkpoint_every=1, checkpoint_keep=2))
+    before = _snapshot(folder)
+    smaller = ModelConfig("mlp", layers=2, hidden=16)
+    with pytest.raises(RankFailure) as failure:
+        train(_config(model=smaller, steps=8, checkpoint_dir=str(folder), checkpoint_every=1, resume=True))
+    text = str(failure.value)
+    assert text == (
+        f"ranks 0, 1: CheckpointError: resuming from {folder} failed (rank 0: {folder / 'step-00000004'} was "
+        "written for another run (4 tensors only in the checkpoint (0.1.0.bias 16, 0.1.0.weight 16x16, ...)); "
+        "resume with the model, stages and ranks it was written for, or start fresh in another checkpoint folder "
+        f"({folder} is left as it is))"
+    ), text
+    assert "\n" not in text
+    assert _snapshot(folder) == before
+
+
+def test_identity_differences_name_what_changed() -> None:
+    saved = RunIdentity({"0.w": [4, 4], "1.w": [4]}, [0, 1], "1f1b", {})
+    assert saved.differences(saved) == []
+    assert RunIdentity({"0.w": [4, 8], "1.w": [4]}, [0, 1], "gpipe", {"torch": "9"}).differences(saved) == [
+        "1 tensors of another shape (0.w: 4x4 there, 4x8 here)"
+    ]
+    assert RunIdentity(saved.tensors, [0, 1, 0, 1], "", {}).differences(saved)[0] == (
+        "2 stages on 2 ranks there, 4 on 2 here"
+    )
+    assert RunIdentity(saved.tensors, [1, 0], "", {}).differences(saved) == [
+        "stages placed on ranks [0, 1] there, [1, 0] here"
+    ]
+
+
+# -- saving: finite values only, failures reach every rank at once, pruning waits for proof --------------------
+
+
+def _save_nan(rank: int, world: int, folder: str) -> str:
+    layer = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        layer.weight[0, 0] = float("nan")
+    optimizer = torch.optim.AdamW(layer.parameters())
+    try:
+        save_checkpoint(folder, {rank: layer}, optimizer, 7)
+    except CheckpointError as exc:
+        return str(exc)
+    return "saved"
+
+
+def test_a_parameter_that_is_not_finite_is_never_saved(tmp_path: Path) -> None:
+    (message,) = run_ranks(_save_nan, 1, str(tmp_path / "ck"), timeout_s=TIMEOUT)
+    assert message == (
+        f"saving checkpoint step 7 in {tmp_path / 'ck'} failed (rank 0: parameter 0.weight is not finite; "
+        "nothing was saved, the earlier checkpoints are kept)"
+    )
+    assert not (tmp_path / "ck" / "step-00000007").exists()
+
+
+def test_a_failing_save_ends_both_ranks_at_once(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        # A timeout of 120 s: a rank left waiting for the failed one would take that long.
+        train(_config(checkpoint_dir=str(folder), checkpoint_every=2, inject=("savefail:1:3",), timeout=120))
+    elapsed = time.monotonic() - began
+    assert str(failure.value) == (
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 4 in {folder} failed (rank 1: OSError: [Errno 28] "
+        f"No space left on device (injected): '{folder / 'step-00000004.tmp'}')"
+    )
+    assert elapsed < 60, elapsed  # start-up, two steps and the error: seconds, not the 120 s timeout
+    assert find_checkpoint(folder)[0] == folder / "step-00000002"
+
+
+def test_pruning_waits_for_a_verified_newer_checkpoint(four_steps: Path, tmp_path: Path) -> None:
+    folder = _copy(four_steps, tmp_path)
+    shutil.copytree(folder / "step-00000002", folder / "step-00000001")
+    (folder / "step-00000001" / "manifest.json").write_text(
+        (folder / "step-00000002" / "manifest.json").read_text().replace('"step": 2', '"step": 1')
+    )
+    assert Manifest.read(folder / "step-00000001").step == 1
+    (folder / "step-00000004" / "__0_0.distcp").write_bytes(b"damaged")
+    assert prune_checkpoints(folder, keep=1) == []  # the newest does not verify: everything older stays
+    shutil.rmtree(folder / "step-00000004")
+    shutil.copytree(four_steps / "step-00000004", folder / "step-00000004")
+    assert prune_checkpoints(folder, keep=1) == [folder / "step-00000002", folder / "step-00000001"]
+    with pytest.raises(DamagedCheckpoint, match=r"its manifest\.json is for step 2"):
+        shutil.copytree(four_steps / "step-00000002", folder / "step-00000003")
+        Manifest.read(folder / "step-00000003").verify(folder / "step-00000003")
+
+
+def test_a_run_keeps_the_proven_checkpoints(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    train(_config(steps=5, checkpoint_dir=str(folder), checkpoint_every=1, checkpoint_keep=2))
+    # step-5 is not proven yet (no step ran after it), so step-4 and step-3 stay beside it.
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000003", "step-00000004", "step-00000005"]
+    assert (folder / "latest").read_text() == "step-00000005"
+
+
+# -- signals -------------------------------------------------------------------------------------------------
+
+
+def _launch(folder: Path, steps: int = 100000, every: int = 2, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", str(steps), "--json"]
+    argv += ["--checkpoint-dir", str(folder), "--checkpoint-every", str(every), *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+CLI_MODEL = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--stages", "2", "--microbatches", "4"]
+CLI_MODEL += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", str(TIMEOUT)]
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
+    except FileNotFoundError:
+        return False
+
+
+def _all_gone(pids: list[int], within: float = 10.0) -> bool:
+    """Every process ended (the resource tracker leaves a moment after the launcher)."""
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _wait_training(process: subprocess.Popen[str], folder: Path) -> list[int]:
+    """The launcher's processes, once the first checkpoint is written (the ranks are mid-run)."""
+    deadline = time.monotonic() + hang_bound(TIMEOUT)
+    while not (folder / "latest").exists():
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint was ever written"
+        time.sleep(0.1)
+    return _children(process.pid)
+
+
+def _signalled(folder: Path, signum: int, to_group: bool) -> tuple[subprocess.Popen[str], str, list[int], float]:
+    process = _launch(folder)
+    ranks = _wait_training(process, folder)
+    sent = time.monotonic()
+    if to_group:
+        os.killpg(process.pid, signum)
+    else:
+        process.send_signal(signum)
+    _, err = process.communicate(timeout=hang_bound(TIMEOUT))
+    return process, err, ranks, time.monotonic() - sent
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group"), [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGTERM, True)]
+)
+def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
+    signum: int, to_group: bool, tmp_path: Path
+) -> None:
+    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
+    folder = tmp_path / "ck"
+    process, err, ranks, elapsed = _signalled(folder, signum, to_group)
+    assert elapsed < 30
+    assert process.returncode == 128 + signum, err
+    saved = max(p for p in folder.iterdir() if p.name.startswith("step-"))
+    step = int(saved.name.removeprefix("step-"))
+    assert err.strip().splitlines()[-1] == (
+        f"hintpipe train: stopped by {signal.Signals(signum).name} after step {step} of 100000: checkpoint {saved} "
+        f"saved; --resume continues from step {step}"
+    ), err
+    Manifest.read(saved).verify(saved)
+    assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
+    assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
+
+
+def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
+    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
+    folder = tmp_path / "ck"
+    # Messages 300 ms late: a step takes seconds, so the second signal comes while the ranks finish theirs.
+    process = _launch(folder, 100000, 1, "--inject", "comm:300ms")
+    ranks = _wait_training(process, folder)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # two signals at the same moment are one (POSIX does not queue them)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=hang_bound(TIMEOUT))
+    assert process.returncode == 128 + signal.SIGINT, err
+    assert err.strip().splitlines()[-1] == "hintpipe train: ranks killed after a second SIGINT; nothing more was saved"
+    assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
+    assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
+
+
+def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
+    stopped, reference = tmp_path / "stopped", tmp_path / "reference"
+    process, err, _, _ = _signalled(stopped, signal.SIGTERM, to_group=False)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    step = int(max(p for p in stopped.iterdir() if p.name.startswith("step-")).name.removeprefix("step-"))
+    end = str(step + 2)
+    for folder, more in ((stopped, ["--resume"]), (reference, [])):
+        argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", end, "--json"]
+        argv += ["--checkpoint-dir", str(folder), "--checkpoint-every", "1", *more]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_bound(TIMEOUT))
+        assert done.returncode == 0, done.stderr[-3000:]
+    final = f"step-{step + 2:08d}"
+    assert _equal(load_merged(stopped / final), load_merged(reference / final))
+
+
+def _readme_loop(rank: int, world: int, folder: str, stop_file: str, steps: int) -> tuple[int, int, str]:
+    """The README's training loop: Checkpointer and StopRequest around Pipeline.step."""
+    from hintpipe.apps.models import build_layers, lm_loss, make_batch, split_layers
+    from hintpipe.runtime.checkpoint import Checkpointer
+    from hintpipe.runtime.pipeline import Pipeline
+    from hintpipe.runtime.stopping import StopRequest
+
+    stages = split_layers(build_layers(MODEL), world)
+    done = 0
+    pipe = Pipeline.from_modules(stages, loss_fn=lm_loss, microbatches=2, policy="fixed")
+    with pipe, StopRequest(stop_file) as stop:
+        optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()])
+        checkpoints = Checkpointer(folder, pipe.modules, optimizer, every=100)
+        first = checkpoints.resume()
+        for step in range(first, steps):
+            inputs, targets, _ = make_batch(MODEL, 2, 2, SeqLenDist(8), step, 0)
+            pipe.step(inputs, target=targets)
+            optimizer.step()
+            optimizer.zero_grad()
+            done = step + 1
+            stopping = stop.agreed()
+            checkpoints.after_step(done, stopping=stopping)
+            if stopping:
+                break
+    return first, done, stop.name
+
+
+def test_the_readme_loop_stops_saved_and_resumes(tmp_path: Path) -> None:
+    folder, stop_file = str(tmp_path / "ck"), tmp_path / "stop"
+    stop_file.write_text(str(int(signal.SIGTERM)))  # as the launcher writes it on a signal
+    first = run_ranks(_readme_loop, 2, folder, str(stop_file), 5, timeout_s=TIMEOUT)
+    assert first == [(0, 1, "SIGTERM")] * 2  # every rank stopped after the same, first, step
+    assert find_checkpoint(folder)[0] == tmp_path / "ck" / "step-00000001"
+    stop_file.unlink()
+    assert run_ranks(_readme_loop, 2, folder, str(stop_file), 3, timeout_s=TIMEOUT) == [(1, 3, "")] * 2
+
+
+# -- elastic restarts under torchrun ----------------------------------------------------------------------------
+
+
+def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> None:
+    common = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--stages", "2", "--microbatches", "4"]
+    common += ["--policy", "fixed", "--steps", "6", "--checkpoint-every", "1", "--json", "--timeout", str(TIMEOUT)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    restarted, reference = tmp_path / "restarted", tmp_path / "reference"
+    fault = ["--checkpoint-dir", str(restarted), "--resume", "--inject", "crash:1:3"]
+    elastic = subprocess.run(
+        [*torchrun, "--max-restarts", "1", "-m", "hintpipe", "train", *common, *fault],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT) * 2,
+    )
+    assert elastic.returncode == 0, elastic.stderr[-3000:]
+    assert '"resumed_from": 3' in elastic.stdout  # the second attempt went on from the last checkpoint
+    plain = subprocess.run(
+        [sys.executable, "-m", "hintpipe", "train", *common, "--checkpoint-dir", str(reference)],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert _equal(load_merged(restarted / "step-00000006"), load_merged(reference / "step-00000006"))
