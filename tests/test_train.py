@@ -93,6 +93,9 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
         (["--inject", "crash:1:99"], "--inject names step 99, the run has steps 0..0: it would never fire"),
         (["--trace", "/no/such/folder/t.json"], "--trace /no/such/folder/t.json: the folder /no/such/folder does not"),
         (["--checkpoint-dir", "pyproject.toml"], "--checkpoint-dir pyproject.toml is a file, not a folder"),
+        (["--checkpoint-keep", "0"], "--checkpoint-keep must be at least 1, got 0"),
+        (["--inject", "savefail:0:0"], "--inject savefail needs --checkpoint-dir and --checkpoint-every"),
+        (["--inject", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
     ],
 )
 def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

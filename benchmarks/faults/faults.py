@@ -1,8 +1,8 @@
 """Fault campaign: seeded random faults over a 30-step training run with checkpoints, resumed after each.
 
-Every trial runs ``hintpipe train`` (gpt-mini, 2 ranks, ``fixed`` policy so that
-results are bitwise reproducible, a checkpoint every 3 steps, 2 kept) as a
-user would, injects one fault, then resumes with ``--resume`` until the run
+Every trial runs ``hintpipe train`` (gpt-mini: 4 blocks, hidden 128; 2 ranks,
+8 micro-batches; ``fixed`` policy so that results are bitwise reproducible; a
+checkpoint every 3 steps, 2 kept) as a user would, injects one fault, then resumes with ``--resume`` until the run
 reaches step 30, and compares the final parameters with an uninterrupted run.
 
 Faults, one per trial, drawn from the trial's seed:
@@ -49,8 +49,8 @@ from hintpipe.runtime.errors import CheckpointError
 STEPS = 30
 EVERY = 3
 KINDS = ("kill", "corrupt", "sigterm", "savefail")
-TRAIN = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "4", "--hidden", "64"]
-TRAIN += ["--stages", "2", "--microbatches", "4", "--policy", "fixed", "--timeout", "30", "--json"]
+TRAIN = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "4", "--hidden", "128"]
+TRAIN += ["--stages", "2", "--microbatches", "8", "--policy", "fixed", "--timeout", "30", "--json"]
 TRAIN += ["--checkpoint-every", str(EVERY), "--checkpoint-keep", "2"]
 
 
@@ -68,16 +68,18 @@ def _start(folder: Path, steps: int = STEPS, *extra: str) -> subprocess.Popen[st
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _finish(process: subprocess.Popen[str], hang_after: float) -> int:
+def _finish(process: subprocess.Popen[str], hang_after: float) -> tuple[int, str]:
+    """The exit status and the last line of stderr."""
     try:
-        process.communicate(timeout=hang_after)
+        _, err = process.communicate(timeout=hang_after)
     except subprocess.TimeoutExpired:
         process.kill()
         for child in _children(process.pid):
             subprocess.run(["kill", "-9", str(child)], check=False)
         process.communicate()
         raise Hang from None
-    return process.returncode
+    lines = err.strip().splitlines()
+    return process.returncode, lines[-1] if lines else ""
 
 
 def _ranks(pid: int) -> list[int]:
@@ -172,12 +174,17 @@ def trial(seed: int, work: Path, reference: dict[str, torch.Tensor], run_s: floa
                 outcome["fault"] = _signal(process, kind, rng, delay)
             else:
                 before = at - EVERY if kind == "savefail" else 0
-            outcome["exit"] = _finish(process, hang_after)
+            outcome["exit"] = _finish(process, hang_after)[0]
         outcome["lost"] = _newest_verified(folder) < before
         resumes = 0
         while not (folder / f"step-{STEPS:08d}").is_dir() and resumes < 3:
             resumes += 1
-            _finish(_start(folder, STEPS, "--resume"), hang_after)
+            status, said = _finish(_start(folder, STEPS, "--resume"), hang_after)
+            if status != 0 and "no usable checkpoint" in said:
+                # Every checkpoint was damaged: refused in one line, as it must be; start afresh.
+                outcome["refused"] = said
+                shutil.rmtree(folder)
+                _finish(_start(folder, STEPS), hang_after)
         outcome["resumes"] = resumes
         final = folder / f"step-{STEPS:08d}"
         state = load_merged(final) if final.is_dir() else None
@@ -197,10 +204,10 @@ def main() -> None:
     parser.add_argument("--hang-after", type=float, default=180.0, metavar="S", help="a run longer than this hung")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="hintpipe-faults-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="fault-campaign-") as scratch:
         work = Path(scratch)
         began = time.monotonic()
-        if _finish(_start(work / "reference"), args.hang_after) != 0:
+        if _finish(_start(work / "reference"), args.hang_after)[0] != 0:
             raise SystemExit("the uninterrupted run failed")
         run_s = time.monotonic() - began
         reference = load_merged(work / "reference" / f"step-{STEPS:08d}")
@@ -218,6 +225,7 @@ def main() -> None:
         "silent_mismatches": sum(o.get("completed", False) and not o["equal"] for o in outcomes),
         "not_completed": sum(not o.get("completed", False) for o in outcomes),
         "checkpoints_lost": sum(o["lost"] for o in outcomes),
+        "refused_no_valid_checkpoint": sum("refused" in o for o in outcomes),
         "resumes": sum(o.get("resumes", 0) for o in outcomes),
         "uninterrupted_run_s": round(run_s, 1),
     }

@@ -154,7 +154,8 @@ class _Signals:
         if len(self.received) == 1:
             self.stop_file.write_text(str(signum))
             print(
-                f"hintpipe: {name}: every rank finishes its step and saves; {name} again stops at once",
+                f"hintpipe: {name}: the ranks stop after their step (saving a checkpoint if they keep them); "
+                f"{name} again stops at once",
                 file=sys.stderr,
                 flush=True,
             )
