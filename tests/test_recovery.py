@@ -110,7 +110,10 @@ def _no_metadata(folder: Path) -> str:
 
 def _no_manifest(folder: Path) -> str:
     (folder / "step-00000004" / "manifest.json").unlink()
-    return "step-00000004 has no manifest.json (its save never finished); resuming from step-00000002"
+    return (
+        "step-00000004 has no manifest.json (its save never finished, or hintpipe before 0.3 wrote it); "
+        "resuming from step-00000002"
+    )
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip, _no_metadata, _no_manifest])
@@ -150,7 +153,8 @@ def test_no_usable_checkpoint_is_one_line_naming_each(four_steps: Path, tmp_path
         train(_config(checkpoint_dir=str(folder), resume=True))
     assert str(failure.value) == (
         f"ranks 0, 1: CheckpointError: resuming from {folder} failed (rank 0: no usable checkpoint in {folder} "
-        "(step-00000004 has no manifest.json (its save never finished); step-00000002: __0_0.distcp is missing); "
+        "(step-00000004 has no manifest.json (its save never finished, or hintpipe before 0.3 wrote it); "
+        "step-00000002: __0_0.distcp is missing); "
         "start fresh without resuming, or in another checkpoint folder)"
     )
     assert _snapshot(folder) == before

@@ -110,7 +110,9 @@ class Manifest:
     def read(cls, folder: Path) -> Manifest:
         path = folder / MANIFEST
         if not path.is_file():
-            raise DamagedCheckpoint(f"{folder.name} has no {MANIFEST} (its save never finished)")
+            raise DamagedCheckpoint(
+                f"{folder.name} has no {MANIFEST} (its save never finished, or hintpipe before 0.3 wrote it)"
+            )
         try:
             data = json.loads(path.read_text())
             if data.get("format") != FORMAT:
