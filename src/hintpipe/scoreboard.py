@@ -269,6 +269,10 @@ class Scoreboard:
             self.start(pos)
         return pos
 
+    def is_ready(self, pos: int) -> bool:
+        """Whether the task at ``pos`` has all its inputs and has not been started (a follower's check)."""
+        return not self._taken[pos] and self._need[pos] == 0
+
     def start(self, pos: int) -> None:
         """The driver starts the task at ``pos`` (as returned by :meth:`decide`)."""
         taken = self._taken

@@ -13,11 +13,17 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds the bytes: a DTensor's local shard, else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        return [value]
+        return [local(value)]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
@@ -44,7 +50,7 @@ class SavedCounter:
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
+        storage = local(t).untyped_storage()
         key = storage.data_ptr()
         if key not in self.exclude and key not in self.sizes:
             self.sizes[key] = storage.nbytes()
@@ -66,4 +72,4 @@ def count_saved(exclude: set[int]) -> Iterator[SavedCounter]:
 
 
 def parameter_storages(module: torch.nn.Module) -> set[int]:
-    return {p.untyped_storage().data_ptr() for p in module.parameters()}
+    return {local(p).untyped_storage().data_ptr() for p in module.parameters()}

@@ -52,12 +52,29 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(h, dim=2)
-        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
+        normed = self.norm1(x)
+        if hasattr(self, "qkv"):
+            q, k, v = self.qkv(normed).split(h, dim=2)
+        else:  # unfused (tensor parallel): each rank holds a share of the heads
+            q, k, v = (self.get_submodule(name)(normed) for name in "qkv")
+        q, k, v = (z.view(b, t, -1, h // self.heads).transpose(1, 2) for z in (q, k, v))
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attended.transpose(1, 2).reshape(b, t, h))
+        x = x + self.proj(attended.transpose(1, 2).reshape(b, t, -1))
         out: torch.Tensor = x + self.mlp(self.norm2(x))
         return out
+
+    def unfuse_qkv(self) -> None:
+        """Replace the fused ``qkv`` projection by ``q``, ``k`` and ``v`` with the same weights, so that a
+        column-wise split gives each rank whole heads of all three (a split of the fused one would not)."""
+        fused = self.qkv
+        hidden = fused.in_features
+        for index, name in enumerate("qkv"):
+            part = nn.Linear(hidden, hidden)
+            with torch.no_grad():
+                part.weight.copy_(fused.weight[index * hidden : (index + 1) * hidden])
+                part.bias.copy_(fused.bias[index * hidden : (index + 1) * hidden])
+            setattr(self, name, part)
+        del self.qkv
 
 
 class Head(nn.Module):

@@ -31,6 +31,7 @@ from hintpipe.runtime.executor import EmulatedCosts
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import attempt, run_ranks
+from hintpipe.runtime.mesh import build_mesh
 from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, PipelineOptions, StepReport
 from hintpipe.runtime.stopping import StopRequest
 from hintpipe.schedule.generators import generate_hint
@@ -45,7 +46,7 @@ class TrainConfig:
     """Everything a rank needs to train (picklable: it crosses process boundaries)."""
 
     model: ModelConfig
-    ranks: int
+    ranks: int  # pipeline ranks (stage ranks of one pipeline)
     microbatches: int
     microbatch_size: int = 4
     hint: str = "1f1b"
@@ -72,6 +73,11 @@ class TrainConfig:
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
     data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
+    dp: int = 1  # data-parallel replicas of the pipeline: the world is dp x ranks
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.ranks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +136,7 @@ def train(config: TrainConfig) -> TrainResult | None:
     Raises:
         hintpipe.launch.RankFailure: with each failed rank's error.
     """
-    results = run_ranks(_train_rank, config.ranks, config, timeout_s=config.timeout)
+    results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout)
     result = results[0]
     assert result is None or isinstance(result, TrainResult)
     return result
@@ -150,8 +156,10 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
     }
     if config.memory_slack:
         options["memory_slack"] = config.memory_slack
+    if config.dp > 1:
+        options["mesh"] = build_mesh(world, dp=config.dp)
     if config.memory_budget is not None:
-        options["memory_budget"] = config.memory_budget[rank]
+        options["memory_budget"] = config.memory_budget[rank % config.ranks]
     loss_fn = loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
     if config.plan is not None:
@@ -233,7 +241,7 @@ def _checkpointer(config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Op
     )
     if attempt() == 0:  # injected faults fire in the first attempt only
         failures = Injection.parse(list(config.inject)).save_failures
-        checkpoints.fail_at = {step + 1 for rank, step in failures if rank == pipe.rank}
+        checkpoints.fail_at = {step + 1 for rank, step in failures if rank == pipe.global_rank}
     return checkpoints
 
 
@@ -247,13 +255,19 @@ def _step(
     run: _Run,
 ) -> None:
     """One training step: forward and backward through the pipeline, then the optimizer."""
-    inputs, targets, counts = step_batch(config, step)
+    replica = pipe.layout.replica_of(pipe.global_rank)
+    inputs, targets, counts = step_batch(config, step, replica)
     loss = pipe.step(inputs, targets, broadcast_loss=True)
     assert loss is not None
+    mlp = config.model.name == "mlp"
+    tokens = config.microbatches * config.microbatch_size if mlp else sum(counts)
+    if pipe.replica_group is not None:  # the global batch's loss (the mean over replicas) and its tokens
+        both = torch.tensor([float(loss) / config.dp, float(tokens)], dtype=torch.float64)
+        dist.all_reduce(both, group=pipe.replica_group)
+        loss, tokens = both[0].to(loss.dtype), int(both[1])
     run.reports.append(pipe.reports[-1])
     run.losses.append(float(loss))
-    mlp = config.model.name == "mlp"
-    run.tokens.append(config.microbatches * config.microbatch_size if mlp else sum(counts))
+    run.tokens.append(tokens)
     if step == 0 and config.check_grads and modules is not None:
         run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
     if optimizer is not None and math.isfinite(float(loss)):
@@ -269,11 +283,18 @@ def resolve_hint(config: TrainConfig) -> Hint:
     return generate_hint(HintName.parse(config.hint), config.ranks, config.microbatches, config.chunks)
 
 
-def step_batch(config: TrainConfig, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-    """Step ``step``'s micro-batches (inputs, targets, tokens each): the same for every policy and rank."""
+def step_batch(
+    config: TrainConfig, step: int, replica: int = 0
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """Step ``step``'s micro-batches of data-parallel replica ``replica`` (inputs, targets, tokens each): the
+    same for every policy and rank; each replica draws its own."""
+    seed = config.seed + REPLICA_SEED_STRIDE * replica
     if config.data == "stdlib":
-        return stdlib_batch(config.microbatches, config.microbatch_size, step, config.seed, config.model.max_seq_len)
-    return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len, step, config.seed)
+        return stdlib_batch(config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
+    return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len, step, seed)
+
+
+REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run
 
 
 def _gather_state(mine: dict[int, torch.nn.Module], world: int) -> dict[str, torch.Tensor]:

@@ -60,6 +60,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def register(commands: Any) -> None:
     parser = commands.add_parser("train", help=HELP, description=HELP)
     parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (processes)")
+    parser.add_argument(
+        "--dp", type=int, default=1, metavar="D", help="data-parallel replicas of the pipeline: D x P processes"
+    )
     parser.add_argument("--microbatches", type=int, required=True, metavar="M")
     parser.add_argument(
         "--hint",
@@ -110,8 +113,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         )
     _check_run_options(args)
     hint = build_hint(args)
+    dp = getattr(args, "dp", 1)
     injection = Injection.parse(args.inject)
-    injection.check(args.stages, hint.num_stages, args.microbatches)
+    injection.check(args.stages * dp, hint.num_stages, args.microbatches)
     late = [step for _, step in (*injection.crash, *injection.hang, *injection.save_failures)]
     late += list(injection.nan_steps)
     if late and max(late) >= args.steps:
@@ -155,6 +159,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         plan=planned,
         data=data,
+        dp=dp,
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
@@ -173,6 +178,10 @@ def _check_run_options(args: argparse.Namespace) -> None:
     """Refuse bad values before any rank starts, each in one line naming the option."""
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if getattr(args, "dp", 1) < 1:
+        raise ValueError(f"--dp must be at least 1, got {args.dp}")
+    if getattr(args, "dp", 1) > 1 and getattr(args, "check_grads", False):
+        raise ValueError("--check-grads compares one pipeline with the unsplit model; use it without --dp")
     if args.microbatch_size < 1:
         raise ValueError(f"--microbatch-size must be at least 1, got {args.microbatch_size}")
     for option in ("trace", "timeline"):
@@ -238,6 +247,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "policy": config.policy,
         "hint": config.hint,
         "ranks": config.ranks,
+        "dp": config.dp,
         "microbatches": config.microbatches,
         "emulated": config.emulate is not None,
         "step_time_median": result.step_time_median,
@@ -256,22 +266,19 @@ def result_json(result: TrainResult) -> dict[str, Any]:
 
 
 def step_table(result: TrainResult) -> Table:
+    """One row per step; with data parallelism, throughput in total and per replica (loss: the global batch's)."""
     table = Table()
-    for column in (
-        "step",
-        "time ms",
-        "tokens/s" if result.config.model.name == "gpt-mini" else "samples/s",
-        "efficiency",
-        "bubble per rank",
-        "peak live per rank",
-        "loss",
-    ):
+    unit = "tokens/s" if result.config.model.name != "mlp" else "samples/s"
+    dp = result.config.dp
+    throughput = [unit] if dp == 1 else [f"{unit} total", f"{unit} per replica"]
+    for column in ("step", "time ms", *throughput, "efficiency", "bubble per rank", "peak live per rank", "loss"):
         table.add_column(column, justify="right")
     for report, tokens, loss in zip(result.reports, result.tokens, result.losses, strict=True):
+        rates = [tokens / report.step_time] if dp == 1 else [tokens / report.step_time, tokens / dp / report.step_time]
         table.add_row(
             str(report.step),
             f"{report.step_time * 1e3:.1f}",
-            f"{tokens / report.step_time:,.0f}",
+            *(f"{rate:,.0f}" for rate in rates),
             f"{report.efficiency:.3f}",
             " ".join(f"{b:.2f}" for b in report.bubble),
             " ".join(format_size(b) for b in report.peak_live_bytes),
@@ -321,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(result_json(result))
         return 0
     mode = " (emulated compute: tasks sleep their profiled cost)" if config.emulate else ""
-    stdout.print(f"{config.model.name} on {config.ranks} ranks, {config.hint}, {config.policy}{mode}")
+    ranks = f"{config.dp} x {config.ranks} ranks (data x pipeline)" if config.dp > 1 else f"{config.ranks} ranks"
+    stdout.print(f"{config.model.name} on {ranks}, {config.hint}, {config.policy}{mode}")
     stdout.print(step_table(result))
     if result.max_grad_abs_diff is not None:
         stdout.print(

@@ -122,7 +122,7 @@ def broadcast_sizes(
     for mb, inputs in first_inputs.items():
         sizes[mb] = sum(t.numel() for t in inputs)
     try:
-        dist.broadcast(sizes, src=source, group=group)
+        dist.broadcast(sizes, group=group, group_src=source)
     except RuntimeError as exc:
         raise WatchdogTimeout(
             f"rank {rank}: waited {timeout:g} s for the micro-batch sizes from rank {source} in step {step}: {exc}"

@@ -187,7 +187,7 @@ class DelayedTransport:
 
 def inject(pipe: Pipeline, injection: Injection) -> None:
     """Wrap ``pipe``'s executor and transport so that they inject ``injection``."""
-    injection.check(pipe.world, pipe.hint.num_stages, pipe.microbatches)
+    injection.check(pipe.world * pipe.layout.dp * pipe.layout.tp, pipe.hint.num_stages, pipe.microbatches)
     factors = injection.factors(pipe.hint.num_stages, pipe.microbatches)
     executor = pipe.executor
     if isinstance(executor, EmulatedExecutor):
@@ -195,7 +195,7 @@ def inject(pipe: Pipeline, injection: Injection) -> None:
     elif injection.varies:
         executor = VariedExecutor(executor, factors)
     if injection.faulty:
-        executor = FaultyExecutor(executor, injection, pipe.rank)
+        executor = FaultyExecutor(executor, injection, pipe.global_rank)  # faults name ranks of the world
     pipe.executor = executor
     comm = injection.comm
     if comm is not None:

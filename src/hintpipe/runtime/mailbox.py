@@ -54,9 +54,10 @@ class PostOffice:
     """All mailboxes of one rank, plus its outgoing sends: the gloo :class:`~hintpipe.runtime.transport.Transport`.
 
     Args:
-        peers: the ranks this rank exchanges messages with.
+        peers: the ranks this rank exchanges messages with, as ranks of ``group``.
         device: where received tensors are placed (CPU for gloo, CUDA for NCCL).
-        group: the process group (default: the world).
+        group: the process group (default: the world); a pipeline's own group
+            makes its positions the peers' names.
     """
 
     def __init__(
@@ -93,7 +94,7 @@ class PostOffice:
                 kind, step, stage, mb, count, meta_len, nbytes = values[:7]
                 if nbytes > expected:
                     rest = torch.empty(nbytes - expected, dtype=torch.uint8, device=self._wire_device)
-                    dist.recv(rest, src=peer, group=self.group)
+                    dist.recv(rest, group=self.group, group_src=peer)
                     payload = torch.cat([first, rest]) if expected else rest
                 elif nbytes < expected:
                     payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
@@ -103,7 +104,7 @@ class PostOffice:
                     meta = values[7 : 7 + meta_len]
                 else:
                     extra = torch.empty(meta_len, dtype=torch.int64)
-                    dist.recv(extra, src=peer, group=self.group)
+                    dist.recv(extra, group=self.group, group_src=peer)
                     meta = extra.tolist()
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
                     text = bytes(payload.tolist()).decode(errors="replace").rstrip("\x00") if nbytes else None
@@ -124,9 +125,9 @@ class PostOffice:
         """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
         header = torch.empty(HEADER, dtype=torch.int64)
         first = torch.empty(expected, dtype=torch.uint8, device=self._wire_device)
-        posted = [dist.irecv(header, src=peer, group=self.group)]
+        posted = [dist.irecv(header, group=self.group, group_src=peer)]
         if expected:
-            posted.append(dist.irecv(first, src=peer, group=self.group))
+            posted.append(dist.irecv(first, group=self.group, group_src=peer))
         return header, first, [w for w in posted if w is not None]
 
     def get(self, timeout: float | None) -> Message | None:
@@ -184,7 +185,7 @@ class PostOffice:
         self._send(peer, kind, -1, -1, -1, encode_meta([data]), [data])
 
     def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
-        work = dist.isend(tensor, dst=peer, group=self.group)
+        work = dist.isend(tensor, group=self.group, group_dst=peer)
         if work is not None:
             self._pending.append((work, keep))
 

@@ -31,12 +31,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.choice import Choice
 from hintpipe.runtime.admission import Admission, broadcast_sizes
+from hintpipe.runtime.coordination import Coordination, needed
+from hintpipe.runtime.data_parallel import GradientAverage, ReducingExecutor
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
 from hintpipe.runtime.mailbox import PostOffice
+from hintpipe.runtime.mesh import Layout
 from hintpipe.runtime.microbatch import Batch, as_inputs, split_microbatches
 from hintpipe.runtime.ready_plan import ReadyPlanner
 from hintpipe.runtime.reports import RankSummary, StepReport, durations_array, gather_report
@@ -84,6 +88,7 @@ class PipelineOptions(TypedDict, total=False):
     timelines: bool
     report_every: int
     tied: Sequence[TiedParameter]
+    mesh: DeviceMesh | None
 
 
 class Pipeline:
@@ -116,11 +121,22 @@ class Pipeline:
             steps (0: never); the other steps' reports cover their own rank.
         tied: parameters shared by stages on different ranks, kept equal
             (see :mod:`hintpipe.runtime.tied`); :meth:`from_plan` fills it in.
+        mesh: a DeviceMesh with dimensions named from ``dp``, ``pp`` (the
+            pipeline) and ``tp`` (see :mod:`hintpipe.runtime.mesh`); each rank
+            is then a stage rank of the pipeline at its ``(dp, tp)``
+            coordinate, and ranks at the same position in different ``dp``
+            replicas average their stages' gradients each step (see
+            :mod:`hintpipe.runtime.data_parallel`). Default: the whole world is
+            one pipeline.
 
     Raises:
         ValueError: for options that contradict each other or the group.
         OptionMismatch: when ranks were started with different options.
     """
+
+    #: Tensor-parallel members share one decision per task (see :mod:`hintpipe.runtime.coordination`). Tests
+    #: alone turn this off, to show what goes wrong without it; no option reaches it.
+    _coordinate_tp = True
 
     def __init__(
         self,
@@ -140,6 +156,7 @@ class Pipeline:
         timelines: bool = False,
         report_every: int = 1,
         tied: Sequence[TiedParameter] = (),
+        mesh: DeviceMesh | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
@@ -148,8 +165,11 @@ class Pipeline:
             raise ValueError(f"report_every must be >= 0, got {report_every}")
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
+        self.layout = _layout(mesh)
+        self.global_rank = dist.get_rank()
+        #: This rank's position in its pipeline (the hint's rank), and the pipeline's length.
+        self.rank = self.layout.position_of(self.global_rank)
+        self.world = self.layout.stages_ranks
         self.policy = Policy.parse(policy)
         self.on_nonfinite = OnNonFinite.parse(on_nonfinite)
         self.hint = _resolve_hint(hint, self.world, microbatches, chunks)
@@ -176,7 +196,21 @@ class Pipeline:
         )
         self.device = torch.device("cpu")
         self.transport: Transport = self._connect()
-        self.tied = TiedGradients(tied, self.modules, self.hint.placement.stage_rank, self.rank)
+        self.coordination: Coordination | None = None
+        if needed(self.policy, self.layout.tp) and self._coordinate_tp:
+            group = self.layout.groups(self.layout.tensors)
+            assert group is not None
+            leader = self.layout.tensor_group_of(self.global_rank)[0]
+            self.coordination = Coordination(group, self._post_office.inbox, leader)
+        #: The ranks holding the same stages in the other data-parallel replicas (None without replicas).
+        self.replica_group = self.layout.groups(self.layout.replicas, timeout) if self.layout.dp > 1 else None
+        self.average: GradientAverage | None = None
+        if self.replica_group is not None and emulate is None:
+            self.average = GradientAverage(
+                self.modules, self.replica_group, self.layout.dp, microbatches, self.hint.split_backward, self.rank
+            )
+            self.executor = ReducingExecutor(self.executor, self.average)
+        self.tied = TiedGradients(tied, self.modules, self.hint.placement.stage_rank, self.rank, self.layout.pipelines)
         self.planner = ReadyPlanner(self.hint, self.rank)
         self._stash: list[Message] = []
         self.step_count = 0
@@ -185,7 +219,9 @@ class Pipeline:
         self.nonfinite_steps: list[int] = []
         self._closed = False
         self._started = False
-        self._check_options(emulated=emulate is not None, byte_admission=memory_budget is not None)
+        self._check_options(
+            emulated=emulate is not None, byte_admission=memory_budget is not None, dp=self.layout.dp, tp=self.layout.tp
+        )
 
     def _connect(self) -> Transport:
         """The process groups and the transport to the neighbours.
@@ -194,11 +230,14 @@ class Pipeline:
         with the collectives of the default one; the runtime's collectives get a group
         whose timeout is the watchdog's, so a stuck rank cannot hold the others there.
         """
-        self._p2p = dist.new_group(backend="gloo")
-        self._coll = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
+        p2p = self.layout.groups(self.layout.pipelines)
+        coll = self.layout.groups(self.layout.pipelines, self.timeout)
+        assert p2p is not None and coll is not None
+        self._p2p, self._coll = p2p, coll
         stage_rank = self.hint.placement.stage_rank
         peers = {stage_rank[s + d] for s in self.stages for d in (-1, 1) if 0 <= s + d < self.hint.num_stages}
-        return PostOffice(sorted(peers), self.device, group=self._p2p)
+        self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p)
+        return self._post_office
 
     # -- building ---------------------------------------------------------------
 
@@ -207,13 +246,15 @@ class Pipeline:
         cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int, **options: Unpack[PipelineOptions]
     ) -> Pipeline:
         """Build from the list of *all* stage modules (global order); each rank keeps its own."""
-        hint = _resolve_hint(options.get("hint", "1f1b"), dist.get_world_size(), microbatches, options.get("chunks"))
+        layout = _layout(options.get("mesh"))
+        position = layout.position_of(dist.get_rank())
+        hint = _resolve_hint(options.get("hint", "1f1b"), layout.stages_ranks, microbatches, options.get("chunks"))
         if len(modules) != hint.num_stages:
             raise ValueError(
                 f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.num_ranks} ranks needs "
                 f"{hint.num_stages} ({hint.num_stages // hint.num_ranks} per rank)"
             )
-        mine = {s: modules[s] for s in hint.placement.stages_of(dist.get_rank())}
+        mine = {s: modules[s] for s in hint.placement.stages_of(position)}
         options["hint"] = hint
         return cls(mine, loss_fn=loss_fn, microbatches=microbatches, **options)
 
@@ -232,9 +273,10 @@ class Pipeline:
         hint without running ahead. Parameters the plan found tied across
         stages are kept equal (``tied``).
         """
-        rank, world = dist.get_rank(), dist.get_world_size()
+        layout = _layout(options.get("mesh"))
+        rank, world = layout.position_of(dist.get_rank()), layout.stages_ranks
         if world != plan.ranks:
-            raise ValueError(f"the plan is for {plan.ranks} ranks, the group has {world}")
+            raise ValueError(f"the plan is for {plan.ranks} ranks, the pipeline has {world}")
         microbatches = microbatches if microbatches is not None else plan.microbatches
         hint = generate_hint(HintName.parse(plan.hint), plan.ranks, plan.microbatches, plan.chunks)
         mine = hint.placement.stages_of(rank)
@@ -348,9 +390,14 @@ class Pipeline:
             timeout=self.timeout,
             stash=self._stash,
             check_loss=lambda loss, mb: self._check_loss(loss, step, mb),
+            coordination=self.coordination,
         )
+        if self.average is not None:
+            self.average.begin_step()
         loop_time = loop.run(state)
         self.transport.flush(self.timeout)
+        if self.average is not None:
+            self.average.wait(step, self.timeout)
         self.tied.reduce(step)
         if self.admission.by_bytes:
             self.admission.check(step, state.peak_bytes, budget, first=graph is self.admission.graph)
@@ -359,7 +406,7 @@ class Pipeline:
         self.step_count += 1
         if broadcast_loss:
             buffer = loss.detach().clone() if loss is not None else torch.zeros(())
-            dist.broadcast(buffer, src=self.hint.placement.stage_rank[-1], group=self._coll)
+            dist.broadcast(buffer, group=self._coll, group_src=self.hint.placement.stage_rank[-1])
             return buffer
         return loss
 
@@ -505,11 +552,15 @@ class Pipeline:
             self._closed = True
             text = str(exc) if str(exc).startswith(f"rank {self.rank}:") else f"rank {self.rank}: {exc}"
             self.transport.close(timeout=5.0, error=text)
+            if self.coordination is not None and not self.coordination.is_leader:
+                self.coordination.close(timeout=5.0)
 
     def close(self) -> None:
         """Tell the neighbours this rank is done and stop its mailboxes."""
         if not self._closed:
             self._closed = True
+            if self.coordination is not None:
+                self.coordination.close(self.timeout)
             self.transport.close(timeout=self.timeout)
 
     def __enter__(self) -> Pipeline:
@@ -517,6 +568,10 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _layout(mesh: DeviceMesh | None) -> Layout:
+    return Layout.world(dist.get_world_size()) if mesh is None else Layout.of(mesh)
 
 
 def _resolve_hint(hint: str | Hint, ranks: int, microbatches: int, chunks: int | None) -> Hint:

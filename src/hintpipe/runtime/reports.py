@@ -136,11 +136,11 @@ def gather_report(
     """Send this rank's summary to rank 0 and build the step's report there (this rank's own
     elsewhere); with ``group`` None, nothing travels and every rank reports itself."""
     sent = mine if timelines else dataclasses.replace(mine, records=())
-    rank = dist.get_rank()
-    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 and group is not None else None
+    rank = mine.rank  # the rank's position in its pipeline
+    gathered: list[Any] | None = [None] * dist.get_world_size(group) if rank == 0 and group is not None else None
     if group is not None:
         try:
-            dist.gather_object(sent, gathered, dst=0, group=group)
+            dist.gather_object(sent, gathered, group=group, group_dst=0)
         except RuntimeError as exc:
             raise WatchdogTimeout(f"rank {rank}: the report of step {step} could not reach rank 0: {exc}") from None
     # This rank's own summary keeps its records, whether or not they travelled.

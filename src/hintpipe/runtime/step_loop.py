@@ -9,6 +9,7 @@ policy's patience runs out, or the watchdog fires.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -19,6 +20,7 @@ import torch
 
 from hintpipe.observe.trace import Record
 from hintpipe.runtime.admission import Admission
+from hintpipe.runtime.coordination import Coordination
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.executor import Executor, Tensors, as_input
 from hintpipe.runtime.transport import Transport
@@ -41,6 +43,7 @@ class StepState:
     records: list[Record] = dataclasses.field(default_factory=list)
     peak_bytes: int = 0
     started: float = 0.0  # wall clock (time.time) at the loop's start: the ranks' common clock
+    decisions: collections.deque[int] = dataclasses.field(default_factory=collections.deque)  # the TP leader's
 
     def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]) -> Task:
         """Keep what arrived for ``stage`` (from a neighbour, or this rank's previous stage); returns the
@@ -64,6 +67,8 @@ class StepLoop:
         timeout: seconds without progress before :class:`WatchdogTimeout`.
         stash: messages of later steps that arrived early (kept by the caller across steps).
         check_loss: called with each loss at the last stage (raises on a non-finite one).
+        coordination: this rank's part in its tensor-parallel group's decisions, when needed
+            (see :mod:`hintpipe.runtime.coordination`).
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class StepLoop:
         timeout: float,
         stash: list[Message],
         check_loss: Callable[[torch.Tensor, int], None],
+        coordination: Coordination | None = None,
     ) -> None:
         self.rank = rank
         self.board = board
@@ -87,6 +93,8 @@ class StepLoop:
         self.timeout = timeout
         self.stash = stash
         self.check_loss = check_loss
+        self.coordination = coordination
+        self.follower = coordination is not None and not coordination.is_leader
 
     def run(self, state: StepState) -> float:
         """Run every task of the step; returns the time from the start to the last task's end."""
@@ -102,7 +110,9 @@ class StepLoop:
             while (arrived := self.transport.get(0)) is not None:
                 self._accept(arrived, state)
             now = time.perf_counter()
-            pos = board.take(now - t0)
+            pos = self._follow(state) if self.follower else board.take(now - t0)
+            if pos >= 0 and self.coordination is not None and not self.follower:
+                self.coordination.announce(state.step, pos)
             if pos < 0:
                 if self._wait(now - t0, last_progress, state):
                     last_progress = time.perf_counter()
@@ -114,6 +124,24 @@ class StepLoop:
             state.records.append((self.rank, board.tasks[pos], start - t0, end - t0))
             last_progress = end
         return time.perf_counter() - t0
+
+    def _follow(self, state: StepState) -> int:
+        """A follower runs the leader's next decision once its own inputs are here; -1 to wait."""
+        if state.decisions and self.board.is_ready(state.decisions[0]):
+            pos = state.decisions.popleft()
+            self.board.start(pos)
+            return pos
+        return -1
+
+    def _waiting_for(self, state: StepState) -> str:
+        if not self.follower:
+            return self.board.pending_report()
+        assert self.coordination is not None
+        if not state.decisions:
+            return f"waits for the tensor-parallel leader's (rank {self.coordination.leader}) next decision"
+        pos = state.decisions[0]
+        task = self.board.tasks[pos]
+        return f"waits for the input of task {task}, the leader's decision: " + ", ".join(self.board.waiting_for(pos))
 
     def _wait(self, now: float, last_progress: float, state: StepState) -> bool:
         """Block until a message comes (True), patience runs out, or the watchdog fires."""
@@ -128,7 +156,7 @@ class StepLoop:
         if time.perf_counter() >= deadline:
             raise WatchdogTimeout(
                 f"rank {self.rank}: waited {self.timeout:g} s with nothing ready in step {state.step}; "
-                + self.board.pending_report()
+                + self._waiting_for(state)
             )
         return False
 
@@ -142,6 +170,9 @@ class StepLoop:
             return
         if msg.step < state.step:
             raise RuntimeError(f"rank {self.rank}: message for old step {msg.step} in step {state.step}")
+        if msg.kind is MessageKind.DECISION:
+            state.decisions.append(msg.mb)
+            return
         self.board.deliver(state.receive(msg.kind, msg.stage, msg.mb, msg.tensors))
 
     def _run(self, task: Task, state: StepState) -> None:

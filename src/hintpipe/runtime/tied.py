@@ -46,19 +46,22 @@ class TiedGradients:
         modules: Mapping[int, nn.Module],
         stage_rank: Sequence[int],
         rank: int,
+        pipelines: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.rank = rank
         self._links: list[tuple[nn.Parameter, dist.ProcessGroup, tuple[int, ...]]] = []
+        # Positions in a pipeline; every pipeline (one per data/tensor-parallel coordinate) gets its own group.
+        every = pipelines if pipelines is not None else [range(dist.get_world_size())]
         for entry in tied:
             ranks = tuple(sorted({stage_rank[s] for s in entry.stages}))
             if len(ranks) < 2:
                 continue  # every use on one rank: one tensor already
-            group = dist.new_group(list(ranks), backend="gloo")
+            group, _ = dist.new_subgroups_by_enumeration([[list(p)[r] for r in ranks] for p in every], backend="gloo")  # type: ignore[no-untyped-call]
             if rank not in ranks:
                 continue
             param = _find(entry, modules, rank)
             with torch.no_grad():
-                dist.broadcast(param.data, src=ranks[0], group=group)
+                dist.broadcast(param.data, group=group, group_src=0)
             self._links.append((param, group, ranks))
 
     def reduce(self, step: int) -> None:

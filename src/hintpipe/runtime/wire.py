@@ -23,6 +23,7 @@ class MessageKind(enum.IntEnum):
     GRADIENT = 1  # input gradient of ``stage + 1``, output gradient for B(stage, mb)
     STOP = 2  # the peer is done and will send nothing more
     ABORT = 3  # the peer failed; ``mb`` carries nothing, the error follows as text
+    DECISION = 4  # the tensor-parallel leader's choice: ``mb`` holds the task's position (never on the wire)
 
 
 _DTYPES = [

@@ -1,0 +1,119 @@
+"""Where a rank sits in data x pipeline x tensor parallelism.
+
+A :class:`~torch.distributed.device_mesh.DeviceMesh` with named dimensions
+``("dp", "pp", "tp")`` (any subset, any order) lays the world out; hintpipe
+reads it as :class:`Layout`: every *pipeline* (the ranks along ``pp`` at one
+``(dp, tp)`` coordinate, in stage order) and every *replica group* (the ranks
+along ``dp`` at one ``(pp, tp)`` coordinate: they hold the same stages and
+average their gradients). Without a mesh the whole world is one pipeline.
+
+A rank's *position* is its place in its pipeline: what the hint calls its
+rank. Everything the runtime does inside one pipeline (messages, the
+per-step agreement, reports) is addressed by position, on process groups
+whose ranks are the pipeline's, so two pipelines never share a message or a
+collective.
+
+Process groups are created collectively: every rank builds the same
+:class:`Layout` and creates every pipeline's groups, in the same order
+(``new_subgroups_by_enumeration``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+AXES = ("dp", "pp", "tp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Every pipeline and replica group of the world, as global ranks (the same on every rank)."""
+
+    pipelines: tuple[tuple[int, ...], ...]  # each (dp, tp) coordinate's ranks along pp, in stage order
+    replicas: tuple[tuple[int, ...], ...]  # each (pp, tp) coordinate's ranks along dp
+    tensors: tuple[tuple[int, ...], ...] = ()  # each (dp, pp) coordinate's ranks along tp (leader first)
+    dp: int = 1
+    tp: int = 1
+
+    @classmethod
+    def world(cls, size: int) -> Layout:
+        """The whole world as one pipeline (no mesh)."""
+        singles = tuple((r,) for r in range(size))
+        return cls(pipelines=(tuple(range(size)),), replicas=singles, tensors=singles)
+
+    @classmethod
+    def of(cls, mesh: DeviceMesh) -> Layout:
+        """Read a mesh whose dimensions are named from ``dp``, ``pp`` and ``tp``.
+
+        Raises:
+            ValueError: for other dimension names, or ranks that do not increase along ``pp``.
+        """
+        names = tuple(mesh.mesh_dim_names or ())
+        if len(names) != mesh.ndim or len(set(names)) != len(names) or not set(names) <= set(AXES):
+            raise ValueError(f"the mesh's dimensions must be named from {AXES} (each once), got {names or 'no names'}")
+        grid = mesh.mesh
+        for axis in AXES:  # missing dimensions have size 1
+            if axis not in names:
+                grid = grid.unsqueeze(-1)
+                names = (*names, axis)
+        grid = grid.permute(*[names.index(a) for a in AXES])
+        dp, pp, tp = grid.shape
+        pipelines = tuple(tuple(int(r) for r in grid[d, :, t]) for d, t in itertools.product(range(dp), range(tp)))
+        for ranks in pipelines:
+            if list(ranks) != sorted(ranks):
+                raise ValueError(f"a pipeline's ranks must increase along the mesh's pp dimension, got {list(ranks)}")
+        replicas = tuple(tuple(int(r) for r in grid[:, p, t]) for p, t in itertools.product(range(pp), range(tp)))
+        tensors = tuple(tuple(int(r) for r in grid[d, p, :]) for d, p in itertools.product(range(dp), range(pp)))
+        return cls(pipelines=pipelines, replicas=replicas, tensors=tensors, dp=int(dp), tp=int(tp))
+
+    @property
+    def stages_ranks(self) -> int:
+        """Ranks per pipeline."""
+        return len(self.pipelines[0])
+
+    def pipeline_of(self, rank: int) -> tuple[int, ...]:
+        return next(p for p in self.pipelines if rank in p)
+
+    def position_of(self, rank: int) -> int:
+        """The rank's place in its pipeline (the hint's rank)."""
+        return self.pipeline_of(rank).index(rank)
+
+    def replica_group_of(self, rank: int) -> tuple[int, ...]:
+        return next(r for r in self.replicas if rank in r)
+
+    def tensor_group_of(self, rank: int) -> tuple[int, ...]:
+        return next(g for g in self.tensors if rank in g)
+
+    def replica_of(self, rank: int) -> int:
+        """Which data-parallel replica the rank belongs to (its ``dp`` coordinate)."""
+        return self.replica_group_of(rank).index(rank)
+
+    def groups(self, lists: Sequence[Sequence[int]], timeout: float | None = None) -> dist.ProcessGroup | None:
+        """One gloo group per list (call on every rank, same order); returns this rank's, or None if none holds
+        it."""
+        rank = dist.get_rank()
+        wanted = [list(ranks) for ranks in lists]
+        span = None if timeout is None else datetime.timedelta(seconds=timeout)
+        mine, _ = dist.new_subgroups_by_enumeration(wanted, timeout=span, backend="gloo")  # type: ignore[no-untyped-call]
+        return mine if any(rank in ranks for ranks in wanted) else None
+
+
+def build_mesh(world: int, *, dp: int = 1, tp: int = 1) -> DeviceMesh:
+    """A CPU mesh ``(dp, pp, tp)`` over ``world`` ranks, ``pp = world / (dp * tp)`` (dimensions of size one left out).
+
+    Raises:
+        ValueError: if ``dp * tp`` does not divide the world.
+    """
+    if dp < 1 or tp < 1 or world % (dp * tp):
+        raise ValueError(f"dp x tp = {dp} x {tp} must divide the {world} ranks")
+    shape = {"dp": dp, "pp": world // (dp * tp), "tp": tp}
+    kept = [a for a in AXES if shape[a] > 1 or a == "pp"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return init_device_mesh(device, tuple(shape[a] for a in kept), mesh_dim_names=tuple(kept))

@@ -1,0 +1,301 @@
+"""Several axes: pipelines inside data parallelism, on a DeviceMesh, against the unsplit model."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from conftest import hang_bound
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.apps.tensor_parallel import parallelize_stage
+from hintpipe.planner.plan import Plan, plan
+from hintpipe.runtime.faults import inject
+from hintpipe.runtime.injection import Injection
+from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.mesh import Layout, build_mesh
+from hintpipe.runtime.pipeline import Pipeline
+
+MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+MICROBATCHES = 4
+TIMEOUT = 30.0
+# AdamW divides by sqrt(v) + eps: with torch's eps (1e-8), a float-noise difference of 1e-8 in a near-zero
+# gradient moves a parameter by up to lr. With 1e-6 the same noise moves it by 1e-2 lr at most.
+EPS = 1e-6
+
+
+def _batch(step: int, replica: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Replica ``replica``'s micro-batches of step ``step``: lengths vary per micro-batch."""
+    inputs, targets, _ = make_batch(MODEL, MICROBATCHES, 2, SeqLenDist(16, 0.5), step, 100 + replica)
+    return inputs, targets
+
+
+def _data_parallel(rank: int, world: int, policy: str, hint: str, dp: int) -> tuple[float, float]:
+    """Train 3 AdamW steps on DP x PP and on the unsplit model with the global batch; returns the largest
+    gradient difference after step 0 and the largest parameter difference after step 2 (this rank's stages)."""
+    mesh = build_mesh(world, dp=dp)
+    layers = build_layers(MODEL)
+    reference = nn.Sequential(*copy.deepcopy(layers))
+    stages = split_layers(layers, world // dp)
+    pipe = Pipeline.from_modules(
+        stages, loss_fn=lm_loss, microbatches=MICROBATCHES, hint=hint, policy=policy, mesh=mesh, timeout=TIMEOUT
+    )
+    replica = pipe.layout.replica_of(rank)
+    optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], eps=EPS)
+    expected_optimizer = torch.optim.AdamW(reference.parameters(), eps=EPS)
+    offsets = [0]
+    for stage in stages:
+        offsets.append(offsets[-1] + len(list(stage.children())))
+
+    def pairs() -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """This rank's parameters with the unsplit model's same ones."""
+        return [
+            pair
+            for s, module in pipe.modules.items()
+            for pair in zip(module.parameters(), reference[offsets[s] : offsets[s + 1]].parameters(), strict=True)
+        ]
+
+    grad_diff = 0.0
+    with pipe:
+        for step in range(3):
+            inputs, targets = _batch(step, replica)
+            pipe.step(inputs, targets)
+            total = dp * MICROBATCHES
+            for r in range(dp):  # the unsplit model sees the global batch: every replica's micro-batches
+                for x, y in zip(*_batch(step, r), strict=True):
+                    torch.autograd.backward(lm_loss(reference(x), y) / total)
+            if step == 0:
+                grad_diff = max((p.grad - q.grad).abs().max().item() for p, q in pairs())  # type: ignore[operator]
+            optimizer.step()
+            expected_optimizer.step()
+            optimizer.zero_grad()
+            expected_optimizer.zero_grad()
+    return grad_diff, max((p - q).abs().max().item() for p, q in pairs())
+
+
+@pytest.mark.parametrize(
+    ("policy", "hint"), [("fixed", "1f1b"), ("greedy", "1f1b"), ("ready", "1f1b"), ("ready", "zb-h1")]
+)
+def test_data_parallel_pipelines_train_as_the_unsplit_model(policy: str, hint: str) -> None:
+    # Tolerances: float32 sums in another order (micro-batches, then replicas) differ in the last bits: 1e-6
+    # on gradients of order 1e-1; parameters after 3 steps of lr 1e-3 within 2e-5 (see EPS).
+    for grad_diff, param_diff in run_ranks(_data_parallel, 4, policy, hint, 2, timeout_s=TIMEOUT):
+        assert grad_diff < 1e-6
+        assert param_diff < 2e-5
+
+
+def test_a_layout_from_a_mesh_of_any_dimension_order() -> None:
+    class FakeMesh:
+        def __init__(self, grid: torch.Tensor, names: tuple[str, ...]) -> None:
+            self.mesh, self.mesh_dim_names, self.ndim = grid, names, grid.ndim
+
+    grid = torch.arange(8).reshape(2, 2, 2)  # (dp, pp, tp)
+    layout = Layout.of(FakeMesh(grid, ("dp", "pp", "tp")))  # type: ignore[arg-type]
+    assert layout.pipelines == ((0, 2), (1, 3), (4, 6), (5, 7))
+    assert layout.replicas == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert (layout.dp, layout.tp, layout.stages_ranks) == (2, 2, 2)
+    swapped = Layout.of(FakeMesh(grid.permute(1, 0, 2), ("pp", "dp", "tp")))  # type: ignore[arg-type]
+    assert swapped == layout
+    only_pp = Layout.of(FakeMesh(torch.arange(4), ("pp",)))  # type: ignore[arg-type]
+    assert only_pp == Layout.world(4)
+    with pytest.raises(ValueError, match=r"named from \('dp', 'pp', 'tp'\) \(each once\), got \('x', 'pp'\)"):
+        Layout.of(FakeMesh(grid[0], ("x", "pp")))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"increase along the mesh's pp dimension, got \[1, 0\]"):
+        Layout.of(FakeMesh(torch.tensor([1, 0]), ("pp",)))  # type: ignore[arg-type]
+
+
+class _Tied(nn.Module):
+    """An embedding whose weight is also the output layer's: the first and the last stage share it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.mid = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = nn.functional.linear(self.mid(self.embed(ids)), self.embed.weight)
+        return out
+
+
+def _tied_steps(replica: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    g = torch.Generator().manual_seed(10 + replica)
+    steps = []
+    for _ in range(3):  # variable lengths per micro-batch
+        ids = [torch.randint(0, 16, (2, n + 1), generator=g) for n in (3, 7, 5, 2)]
+        steps.append(([x[:, :-1] for x in ids], [x[:, 1:] for x in ids]))
+    return steps
+
+
+def _tied_worker(rank: int, world: int, planned: Plan, policy: str) -> dict[str, torch.Tensor]:
+    pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy=policy, mesh=build_mesh(world, dp=2))
+    params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
+    optimizer = torch.optim.AdamW(params, lr=0.05)
+    with pipe:
+        for xs, ys in _tied_steps(pipe.layout.replica_of(rank)):
+            pipe.step(xs, ys)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("policy", ["fixed", "ready"])
+def test_a_tied_weight_with_data_parallel_pipelines_trains_like_the_unsplit_model(policy: str) -> None:
+    torch.manual_seed(0)
+    model = _Tied()
+    planned = plan(model, torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
+    assert planned.tied_stages == ((0, 1),)
+    results = run_ranks(_tied_worker, 4, planned, policy, timeout_s=120)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
+    for step in range(3):
+        for replica in range(2):  # the global batch: both replicas' micro-batches, each weighing 1 / 8
+            xs, ys = _tied_steps(replica)[step]
+            for x, y in zip(xs, ys, strict=True):
+                torch.autograd.backward(lm_loss(reference(x), y) / (2 * len(xs)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    expected = dict(reference.named_parameters())
+    for state in results:  # every rank of both replicas, the tied weight on both stages
+        for name, value in state.items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-5)
+
+
+# -- tensor parallelism ------------------------------------------------------------------------------------------
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _unsplit_names(stage: int, name: str, offsets: list[int]) -> str:
+    """A stage parameter's name in the unsplit ``nn.Sequential`` (its q, k, v are rows of the fused qkv)."""
+    layer, rest = name.split(".", 1)
+    return f"{offsets[stage] + int(layer)}.{rest}"
+
+
+def _tensor_parallel(
+    rank: int, world: int, policy: str, dp: int, tp: int, coordinate: bool, delays: bool
+) -> tuple[float, float, list[tuple[int, int, int]]]:
+    """Train 3 AdamW steps on DP x TP x PP and on the unsplit model; returns the largest gradient difference
+    after step 0, the largest parameter difference after step 2, and the order this rank ran its tasks."""
+    Pipeline._coordinate_tp = coordinate
+    mesh = build_mesh(world, dp=dp, tp=tp)
+    layers = build_layers(MODEL)
+    reference = nn.Sequential(*copy.deepcopy(layers))
+    pp = world // (dp * tp)
+    stages = split_layers(layers, pp)
+    offsets = [0]
+    for stage in stages:
+        offsets.append(offsets[-1] + len(list(stage.children())))
+    tp_mesh = mesh["tp"]
+    stages = [parallelize_stage(stage, tp_mesh, MODEL.heads) for stage in stages]
+    pipe = Pipeline.from_modules(
+        stages,
+        loss_fn=lm_loss,
+        microbatches=MICROBATCHES,
+        policy=policy,
+        mesh=mesh,
+        timeout=TIMEOUT,
+        memory_slack=2 if delays else 0,  # room to run ahead: choices that can differ
+    )
+    if delays:  # the TP leader's messages arrive at once, its follower's 40 ms late: their ready sets differ
+        inject(pipe, Injection.parse([f"comm:{40 * (rank % tp)}ms"], seed=rank))
+    replica = pipe.layout.replica_of(rank)
+    optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], eps=EPS)
+    expected_optimizer = torch.optim.AdamW(reference.parameters(), eps=EPS)
+    expected = dict(reference.named_parameters())
+    order: list[tuple[int, int, int]] = []
+
+    def differences(of_grad: bool) -> float:
+        worst = 0.0
+        for s, module in pipe.modules.items():
+            for name, param in module.named_parameters():
+                value = _full(param.grad if of_grad else param)  # type: ignore[arg-type]
+                parts = name.rsplit(".", 2)
+                if parts[-2] in "qkv" and len(parts[-2]) == 1:  # a row block of the unsplit qkv
+                    fused = _unsplit_names(s, name.replace(f".{parts[-2]}.", ".qkv."), offsets)
+                    whole = expected[fused].grad if of_grad else expected[fused]
+                    assert whole is not None
+                    target = whole.chunk(3, dim=0)["qkv".index(parts[-2])]
+                else:
+                    unsplit = expected[_unsplit_names(s, name, offsets)]
+                    target = unsplit.grad if of_grad else unsplit  # type: ignore[assignment]
+                worst = max(worst, (value - target).abs().max().item())
+        return worst
+
+    grad_diff = 0.0
+    with pipe:
+        for step in range(3):
+            inputs, targets = _batch(step, replica)
+            pipe.step(inputs, targets)
+            order += [(step, task.stage, int(task.kind) * 1000 + task.mb) for _, task, _, _ in pipe.reports[-1].records]
+            for r in range(dp):
+                for x, y in zip(*_batch(step, r), strict=True):
+                    torch.autograd.backward(lm_loss(reference(x), y) / (dp * MICROBATCHES))
+            if step == 0:
+                grad_diff = differences(of_grad=True)
+            optimizer.step()
+            expected_optimizer.step()
+            optimizer.zero_grad()
+            expected_optimizer.zero_grad()
+    return grad_diff, differences(of_grad=False), order
+
+
+@pytest.mark.parametrize(("policy", "dp"), [("fixed", 1), ("greedy", 1), ("ready", 1), ("ready", 2)])
+def test_tensor_parallel_stages_train_as_the_unsplit_model(policy: str, dp: int) -> None:
+    world = dp * 2 * 2
+    results = run_ranks(_tensor_parallel, world, policy, dp, 2, True, False, timeout_s=60)
+    for grad_diff, param_diff, _ in results:  # tolerances as for data parallelism
+        assert grad_diff < 1e-6
+        assert param_diff < 2e-5
+
+
+def _orders_or_failure(coordinate: bool) -> list[tuple[float, float, list[tuple[int, int, int]]]] | str:
+    try:
+        return run_ranks(_tensor_parallel, 6, "greedy", 1, 2, coordinate, True, timeout_s=TIMEOUT)
+    except RankFailure as exc:
+        return str(exc)
+
+
+def test_tensor_parallel_members_need_one_decision_for_readiness() -> None:
+    # TP 2 x PP 3 under greedy with room to run ahead; the leaders' pipeline gets its messages at once, the
+    # followers' 40 ms late, so a middle stage's leader sees a gradient its follower does not have yet.
+    uncoordinated = _orders_or_failure(coordinate=False)
+    if isinstance(uncoordinated, str):  # members ran different tasks: their collectives did not pair up
+        assert "collective mismatch" in uncoordinated or "failed" in uncoordinated, uncoordinated
+    else:
+        members = [(uncoordinated[i], uncoordinated[i + 1]) for i in (0, 2, 4)]
+        assert any(a[2] != b[2] for a, b in members)  # orders differ within a group
+        assert max(r[0] for r in uncoordinated) > 1e-3  # and the gradients are not the unsplit model's
+    coordinated = _orders_or_failure(coordinate=True)
+    assert not isinstance(coordinated, str), coordinated
+    for leader, follower in [(coordinated[i], coordinated[i + 1]) for i in (0, 2, 4)]:
+        assert leader[2] == follower[2]  # one sequence per group
+        assert leader[0] < 1e-6 and follower[0] < 1e-6
+
+
+def _crash(rank: int, world: int, victim: int) -> None:
+    mesh = build_mesh(world, tp=2)
+    stages = [parallelize_stage(s, mesh["tp"], MODEL.heads) for s in split_layers(build_layers(MODEL), 2)]
+    pipe = Pipeline.from_modules(
+        stages, loss_fn=lm_loss, microbatches=MICROBATCHES, policy="ready", mesh=mesh, timeout=5
+    )
+    inject(pipe, Injection.parse([f"crash:{victim}:1"]))
+    with pipe:
+        for step in range(3):
+            pipe.step(*_batch(step, 0))
+
+
+@pytest.mark.parametrize(("victim", "role"), [(0, "leader"), (1, "follower")])
+def test_a_crashed_tensor_parallel_member_ends_every_rank(victim: int, role: str) -> None:
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_crash, 4, victim, timeout_s=5)
+    assert time.monotonic() - began < hang_bound(5)
+    text = str(failure.value)
+    assert f"rank {victim}: exited without a result" in text, text  # the {role} crashed
+    assert len(text.splitlines()) >= 2, text  # and every other rank ended with an error of its own
