@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from torch.distributed.tensor import DTensor
 from conftest import hang_bound
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.apps.tensor_parallel import parallelize_stage
+from hintpipe.cli import main
 from hintpipe.planner.plan import Plan, plan
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
@@ -299,3 +301,28 @@ def test_a_crashed_tensor_parallel_member_ends_every_rank(victim: int, role: str
     text = str(failure.value)
     assert f"rank {victim}: exited without a result" in text, text  # the {role} crashed
     assert len(text.splitlines()) >= 2, text  # and every other rank ended with an error of its own
+
+
+# -- the command line --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tp", "3"], "--tp 3 must divide gpt-mini's 4 attention heads"),
+        (["--tp", "2", "--model", "mlp"], "--tp has a tensor-parallel plan for the built-in gpt-mini only"),
+        (["--dp", "0"], "--dp and --tp must be at least 1, got 0 and 1"),
+        (["--dp", "2", "--check-grads"], "--check-grads compares one pipeline with the unsplit model"),
+    ],
+)
+def test_bad_axes_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "1", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_on_three_axes_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--dp", "2", "--tp", "2", "--stages", "2", "--microbatches", "4", "--steps", "2"]
+    assert main([*argv, "--layers", "2", "--hidden", "16", "--json", "--timeout", str(TIMEOUT)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["dp"], result["tp"], result["ranks"], len(result["losses"])) == (2, 2, 2, 2)
+    assert result["coordination_ms"] > 0  # ready: the leader announced its decisions

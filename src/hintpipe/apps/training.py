@@ -24,6 +24,7 @@ from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
 from hintpipe.apps.progress import progress_bar
+from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.observe.trace import Record
 from hintpipe.planner.plan import Plan
 from hintpipe.runtime.checkpoint import Checkpointer
@@ -31,7 +32,7 @@ from hintpipe.runtime.executor import EmulatedCosts
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import attempt, run_ranks
-from hintpipe.runtime.mesh import build_mesh
+from hintpipe.runtime.mesh import Layout, build_mesh
 from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, PipelineOptions, StepReport
 from hintpipe.runtime.stopping import StopRequest
 from hintpipe.schedule.generators import generate_hint
@@ -73,11 +74,12 @@ class TrainConfig:
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
     data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
-    dp: int = 1  # data-parallel replicas of the pipeline: the world is dp x ranks
+    dp: int = 1  # data-parallel replicas of the pipeline
+    tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
 
     @property
     def world(self) -> int:
-        return self.dp * self.ranks
+        return self.dp * self.ranks * self.tp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,7 @@ class TrainResult:
     stopped_by: str = ""  # the signal that stopped the run early ("SIGTERM"), if any
     checkpoint: str | None = None  # the last checkpoint this run saved
     notes: tuple[str, ...] = ()  # damaged checkpoints skipped when resuming, one line each
+    coordination_ms: float | None = None  # mean cost of one tensor-parallel decision on rank 0 (the leader)
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
@@ -156,10 +159,12 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
     }
     if config.memory_slack:
         options["memory_slack"] = config.memory_slack
-    if config.dp > 1:
-        options["mesh"] = build_mesh(world, dp=config.dp)
+    mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
+    position = rank if mesh is None else Layout.of(mesh).position_of(rank)
+    if mesh is not None:
+        options["mesh"] = mesh
     if config.memory_budget is not None:
-        options["memory_budget"] = config.memory_budget[rank % config.ranks]
+        options["memory_budget"] = config.memory_budget[position]
     loss_fn = loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
     if config.plan is not None:
@@ -167,6 +172,8 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     else:
         modules = split_layers(build_layers(config.model), hint.num_stages)
+        if mesh is not None and config.tp > 1:
+            modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     inject(pipe, Injection.parse(list(config.inject), seed=config.seed))
     return pipe, modules
@@ -225,7 +232,15 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         stopped_by=stop.name,
         checkpoint=None if checkpoints is None or checkpoints.last is None else str(checkpoints.last),
         notes=() if checkpoints is None else tuple(checkpoints.skipped),
+        coordination_ms=_decision_ms(pipe),
     )
+
+
+def _decision_ms(pipe: Pipeline) -> float | None:
+    coordination = pipe.coordination
+    if coordination is None or not coordination.decisions:
+        return None
+    return 1e3 * coordination.announce_seconds / coordination.decisions
 
 
 def _checkpointer(config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Optimizer | None) -> Checkpointer | None:

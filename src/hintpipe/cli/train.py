@@ -60,8 +60,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def register(commands: Any) -> None:
     parser = commands.add_parser("train", help=HELP, description=HELP)
     parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (processes)")
+    parser.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas of the pipeline")
     parser.add_argument(
-        "--dp", type=int, default=1, metavar="D", help="data-parallel replicas of the pipeline: D x P processes"
+        "--tp", type=int, default=1, metavar="T", help="tensor-parallel ranks per stage (gpt-mini): D x P x T processes"
     )
     parser.add_argument("--microbatches", type=int, required=True, metavar="M")
     parser.add_argument(
@@ -113,9 +114,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         )
     _check_run_options(args)
     hint = build_hint(args)
-    dp = getattr(args, "dp", 1)
+    dp, tp = getattr(args, "dp", 1), getattr(args, "tp", 1)
     injection = Injection.parse(args.inject)
-    injection.check(args.stages * dp, hint.num_stages, args.microbatches)
+    injection.check(args.stages * dp * tp, hint.num_stages, args.microbatches)
     late = [step for _, step in (*injection.crash, *injection.hang, *injection.save_failures)]
     late += list(injection.nan_steps)
     if late and max(late) >= args.steps:
@@ -123,6 +124,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     data = getattr(args, "data", "synthetic")
     vocab = 256 if data == "stdlib" else ModelConfig.vocab
     model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed, vocab=vocab)
+    if tp > 1 and model.heads % tp:
+        raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
     if data == "stdlib" and model.name == "mlp":
         raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
     plan_path = getattr(args, "plan", None)
@@ -160,6 +163,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         plan=planned,
         data=data,
         dp=dp,
+        tp=tp,
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
@@ -178,10 +182,13 @@ def _check_run_options(args: argparse.Namespace) -> None:
     """Refuse bad values before any rank starts, each in one line naming the option."""
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    if getattr(args, "dp", 1) < 1:
-        raise ValueError(f"--dp must be at least 1, got {args.dp}")
-    if getattr(args, "dp", 1) > 1 and getattr(args, "check_grads", False):
-        raise ValueError("--check-grads compares one pipeline with the unsplit model; use it without --dp")
+    dp, tp = getattr(args, "dp", 1), getattr(args, "tp", 1)
+    if dp < 1 or tp < 1:
+        raise ValueError(f"--dp and --tp must be at least 1, got {dp} and {tp}")
+    if dp * tp > 1 and getattr(args, "check_grads", False):
+        raise ValueError("--check-grads compares one pipeline with the unsplit model; use it without --dp and --tp")
+    if tp > 1 and (args.model != "gpt-mini" or getattr(args, "plan", None) is not None):
+        raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
     if args.microbatch_size < 1:
         raise ValueError(f"--microbatch-size must be at least 1, got {args.microbatch_size}")
     for option in ("trace", "timeline"):
@@ -248,6 +255,8 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "hint": config.hint,
         "ranks": config.ranks,
         "dp": config.dp,
+        "tp": config.tp,
+        "coordination_ms": result.coordination_ms,
         "microbatches": config.microbatches,
         "emulated": config.emulate is not None,
         "step_time_median": result.step_time_median,
@@ -328,7 +337,11 @@ def run(args: argparse.Namespace) -> int:
         print_json(result_json(result))
         return 0
     mode = " (emulated compute: tasks sleep their profiled cost)" if config.emulate else ""
-    ranks = f"{config.dp} x {config.ranks} ranks (data x pipeline)" if config.dp > 1 else f"{config.ranks} ranks"
+    ranks = (
+        f"{config.dp} x {config.ranks} x {config.tp} ranks (data x pipeline x tensor)"
+        if config.dp * config.tp > 1
+        else f"{config.ranks} ranks"
+    )
     stdout.print(f"{config.model.name} on {ranks}, {config.hint}, {config.policy}{mode}")
     stdout.print(step_table(result))
     if result.max_grad_abs_diff is not None:
