@@ -11,6 +11,7 @@ import pytest
 from conftest import simulate
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import chrome_trace
+from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName, Placement
 from hintpipe.schedule.task import B, F
@@ -161,3 +162,37 @@ def test_trace_has_one_slice_per_task_on_its_rank(tmp_path: Path) -> None:
 def test_mismatched_cost_model_is_refused() -> None:
     with pytest.raises(CostModelError, match="cost model has 3 stages, the pipeline has 4"):
         Simulator(generate_hint("1f1b", 4, 4), CostModel.uniform(3))
+
+
+# -- tensor-parallel stages ----------------------------------------------------------------------------------
+
+
+def test_a_tensor_parallel_decision_costs_coordinating_policies_only() -> None:
+    p, m, d = 4, 8, 0.25
+    hint = generate_hint(HintName.ONE_F_ONE_B, p, m)
+    sim = Simulator(hint, CostModel.uniform(p))  # F = 1, B = 2
+    sample = Sample.draw(hint, sim.cost_model, [parse_variability(f"tp:2:0:{d}")])
+    assert sim.run(Policy.FIXED, sample).makespan == pytest.approx(3 * (m + p - 1))  # no announcement
+    # Every task costs d more under greedy: 1F1B's makespan (m + p - 1)(F + B) with F = 1 + d, B = 2 + d.
+    assert sim.run(Policy.GREEDY, sample).makespan == pytest.approx((m + p - 1) * (3 + 2 * d))
+
+
+def test_a_tensor_parallel_task_takes_its_slowest_members_time() -> None:
+    hint = generate_hint(HintName.ONE_F_ONE_B, 2, 4)
+    model = CostModel.uniform(2)
+    one = Sample.draw(hint, model, [parse_variability("tp:1:0.5")], np.random.default_rng(3))
+    iid = Sample.draw(hint, model, [parse_variability("iid:0.5")], np.random.default_rng(3))
+    np.testing.assert_array_equal(one.costs, iid.costs)  # one member: independent noise, as iid
+    members = [parse_variability("tp:4:0.5")]
+    big = Simulator(generate_hint(HintName.ONE_F_ONE_B, 2, 4000), CostModel.uniform(2))
+    costs = Sample.draw(big.hint, big.cost_model, members, np.random.default_rng(5)).costs
+    draws = np.random.default_rng(7).lognormal(-0.125, 0.5, size=(4, 200_000)).max(axis=0)
+    assert costs.mean() == pytest.approx(draws.mean(), rel=0.01)  # E[max of 4 factors], about 1.5
+    assert costs.mean() > 1.4
+
+
+def test_the_runtime_refuses_the_simulators_tensor_parallel_word() -> None:
+    with pytest.raises(SpecError, match=r"here they are real ranks \(train --tp\)"):
+        Injection.parse(["tp:2:0.3"])
+    with pytest.raises(SpecError, match="MEMBERS"):
+        parse_variability("tp:0:0.3")

@@ -53,8 +53,12 @@ class GradientAverage:
         self.rank = rank
         self._done: dict[int, int] = {}
         self._pending: list[tuple[int, dist.Work | None, torch.Tensor, list[torch.Tensor]]] = []
-        #: Per stage, when its reduction started and ended in the last step (perf_counter seconds).
+        #: Per stage, when its reduction started in the last step (perf_counter seconds).
         self.started: dict[int, float] = {}
+        #: In the last step: per stage, the time its reduction had to overlap the rest of the step (from its
+        #: start to the step's end), and the time the step's end still waited for all of them (not hidden).
+        self.overlap: dict[int, float] = {}
+        self.exposed = 0.0
 
     def begin_step(self) -> None:
         """Called by the pipeline at the start of each step (not through the executor chain)."""
@@ -87,6 +91,8 @@ class GradientAverage:
     def wait(self, step: int, timeout: float) -> None:
         """Finish every reduction of the step and write the averages back into ``.grad``."""
         limit = datetime.timedelta(seconds=timeout)
+        end = time.perf_counter()
+        self.overlap = {stage: end - began for stage, began in self.started.items()}
         for stage, work, flat, grads in self._pending:
             try:
                 if work is not None:
@@ -100,6 +106,7 @@ class GradientAverage:
             averages = _unflatten_dense_tensors(flat, grads)  # type: ignore[no-untyped-call]
             for grad, average in zip(grads, averages, strict=True):
                 grad.copy_(average)
+        self.exposed = time.perf_counter() - end
         missing = [s for s, n in self._done.items() if n != self.microbatches]
         if missing:
             raise RuntimeError(f"rank {self.rank}: stages {missing} did not finish their gradients in step {step}")

@@ -56,6 +56,7 @@ _USAGE = (
 )
 _RENAMED = {
     "compute": "compute:SIGMA is now iid:SIGMA, the simulator's word for the same thing",
+    "tp": "tp: models tensor-parallel members in the simulator; here they are real ranks (train --tp)",
 }
 
 

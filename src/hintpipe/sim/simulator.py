@@ -23,7 +23,14 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
 from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.variability import CommDelay, Variability, comm_delay, sample_costs, sample_message_delays
+from hintpipe.sim.variability import (
+    CommDelay,
+    Variability,
+    comm_delay,
+    decision_latency,
+    sample_costs,
+    sample_message_delays,
+)
 
 
 class DeadlockError(RuntimeError):
@@ -38,6 +45,7 @@ class Sample:
     costs: npt.NDArray[np.float64]
     delays: npt.NDArray[np.float64]
     latency: float
+    decision: float = 0.0  # added to every task under greedy and ready (tensor-parallel coordination)
 
     @classmethod
     def draw(
@@ -54,7 +62,7 @@ class Sample:
         costs = sample_costs(expected, list(models), rng)
         comm = comm_delay(list(models))
         delays = sample_message_delays(comm, costs.size, rng).reshape(costs.shape)
-        return cls(costs, delays, comm.latency)
+        return cls(costs, delays, comm.latency, decision_latency(list(models)))
 
     @classmethod
     def expected(cls, hint: Hint, cost_model: CostModel, comm: CommDelay | None = None) -> Sample:
@@ -225,7 +233,10 @@ class Simulator:
         plans = self.plans(sample.latency) if policy is Policy.READY else None
         boards = self._scoreboards(policy, budgets, plans)
         ranks = range(hint.num_ranks)
-        cost = [sample.costs[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]
+        # Under greedy and ready a tensor-parallel group's leader announces each task (see
+        # hintpipe.runtime.coordination); fixed order needs no announcement.
+        extra = sample.decision if policy is not Policy.FIXED else 0.0
+        cost = [(sample.costs[self._stage[r], self._mb[r], self._kind[r]] + extra).tolist() for r in ranks]
         delay = [sample.delays[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]
         starts, ends, now = _drive(boards, cost, delay)
         if any(not sb.done for sb in boards):

@@ -14,6 +14,12 @@
                                an exponential extra with mean JITTER: bare
                                numbers in cost units (the simulator), or times
                                with a unit, ``comm:2ms:1ms`` (the runtime)
+``tp:MEMBERS:SIGMA[:DECISION]`` simulator only: every stage is split over
+                               MEMBERS tensor-parallel ranks, each with its
+                               own lognormal factor (mean 1) per task; a task
+                               takes the slowest member's time, plus DECISION
+                               (the leader's announcement) under greedy and
+                               ready, which coordinate (fixed does not)
 =============================  ===============================================
 
 The words mean the same in ``hintpipe simulate --variability`` and ``hintpipe
@@ -61,9 +67,20 @@ class CommDelay:
     in_seconds: bool = False
 
 
-Variability = IidNoise | MicrobatchNoise | Straggler | CommDelay
+@dataclasses.dataclass(frozen=True)
+class TensorParallel:
+    """Stages split over ``members`` ranks: a task waits for the slowest; ``decision`` in cost units."""
 
-_USAGE = "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]] or comm:LATENCY[:JITTER]"
+    members: int
+    sigma: float
+    decision: float = 0.0
+
+
+Variability = IidNoise | MicrobatchNoise | Straggler | CommDelay | TensorParallel
+
+_USAGE = (
+    "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] or tp:MEMBERS:SIGMA[:DECISION]"
+)
 __all__ = ["SpecError", "parse_variability"]
 
 
@@ -104,7 +121,17 @@ def parse_variability(text: str, *, seconds: bool = False) -> Variability:
             where = "the runtime delays messages in time" if seconds else "the simulator counts in cost units"
             raise spec.fail(f"{where}: write {fix}", _KIND)
         return CommDelay(parts[0][0], parts[1][0] if len(parts) == 2 else 0.0, seconds)
+    if spec.word == "tp":
+        spec.expect((2, 3), "tp:MEMBERS:SIGMA[:DECISION]", _KIND)
+        members = spec.integer(0, "MEMBERS", minimum=1, kind=_KIND)
+        decision = spec.number(2, "DECISION", kind=_KIND) if len(spec.args) == 3 else 0.0
+        return TensorParallel(members, spec.number(1, "SIGMA", kind=_KIND), decision)
     raise spec.fail(f"unknown model {spec.word!r}; use {_USAGE}", _KIND)
+
+
+def decision_latency(models: list[Variability]) -> float:
+    """What one tensor-parallel decision adds to each task under a coordinating policy (cost units)."""
+    return sum(m.decision for m in models if isinstance(m, TensorParallel))
 
 
 def comm_delay(models: list[Variability]) -> CommDelay:
@@ -142,6 +169,8 @@ def sample_costs(
         elif isinstance(model, Straggler):
             stage, first, last = straggler_window(model, stages, mbs, rng)
             costs[stage, first : last + 1, :] *= model.factor
+        elif isinstance(model, TensorParallel):  # the slowest member sets the pace
+            costs *= mean_one_lognormal(rng, model.sigma, (model.members, *costs.shape)).max(axis=0)
     return costs
 
 
