@@ -36,7 +36,9 @@ def _batch(step: int, replica: int) -> tuple[list[torch.Tensor], list[torch.Tens
     return inputs, targets
 
 
-def _data_parallel(rank: int, world: int, policy: str, hint: str, dp: int) -> tuple[float, float]:
+def _data_parallel(
+    rank: int, world: int, policy: str, hint: str, dp: int, mode: str = "replicate"
+) -> tuple[float, float]:
     """Train 3 AdamW steps on DP x PP and on the unsplit model with the global batch; returns the largest
     gradient difference after step 0 and the largest parameter difference after step 2 (this rank's stages)."""
     mesh = build_mesh(world, dp=dp)
@@ -44,7 +46,14 @@ def _data_parallel(rank: int, world: int, policy: str, hint: str, dp: int) -> tu
     reference = nn.Sequential(*copy.deepcopy(layers))
     stages = split_layers(layers, world // dp)
     pipe = Pipeline.from_modules(
-        stages, loss_fn=lm_loss, microbatches=MICROBATCHES, hint=hint, policy=policy, mesh=mesh, timeout=TIMEOUT
+        stages,
+        loss_fn=lm_loss,
+        microbatches=MICROBATCHES,
+        hint=hint,
+        policy=policy,
+        mesh=mesh,
+        timeout=TIMEOUT,
+        data_parallel=mode,
     )
     replica = pipe.layout.replica_of(rank)
     optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], eps=EPS)
@@ -71,21 +80,28 @@ def _data_parallel(rank: int, world: int, policy: str, hint: str, dp: int) -> tu
                 for x, y in zip(*_batch(step, r), strict=True):
                     torch.autograd.backward(lm_loss(reference(x), y) / total)
             if step == 0:
-                grad_diff = max((p.grad - q.grad).abs().max().item() for p, q in pairs())  # type: ignore[operator]
+                grad_diff = max((_full(p.grad) - q.grad).abs().max().item() for p, q in pairs())  # type: ignore[arg-type,operator]
             optimizer.step()
             expected_optimizer.step()
             optimizer.zero_grad()
             expected_optimizer.zero_grad()
-    return grad_diff, max((p - q).abs().max().item() for p, q in pairs())
+    return grad_diff, max((_full(p) - q).abs().max().item() for p, q in pairs())
 
 
 @pytest.mark.parametrize(
-    ("policy", "hint"), [("fixed", "1f1b"), ("greedy", "1f1b"), ("ready", "1f1b"), ("ready", "zb-h1")]
+    ("policy", "hint", "mode"),
+    [
+        ("fixed", "1f1b", "replicate"),
+        ("greedy", "1f1b", "replicate"),
+        ("ready", "zb-h1", "replicate"),
+        ("fixed", "1f1b", "fsdp"),
+        ("ready", "1f1b", "fsdp"),
+    ],
 )
-def test_data_parallel_pipelines_train_as_the_unsplit_model(policy: str, hint: str) -> None:
+def test_data_parallel_pipelines_train_as_the_unsplit_model(policy: str, hint: str, mode: str) -> None:
     # Tolerances: float32 sums in another order (micro-batches, then replicas) differ in the last bits: 1e-6
     # on gradients of order 1e-1; parameters after 3 steps of lr 1e-3 within 2e-5 (see EPS).
-    for grad_diff, param_diff in run_ranks(_data_parallel, 4, policy, hint, 2, timeout_s=TIMEOUT):
+    for grad_diff, param_diff in run_ranks(_data_parallel, 4, policy, hint, 2, mode, timeout_s=TIMEOUT):
         assert grad_diff < 1e-6
         assert param_diff < 2e-5
 
@@ -326,3 +342,22 @@ def test_train_on_three_axes_from_the_command_line(capsys: pytest.CaptureFixture
     result = json.loads(capsys.readouterr().out)
     assert (result["dp"], result["tp"], result["ranks"], len(result["losses"])) == (2, 2, 2, 2)
     assert result["coordination_ms"] > 0  # ready: the leader announced its decisions
+
+
+def _fsdp_with_split_backward(rank: int, world: int) -> str:
+    stages = split_layers(build_layers(MODEL), 2)
+    try:
+        Pipeline.from_modules(
+            stages, loss_fn=lm_loss, microbatches=4, hint="zb-h1", mesh=build_mesh(world, dp=2), data_parallel="fsdp"
+        )
+    except ValueError as exc:
+        return str(exc)
+    return "built"
+
+
+def test_fsdp_with_a_split_backward_is_refused_naming_the_way_out() -> None:
+    for message in run_ranks(_fsdp_with_split_backward, 4, timeout_s=TIMEOUT):
+        assert message == (
+            "data_parallel='fsdp' needs a hint without a split backward, 'zb-h1' splits it (FSDP2 reshards the "
+            "parameters the weight pass's graph holds); use data_parallel='replicate'"
+        )

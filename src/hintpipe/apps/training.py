@@ -76,6 +76,7 @@ class TrainConfig:
     data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
+    data_parallel: str = "replicate"  # or "fsdp"
 
     @property
     def world(self) -> int:
@@ -163,6 +164,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:
         options["mesh"] = mesh
+        options["data_parallel"] = config.data_parallel
     if config.memory_budget is not None:
         options["memory_budget"] = config.memory_budget[position]
     loss_fn = loss_fn_for(config.model.name)

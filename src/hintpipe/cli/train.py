@@ -62,6 +62,12 @@ def register(commands: Any) -> None:
     parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (processes)")
     parser.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas of the pipeline")
     parser.add_argument(
+        "--data-parallel",
+        default="replicate",
+        choices=["replicate", "fsdp"],
+        help="replicas hold whole stages and all-reduce gradients (default), or FSDP2 shards them",
+    )
+    parser.add_argument(
         "--tp", type=int, default=1, metavar="T", help="tensor-parallel ranks per stage (gpt-mini): D x P x T processes"
     )
     parser.add_argument("--microbatches", type=int, required=True, metavar="M")
@@ -164,6 +170,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         data=data,
         dp=dp,
         tp=tp,
+        data_parallel=getattr(args, "data_parallel", "replicate"),
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")

@@ -39,6 +39,7 @@ from hintpipe.runtime.coordination import Coordination, needed
 from hintpipe.runtime.data_parallel import GradientAverage, ReducingExecutor
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
+from hintpipe.runtime.fsdp import ShardedExecutor, shard_stages
 from hintpipe.runtime.mailbox import PostOffice
 from hintpipe.runtime.mesh import Layout
 from hintpipe.runtime.microbatch import Batch, as_inputs, split_microbatches
@@ -58,7 +59,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BudgetError", "NonFiniteLoss", "OnNonFinite", "Pipeline", "PipelineOptions", "StepReport"]
+__all__ = [
+    "BudgetError",
+    "DataParallel",
+    "NonFiniteLoss",
+    "OnNonFinite",
+    "Pipeline",
+    "PipelineOptions",
+    "StepReport",
+]
 
 
 class OnNonFinite(Choice):
@@ -71,6 +80,19 @@ class OnNonFinite(Choice):
     @classmethod
     def noun(cls) -> str:
         return "on_nonfinite"
+
+
+class DataParallel(Choice):
+    """How data-parallel replicas keep their stages equal: ``replicate`` (every replica holds the whole
+    stage; gradients all-reduced, see :mod:`hintpipe.runtime.data_parallel`) or ``fsdp`` (parameters
+    sharded over the replicas by FSDP2, see :mod:`hintpipe.runtime.fsdp`)."""
+
+    REPLICATE = "replicate"
+    FSDP = "fsdp"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "data_parallel"
 
 
 class PipelineOptions(TypedDict, total=False):
@@ -89,6 +111,7 @@ class PipelineOptions(TypedDict, total=False):
     report_every: int
     tied: Sequence[TiedParameter]
     mesh: DeviceMesh | None
+    data_parallel: str | DataParallel
 
 
 class Pipeline:
@@ -128,6 +151,7 @@ class Pipeline:
             replicas average their stages' gradients each step (see
             :mod:`hintpipe.runtime.data_parallel`). Default: the whole world is
             one pipeline.
+        data_parallel: see :class:`DataParallel` (with a mesh that has ``dp``).
 
     Raises:
         ValueError: for options that contradict each other or the group.
@@ -157,6 +181,7 @@ class Pipeline:
         report_every: int = 1,
         tied: Sequence[TiedParameter] = (),
         mesh: DeviceMesh | None = None,
+        data_parallel: str | DataParallel = DataParallel.REPLICATE,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
@@ -183,6 +208,12 @@ class Pipeline:
         if emulate is not None and memory_budget is not None:
             raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
         self.modules = dict(modules)
+        self.data_parallel = DataParallel.parse(data_parallel)
+        self.sharded = self.layout.dp > 1 and self.data_parallel is DataParallel.FSDP and emulate is None
+        if self.sharded:
+            assert mesh is not None
+            self._check_fsdp(tied)
+            shard_stages(self.modules, mesh["dp"])
         self.timeout = timeout
         self.timelines = timelines
         self.report_every = report_every
@@ -205,7 +236,11 @@ class Pipeline:
         #: The ranks holding the same stages in the other data-parallel replicas (None without replicas).
         self.replica_group = self.layout.groups(self.layout.replicas, timeout) if self.layout.dp > 1 else None
         self.average: GradientAverage | None = None
-        if self.replica_group is not None and emulate is None:
+        self._fsdp_executor: ShardedExecutor | None = None
+        if self.sharded:
+            self._fsdp_executor = ShardedExecutor(self.executor, self.modules, microbatches)
+            self.executor = self._fsdp_executor
+        elif self.replica_group is not None and emulate is None:
             self.average = GradientAverage(
                 self.modules, self.replica_group, self.layout.dp, microbatches, self.hint.split_backward, self.rank
             )
@@ -220,7 +255,11 @@ class Pipeline:
         self._closed = False
         self._started = False
         self._check_options(
-            emulated=emulate is not None, byte_admission=memory_budget is not None, dp=self.layout.dp, tp=self.layout.tp
+            emulated=emulate is not None,
+            byte_admission=memory_budget is not None,
+            dp=self.layout.dp,
+            tp=self.layout.tp,
+            data_parallel=self.data_parallel.value,
         )
 
     def _connect(self) -> Transport:
@@ -238,6 +277,18 @@ class Pipeline:
         peers = {stage_rank[s + d] for s in self.stages for d in (-1, 1) if 0 <= s + d < self.hint.num_stages}
         self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p)
         return self._post_office
+
+    def _check_fsdp(self, tied: Sequence[TiedParameter]) -> None:
+        if self.hint.split_backward:
+            raise ValueError(
+                f"data_parallel='fsdp' needs a hint without a split backward, {self.hint.name!r} splits it "
+                "(FSDP2 reshards the parameters the weight pass's graph holds); use data_parallel='replicate'"
+            )
+        if self.layout.tp > 1 or tied:
+            raise ValueError(
+                "data_parallel='fsdp' is for stages without tensor parallelism or tied parameters; use "
+                "data_parallel='replicate'"
+            )
 
     # -- building ---------------------------------------------------------------
 
@@ -394,6 +445,8 @@ class Pipeline:
         )
         if self.average is not None:
             self.average.begin_step()
+        if self._fsdp_executor is not None:
+            self._fsdp_executor.start_step()
         loop_time = loop.run(state)
         self.transport.flush(self.timeout)
         if self.average is not None:
