@@ -92,7 +92,6 @@ def _data_parallel(
     ("policy", "hint", "mode"),
     [
         ("fixed", "1f1b", "replicate"),
-        ("greedy", "1f1b", "replicate"),
         ("ready", "zb-h1", "replicate"),
         ("fixed", "1f1b", "fsdp"),
         ("ready", "1f1b", "fsdp"),
@@ -160,7 +159,7 @@ def _tied_worker(rank: int, world: int, planned: Plan, policy: str) -> dict[str,
     return {n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()}
 
 
-@pytest.mark.parametrize("policy", ["fixed", "ready"])
+@pytest.mark.parametrize("policy", ["ready"])  # fixed: the tied test of the planner, without replicas
 def test_a_tied_weight_with_data_parallel_pipelines_trains_like_the_unsplit_model(policy: str) -> None:
     torch.manual_seed(0)
     model = _Tied()
@@ -263,7 +262,7 @@ def _tensor_parallel(
     return grad_diff, differences(of_grad=False), order
 
 
-@pytest.mark.parametrize(("policy", "dp"), [("fixed", 1), ("greedy", 1), ("ready", 1), ("ready", 2)])
+@pytest.mark.parametrize(("policy", "dp"), [("fixed", 1), ("ready", 1), ("ready", 2)])  # greedy: the next test
 def test_tensor_parallel_stages_train_as_the_unsplit_model(policy: str, dp: int) -> None:
     world = dp * 2 * 2
     results = run_ranks(_tensor_parallel, world, policy, dp, 2, True, False, timeout_s=60)
