@@ -258,6 +258,20 @@ def test_saved_bytes_are_counted_by_storage() -> None:
     assert counted.total - x.numel() * 4 == tables.saved.sum()
 
 
+def test_no_cut_falls_between_a_split_and_its_items() -> None:
+    # Stages exchange flat tuples of tensors: the chunk's tuple may not cross a cut, its items may.
+    graph = capture(Gated())
+    tables = node_tables(profile(graph, [torch.randn(5, 8)], repeats=1), graph)
+    names = [n.name for n in graph.nodes]
+    chunk = names.index("chunk")
+    items = [
+        i for i, n in enumerate(graph.nodes) if n.op == "call_function" and n.args and n.args[0] is graph.nodes[chunk]
+    ]
+    assert len(items) == 3
+    assert not set(range(chunk + 1, max(items) + 1)) & set(tables.allowed)
+    assert max(items) + 1 in tables.allowed or max(items) + 1 == len(names)
+
+
 def test_split_points_restrict_the_cuts() -> None:
     result = plan(Skip(marked=True), torch.randn(3, 6), stages=3, microbatches=4, repeats=1)
     nodes = [n.name for n in result.graph.nodes]

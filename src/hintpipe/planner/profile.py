@@ -147,9 +147,9 @@ def _profile_node(
         output_bytes=nbytes(out),
         storage_bytes=storage_nbytes(out),
         alias_of=alias,
-        tensor_output=isinstance(out, torch.Tensor)
-        or (isinstance(out, (tuple, list)) and len(tensors_in(out)) == len(out) > 0)
-        or scalar,
+        # What may cross a cut: a tensor, or a number (boxed there). A tuple of tensors (a split's result)
+        # may not: stages send flat tuples of tensors, so cuts fall after its items are taken out.
+        tensor_output=isinstance(out, torch.Tensor) or scalar,
         internal_bytes=internal,
         saves_output=any(k in outputs for k in counted.sizes),
         saved_inputs=tuple(sorted({input_of[k] for k in counted.sizes if k in input_of})),

@@ -227,24 +227,7 @@ class Pipeline:
         )
         self.device = torch.device("cpu")
         self.transport: Transport = self._connect()
-        self.coordination: Coordination | None = None
-        if needed(self.policy, self.layout.tp) and self._coordinate_tp:
-            group = self.layout.groups(self.layout.tensors)
-            assert group is not None
-            leader = self.layout.tensor_group_of(self.global_rank)[0]
-            self.coordination = Coordination(group, self._post_office.inbox, leader)
-        #: The ranks holding the same stages in the other data-parallel replicas (None without replicas).
-        self.replica_group = self.layout.groups(self.layout.replicas, timeout) if self.layout.dp > 1 else None
-        self.average: GradientAverage | None = None
-        self._fsdp_executor: ShardedExecutor | None = None
-        if self.sharded:
-            self._fsdp_executor = ShardedExecutor(self.executor, self.modules, microbatches)
-            self.executor = self._fsdp_executor
-        elif self.replica_group is not None and emulate is None:
-            self.average = GradientAverage(
-                self.modules, self.replica_group, self.layout.dp, microbatches, self.hint.split_backward, self.rank
-            )
-            self.executor = ReducingExecutor(self.executor, self.average)
+        self._connect_axes(emulated=emulate is not None)
         self.tied = TiedGradients(tied, self.modules, self.hint.placement.stage_rank, self.rank, self.layout.pipelines)
         self.planner = ReadyPlanner(self.hint, self.rank)
         self._stash: list[Message] = []
@@ -277,6 +260,31 @@ class Pipeline:
         peers = {stage_rank[s + d] for s in self.stages for d in (-1, 1) if 0 <= s + d < self.hint.num_stages}
         self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p)
         return self._post_office
+
+    def _connect_axes(self, *, emulated: bool) -> None:
+        """The tensor-parallel group's coordination and the data-parallel reduction, when the mesh has them.
+
+        Groups are created on every rank in the same order (they are collective).
+        """
+        self.coordination: Coordination | None = None
+        if needed(self.policy, self.layout.tp) and self._coordinate_tp:
+            group = self.layout.groups(self.layout.tensors)
+            assert group is not None
+            leader = self.layout.tensor_group_of(self.global_rank)[0]
+            self.coordination = Coordination(group, self._post_office.inbox, leader)
+        #: The ranks holding the same stages in the other data-parallel replicas (None without replicas).
+        self.replica_group = self.layout.groups(self.layout.replicas, self.timeout) if self.layout.dp > 1 else None
+        self.average: GradientAverage | None = None
+        self._fsdp_executor: ShardedExecutor | None = None
+        if self.sharded:
+            self._fsdp_executor = ShardedExecutor(self.executor, self.modules, self.microbatches)
+            self.executor = self._fsdp_executor
+        elif self.replica_group is not None and not emulated:
+            split = self.hint.split_backward
+            self.average = GradientAverage(
+                self.modules, self.replica_group, self.layout.dp, self.microbatches, split, self.rank
+            )
+            self.executor = ReducingExecutor(self.executor, self.average)
 
     def _check_fsdp(self, tied: Sequence[TiedParameter]) -> None:
         if self.hint.split_backward:
