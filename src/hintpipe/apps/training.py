@@ -115,7 +115,7 @@ class TrainResult:
 
     @property
     def throughput(self) -> float:
-        """Tokens (gpt-mini) or samples (mlp) per second over the measured steps."""
+        """Tokens (language models) or samples (mlp) per second over the measured steps."""
         steps = self.measured
         first = len(self.reports) - len(steps)
         return sum(self.tokens[first:]) / sum(r.step_time for r in steps)

@@ -256,7 +256,7 @@ def _budget(text: str | None, ranks: int) -> tuple[float, ...] | None:
 
 def result_json(result: TrainResult) -> dict[str, Any]:
     config = result.config
-    unit = "tokens_per_s" if config.model.name == "gpt-mini" else "samples_per_s"
+    unit = "tokens_per_s" if config.model.name != "mlp" else "samples_per_s"
     return {
         "policy": config.policy,
         "hint": config.hint,
