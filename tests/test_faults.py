@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Tensors
-from hintpipe.runtime.faults import DelayedTransport, VariedExecutor
+from hintpipe.runtime.faults import DelayedTransport, FaultyExecutor, VariedExecutor
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind
@@ -110,3 +110,13 @@ def test_emulated_compute_takes_the_factor_exactly() -> None:
     # The first stage's input size travels down the pipeline as a one-element activation.
     outputs, _ = executor.forward(0, 3, [torch.zeros(2, 6)], None, 1.0)
     assert outputs[0].tolist() == [12.0]
+
+
+def test_a_fault_wrapper_passes_the_step_on_to_the_executor_it_wraps() -> None:
+    # Emulated compute draws each task's factor by step: under a fault wrapper it must still see the step.
+    costs = EmulatedCosts((0.01,), (0.01,), (0.0,), reference_size=4)
+    executor = EmulatedExecutor(costs, last_stage=0, factor=lambda step, stage, kind, mb: 1.0 + step)
+    wrapped = FaultyExecutor(executor, Injection.parse(["nan:9"]), rank=0)
+    wrapped.begin_step(3)
+    assert (wrapped.step, executor.step) == (3, 3)
+    assert executor.duration(0, Kind.F, 0, 4) == pytest.approx(0.04)

@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.distributed.tensor import DTensor
 
 from hintpipe.runtime.errors import WatchdogTimeout
-from hintpipe.runtime.executor import Executor, Tensors
+from hintpipe.runtime.executor import Executor, ExecutorWrapper, Tensors
 from hintpipe.schedule.task import Kind
+from hintpipe.tensor_bytes import local
 
 
 class GradientAverage:
@@ -80,7 +79,7 @@ class GradientAverage:
             if param.grad is None:  # unused this step: it still takes part, as zero
                 param.grad = torch.zeros_like(param)
         # A tensor-parallel parameter's gradient is a DTensor: its local shard is what this rank averages.
-        grads = [_local(p.grad) for p in params if p.grad is not None]
+        grads = [local(p.grad) for p in params if p.grad is not None]
         if not grads:
             return
         flat = _flatten_dense_tensors(grads)  # type: ignore[no-untyped-call]
@@ -113,24 +112,12 @@ class GradientAverage:
         self._pending.clear()
 
 
-class ReducingExecutor:
+class ReducingExecutor(ExecutorWrapper):
     """An executor that tells a :class:`GradientAverage` when each gradient task is done."""
 
     def __init__(self, inner: Executor, average: GradientAverage) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.average = average
-
-    @property
-    def live_bytes(self) -> int:
-        return self.inner.live_bytes
-
-    def begin_step(self, step: int) -> None:
-        self.inner.begin_step(step)
-
-    def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        return self.inner.forward(stage, mb, inputs, target, loss_scale)
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
         result = self.inner.backward(stage, mb, grads)
@@ -140,7 +127,3 @@ class ReducingExecutor:
     def weight(self, stage: int, mb: int) -> None:
         self.inner.weight(stage, mb)
         self.average.task_done(stage, Kind.W)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -57,6 +57,32 @@ class Executor(Protocol):
         """Run W: accumulate the weight gradients B left out."""
 
 
+class ExecutorWrapper:
+    """An executor around another: every call passes through to ``inner``; subclasses add to the ones
+    they care about (injected faults, gradient reductions). ``begin_step`` always reaches ``inner``."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+
+    @property
+    def live_bytes(self) -> int:
+        return self.inner.live_bytes
+
+    def begin_step(self, step: int) -> None:
+        self.inner.begin_step(step)
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        return self.inner.forward(stage, mb, inputs, target, loss_scale)
+
+    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
+        return self.inner.backward(stage, mb, grads)
+
+    def weight(self, stage: int, mb: int) -> None:
+        self.inner.weight(stage, mb)
+
+
 def as_tensors(value: Any) -> list[torch.Tensor]:
     """A stage's output as a list of tensors (a tensor, or a tuple/list of them)."""
     if isinstance(value, torch.Tensor):

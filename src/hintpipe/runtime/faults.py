@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hintpipe.runtime.executor import EmulatedExecutor, Executor, Tensors
+from hintpipe.runtime.executor import EmulatedExecutor, Executor, ExecutorWrapper, Tensors
 from hintpipe.runtime.injection import CostFactors, Injection
 from hintpipe.runtime.launch import attempt
 from hintpipe.runtime.transport import Transport
@@ -39,25 +39,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class StepAware:
-    """Executor wrappers learn where the step loop is through :meth:`begin_step`."""
+class StepAware(ExecutorWrapper):
+    """Executor wrappers learn where the step loop is through :meth:`begin_step` (and pass it on)."""
 
     step = 0
 
     def begin_step(self, step: int) -> None:
         self.step = step
+        super().begin_step(step)
 
 
 class VariedExecutor(StepAware):
     """Real compute made slower by the injected factors (see [Note: how the runtime realises a cost factor])."""
 
     def __init__(self, inner: Executor, factors: CostFactors) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.factors = factors
-
-    @property
-    def live_bytes(self) -> int:
-        return self.inner.live_bytes
 
     def _pad(self, began: float, stage: int, kind: Kind, mb: int) -> None:
         factor = self.factors(self.step, stage, kind, mb)
@@ -92,15 +89,11 @@ class FaultyExecutor(StepAware):
     """
 
     def __init__(self, inner: Executor, injection: Injection, rank: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.injection = injection
         self.rank = rank
         self._tasks = 0
         self._first_attempt = attempt() == 0  # a restarted job runs past its injected crash
-
-    @property
-    def live_bytes(self) -> int:
-        return self.inner.live_bytes
 
     def begin_step(self, step: int) -> None:
         super().begin_step(step)

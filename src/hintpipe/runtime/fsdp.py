@@ -17,15 +17,13 @@ the graph of the input pass, whose parameters FSDP2 has resharded by then
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from hintpipe.runtime.executor import Executor, Tensors
+from hintpipe.runtime.executor import Executor, ExecutorWrapper, Tensors
 
 
 def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> None:
@@ -34,30 +32,18 @@ def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> None:
         fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
-class ShardedExecutor:
+class ShardedExecutor(ExecutorWrapper):
     """Turns FSDP2's gradient sync on for each stage's last backward of the step only."""
 
     def __init__(self, inner: Executor, modules: Mapping[int, nn.Module], microbatches: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.modules = {s: m for s, m in modules.items() if isinstance(m, FSDPModule)}
         self.microbatches = microbatches
         self._done: dict[int, int] = {}
 
-    @property
-    def live_bytes(self) -> int:
-        return self.inner.live_bytes
-
     def start_step(self) -> None:
         """Called by the pipeline at the start of each step."""
         self._done = dict.fromkeys(self.modules, 0)
-
-    def begin_step(self, step: int) -> None:
-        self.inner.begin_step(step)
-
-    def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        return self.inner.forward(stage, mb, inputs, target, loss_scale)
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
         module = self.modules.get(stage)
@@ -67,6 +53,3 @@ class ShardedExecutor:
             module.set_reshard_after_backward(last)
             self._done[stage] += 1
         return self.inner.backward(stage, mb, grads)
-
-    def weight(self, stage: int, mb: int) -> None:
-        self.inner.weight(stage, mb)
