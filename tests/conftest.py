@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import SimResult, Simulator
+
+if TYPE_CHECKING:
+    from hintpipe.apps.training import TrainConfig
 
 
 def simulate(
@@ -36,3 +42,26 @@ def hang_bound(watchdog: float, grace: float = 5.0) -> float:
     watchdog plus the launcher's grace, plus start-up. These tests check that nothing
     hangs, not how fast the failure is seen, so the margin is wide on purpose."""
     return 3.0 * (watchdog + grace) + STARTUP_ALLOWANCE
+
+
+#: A gpt-mini small enough for multi-process tests of training runs.
+SMALL_GPT = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+
+
+def small_run(**changes: object) -> TrainConfig:
+    """A 2-rank, 6-step, ``fixed`` training run of :data:`SMALL_GPT` on variable lengths that returns its
+    parameters; ``changes`` override any field."""
+    from hintpipe.apps.training import TrainConfig  # torch: imported by the tests that train
+
+    base = TrainConfig(
+        model=SMALL_GPT,
+        ranks=2,
+        microbatches=4,
+        microbatch_size=2,
+        steps=6,
+        policy="fixed",
+        seq_len=SeqLenDist(16, 0.5),
+        timeout=20.0,
+        return_state=True,
+    )
+    return TrainConfig(**{**base.__dict__, **changes})

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import hang_bound
+from conftest import SMALL_GPT, hang_bound, small_run
 from hintpipe.apps.models import ModelConfig, SeqLenDist
-from hintpipe.apps.training import TrainConfig, train
+from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -32,23 +32,11 @@ from hintpipe.runtime.checkpoint import (
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.manifest import DamagedCheckpoint, Manifest, RunIdentity
 
-MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+MODEL = SMALL_GPT
 TIMEOUT = 20.0
 
 
-def _config(**changes: object) -> TrainConfig:
-    base = TrainConfig(
-        model=MODEL,
-        ranks=2,
-        microbatches=4,
-        microbatch_size=2,
-        steps=6,
-        policy="fixed",
-        seq_len=SeqLenDist(16, 0.5),
-        timeout=TIMEOUT,
-        return_state=True,
-    )
-    return TrainConfig(**{**base.__dict__, **changes})
+_config = small_run  # this file's runs: 2 ranks, 6 steps, fixed, unless a test says otherwise
 
 
 def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

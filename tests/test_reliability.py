@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import hang_bound
-from hintpipe.apps.models import ModelConfig, SeqLenDist
-from hintpipe.apps.training import TrainConfig, train
+from conftest import SMALL_GPT, hang_bound, small_run
+from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint import latest_checkpoint, load_merged
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
@@ -29,22 +28,10 @@ from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
 from hintpipe.sim.variability import SpecError, parse_variability
 
-MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+MODEL = SMALL_GPT
 
 
-def _config(**changes: object) -> TrainConfig:
-    base = TrainConfig(
-        model=MODEL,
-        ranks=2,
-        microbatches=4,
-        microbatch_size=2,
-        steps=6,
-        policy="fixed",
-        seq_len=SeqLenDist(16, 0.5),
-        timeout=20,
-        return_state=True,
-    )
-    return TrainConfig(**{**base.__dict__, **changes})
+_config = small_run  # this file's runs: 2 ranks, 6 steps, fixed, unless a test says otherwise
 
 
 # -- checkpoint and resume --------------------------------------------------------------------------

@@ -183,13 +183,7 @@ class Pipeline:
         mesh: DeviceMesh | None = None,
         data_parallel: str | DataParallel = DataParallel.REPLICATE,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
-        _check_positive(microbatches=microbatches, history=history)
-        if report_every < 0:
-            raise ValueError(f"report_every must be >= 0, got {report_every}")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        _check_arguments(microbatches, history, report_every, timeout)
         self.layout = _layout(mesh)
         self.global_rank = dist.get_rank()
         #: This rank's position in its pipeline (the hint's rank), and the pipeline's length.
@@ -647,6 +641,17 @@ def _resolve_hint(hint: str | Hint, ranks: int, microbatches: int, chunks: int |
             f"the group has {ranks} ranks and the pipeline runs {microbatches}"
         )
     return hint
+
+
+def _check_arguments(microbatches: int, history: int, report_every: int, timeout: float) -> None:
+    """Refuse the constructor's arguments that no group could run with, before anything collective."""
+    if not dist.is_initialized():
+        raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
+    _check_positive(microbatches=microbatches, history=history)
+    if report_every < 0:
+        raise ValueError(f"report_every must be >= 0, got {report_every}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
 
 
 def _check_positive(**values: int) -> None:
