@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,7 +96,8 @@ def _data_parallel(
         ("fixed", "1f1b", "replicate"),
         ("ready", "zb-h1", "replicate"),
         ("fixed", "1f1b", "fsdp"),
-        ("ready", "1f1b", "fsdp"),
+        ("greedy", "1f1b", "fsdp"),
+        ("ready", "zb-h1", "fsdp"),  # FSDP2 under a split backward: reduced after each stage's last W
     ],
 )
 def test_data_parallel_pipelines_train_as_the_unsplit_model(policy: str, hint: str, mode: str) -> None:
@@ -147,8 +150,9 @@ def _tied_steps(replica: int) -> list[tuple[list[torch.Tensor], list[torch.Tenso
     return steps
 
 
-def _tied_worker(rank: int, world: int, planned: Plan, policy: str) -> dict[str, torch.Tensor]:
-    pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy=policy, mesh=build_mesh(world, dp=2))
+def _tied_worker(rank: int, world: int, planned: Plan, policy: str, mode: str) -> dict[str, torch.Tensor]:
+    mesh = build_mesh(world, dp=2)
+    pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy=policy, mesh=mesh, data_parallel=mode)
     params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=0.05)
     with pipe:
@@ -156,16 +160,16 @@ def _tied_worker(rank: int, world: int, planned: Plan, policy: str) -> dict[str,
             pipe.step(xs, ys)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    return {n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()}
+    return {n: _full(p.detach()).clone() for m in pipe.modules.values() for n, p in m.named_parameters()}
 
 
-@pytest.mark.parametrize("policy", ["ready"])  # fixed: the tied test of the planner, without replicas
-def test_a_tied_weight_with_data_parallel_pipelines_trains_like_the_unsplit_model(policy: str) -> None:
+@pytest.mark.parametrize(("policy", "mode"), [("ready", "replicate"), ("greedy", "fsdp")])  # fixed: the planner's
+def test_a_tied_weight_with_data_parallel_pipelines_trains_like_the_unsplit_model(policy: str, mode: str) -> None:
     torch.manual_seed(0)
     model = _Tied()
     planned = plan(model, torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
     assert planned.tied_stages == ((0, 1),)
-    results = run_ranks(_tied_worker, 4, planned, policy, timeout_s=120)
+    results = run_ranks(_tied_worker, 4, planned, policy, mode, timeout_s=120)
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
     for step in range(3):
@@ -195,7 +199,7 @@ def _unsplit_names(stage: int, name: str, offsets: list[int]) -> str:
 
 
 def _tensor_parallel(
-    rank: int, world: int, policy: str, dp: int, tp: int, coordinate: bool, delays: bool
+    rank: int, world: int, policy: str, dp: int, tp: int, coordinate: bool, delays: bool, mode: str = "replicate"
 ) -> tuple[float, float, list[tuple[int, int, int]]]:
     """Train 3 AdamW steps on DP x TP x PP and on the unsplit model; returns the largest gradient difference
     after step 0, the largest parameter difference after step 2, and the order this rank ran its tasks."""
@@ -218,6 +222,7 @@ def _tensor_parallel(
         mesh=mesh,
         timeout=TIMEOUT,
         memory_slack=2 if delays else 0,  # room to run ahead: choices that can differ
+        data_parallel=mode,
     )
     if delays:  # the TP leader's messages arrive at once, its follower's 40 ms late: their ready sets differ
         inject(pipe, Injection.parse([f"comm:{40 * (rank % tp)}ms"], seed=rank))
@@ -262,10 +267,20 @@ def _tensor_parallel(
     return grad_diff, differences(of_grad=False), order
 
 
-@pytest.mark.parametrize(("policy", "dp"), [("fixed", 1), ("ready", 1), ("ready", 2)])  # greedy: the next test
-def test_tensor_parallel_stages_train_as_the_unsplit_model(policy: str, dp: int) -> None:
+@pytest.mark.parametrize(
+    ("policy", "dp", "mode"),
+    [
+        ("fixed", 1, "replicate"),
+        ("greedy", 1, "replicate"),
+        ("ready", 1, "replicate"),
+        ("fixed", 2, "fsdp"),  # FSDP2 over dp of TP DTensors: 2-D parameters, as torchtitan shards them
+        ("greedy", 2, "replicate"),
+        ("ready", 2, "fsdp"),
+    ],
+)
+def test_tensor_parallel_stages_train_as_the_unsplit_model(policy: str, dp: int, mode: str) -> None:
     world = dp * 2 * 2
-    results = run_ranks(_tensor_parallel, world, policy, dp, 2, True, False, timeout_s=60)
+    results = run_ranks(_tensor_parallel, world, policy, dp, 2, True, False, mode, timeout_s=60)
     for grad_diff, param_diff, _ in results:  # tolerances as for data parallelism
         assert grad_diff < 1e-6
         assert param_diff < 2e-5
@@ -335,28 +350,22 @@ def test_bad_axes_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str
     assert message in capsys.readouterr().err
 
 
-def test_train_on_three_axes_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["train", "--dp", "2", "--tp", "2", "--stages", "2", "--microbatches", "4", "--steps", "2"]
-    assert main([*argv, "--layers", "2", "--hidden", "16", "--json", "--timeout", str(TIMEOUT)]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert (result["dp"], result["tp"], result["ranks"], len(result["losses"])) == (2, 2, 2, 2)
-    assert result["coordination_ms"] > 0  # ready: the leader announced its decisions
+def test_train_on_three_axes_saves_checkpoints_that_resume_exactly(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # FSDP2 over dp of tensor-parallel DTensors: parameters and AdamW state saved as shards, put together again.
+    argv = ["train", "--dp", "2", "--tp", "2", "--data-parallel", "fsdp", "--stages", "2", "--microbatches", "4"]
+    argv += ["--layers", "2", "--hidden", "16", "--json", "--timeout", str(TIMEOUT)]
+    saved = ["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2"]
 
+    def run(*extra: str) -> dict[str, Any]:
+        assert main([*argv, *extra]) == 0
+        result: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return result
 
-def _fsdp_with_split_backward(rank: int, world: int) -> str:
-    stages = split_layers(build_layers(MODEL), 2)
-    try:
-        Pipeline.from_modules(
-            stages, loss_fn=lm_loss, microbatches=4, hint="zb-h1", mesh=build_mesh(world, dp=2), data_parallel="fsdp"
-        )
-    except ValueError as exc:
-        return str(exc)
-    return "built"
-
-
-def test_fsdp_with_a_split_backward_is_refused_naming_the_way_out() -> None:
-    for message in run_ranks(_fsdp_with_split_backward, 4, timeout_s=TIMEOUT):
-        assert message == (
-            "data_parallel='fsdp' needs a hint without a split backward, 'zb-h1' splits it (FSDP2 reshards the "
-            "parameters the weight pass's graph holds); use data_parallel='replicate'"
-        )
+    first = run("--steps", "2", *saved)["losses"]
+    rest = run("--steps", "4", "--resume", *saved)["losses"]
+    whole = run("--steps", "4")
+    assert first + rest == whole["losses"]  # bitwise: the resumed run is the uninterrupted one
+    assert (whole["dp"], whole["tp"], whole["ranks"]) == (2, 2, 2)
+    assert whole["coordination_ms"] > 0  # ready: the leaders announced their decisions

@@ -168,7 +168,9 @@ def test_simulator_predicts_emulated_steps_within_10_percent(policy: str) -> Non
     assert result.config.emulate is not None
 
 
-def test_two_node_torchrun_launch_on_loopback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dp", [1, 2])
+def test_two_node_torchrun_launch_on_loopback(tmp_path: Path, dp: int) -> None:
+    # dp 2: a mesh across both machines (each one holds one pipeline, its replica's on the other)
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [
@@ -178,7 +180,7 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path) -> None:
         "--nnodes",
         "2",
         "--nproc-per-node",
-        "1",
+        str(dp),
         "--master-addr",
         "127.0.0.1",
         "--master-port",
@@ -198,6 +200,8 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path) -> None:
         "2",
         "--seed",
         "3",
+        "--dp",
+        str(dp),
         "--json",
     ]
     nodes = [
@@ -216,7 +220,9 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path) -> None:
     assert outputs[1][0].strip() == ""  # only rank 0 reports
     # The same run spawned on one machine trains to the same losses.
     local = train(
-        TrainConfig(model=ModelConfig("mlp", seed=3), ranks=2, microbatches=4, steps=2, seed=3, seq_len=SeqLenDist(64))
+        TrainConfig(
+            model=ModelConfig("mlp", seed=3), ranks=2, dp=dp, microbatches=4, steps=2, seed=3, seq_len=SeqLenDist(64)
+        )
     )
     assert local is not None
     assert out["losses"] == pytest.approx(list(local.losses), rel=1e-6)

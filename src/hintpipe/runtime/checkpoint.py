@@ -57,6 +57,7 @@ from hintpipe.runtime.manifest import (
     sync_folder,
     write_synced,
 )
+from hintpipe.tensor_bytes import local
 
 __all__ = [
     "CheckpointError",
@@ -88,13 +89,23 @@ def _state(
         model_state, optim_state = get_state_dict(container, optimizer)
     else:
         model_state, optim_state = container.state_dict(), {}
-    # Parameters are keyed by stage, so every rank's names are its own. The
-    # optimizer's param_groups are a list whose index would collide between
-    # ranks, so all of a rank's private state lives under its rank.
+    # Parameters are keyed by stage, so every pipeline position's names are its
+    # own; the copies of a stage in data-parallel replicas, and the shards of a
+    # DTensor (FSDP2 over dp, tensor parallel over tp), share their keys, which
+    # is how torch.distributed.checkpoint saves a replicated tensor once and puts
+    # a sharded one together. The optimizer's param_groups are a list whose
+    # index would collide between pipeline positions, so the optimizer state
+    # lives under the stages it belongs to; the step and the random state, which
+    # may differ between replicas, under the rank.
     return {
         "model": model_state,
-        f"rank{rank}": {"optim": optim_state, "step": torch.tensor(step), "rng": torch.get_rng_state()},
+        _optim_key(modules): optim_state,
+        f"rank{rank}": {"step": torch.tensor(step), "rng": torch.get_rng_state()},
     }
+
+
+def _optim_key(modules: Mapping[int, nn.Module]) -> str:
+    return "optim-stages-" + "-".join(str(s) for s in sorted(modules))
 
 
 def _versions() -> dict[str, str]:
@@ -121,13 +132,13 @@ def run_identity(
 def _first_nonfinite(modules: Mapping[int, nn.Module], optimizer: torch.optim.Optimizer | None) -> str | None:
     for stage, module in modules.items():
         for name, tensor in module.state_dict().items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            if tensor.is_floating_point() and not bool(torch.isfinite(local(tensor)).all()):
                 return f"parameter {stage}.{name}"
     if optimizer is not None:
         names = {id(p): f"{s}.{n}" for s, m in modules.items() for n, p in m.named_parameters()}
         for param, slots in optimizer.state.items():
             for slot, value in slots.items():
-                finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(value).all())
+                finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(local(value)).all())
                 if not finite:
                     return f"optimizer state {slot!r} of {names.get(id(param), 'a parameter')}"
     return None
@@ -294,7 +305,8 @@ def load_checkpoint(
     container = _container(modules)
     own = state[f"rank{rank}"]
     if optimizer is not None:
-        set_state_dict(container, optimizer, model_state_dict=state["model"], optim_state_dict=own["optim"])
+        optim_state = state[_optim_key(modules)]
+        set_state_dict(container, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state)
     else:
         container.load_state_dict(state["model"])
     torch.set_rng_state(own["rng"])

@@ -1,22 +1,32 @@
 """Data parallelism by FSDP2: each stage's parameters sharded over its replicas, as torchtitan does.
 
 ``fully_shard`` on every stage module over the mesh's ``dp`` dimension; the
-gradients are reduce-scattered (averaged) once per step, by the stage's last
-backward of the step: every earlier backward runs with gradient sync off and
-keeps the parameters unsharded (``set_requires_gradient_sync`` and
-``set_reshard_after_backward``, the switches torch.distributed.pipelining's
-``stage.py`` uses), so a step all-gathers each stage's parameters once and
-reduces its gradients once. Forward keeps the parameters gathered
+gradients are reduce-scattered (averaged over the replicas: the gradient of
+the mean loss over the global batch) once per step, right after the stage's
+last gradient task of the step. Every backward runs with gradient sync off
+and keeps the parameters unsharded (``set_requires_gradient_sync`` and
+``set_reshard_after_backward``), and the reduction is called by hand, as
+torch.distributed.pipelining's ``stage.py`` does (``backward_maybe_with_nosync``,
+``perform_reduce_grad``). So a step all-gathers each stage's parameters once
+and reduces its gradients once. Forward keeps the parameters gathered
 (``reshard_after_forward=False``): micro-batches follow each other.
 
-Not with a split backward: the weight pass (``stage_backward_weight``) reuses
-the graph of the input pass, whose parameters FSDP2 has resharded by then
-(a ``KeyError`` on a parameter's ``AccumulateGrad``); use the replicated mode
-(:mod:`hintpipe.runtime.data_parallel`) with W-splitting hints.
+That order is also what makes a split backward work: the weight pass
+(``stage_backward_weight``) reuses the graph of the input pass, and finds
+its parameters only while they are the unsharded tensors that graph holds
+(resharding between the two is a ``KeyError`` on a parameter's
+``AccumulateGrad``). With tensor-parallel stages the parameters are 2-D
+DTensors (``Shard`` over dp of a tp placement), as torchtitan shards them.
+
+On a CPU with gloo the reduce-scatter runs in the calling thread, so the
+stage's rank waits for it while its neighbours go on; on a GPU FSDP2 issues it
+on its own stream and the rank goes on computing.
 """
 
 from __future__ import annotations
 
+import time
+import warnings
 from collections.abc import Mapping
 
 from torch import nn
@@ -24,32 +34,80 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from hintpipe.runtime.executor import Executor, ExecutorWrapper, Tensors
+from hintpipe.schedule.task import Kind
 
 
 def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> None:
     """Shard every stage module over ``mesh`` (the ``dp`` dimension), in place."""
+    # FSDP2 warns when a module returns a view, in case the caller writes into it in place and so skips
+    # the pre-backward hook; the runtime never writes into a stage's output (it sends it, or backwards it).
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for module in modules.values():
         fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
 class ShardedExecutor(ExecutorWrapper):
-    """Turns FSDP2's gradient sync on for each stage's last backward of the step only."""
+    """Runs every backward with FSDP2's gradient sync off and reduces each stage once, after its last
+    gradient task of the step (the last ``B``, or the last ``W`` when the hint splits the backward).
 
-    def __init__(self, inner: Executor, modules: Mapping[int, nn.Module], microbatches: int) -> None:
+    The reduction is the one torch.distributed.pipelining's ``perform_reduce_grad`` runs: each parameter
+    group's ``post_backward`` (reduce-scatter of the accumulated unsharded gradients, averaged over the
+    replicas, and resharding), then the root's final callback, which waits for the reduce-scatters to
+    land in the sharded parameters' ``.grad``. Until then the parameters stay unsharded, so a weight pass
+    finds the very tensors its input pass's graph holds.
+    """
+
+    def __init__(
+        self, inner: Executor, modules: Mapping[int, nn.Module], microbatches: int, split_backward: bool
+    ) -> None:
         super().__init__(inner)
         self.modules = {s: m for s, m in modules.items() if isinstance(m, FSDPModule)}
         self.microbatches = microbatches
+        self.last_kind = Kind.W if split_backward else Kind.B
         self._done: dict[int, int] = {}
+        #: Per stage, when its reduction started in the last step (perf_counter seconds).
+        self.started: dict[int, float] = {}
 
     def start_step(self) -> None:
         """Called by the pipeline at the start of each step."""
         self._done = dict.fromkeys(self.modules, 0)
+        self.started.clear()
+        for module in self.modules.values():
+            module.set_is_last_backward(False)
+            module.set_requires_gradient_sync(False)
+            module.set_reshard_after_backward(False)
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
-        module = self.modules.get(stage)
-        if module is not None:
-            last = self._done[stage] == self.microbatches - 1
-            module.set_requires_gradient_sync(last)
-            module.set_reshard_after_backward(last)
-            self._done[stage] += 1
-        return self.inner.backward(stage, mb, grads)
+        result = self.inner.backward(stage, mb, grads)
+        self._task_done(stage, Kind.B)
+        return result
+
+    def weight(self, stage: int, mb: int) -> None:
+        self.inner.weight(stage, mb)
+        self._task_done(stage, Kind.W)
+
+    def _task_done(self, stage: int, kind: Kind) -> None:
+        if kind is not self.last_kind or stage not in self.modules:
+            return
+        self._done[stage] += 1
+        if self._done[stage] == self.microbatches:
+            self.started[stage] = time.perf_counter()
+            _reduce(self.modules[stage])
+
+    def check(self, rank: int, step: int) -> None:
+        """Every stage reduced its gradients this step (or the step lost tasks: a bug, said so)."""
+        missing = [s for s, n in self._done.items() if n != self.microbatches]
+        if missing:
+            raise RuntimeError(f"rank {rank}: stages {missing} did not finish their gradients in step {step}")
+
+
+def _reduce(module: FSDPModule) -> None:
+    """Reduce-scatter ``module``'s accumulated gradients over its replicas and reshard it (see the class)."""
+    module.set_is_last_backward(True)
+    module.set_requires_gradient_sync(True)
+    module.set_reshard_after_backward(True)
+    state = fully_shard.state(module)  # type: ignore[attr-defined]
+    for member in state._state_ctx.all_states:
+        for group in member._fsdp_param_groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()

@@ -206,7 +206,6 @@ class Pipeline:
         self.sharded = self.layout.dp > 1 and self.data_parallel is DataParallel.FSDP and emulate is None
         if self.sharded:
             assert mesh is not None
-            self._check_fsdp(tied)
             shard_stages(self.modules, mesh["dp"])
         self.timeout = timeout
         self.timelines = timelines
@@ -271,7 +270,8 @@ class Pipeline:
         self.average: GradientAverage | None = None
         self._fsdp_executor: ShardedExecutor | None = None
         if self.sharded:
-            self._fsdp_executor = ShardedExecutor(self.executor, self.modules, self.microbatches)
+            split = self.hint.split_backward
+            self._fsdp_executor = ShardedExecutor(self.executor, self.modules, self.microbatches, split)
             self.executor = self._fsdp_executor
         elif self.replica_group is not None and not emulated:
             split = self.hint.split_backward
@@ -279,18 +279,6 @@ class Pipeline:
                 self.modules, self.replica_group, self.layout.dp, self.microbatches, split, self.rank
             )
             self.executor = ReducingExecutor(self.executor, self.average)
-
-    def _check_fsdp(self, tied: Sequence[TiedParameter]) -> None:
-        if self.hint.split_backward:
-            raise ValueError(
-                f"data_parallel='fsdp' needs a hint without a split backward, {self.hint.name!r} splits it "
-                "(FSDP2 reshards the parameters the weight pass's graph holds); use data_parallel='replicate'"
-            )
-        if self.layout.tp > 1 or tied:
-            raise ValueError(
-                "data_parallel='fsdp' is for stages without tensor parallelism or tied parameters; use "
-                "data_parallel='replicate'"
-            )
 
     # -- building ---------------------------------------------------------------
 
@@ -453,6 +441,8 @@ class Pipeline:
         self.transport.flush(self.timeout)
         if self.average is not None:
             self.average.wait(step, self.timeout)
+        if self._fsdp_executor is not None:
+            self._fsdp_executor.check(self.rank, step)
         self.tied.reduce(step)
         if self.admission.by_bytes:
             self.admission.check(step, state.peak_bytes, budget, first=graph is self.admission.graph)

@@ -9,6 +9,13 @@ group of exactly those ranks; the copies start from one value (broadcast from
 the lowest rank when the pipeline is built), and identical optimizer steps on
 identical gradients keep them identical. Copies on one rank are one tensor
 already (the stages of a plan share the captured module's parameters).
+
+With other axes the copies stay one per pipeline position: a group per
+pipeline. A tensor-parallel or FSDP2-sharded copy is a DTensor whose local
+shard is the same slice of the tensor on every rank of such a group (same
+placement, same mesh coordinate), so the sum runs on the local shards, after
+the data-parallel reduction: the average over replicas of a sum over uses is
+the sum over uses of the averages.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.tensor_bytes import local
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,7 @@ class TiedGradients:
                 continue
             param = _find(entry, modules, rank)
             with torch.no_grad():
-                dist.broadcast(param.data, group=group, group_src=0)
+                dist.broadcast(local(param.data), group=group, group_src=0)
             self._links.append((param, group, ranks))
 
     def reduce(self, step: int) -> None:
@@ -70,7 +78,7 @@ class TiedGradients:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             try:
-                dist.all_reduce(param.grad, group=group)
+                dist.all_reduce(local(param.grad), group=group)
             except RuntimeError as exc:
                 raise WatchdogTimeout(
                     f"rank {self.rank}: the tied parameter's gradient sum with ranks {list(ranks)} failed in step "
