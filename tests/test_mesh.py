@@ -18,11 +18,13 @@ from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss,
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.cli import main
 from hintpipe.planner.plan import Plan, plan
+from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.mesh import Layout, build_mesh
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.schedule.task import Kind
 
 MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
 MICROBATCHES = 4
@@ -331,6 +333,47 @@ def test_a_crashed_tensor_parallel_member_ends_every_rank(victim: int, role: str
     text = str(failure.value)
     assert f"rank {victim}: exited without a result" in text, text  # the {role} crashed
     assert len(text.splitlines()) >= 2, text  # and every other rank ended with an error of its own
+
+
+Timed = tuple[tuple[int, int, int], float, float, float]  # (task: stage, kind, mb), start, end, own drawn duration
+
+
+def _coupled(rank: int, world: int, policy: str) -> list[Timed]:
+    """Emulated TP 2 x PP 2 with a lognormal factor per member and task; returns this rank's tasks of step 1
+    on the machine's wall clock, with the duration drawn for this member."""
+    mesh = build_mesh(world, tp=2)
+    costs = EmulatedCosts((0.01, 0.01), (0.02, 0.02), (0.0, 0.0), reference_size=1)
+    pipe = Pipeline(
+        {rank // 2: nn.Identity()}, loss_fn=lm_loss, microbatches=4, policy=policy, mesh=mesh, emulate=costs
+    )
+    inject(pipe, Injection.parse(["tp:2:0.5"], seed=7))
+    executor = pipe.executor
+    assert isinstance(executor, EmulatedExecutor)
+    timed: list[Timed] = []
+    sleep = executor._sleep
+
+    def timed_sleep(stage: int, kind: Kind, mb: int, size: float) -> None:
+        began = time.time()
+        sleep(stage, kind, mb, size)  # the task's own cost, then the all-reduce with the other member
+        if executor.step == 1:
+            timed.append(((stage, int(kind), mb), began, time.time(), executor.duration(stage, kind, mb, size)))
+
+    executor._sleep = timed_sleep  # type: ignore[method-assign]
+    with pipe:
+        for _ in range(2):
+            pipe.step()
+    return timed
+
+
+@pytest.mark.parametrize("policy", ["fixed", "ready"])
+def test_an_emulated_tensor_parallel_task_waits_for_its_slowest_member(policy: str) -> None:
+    ranks = run_ranks(_coupled, 4, policy, timeout_s=TIMEOUT)
+    for first, second in [(ranks[0], ranks[1]), (ranks[2], ranks[3])]:  # each stage's TP group
+        assert [t[0] for t in first] == [t[0] for t in second] and len(first) == 8  # F, B of 4 micro-batches
+        assert any(abs(a[3] - b[3]) > 0.002 for a, b in zip(first, second, strict=True))  # their draws differ
+        for a, b in zip(first, second, strict=True):  # sleeps only oversleep: the slowest member bounds both
+            slowest = max(a[1] + a[3], b[1] + b[3])
+            assert min(a[2], b[2]) >= slowest - 1e-3  # 1 ms: wall-clock reads on two processes
 
 
 # -- the command line --------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hintpipe.observe.trace import chrome_trace
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName, Placement
-from hintpipe.schedule.task import B, F
+from hintpipe.schedule.task import B, F, Kind
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import run_study
 from hintpipe.sim.cost_model import CostModel, CostModelError
@@ -191,8 +192,13 @@ def test_a_tensor_parallel_task_takes_its_slowest_members_time() -> None:
     assert costs.mean() > 1.4
 
 
-def test_the_runtime_refuses_the_simulators_tensor_parallel_word() -> None:
-    with pytest.raises(SpecError, match=r"here they are real ranks \(train --tp\)"):
-        Injection.parse(["tp:2:0.3"])
+def test_the_runtime_refuses_a_tensor_parallel_decision_cost_and_the_wrong_members() -> None:
+    with pytest.raises(SpecError, match=r"expected tp:MEMBERS:SIGMA \(the runtime's decisions are real"):
+        Injection.parse(["tp:2:0.3:0.1"])
+    with pytest.raises(SpecError, match=r"tp:4:0\.3 is for tensor-parallel groups of 4 members, this run's have 2"):
+        Injection.parse(["tp:4:0.3"]).check(ranks=8, stages=4, microbatches=4, tp=2)
+    factors = Injection.parse(["tp:2:0.3"], seed=1).factors(stages=2, microbatches=4)
+    draws = [dataclasses.replace(factors, member=m)(0, 1, Kind.B, 2) for m in (0, 1)]
+    assert draws[0] != draws[1] and draws[0] == factors(0, 1, Kind.B, 2)  # one draw per member, deterministic
     with pytest.raises(SpecError, match="MEMBERS"):
         parse_variability("tp:0:0.3")

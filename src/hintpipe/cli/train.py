@@ -122,7 +122,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     hint = build_hint(args)
     dp, tp = getattr(args, "dp", 1), getattr(args, "tp", 1)
     injection = Injection.parse(args.inject)
-    injection.check(args.stages * dp * tp, hint.num_stages, args.microbatches)
+    injection.check(args.stages * dp * tp, hint.num_stages, args.microbatches, tp)
     late = [step for _, step in (*injection.crash, *injection.hang, *injection.save_failures)]
     late += list(injection.nan_steps)
     if late and max(late) >= args.steps:

@@ -259,6 +259,11 @@ class EmulatedExecutor:
         costs: the per-stage costs.
         last_stage: the pipeline's last stage (its F produces the loss, zero).
         factor: ``factor(step, stage, kind, mb)`` multiplies each cost (injected variability).
+
+    With tensor-parallel stages, ``couple`` (set by the pipeline) ends every
+    task: a real task runs collectives with its group's other members, so it
+    ends no sooner than the slowest of them; an emulated one stands in for
+    them with one small all-reduce over the group.
     """
 
     def __init__(
@@ -272,6 +277,7 @@ class EmulatedExecutor:
         self.costs = costs
         self.last_stage = last_stage
         self.factor = factor
+        self.couple: Callable[[], None] | None = None
         self.live_bytes = 0
         self.step = 0
         self._sizes: dict[tuple[int, int], float] = {}
@@ -286,6 +292,8 @@ class EmulatedExecutor:
 
     def _sleep(self, stage: int, kind: Kind, mb: int, size: float) -> None:
         time.sleep(self.duration(stage, kind, mb, size))
+        if self.couple is not None:
+            self.couple()
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float

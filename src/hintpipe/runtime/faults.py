@@ -15,6 +15,7 @@ for sigma 0.5), not 1. Use ``--emulate`` for the simulator's distribution.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import os
@@ -180,8 +181,10 @@ class DelayedTransport:
 
 def inject(pipe: Pipeline, injection: Injection) -> None:
     """Wrap ``pipe``'s executor and transport so that they inject ``injection``."""
-    injection.check(pipe.world * pipe.layout.dp * pipe.layout.tp, pipe.hint.num_stages, pipe.microbatches)
-    factors = injection.factors(pipe.hint.num_stages, pipe.microbatches)
+    layout = pipe.layout
+    injection.check(pipe.world * layout.dp * layout.tp, pipe.hint.num_stages, pipe.microbatches, layout.tp)
+    member = layout.tensor_group_of(pipe.global_rank).index(pipe.global_rank)
+    factors = dataclasses.replace(injection.factors(pipe.hint.num_stages, pipe.microbatches), member=member)
     executor = pipe.executor
     if isinstance(executor, EmulatedExecutor):
         executor.factor = factors if injection.varies else None

@@ -12,6 +12,11 @@
 ``comm:LATENCY[:JITTER]``      every message is delivered LATENCY (plus an
                                exponential extra with mean JITTER) late; times
                                with a unit: ``comm:2ms``, ``comm:1ms:500us``
+``tp:MEMBERS:SIGMA``           each member of a tensor-parallel group gets its
+                               own lognormal factor per task (MEMBERS is the
+                               mesh's tp); the group's collectives make the
+                               slowest member set the pace, as in the simulator
+                               (whose DECISION is real here, so not given)
 ``crash:RANK:STEP``            RANK exits abruptly in step STEP
 ``hang:RANK:STEP``             RANK stops making progress in step STEP
 ``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
@@ -41,6 +46,7 @@ from hintpipe.sim.variability import (
     IidNoise,
     MicrobatchNoise,
     Straggler,
+    TensorParallel,
     Variability,
     comm_delay,
     mean_one_lognormal,
@@ -51,12 +57,11 @@ from hintpipe.spec import Spec, SpecError
 
 _KIND = "injection"
 _USAGE = (
-    "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER], crash:RANK:STEP, "
-    "hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
+    "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA, "
+    "crash:RANK:STEP, hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
 )
 _RENAMED = {
     "compute": "compute:SIGMA is now iid:SIGMA, the simulator's word for the same thing",
-    "tp": "tp: models tensor-parallel members in the simulator; here they are real ranks (train --tp)",
 }
 
 
@@ -91,7 +96,11 @@ class Injection:
             elif spec.word == "nan":
                 spec.expect((1,), "nan:STEP", _KIND)
                 nan_steps.append(spec.integer(0, "STEP", kind=_KIND))
-            elif spec.word not in ("iid", "mb", "straggler", "comm"):
+            elif spec.word == "tp" and len(spec.args) == 3:
+                raise spec.fail(
+                    "expected tp:MEMBERS:SIGMA (the runtime's decisions are real: DECISION is the simulator's)", _KIND
+                )
+            elif spec.word not in ("iid", "mb", "straggler", "comm", "tp"):
                 raise spec.fail(f"unknown kind {spec.word!r}; use {_USAGE}", _KIND)
             elif spec.word == "straggler" and len(spec.args) == 2 and not spec.args[1].isdigit():
                 raise spec.fail(
@@ -108,8 +117,14 @@ class Injection:
             tuple(faults["savefail"]),
         )
 
-    def check(self, ranks: int, stages: int, microbatches: int) -> None:
-        """Refuse ranks, stages or micro-batches the run does not have."""
+    def check(self, ranks: int, stages: int, microbatches: int, tp: int = 1) -> None:
+        """Refuse ranks, stages, micro-batches or tensor-parallel members the run does not have."""
+        for model in self.variability:
+            if isinstance(model, TensorParallel) and model.members != tp:
+                raise SpecError(
+                    f"tp:{model.members}:{model.sigma:g} is for tensor-parallel groups of {model.members} members, "
+                    f"this run's have {tp}"
+                )
         named = [("crash", r) for r, _ in self.crash] + [("hang", r) for r, _ in self.hang]
         named += [("savefail", r) for r, _ in self.save_failures]
         for what, rank in named:
@@ -139,8 +154,15 @@ class Injection:
             for v in self.variability
             if isinstance(v, Straggler)
         ]
-        sigmas = {type(v): v.sigma for v in self.variability if isinstance(v, (IidNoise, MicrobatchNoise))}
-        return CostFactors(self.seed, sigmas.get(IidNoise, 0.0), sigmas.get(MicrobatchNoise, 0.0), tuple(windows))
+        kinds = (IidNoise, MicrobatchNoise, TensorParallel)
+        sigmas = {type(v): v.sigma for v in self.variability if isinstance(v, kinds)}
+        return CostFactors(
+            self.seed,
+            sigmas.get(IidNoise, 0.0),
+            sigmas.get(MicrobatchNoise, 0.0),
+            tuple(windows),
+            sigmas.get(TensorParallel, 0.0),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +173,8 @@ class CostFactors:
     iid_sigma: float
     mb_sigma: float
     stragglers: tuple[tuple[float, int, int, int], ...]  # (factor, stage, first, last)
+    member_sigma: float = 0.0
+    member: int = 0  # this rank's place in its tensor-parallel group: its own draw of the member factor
 
     def __call__(self, step: int, stage: int, kind: Kind, mb: int) -> float:
         factor = 1.0
@@ -160,6 +184,9 @@ class CostFactors:
         if self.mb_sigma:
             rng = np.random.default_rng([self.seed, 2, step, mb])
             factor *= float(mean_one_lognormal(rng, self.mb_sigma, (1,))[0])
+        if self.member_sigma:
+            rng = np.random.default_rng([self.seed, 4, step, stage, int(kind), mb, self.member])
+            factor *= float(mean_one_lognormal(rng, self.member_sigma, (1,))[0])
         for slow, s, first, last in self.stragglers:
             if s == stage and first <= mb <= last:
                 factor *= slow

@@ -24,7 +24,7 @@ import datetime
 import itertools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.choice import Choice
 from hintpipe.runtime.admission import Admission, broadcast_sizes
+from hintpipe.runtime.collective import one_line
 from hintpipe.runtime.coordination import Coordination, needed
 from hintpipe.runtime.data_parallel import GradientAverage, ReducingExecutor
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
@@ -265,6 +266,9 @@ class Pipeline:
             assert group is not None
             leader = self.layout.tensor_group_of(self.global_rank)[0]
             self.coordination = Coordination(group, self._post_office.inbox, leader)
+        if emulated and self.layout.tp > 1:
+            assert isinstance(self.executor, EmulatedExecutor)
+            self.executor.couple = self._tensor_parallel_coupling()
         #: The ranks holding the same stages in the other data-parallel replicas (None without replicas).
         self.replica_group = self.layout.groups(self.layout.replicas, self.timeout) if self.layout.dp > 1 else None
         self.average: GradientAverage | None = None
@@ -279,6 +283,25 @@ class Pipeline:
                 self.modules, self.replica_group, self.layout.dp, self.microbatches, split, self.rank
             )
             self.executor = ReducingExecutor(self.executor, self.average)
+
+    def _tensor_parallel_coupling(self) -> Callable[[], None]:
+        """What ends an emulated task of a tensor-parallel stage: an all-reduce with the group's members
+        (see :class:`EmulatedExecutor`), on a group of its own so that it never pairs with a decision."""
+        group = self.layout.groups(self.layout.tensors, self.timeout)
+        assert group is not None
+        members = list(self.layout.tensor_group_of(self.global_rank))
+        token = torch.zeros(1)
+
+        def couple() -> None:
+            try:
+                dist.all_reduce(token, group=group)
+            except RuntimeError as exc:
+                raise WatchdogTimeout(
+                    f"rank {self.global_rank}: the emulated task's all-reduce with tensor-parallel ranks {members} "
+                    f"failed: {one_line(exc)}"
+                ) from None
+
+        return couple
 
     # -- building ---------------------------------------------------------------
 
