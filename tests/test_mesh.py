@@ -226,8 +226,8 @@ def _tensor_parallel(
         memory_slack=2 if delays else 0,  # room to run ahead: choices that can differ
         data_parallel=mode,
     )
-    if delays:  # the TP leader's messages arrive at once, its follower's 40 ms late: their ready sets differ
-        inject(pipe, Injection.parse([f"comm:{40 * (rank % tp)}ms"], seed=rank))
+    if delays:  # the TP leader's messages arrive at once, its follower's 100 ms late (many tasks of this model)
+        inject(pipe, Injection.parse([f"comm:{100 * (rank % tp)}ms"], seed=rank))
     replica = pipe.layout.replica_of(rank)
     optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], eps=EPS)
     expected_optimizer = torch.optim.AdamW(reference.parameters(), eps=EPS)
@@ -297,7 +297,7 @@ def _orders_or_failure(coordinate: bool) -> list[tuple[float, float, list[tuple[
 
 def test_tensor_parallel_members_need_one_decision_for_readiness() -> None:
     # TP 2 x PP 3 under greedy with room to run ahead; the leaders' pipeline gets its messages at once, the
-    # followers' 40 ms late, so a middle stage's leader sees a gradient its follower does not have yet.
+    # followers' 100 ms late, so a middle stage's leader sees a gradient its follower does not have yet.
     uncoordinated = _orders_or_failure(coordinate=False)
     if isinstance(uncoordinated, str):  # members ran different tasks: their collectives did not pair up
         assert "collective mismatch" in uncoordinated or "failed" in uncoordinated, uncoordinated
@@ -412,3 +412,6 @@ def test_train_on_three_axes_saves_checkpoints_that_resume_exactly(
     assert first + rest == whole["losses"]  # bitwise: the resumed run is the uninterrupted one
     assert (whole["dp"], whole["tp"], whole["ranks"]) == (2, 2, 2)
     assert whole["coordination_ms"] > 0  # ready: the leaders announced their decisions
+    # Per pipeline position: the FSDP2 reduction started before the step's end and blocked its rank a while.
+    assert len(whole["dp_overlap_ms"]) == len(whole["dp_exposed_ms"]) == 2
+    assert all(v > 0 for v in [*whole["dp_overlap_ms"], *whole["dp_exposed_ms"]])

@@ -101,8 +101,10 @@ class TrainResult:
     notes: tuple[str, ...] = ()  # damaged checkpoints skipped when resuming, one line each
     coordination_ms: float | None = None  # mean cost of one tensor-parallel decision on rank 0 (the leader)
     decisions_per_step: float | None = None  # tensor-parallel decisions rank 0 announced per step
-    dp_exposed_ms: float | None = None  # mean time rank 0's step end still waited for its gradient averages
-    dp_overlap_ms: float | None = None  # mean time rank 0's stage averages had to overlap the rest of the step
+    # Per pipeline position, with data parallelism (see StepReport.dp_overlap): the mean time its gradient
+    # reductions had to overlap the rest of the step, and the mean time the rank waited on them.
+    dp_overlap_ms: tuple[float, ...] | None = None
+    dp_exposed_ms: tuple[float, ...] | None = None
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
@@ -192,8 +194,6 @@ class _Run:
     tokens: list[int] = dataclasses.field(default_factory=list)
     reports: list[StepReport] = dataclasses.field(default_factory=list)
     grad_diffs: tuple[float, float] | None = None
-    exposed: list[float] = dataclasses.field(default_factory=list)
-    overlap: list[float] = dataclasses.field(default_factory=list)
 
 
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
@@ -241,13 +241,17 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         notes=() if checkpoints is None else tuple(checkpoints.skipped),
         coordination_ms=_decision_ms(pipe),
         decisions_per_step=None if pipe.coordination is None else pipe.coordination.decisions / len(run.reports or [0]),
-        dp_exposed_ms=_mean_ms(run.exposed),
-        dp_overlap_ms=_mean_ms(run.overlap),
+        dp_overlap_ms=_per_rank_ms([r.dp_overlap for r in run.reports[1:] or run.reports]),
+        dp_exposed_ms=_per_rank_ms([r.dp_exposed for r in run.reports[1:] or run.reports]),
     )
 
 
-def _mean_ms(values: list[float]) -> float | None:
-    return 1e3 * statistics.mean(values) if values else None
+def _per_rank_ms(steps: list[tuple[float, ...]]) -> tuple[float, ...] | None:
+    """Per rank, the mean over the steps in milliseconds; None without data parallelism (NaN values)."""
+    complete = [values for values in steps if values and not any(math.isnan(v) for v in values)]
+    if not complete:
+        return None
+    return tuple(1e3 * statistics.mean(column) for column in zip(*complete, strict=True))
 
 
 def _decision_ms(pipe: Pipeline) -> float | None:
@@ -297,9 +301,6 @@ def _step(
     run.reports.append(pipe.reports[-1])
     run.losses.append(float(loss))
     run.tokens.append(tokens)
-    if pipe.average is not None and pipe.average.overlap:
-        run.exposed.append(pipe.average.exposed)
-        run.overlap.append(min(pipe.average.overlap.values()))
     if step == 0 and config.check_grads and modules is not None:
         run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
     if optimizer is not None and math.isfinite(float(loss)):

@@ -264,6 +264,8 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "dp": config.dp,
         "tp": config.tp,
         "coordination_ms": result.coordination_ms,
+        "dp_overlap_ms": None if result.dp_overlap_ms is None else list(result.dp_overlap_ms),
+        "dp_exposed_ms": None if result.dp_exposed_ms is None else list(result.dp_exposed_ms),
         "microbatches": config.microbatches,
         "emulated": config.emulate is not None,
         "step_time_median": result.step_time_median,

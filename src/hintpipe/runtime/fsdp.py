@@ -67,11 +67,16 @@ class ShardedExecutor(ExecutorWrapper):
         self._done: dict[int, int] = {}
         #: Per stage, when its reduction started in the last step (perf_counter seconds).
         self.started: dict[int, float] = {}
+        #: In the last step: per stage, the time from its reduction's start to the step's end, and the time
+        #: the rank spent in its reductions (inline: see the module's docstring).
+        self.overlap: dict[int, float] = {}
+        self.exposed = 0.0
 
     def start_step(self) -> None:
         """Called by the pipeline at the start of each step."""
         self._done = dict.fromkeys(self.modules, 0)
         self.started.clear()
+        self.exposed = 0.0
         for module in self.modules.values():
             module.set_is_last_backward(False)
             module.set_requires_gradient_sync(False)
@@ -91,11 +96,14 @@ class ShardedExecutor(ExecutorWrapper):
             return
         self._done[stage] += 1
         if self._done[stage] == self.microbatches:
-            self.started[stage] = time.perf_counter()
+            self.started[stage] = began = time.perf_counter()
             _reduce(self.modules[stage])
+            self.exposed += time.perf_counter() - began
 
     def check(self, rank: int, step: int) -> None:
-        """Every stage reduced its gradients this step (or the step lost tasks: a bug, said so)."""
+        """At the step's end: every stage reduced its gradients (or the step lost tasks: a bug, said so)."""
+        end = time.perf_counter()
+        self.overlap = {stage: end - began for stage, began in self.started.items()}
         missing = [s for s, n in self._done.items() if n != self.microbatches]
         if missing:
             raise RuntimeError(f"rank {rank}: stages {missing} did not finish their gradients in step {step}")

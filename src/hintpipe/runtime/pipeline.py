@@ -20,6 +20,7 @@ that runs ahead into the next step only fills its neighbours' inboxes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import logging
@@ -516,6 +517,10 @@ class Pipeline:
         """
         split = self.hint.split_backward
         summary = RankSummary.of(self.rank, state.started, loop_time, state.records, split, state.peak_bytes)
+        reduction = self.average or self._fsdp_executor
+        if reduction is not None and reduction.overlap:
+            overlap = min(reduction.overlap.values())
+            summary = dataclasses.replace(summary, dp_overlap=overlap, dp_exposed=reduction.exposed)
         ready = self.policy is Policy.READY
         if self.on_nonfinite is OnNonFinite.SKIP or (ready and self.planner.due(state.step)):
             medians, poisoned = self._agree(summary, state.step)

@@ -58,6 +58,11 @@ class StepReport:
     busy: tuple[float, ...] = ()
     ranks: tuple[int, ...] = ()
     plan_costs: tuple[tuple[float, ...], ...] | None = None
+    #: Per covered rank, with data parallelism: how long its earliest-starting gradient reduction had to
+    #: overlap the rest of the step (its start to the step's end), and how long the rank waited on its
+    #: reductions (at the step's end, or inline where the reduction blocks); NaN without replicas.
+    dp_overlap: tuple[float, ...] = ()
+    dp_exposed: tuple[float, ...] = ()
 
     @property
     def efficiency(self) -> float:
@@ -81,6 +86,8 @@ class RankSummary:
     peak_bytes: int
     durations: tuple[tuple[int, int, int, float], ...]  # (stage, mb, kind, seconds)
     records: tuple[Record, ...]
+    dp_overlap: float = math.nan
+    dp_exposed: float = math.nan
 
     @classmethod
     def of(
@@ -168,4 +175,6 @@ def gather_report(
         busy=tuple(s.busy for s in summaries),
         ranks=tuple(s.rank for s in summaries),
         plan_costs=plan_costs,
+        dp_overlap=tuple(s.dp_overlap for s in summaries),
+        dp_exposed=tuple(s.dp_exposed for s in summaries),
     )
