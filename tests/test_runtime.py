@@ -11,6 +11,7 @@ since starting processes dominates the time on a small machine.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -71,9 +72,12 @@ def _grads(pipe: Pipeline, modules: list[nn.Module]) -> dict[str, torch.Tensor]:
     return {f"{s}.{n}": p.grad.clone() for s in pipe.stages for n, p in modules[s].named_parameters()}  # type: ignore[union-attr]
 
 
-def _matrix_worker(rank: int, world: int, cases: list[tuple[str, int, str, bool]], m: int) -> list[Any]:
+Case = tuple[str, int, str, bool, str]  # hint, chunks, policy, variable shapes, micro-batch order
+
+
+def _matrix_worker(rank: int, world: int, cases: list[Case], m: int) -> list[Any]:
     out = []
-    for hint, chunks, policy, variable in cases:
+    for hint, chunks, policy, variable, order in cases:
         modules = _mlp(world * chunks)
         pipe = Pipeline.from_modules(
             modules,
@@ -84,6 +88,7 @@ def _matrix_worker(rank: int, world: int, cases: list[tuple[str, int, str, bool]
             policy=policy,
             memory_slack=1,
             timeout=60,
+            microbatch_order=order,
         )
         xs, ys = _batches(variable, m)
         pipe.step(xs, ys)
@@ -95,9 +100,9 @@ def _matrix_worker(rank: int, world: int, cases: list[tuple[str, int, str, bool]
     return out
 
 
-def _check_matrix(world: int, m: int, cases: list[tuple[str, int, str, bool]]) -> None:
+def _check_matrix(world: int, m: int, cases: list[Case]) -> None:
     results = run_ranks(_matrix_worker, world, cases, m, timeout_s=120)
-    for i, (hint, chunks, policy, variable) in enumerate(cases):
+    for i, (hint, chunks, policy, variable, order) in enumerate(cases):
         modules = _mlp(world * chunks)
         xs, ys = _batches(variable, m)
         expected = _reference(modules, xs, ys)
@@ -108,7 +113,7 @@ def _check_matrix(world: int, m: int, cases: list[tuple[str, int, str, bool]]) -
         for rank_result in results:
             one, two, loss = rank_result[i]
             for name, grad in one.items():
-                where = f"{hint} x{chunks} {policy} {'variable' if variable else 'equal'} shapes, {name}"
+                where = f"{hint} x{chunks} {policy} {'variable' if variable else 'equal'} shapes {order}, {name}"
                 torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL, msg=_prefixed(where))
                 # Two steps without zeroing: exactly twice one step's gradient.
                 torch.testing.assert_close(two[name], 2 * expected[name], rtol=RTOL, atol=ATOL)
@@ -118,19 +123,58 @@ def _check_matrix(world: int, m: int, cases: list[tuple[str, int, str, bool]]) -
 
 
 def test_every_hint_and_policy_matches_the_unsplit_model_on_two_ranks() -> None:
-    cases = [(h, v, p, variable) for h, v in HINTS for p in POLICIES for variable in (False, True)]
+    # Variable shapes run in an order by size (the three orders in turn): the gradient is the same sum.
+    orders = ["longest-first", "balanced", "shortest-first"]
+    cases = [
+        (h, v, p, variable, orders[i % 3] if variable else "given")
+        for i, ((h, v), p) in enumerate(itertools.product(HINTS, POLICIES))
+        for variable in (False, True)
+    ]
     _check_matrix(2, 4, cases)
 
 
 def test_four_ranks_with_several_chunks() -> None:
     cases = [
-        ("1f1b", 1, "ready", True),
-        ("interleaved-1f1b", 2, "greedy", True),
-        ("zbv", 2, "ready", False),
-        ("zb-h1", 1, "greedy", True),
-        ("bfw", 2, "ready", True),
+        ("1f1b", 1, "ready", True, "given"),
+        ("interleaved-1f1b", 2, "greedy", True, "longest-first"),
+        ("zbv", 2, "ready", False, "given"),
+        ("zb-h1", 1, "greedy", True, "balanced"),
+        ("bfw", 2, "ready", True, "longest-first"),
+        ("1f1b", 1, "fixed", True, "shortest-first"),
     ]
     _check_matrix(4, 8, cases)
+
+
+class _Recorder(nn.Module):
+    """Records the batch size of every forward it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(6, 6)
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.shape[0])
+        out: torch.Tensor = self.layer(x)
+        return out
+
+
+def _ordered_worker(rank: int, world: int, order: str) -> list[int]:
+    torch.manual_seed(0)
+    modules: list[nn.Module] = [_Recorder(), _Recorder()]
+    pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=5, policy="fixed", microbatch_order=order)
+    with pipe:
+        pipe.step(*_batches(True, 5))  # sizes 1, 4, 2, 5, 3
+    seen: list[int] = modules[rank].seen  # type: ignore[assignment]
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [("given", [1, 4, 2, 5, 3]), ("longest-first", [5, 4, 3, 2, 1]), ("balanced", [5, 1, 4, 2, 3])],
+)
+def test_every_stage_runs_the_micro_batches_in_the_chosen_order(order: str, expected: list[int]) -> None:
+    assert run_ranks(_ordered_worker, 2, order, timeout_s=60) == [expected, expected]
 
 
 def _gpt_worker(rank: int, world: int, policy: str) -> Any:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hintpipe.apps.models import SeqLenDist, build_layers, make_batch, split_layers
-from hintpipe.runtime.executor import EmulatedCosts
+from hintpipe.runtime.executor import EmulatedCosts, as_tensors
 
 if TYPE_CHECKING:
     from hintpipe.apps.training import TrainConfig
@@ -29,22 +29,25 @@ def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
     modules = split_layers(build_layers(config.model), stages)
     inputs, _, _ = make_batch(config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len.mean), 0, config.seed)
     forward, backward = [], []
-    x: torch.Tensor = inputs[0]
+    x = as_tensors(inputs[0])  # several tensors for mm-mini (patches, text ids)
     for module in modules:
         f_times, b_times = [], []
         for _ in range(repeats + 1):
-            leaf = x.detach().requires_grad_(x.is_floating_point())
+            leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in x]
             start = time.perf_counter()
-            out = module(leaf)
+            out = as_tensors(module(*leaves))
             middle = time.perf_counter()
-            out.backward(torch.ones_like(out))
+            floating = [t for t in out if t.requires_grad]
+            torch.autograd.backward(floating, [torch.ones_like(t) for t in floating])
             end = time.perf_counter()
             f_times.append(middle - start)
             b_times.append(end - middle)
         forward.append(statistics.median(f_times[1:]))
         backward.append(statistics.median(b_times[1:]))
-        x = out.detach()
+        x = [t.detach() for t in out]
+    # The emulated executor scales every stage by the first input tensor's size (see EmulatedExecutor).
+    reference = as_tensors(inputs[0])[0].numel()
     if config.split_backward:
         half = tuple(b / 2 for b in backward)
-        return EmulatedCosts(tuple(forward), half, half, inputs[0].numel())
-    return EmulatedCosts(tuple(forward), tuple(backward), (0.0,) * stages, inputs[0].numel())
+        return EmulatedCosts(tuple(forward), half, half, reference)
+    return EmulatedCosts(tuple(forward), tuple(backward), (0.0,) * stages, reference)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hintpipe.apps.models import loss_fn_for
+from hintpipe.apps.models import Chain, loss_fn_for
 from hintpipe.runtime.pipeline import Pipeline
 
 
@@ -15,7 +15,7 @@ def compare_gradients(
     pipe: Pipeline,
     modules: list[torch.nn.Module],
     reference: list[torch.nn.Module] | None,
-    inputs: list[torch.Tensor],
+    inputs: list[Any],
     targets: list[torch.Tensor],
     model_name: str,
 ) -> tuple[float, float] | None:
@@ -30,10 +30,11 @@ def compare_gradients(
     dist.all_gather_object(gathered, local)
     if reference is None:
         return None
-    model = torch.nn.Sequential(*reference)
+    model = Chain(*reference)
     loss_fn = loss_fn_for(model_name)
     for x, y in zip(inputs, targets, strict=True):
-        torch.autograd.backward(loss_fn(model(x), y) / len(inputs))
+        output = model(*x) if isinstance(x, tuple) else model(x)
+        torch.autograd.backward(loss_fn(output, y) / len(inputs))
     worst_abs = worst_rel = 0.0
     for part in gathered:
         for (stage, name), grad in part.items():

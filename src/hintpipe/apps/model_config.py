@@ -13,7 +13,7 @@ import numpy as np
 from hintpipe.sim.variability import mean_one_lognormal
 from hintpipe.spec import Spec
 
-MODELS = ("mlp", "gpt-mini", "hf-gpt2", "hf-llama")
+MODELS = ("mlp", "gpt-mini", "mm-mini", "hf-gpt2", "hf-llama")
 #: The models the pipeline gets from a plan (captured through torch.export), not from a list of layers.
 PLANNED_MODELS = ("hf-gpt2", "hf-llama")
 

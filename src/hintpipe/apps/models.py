@@ -1,4 +1,5 @@
-"""Built-in example models for the CLI: ``mlp`` and ``gpt-mini`` (and the data of ``hf-gpt2``/``hf-llama``).
+"""Built-in example models for the CLI: ``mlp``, ``gpt-mini`` and ``mm-mini`` (:mod:`hintpipe.apps.multimodal`),
+and the data of ``hf-gpt2``/``hf-llama``.
 
 Both are lists of layers that split into contiguous stages. ``gpt-mini`` is a
 small causal transformer: token and position embedding on the first stage,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +22,7 @@ from torch import nn
 from hintpipe.apps.model_config import MODELS as MODELS
 from hintpipe.apps.model_config import ModelConfig as ModelConfig
 from hintpipe.apps.model_config import SeqLenDist as SeqLenDist
+from hintpipe.apps.multimodal import build_multimodal_layers, make_multimodal_batch
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -90,10 +93,23 @@ class Head(nn.Module):
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
     """The model as a list of layers (same weights on every rank for the same seed)."""
+    if config.name == "mm-mini":
+        return build_multimodal_layers(config)
     torch.manual_seed(config.seed)
     if config.name == "mlp":
         return [nn.Sequential(nn.Linear(config.hidden, config.hidden), nn.Tanh()) for _ in range(config.layers)]
     return [Embedding(config), *(Block(config) for _ in range(config.layers)), Head(config)]
+
+
+class Chain(nn.Sequential):
+    """``nn.Sequential`` for layers that take and return several tensors: a tuple output is the next
+    layer's positional arguments (``mm-mini`` carries its text ids through the image encoder)."""
+
+    def forward(self, *inputs: Any) -> Any:
+        value: Any = inputs if len(inputs) != 1 else inputs[0]
+        for layer in self:
+            value = layer(*value) if isinstance(value, tuple) else layer(value)
+        return value
 
 
 def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
@@ -107,7 +123,7 @@ def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
             f"{len(layers)} layers cannot fill {stages} stages; use --layers {stages} or more, or fewer stages"
         )
     bounds = [round(i * len(layers) / stages) for i in range(stages + 1)]
-    return [nn.Sequential(*layers[a:b]) for a, b in itertools.pairwise(bounds)]
+    return [Chain(*layers[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def loss_fn_for(name: str) -> LossFunction:
@@ -130,11 +146,13 @@ def make_batch(
     seq_len: SeqLenDist,
     step: int,
     data_seed: int = 0,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+) -> tuple[list[Any], list[torch.Tensor], list[int]]:
     """One step's micro-batches: (inputs, targets, tokens per micro-batch).
 
     Deterministic in ``(data_seed, step)``, so every policy sees the same data.
     """
+    if config.name == "mm-mini":
+        return make_multimodal_batch(config, microbatches, microbatch_size, seq_len, step, data_seed)
     rng = np.random.default_rng([data_seed, step])
     generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
     inputs, targets, tokens = [], [], []

@@ -38,6 +38,7 @@ from hintpipe.runtime.stopping import StopRequest
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.hint_csv import load_hint_csv
+from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
 
@@ -77,6 +78,7 @@ class TrainConfig:
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
     data_parallel: str = "replicate"  # or "fsdp"
+    microbatch_order: str = DEFAULT_ORDER  # see hintpipe.schedule.microbatch_order
 
     @property
     def world(self) -> int:
@@ -165,6 +167,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
     }
     if config.memory_slack:
         options["memory_slack"] = config.memory_slack
+    options["microbatch_order"] = config.microbatch_order
     mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:

@@ -55,7 +55,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # here, not above: ``hintpipe simulate`` runs without torch
 
-    from hintpipe.apps.models import build_layers, make_batch
+    from hintpipe.apps.models import Chain, build_layers, make_batch
     from hintpipe.planner.plan import plan
     from hintpipe.planner.plan_file import save_plan
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     config = ModelConfig(
         args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=args.seed
     )
-    model = torch.nn.Sequential(*build_layers(config))
+    model = Chain(*build_layers(config))
     inputs, _, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
     result = plan(
         model,

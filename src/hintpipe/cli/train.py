@@ -16,6 +16,7 @@ from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint, HintName
+from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
 from hintpipe.units import format_size, parse_sizes
 
@@ -43,7 +44,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] (times: 2ms), "
-        "crash:RANK:STEP, hang:RANK:STEP, nan:STEP; the simulator's words, same meaning; repeatable",
+        "tp:MEMBERS:SIGMA, crash:RANK:STEP, hang:RANK:STEP, nan:STEP, savefail:RANK:STEP; the simulator's words, "
+        "same meaning; repeatable",
     )
     parser.add_argument(
         "--data",
@@ -78,6 +80,12 @@ def register(commands: Any) -> None:
         help=f"{', '.join(h.value for h in HintName)}, or a CSV file as simulate takes (default: 1f1b)",
     )
     parser.add_argument("--policy", default="ready", choices=[p.value for p in Policy])
+    parser.add_argument(
+        "--microbatch-order",
+        default=DEFAULT_ORDER,
+        choices=[o.value for o in MicrobatchOrder],
+        help=f"the order each step runs its micro-batches in, by size (default {DEFAULT_ORDER})",
+    )
     parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
     parser.add_argument("--steps", type=int, default=4, metavar="N")
     add_budget_arguments(parser, bytes_only=True)
@@ -171,6 +179,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         dp=dp,
         tp=tp,
         data_parallel=getattr(args, "data_parallel", "replicate"),
+        microbatch_order=getattr(args, "microbatch_order", DEFAULT_ORDER),
     )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")

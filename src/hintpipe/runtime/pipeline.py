@@ -53,6 +53,7 @@ from hintpipe.runtime.transport import Transport
 from hintpipe.runtime.wire import Message
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
+from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 from hintpipe.scoreboard import BudgetError, Policy, Scoreboard
 from hintpipe.sim.expected import stage_medians
 
@@ -114,6 +115,7 @@ class PipelineOptions(TypedDict, total=False):
     tied: Sequence[TiedParameter]
     mesh: DeviceMesh | None
     data_parallel: str | DataParallel
+    microbatch_order: str | MicrobatchOrder
 
 
 class Pipeline:
@@ -154,6 +156,8 @@ class Pipeline:
             :mod:`hintpipe.runtime.data_parallel`). Default: the whole world is
             one pipeline.
         data_parallel: see :class:`DataParallel` (with a mesh that has ``dp``).
+        microbatch_order: the order a step runs its micro-batches in, by their sizes (input elements, known to
+            stage 0): see :class:`MicrobatchOrder` and [Note: micro-batch order].
 
     Raises:
         ValueError: for options that contradict each other or the group.
@@ -184,6 +188,7 @@ class Pipeline:
         tied: Sequence[TiedParameter] = (),
         mesh: DeviceMesh | None = None,
         data_parallel: str | DataParallel = DataParallel.REPLICATE,
+        microbatch_order: str | MicrobatchOrder = MicrobatchOrder.GIVEN,
     ) -> None:
         _check_arguments(microbatches, history, report_every, timeout)
         self.layout = _layout(mesh)
@@ -205,6 +210,7 @@ class Pipeline:
             raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
         self.modules = dict(modules)
         self.data_parallel = DataParallel.parse(data_parallel)
+        self.microbatch_order = MicrobatchOrder.parse(microbatch_order)
         self.sharded = self.layout.dp > 1 and self.data_parallel is DataParallel.FSDP and emulate is None
         if self.sharded:
             assert mesh is not None
@@ -238,6 +244,7 @@ class Pipeline:
             dp=self.layout.dp,
             tp=self.layout.tp,
             data_parallel=self.data_parallel.value,
+            microbatch_order=self.microbatch_order.value,
         )
 
     def _connect(self) -> Transport:
@@ -432,17 +439,7 @@ class Pipeline:
         if not self._started:  # the first step starts together; later ones meet at the end of the step before
             self._barrier(step)
             self._started = True
-        if self.admission.by_bytes:
-            first = {mb: state.activations[(0, mb)] for mb in range(self.microbatches)} if 0 in self.stages else {}
-            state.elements = broadcast_sizes(
-                first,
-                self.microbatches,
-                self.hint.placement.stage_rank[0],
-                self._coll,
-                rank=self.rank,
-                step=step,
-                timeout=self.timeout,
-            )
+        order = self._order(state)
         graph, budget = self.admission.for_step(state.elements)
         board = Scoreboard(graph, policy, budget=budget, plan=self.planner.plan if policy is Policy.READY else None)
         self.executor.begin_step(step)
@@ -454,7 +451,7 @@ class Pipeline:
             admission=self.admission,
             timeout=self.timeout,
             stash=self._stash,
-            check_loss=lambda loss, mb: self._check_loss(loss, step, mb),
+            check_loss=lambda loss, slot: self._check_loss(loss, step, order[slot]),
             coordination=self.coordination,
         )
         if self.average is not None:
@@ -478,6 +475,42 @@ class Pipeline:
             dist.broadcast(buffer, group=self._coll, group_src=self.hint.placement.stage_rank[-1])
             return buffer
         return loss
+
+    def _order(self, state: StepState) -> list[int]:
+        """The step's micro-batch sizes where needed (byte admission, an order by size), and its order.
+
+        [Note: micro-batch order]
+        The rank of stage 0 knows every micro-batch's size (input elements)
+        and sends the sizes to the pipeline's ranks; each rank derives the same
+        permutation from them (:func:`microbatch_order`, deterministic) and the
+        step runs slot ``i`` on given micro-batch ``order[i]``: stage 0 takes
+        its inputs, the last stage its targets, in that order. Every other rank
+        only sees slots. The step's gradient is a sum over micro-batches, so
+        the order changes no maths; errors name given micro-batches.
+        Returns ``order`` (the identity when the order is ``given``).
+        """
+        given = list(range(self.microbatches))
+        ordered = self.microbatch_order is not MicrobatchOrder.GIVEN
+        if not (self.admission.by_bytes or ordered):
+            return given
+        first = {mb: state.activations[(0, mb)] for mb in given} if 0 in self.stages else {}
+        sizes = broadcast_sizes(
+            first,
+            self.microbatches,
+            self.hint.placement.stage_rank[0],
+            self._coll,
+            rank=self.rank,
+            step=state.step,
+            timeout=self.timeout,
+        )
+        order = microbatch_order(sizes, self.microbatch_order) if ordered else given
+        if 0 in self.stages:
+            state.activations.update({(0, slot): first[mb] for slot, mb in enumerate(order)})
+        if state.targets:
+            state.targets = [state.targets[mb] for mb in order]
+        if self.admission.by_bytes:
+            state.elements = [sizes[mb] for mb in order]
+        return order
 
     def _prepare(self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None) -> StepState:
         """The step's first-stage inputs and last-stage targets, split into micro-batches."""

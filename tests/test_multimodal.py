@@ -1,0 +1,54 @@
+"""``mm-mini``: a vision encoder and a text decoder whose costs vary independently."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, make_batch
+from hintpipe.apps.multimodal import PATCHES_PER_IMAGE, encoder_layers, make_multimodal_batch
+from hintpipe.cli import main
+
+CONFIG = ModelConfig("mm-mini", layers=4, hidden=16, heads=2, vocab=32, max_seq_len=64)
+
+
+def test_micro_batches_differ_in_image_count_and_text_length_independently() -> None:
+    inputs, targets, tokens = make_batch(CONFIG, 64, 2, SeqLenDist(24, 0.5), step=0)
+    images = [patches.shape[1] // PATCHES_PER_IMAGE for patches, _ in inputs]
+    texts = [ids.shape[1] for _, ids in inputs]
+    assert len(set(images)) > 3 and len(set(texts)) > 3
+    assert [t.shape for t in targets] == [ids.shape for _, ids in inputs]
+    assert tokens == [2 * n for n in texts]
+    assert abs(float(np.corrcoef(images, texts)[0, 1])) < 0.35  # independent draws (64 samples)
+    again, _, _ = make_batch(CONFIG, 64, 2, SeqLenDist(24, 0.5), step=0)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(inputs, again, strict=True))
+
+
+def test_anti_correlated_samples_carry_short_text_with_many_images() -> None:
+    inputs, _, _ = make_multimodal_batch(CONFIG, 64, 1, SeqLenDist(24, 0.5), step=0, rho=-0.8)
+    images = [p.shape[1] for p, _ in inputs]
+    texts = [ids.shape[1] for _, ids in inputs]
+    assert float(np.corrcoef(np.log(images), np.log(texts))[0, 1]) < -0.4  # the lognormal draws' correlation
+    with pytest.raises(ValueError, match=r"rho must be in \(-1, 1\), got 1.0"):
+        make_multimodal_batch(CONFIG, 4, 1, SeqLenDist(24, 0.5), step=0, rho=1.0)
+
+
+def test_the_layers_are_an_encoder_quarter_then_a_decoder() -> None:
+    layers = build_layers(CONFIG)
+    names = [type(layer).__name__ for layer in layers]
+    assert encoder_layers(CONFIG) == 1
+    assert names == ["PatchEmbed", "EncoderBlock", "Bridge", "DecoderBlock", "DecoderBlock", "DecoderBlock", "TextHead"]
+    [(patches, ids)], _, _ = make_batch(CONFIG, 1, 2, SeqLenDist(10), step=0)
+    logits = Chain(*layers)(patches, ids)
+    assert logits.shape == (2, 10, CONFIG.vocab)  # one prediction per text token, none for the image prefix
+
+
+def test_mm_mini_trains_on_two_ranks_with_the_unsplit_gradients(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--model", "mm-mini", "--stages", "2", "--microbatches", "4", "--steps", "1", "--layers", "4"]
+    argv += ["--hidden", "16", "--seq-len-dist", "lognormal:16:0.5", "--check-grads", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["max_grad_abs_diff"] < 1e-6  # float32 sums in another order at most
