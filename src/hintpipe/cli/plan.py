@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     config = ModelConfig(
         args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=args.seed
     )
-    model = Chain(*build_layers(config))
+    # Chain (several tensors between layers) for mm-mini only: capture wants one-input forwards elsewhere.
+    model = Chain(*build_layers(config)) if config.name == "mm-mini" else torch.nn.Sequential(*build_layers(config))
     inputs, _, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
     result = plan(
         model,
