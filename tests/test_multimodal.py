@@ -40,7 +40,7 @@ def test_the_layers_are_an_encoder_quarter_then_a_decoder() -> None:
     layers = build_layers(CONFIG)
     names = [type(layer).__name__ for layer in layers]
     assert encoder_layers(CONFIG) == 1
-    assert names == ["PatchEmbed", "EncoderBlock", "Bridge", "DecoderBlock", "DecoderBlock", "DecoderBlock", "TextHead"]
+    assert names == ["PatchEmbed", "EncoderBlock", "Bridge", "Block", "Block", "Block", "TextHead"]
     [(patches, ids)], _, _ = make_batch(CONFIG, 1, 2, SeqLenDist(10), step=0)
     logits = Chain(*layers)(patches, ids)
     assert logits.shape == (2, 10, CONFIG.vocab)  # one prediction per text token, none for the image prefix

@@ -22,7 +22,6 @@ from torch import nn
 from hintpipe.apps.model_config import MODELS as MODELS
 from hintpipe.apps.model_config import ModelConfig as ModelConfig
 from hintpipe.apps.model_config import SeqLenDist as SeqLenDist
-from hintpipe.apps.multimodal import build_multimodal_layers, make_multimodal_batch
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -94,6 +93,8 @@ class Head(nn.Module):
 def build_layers(config: ModelConfig) -> list[nn.Module]:
     """The model as a list of layers (same weights on every rank for the same seed)."""
     if config.name == "mm-mini":
+        from hintpipe.apps.multimodal import build_multimodal_layers  # here: it builds on this module's layers
+
         return build_multimodal_layers(config)
     torch.manual_seed(config.seed)
     if config.name == "mlp":
@@ -139,6 +140,14 @@ def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output, target)
 
 
+def counting_text(start: torch.Tensor, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """``length + 1`` tokens per row counting up from ``start`` (one per row), about a tenth of them shifted by
+    one random amount: a language whose loss visibly falls."""
+    steps = torch.arange(length + 1)[None, :]
+    noise = (torch.rand(start.shape[0], length + 1, generator=generator) < 0.1).long()
+    return (start + steps + noise * torch.randint(0, vocab, (1,), generator=generator)) % vocab
+
+
 def make_batch(
     config: ModelConfig,
     microbatches: int,
@@ -152,6 +161,8 @@ def make_batch(
     Deterministic in ``(data_seed, step)``, so every policy sees the same data.
     """
     if config.name == "mm-mini":
+        from hintpipe.apps.multimodal import make_multimodal_batch  # here: it builds on counting_text
+
         return make_multimodal_batch(config, microbatches, microbatch_size, seq_len, step, data_seed)
     rng = np.random.default_rng([data_seed, step])
     generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
@@ -165,9 +176,7 @@ def make_batch(
         return inputs, targets, tokens
     for length in seq_len.sample(microbatches, rng, config.max_seq_len - 1):
         start = torch.randint(0, config.vocab, (microbatch_size, 1), generator=generator)
-        steps = torch.arange(length + 1)[None, :]
-        noise = (torch.rand(microbatch_size, length + 1, generator=generator) < 0.1).long()
-        sequence = (start + steps + noise * torch.randint(0, config.vocab, (1,), generator=generator)) % config.vocab
+        sequence = counting_text(start, length, config.vocab, generator)
         inputs.append(sequence[:, :-1].contiguous())
         targets.append(sequence[:, 1:].contiguous())
         tokens.append(microbatch_size * length)

@@ -11,8 +11,8 @@ a size a CPU trains:
   through untouched;
 - a bridge that pools the image tokens into one prefix token and embeds the
   text after it;
-- causal transformer blocks over prefix + text (the decoder), and a head that
-  predicts the next text token.
+- gpt-mini's causal transformer blocks over prefix + text (the decoder), and
+  its head, at the text positions.
 
 Every micro-batch has its own image count and text length (``images`` and
 ``seq_len`` distributions, optionally correlated), so its tensors have their
@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
+from hintpipe.apps.models import Block, Head, counting_text
 
 #: Values per image patch, and patches per image.
 PATCH = 12
@@ -72,32 +73,11 @@ class Bridge(nn.Module):
         return x + positions
 
 
-class DecoderBlock(nn.Module):
-    """A causal transformer block over prefix + text."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(
-            config.hidden, config.heads, 4 * config.hidden, dropout=0.0, batch_first=True, norm_first=True
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
-        out: torch.Tensor = self.layer(x, src_mask=mask, is_causal=True)
-        return out
-
-
-class TextHead(nn.Module):
+class TextHead(Head):
     """Next-token logits at the text positions (the prefix predicts nothing)."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(config.hidden)
-        self.out = nn.Linear(config.hidden, config.vocab)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.out(self.norm(x[:, 1:]))
-        return logits
+        return super().forward(x[:, 1:])
 
 
 def encoder_layers(config: ModelConfig) -> int:
@@ -114,7 +94,7 @@ def build_multimodal_layers(config: ModelConfig) -> list[nn.Module]:
         PatchEmbed(config),
         *(EncoderBlock(config) for _ in range(encoder)),
         Bridge(config),
-        *(DecoderBlock(config) for _ in range(decoder)),
+        *(Block(config) for _ in range(decoder)),
         TextHead(config),
     ]
 
@@ -153,9 +133,7 @@ def make_multimodal_batch(
         text = int(np.clip(round(length), 8, config.max_seq_len - 1)) if text_sigma else seq_len.mean
         patches = torch.randn(microbatch_size, n_images * PATCHES_PER_IMAGE, PATCH, generator=generator)
         start = (patches[:, :, 0].sum(dim=1) > 0).long()[:, None] * (config.vocab // 2)
-        steps = torch.arange(text + 1)[None, :]
-        noise = (torch.rand(microbatch_size, text + 1, generator=generator) < 0.1).long()
-        sequence = (start + steps + noise * torch.randint(0, config.vocab, (1,), generator=generator)) % config.vocab
+        sequence = counting_text(start, text, config.vocab, generator)
         inputs.append((patches, sequence[:, :-1].contiguous()))
         targets.append(sequence[:, 1:].contiguous())
         tokens.append(microbatch_size * text)

@@ -503,7 +503,7 @@ class Pipeline:
             step=state.step,
             timeout=self.timeout,
         )
-        order = microbatch_order(sizes, self.microbatch_order) if ordered else given
+        order = microbatch_order(sizes, self.microbatch_order)  # the identity for given
         if 0 in self.stages:
             state.activations.update({(0, slot): first[mb] for slot, mb in enumerate(order)})
         if state.targets:
