@@ -8,7 +8,7 @@ import pytest
 
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import B, F
-from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
+from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard, device_budgets
 
 
 def test_fixed_follows_the_hint_and_waits() -> None:
@@ -185,3 +185,13 @@ def test_without_notices_ready_keeps_patience() -> None:
     rank0.producer_started(2, 1.9)  # ignored: this driver promised no notices
     assert math.isinf(rank0.eta[2])
     assert rank0.take(2.0) == -1 and rank0.wake_at == 2.5
+
+
+def test_device_budgets_lend_the_busiest_ranks_room_to_every_rank() -> None:
+    hint = generate_hint("1f1b", 4, 8)
+    peaks = [RankGraph(hint, r).peak for r in range(4)]
+    assert peaks == [4, 3, 2, 1]
+    assert device_budgets(peaks) == [4, 4, 4, 4]
+    assert device_budgets(peaks, 0.25) == [5, 5, 5, 5]
+    with pytest.raises(ValueError, match=r"headroom must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1"):
+        device_budgets(peaks, -0.1)

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets
 from hintpipe.sim.cost_model import CostModel
@@ -28,8 +29,8 @@ from hintpipe.sim.variability import (
     Variability,
     comm_delay,
     decision_latency,
-    sample_costs,
     sample_message_delays,
+    sample_work,
 )
 
 
@@ -39,13 +40,16 @@ class DeadlockError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """One trial's drawn work: ``costs[stage, mb, kind]`` and the delay of the
-    message a task sends when it finishes, ``delays[stage, mb, kind]``."""
+    """One trial's drawn work: ``costs[stage, mb, kind]``, the delay of the
+    message a task sends when it finishes, ``delays[stage, mb, kind]``, and each
+    micro-batch's size as known before the step (``sizes[mb]``, relative work;
+    ``None``: all equal)."""
 
     costs: npt.NDArray[np.float64]
     delays: npt.NDArray[np.float64]
     latency: float
     decision: float = 0.0  # added to every task under greedy and ready (tensor-parallel coordination)
+    sizes: npt.NDArray[np.float64] | None = None
 
     @classmethod
     def draw(
@@ -59,10 +63,24 @@ class Sample:
         cost_model.check_fits(hint.num_stages, hint.num_microbatches)
         rng = rng if rng is not None else np.random.default_rng(0)
         expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
-        costs = sample_costs(expected, list(models), rng)
+        costs, sizes = sample_work(expected, list(models), rng)
         comm = comm_delay(list(models))
         delays = sample_message_delays(comm, costs.size, rng).reshape(costs.shape)
-        return cls(costs, delays, comm.latency, decision_latency(list(models)))
+        return cls(costs, delays, comm.latency, decision_latency(list(models)), sizes)
+
+    def reordered(self, perm: Sequence[int]) -> Sample:
+        """The same work with slot ``i`` running drawn micro-batch ``perm[i]``."""
+        index = np.asarray(perm, dtype=np.int64)
+        if sorted(index.tolist()) != list(range(self.costs.shape[1])):
+            raise ValueError(f"not a permutation of the {self.costs.shape[1]} micro-batches: {list(perm)}")
+        sizes = None if self.sizes is None else self.sizes[index]
+        return dataclasses.replace(self, costs=self.costs[:, index], delays=self.delays[:, index], sizes=sizes)
+
+    def ordered(self, order: MicrobatchOrder | str) -> Sample:
+        """The same work, micro-batches run in ``order`` of their known sizes
+        (see :func:`~hintpipe.schedule.microbatch_order.microbatch_order`)."""
+        sizes = self.sizes if self.sizes is not None else np.ones(self.costs.shape[1])
+        return self.reordered(microbatch_order(sizes.tolist(), order))
 
     @classmethod
     def expected(cls, hint: Hint, cost_model: CostModel, comm: CommDelay | None = None) -> Sample:
