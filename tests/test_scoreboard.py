@@ -109,8 +109,8 @@ def test_greedy_ignores_the_plan() -> None:
 
 
 def _eta_plan(expected: tuple[float, ...], lead: float, latency: float = 0.0, due: float = 100.0) -> RankPlan:
-    n = len(expected)
-    return RankPlan((0.5,) * n, (due,) * n, expected, (lead,) * n, latency)
+    n = len(expected)  # lead: the producer's cost and the latency together
+    return RankPlan((0.5,) * n, (due,) * n, expected, (lead - latency,) * n, latency)
 
 
 def _zb_rank1_waiting_for_f1(plan: RankPlan) -> Scoreboard:
@@ -195,3 +195,19 @@ def test_device_budgets_lend_the_busiest_ranks_room_to_every_rank() -> None:
     assert device_budgets(peaks, 0.25) == [5, 5, 5, 5]
     with pytest.raises(ValueError, match=r"headroom must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1"):
         device_budgets(peaks, -0.1)
+
+
+def test_eta_rule_scales_expected_costs_by_known_sizes() -> None:
+    # As in the backfill test, but micro-batch 0 is known to be three times as long: its
+    # weight pass (1W0, cost 3) no longer ends before 1F1's input (expected at 3).
+    plan = _eta_plan((1.0,) * 12, lead=1.0)
+    rank1 = Scoreboard(
+        RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True, sizes=[3.0, 1.0, 1.0, 1.0]
+    )
+    rank1.deliver(F(1, 0))
+    for now in (0.0, 3.0):
+        rank1.finish(rank1.take(now), now + 3.0)
+    rank1.producer_started(2, 6.0)  # 0F1 (micro-batch 1, size 1): expected at 7
+    assert rank1.take(6.0) == -1  # 6 + 3 > 7: wait (with size 1, 1W0 would fit: 6 + 1 <= 7)
+    with pytest.raises(ValueError, match="3 sizes for 4 micro-batches"):
+        Scoreboard(RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True, sizes=[1.0] * 3)

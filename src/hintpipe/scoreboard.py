@@ -75,16 +75,15 @@ class RankPlan:
         due: the planned start plus the tolerance: a task is never due
             earlier than this, even when the rank runs ahead of its plan.
         expected: expected cost, for backfilling.
-        lead: for the ETA rule, how long after its remote producer *starts*
-            a task's input is expected: the producer's expected cost plus the
-            latency (0 where the task has no remote input; empty: all 0).
+        producer_cost: for the ETA rule, the expected cost of the remote task
+            that feeds each position (0 where there is none; empty: all 0).
         latency: the expected message latency, added to a producer's end.
     """
 
     allowance: tuple[float, ...]
     due: tuple[float, ...]
     expected: tuple[float, ...]
-    lead: tuple[float, ...] = ()
+    producer_cost: tuple[float, ...] = ()
     latency: float = 0.0
 
     @classmethod
@@ -109,7 +108,7 @@ class RankPlan:
             tuple((gaps + slack).tolist()),
             tuple((begin + slack).tolist()),
             tuple(cost.tolist()),
-            () if producer_cost is None else tuple((np.asarray(producer_cost, dtype=float) + latency).tolist()),
+            () if producer_cost is None else tuple(float(c) for c in producer_cost),
             float(latency),
         )
 
@@ -223,6 +222,10 @@ class Scoreboard:
         notices: whether the driver reports each remote producer's start and
             end (:meth:`producer_started`, :meth:`producer_finished`); then
             ``ready`` arbitrates by the ETA rule, else by patience.
+        sizes: each micro-batch's known size relative to the plan's (sequence
+            length over the typical one; ``None``: all 1). The ETA rule scales
+            expected costs by it: a long micro-batch's weight pass is not a
+            short filler.
 
     Raises:
         BudgetError: if ``budget`` is below the hint's own peak on this rank.
@@ -247,6 +250,7 @@ class Scoreboard:
         budget: float | None = None,
         plan: RankPlan | None = None,
         notices: bool = False,
+        sizes: Sequence[float] | None = None,
     ) -> None:
         self.graph = graph
         self.hint = graph.hint
@@ -279,9 +283,19 @@ class Scoreboard:
         #: Per position, how long after its remote producer starts its input is expected
         #: (zeros when the ETA rule is off: nothing reads ``eta`` then).
         self.lead: Sequence[float] = (0.0,) * n
+        self._expected: Sequence[float] = ()
         if self._eta_rule:
             assert plan is not None
-            self.lead = plan.lead if plan.lead else (plan.latency,) * n
+            producer = plan.producer_cost if plan.producer_cost else (0.0,) * n
+            if sizes is None:
+                self._expected = plan.expected
+                self.lead = [c + plan.latency for c in producer]
+            else:
+                if len(sizes) != self.hint.num_microbatches:
+                    raise ValueError(f"{len(sizes)} sizes for {self.hint.num_microbatches} micro-batches")
+                scale = [sizes[t.mb] for t in self.tasks]
+                self._expected = [c * f for c, f in zip(plan.expected, scale, strict=True)]
+                self.lead = [c * f + plan.latency for c, f in zip(producer, scale, strict=True)]
         #: Per position, when its remote input is expected (inf: its producer has not started).
         self.eta = [math.inf] * n
         self._taken = [False] * n
@@ -435,7 +449,7 @@ class Scoreboard:
         """Steps (4)-(6) of the ETA rule: ``best`` if it ends before ``k``'s input is
         expected; an ``F`` also once that input is late or ``k`` is overdue; else wait."""
         eta = self.eta[k]
-        if now + plan.expected[best] <= eta:
+        if now + self._expected[best] <= eta:
             return best
         if not self._is_f[best]:
             return -1  # a B or W never overtakes a late input: the ranks downstream wait on it

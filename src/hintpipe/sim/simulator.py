@@ -233,6 +233,7 @@ class Simulator:
         budgets: Sequence[float] | None = None,
         plans: Sequence[RankPlan] | None = None,
         notices: bool = True,
+        sizes: Sequence[float] | None = None,
     ) -> list[Scoreboard]:
         return [
             Scoreboard(
@@ -241,6 +242,7 @@ class Simulator:
                 budget=None if budgets is None else budgets[r],
                 plan=None if plans is None else plans[r],
                 notices=notices,
+                sizes=sizes,
             )
             for r, graph in enumerate(self.graphs)
         ]
@@ -276,7 +278,8 @@ class Simulator:
         if budgets is None and slack:
             budgets = self.budgets(slack)
         plans = self.plans(sample.latency) if policy is Policy.READY else None
-        boards = self._scoreboards(policy, budgets, plans, notices)
+        sizes = None if sample.sizes is None or policy is not Policy.READY else sample.sizes.tolist()
+        boards = self._scoreboards(policy, budgets, plans, notices, sizes)
         ranks = range(hint.num_ranks)
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
         # hintpipe.runtime.coordination); fixed order needs no announcement.
