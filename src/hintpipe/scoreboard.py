@@ -196,6 +196,8 @@ class RankGraph:
         self.source = tuple(source)
         self.delta = tuple(delta)
         self.is_forward = tuple(t.kind is Kind.F for t in self.tasks)
+        #: Each position's micro-batch.
+        self.mbs = np.array([t.mb for t in self.tasks], dtype=np.int64)
         projected = []
         live = 0.0
         for d in delta:
@@ -293,9 +295,9 @@ class Scoreboard:
             else:
                 if len(sizes) != self.hint.num_microbatches:
                     raise ValueError(f"{len(sizes)} sizes for {self.hint.num_microbatches} micro-batches")
-                scale = [sizes[t.mb] for t in self.tasks]
-                self._expected = [c * f for c, f in zip(plan.expected, scale, strict=True)]
-                self.lead = [c * f + plan.latency for c, f in zip(producer, scale, strict=True)]
+                scale = np.asarray(sizes, dtype=float)[graph.mbs]
+                self._expected = (np.asarray(plan.expected) * scale).tolist()
+                self.lead = (np.asarray(producer) * scale + plan.latency).tolist()
         #: Per position, when its remote input is expected (inf: its producer has not started).
         self.eta = [math.inf] * n
         self._taken = [False] * n
@@ -313,10 +315,11 @@ class Scoreboard:
         # Tasks that are ready when they are the hint's next one run by the fast
         # path and need no queue; every other ready task waits in a heap.
         self._queue_ready = policy is not Policy.FIXED
-        if self._queue_ready:
-            for i in range(1, n):
-                if need[i] == 0:
-                    heapq.heappush(self._heap_f if self._is_f[i] else self._heap_bw, i)
+        if self._queue_ready:  # ascending lists are heaps already
+            ready = [i for i, left in enumerate(need) if left == 0 and i > 0]
+            is_f = self._is_f
+            self._heap_f = [i for i in ready if is_f[i]]
+            self._heap_bw = [i for i in ready if not is_f[i]]
 
     # -- events -------------------------------------------------------------
 
@@ -365,10 +368,17 @@ class Scoreboard:
                 if live > self.peak:
                     self.peak = live
             return k
-        pos = self.decide(now)
-        if pos >= 0:
-            self.start(pos)
-        return pos
+        # The rest of decide(), without its checks of the hint's next task.
+        self.wake_at = math.inf
+        if k >= self._n or not self._queue_ready:  # done, or fixed order waits
+            return -1
+        best = self._best_ready()
+        plan = self._plan
+        if best >= 0 and plan is not None:
+            best = self._eta_choice(now, k, best, plan) if self._eta_rule else self._patience(now, k, best, plan)
+        if best >= 0:
+            self.start(best)
+        return best
 
     def is_ready(self, pos: int) -> bool:
         """Whether the task at ``pos`` has all its inputs and has not been started (a follower's check)."""
@@ -387,8 +397,8 @@ class Scoreboard:
             self.next = nxt
         elif d:
             projected = self._projected
-            for i in range(self.next, pos):
-                projected[i] += d
+            k = self.next
+            projected[k:pos] = [v + d for v in projected[k:pos]]
         if d > 0:
             live = self.live + d
             self.live = live
@@ -438,9 +448,12 @@ class Scoreboard:
             return best
         if self._eta_rule:
             return self._eta_choice(now, k, best, plan)
+        return self._patience(now, k, best, plan)
+
+    def _patience(self, now: float, k: int, best: int, plan: RankPlan) -> int:
+        """Without notices: ``best`` if ``k`` is overdue or ``best`` fits before ``k`` is due; else wait."""
         due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
         if now >= due or now + plan.expected[best] <= due:
-            # Overdue, or the best ready task fits before the hint's next is due.
             return best
         self.wake_at = due
         return -1

@@ -14,7 +14,7 @@ import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -325,42 +325,43 @@ def fixed_order(
     deadlocks (the event loop then explains why).
 
     The same times as the event loop under ``fixed``, without its events: a rank's local
-    inputs always come earlier in its own order, so only the remote one can make it wait,
-    and each rank is swept forward until it does. Planning ``ready`` and every fixed run
+    inputs always come earlier in its own order, so only the remote one can make it wait.
+    Each rank is a generator that sweeps forward until its next remote input is not yet
+    computed; the rank that computes it resumes it. Planning ``ready`` and every fixed run
     of a study use it.
     """
     num_ranks = len(cost)
     starts = [[math.nan] * len(c) for c in cost]
     ends = [[math.nan] * len(c) for c in cost]
     done = [0] * num_ranks  # positions finished on each rank
-    free = [0.0] * num_ranks
     waiter: list[dict[int, int]] = [{} for _ in range(num_ranks)]  # waiter[r][pos]: the rank waiting on it
     todo = list(range(num_ranks))
-    while todo:
-        r = todo.pop()
-        i, t = done[r], free[r]
+
+    def sweep(r: int) -> Iterator[None]:
+        t = 0.0
         c, src, s_r, e_r, waits = cost[r], sources[r], starts[r], ends[r], waiter[r]
-        n = len(c)
-        while i < n:
+        for i in range(len(c)):
             link = src[i]
             if link is not None:
                 q, j = link
                 if j >= done[q]:
                     waiter[q][j] = r
-                    break
-                arrival = ends[q][j] + delay[q][j]
-                if arrival > t:
-                    t = arrival
+                    yield
+                e_q = ends[q][j] + delay[q][j]
+                if e_q > t:
+                    t = e_q
             s_r[i] = t
             t += c[i]
             e_r[i] = t
+            done[r] = i + 1
             if waits:
                 woken = waits.pop(i, None)
                 if woken is not None:
-                    done[r], free[r] = i + 1, t
                     todo.append(woken)
-            i += 1
-        done[r], free[r] = i, t
+
+    sweeps = [sweep(r) for r in range(num_ranks)]
+    while todo:
+        next(sweeps[todo.pop()], None)
     if any(d != len(c) for d, c in zip(done, cost, strict=True)):
         return None
     return starts, ends
