@@ -158,6 +158,38 @@ def markdown(result: dict[str, Any], names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def headline(result: dict[str, Any], names: list[str], best: str) -> str:
+    """The levers one at a time and together, as the issue's table lists them."""
+    by = {(c["variability"], c["hint"], c["order"], c["policy"], c["budget"]): c for c in result["cells"]}
+    rows = [
+        ("1f1b", "given", "fixed", "rank"),
+        ("1f1b", "given", "ready", "rank"),
+        ("1f1b", "given", "ready", "device"),
+        ("bfw", "given", "fixed", "rank"),
+        ("bfw", "given", "ready", "rank"),
+        ("bfw", "given", "ready", "device"),
+        ("1f1b", best, "fixed", "rank"),
+        ("bfw", best, "fixed", "rank"),
+        ("bfw", best, "ready", "rank"),
+        ("bfw", best, "ready", "device"),
+        ("bfw", best, "ready", "device+25%"),
+    ]
+    lines = [
+        "| hint | order | policy | budget | " + " | ".join(names) + " | peak |",
+        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: |",
+    ]
+    for hint, order, policy, budget in rows:
+        cells = [by[(n, hint, order, policy, budget)] for n in names if (n, hint, order, policy, budget) in by]
+        if len(cells) != len(names):
+            continue
+        lines.append(
+            f"| {hint} | {order} | {policy} | {budget if policy != 'fixed' else '-'} | "
+            + " | ".join(f"{c['speedup']:.2f}x" for c in cells)
+            + f" | {max(c['peak_slots'] for c in cells):g} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--ranks", type=int, default=16)
@@ -166,22 +198,29 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--orders",
-        default="given,longest-first",
-        help="comma-separated micro-batch orders (default given,longest-first)",
+        default="given,longest-first,shortest-first",
+        help="comma-separated micro-batch orders, given first (default given,longest-first,shortest-first)",
     )
     parser.add_argument("--variability", default=",".join(VARIABILITY), help="comma-separated names of VARIABILITY")
+    parser.add_argument("--best", default="shortest-first", help="the order the headline table shows as the best")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
+    parser.add_argument("--from-json", metavar="FILE", help="print the tables of an earlier run's JSON")
     args = parser.parse_args()
-    orders = [MicrobatchOrder.parse(o).value for o in args.orders.split(",")]
-    if orders[0] != "given":
-        parser.error("--orders must start with given (the baseline's order)")
     names = args.variability.split(",")
-    result = study(args.ranks, args.microbatches, args.trials, orders, names, args.seed)
-    result["environment"] = {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "machine": platform.machine(),
-    }
+    if args.from_json:
+        with open(args.from_json) as source:
+            result = json.load(source)
+    else:
+        orders = [MicrobatchOrder.parse(o).value for o in args.orders.split(",")]
+        if orders[0] != "given":
+            parser.error("--orders must start with given (the baseline's order)")
+        result = study(args.ranks, args.microbatches, args.trials, orders, names, args.seed)
+        result["environment"] = {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "machine": platform.machine(),
+        }
+    print(headline(result, names, args.best) + "\n")
     print(markdown(result, names))
     print(f"\n{result['seconds']:.0f} s")
     if args.json:
