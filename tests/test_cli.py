@@ -36,6 +36,8 @@ def test_compare_speedup_under_variable_lengths(capsys: pytest.CaptureFixture[st
         "2",
         "--trials",
         "20",
+        "--microbatch-order",
+        "given",
         "--compare",
     )
     assert out["speedup"] >= 1.10

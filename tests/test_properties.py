@@ -97,3 +97,18 @@ def test_no_policy_deadlocks_runs_a_task_twice_breaks_a_dependency_or_the_budget
     result = Simulator(hint, costs).run(policy, sample, slack=slack)
     _check(hint, sample, result)
     assert result.makespan >= result.lower_bound - 1e-9
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([0.0, 0.25, 1.0]))
+def test_no_rank_exceeds_a_per_device_budget(
+    scenario: tuple[Hint, CostModel, Sample, Policy, float], headroom: float
+) -> None:
+    hint, costs, sample, policy, _ = scenario
+    simulator = Simulator(hint, costs)
+    budgets = simulator.device_budgets(headroom)
+    busiest = max(g.peak for g in simulator.graphs)
+    assert budgets == [busiest * (1 + headroom)] * hint.num_ranks
+    result = simulator.run(policy, sample, budgets=budgets)
+    _check(hint, sample, result)
+    assert max(result.peak_live) <= busiest * (1 + headroom) + 1e-6

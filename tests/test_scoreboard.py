@@ -8,7 +8,7 @@ import pytest
 
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import B, F
-from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard
+from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard, device_budgets
 
 
 def test_fixed_follows_the_hint_and_waits() -> None:
@@ -103,3 +103,111 @@ def test_patience_backfills_a_task_that_fits_before_the_due_time() -> None:
 def test_greedy_ignores_the_plan() -> None:
     rank0 = _rank0_waiting_for_b0(Policy.GREEDY, None)
     assert str(rank0.tasks[rank0.take(2.0)]) == "0F2"
+
+
+# -- the ETA rule (producer notices) -------------------------------------------------------------------------
+
+
+def _eta_plan(expected: tuple[float, ...], lead: float, latency: float = 0.0, due: float = 100.0) -> RankPlan:
+    n = len(expected)  # lead: the producer's cost and the latency together
+    return RankPlan((0.5,) * n, (due,) * n, expected, (lead - latency,) * n, latency)
+
+
+def _zb_rank1_waiting_for_f1(plan: RankPlan) -> Scoreboard:
+    # zb-h1, rank 1: 1F0 1B0 1F1 1B1 1W0 ...; after 1F0 and 1B0 the next task 1F1 waits
+    # for rank 0's activation and 1W0 is ready.
+    rank1 = Scoreboard(RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True)
+    rank1.deliver(F(1, 0))
+    for now in range(2):
+        pos = rank1.take(float(now))
+        rank1.finish(pos, now + 1.0)
+    return rank1
+
+
+def test_eta_rule_runs_other_work_while_the_producer_has_not_started() -> None:
+    rank1 = _zb_rank1_waiting_for_f1(_eta_plan((1.0,) * 12, lead=1.0))
+    assert str(rank1.tasks[rank1.take(2.0)]) == "1W0"  # ETA infinite: anything fits
+
+
+def test_eta_rule_backfills_a_weight_pass_that_ends_before_the_input() -> None:
+    rank1 = _zb_rank1_waiting_for_f1(_eta_plan((1.0,) * 12, lead=1.0))
+    rank1.producer_started(2, 2.0)  # 0F1 started at 2: its activation is expected at 3
+    assert rank1.eta[2] == 3.0
+    assert str(rank1.tasks[rank1.take(2.0)]) == "1W0"  # ends at 3 <= 3
+
+
+def test_eta_rule_never_lets_a_weight_pass_overtake_a_late_input() -> None:
+    rank1 = _zb_rank1_waiting_for_f1(_eta_plan((1.0,) * 12, lead=1.0, latency=1.0))
+    rank1.producer_started(2, 0.5)  # expected at 0.5 + 1 (cost and latency together)
+    assert rank1.take(2.0) == -1  # late already, and 1W0 is no F: wait for the input
+    assert math.isinf(rank1.wake_at)  # no point waking: only news of the producer can change it
+    rank1.producer_finished(2, 3.0)  # it ran long: the activation lands at 3 + latency 1
+    assert rank1.eta[2] == 4.0
+    assert str(rank1.tasks[rank1.take(3.0)]) == "1W0"  # 3 + 1 <= 4
+
+
+def _1f1b_rank0_waiting_for_b0(plan: RankPlan) -> Scoreboard:
+    # 1f1b, rank 0: 0F0 0F1 0B0 0F2 ...; room for one more micro-batch, so 0F2 is admitted while
+    # 0B0 waits for rank 1's gradient.
+    rank0 = Scoreboard(RankGraph(generate_hint("1f1b", 2, 4), 0), Policy.READY, budget=3, plan=plan, notices=True)
+    for now in range(2):
+        pos = rank0.take(float(now))
+        rank0.finish(pos, now + 1.0)
+    return rank0
+
+
+def test_eta_rule_starts_a_forward_once_the_input_is_late() -> None:
+    expected = (1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0)  # 0F2 (position 3) costs 3
+    rank0 = _1f1b_rank0_waiting_for_b0(_eta_plan(expected, lead=2.0))
+    rank0.producer_started(2, 1.0)  # 1B0 started at 1: its gradient is expected at 3
+    assert rank0.take(2.0) == -1  # 0F2 would end at 5, after 3
+    assert rank0.wake_at == 3.0
+    assert str(rank0.tasks[rank0.take(3.0)]) == "0F2"  # the gradient is late: the forward goes
+
+
+def test_eta_rule_starts_a_forward_once_the_next_task_is_overdue() -> None:
+    expected = (1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0)
+    rank0 = _1f1b_rank0_waiting_for_b0(_eta_plan(expected, lead=2.0, due=2.5))
+    rank0.producer_started(2, 1.9)  # expected at 3.9, but 0B0 is due at 2.5 by the plan
+    assert rank0.take(2.0) == -1
+    assert rank0.wake_at == 2.5
+    assert str(rank0.tasks[rank0.take(2.5)]) == "0F2"
+
+
+def test_without_notices_ready_keeps_patience() -> None:
+    # The same state as above, without notices: the plan's due time alone decides (patience).
+    expected = (1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0)
+    rank0 = Scoreboard(
+        RankGraph(generate_hint("1f1b", 2, 4), 0), Policy.READY, budget=3, plan=_eta_plan(expected, 2.0, due=2.5)
+    )
+    for now in range(2):
+        rank0.finish(rank0.take(float(now)), now + 1.0)
+    rank0.producer_started(2, 1.9)  # ignored: this driver promised no notices
+    assert math.isinf(rank0.eta[2])
+    assert rank0.take(2.0) == -1 and rank0.wake_at == 2.5
+
+
+def test_device_budgets_lend_the_busiest_ranks_room_to_every_rank() -> None:
+    hint = generate_hint("1f1b", 4, 8)
+    peaks = [RankGraph(hint, r).peak for r in range(4)]
+    assert peaks == [4, 3, 2, 1]
+    assert device_budgets(peaks) == [4, 4, 4, 4]
+    assert device_budgets(peaks, 0.25) == [5, 5, 5, 5]
+    with pytest.raises(ValueError, match=r"headroom must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1"):
+        device_budgets(peaks, -0.1)
+
+
+def test_eta_rule_scales_expected_costs_by_known_sizes() -> None:
+    # As in the backfill test, but micro-batch 0 is known to be three times as long: its
+    # weight pass (1W0, cost 3) no longer ends before 1F1's input (expected at 3).
+    plan = _eta_plan((1.0,) * 12, lead=1.0)
+    rank1 = Scoreboard(
+        RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True, sizes=[3.0, 1.0, 1.0, 1.0]
+    )
+    rank1.deliver(F(1, 0))
+    for now in (0.0, 3.0):
+        rank1.finish(rank1.take(now), now + 3.0)
+    rank1.producer_started(2, 6.0)  # 0F1 (micro-batch 1, size 1): expected at 7
+    assert rank1.take(6.0) == -1  # 6 + 3 > 7: wait (with size 1, 1W0 would fit: 6 + 1 <= 7)
+    with pytest.raises(ValueError, match="3 sizes for 4 micro-batches"):
+        Scoreboard(RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True, sizes=[1.0] * 3)

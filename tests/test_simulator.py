@@ -202,3 +202,55 @@ def test_the_runtime_refuses_a_tensor_parallel_decision_cost_and_the_wrong_membe
     assert draws[0] != draws[1] and draws[0] == factors(0, 1, Kind.B, 2)  # one draw per member, deterministic
     with pytest.raises(SpecError, match="MEMBERS"):
         parse_variability("tp:0:0.3")
+
+
+# -- multimodal work -------------------------------------------------------------------------------------
+
+
+def test_multimodal_factors_split_encoder_and_decoder_stages() -> None:
+    hint = generate_hint(HintName.ONE_F_ONE_B, 8, 2000)
+    sample = Sample.draw(hint, CostModel.uniform(8), [parse_variability("mm:1.0:0.5")], np.random.default_rng(1))
+    factors = sample.costs[:, :, 0]  # F = 1: the factor itself
+    np.testing.assert_array_equal(factors[:2], np.broadcast_to(factors[0], (2, 2000)))  # a quarter: 2 stages
+    np.testing.assert_array_equal(factors[2:], np.broadcast_to(factors[2], (6, 2000)))
+    assert factors[0].mean() == pytest.approx(1.0, abs=0.08) and factors[2].mean() == pytest.approx(1.0, abs=0.04)
+    assert np.log(factors[0]).std() == pytest.approx(1.0, abs=0.05)
+    assert np.log(factors[2]).std() == pytest.approx(0.5, abs=0.03)
+    assert abs(np.corrcoef(np.log(factors[0]), np.log(factors[2]))[0, 1]) < 0.06
+    # Known sizes: the micro-batch's work, encoder and decoder weighted by their stages (F + B = 3 each).
+    assert sample.sizes is not None
+    np.testing.assert_allclose(sample.sizes, (2 * factors[0] + 6 * factors[2]) / 8)
+
+
+def test_multimodal_rho_correlates_encoder_and_decoder() -> None:
+    hint = generate_hint(HintName.ONE_F_ONE_B, 4, 4000)
+    sample = Sample.draw(hint, CostModel.uniform(4), [parse_variability("mm:1:0.5:0.5:-0.8")], np.random.default_rng(2))
+    logs = np.log(sample.costs[:, :, 0])
+    assert np.corrcoef(logs[0], logs[3])[0, 1] == pytest.approx(-0.8, abs=0.02)
+    np.testing.assert_array_equal(logs[0], logs[1])  # FRACTION 0.5: two encoder stages of four
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("mm:1", r"^bad variability 'mm:1': expected mm:SIGMA_ENC:SIGMA_DEC\[:FRACTION\[:RHO\]\]$"),
+        ("mm:1:0.5:0.25:0:9", r"^bad variability 'mm:1:0.5:0.25:0:9': expected mm:SIGMA_ENC:SIGMA_DEC"),
+        ("mm:x:0.5", r"^bad variability 'mm:x:0.5': SIGMA_ENC 'x' is not a number$"),
+        ("mm:1:-0.5", r"^bad variability 'mm:1:-0.5': SIGMA_DEC must be a finite number >= 0, got '-0.5'$"),
+        (
+            "mm:1:0.5:0",
+            r"^bad variability 'mm:1:0.5:0': FRACTION is the encoder's share of the stages, between 0 and 1, "
+            r"got '0'$",
+        ),
+        ("mm:1:0.5:1", r"FRACTION is the encoder's share of the stages, between 0 and 1, got '1'$"),
+        (
+            "mm:1:0.5:0.25:1.5",
+            r"^bad variability 'mm:1:0.5:0.25:1.5': RHO is a correlation, between -1 and 1, got '1.5'$",
+        ),
+        ("mm:1:0.5:0.25:-2", r"^bad variability 'mm:1:0.5:0.25:-2': RHO must be a finite number >= -1, got '-2'$"),
+        ("mmm:1:1", r"unknown model 'mmm'; use iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC\[:FRACTION\[:RHO\]\]"),
+    ],
+)
+def test_bad_multimodal_specs(spec: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_variability(spec)

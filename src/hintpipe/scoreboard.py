@@ -22,6 +22,8 @@ import heapq
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from hintpipe.choice import Choice
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
@@ -34,15 +36,23 @@ class Policy(Choice):
     - ``fixed``: run the hint in order, waiting for its next task (the
       baseline every fixed-order pipeline uses).
     - ``greedy``: run the best-ranked ready, admitted task at once.
-    - ``ready``: greedy with *patience* and *backfilling*. When the hint's
-      next task is not ready, the rank runs the best-ranked ready task only if
-      it is expected to finish before the next task is due (its planned gap
-      after its hint predecessor plus a quarter of its expected cost, and
-      never before its planned start), or once the next task is overdue;
-      otherwise it waits. Without variability nothing is overdue and nothing
-      is backfilled in the plan's way, so it equals ``fixed``; under
-      variability it keeps most of greedy's gain without greedy's habit of
-      starting a low-ranked task just before a high-ranked one arrives.
+    - ``ready``: deviate from the hint only where it cannot cost the hint's
+      next task ``k``. With *producer notices* (the driver says when the
+      remote task that feeds ``k`` starts and ends; the simulator always
+      does) it is the ETA rule: run ``k`` if it is ready; else take ``best``,
+      the best-ranked ready task (an ``F`` only if admitted), and run it if
+      it is expected to end before ``k``'s input is expected (ETA: the
+      producer's end, or its start plus its expected cost, plus the latency;
+      infinity while the producer has not started); an ``F`` may also go
+      once that input is late (past its ETA) or ``k`` is overdue by the plan;
+      a ``B`` or ``W`` never overtakes a late input, because the downstream
+      ranks wait on it. Without notices (a driver that cannot tell) it is the
+      older *patience* rule: ``best`` runs if it fits before ``k`` is due by
+      the plan (its planned gap after its predecessor plus a quarter of its
+      cost, never before its planned start), or once ``k`` is overdue.
+      Either way, without variability and latency it equals ``fixed``, and it
+      keeps greedy's gains without greedy's habit of starting a low-ranked
+      task just before a high-ranked one arrives.
     """
 
     FIXED = "fixed"
@@ -51,7 +61,7 @@ class Policy(Choice):
 
 
 #: The share of a task's expected cost the ``ready`` policy waits beyond its
-#: planned arrival before it runs other work.
+#: planned arrival before it calls the task overdue.
 PATIENCE_TOLERANCE = 0.25
 
 
@@ -65,26 +75,68 @@ class RankPlan:
         due: the planned start plus the tolerance: a task is never due
             earlier than this, even when the rank runs ahead of its plan.
         expected: expected cost, for backfilling.
+        producer_cost: for the ETA rule, the expected cost of the remote task
+            that feeds each position (0 where there is none; empty: all 0).
+        latency: the expected message latency, added to a producer's end.
     """
 
     allowance: tuple[float, ...]
     due: tuple[float, ...]
     expected: tuple[float, ...]
+    producer_cost: tuple[float, ...] = ()
+    latency: float = 0.0
 
     @classmethod
-    def from_timeline(cls, starts: Sequence[float], ends: Sequence[float], expected: Sequence[float]) -> RankPlan:
-        """Build from a fixed-order timeline (planned or measured) of the hint."""
-        slack = [PATIENCE_TOLERANCE * c for c in expected]
-        gaps = [max(0.0, starts[i] - (ends[i - 1] if i else 0.0)) for i in range(len(starts))]
+    def from_timeline(
+        cls,
+        starts: Sequence[float],
+        ends: Sequence[float],
+        expected: Sequence[float],
+        producer_cost: Sequence[float] | None = None,
+        latency: float = 0.0,
+    ) -> RankPlan:
+        """Build from a fixed-order timeline (planned or measured) of the hint;
+        ``producer_cost[i]``: the expected cost of the remote task feeding position ``i``."""
+        if not len(starts) == len(ends) == len(expected):
+            raise ValueError(f"{len(starts)} starts, {len(ends)} ends and {len(expected)} costs: one each per task")
+        begin = np.asarray(starts, dtype=float)
+        cost = np.asarray(expected, dtype=float)
+        slack = PATIENCE_TOLERANCE * cost
+        before = np.concatenate(([0.0], np.asarray(ends, dtype=float)[:-1]))
+        gaps = np.maximum(0.0, begin - before)
         return cls(
-            tuple(g + t for g, t in zip(gaps, slack, strict=True)),
-            tuple(s + t for s, t in zip(starts, slack, strict=True)),
-            tuple(float(c) for c in expected),
+            tuple((gaps + slack).tolist()),
+            tuple((begin + slack).tolist()),
+            tuple(cost.tolist()),
+            () if producer_cost is None else tuple(float(c) for c in producer_cost),
+            float(latency),
         )
 
 
 class BudgetError(ValueError):
     """A memory budget below what the hint itself needs."""
+
+
+def device_budgets(peaks: Sequence[float], headroom: float = 0.0) -> list[float]:
+    """Per-device budgets: every rank may hold what the hint's busiest rank holds.
+
+    A hint's own peaks differ by rank (1F1B: rank ``r`` of ``p`` holds ``p - r``
+    micro-batches), so with equal devices the later ranks' memory sits idle;
+    this budget lends it to running ahead, and no device ever holds more than
+    the fixed-order pipeline's busiest one (plus ``headroom``, a fraction:
+    0.25 for 25% more).
+
+    Args:
+        peaks: each rank's own fixed-order peak (slots or bytes).
+        headroom: extra share of the largest peak, >= 0.
+
+    Raises:
+        ValueError: for a negative headroom.
+    """
+    if headroom < 0 or not math.isfinite(headroom):
+        raise ValueError(f"headroom must be a finite fraction >= 0 (0.25 for 25% more), got {headroom!r}")
+    room = max(peaks, default=0.0) * (1.0 + headroom)
+    return [room] * len(peaks)
 
 
 class RankGraph:
@@ -114,6 +166,7 @@ class RankGraph:
         need = [len(rules.dependencies(t, stages)) for t in self.tasks]
         local: list[tuple[int, ...]] = [()] * n
         remote: list[tuple[int, Task] | None] = [None] * n
+        source: list[tuple[int, Task] | None] = [None] * n
         delta = [0.0] * n
         index = self.index
         for i, task in enumerate(self.tasks):
@@ -125,6 +178,9 @@ class RankGraph:
                     assert remote[i] is None, f"{task} feeds two remote tasks"
                     remote[i] = (stage_rank[nxt.stage], nxt)
             local[i] = tuple(after)
+            for dep in rules.dependencies(task, stages):
+                if stage_rank[dep.stage] != rank:
+                    source[i] = (stage_rank[dep.stage], dep)
             units = rules.memory_delta(task, split)
             if units > 0:
                 delta[i] = 1.0 if sizes is None else float(sizes[i])
@@ -136,8 +192,12 @@ class RankGraph:
         self.local = tuple(local)
         #: ``remote[pos]``: (rank, task) to notify when ``pos`` finishes, or None.
         self.remote = tuple(remote)
+        #: ``source[pos]``: (rank, task) whose result is ``pos``'s remote input, or None.
+        self.source = tuple(source)
         self.delta = tuple(delta)
         self.is_forward = tuple(t.kind is Kind.F for t in self.tasks)
+        #: Each position's micro-batch.
+        self.mbs = np.array([t.mb for t in self.tasks], dtype=np.int64)
         projected = []
         live = 0.0
         for d in delta:
@@ -161,6 +221,13 @@ class Scoreboard:
             rank never holds more than a fixed-order pipeline would.
         plan: for ``ready``, when each task is expected (see :class:`RankPlan`).
             ``None``: no patience (behaves as ``greedy``).
+        notices: whether the driver reports each remote producer's start and
+            end (:meth:`producer_started`, :meth:`producer_finished`); then
+            ``ready`` arbitrates by the ETA rule, else by patience.
+        sizes: each micro-batch's known size relative to the plan's (sequence
+            length over the typical one; ``None``: all 1). The ETA rule scales
+            expected costs by it: a long micro-batch's weight pass is not a
+            short filler.
 
     Raises:
         BudgetError: if ``budget`` is below the hint's own peak on this rank.
@@ -184,6 +251,8 @@ class Scoreboard:
         *,
         budget: float | None = None,
         plan: RankPlan | None = None,
+        notices: bool = False,
+        sizes: Sequence[float] | None = None,
     ) -> None:
         self.graph = graph
         self.hint = graph.hint
@@ -211,6 +280,26 @@ class Scoreboard:
         if plan is not None and len(plan.due) != n:
             raise ValueError(f"the plan has {len(plan.due)} tasks, rank {rank} has {n}")
         self._plan = plan if policy is Policy.READY else None
+        self.notices = notices
+        self._eta_rule = notices and self._plan is not None
+        #: Per position, how long after its remote producer starts its input is expected
+        #: (zeros when the ETA rule is off: nothing reads ``eta`` then).
+        self.lead: Sequence[float] = (0.0,) * n
+        self._expected: Sequence[float] = ()
+        if self._eta_rule:
+            assert plan is not None
+            producer = plan.producer_cost if plan.producer_cost else (0.0,) * n
+            if sizes is None:
+                self._expected = plan.expected
+                self.lead = [c + plan.latency for c in producer]
+            else:
+                if len(sizes) != self.hint.num_microbatches:
+                    raise ValueError(f"{len(sizes)} sizes for {self.hint.num_microbatches} micro-batches")
+                scale = np.asarray(sizes, dtype=float)[graph.mbs]
+                self._expected = (np.asarray(plan.expected) * scale).tolist()
+                self.lead = (np.asarray(producer) * scale + plan.latency).tolist()
+        #: Per position, when its remote input is expected (inf: its producer has not started).
+        self.eta = [math.inf] * n
         self._taken = [False] * n
         self.finished = [False] * n
         self._end_time = [0.0] * n
@@ -226,10 +315,11 @@ class Scoreboard:
         # Tasks that are ready when they are the hint's next one run by the fast
         # path and need no queue; every other ready task waits in a heap.
         self._queue_ready = policy is not Policy.FIXED
-        if self._queue_ready:
-            for i in range(1, n):
-                if need[i] == 0:
-                    heapq.heappush(self._heap_f if self._is_f[i] else self._heap_bw, i)
+        if self._queue_ready:  # ascending lists are heaps already
+            ready = [i for i, left in enumerate(need) if left == 0 and i > 0]
+            is_f = self._is_f
+            self._heap_f = [i for i in ready if is_f[i]]
+            self._heap_bw = [i for i in ready if not is_f[i]]
 
     # -- events -------------------------------------------------------------
 
@@ -244,6 +334,20 @@ class Scoreboard:
         need[pos] = left
         if left == 0 and self._queue_ready and pos != self.next:
             heapq.heappush(self._heap_f if self._is_f[pos] else self._heap_bw, pos)
+
+    def producer_started(self, pos: int, at: float) -> None:
+        """The remote task feeding position ``pos`` started at ``at`` (this rank's clock):
+        its result is expected at ``at`` + its expected cost + the latency."""
+        if self._eta_rule:
+            self.eta[pos] = at + self.lead[pos]
+
+    def producer_finished(self, pos: int, at: float) -> None:
+        """The remote task feeding position ``pos`` ended at ``at``: its result is expected
+        at ``at`` + the latency. The driver asks :meth:`take` again afterwards: a producer
+        that ran long moves the ETA later, which may let other work fit before it."""
+        if self._eta_rule:
+            assert self._plan is not None
+            self.eta[pos] = at + self._plan.latency
 
     def take(self, now: float) -> int:
         """:meth:`decide`, then :meth:`start` what it chose; -1 to wait."""
@@ -264,10 +368,17 @@ class Scoreboard:
                 if live > self.peak:
                     self.peak = live
             return k
-        pos = self.decide(now)
-        if pos >= 0:
-            self.start(pos)
-        return pos
+        # The rest of decide(), without its checks of the hint's next task.
+        self.wake_at = math.inf
+        if k >= self._n or not self._queue_ready:  # done, or fixed order waits
+            return -1
+        best = self._best_ready()
+        plan = self._plan
+        if best >= 0 and plan is not None:
+            best = self._eta_choice(now, k, best, plan) if self._eta_rule else self._patience(now, k, best, plan)
+        if best >= 0:
+            self.start(best)
+        return best
 
     def is_ready(self, pos: int) -> bool:
         """Whether the task at ``pos`` has all its inputs and has not been started (a follower's check)."""
@@ -286,8 +397,8 @@ class Scoreboard:
             self.next = nxt
         elif d:
             projected = self._projected
-            for i in range(self.next, pos):
-                projected[i] += d
+            k = self.next
+            projected[k:pos] = [v + d for v in projected[k:pos]]
         if d > 0:
             live = self.live + d
             self.live = live
@@ -335,11 +446,30 @@ class Scoreboard:
         plan = self._plan
         if best < 0 or plan is None:
             return best
+        if self._eta_rule:
+            return self._eta_choice(now, k, best, plan)
+        return self._patience(now, k, best, plan)
+
+    def _patience(self, now: float, k: int, best: int, plan: RankPlan) -> int:
+        """Without notices: ``best`` if ``k`` is overdue or ``best`` fits before ``k`` is due; else wait."""
         due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
         if now >= due or now + plan.expected[best] <= due:
-            # Overdue, or the best ready task fits before the hint's next is due.
             return best
         self.wake_at = due
+        return -1
+
+    def _eta_choice(self, now: float, k: int, best: int, plan: RankPlan) -> int:
+        """Steps (4)-(6) of the ETA rule: ``best`` if it ends before ``k``'s input is
+        expected; an ``F`` also once that input is late or ``k`` is overdue; else wait."""
+        eta = self.eta[k]
+        if now + self._expected[best] <= eta:
+            return best
+        if not self._is_f[best]:
+            return -1  # a B or W never overtakes a late input: the ranks downstream wait on it
+        due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+        if now >= eta or now >= due:
+            return best
+        self.wake_at = min(eta, due)
         return -1
 
     def _best_ready(self) -> int:

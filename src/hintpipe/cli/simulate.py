@@ -19,9 +19,11 @@ from hintpipe.cli.common import (
 )
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import Summary, run_study
 from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Simulator
 from hintpipe.sim.variability import parse_variability
 
 HELP = "simulate a schedule and policy on a virtual clock"
@@ -34,7 +36,8 @@ def register(commands: Any) -> None:
         "--policy",
         default="ready",
         choices=[p.value for p in Policy],
-        help="fixed: hint order; greedy: best-ranked ready task; ready: greedy with patience (default)",
+        help="fixed: hint order; greedy: best-ranked ready task; ready: deviates from the hint only where the "
+        "hint's next task cannot be delayed by it (default)",
     )
     parser.add_argument("--compare", action="store_true", help="run fixed, greedy and ready on the same samples")
     parser.add_argument(
@@ -42,10 +45,27 @@ def register(commands: Any) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] (cost units); "
-        "repeatable",
+        help="iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
+        "comm:LATENCY[:JITTER] (cost units); repeatable",
+    )
+    parser.add_argument(
+        "--microbatch-order",
+        default=MicrobatchOrder.SHORTEST_FIRST.value,
+        choices=[o.value for o in MicrobatchOrder],
+        help="run each step's micro-batches in this order of their known sizes (mb and mm factors); "
+        "default shortest-first, the best in benchmarks/readiness-at-scale",
     )
     add_budget_arguments(parser, bytes_only=False)
+    parser.add_argument(
+        "--device-budget",
+        nargs="?",
+        type=float,
+        const=0.0,
+        default=None,
+        metavar="PERCENT",
+        help="every rank may hold what the hint's busiest rank holds, plus PERCENT (default 0); "
+        "instead of --memory-slack or --activation-budget",
+    )
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
     parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
@@ -62,6 +82,15 @@ def run(args: argparse.Namespace) -> int:
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
+    budgets = parse_budgets(args.activation_budget, hint.num_ranks)
+    if args.device_budget is not None:
+        if budgets is not None or args.memory_slack:
+            raise ValueError("--device-budget sets every rank's budget: drop --memory-slack or --activation-budget")
+        if args.device_budget < 0:
+            raise ValueError(f"--device-budget must be >= 0 percent, got {args.device_budget:g}")
+        budgets = Simulator(hint, cost_model or CostModel.uniform(hint.num_stages)).device_budgets(
+            args.device_budget / 100
+        )
     in_bytes = cost_model is not None and cost_model.activation is not None
     policy = Policy(args.policy)
     policies = list(Policy) if args.compare else [policy]
@@ -74,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
             trials=args.trials,
             seed=args.seed,
             slack=args.memory_slack,
-            budgets=parse_budgets(args.activation_budget, hint.num_ranks),
+            budgets=budgets,
+            order=args.microbatch_order,
             on_trial=lambda _: bar.advance(bar.task_ids[0]),
         )
     shown = summaries.get(policy, summaries[policies[-1]])
@@ -101,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             "ranks": hint.num_ranks,
             "microbatches": hint.num_microbatches,
             "variability": args.variability,
+            "microbatch_order": args.microbatch_order,
         }
         print_json(payload)
         return 0

@@ -79,5 +79,5 @@ def microbatch_order(sizes: Sequence[float], order: MicrobatchOrder | str = Micr
     return balanced
 
 
-#: What ``hintpipe train`` and the study use unless told otherwise (chosen from benchmarks/readiness-at-scale).
+#: What ``hintpipe train`` uses unless told otherwise.
 DEFAULT_ORDER = MicrobatchOrder.GIVEN.value

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
@@ -88,6 +89,7 @@ def run_study(
     seed: int = 0,
     slack: float = 0.0,
     budgets: Sequence[float] | None = None,
+    order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
     on_trial: Callable[[int], None] | None = None,
 ) -> dict[Policy, Summary]:
     """Run ``trials`` trials of every policy on the same sampled work.
@@ -101,16 +103,23 @@ def run_study(
         seed: seeds the sampling.
         slack: extra micro-batches of room over the hint's own peak.
         budgets: explicit per-rank budgets (overrides ``slack``).
+        order: the order in which each trial runs its micro-batches, by their
+            known sizes (see :mod:`hintpipe.schedule.microbatch_order`).
         on_trial: called after each trial with its index (progress bars).
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
     cost_model = cost_model or CostModel.uniform(hint.num_stages)
+    if MicrobatchOrder.parse(order) is not MicrobatchOrder.GIVEN and cost_model.microbatch_scale is not None:
+        raise ValueError(
+            "a micro-batch order with a cost model's microbatch_scale: the scales are fixed per micro-batch; "
+            "list them in the order to run instead"
+        )
     simulator = Simulator(hint, cost_model)
     rng = np.random.default_rng(seed)
     results: dict[Policy, list[SimResult]] = {p: [] for p in policies}
     for trial in range(trials):
-        sample = Sample.draw(hint, cost_model, variability, rng)
+        sample = Sample.draw(hint, cost_model, variability, rng).ordered(order)
         for policy in policies:
             results[policy].append(simulator.run(policy, sample, budgets=budgets, slack=slack))
         if on_trial is not None:

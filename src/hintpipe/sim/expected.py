@@ -73,4 +73,5 @@ def predict_step_time(
         durations[task.stage, task.mb, task.kind] = end - start
     costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
     sample = Sample(durations, np.zeros_like(durations), 0.0)
-    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack).makespan
+    # The runtime sends no producer notices yet, so its ``ready`` arbitrates by patience.
+    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack, notices=False).makespan

@@ -14,6 +14,14 @@
                                an exponential extra with mean JITTER: bare
                                numbers in cost units (the simulator), or times
                                with a unit, ``comm:2ms:1ms`` (the runtime)
+``mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]]``
+                               a multimodal model: the first FRACTION of the
+                               stages (default 0.25) are an encoder whose cost
+                               per micro-batch has its own lognormal factor
+                               (SIGMA_ENC: image count), the rest a decoder
+                               with another (SIGMA_DEC: text length), both
+                               mean 1, correlated by RHO (default 0; -0.8:
+                               image-heavy samples carry short text)
 ``tp:MEMBERS:SIGMA[:DECISION]`` simulator only: every stage is split over
                                MEMBERS tensor-parallel ranks, each with its
                                own lognormal factor (mean 1) per task; a task
@@ -50,6 +58,22 @@ class MicrobatchNoise:
 
 
 @dataclasses.dataclass(frozen=True)
+class Multimodal:
+    """An encoder (the first ``fraction`` of the stages) and a decoder, each with its own
+    per-micro-batch lognormal factor (mean 1); ``rho`` correlates their logarithms."""
+
+    sigma_encoder: float
+    sigma_decoder: float
+    fraction: float = 0.25
+    rho: float = 0.0
+
+    def encoder_stages(self, stages: int) -> int:
+        """How many leading stages are the encoder: the nearest whole share, at least one,
+        and one fewer than all when there are two stages or more (a decoder too)."""
+        return max(1, min(stages - 1, round(self.fraction * stages))) if stages > 1 else 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Straggler:
     factor: float
     stage: int | None = None
@@ -76,10 +100,11 @@ class TensorParallel:
     decision: float = 0.0
 
 
-Variability = IidNoise | MicrobatchNoise | Straggler | CommDelay | TensorParallel
+Variability = IidNoise | MicrobatchNoise | Multimodal | Straggler | CommDelay | TensorParallel
 
 _USAGE = (
-    "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] or tp:MEMBERS:SIGMA[:DECISION]"
+    "iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
+    "comm:LATENCY[:JITTER] or tp:MEMBERS:SIGMA[:DECISION]"
 )
 __all__ = ["SpecError", "parse_variability"]
 
@@ -103,6 +128,18 @@ def parse_variability(text: str, *, seconds: bool = False) -> Variability:
         spec.expect((1,), f"{spec.word}:SIGMA", _KIND)
         sigma = spec.number(0, "SIGMA", kind=_KIND)
         return IidNoise(sigma) if spec.word == "iid" else MicrobatchNoise(sigma)
+    if spec.word == "mm":
+        spec.expect((2, 3, 4), "mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]]", _KIND)
+        encoder, decoder = spec.number(0, "SIGMA_ENC", kind=_KIND), spec.number(1, "SIGMA_DEC", kind=_KIND)
+        fraction = spec.number(2, "FRACTION", kind=_KIND) if len(spec.args) >= 3 else 0.25
+        if not 0.0 < fraction < 1.0:
+            raise spec.fail(
+                f"FRACTION is the encoder's share of the stages, between 0 and 1, got {spec.args[2]!r}", _KIND
+            )
+        rho = spec.number(3, "RHO", minimum=-1.0, kind=_KIND) if len(spec.args) == 4 else 0.0
+        if rho > 1.0:
+            raise spec.fail(f"RHO is a correlation, between -1 and 1, got {spec.args[3]!r}", _KIND)
+        return Multimodal(encoder, decoder, fraction, rho)
     if spec.word == "straggler":
         spec.expect((1, 2, 4), "straggler:FACTOR[:STAGE[:FIRST:LAST]]", _KIND)
         factor = spec.number(0, "FACTOR", minimum=1.0, kind=_KIND)
@@ -159,19 +196,61 @@ def sample_costs(
     Raises:
         SpecError: if a straggler names a stage or micro-batch that does not exist.
     """
+    return sample_work(expected, models, rng)[0]
+
+
+def multimodal_factors(model: Multimodal, stages: int, mbs: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Per ``[stage, mb]``, the multimodal factor: the encoder's on the leading stages, the
+    decoder's on the rest; each lognormal with mean 1, their logarithms correlated by rho."""
+    z = rng.standard_normal((2, mbs))
+    rho = model.rho
+    decoder_z = rho * z[0] + np.sqrt(max(0.0, 1.0 - rho * rho)) * z[1]
+    encoder = np.exp(model.sigma_encoder * z[0] - 0.5 * model.sigma_encoder**2)
+    decoder = np.exp(model.sigma_decoder * decoder_z - 0.5 * model.sigma_decoder**2)
+    factors = np.empty((stages, mbs))
+    cut = model.encoder_stages(stages)
+    factors[:cut] = encoder
+    factors[cut:] = decoder
+    return factors
+
+
+def sample_work(
+    expected: npt.NDArray[np.float64],
+    models: list[Variability],
+    rng: np.random.Generator,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Costs ``[stage, mb, kind]`` drawn around ``expected`` under ``models``, and each
+    micro-batch's *known size*: its expected work under the factors that are known when
+    the batch is loaded (``mb`` and ``mm``: sequence lengths, image counts), relative to
+    the work without them. Task noise, stragglers and tensor-parallel members are not
+    known in advance and leave the sizes alone. Micro-batch order uses the sizes.
+
+    Raises:
+        SpecError: if a straggler names a stage or micro-batch that does not exist.
+    """
     stages, mbs, _ = expected.shape
     costs = expected.copy()
+    known = np.ones((stages, mbs))
     for model in models:
         if isinstance(model, IidNoise):
             costs *= mean_one_lognormal(rng, model.sigma, costs.shape)
         elif isinstance(model, MicrobatchNoise):
-            costs *= mean_one_lognormal(rng, model.sigma, (1, mbs, 1))
+            factor = mean_one_lognormal(rng, model.sigma, (1, mbs, 1))
+            costs *= factor
+            known *= factor[:, :, 0]
+        elif isinstance(model, Multimodal):
+            factors = multimodal_factors(model, stages, mbs, rng)
+            costs *= factors[:, :, None]
+            known *= factors
         elif isinstance(model, Straggler):
             stage, first, last = straggler_window(model, stages, mbs, rng)
             costs[stage, first : last + 1, :] *= model.factor
         elif isinstance(model, TensorParallel):  # the slowest member sets the pace
             costs *= mean_one_lognormal(rng, model.sigma, (model.members, *costs.shape)).max(axis=0)
-    return costs
+    work = expected.sum(axis=2)  # [stage, mb]
+    base = work.sum(axis=0)
+    sizes = np.divide((work * known).sum(axis=0), base, out=np.ones(mbs), where=base > 0)
+    return costs, sizes
 
 
 def straggler_window(model: Straggler, stages: int, mbs: int, rng: np.random.Generator) -> tuple[int, int, int]:
