@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Sequence
@@ -36,6 +37,9 @@ class _Inbox:
     def send(
         self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
     ) -> None:
+        raise AssertionError("not used")
+
+    def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         raise AssertionError("not used")
 
     def flush(self, timeout: float) -> None:
@@ -120,3 +124,40 @@ def test_a_fault_wrapper_passes_the_step_on_to_the_executor_it_wraps() -> None:
     wrapped.begin_step(3)
     assert (wrapped.step, executor.step) == (3, 3)
     assert executor.duration(0, Kind.F, 0, 4) == pytest.approx(0.04)
+
+
+def test_multimodal_factors_split_encoder_and_decoder_stages() -> None:
+    # mm:0.8:0.4:0.25:1 on 8 stages: stages 0-1 are the encoder, 2-7 the decoder; with rho = 1
+    # both factors come from one normal draw z: f = exp(sigma z - sigma^2 / 2).
+    factors = Injection.parse(["mm:0.8:0.4:0.25:1"], seed=3).factors(stages=8, microbatches=6)
+    for step, mb in [(0, 0), (0, 5), (2, 3)]:
+        encoder = {factors(step, s, kind, mb) for s in (0, 1) for kind in (Kind.F, Kind.B, Kind.W)}
+        decoder = {factors(step, s, kind, mb) for s in range(2, 8) for kind in (Kind.F, Kind.B, Kind.W)}
+        assert len(encoder) == len(decoder) == 1  # one factor per part and micro-batch
+        z_encoder = (math.log(encoder.pop()) + 0.5 * 0.8**2) / 0.8
+        z_decoder = (math.log(decoder.pop()) + 0.5 * 0.4**2) / 0.4
+        assert z_encoder == pytest.approx(z_decoder)
+    assert factors(0, 0, Kind.F, 0) != factors(0, 0, Kind.F, 1) != factors(1, 0, Kind.F, 1)
+
+
+def test_multimodal_factors_have_mean_one_in_both_parts() -> None:
+    factors = Injection.parse(["mm:0.5:0.5"], seed=1).factors(stages=4, microbatches=1)
+    encoder = [factors(step, 0, Kind.F, 0) for step in range(4000)]
+    decoder = [factors(step, 3, Kind.F, 0) for step in range(4000)]
+    # the standard error of a mean of 4000 lognormal(0.5) draws is about 0.008
+    assert sum(encoder) / 4000 == pytest.approx(1.0, abs=0.04)
+    assert sum(decoder) / 4000 == pytest.approx(1.0, abs=0.04)
+    assert encoder != decoder  # rho 0: independent draws
+
+
+def test_emulated_stages_can_be_sized_by_different_inputs() -> None:
+    # A vision-language model: stage 0 costs with the images (input 0), stage 1 with the text (input 1).
+    costs = EmulatedCosts((0.01, 0.02), (0.0, 0.0), (0.0, 0.0), reference_size=8, sized_by=(0, 1), references=(8, 4))
+    executor = EmulatedExecutor(costs, last_stage=1)
+    assert executor.duration(0, Kind.F, 0, [16.0, 4.0]) == pytest.approx(0.02)  # twice the images
+    assert executor.duration(1, Kind.F, 0, [16.0, 4.0]) == pytest.approx(0.02)  # the reference text
+    assert executor.duration(1, Kind.F, 0, [8.0, 2.0]) == pytest.approx(0.01)  # half the text
+    outputs, _ = executor.forward(0, 0, [torch.zeros(2, 8), torch.zeros(3)], None, 1.0)
+    assert outputs[0].tolist() == [16.0, 3.0]  # both sizes travel down the pipeline
+    with pytest.raises(ValueError, match=r"^sized_by names an input for 1 stages, not 2$"):
+        EmulatedCosts((0.01, 0.02), (0.0, 0.0), (0.0, 0.0), reference_size=8, sized_by=(0,), references=(8, 4))

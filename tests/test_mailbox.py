@@ -57,3 +57,39 @@ def test_every_message_arrives_whole_and_in_order() -> None:
             else:
                 assert a is not None and a.dtype == b.dtype and a.shape == b.shape, mb
                 assert torch.equal(a, b), mb
+
+
+def _notice_worker(rank: int, world: int) -> tuple[list[tuple[int, int, int]], list[int], bool] | None:
+    group = dist.new_group(backend="gloo")
+    post = PostOffice([1 - rank], torch.device("cpu"), group=group, notices=True)
+    result = None
+    if rank == 0:
+        for mb, tensors in enumerate(_messages()):
+            post.notify(1, 0, 1, mb, MessageKind.ACTIVATION if mb % 2 == 0 else MessageKind.GRADIENT)
+            post.send(1, MessageKind.ACTIVATION, 0, 1, mb, tensors)
+    else:
+        notices: list[tuple[int, int, int]] = []
+        data: list[int] = []
+        while len(notices) + len(data) < 2 * len(_messages()):
+            msg = post.get(30)
+            assert msg is not None, "a message or notice did not arrive"
+            if msg.kind is MessageKind.STARTED:
+                assert msg.tensors == [] and msg.of is not None
+                notices.append((msg.stage, msg.mb, int(msg.of)))
+            else:
+                data.append(msg.mb)
+        result = (notices, data, False)
+    post.close(timeout=30)
+    if result is not None:
+        result = (result[0], result[1], any(thread.is_alive() for thread in post._threads))
+    return result
+
+
+def test_notices_travel_on_their_own_channel_and_close_ends_both_threads() -> None:
+    notices, data, alive = run_ranks(_notice_worker, 2, timeout_s=60)[1]
+    count = len(_messages())
+    assert data == list(range(count))  # the data channel keeps its order whatever the notices do
+    assert notices == [
+        (1, mb, int(MessageKind.ACTIVATION if mb % 2 == 0 else MessageKind.GRADIENT)) for mb in range(count)
+    ]
+    assert not alive  # the peer's close reached the notice thread too

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,7 +353,7 @@ def _coupled(rank: int, world: int, policy: str) -> list[Timed]:
     timed: list[Timed] = []
     sleep = executor._sleep
 
-    def timed_sleep(stage: int, kind: Kind, mb: int, size: float) -> None:
+    def timed_sleep(stage: int, kind: Kind, mb: int, size: Sequence[float]) -> None:
         began = time.time()
         sleep(stage, kind, mb, size)  # the task's own cost, then the all-reduce with the other member
         if executor.step == 1:

@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, make_batch
 from hintpipe.apps.multimodal import PATCHES_PER_IMAGE, encoder_layers, make_multimodal_batch
+from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import main
+from hintpipe.runtime.executor import EmulatedExecutor
+from hintpipe.schedule.task import Kind
 
 CONFIG = ModelConfig("mm-mini", layers=4, hidden=16, heads=2, vocab=32, max_seq_len=64)
 
@@ -52,3 +56,16 @@ def test_mm_mini_trains_on_two_ranks_with_the_unsplit_gradients(capsys: pytest.C
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["max_grad_abs_diff"] < 1e-6  # float32 sums in another order at most
+
+
+def test_emulated_mm_mini_sizes_the_encoder_by_images_and_the_decoder_by_text() -> None:
+    config = TrainConfig(model=CONFIG, ranks=2, microbatches=2, microbatch_size=2, seq_len=SeqLenDist(16))
+    costs = profile_costs(config, repeats=1)
+    # stage 0: PatchEmbed, EncoderBlock, Bridge (images); stage 1: three Blocks and the head (text)
+    assert costs.sized_by == (0, 1)
+    [(patches, ids)], _, _ = make_batch(CONFIG, 1, 2, SeqLenDist(16), step=0)
+    assert costs.references == (patches.numel(), ids.numel())
+    executor = EmulatedExecutor(costs, last_stage=1)
+    doubled = [2.0 * patches.numel(), float(ids.numel())]
+    assert executor.duration(0, Kind.F, 0, doubled) == pytest.approx(2 * costs.forward[0])
+    assert executor.duration(1, Kind.F, 0, doubled) == pytest.approx(costs.forward[1])

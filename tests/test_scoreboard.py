@@ -211,3 +211,19 @@ def test_eta_rule_scales_expected_costs_by_known_sizes() -> None:
     assert rank1.take(6.0) == -1  # 6 + 3 > 7: wait (with size 1, 1W0 would fit: 6 + 1 <= 7)
     with pytest.raises(ValueError, match="3 sizes for 4 micro-batches"):
         Scoreboard(RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True, sizes=[1.0] * 3)
+
+
+def test_runtime_device_budget_gives_every_rank_the_busiest_ranks_slots() -> None:
+    from hintpipe.runtime.admission import Admission
+
+    hint = generate_hint("1f1b", 4, 8)  # own peaks 4, 3, 2, 1
+    assert [Admission(hint, r, 0.0, None).slots for r in range(4)] == [4, 3, 2, 1]
+    assert [Admission(hint, r, 0.0, None, device_budget=0.0).slots for r in range(4)] == [4, 4, 4, 4]
+    assert [Admission(hint, r, 0.0, None, device_budget=0.5).slots for r in range(4)] == [6, 6, 6, 6]
+    assert Admission(hint, 3, 1.0, None).slots == 2  # slack: one more than its own peak
+    with pytest.raises(
+        ValueError,
+        match=r"^give one of memory_slack, memory_budget and device_budget, got "
+        r"memory_slack and device_budget$",
+    ):
+        Admission(hint, 0, 1.0, None, device_budget=0.0)

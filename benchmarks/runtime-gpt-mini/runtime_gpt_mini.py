@@ -435,6 +435,9 @@ class Variant:
     sigma: float = 0.0
     pad_to: int | None = None  # torch: pad every micro-batch to this length
     lr: float = 1e-3
+    hint: str = "1f1b"  # hintpipe: the hint (stages per rank as the hint says)
+    order: str = "given"  # hintpipe: the micro-batch order
+    device_budget: float | None = None  # hintpipe: a per-device budget instead of the memory slack
 
 
 def batch(v: Variant, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
@@ -448,14 +451,19 @@ def batch(v: Variant, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]
 
 def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
     """One rank of a part D run: build the same stage, train ``v.steps`` steps, time each step."""
-    stage_module = split_layers(build_layers(v.model), world)[rank]
-    assert isinstance(stage_module, nn.Sequential)
-    wrapped = InjectedStage(stage_module, rank, world, v.microbatches, v.sigma, SEED)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=v.lr)
+    hint = generate_hint(v.hint if v.runtime == "hintpipe" else "1f1b", world, v.microbatches)
+    modules = split_layers(build_layers(v.model), hint.num_stages)
+    stages = {}
+    for s in hint.placement.stages_of(rank):
+        module = modules[s]
+        assert isinstance(module, nn.Sequential)
+        stages[s] = InjectedStage(module, s, hint.num_stages, v.microbatches, v.sigma, SEED)
+    optimizer = torch.optim.AdamW([p for m in stages.values() for p in m.parameters()], lr=v.lr)
     first, last = rank == 0, rank == world - 1
     run_step: Callable[[list[torch.Tensor], list[torch.Tensor]], float | None]
     pipe: Pipeline | None = None
     if v.runtime == "torch":
+        wrapped, stage_module = stages[rank], modules[rank]  # 1F1B and GPipe: one stage per rank
         x0, _, _ = batch(v, 0)
         # Example tensors (with autograd, so that torch knows which outputs carry gradients): given them,
         # torch runs no shape inference at the first step, which would call the stage module once more.
@@ -479,12 +487,14 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
         run_step = run_torch
     else:
         pipe = Pipeline(
-            {rank: wrapped},
+            dict(stages),
             loss_fn=lm_loss,
             microbatches=v.microbatches,
-            hint="1f1b",
+            hint=hint,
             policy=v.schedule,
-            memory_slack=SLACK,
+            memory_slack=SLACK if v.device_budget is None else 0.0,
+            device_budget=v.device_budget,
+            microbatch_order=v.order,
             timeout=120.0,
             timelines=True,  # every rank's task records on rank 0, for part C and the order check
         )
@@ -501,13 +511,15 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
     try:
         for step in range(v.steps):
             inputs, targets, counts = batch(v, step)
-            wrapped.begin_step(step)
+            for module in stages.values():
+                module.begin_step(step)
             dist.barrier()
             start = time.perf_counter()
             loss = run_step(inputs, targets)
             times.append(time.perf_counter() - start)
-            if (wrapped.forwards, wrapped.backwards) != (v.microbatches, v.microbatches):
-                raise RuntimeError(f"rank {rank} step {step}: {wrapped.forwards} F / {wrapped.backwards} B")
+            for s, module in stages.items():
+                if (module.forwards, module.backwards) != (v.microbatches, v.microbatches):
+                    raise RuntimeError(f"rank {rank} stage {s} step {step}: {module.forwards} F / {module.backwards} B")
             if loss is not None:
                 losses.append(loss)
             tokens.append(sum(counts))
@@ -522,7 +534,7 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
         for report in pipe.reports:
             internal.append(report.step_time)
             for kind in (Kind.F, Kind.B):
-                for s in range(world):
+                for s in range(hint.num_stages):
                     mbs = [t.mb for _, t, _, _ in report.records if t.stage == s and t.kind is kind]
                     in_order &= mbs == sorted(mbs)
     reports = list(pipe.reports) if pipe is not None and rank == 0 else []

@@ -45,9 +45,15 @@ def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
         forward.append(statistics.median(f_times[1:]))
         backward.append(statistics.median(b_times[1:]))
         x = [t.detach() for t in out]
-    # The emulated executor scales every stage by the first input tensor's size (see EmulatedExecutor).
-    reference = as_tensors(inputs[0])[0].numel()
+    # The emulated executor scales each stage by the size of one of the first stage's inputs: the
+    # first, or for mm-mini the images on encoder stages and the text on decoder ones.
+    references = tuple(t.numel() for t in as_tensors(inputs[0]))
+    sized_by: tuple[int, ...] = ()
+    if config.model.name == "mm-mini":
+        from hintpipe.apps.multimodal import sized_by_input
+
+        sized_by = tuple(sized_by_input(module) for module in modules)
     if config.split_backward:
         half = tuple(b / 2 for b in backward)
-        return EmulatedCosts(tuple(forward), half, half, reference)
-    return EmulatedCosts(tuple(forward), tuple(backward), (0.0,) * stages, reference)
+        return EmulatedCosts(tuple(forward), half, half, references[0], sized_by, references)
+    return EmulatedCosts(tuple(forward), tuple(backward), (0.0,) * stages, references[0], sized_by, references)

@@ -80,6 +80,15 @@ class TextHead(Head):
         return super().forward(x[:, 1:])
 
 
+def sized_by_input(stage: nn.Module) -> int:
+    """Which input of the model sets a stage's cost, for emulation: the images (0) where the stage
+    holds more image layers than text layers, else the text (1)."""
+    layers = list(stage.children()) or [stage]
+    image = sum(isinstance(layer, (PatchEmbed, EncoderBlock)) for layer in layers)
+    text = sum(isinstance(layer, (Block, Head)) for layer in layers)
+    return 0 if image > text else 1
+
+
 def encoder_layers(config: ModelConfig) -> int:
     """Encoder blocks: a quarter of the blocks (at least one); the rest decode."""
     return max(1, config.layers // 4)

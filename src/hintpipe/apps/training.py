@@ -57,6 +57,7 @@ class TrainConfig:
     steps: int = 4
     memory_slack: float = 0.0
     memory_budget: tuple[float, ...] | None = None  # activation bytes per rank
+    device_budget: float | None = None  # slots: the hint's busiest rank's, times 1 + this, on every rank
     seq_len: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
     inject: tuple[str, ...] = ()
     seed: int = 0
@@ -167,6 +168,8 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
     }
     if config.memory_slack:
         options["memory_slack"] = config.memory_slack
+    if config.device_budget is not None:
+        options["device_budget"] = config.device_budget
     options["microbatch_order"] = config.microbatch_order
     mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)

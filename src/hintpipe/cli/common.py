@@ -64,7 +64,8 @@ def build_hint(args: argparse.Namespace) -> Hint:
 
 
 def add_budget_arguments(parser: argparse.ArgumentParser, *, bytes_only: bool) -> None:
-    """``--memory-slack`` or ``--activation-budget``: the room each rank has for in-flight activations."""
+    """``--memory-slack``, ``--activation-budget`` or ``--device-budget``: the room each rank has for in-flight
+    activations."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--memory-slack",
@@ -79,6 +80,15 @@ def add_budget_arguments(parser: argparse.ArgumentParser, *, bytes_only: bool) -
         default=None,
         metavar="SIZE",
         help=f"activations each rank may hold ({unit}); one value, or one per rank separated by commas",
+    )
+    group.add_argument(
+        "--device-budget",
+        nargs="?",
+        type=float,
+        const=0.0,
+        default=None,
+        metavar="PERCENT",
+        help="every rank may hold as many micro-batches as the hint's busiest rank holds, plus PERCENT (default 0)",
     )
     renamed(parser, "--memory-budget", "--activation-budget (activation room per rank)")
 

@@ -56,16 +56,6 @@ def register(commands: Any) -> None:
         "default shortest-first, the best in benchmarks/readiness-at-scale",
     )
     add_budget_arguments(parser, bytes_only=False)
-    parser.add_argument(
-        "--device-budget",
-        nargs="?",
-        type=float,
-        const=0.0,
-        default=None,
-        metavar="PERCENT",
-        help="every rank may hold what the hint's busiest rank holds, plus PERCENT (default 0); "
-        "instead of --memory-slack or --activation-budget",
-    )
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
     parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
@@ -84,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
     budgets = parse_budgets(args.activation_budget, hint.num_ranks)
     if args.device_budget is not None:
-        if budgets is not None or args.memory_slack:
-            raise ValueError("--device-budget sets every rank's budget: drop --memory-slack or --activation-budget")
         if args.device_budget < 0:
             raise ValueError(f"--device-budget must be >= 0 percent, got {args.device_budget:g}")
         budgets = Simulator(hint, cost_model or CostModel.uniform(hint.num_stages)).device_budgets(

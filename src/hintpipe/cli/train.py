@@ -43,7 +43,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER] (times: 2ms), "
+        help="iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
+        "comm:LATENCY[:JITTER] (times: 2ms), "
         "tp:MEMBERS:SIGMA, crash:RANK:STEP, hang:RANK:STEP, nan:STEP, savefail:RANK:STEP; the simulator's words, "
         "same meaning; repeatable",
     )
@@ -160,6 +161,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         policy=policy,
         steps=args.steps,
         memory_slack=args.memory_slack,
+        device_budget=_device_budget(getattr(args, "device_budget", None)),
         memory_budget=_budget(getattr(args, "activation_budget", None), args.stages),
         seq_len=SeqLenDist.parse(args.seq_len_dist),
         inject=tuple(args.inject),
@@ -368,3 +370,12 @@ def run(args: argparse.Namespace) -> int:
             f"max rel diff {result.max_grad_rel_diff:.3g}"
         )
     return 0
+
+
+def _device_budget(percent: float | None) -> float | None:
+    """``--device-budget PERCENT`` as the pipeline's headroom fraction."""
+    if percent is None:
+        return None
+    if not (percent >= 0 and math.isfinite(percent)):
+        raise ValueError(f"--device-budget must be >= 0 percent, got {percent:g}")
+    return percent / 100

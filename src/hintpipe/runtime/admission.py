@@ -27,7 +27,7 @@ import torch.distributed as dist
 from hintpipe.runtime.errors import WatchdogTimeout
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import BudgetError, RankGraph
+from hintpipe.scoreboard import BudgetError, RankGraph, device_budgets
 from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)
@@ -43,17 +43,35 @@ class Admission:
         memory_budget: activation bytes this rank may hold (byte admission), or None.
         strict: whether a first step over ``memory_budget`` is an error (a
             budget the user gave) or not (a plan's room to run ahead).
+        device_budget: instead of ``memory_slack``, slots per device: every rank may
+            hold what the hint's busiest rank holds, times ``1 + device_budget``
+            (see :func:`hintpipe.scoreboard.device_budgets`).
     """
 
     def __init__(
-        self, hint: Hint, rank: int, memory_slack: float, memory_budget: float | None, *, strict: bool = True
+        self,
+        hint: Hint,
+        rank: int,
+        memory_slack: float,
+        memory_budget: float | None,
+        *,
+        strict: bool = True,
+        device_budget: float | None = None,
     ) -> None:
-        if memory_budget is not None and memory_slack:
-            raise ValueError("give memory_slack or memory_budget, not both")
+        rooms = {"memory_slack": bool(memory_slack), "memory_budget": memory_budget is not None}
+        rooms["device_budget"] = device_budget is not None
+        given = [name for name, set_ in rooms.items() if set_]
+        if len(given) > 1:
+            raise ValueError(f"give one of memory_slack, memory_budget and device_budget, got {' and '.join(given)}")
         self.hint = hint
         self.rank = rank
         self.stages = hint.placement.stages_of(rank)
         self.graph = RankGraph(hint, rank)
+        #: The rank's room in slots (no byte admission): its own peak plus the slack, or the device's.
+        self.slots = self.graph.peak + memory_slack * self.graph.unit
+        if device_budget is not None:
+            peaks = [self.graph.peak if r == rank else RankGraph(hint, r).peak for r in range(hint.num_ranks)]
+            self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
         self.memory_budget = memory_budget
         self.strict = strict
@@ -67,7 +85,7 @@ class Admission:
     def for_step(self, elements: Sequence[int] | None) -> tuple[RankGraph, float]:
         """The step's dependency graph and budget: slots, or bytes per micro-batch."""
         if self.memory_budget is None or elements is None:
-            return self.graph, self.graph.peak + self.memory_slack * self.graph.unit
+            return self.graph, self.slots
         if any(s not in self.bytes_per_element for s in self.stages):
             return self.graph, self.graph.peak  # the first step: the hint in order, measuring
         sizes = [

@@ -229,31 +229,49 @@ class StageExecutor:
 class EmulatedCosts:
     """Per-stage task costs in seconds for a micro-batch of ``reference_size``
     input elements (the first input tensor's ``numel``); a micro-batch costs in
-    proportion to its size."""
+    proportion to its size.
+
+    A model with several inputs whose costs vary apart (a vision-language
+    model: the encoder's with the image count, the decoder's with the text
+    length) says, per stage, which of the first stage's input tensors sizes
+    it (``sized_by``), and each input's reference ``numel`` (``references``).
+    """
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     weight: tuple[float, ...]
     reference_size: int
+    sized_by: tuple[int, ...] = ()  # per stage (empty: the first input for every stage)
+    references: tuple[int, ...] = ()  # per input of the first stage (empty: reference_size for the first)
 
     def __post_init__(self) -> None:
         if not len(self.forward) == len(self.backward) == len(self.weight):
             raise ValueError("forward, backward and weight need one cost per stage each")
         if self.reference_size < 1:
             raise ValueError(f"reference_size must be at least 1, got {self.reference_size}")
+        if self.sized_by and len(self.sized_by) != len(self.forward):
+            raise ValueError(f"sized_by names an input for {len(self.sized_by)} stages, not {len(self.forward)}")
+        if any(not 0 <= i < max(1, len(self.references)) for i in self.sized_by):
+            raise ValueError(f"sized_by {self.sized_by} names inputs beyond the {len(self.references)} references")
 
-    def cost(self, stage: int, kind: Kind, size: float) -> float:
+    def cost(self, stage: int, kind: Kind, size: float | Sequence[float]) -> float:
+        """The cost of a task on a micro-batch of ``size`` elements (one per input of the first stage)."""
         base = (self.forward, self.backward, self.weight)[kind][stage]
-        return base * size / self.reference_size
+        if isinstance(size, (int, float)):
+            return base * size / self.reference_size
+        which = self.sized_by[stage] if self.sized_by else 0
+        reference = self.references[which] if self.references else self.reference_size
+        return base * size[which] / reference
 
 
 class EmulatedExecutor:
     """Sleeps each task's cost instead of computing.
 
-    The first stage's inputs are the real batch; their size (elements of the
-    first tensor) travels down the pipeline as a one-element activation, so
-    every stage sleeps in proportion to the micro-batch it serves, with no
-    tensors of the model's sizes.
+    The first stage's inputs are the real batch; their sizes (elements of
+    each input tensor) travel down the pipeline as a small activation, so
+    every stage sleeps in proportion to the micro-batch it serves (see
+    :class:`EmulatedCosts` for models with several inputs), with no tensors
+    of the model's sizes.
 
     Args:
         costs: the per-stage costs.
@@ -280,17 +298,18 @@ class EmulatedExecutor:
         self.couple: Callable[[], None] | None = None
         self.live_bytes = 0
         self.step = 0
-        self._sizes: dict[tuple[int, int], float] = {}
+        self._sizes: dict[tuple[int, int], list[float]] = {}
 
     def begin_step(self, step: int) -> None:
         self.step = step
 
-    def duration(self, stage: int, kind: Kind, mb: int, size: float) -> float:
-        """Seconds the task sleeps: its cost for a micro-batch of ``size`` elements, times its factor."""
+    def duration(self, stage: int, kind: Kind, mb: int, size: float | Sequence[float]) -> float:
+        """Seconds the task sleeps: its cost for a micro-batch of ``size`` elements (one per input of
+        the first stage), times its factor."""
         scale = self.factor(self.step, stage, kind, mb) if self.factor is not None else 1.0
         return self.costs.cost(stage, kind, size) * scale
 
-    def _sleep(self, stage: int, kind: Kind, mb: int, size: float) -> None:
+    def _sleep(self, stage: int, kind: Kind, mb: int, size: Sequence[float]) -> None:
         time.sleep(self.duration(stage, kind, mb, size))
         if self.couple is not None:
             self.couple()
@@ -298,12 +317,15 @@ class EmulatedExecutor:
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        size = float(inputs[0].numel()) if stage == 0 else float(inputs[0].detach().reshape(-1)[0])
+        if stage == 0:
+            size = [float(t.numel()) for t in inputs]
+        else:
+            size = [float(v) for v in inputs[0].detach().reshape(-1).tolist()]
         self._sizes[(stage, mb)] = size
         self._sleep(stage, Kind.F, mb, size)
         if stage == self.last_stage:
             return [], torch.zeros(())
-        return [torch.tensor([size])], None
+        return [torch.tensor(size)], None
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
         self._sleep(stage, Kind.B, mb, self._sizes[(stage, mb)])

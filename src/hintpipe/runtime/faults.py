@@ -156,7 +156,9 @@ class DelayedTransport:
                 self._hold(arrived)
             now = time.perf_counter()
             if self._held and self._held[0][0] <= now:
-                return heapq.heappop(self._held)[2]
+                due, _, msg = heapq.heappop(self._held)
+                msg.arrived = due  # when it would have come over a slower link
+                return msg
             wait = self._held[0][0] - now if self._held else None
             if deadline is not None:
                 left = deadline - now
@@ -171,6 +173,9 @@ class DelayedTransport:
         self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
     ) -> None:
         self.inner.send(peer, kind, step, stage, mb, tensors)
+
+    def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        self.inner.notify(peer, step, stage, mb, of)
 
     def flush(self, timeout: float) -> None:
         self.inner.flush(timeout)

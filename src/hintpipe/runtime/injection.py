@@ -6,6 +6,11 @@
 ``mb:SIGMA``                   one factor per micro-batch, shared by every
                                stage: what varying document mix does to a
                                packed fixed-shape batch
+``mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]]``
+                               a multimodal model: the first FRACTION of the
+                               stages (default 0.25) an encoder with one factor
+                               per micro-batch, the rest a decoder with
+                               another, their logarithms correlated by RHO
 ``straggler:FACTOR[:STAGE[:FIRST:LAST]]``
                                STAGE's tasks on micro-batches FIRST..LAST
                                cost FACTOR times as much
@@ -27,6 +32,11 @@
 Crashes, hangs and failing saves fire in the first attempt of a job only: an
 elastic restart (``torchrun --max-restarts``) resumes and runs past them.
 
+The simulator treats ``mb`` and ``mm`` factors as sizes known when the batch
+is loaded (its micro-batch order uses them); injected here they are noise the
+runtime does not know in advance: the runtime orders by the sizes of the real
+inputs (sequence lengths, image counts).
+
 Factors are drawn from ``(seed, step, stage, kind, micro-batch)``, so every
 policy sees exactly the same injected work. :mod:`hintpipe.runtime.faults`
 applies them. This module is torch-free (the command line checks specs
@@ -45,6 +55,7 @@ from hintpipe.sim.variability import (
     CommDelay,
     IidNoise,
     MicrobatchNoise,
+    Multimodal,
     Straggler,
     TensorParallel,
     Variability,
@@ -57,7 +68,8 @@ from hintpipe.spec import Spec, SpecError
 
 _KIND = "injection"
 _USAGE = (
-    "iid:SIGMA, mb:SIGMA, straggler:FACTOR[:STAGE[:FIRST:LAST]], comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA, "
+    "iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
+    "comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA, "
     "crash:RANK:STEP, hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
 )
 _RENAMED = {
@@ -100,7 +112,7 @@ class Injection:
                 raise spec.fail(
                     "expected tp:MEMBERS:SIGMA (the runtime's decisions are real: DECISION is the simulator's)", _KIND
                 )
-            elif spec.word not in ("iid", "mb", "straggler", "comm", "tp"):
+            elif spec.word not in ("iid", "mb", "mm", "straggler", "comm", "tp"):
                 raise spec.fail(f"unknown kind {spec.word!r}; use {_USAGE}", _KIND)
             elif spec.word == "straggler" and len(spec.args) == 2 and not spec.args[1].isdigit():
                 raise spec.fail(
@@ -134,7 +146,7 @@ class Injection:
 
     @property
     def varies(self) -> bool:
-        """Whether task costs are scaled (iid, mb or straggler)."""
+        """Whether task costs are scaled (iid, mb, mm, tp or straggler)."""
         return any(not isinstance(v, CommDelay) for v in self.variability)
 
     @property
@@ -156,12 +168,15 @@ class Injection:
         ]
         kinds = (IidNoise, MicrobatchNoise, TensorParallel)
         sigmas = {type(v): v.sigma for v in self.variability if isinstance(v, kinds)}
+        multimodal = [v for v in self.variability if isinstance(v, Multimodal)]
         return CostFactors(
             self.seed,
             sigmas.get(IidNoise, 0.0),
             sigmas.get(MicrobatchNoise, 0.0),
             tuple(windows),
             sigmas.get(TensorParallel, 0.0),
+            multimodal=multimodal[-1] if multimodal else None,
+            encoder_stages=multimodal[-1].encoder_stages(stages) if multimodal else 0,
         )
 
 
@@ -175,6 +190,8 @@ class CostFactors:
     stragglers: tuple[tuple[float, int, int, int], ...]  # (factor, stage, first, last)
     member_sigma: float = 0.0
     member: int = 0  # this rank's place in its tensor-parallel group: its own draw of the member factor
+    multimodal: Multimodal | None = None
+    encoder_stages: int = 0  # the leading stages that take the multimodal encoder's factor
 
     def __call__(self, step: int, stage: int, kind: Kind, mb: int) -> float:
         factor = 1.0
@@ -187,6 +204,14 @@ class CostFactors:
         if self.member_sigma:
             rng = np.random.default_rng([self.seed, 4, step, stage, int(kind), mb, self.member])
             factor *= float(mean_one_lognormal(rng, self.member_sigma, (1,))[0])
+        if self.multimodal is not None:
+            mm = self.multimodal
+            z = np.random.default_rng([self.seed, 5, step, mb]).standard_normal(2)
+            if stage < self.encoder_stages:
+                sigma, x = mm.sigma_encoder, z[0]
+            else:
+                sigma, x = mm.sigma_decoder, mm.rho * z[0] + np.sqrt(max(0.0, 1.0 - mm.rho * mm.rho)) * z[1]
+            factor *= float(np.exp(sigma * x - 0.5 * sigma * sigma))
         for slow, s, first, last in self.stragglers:
             if s == stage and first <= mb <= last:
                 factor *= slow

@@ -49,6 +49,10 @@ from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_m
 
 log = logging.getLogger(__name__)
 
+#: The gloo tag of producer notices, and their fields: (kind, step, stage, mb, the kind of data on its way).
+_NOTICE_TAG = 1
+_NOTICE_FIELDS = 5
+
 
 class PostOffice:
     """All mailboxes of one rank, plus its outgoing sends: the gloo :class:`~hintpipe.runtime.transport.Transport`.
@@ -58,6 +62,9 @@ class PostOffice:
         device: where received tensors are placed (CPU for gloo, CUDA for NCCL).
         group: the process group (default: the world); a pipeline's own group
             makes its positions the peers' names.
+        notices: whether producer notices travel (a second receiving thread per
+            peer, on their own tag: see [Note: producer notices] in
+            :mod:`hintpipe.runtime.transport`).
     """
 
     def __init__(
@@ -65,6 +72,8 @@ class PostOffice:
         peers: Sequence[int],
         device: torch.device,
         group: dist.ProcessGroup | None = None,
+        *,
+        notices: bool = False,
     ) -> None:
         self.rank = dist.get_rank(group)
         self.device = device
@@ -80,6 +89,12 @@ class PostOffice:
             thread = threading.Thread(target=self._receive_loop, args=(peer,), name=f"mailbox-{peer}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.notices = notices
+        if notices:
+            for peer in self.peers:
+                thread = threading.Thread(target=self._notice_loop, args=(peer,), name=f"notices-{peer}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     # -- receiving ------------------------------------------------------------
 
@@ -121,6 +136,19 @@ class PostOffice:
                 Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
             )
 
+    def _notice_loop(self, peer: int) -> None:
+        notice = torch.empty(_NOTICE_FIELDS, dtype=torch.int64)
+        try:
+            while True:
+                dist.recv(notice, group=self.group, group_src=peer, tag=_NOTICE_TAG)
+                kind, step, stage, mb, of = notice.tolist()
+                if kind != MessageKind.STARTED:
+                    return  # the peer's close: no more notices
+                arrived = time.perf_counter()
+                self.inbox.put(Message(MessageKind.STARTED, step, stage, mb, [], peer, arrived, of=MessageKind(of)))
+        except Exception as exc:  # the data channel reports a lost peer; notices only stop
+            log.debug("notices from rank %d ended: %s", peer, exc)
+
     def _arm(self, peer: int, expected: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
         """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
         header = torch.empty(HEADER, dtype=torch.int64)
@@ -145,6 +173,17 @@ class PostOffice:
         """Post a message to ``peer`` without waiting for it to leave."""
         meta = encode_meta(tensors)
         self._send(peer, kind, step, stage, mb, meta, [None if t is None else t.detach() for t in tensors])
+        self._reap()
+
+    def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        """Post a producer notice to ``peer`` (see [Note: producer notices] in :mod:`hintpipe.runtime.transport`)."""
+        self._post_notice(peer, [int(MessageKind.STARTED), step, stage, mb, int(of)])
+
+    def _post_notice(self, peer: int, fields: list[int]) -> None:
+        notice = torch.tensor(fields, dtype=torch.int64)
+        work = dist.isend(notice, group=self.group, group_dst=peer, tag=_NOTICE_TAG)
+        if work is not None:
+            self._pending.append((work, [notice]))
         self._reap()
 
     def _send(
@@ -213,6 +252,8 @@ class PostOffice:
                     self._send_text(peer, MessageKind.STOP, "")
                 else:
                     self._send_text(peer, MessageKind.ABORT, error)
+                if self.notices:
+                    self._post_notice(peer, [int(MessageKind.STOP), -1, -1, -1, -1])
             except Exception as exc:  # the peer may already be gone
                 log.debug("could not notify rank %d: %s", peer, exc)
         try:

@@ -106,6 +106,7 @@ class PipelineOptions(TypedDict, total=False):
     chunks: int | None
     memory_slack: float
     memory_budget: float | None
+    device_budget: float | None
     timeout: float
     emulate: EmulatedCosts | None
     on_nonfinite: str | OnNonFinite
@@ -136,6 +137,11 @@ class Pipeline:
         memory_budget: activation bytes this rank may hold, instead of
             ``memory_slack`` (see [Note: byte admission] in
             :mod:`hintpipe.runtime.admission`).
+        device_budget: instead of either, every rank may hold as many
+            micro-batches as the hint's busiest rank holds, times ``1 +
+            device_budget`` (0: just as many): equal devices lend the later
+            ranks' idle memory to running ahead, and no device holds more
+            than the fixed-order pipeline's busiest one (plus the headroom).
         timeout: seconds a rank may wait with nothing ready before the
             watchdog ends the step with an error on every rank.
         emulate: sleep these costs instead of computing (for more ranks than
@@ -179,6 +185,7 @@ class Pipeline:
         chunks: int | None = None,
         memory_slack: float = 0.0,
         memory_budget: float | None = None,
+        device_budget: float | None = None,
         timeout: float = 300.0,
         emulate: EmulatedCosts | None = None,
         on_nonfinite: str | OnNonFinite = OnNonFinite.RAISE,
@@ -219,7 +226,9 @@ class Pipeline:
         self.timelines = timelines
         self.report_every = report_every
         self.history = history
-        self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget)
+        if device_budget is not None and not (device_budget >= 0 and math.isfinite(device_budget)):
+            raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25: 25% more), got {device_budget!r}")
+        self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget, device_budget=device_budget)
         last = self.hint.num_stages - 1
         self.executor: Executor = (
             EmulatedExecutor(emulate, last)
@@ -260,7 +269,7 @@ class Pipeline:
         self._p2p, self._coll = p2p, coll
         stage_rank = self.hint.placement.stage_rank
         peers = {stage_rank[s + d] for s in self.stages for d in (-1, 1) if 0 <= s + d < self.hint.num_stages}
-        self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p)
+        self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p, notices=self.policy is Policy.READY)
         return self._post_office
 
     def _connect_axes(self, *, emulated: bool) -> None:
@@ -352,7 +361,7 @@ class Pipeline:
         microbatches = microbatches if microbatches is not None else plan.microbatches
         hint = generate_hint(HintName.parse(plan.hint), plan.ranks, plan.microbatches, plan.chunks)
         mine = hint.placement.stages_of(rank)
-        from_budget = "memory_slack" not in options and "memory_budget" not in options
+        from_budget = not {"memory_slack", "memory_budget", "device_budget"} & set(options)
         if from_budget and options.get("emulate") is None and math.isfinite(room := plan.activation_room(mine)):
             options["memory_budget"] = room
         options["hint"] = hint
@@ -441,7 +450,15 @@ class Pipeline:
             self._started = True
         order = self._order(state)
         graph, budget = self.admission.for_step(state.elements)
-        board = Scoreboard(graph, policy, budget=budget, plan=self.planner.plan if policy is Policy.READY else None)
+        ready = policy is Policy.READY
+        board = Scoreboard(
+            graph,
+            policy,
+            budget=budget,
+            plan=self.planner.plan if ready else None,
+            notices=ready,
+            sizes=_relative_sizes(state.elements) if ready else None,
+        )
         self.executor.begin_step(step)
         loop = StepLoop(
             rank=self.rank,
@@ -453,6 +470,7 @@ class Pipeline:
             stash=self._stash,
             check_loss=lambda loss, slot: self._check_loss(loss, step, order[slot]),
             coordination=self.coordination,
+            notices=ready,
         )
         if self.average is not None:
             self.average.begin_step()
@@ -709,3 +727,12 @@ def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _relative_sizes(elements: Sequence[int] | None) -> list[float] | None:
+    """Each micro-batch's input elements over the median's (the plan's costs are medians), for the
+    ETA rule; ``None`` where the step's sizes are not known (nothing needed them)."""
+    if elements is None:
+        return None
+    typical = float(np.median(elements)) or 1.0
+    return [e / typical for e in elements]

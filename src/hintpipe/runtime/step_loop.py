@@ -69,6 +69,8 @@ class StepLoop:
         check_loss: called with each loss at the last stage (raises on a non-finite one).
         coordination: this rank's part in its tensor-parallel group's decisions, when needed
             (see :mod:`hintpipe.runtime.coordination`).
+        notices: tell each neighbour when a task whose result it awaits starts (the ``ready``
+            policy's ETA rule; see [Note: producer notices] in :mod:`hintpipe.runtime.transport`).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class StepLoop:
         stash: list[Message],
         check_loss: Callable[[torch.Tensor, int], None],
         coordination: Coordination | None = None,
+        notices: bool = False,
     ) -> None:
         self.rank = rank
         self.board = board
@@ -95,12 +98,14 @@ class StepLoop:
         self.check_loss = check_loss
         self.coordination = coordination
         self.follower = coordination is not None and not coordination.is_leader
+        self.notices = notices
+        self._t0 = 0.0  # the step's clock: perf_counter() at the loop's start
 
     def run(self, state: StepState) -> float:
         """Run every task of the step; returns the time from the start to the last task's end."""
         board = self.board
         state.started = time.time()
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         early, self.stash[:] = list(self.stash), []
         for msg in early:
             self._accept(msg, state)
@@ -117,6 +122,10 @@ class StepLoop:
                 if self._wait(now - t0, last_progress, state):
                     last_progress = time.perf_counter()
                 continue
+            if self.notices and (out := board.remote[pos]) is not None:
+                peer, consumer = out
+                data = MessageKind.ACTIVATION if consumer.kind is Kind.F else MessageKind.GRADIENT
+                self.transport.notify(peer, state.step, consumer.stage, consumer.mb, data)
             start = time.perf_counter()
             self._run(board.tasks[pos], state)
             end = time.perf_counter()
@@ -167,6 +176,11 @@ class StepLoop:
             raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in step {state.step}; it said: {msg.error}")
         if msg.step > state.step:
             self.stash.append(msg)
+            return
+        if msg.kind is MessageKind.STARTED:  # a notice of a finished step is stale, not an error
+            if msg.step == state.step:
+                kind = Kind.F if msg.of is MessageKind.ACTIVATION else Kind.B
+                self.board.producer_started(self.board.index[Task(msg.stage, kind, msg.mb)], msg.arrived - self._t0)
             return
         if msg.step < state.step:
             raise RuntimeError(f"rank {self.rank}: message for old step {msg.step} in step {state.step}")

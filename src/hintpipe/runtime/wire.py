@@ -24,6 +24,7 @@ class MessageKind(enum.IntEnum):
     STOP = 2  # the peer is done and will send nothing more
     ABORT = 3  # the peer failed; ``mb`` carries nothing, the error follows as text
     DECISION = 4  # the tensor-parallel leader's choice: ``mb`` holds the task's position (never on the wire)
+    STARTED = 5  # the task producing the input of ``(stage, mb)`` started (a notice: no tensors, its own channel)
 
 
 _DTYPES = [
@@ -53,8 +54,9 @@ class Message:
     mb: int
     tensors: list[torch.Tensor | None]
     peer: int
-    arrived: float = 0.0
+    arrived: float = 0.0  # time.perf_counter() when it came
     error: str | None = None
+    of: MessageKind | None = None  # a STARTED notice: the kind of the data on its way
 
 
 def encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:

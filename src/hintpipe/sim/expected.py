@@ -73,5 +73,5 @@ def predict_step_time(
         durations[task.stage, task.mb, task.kind] = end - start
     costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
     sample = Sample(durations, np.zeros_like(durations), 0.0)
-    # The runtime sends no producer notices yet, so its ``ready`` arbitrates by patience.
-    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack, notices=False).makespan
+    # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
+    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack, notices=True).makespan

@@ -1,0 +1,234 @@
+"""The study's levers in the runtime: emulated compute at 16 and 32 ranks, then real compute on 2 ranks.
+
+Emulated part (every task sleeps its profiled cost, scaled to a unit of
+``--unit-ms`` per 1F1B stage forward and by each micro-batch's size; the
+messages, scoreboards and notices are the runtime's own): gpt-mini with
+lognormal sequence lengths and ``mm-mini`` (image count and text length drawn
+apart; the encoder's stages sleep with the images, the decoder's with the
+text). Each runs as fixed 1F1B in the given order (the baseline), and with
+the levers added one at a time up to the configuration the README
+recommends (bfw hint, shortest-first order, ``ready``, per-device budget).
+Reported: the median step time over the steps after the first two (``ready``
+has no plan in step 0) and its ratio to the baseline, and per rank the most
+*tokens* (elements of the micro-batches' first-stage inputs) held in
+activations at once, against the baseline's busiest rank: emulated tasks
+keep no tensors, so memory is counted from the timelines and the inputs.
+
+Real part (2 ranks, one thread each, gloo): the same comparison on gpt-mini
+with variable lengths, plus torch.distributed.pipelining's ``Schedule1F1B`` on
+the same 2-stage split padding every micro-batch to the longest length (its
+schedules fix tensor shapes), through benchmarks/runtime-gpt-mini's harness.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/readiness-at-scale/runtime.py [--ranks 16 32] [--steps 5] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hintpipe.apps.emulation import profile_costs
+from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
+from hintpipe.apps.training import TrainConfig, TrainResult, resolve_hint, train
+from hintpipe.runtime.executor import EmulatedCosts, as_tensors
+from hintpipe.schedule.microbatch_order import microbatch_order
+from hintpipe.schedule.task import Kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One configuration: the hint, the order, the policy and the memory rule."""
+
+    label: str
+    hint: str
+    order: str
+    policy: str
+    device_budget: float | None = None
+
+
+BASELINE = Setup("fixed 1F1B, given order", "1f1b", "given", "fixed")
+SETUPS = [
+    BASELINE,
+    Setup("fixed 1F1B, shortest-first", "1f1b", "shortest-first", "fixed"),
+    Setup("fixed bfw, shortest-first", "bfw", "shortest-first", "fixed"),
+    Setup("ready bfw, shortest-first", "bfw", "shortest-first", "ready"),
+    Setup("ready bfw, shortest-first, device budget", "bfw", "shortest-first", "ready", 0.0),
+]
+
+
+def model_for(name: str, ranks: int) -> ModelConfig:
+    """Enough layers for two stages per rank (bfw), small enough to profile quickly."""
+    return ModelConfig(name, layers=2 * ranks, hidden=32, heads=2, vocab=64, max_seq_len=256, seed=0)
+
+
+def config_for(name: str, ranks: int, microbatches: int, steps: int, setup: Setup) -> TrainConfig:
+    return TrainConfig(
+        model=model_for(name, ranks),
+        ranks=ranks,
+        microbatches=microbatches,
+        microbatch_size=1,
+        hint=setup.hint,
+        policy=setup.policy,
+        steps=steps,
+        device_budget=setup.device_budget,
+        seq_len=SeqLenDist(32, 0.5),
+        timeout=600.0,
+        split_backward=setup.hint in ("bfw", "zb-h1", "zbv"),
+        timelines=True,
+        microbatch_order=setup.order,
+    )
+
+
+def scaled_costs(config: TrainConfig, unit_ms: float, reference: EmulatedCosts | None) -> EmulatedCosts:
+    """The profiled costs, scaled so that the 1F1B baseline's mean stage forward costs ``unit_ms``
+    (``reference``: the baseline's own profile; every setup scales by the same factor)."""
+    costs = profile_costs(config, repeats=3)
+    base = reference if reference is not None else costs
+    factor = unit_ms * 1e-3 / statistics.mean(base.forward)
+    return dataclasses.replace(
+        costs,
+        forward=tuple(c * factor for c in costs.forward),
+        backward=tuple(c * factor for c in costs.backward),
+        weight=tuple(c * factor for c in costs.weight),
+    )
+
+
+def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
+    """Per rank, the most input elements whose activations it held at once, over the measured steps:
+    an ``F`` holds its micro-batch's elements until its stage's last backward task (``W`` when split)."""
+    hint = resolve_hint(config)
+    release = Kind.W if hint.split_backward else Kind.B
+    peaks = [0] * hint.num_ranks
+    for report in result.measured:
+        inputs, _, _ = make_batch(
+            config.model, config.microbatches, config.microbatch_size, config.seq_len, report.step, config.seed
+        )
+        elements = [sum(t.numel() for t in as_tensors(x)) for x in inputs]
+        slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]
+        size = [elements[m] for m in slots]
+        events: list[list[tuple[float, int]]] = [[] for _ in range(hint.num_ranks)]
+        for rank, task, start, end in report.records:
+            if task.kind is Kind.F:
+                events[rank].append((start, size[task.mb]))
+            elif task.kind is release:
+                events[rank].append((end, -size[task.mb]))
+        for rank, ranked in enumerate(events):
+            live = 0
+            for _, delta in sorted(ranked, key=lambda e: (e[0], e[1])):
+                live += delta
+                peaks[rank] = max(peaks[rank], live)
+    return peaks
+
+
+def emulated(name: str, ranks: int, steps: int, unit_ms: float) -> list[dict[str, Any]]:
+    microbatches = 2 * ranks
+    reference = profile_costs(config_for(name, ranks, microbatches, steps, BASELINE), repeats=3)
+    rows: list[dict[str, Any]] = []
+    for setup in SETUPS:
+        config = config_for(name, ranks, microbatches, steps, setup)
+        config = dataclasses.replace(config, emulate=scaled_costs(config, unit_ms, reference))
+        began = time.perf_counter()
+        result = train(config)
+        assert result is not None
+        times = [r.step_time for r in result.reports[2:]]
+        rows.append(
+            {
+                "model": name,
+                "ranks": ranks,
+                "microbatches": microbatches,
+                "setup": setup.label,
+                "step_ms": 1e3 * statistics.median(times),
+                "step_ms_each": [1e3 * t for t in times],
+                "peak_tokens": peak_tokens(result, config),
+                "wall_s": time.perf_counter() - began,
+            }
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def real(steps: int, repeats: int) -> str:
+    """2 ranks, real compute: fixed 1F1B, the recommended configuration, and torch's Schedule1F1B
+    padded to the longest micro-batch, through benchmarks/runtime-gpt-mini's harness."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime-gpt-mini"))
+    harness: Any = importlib.import_module("runtime_gpt_mini")
+
+    model = ModelConfig("gpt-mini", layers=4, hidden=128, seed=harness.SEED)
+    varied = SeqLenDist(96, 0.5)
+    common: dict[str, Any] = {"model": model, "microbatches": 8, "microbatch_size": 4, "steps": steps}
+    longest = max(x.shape[1] for step in range(steps) for x in make_batch(model, 8, 4, varied, step, harness.SEED)[0])
+    new = SETUPS[-1]
+    variants = [
+        harness.Variant(
+            f"torch Schedule1F1B, padded to {longest}", "torch", "1f1b", seq_len=varied, pad_to=longest, **common
+        ),
+        harness.Variant("hintpipe fixed", "hintpipe", "fixed", seq_len=varied, **common),
+        harness.Variant(
+            f"hintpipe {new.label}",
+            "hintpipe",
+            new.policy,
+            seq_len=varied,
+            hint=new.hint,
+            order=new.order,
+            device_budget=new.device_budget,
+            **common,
+        ),
+    ]
+    results = harness.run_variants(variants, repeats)
+    return str(
+        harness.d_table(
+            "Real compute, 2 ranks, gpt-mini hidden 128, 8 micro-batches of 4 sequences, lengths lognormal:96:0.5",
+            results,
+            variants[0].label,
+        )
+    )
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| model | ranks x micro-batches | configuration | step ms | speedup | busiest rank's peak tokens "
+        "| ratio to baseline's busiest |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    baseline: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["model"], row["ranks"])
+        if row["setup"] == BASELINE.label:
+            baseline[key] = row
+        base = baseline[key]
+        lines.append(
+            f"| {row['model']} | {row['ranks']} x {row['microbatches']} | {row['setup']} | {row['step_ms']:,.0f} | "
+            f"{base['step_ms'] / row['step_ms']:.2f}x | {max(row['peak_tokens']):,} | "
+            f"{max(row['peak_tokens']) / max(base['peak_tokens']):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--models", nargs="+", default=["gpt-mini", "mm-mini"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--unit-ms", type=float, default=20.0, help="a 1F1B stage's mean forward (default 20)")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    rows = [
+        row for ranks in args.ranks for name in args.models for row in emulated(name, ranks, args.steps, args.unit_ms)
+    ]
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
