@@ -96,6 +96,8 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
         (["--checkpoint-keep", "0"], "--checkpoint-keep must be at least 1, got 0"),
         (["--inject", "savefail:0:0"], "--inject savefail needs --checkpoint-dir and --checkpoint-every"),
         (["--inject", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
+        (["--device-budget", "-5"], "--device-budget must be >= 0 percent, got -5"),
+        (["--inject", "mm:1:0.5:1.5"], "FRACTION is the encoder's share of the stages, between 0 and 1, got '1.5'"),
     ],
 )
 def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
@@ -139,6 +141,27 @@ def test_a_word_means_the_same_in_the_simulator_and_the_runtime() -> None:
     assert Injection.parse(["comm:2ms:1ms"]).comm == CommDelay(0.002, 0.001, in_seconds=True)
     with pytest.raises(SpecError, match="the simulator counts in cost units: write cost units"):
         parse_variability("comm:2ms")
+
+
+def test_a_device_budget_lends_the_busiest_ranks_room_and_no_rank_exceeds_it() -> None:
+    # 1F1B on 4 ranks holds 4, 3, 2, 1 micro-batches; with a per-device budget every rank may hold 4.
+    config = TrainConfig(
+        model=ModelConfig("mlp", layers=4, hidden=8),
+        ranks=4,
+        microbatches=8,
+        microbatch_size=4,
+        policy="ready",
+        steps=3,
+        device_budget=0.0,
+        inject=("mb:0.8",),
+        emulate=EmulatedCosts((0.01,) * 4, (0.02,) * 4, (0.0,) * 4, reference_size=4 * 8),
+        timeout=60,
+    )
+    result = train(config)
+    assert result is not None
+    for report in result.reports:
+        assert max(report.peak_live) <= 4
+        assert [p >= own for p, own in zip(report.peak_live, (4, 3, 2, 1), strict=True)] == [True] * 4
 
 
 @pytest.mark.parametrize("policy", ["fixed", "ready"])

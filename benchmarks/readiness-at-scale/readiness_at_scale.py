@@ -2,7 +2,10 @@
 
 Every trial draws one set of per-micro-batch and per-task factors (seeded) and runs every
 configuration on it: hints x orders x policies x budgets. Speedups are over fixed-order 1F1B
-in the given order on the same trial's work; memory is compared with fixed 1F1B's busiest rank.
+in the given order on the same trial's work; memory is compared with fixed 1F1B's busiest rank,
+in slots and weighted by each micro-batch's known size (activations grow with sequence length and
+image count, so an order that keeps the longest micro-batches in flight together needs more memory
+in the same number of slots).
 All figures are simulated (cost units, F = B = W = 1), not measured training time.
 """
 
@@ -20,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
+from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Sample, Simulator
+from hintpipe.sim.simulator import Sample, SimResult, Simulator
 from hintpipe.sim.variability import parse_variability
 
 HINTS = ("1f1b", "zb-h1", "bf", "bfw")
@@ -49,6 +54,35 @@ class Cell:
     vs_fixed: list[float] = dataclasses.field(default_factory=list)  # over fixed, same hint and order
     efficiency: list[float] = dataclasses.field(default_factory=list)
     peak: float = 0.0  # the most any rank held in any trial (slots)
+    sized_peaks: list[float] = dataclasses.field(default_factory=list)  # size-weighted, over fixed 1F1B given's
+
+
+Positions = list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]
+
+
+def positions(hint: Hint) -> Positions:
+    """Per rank: the hint positions of its forwards and their micro-batches, and of the tasks that release
+    their activations (``W`` when the backward is split, else ``B``) and theirs."""
+    release = Kind.W if hint.split_backward else Kind.B
+    out: Positions = []
+    for tasks in hint.ranks:
+        kinds = np.array([int(t.kind) for t in tasks])
+        mbs = np.array([t.mb for t in tasks])
+        forward, freed = np.flatnonzero(kinds == int(Kind.F)), np.flatnonzero(kinds == int(release))
+        out.append((forward, mbs[forward], freed, mbs[freed]))
+    return out
+
+
+def sized_peak(where: Positions, result: SimResult, sizes: np.ndarray[Any, Any]) -> float:
+    """The most any rank held at once, each micro-batch weighted by its known size (releases first at a tie)."""
+    best = 0.0
+    for rank, (forward, forward_mb, freed, freed_mb) in enumerate(where):
+        starts, ends = np.asarray(result.starts[rank]), np.asarray(result.ends[rank])
+        times = np.concatenate([starts[forward], ends[freed]])
+        deltas = np.concatenate([sizes[forward_mb], -sizes[freed_mb]])
+        order = np.lexsort((deltas, times))
+        best = max(best, float(np.cumsum(deltas[order]).max(initial=0.0)))
+    return best
 
 
 def configurations(orders: list[str]) -> list[tuple[str, str, str, str]]:
@@ -64,6 +98,7 @@ def configurations(orders: list[str]) -> list[tuple[str, str, str, str]]:
 
 def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: list[str], seed: int) -> dict[str, Any]:
     hints = {h: generate_hint(h, ranks, microbatches) for h in HINTS}
+    where = {h: positions(hint) for h, hint in hints.items()}
     sims = {h: Simulator(hint, CostModel.uniform(hint.num_stages)) for h, hint in hints.items()}
     budgets = {
         (h, b): (sims[h].budgets() if headroom is None else sims[h].device_budgets(headroom))
@@ -78,14 +113,17 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
         for trial in range(trials):
             trial_seed = (seed, trial)
             base = None
+            base_sized = 1.0
             for h in HINTS:
                 drawn = Sample.draw(hints[h], sims[h].cost_model, models, np.random.default_rng(trial_seed))
                 for order in orders:
                     sample = drawn.ordered(order)
+                    sizes = sample.sizes if sample.sizes is not None else np.ones(microbatches)
                     fixed = sims[h].run(Policy.FIXED, sample)
                     if base is None:
                         assert h == "1f1b" and order == "given"
                         base = fixed.makespan
+                        base_sized = sized_peak(where[h], fixed, sizes)
                     results = [("fixed", "rank", fixed)]
                     for policy in (Policy.GREEDY, Policy.READY):
                         for b in BUDGETS:
@@ -97,6 +135,7 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
                         cell.vs_fixed.append(fixed.makespan / result.makespan)
                         cell.efficiency.append(result.efficiency)
                         cell.peak = max(cell.peak, max(result.peak_live))
+                        cell.sized_peaks.append(sized_peak(where[h], result, sizes) / base_sized)
             print(
                 f"  {ranks}x{microbatches} {name} trial {trial + 1}/{trials} ({time.perf_counter() - began:.0f} s)",
                 file=sys.stderr,
@@ -121,6 +160,7 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
                 "worst_vs_fixed_same_hint": float(np.min(c.vs_fixed)),
                 "efficiency": float(np.mean(c.efficiency)),
                 "peak_slots": c.peak,
+                "sized_peak": float(np.max(c.sized_peaks)),
             }
             for key, c in cells.items()
         ],
@@ -132,10 +172,12 @@ def markdown(result: dict[str, Any], names: list[str]) -> str:
     lines = [
         f"**{result['ranks']} ranks x {result['microbatches']} micro-batches, {result['trials']} trials: "
         f"speedup over fixed 1F1B in the given order (mean of per-trial ratios); peak: the most any rank held "
-        f"(fixed 1F1B's busiest rank: {result['baseline_peak']:g})**",
+        f"(fixed 1F1B's busiest rank: {result['baseline_peak']:g}); by size: the most any rank held, each "
+        f"micro-batch weighted by its known size, over fixed 1F1B's (given order) in the same trial, the "
+        f"largest over trials and variabilities**",
         "",
-        "| hint | order | policy | budget | " + " | ".join(names) + " | peak | eff. (mb:0.5) |",
-        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: |",
+        "| hint | order | policy | budget | " + " | ".join(names) + " | peak | by size | eff. (mb:0.5) |",
+        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: | ---: |",
     ]
     for hint, order, policy, budget in configurations(result["orders"]):
         cells = [by[(n, hint, order, policy, budget)] for n in names]
@@ -145,7 +187,7 @@ def markdown(result: dict[str, Any], names: list[str]) -> str:
         lines.append(
             f"| {hint} | {order} | {policy} | {budget if policy != 'fixed' else '-'} | "
             + " | ".join(f"{c['speedup']:.2f}x" for c in cells)
-            + f" | {peak:g} | {efficiency} |"
+            + f" | {peak:g} | {_sized(cells)} | {efficiency} |"
         )
     worst = min((c for c in result["cells"] if c["policy"] == "ready"), key=lambda c: c["worst_vs_fixed_same_hint"])
     lines += [
@@ -156,6 +198,11 @@ def markdown(result: dict[str, Any], names: list[str]) -> str:
         + "{:.4f}x".format(min(c["vs_fixed_same_hint"] for c in result["cells"] if c["policy"] == "ready")),
     ]
     return "\n".join(lines)
+
+
+def _sized(cells: list[dict[str, Any]]) -> str:
+    values = [c["sized_peak"] for c in cells if "sized_peak" in c]
+    return f"{max(values):.2f}x" if values else "-"
 
 
 def headline(result: dict[str, Any], names: list[str], best: str) -> str:
@@ -173,10 +220,12 @@ def headline(result: dict[str, Any], names: list[str], best: str) -> str:
         ("bfw", best, "ready", "rank"),
         ("bfw", best, "ready", "device"),
         ("bfw", best, "ready", "device+25%"),
+        ("1f1b", "balanced", "fixed", "rank"),
+        ("bfw", "balanced", "ready", "device"),
     ]
     lines = [
-        "| hint | order | policy | budget | " + " | ".join(names) + " | peak |",
-        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: |",
+        "| hint | order | policy | budget | " + " | ".join(names) + " | peak | by size |",
+        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: |",
     ]
     for hint, order, policy, budget in rows:
         cells = [by[(n, hint, order, policy, budget)] for n in names if (n, hint, order, policy, budget) in by]
@@ -185,7 +234,7 @@ def headline(result: dict[str, Any], names: list[str], best: str) -> str:
         lines.append(
             f"| {hint} | {order} | {policy} | {budget if policy != 'fixed' else '-'} | "
             + " | ".join(f"{c['speedup']:.2f}x" for c in cells)
-            + f" | {max(c['peak_slots'] for c in cells):g} |"
+            + f" | {max(c['peak_slots'] for c in cells):g} | {_sized(cells)} |"
         )
     return "\n".join(lines)
 
@@ -198,8 +247,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--orders",
-        default="given,longest-first,shortest-first",
-        help="comma-separated micro-batch orders, given first (default given,longest-first,shortest-first)",
+        default="given,longest-first,shortest-first,balanced",
+        help="comma-separated micro-batch orders, given first (default given,longest-first,shortest-first,balanced)",
     )
     parser.add_argument("--variability", default=",".join(VARIABILITY), help="comma-separated names of VARIABILITY")
     parser.add_argument("--best", default="shortest-first", help="the order the headline table shows as the best")

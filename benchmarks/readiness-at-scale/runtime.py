@@ -6,16 +6,19 @@ messages, scoreboards and notices are the runtime's own): gpt-mini with
 lognormal sequence lengths and ``mm-mini`` (image count and text length drawn
 apart; the encoder's stages sleep with the images, the decoder's with the
 text). Each runs as fixed 1F1B in the given order (the baseline), and with
-the levers added one at a time up to the configuration the README
-recommends (bfw hint, shortest-first order, ``ready``, per-device budget).
+the levers added one at a time: the bfw hint, then ``ready`` with a
+per-device budget (the configuration the README recommends), then a
+micro-batch order by size (balanced, shortest-first), which buys more speed
+for more activation memory.
 Reported: the median step time over the steps after the first two (``ready``
 has no plan in step 0) and its ratio to the baseline, and per rank the most
 *tokens* (elements of the micro-batches' first-stage inputs) held in
 activations at once, against the baseline's busiest rank: emulated tasks
 keep no tensors, so memory is counted from the timelines and the inputs.
 
-Real part (2 ranks, one thread each, gloo): the same comparison on gpt-mini
-with variable lengths, plus torch.distributed.pipelining's ``Schedule1F1B`` on
+Real part (2 ranks, one thread each, gloo): fixed 1F1B, the recommended
+configuration and the shortest-first one on gpt-mini with variable lengths,
+plus torch.distributed.pipelining's ``Schedule1F1B`` on
 the same 2-stage split padding every micro-batch to the longest length (its
 schedules fix tensor shapes), through benchmarks/runtime-gpt-mini's harness.
 
@@ -57,11 +60,12 @@ class Setup:
 
 
 BASELINE = Setup("fixed 1F1B, given order", "1f1b", "given", "fixed")
+RECOMMENDED = Setup("ready bfw, given order, device budget", "bfw", "given", "ready", 0.0)
 SETUPS = [
     BASELINE,
-    Setup("fixed 1F1B, shortest-first", "1f1b", "shortest-first", "fixed"),
-    Setup("fixed bfw, shortest-first", "bfw", "shortest-first", "fixed"),
-    Setup("ready bfw, shortest-first", "bfw", "shortest-first", "ready"),
+    Setup("fixed bfw, given order", "bfw", "given", "fixed"),
+    RECOMMENDED,
+    Setup("ready bfw, balanced, device budget", "bfw", "balanced", "ready", 0.0),
     Setup("ready bfw, shortest-first, device budget", "bfw", "shortest-first", "ready", 0.0),
 ]
 
@@ -167,21 +171,24 @@ def real(steps: int, repeats: int) -> str:
     varied = SeqLenDist(96, 0.5)
     common: dict[str, Any] = {"model": model, "microbatches": 8, "microbatch_size": 4, "steps": steps}
     longest = max(x.shape[1] for step in range(steps) for x in make_batch(model, 8, 4, varied, step, harness.SEED)[0])
-    new = SETUPS[-1]
+    fastest = SETUPS[-1]
     variants = [
         harness.Variant(
             f"torch Schedule1F1B, padded to {longest}", "torch", "1f1b", seq_len=varied, pad_to=longest, **common
         ),
         harness.Variant("hintpipe fixed", "hintpipe", "fixed", seq_len=varied, **common),
-        harness.Variant(
-            f"hintpipe {new.label}",
-            "hintpipe",
-            new.policy,
-            seq_len=varied,
-            hint=new.hint,
-            order=new.order,
-            device_budget=new.device_budget,
-            **common,
+        *(
+            harness.Variant(
+                f"hintpipe {setup.label}",
+                "hintpipe",
+                setup.policy,
+                seq_len=varied,
+                hint=setup.hint,
+                order=setup.order,
+                device_budget=setup.device_budget,
+                **common,
+            )
+            for setup in (RECOMMENDED, fastest)
         ),
     ]
     results = harness.run_variants(variants, repeats)
@@ -220,14 +227,19 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["gpt-mini", "mm-mini"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--unit-ms", type=float, default=20.0, help="a 1F1B stage's mean forward (default 20)")
+    parser.add_argument("--real-steps", type=int, default=8, help="steps of the real 2-rank part (0: skip it)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each real configuration")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     rows = [
         row for ranks in args.ranks for name in args.models for row in emulated(name, ranks, args.steps, args.unit_ms)
     ]
-    print(table(rows))
+    if rows:
+        print(table(rows), flush=True)
+    real_table = real(args.real_steps, args.repeats) if args.real_steps else ""
+    print(real_table)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"emulated": rows, "real": real_table}, indent=1))
 
 
 if __name__ == "__main__":
