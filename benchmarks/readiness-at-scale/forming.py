@@ -20,8 +20,8 @@ The cost model ``a * tokens + b * tokens^2`` per sequence (one transformer
 block's forward) is fitted by least squares to gpt-mini blocks timed here at
 several lengths. Each formation then runs in the event simulator (costs in
 that model's seconds; B = 2F, W split as the hint says) under fixed 1F1B in
-the given order and under the configuration the README recommends (bfw,
-shortest-first, ``ready``, per-device budget). Throughput is real tokens
+the given order, under the configuration the README recommends (bfw,
+``ready``, per-device budget, given order) and with shortest-first order. Throughput is real tokens
 (padding and cut-off attention excluded) per simulated second.
 
 Run from the repository root::
@@ -180,7 +180,8 @@ def main() -> None:
     )
     setups = [
         ("fixed 1F1B, given", "1f1b", Policy.FIXED, "given", False),
-        ("bfw ready shortest-first, device budget", "bfw", Policy.READY, "shortest-first", True),
+        ("bfw ready, given, device budget", "bfw", Policy.READY, "given", True),
+        ("bfw ready, shortest-first, device budget", "bfw", Policy.READY, "shortest-first", True),
     ]
     rows: dict[tuple[str, str], list[float]] = {}
     waste: dict[str, list[float]] = {}

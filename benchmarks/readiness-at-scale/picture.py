@@ -1,7 +1,7 @@
-"""One simulated trial's timelines: fixed 1F1B in the given order against the recommended configuration.
+"""One simulated trial's timelines: fixed 1F1B in the given order, the recommended configuration, a sorted one.
 
 Draws one trial of the multimodal-like work (``mm:1.0:0.5``) the way the study
-does (same seed for both hints) and plots both runs on one time axis.
+does (same seed for every hint) and plots the runs on one time axis.
 
 Run from the repository root::
 
@@ -32,7 +32,11 @@ def main() -> None:
     args = parser.parse_args()
     models = [parse_variability(args.variability)]
     panels = []
-    runs = [("1f1b", "given", Policy.FIXED, False), ("bfw", "shortest-first", Policy.READY, True)]
+    runs = [
+        ("1f1b", "given", Policy.FIXED, False),
+        ("bfw", "given", Policy.READY, True),
+        ("bfw", "shortest-first", Policy.READY, True),
+    ]
     for name, order, policy, device in runs:
         hint = generate_hint(name, args.ranks, args.microbatches)
         simulator = Simulator(hint, CostModel.uniform(hint.num_stages))

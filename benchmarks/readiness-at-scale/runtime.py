@@ -223,7 +223,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[16, 32], help="emulated rank counts (none: skip)")
     parser.add_argument("--models", nargs="+", default=["gpt-mini", "mm-mini"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--unit-ms", type=float, default=20.0, help="a 1F1B stage's mean forward (default 20)")
