@@ -75,14 +75,16 @@ def _train_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> dic
         # Stages built from one plan share its captured weights: a fresh copy for each run.
         pipe = Pipeline.from_plan(copy.deepcopy(planned), loss_fn=causal_lm_loss, policy=policy)
         params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
-        optimizer = torch.optim.AdamW(params, lr=0.01, eps=EPS)
+        # A stage of parameter-free operations is a valid cut (the planner cuts by measured time).
+        optimizer = torch.optim.AdamW(params, lr=0.01, eps=EPS) if params else None
         losses, states = [], []
         for xs, ys in steps:
             loss = pipe.step(xs, ys, broadcast_loss=True)
             assert loss is not None
             losses.append(float(loss))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             states.append({n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()})
         pipe.close()
         out[policy] = (losses, states)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -172,7 +173,11 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     if isinstance(flat, (tuple, list)):
         output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
     graph.lint()
-    return fx.GraphModule(module, graph)
+    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
+    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
+    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
+    retraced: fx.GraphModule = pickle.loads(pickle.dumps(fx.GraphModule(module, graph)))
+    return retraced
 
 
 def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:

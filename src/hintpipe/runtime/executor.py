@@ -89,8 +89,12 @@ def as_tensors(value: Any) -> list[torch.Tensor]:
         return [value]
     if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
         return list(value)
+    got = type(value).__name__
+    if isinstance(value, (tuple, list)):
+        bad = next(i for i, v in enumerate(value) if not isinstance(v, torch.Tensor))
+        got += f" whose element {bad} is a {type(value[bad]).__name__}"
     raise TypeError(
-        f"a stage must return a tensor or a tuple of tensors, got {type(value).__name__}; "
+        f"a stage must return a tensor or a tuple of tensors, got {got}; "
         "wrap other outputs (dicts, dataclasses) in a tuple of tensors"
     )
 
