@@ -97,6 +97,11 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
         (["--inject", "savefail:0:0"], "--inject savefail needs --checkpoint-dir and --checkpoint-every"),
         (["--inject", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
         (["--device-budget", "-5"], "--device-budget must be >= 0 percent, got -5"),
+        pytest.param(
+            ["--device", "cuda"],
+            "--device cuda was asked for, but torch.cuda.is_available() is False on this machine",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA"),
+        ),
         (["--inject", "mm:1:0.5:1.5"], "FRACTION is the encoder's share of the stages, between 0 and 1, got '1.5'"),
     ],
 )

@@ -80,6 +80,7 @@ class TrainConfig:
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
     data_parallel: str = "replicate"  # or "fsdp"
     microbatch_order: str = DEFAULT_ORDER  # see hintpipe.schedule.microbatch_order
+    device: str = "cpu"  # or "auto", "cuda": see hintpipe.runtime.device
 
     @property
     def world(self) -> int:
@@ -171,6 +172,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
     if config.device_budget is not None:
         options["device_budget"] = config.device_budget
     options["microbatch_order"] = config.microbatch_order
+    options["device"] = config.device
     mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:

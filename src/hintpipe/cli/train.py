@@ -88,6 +88,13 @@ def register(commands: Any) -> None:
         help=f"the order each step runs its micro-batches in, by size (default {DEFAULT_ORDER})",
     )
     parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["auto", "cpu", "cuda"],  # hintpipe.runtime.device.DeviceChoice (this module imports no torch)
+        help="where each rank computes: cpu (default), cuda (its GPU: LOCAL_RANK or its index, modulo the GPUs), "
+        "or auto (cuda where available); not yet measured on a GPU",
+    )
     parser.add_argument("--steps", type=int, default=4, metavar="N")
     add_budget_arguments(parser, bytes_only=True)
     add_train_arguments(parser)
@@ -182,7 +189,13 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         tp=tp,
         data_parallel=getattr(args, "data_parallel", "replicate"),
         microbatch_order=getattr(args, "microbatch_order", DEFAULT_ORDER),
+        device=getattr(args, "device", "cpu"),
     )
+    if config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine")
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
     if config.checkpoint_every < 0:

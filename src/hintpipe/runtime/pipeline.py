@@ -39,6 +39,7 @@ from hintpipe.runtime.admission import Admission, broadcast_sizes
 from hintpipe.runtime.collective import one_line
 from hintpipe.runtime.coordination import Coordination, needed
 from hintpipe.runtime.data_parallel import GradientAverage, ReducingExecutor
+from hintpipe.runtime.device import rank_device, to_device
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
 from hintpipe.runtime.fsdp import ShardedExecutor, shard_stages
@@ -117,6 +118,7 @@ class PipelineOptions(TypedDict, total=False):
     mesh: DeviceMesh | None
     data_parallel: str | DataParallel
     microbatch_order: str | MicrobatchOrder
+    device: str | torch.device | None
 
 
 class Pipeline:
@@ -164,6 +166,9 @@ class Pipeline:
         data_parallel: see :class:`DataParallel` (with a mesh that has ``dp``).
         microbatch_order: the order a step runs its micro-batches in, by their sizes (input elements, known to
             stage 0): see :class:`MicrobatchOrder` and [Note: micro-batch order].
+        device: where this rank computes: ``cpu`` (default), ``cuda`` (the rank's GPU), ``auto`` (its GPU
+            where CUDA is available) or a ``torch.device`` (see :mod:`hintpipe.runtime.device`). The stage
+            modules are moved there, and so are the inputs, targets and received tensors.
 
     Raises:
         ValueError: for options that contradict each other or the group.
@@ -196,6 +201,7 @@ class Pipeline:
         mesh: DeviceMesh | None = None,
         data_parallel: str | DataParallel = DataParallel.REPLICATE,
         microbatch_order: str | MicrobatchOrder = MicrobatchOrder.GIVEN,
+        device: str | torch.device | None = None,
     ) -> None:
         _check_arguments(microbatches, history, report_every, timeout)
         self.layout = _layout(mesh)
@@ -215,6 +221,10 @@ class Pipeline:
             )
         if emulate is not None and memory_budget is not None:
             raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
+        self.device = rank_device(device, self.global_rank)
+        if self.device.type != "cpu" and emulate is None:
+            for module in modules.values():
+                module.to(self.device)
         self.modules = dict(modules)
         self.data_parallel = DataParallel.parse(data_parallel)
         self.microbatch_order = MicrobatchOrder.parse(microbatch_order)
@@ -235,7 +245,6 @@ class Pipeline:
             if emulate is not None
             else StageExecutor(self.modules, last, loss_fn, self.hint.split_backward)
         )
-        self.device = torch.device("cpu")
         self.transport: Transport = self._connect()
         self._connect_axes(emulated=emulate is not None)
         self.tied = TiedGradients(tied, self.modules, self.hint.placement.stage_rank, self.rank, self.layout.pipelines)
@@ -540,11 +549,11 @@ class Pipeline:
             if inputs is None:
                 raise ValueError(f"rank {self.rank} hosts stage 0 and needs the inputs")
             for mb, batch in enumerate(split_microbatches(inputs, m, "inputs")):
-                state.activations[(0, mb)] = as_inputs(batch)
+                state.activations[(0, mb)] = to_device(as_inputs(batch), self.device)
         if self.hint.num_stages - 1 in self.stages and not isinstance(self.executor, EmulatedExecutor):
             if target is None:
                 raise ValueError(f"rank {self.rank} hosts the last stage and needs the target")
-            state.targets = split_microbatches(target, m, "target")
+            state.targets = to_device(split_microbatches(target, m, "target"), self.device)
         return state
 
     def _finish(

@@ -1,0 +1,69 @@
+"""Which device a rank computes on, and moving a step's data there.
+
+A rank's device is its GPU where it has one (``cuda:LOCAL_RANK`` under
+torchrun, or the spawn index, modulo the GPUs present: several ranks may share
+one), else the CPU. The choice is made once, before the pipeline allocates
+anything, and ``torch.cuda.set_device`` makes it the rank's current device, so
+that collectives and any tensor created without a device land there too.
+Stage modules are moved there, the first stage's inputs and the last stage's
+targets follow, and the transport delivers received tensors there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from hintpipe.choice import Choice
+
+
+class DeviceChoice(Choice):
+    """``auto``: the rank's GPU where CUDA is available, else the CPU; ``cpu``; ``cuda``."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "device"
+
+
+def rank_device(choice: str | DeviceChoice | torch.device | None = None, rank: int = 0) -> torch.device:
+    """The device of the rank with (spawn or torchrun) index ``rank``; sets it current on CUDA.
+
+    Args:
+        choice: ``auto``, ``cpu``, ``cuda`` (the rank's GPU), or an explicit
+            ``torch.device``; ``None``: ``cpu``.
+        rank: the rank's index, used where ``LOCAL_RANK`` is not set.
+
+    Raises:
+        ValueError: for an unknown choice, or ``cuda`` on a machine without CUDA.
+    """
+    if isinstance(choice, torch.device):
+        device = choice
+    else:
+        which = DeviceChoice.parse(choice) if choice is not None else DeviceChoice.CPU
+        cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+        if which is DeviceChoice.CUDA and not cuda:
+            raise ValueError("device cuda was asked for, but torch.cuda.is_available() is False on this machine")
+        if which is DeviceChoice.CPU or not cuda:
+            return torch.device("cpu")
+        local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
+        device = torch.device("cuda", local)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it (nested in tuples, lists and dicts) on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device == device else value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
