@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import BudgetError, RankGraph, device_budgets
@@ -70,7 +71,8 @@ class Admission:
         #: The rank's room in slots (no byte admission): its own peak plus the slack, or the device's.
         self.slots = self.graph.peak + memory_slack * self.graph.unit
         if device_budget is not None:
-            peaks = [self.graph.peak if r == rank else RankGraph(hint, r).peak for r in range(hint.num_ranks)]
+            split = hint.split_backward
+            peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.ranks]  # each rank's own peak
             self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
         self.memory_budget = memory_budget
