@@ -191,6 +191,14 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         microbatch_order=getattr(args, "microbatch_order", DEFAULT_ORDER),
         device=getattr(args, "device", "cpu"),
     )
+    _check_config(config, injection)
+    if args.emulate:
+        config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
+    return config
+
+
+def _check_config(config: TrainConfig, injection: Injection) -> None:
+    """Refuse option combinations of a built config: a device the machine lacks, checkpoint settings."""
     if config.device == "cuda":
         import torch
 
@@ -204,9 +212,6 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         raise ValueError(f"--checkpoint-keep must be at least 1, got {config.checkpoint_keep}")
     if injection.save_failures and not (config.checkpoint_dir and config.checkpoint_every):
         raise ValueError("--inject savefail needs --checkpoint-dir and --checkpoint-every")
-    if args.emulate:
-        config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
-    return config
 
 
 def _check_run_options(args: argparse.Namespace) -> None:

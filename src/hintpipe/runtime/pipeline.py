@@ -204,6 +204,7 @@ class Pipeline:
         device: str | torch.device | None = None,
     ) -> None:
         _check_arguments(microbatches, history, report_every, timeout)
+        _check_memory_arguments(memory_budget, device_budget, emulated=emulate is not None)
         self.layout = _layout(mesh)
         self.global_rank = dist.get_rank()
         #: This rank's position in its pipeline (the hint's rank), and the pipeline's length.
@@ -219,25 +220,14 @@ class Pipeline:
                 f"rank {self.rank} hosts stages {list(self.stages)} under hint {self.hint.name!r}, got modules for "
                 f"stages {sorted(modules)}"
             )
-        if emulate is not None and memory_budget is not None:
-            raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
-        self.device = rank_device(device, self.global_rank)
-        if self.device.type != "cpu" and emulate is None:
-            for module in modules.values():
-                module.to(self.device)
-        self.modules = dict(modules)
         self.data_parallel = DataParallel.parse(data_parallel)
         self.microbatch_order = MicrobatchOrder.parse(microbatch_order)
-        self.sharded = self.layout.dp > 1 and self.data_parallel is DataParallel.FSDP and emulate is None
-        if self.sharded:
-            assert mesh is not None
-            shard_stages(self.modules, mesh["dp"])
+        self.device = rank_device(device, self.global_rank)
+        self.modules = self._place(modules, mesh, emulated=emulate is not None)
         self.timeout = timeout
         self.timelines = timelines
         self.report_every = report_every
         self.history = history
-        if device_budget is not None and not (device_budget >= 0 and math.isfinite(device_budget)):
-            raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25: 25% more), got {device_budget!r}")
         self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget, device_budget=device_budget)
         last = self.hint.num_stages - 1
         self.executor: Executor = (
@@ -264,6 +254,21 @@ class Pipeline:
             data_parallel=self.data_parallel.value,
             microbatch_order=self.microbatch_order.value,
         )
+
+    def _place(
+        self, modules: Mapping[int, nn.Module], mesh: DeviceMesh | None, *, emulated: bool
+    ) -> dict[int, nn.Module]:
+        """This rank's stages on its device and, with FSDP2 over a ``dp`` axis, sharded (emulated stages never run:
+        they stay where they are)."""
+        if self.device.type != "cpu" and not emulated:
+            for module in modules.values():
+                module.to(self.device)
+        placed = dict(modules)
+        self.sharded = self.layout.dp > 1 and self.data_parallel is DataParallel.FSDP and not emulated
+        if self.sharded:
+            assert mesh is not None
+            shard_stages(placed, mesh["dp"])
+        return placed
 
     def _connect(self) -> Transport:
         """The process groups and the transport to the neighbours.
@@ -730,6 +735,13 @@ def _check_arguments(microbatches: int, history: int, report_every: int, timeout
         raise ValueError(f"report_every must be >= 0, got {report_every}")
     if not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+
+
+def _check_memory_arguments(memory_budget: float | None, device_budget: float | None, *, emulated: bool) -> None:
+    if emulated and memory_budget is not None:
+        raise ValueError("memory_budget needs real compute: emulated tasks hold no activations; use memory_slack")
+    if device_budget is not None and not (device_budget >= 0 and math.isfinite(device_budget)):
+        raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25: 25% more), got {device_budget!r}")
 
 
 def _check_positive(**values: int) -> None:
