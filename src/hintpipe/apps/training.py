@@ -81,6 +81,7 @@ class TrainConfig:
     data_parallel: str = "replicate"  # or "fsdp"
     microbatch_order: str = DEFAULT_ORDER  # see hintpipe.schedule.microbatch_order
     device: str = "cpu"  # or "auto", "cuda": see hintpipe.runtime.device
+    transport: str = "auto"  # or "gloo", "nccl": see hintpipe.runtime.transport
 
     @property
     def world(self) -> int:
@@ -173,6 +174,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         options["device_budget"] = config.device_budget
     options["microbatch_order"] = config.microbatch_order
     options["device"] = config.device
+    options["transport"] = config.transport
     mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:

@@ -95,6 +95,13 @@ def register(commands: Any) -> None:
         help="where each rank computes: cpu (default), cuda (its GPU: LOCAL_RANK or its index, modulo the GPUs), "
         "or auto (cuda where available); not yet measured on a GPU",
     )
+    parser.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "gloo", "nccl"],  # hintpipe.runtime.transport.TransportChoice
+        help="how tensors travel between ranks: gloo (through host memory; works with ranks sharing a GPU), "
+        "nccl (GPU to GPU; a GPU per rank) or auto (nccl where every rank has its own GPU, default)",
+    )
     parser.add_argument("--steps", type=int, default=4, metavar="N")
     add_budget_arguments(parser, bytes_only=True)
     add_train_arguments(parser)
@@ -190,6 +197,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         data_parallel=getattr(args, "data_parallel", "replicate"),
         microbatch_order=getattr(args, "microbatch_order", DEFAULT_ORDER),
         device=getattr(args, "device", "cpu"),
+        transport=getattr(args, "transport", "auto"),
     )
     _check_config(config, injection)
     if args.emulate:
@@ -204,6 +212,8 @@ def _check_config(config: TrainConfig, injection: Injection) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine")
+    if config.transport == "nccl" and config.device == "cpu":
+        raise ValueError("--transport nccl moves tensors between GPUs; add --device cuda")
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
     if config.checkpoint_every < 0:

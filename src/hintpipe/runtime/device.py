@@ -58,6 +58,15 @@ def rank_device(choice: str | DeviceChoice | torch.device | None = None, rank: i
     return device
 
 
+def own_gpu() -> bool:
+    """Whether every rank on this node has a GPU to itself (``LOCAL_WORLD_SIZE``, set by torchrun and by the
+    spawning launcher, at most the GPUs present)."""
+    if not torch.cuda.is_available():
+        return False
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return local_world <= torch.cuda.device_count()
+
+
 def to_device(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it (nested in tuples, lists and dicts) on ``device``."""
     if isinstance(value, torch.Tensor):

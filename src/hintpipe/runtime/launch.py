@@ -49,6 +49,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 from torch.multiprocessing.spawn import start_processes
 
+from hintpipe.runtime.device import own_gpu
 from hintpipe.runtime.errors import Interrupted, RankFailure
 from hintpipe.runtime.stopping import SIGNALS, STOP_FILE_ENV
 
@@ -65,7 +66,12 @@ def free_port() -> int:
 
 
 def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
-    """Join the process group (already in the environment: MASTER_ADDR/PORT)."""
+    """Join the process group (already in the environment: MASTER_ADDR/PORT).
+
+    On CUDA, the default group takes CPU tensors over gloo and CUDA tensors over
+    NCCL, and gloo alone where ranks share a GPU (NCCL refuses two ranks on one
+    device).
+    """
     torch.set_num_threads(1)
     # The mailbox threads must get the interpreter promptly while the main
     # thread computes: hand it over every 0.5 ms instead of every 5 ms.
@@ -77,7 +83,7 @@ def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
     timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
     store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
     dist.init_process_group(
-        backend="nccl" if use_cuda else "gloo",
+        backend="cpu:gloo,cuda:nccl" if use_cuda and own_gpu() else "gloo",
         store=PrefixStore(f"hintpipe/attempt-{attempt()}", store),
         rank=rank,
         world_size=world,
@@ -107,6 +113,7 @@ def _child(rank: int, world: int, fn: Callable[..., Any], packed: bytes, out: st
     os.environ["RANK"] = str(rank)
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
     os.environ[STOP_FILE_ENV] = str(Path(out) / "stop")
     _exit_with_launcher()
     path = Path(out) / f"rank{rank}.pkl"

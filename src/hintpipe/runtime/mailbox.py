@@ -12,7 +12,11 @@ one tag), so no backend-specific tags are needed. Sends are asynchronous;
 their buffers are held until the backend reports them complete. When nothing
 is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
 
-The wire format is in :mod:`hintpipe.runtime.wire`.
+The wire format is in :mod:`hintpipe.runtime.wire`. gloo moves host memory:
+on a GPU rank, payloads are staged through pinned host buffers
+(:mod:`hintpipe.runtime.staging`), which works whatever the fabric and with
+one GPU shared by several ranks; :mod:`hintpipe.runtime.links` moves payloads
+device to device with NCCL instead.
 
 [Note: pre-posted payloads]
 gloo transfers a message only once the receiver has posted its receive; a
@@ -35,6 +39,7 @@ delivers hold only their own bytes.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import logging
 import queue
@@ -45,9 +50,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from hintpipe.runtime.staging import Staging
 from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_meta, encode_meta, pack, unpack
 
 log = logging.getLogger(__name__)
+
+#: A posted send, what it must keep alive, and the staging buffer to give back once it completed.
+_Pending = tuple[dist.Work | None, list[torch.Tensor], torch.Tensor | None]
 
 #: The gloo tag of producer notices, and their fields: (kind, step, stage, mb, the kind of data on its way).
 _NOTICE_TAG = 1
@@ -59,7 +68,8 @@ class PostOffice:
 
     Args:
         peers: the ranks this rank exchanges messages with, as ranks of ``group``.
-        device: where received tensors are placed (CPU for gloo, CUDA for NCCL).
+        device: the rank's device: received tensors are placed there; a GPU's
+            tensors travel through pinned host buffers (:mod:`hintpipe.runtime.staging`).
         group: the process group (default: the world); a pipeline's own group
             makes its positions the peers' names.
         notices: whether producer notices travel (a second receiving thread per
@@ -78,10 +88,10 @@ class PostOffice:
         self.rank = dist.get_rank(group)
         self.device = device
         self.group = group
-        # gloo moves CPU tensors; NCCL moves tensors on the rank's GPU.
-        self._wire_device = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        #: gloo moves host memory: a GPU rank's tensors are staged through pinned buffers.
+        self.staging = Staging(device)
         self.inbox: queue.Queue[Message] = queue.Queue()
-        self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        self._pending: collections.deque[_Pending] = collections.deque()
         self._expected: dict[int, int] = {}  # per peer, see [Note: pre-posted payloads]
         self._threads = []
         self.peers = sorted(set(peers) - {self.rank})
@@ -107,14 +117,7 @@ class PostOffice:
                     work.wait()
                 values = header.tolist()
                 kind, step, stage, mb, count, meta_len, nbytes = values[:7]
-                if nbytes > expected:
-                    rest = torch.empty(nbytes - expected, dtype=torch.uint8, device=self._wire_device)
-                    dist.recv(rest, group=self.group, group_src=peer)
-                    payload = torch.cat([first, rest]) if expected else rest
-                elif nbytes < expected:
-                    payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
-                else:
-                    payload = first
+                payload, spare = self._payload(peer, first, expected, nbytes)
                 if meta_len <= INLINE:
                     meta = values[7 : 7 + meta_len]
                 else:
@@ -125,16 +128,31 @@ class PostOffice:
                     text = bytes(payload.tolist()).decode(errors="replace").rstrip("\x00") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
+                if spare is not None:
+                    self.staging.pool.give_back(spare)
+                buffer = None if spare is not None else first
+                tensors, ready = self.staging.arrived(unpack(payload, decode_meta(meta, count)), buffer)
                 expected = max(expected, nbytes)
                 header, first, posted = self._arm(peer, expected)  # before delivering: the next may be on its way
-                tensors = unpack(payload, decode_meta(meta, count))
-                if self.device != payload.device:
-                    tensors = [None if t is None else t.to(self.device) for t in tensors]
-                self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, time.perf_counter()))
+                arrived = time.perf_counter()
+                self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, arrived, ready=ready))
         except Exception as exc:  # the peer died or the group was torn down
             self.inbox.put(
                 Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
             )
+
+    def _payload(
+        self, peer: int, first: torch.Tensor, expected: int, nbytes: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The payload of ``nbytes`` whose first ``expected`` bytes came into ``first``; returns it and
+        ``first`` when the payload no longer needs it (to go back to the pool at once)."""
+        if nbytes > expected:
+            rest = torch.empty(nbytes - expected, dtype=torch.uint8)
+            dist.recv(rest, group=self.group, group_src=peer)
+            return (torch.cat([first, rest]) if expected else rest), (first if expected else None)
+        if nbytes < expected and not self.staging.staged:
+            return first[:nbytes].clone(), first  # views would keep the whole posted buffer alive
+        return first[:nbytes], None
 
     def _notice_loop(self, peer: int) -> None:
         notice = torch.empty(_NOTICE_FIELDS, dtype=torch.int64)
@@ -152,7 +170,7 @@ class PostOffice:
     def _arm(self, peer: int, expected: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
         """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
         header = torch.empty(HEADER, dtype=torch.int64)
-        first = torch.empty(expected, dtype=torch.uint8, device=self._wire_device)
+        first = self.staging.pool.take(expected)
         posted = [dist.irecv(header, group=self.group, group_src=peer)]
         if expected:
             posted.append(dist.irecv(first, group=self.group, group_src=peer))
@@ -183,7 +201,7 @@ class PostOffice:
         notice = torch.tensor(fields, dtype=torch.int64)
         work = dist.isend(notice, group=self.group, group_dst=peer, tag=_NOTICE_TAG)
         if work is not None:
-            self._pending.append((work, [notice]))
+            self._pending.append((work, [notice], None))
         self._reap()
 
     def _send(
@@ -197,12 +215,13 @@ class PostOffice:
         tensors: Sequence[torch.Tensor | None],
     ) -> None:
         expected = self._expected.get(peer, 0)
-        wire = [None if t is None else t.to(self._wire_device) for t in tensors]
-        if len(wire) == 1 and wire[0] is not None and wire[0].is_contiguous() and wire[0].nbytes == expected:
-            # The common case, one tensor of the usual size: its own bytes, no copy.
-            payload, nbytes = wire[0].reshape(-1).view(torch.uint8), expected
+        staged: torch.Tensor | None = None
+        if len(tensors) == 1 and (t := tensors[0]) is not None and t.is_contiguous() and t.nbytes == expected:
+            # The common case, one tensor of the usual size: its own bytes, no copy (but the staging's).
+            payload, nbytes = t.reshape(-1).view(torch.uint8), expected
         else:
-            payload, nbytes = pack(wire, self._wire_device, at_least=expected)
+            payload, nbytes = pack(tensors, self.device, at_least=expected)
+        payload, staged = self.staging.outgoing(payload)
         fields = [int(kind), step, stage, mb, len(tensors), len(meta), nbytes]
         inline = meta if len(meta) <= INLINE else []
         values = fields + inline
@@ -217,6 +236,8 @@ class PostOffice:
             extra = torch.tensor(meta, dtype=torch.int64)
             keep.append(extra)
             self._post(extra, peer, keep)
+        if staged is not None:  # back to the pool once the message's last send was waited on
+            self._pending.append((None, [], staged))
         self._expected[peer] = max(expected, nbytes)
 
     def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
@@ -226,21 +247,27 @@ class PostOffice:
     def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
         work = dist.isend(tensor, group=self.group, group_dst=peer)
         if work is not None:
-            self._pending.append((work, keep))
+            self._pending.append((work, keep, None))
 
     def _reap(self) -> None:
         # gloo only learns that a send finished when it is waited on; every
         # peer always has a receive posted, so waiting on old sends is short.
         while len(self._pending) > 64:
-            work, _ = self._pending.pop(0)
-            work.wait()
+            self._complete(self._pending.popleft(), None)
+
+    def _complete(self, pending: _Pending, timeout: datetime.timedelta | None) -> None:
+        """Wait for one posted send; a staging buffer (its message's sends all waited on before it) goes back."""
+        work, _, staged = pending
+        if work is not None:
+            work.wait() if timeout is None else work.wait(timeout)
+        if staged is not None:
+            self.staging.pool.give_back(staged)
 
     def flush(self, timeout: float) -> None:
         """Wait until every posted send completed (at most ``timeout`` seconds each)."""
         limit = datetime.timedelta(seconds=timeout)
         while self._pending:
-            work, _ = self._pending.pop(0)
-            work.wait(limit)
+            self._complete(self._pending.popleft(), limit)
 
     # -- shutdown ---------------------------------------------------------------
 

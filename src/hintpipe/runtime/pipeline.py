@@ -39,10 +39,11 @@ from hintpipe.runtime.admission import Admission, broadcast_sizes
 from hintpipe.runtime.collective import one_line
 from hintpipe.runtime.coordination import Coordination, needed
 from hintpipe.runtime.data_parallel import GradientAverage, ReducingExecutor
-from hintpipe.runtime.device import rank_device, to_device
+from hintpipe.runtime.device import own_gpu, rank_device, to_device
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
 from hintpipe.runtime.fsdp import ShardedExecutor, shard_stages
+from hintpipe.runtime.links import Link, LinkPostOffice
 from hintpipe.runtime.mailbox import PostOffice
 from hintpipe.runtime.mesh import Layout
 from hintpipe.runtime.microbatch import Batch, as_inputs, split_microbatches
@@ -50,7 +51,7 @@ from hintpipe.runtime.ready_plan import ReadyPlanner
 from hintpipe.runtime.reports import RankSummary, StepReport, durations_array, gather_report
 from hintpipe.runtime.step_loop import StepLoop, StepState
 from hintpipe.runtime.tied import TiedGradients, TiedParameter
-from hintpipe.runtime.transport import Transport
+from hintpipe.runtime.transport import Transport, TransportChoice, choose_transport
 from hintpipe.runtime.wire import Message
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
@@ -119,6 +120,7 @@ class PipelineOptions(TypedDict, total=False):
     data_parallel: str | DataParallel
     microbatch_order: str | MicrobatchOrder
     device: str | torch.device | None
+    transport: str | TransportChoice
 
 
 class Pipeline:
@@ -169,6 +171,9 @@ class Pipeline:
         device: where this rank computes: ``cpu`` (default), ``cuda`` (the rank's GPU), ``auto`` (its GPU
             where CUDA is available) or a ``torch.device`` (see :mod:`hintpipe.runtime.device`). The stage
             modules are moved there, and so are the inputs, targets and received tensors.
+        transport: how messages travel between ranks: ``gloo`` (host memory; a GPU's tensors staged
+            through pinned buffers), ``nccl`` (headers over gloo, payloads GPU to GPU) or ``auto``
+            (``nccl`` where every rank has a GPU of its own): see :mod:`hintpipe.runtime.transport`.
 
     Raises:
         ValueError: for options that contradict each other or the group.
@@ -178,6 +183,9 @@ class Pipeline:
     #: Tensor-parallel members share one decision per task (see :mod:`hintpipe.runtime.coordination`). Tests
     #: alone turn this off, to show what goes wrong without it; no option reaches it.
     _coordinate_tp = True
+    #: Tests alone set this to ``"gloo"``: the NCCL transport's code path, with its payload links on gloo, on
+    #: CPU ranks (see :mod:`hintpipe.runtime.links`).
+    _link_backend: str | None = None
 
     def __init__(
         self,
@@ -202,6 +210,7 @@ class Pipeline:
         data_parallel: str | DataParallel = DataParallel.REPLICATE,
         microbatch_order: str | MicrobatchOrder = MicrobatchOrder.GIVEN,
         device: str | torch.device | None = None,
+        transport: str | TransportChoice = TransportChoice.AUTO,
     ) -> None:
         _check_arguments(microbatches, history, report_every, timeout)
         _check_memory_arguments(memory_budget, device_budget, emulated=emulate is not None)
@@ -223,6 +232,7 @@ class Pipeline:
         self.data_parallel = DataParallel.parse(data_parallel)
         self.microbatch_order = MicrobatchOrder.parse(microbatch_order)
         self.device = rank_device(device, self.global_rank)
+        self.transport_choice = choose_transport(transport, self.device, own_gpu=self._agreed_own_gpu())
         self.modules = self._place(modules, mesh, emulated=emulate is not None)
         self.timeout = timeout
         self.timelines = timelines
@@ -253,6 +263,7 @@ class Pipeline:
             tp=self.layout.tp,
             data_parallel=self.data_parallel.value,
             microbatch_order=self.microbatch_order.value,
+            transport=self.transport_choice.value,
         )
 
     def _place(
@@ -283,8 +294,45 @@ class Pipeline:
         self._p2p, self._coll = p2p, coll
         stage_rank = self.hint.placement.stage_rank
         peers = {stage_rank[s + d] for s in self.stages for d in (-1, 1) if 0 <= s + d < self.hint.num_stages}
-        self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p, notices=self.policy is Policy.READY)
+        notices = self.policy is Policy.READY
+        backend = "nccl" if self.transport_choice is TransportChoice.NCCL else self._link_backend
+        if backend is None:
+            self._post_office = PostOffice(sorted(peers), self.device, group=self._p2p, notices=notices)
+        else:
+            outgoing, incoming = self._links(backend)
+            self._post_office = LinkPostOffice(
+                sorted(peers), self.device, self._p2p, outgoing=outgoing, incoming=incoming, notices=notices
+            )
         return self._post_office
+
+    def _links(self, backend: str) -> tuple[dict[int, Link], dict[int, Link]]:
+        """A process group per directed pair of neighbouring ranks, in every pipeline (group creation is
+        collective: every rank creates every link, in the same order); returns this rank's, by the peer's
+        position (see [Note: NCCL links are deadlock-free] in :mod:`hintpipe.runtime.links`)."""
+        stage_rank = self.hint.placement.stage_rank
+        last = self.hint.num_stages - 1
+        pairs = sorted(
+            {(stage_rank[s], stage_rank[s + d]) for s in range(last + 1) for d in (-1, 1) if 0 <= s + d <= last}
+            - {(a, a) for a in range(self.world)}
+        )
+        outgoing: dict[int, Link] = {}
+        incoming: dict[int, Link] = {}
+        for ranks in self.layout.pipelines:
+            for a, b in pairs:
+                group = dist.new_group([ranks[a], ranks[b]], backend=backend)
+                if ranks[a] == self.global_rank:
+                    outgoing[b] = Link(group, ranks[b])
+                elif ranks[b] == self.global_rank:
+                    incoming[a] = Link(group, ranks[a])
+        return outgoing, incoming
+
+    def _agreed_own_gpu(self) -> bool:
+        """Whether every rank has a GPU to itself, agreed by all (the transport's links are created by all)."""
+        if self.device.type != "cuda":
+            return False
+        flag = torch.tensor([int(own_gpu())])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def _connect_axes(self, *, emulated: bool) -> None:
         """The tensor-parallel group's coordination and the data-parallel reduction, when the mesh has them.

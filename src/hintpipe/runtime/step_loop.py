@@ -23,6 +23,7 @@ from hintpipe.runtime.admission import Admission
 from hintpipe.runtime.coordination import Coordination
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.executor import Executor, Tensors, as_input
+from hintpipe.runtime.staging import use_when_ready
 from hintpipe.runtime.transport import Transport
 from hintpipe.runtime.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind, Task
@@ -187,6 +188,7 @@ class StepLoop:
         if msg.kind is MessageKind.DECISION:
             state.decisions.append(msg.mb)
             return
+        use_when_ready(msg.tensors, msg.ready)
         self.board.deliver(state.receive(msg.kind, msg.stage, msg.mb, msg.tensors))
 
     def _run(self, task: Task, state: StepState) -> None:

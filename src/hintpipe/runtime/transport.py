@@ -1,10 +1,18 @@
 """The transport protocol: how the step loop moves messages between ranks.
 
 The loop only posts messages and takes the next one that arrived; how they
-travel is the transport's business. :class:`~hintpipe.runtime.mailbox.PostOffice`
-(gloo, per-neighbour mailboxes) is the implementation;
-:class:`~hintpipe.runtime.faults.DelayedTransport` wraps one to inject
-network latency.
+travel is the transport's business. Two implementations:
+
+- ``gloo``: :class:`~hintpipe.runtime.mailbox.PostOffice`, per-neighbour
+  mailboxes over gloo; a GPU rank's tensors are staged through pinned host
+  buffers. Works across any fabric and with one GPU shared by several ranks.
+- ``nccl``: :class:`~hintpipe.runtime.links.LinkPostOffice`, headers over the
+  same gloo mailboxes, payloads GPU to GPU over NCCL. Needs every rank on a
+  GPU of its own (NCCL refuses two ranks on one device).
+
+``auto`` picks ``nccl`` where every rank has its own GPU, ``gloo`` otherwise
+(:func:`choose_transport`). :class:`~hintpipe.runtime.faults.DelayedTransport`
+wraps either to inject network latency.
 
 [Note: producer notices]
 The ``ready`` policy's ETA rule (see :class:`~hintpipe.scoreboard.Policy`)
@@ -26,7 +34,36 @@ from typing import Protocol
 
 import torch
 
+from hintpipe.choice import Choice
 from hintpipe.runtime.wire import Message, MessageKind
+
+
+class TransportChoice(Choice):
+    """``auto``: ``nccl`` where every rank has a GPU of its own, else ``gloo``; ``gloo``; ``nccl``."""
+
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "transport"
+
+
+def choose_transport(choice: str | TransportChoice, device: torch.device, *, own_gpu: bool) -> TransportChoice:
+    """The transport a rank on ``device`` uses (``own_gpu``: every rank has a GPU to itself).
+
+    Raises:
+        ValueError: ``nccl`` asked for on a CPU rank, or with ranks sharing a GPU.
+    """
+    which = TransportChoice.parse(choice)
+    if which is TransportChoice.AUTO:
+        return TransportChoice.NCCL if device.type == "cuda" and own_gpu else TransportChoice.GLOO
+    if which is TransportChoice.NCCL and device.type != "cuda":
+        raise ValueError(f"transport nccl moves tensors between GPUs, but the ranks compute on {device.type}")
+    if which is TransportChoice.NCCL and not own_gpu:
+        raise ValueError("transport nccl needs a GPU per rank (NCCL refuses two ranks on one device); use gloo")
+    return which
 
 
 class Transport(Protocol):

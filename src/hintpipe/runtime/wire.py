@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -57,6 +58,9 @@ class Message:
     arrived: float = 0.0  # time.perf_counter() when it came
     error: str | None = None
     of: MessageKind | None = None  # a STARTED notice: the kind of the data on its way
+    #: A CUDA event the tensors' transfer to the device records (None: usable now); see
+    #: :func:`hintpipe.runtime.staging.use_when_ready`.
+    ready: Any = None
 
 
 def encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:

@@ -1,0 +1,208 @@
+"""The NCCL transport: headers over gloo, payloads device to device.
+
+Where every rank has a GPU of its own, staging activations through host
+memory (:mod:`hintpipe.runtime.staging`) costs two copies and the host's
+bandwidth per message; NCCL moves them GPU to GPU. NCCL cannot post a receive
+for a message whose size it does not know, and a readiness runtime does not
+know which message comes next nor its shapes. So the message is split:
+
+- the **header** (kind, step, stage, micro-batch, tensor shapes and dtypes)
+  goes over the gloo mailbox as before: each peer's receiving thread always
+  has a receive posted for it;
+- the **payload** follows as one NCCL send per tensor on the *link* from the
+  sender to the receiver; the receiving thread allocates the tensors from the
+  header's shapes on its device and posts their receives as soon as the
+  header is in, records an event on its transfer stream once they are done,
+  and hands the message on; the consumer waits for that event before it uses
+  them (:func:`hintpipe.runtime.staging.use_when_ready`).
+
+NCCL runs each communicator's operations on an internal stream of its own:
+sends leave on it after the compute that produced them, and compute goes on.
+
+[Note: NCCL links are deadlock-free]
+A rank posts its sends in whatever order readiness picks, and a neighbour may
+expect another order; NCCL matches a pair's sends and receives in the order
+each side posted them per communicator, and a send does not finish until its
+receive is posted. Had both directions of a pair shared a communicator (and
+its stream), rank A's send of an activation could sit in front of its receive
+of B's gradient while B's send of that gradient sits in front of B's receive
+of the activation: each waits for the other, for ever. So every *directed*
+link has a communicator of its own (``dist.new_group([a, b])`` once per
+direction), used by one side only to send and by the other only to receive.
+On a link, the sender posts payloads in the order it sent their headers (one
+thread sends), and the receiver posts receives in the order the headers came
+(one thread per peer receives, and gloo delivers a peer's headers in order),
+so the n-th send always meets the n-th receive and tags are not needed. A
+receive is posted as soon as its header is in, whatever the receiver is
+computing, so every send finishes once the receiver's thread has read the
+header: no send waits on a task, and no cycle of waits can form. What can
+still stop a link (a dead peer) ends the gloo header channel too, which the
+mailbox reports as a lost connection.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hintpipe.runtime.mailbox import PostOffice
+from hintpipe.runtime.staging import new_event, new_stream
+from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_meta
+
+#: Link sends kept before the oldest is waited on (NCCL's are dropped once complete; gloo's only when waited).
+_MAX_LINK_SENDS = 64
+
+
+class Link:
+    """One direction between this rank and a peer: its process group and the peer's rank in the world."""
+
+    def __init__(self, group: dist.ProcessGroup, peer: int) -> None:
+        self.group = group
+        self.peer = peer
+
+
+class LinkPostOffice(PostOffice):
+    """Headers over gloo, payloads over per-direction links: the NCCL :class:`~hintpipe.runtime.transport.Transport`.
+
+    Args:
+        peers: the ranks this rank exchanges messages with, as ranks of ``group``.
+        device: the rank's device (payloads are received there).
+        group: the gloo group of the headers.
+        outgoing: per peer, the link payloads to it leave on.
+        incoming: per peer, the link its payloads come in on.
+        notices: as for :class:`~hintpipe.runtime.mailbox.PostOffice`.
+    """
+
+    def __init__(
+        self,
+        peers: Sequence[int],
+        device: torch.device,
+        group: dist.ProcessGroup | None,
+        *,
+        outgoing: Mapping[int, Link],
+        incoming: Mapping[int, Link],
+        notices: bool = False,
+    ) -> None:
+        missing = sorted(set(peers) - (set(outgoing) & set(incoming)))
+        if missing:
+            raise ValueError(f"no link to or from peers {missing}")
+        self._outgoing = dict(outgoing)
+        self._incoming = dict(incoming)
+        self._link_sends: collections.deque[tuple[dist.Work, torch.Tensor]] = collections.deque()
+        super().__init__(peers, device, group, notices=notices)
+
+    # -- receiving ------------------------------------------------------------
+
+    def _receive_loop(self, peer: int) -> None:
+        link = self._incoming[peer]
+        stream = new_stream(self.device) if self.device.type == "cuda" else None
+        try:
+            while True:
+                header = torch.empty(HEADER, dtype=torch.int64)
+                dist.recv(header, group=self.group, group_src=peer)
+                values = header.tolist()
+                kind, step, stage, mb, count, meta_len, nbytes = values[:7]
+                if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
+                    text = self._text(peer, nbytes)
+                    self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
+                    return
+                if meta_len <= INLINE:
+                    meta = values[7 : 7 + meta_len]
+                else:
+                    extra = torch.empty(meta_len, dtype=torch.int64)
+                    dist.recv(extra, group=self.group, group_src=peer)
+                    meta = extra.tolist()
+                tensors, ready = self._receive_payload(link, decode_meta(meta, count), stream)
+                arrived = time.perf_counter()
+                self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, arrived, ready=ready))
+        except Exception as exc:  # the peer died or the group was torn down
+            self.inbox.put(
+                Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
+            )
+
+    def _receive_payload(
+        self,
+        link: Link,
+        specs: list[tuple[torch.dtype, tuple[int, ...]] | None],
+        stream: torch.cuda.Stream | None,
+    ) -> tuple[list[torch.Tensor | None], torch.cuda.Event | None]:
+        """Receive the tensors ``specs`` describes over ``link``; returns them and the event that marks them
+        received (None on a CPU rank, where the receive has completed)."""
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            tensors = [None if s is None else torch.empty(s[1], dtype=s[0], device=self.device) for s in specs]
+            works = [dist.irecv(t, src=link.peer, group=link.group) for t in tensors if t is not None and t.numel()]
+            for work in works:
+                if work is not None:
+                    work.wait()  # on a GPU: the transfer stream waits for NCCL's; on a CPU: the bytes are in
+            if stream is None:
+                return tensors, None
+            event = new_event()
+            event.record(stream)
+        return tensors, event
+
+    def _text(self, peer: int, nbytes: int) -> str | None:
+        if not nbytes:
+            return None
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        dist.recv(data, group=self.group, group_src=peer)
+        return bytes(data.tolist()).decode(errors="replace").rstrip("\x00")
+
+    # -- sending --------------------------------------------------------------
+
+    def _send(
+        self,
+        peer: int,
+        kind: MessageKind,
+        step: int,
+        stage: int,
+        mb: int,
+        meta: list[int],
+        tensors: Sequence[torch.Tensor | None],
+    ) -> None:
+        text = kind in (MessageKind.STOP, MessageKind.ABORT)
+        nbytes = sum(t.nbytes for t in tensors if t is not None)
+        fields = [int(kind), step, stage, mb, len(tensors), len(meta), nbytes]
+        inline = meta if len(meta) <= INLINE else []
+        values = fields + inline
+        header = torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64)
+        keep = [header]
+        self._post(header, peer, keep)
+        if text:  # a closing word: its bytes follow on the header channel, never on a link
+            for t in tensors:
+                if t is not None and t.numel():
+                    keep.append(t)
+                    self._post(t, peer, keep)
+            return
+        if len(meta) > INLINE:
+            extra = torch.tensor(meta, dtype=torch.int64)
+            keep.append(extra)
+            self._post(extra, peer, keep)
+        link = self._outgoing[peer]
+        for t in tensors:
+            if t is not None and t.numel():
+                payload = t.contiguous()
+                work = dist.isend(payload, dst=link.peer, group=link.group)
+                if work is not None:
+                    self._link_sends.append((work, payload))
+        self._reap_links()
+
+    def _reap_links(self) -> None:
+        while self._link_sends and self._link_sends[0][0].is_completed():
+            self._link_sends.popleft()
+        while len(self._link_sends) > _MAX_LINK_SENDS:
+            work, _ = self._link_sends.popleft()
+            work.wait()
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every posted send (headers and payloads) completed."""
+        super().flush(timeout)
+        limit = datetime.timedelta(seconds=timeout)
+        while self._link_sends:
+            work, _ = self._link_sends.popleft()
+            work.wait(limit)

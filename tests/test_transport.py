@@ -1,0 +1,271 @@
+"""The two transports: the gloo mailbox's staging of device tensors, and the NCCL transport's split of
+headers (gloo) from payloads (per-direction links).
+
+Without a GPU, staging is a no-op copy, so the staging pool's reuse and
+ordering rules are tested directly; the NCCL transport's code path runs with
+its links on gloo (see [Note: NCCL links are deadlock-free] in
+hintpipe.runtime.links).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.links import Link, LinkPostOffice
+from hintpipe.runtime.mailbox import PostOffice
+from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.staging import MIN_BUFFER, Staging, StagingPool, size_class
+from hintpipe.runtime.transport import TransportChoice, choose_transport
+from hintpipe.runtime.wire import MessageKind
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+# -- the staging pool ----------------------------------------------------------------------------
+
+
+def test_size_classes_are_powers_of_two_from_the_smallest_buffer() -> None:
+    assert [size_class(n) for n in (0, 1, MIN_BUFFER, MIN_BUFFER + 1, 5000, 1 << 20, (1 << 20) + 1)] == [
+        MIN_BUFFER,
+        MIN_BUFFER,
+        MIN_BUFFER,
+        2 * MIN_BUFFER,
+        2 * MIN_BUFFER,
+        1 << 20,
+        1 << 21,
+    ]
+    with pytest.raises(ValueError, match=r"^a buffer cannot hold -1 bytes$"):
+        size_class(-1)
+
+
+def _rounding_pool(keep_bytes: int = 1 << 30) -> StagingPool:
+    """A pool that keeps size classes like a GPU rank's, in plain host memory (pinning needs CUDA)."""
+    return StagingPool(pin=False, rounded=True, keep_bytes=keep_bytes)
+
+
+def test_a_buffer_given_back_is_reused_for_its_size_class() -> None:
+    pool = _rounding_pool()
+    a = pool.take(5000)
+    assert a.numel() == 5000 and a.untyped_storage().nbytes() == 2 * MIN_BUFFER
+    pool.give_back(a)
+    b = pool.take(6000)  # another size, same class: the same memory
+    assert b.data_ptr() == a.data_ptr() and b.numel() == 6000
+    c = pool.take(6000)  # the class is empty again: a new buffer
+    assert c.data_ptr() != a.data_ptr()
+    assert pool.allocated == 2
+
+
+def test_a_buffer_is_not_reused_while_its_transfer_is_in_flight() -> None:
+    pool = _rounding_pool()
+    done = {"copy": False}
+    a = pool.take(100)
+    pool.give_back(a, lambda: done["copy"])
+    b = pool.take(100)
+    assert b.data_ptr() != a.data_ptr() and pool.in_flight == 1
+    done["copy"] = True
+    c = pool.take(100)
+    assert c.data_ptr() == a.data_ptr() and pool.in_flight == 0
+
+
+def test_buffers_come_back_in_the_order_their_transfers_were_issued() -> None:
+    # Transfers on one stream finish in order: an unfinished head holds back a later, finished one.
+    pool = _rounding_pool()
+    done = [False, False]
+    first, second = pool.take(100), pool.take(100)
+    pool.give_back(first, lambda: done[0])
+    pool.give_back(second, lambda: done[1])
+    done[1] = True
+    assert pool.in_flight == 2 and pool.free_bytes == 0
+    done[0] = True
+    assert pool.take(100).data_ptr() in (first.data_ptr(), second.data_ptr())
+    assert pool.in_flight == 0 and pool.free_bytes == MIN_BUFFER  # both back, one taken again
+
+
+def test_the_pool_keeps_at_most_its_bound_of_free_bytes() -> None:
+    pool = _rounding_pool(keep_bytes=2 * MIN_BUFFER)
+    buffers = [pool.take(10) for _ in range(3)]
+    for b in buffers:
+        pool.give_back(b)
+    assert pool.free_bytes == 2 * MIN_BUFFER  # the third was released, not kept
+
+
+def test_a_cpu_ranks_pool_keeps_exact_sizes() -> None:
+    pool = StagingPool(pin=False)
+    a = pool.take(100)
+    assert a.untyped_storage().nbytes() == 100
+    pool.give_back(a)
+    assert pool.take(101).data_ptr() != a.data_ptr()
+    assert pool.take(100).data_ptr() == a.data_ptr()
+
+
+def test_on_a_cpu_rank_staging_hands_received_buffers_over_or_back() -> None:
+    staging = Staging(CPU)
+    assert not staging.staged
+    payload = torch.arange(8, dtype=torch.float32)
+    raw = payload.view(torch.uint8)
+    assert staging.outgoing(raw) == (raw, None)  # nothing staged: the bytes themselves
+    buffer = staging.pool.take(32)
+    view = [buffer.view(torch.float32)]
+    tensors, ready = staging.arrived(list(view), buffer)
+    assert ready is None and tensors[0] is view[0]
+    assert staging.pool.free_bytes == 0  # the tensors view the buffer: handed over, not reused
+    other = staging.pool.take(32)
+    copied: list[torch.Tensor | None] = [other.view(torch.float32).clone()]
+    staging.arrived(copied, other)
+    assert staging.pool.free_bytes == 32  # nothing views it: back for the next receive
+
+
+# -- choosing a transport ---------------------------------------------------------------------------
+
+
+def test_auto_picks_nccl_only_for_ranks_with_a_gpu_each() -> None:
+    assert choose_transport("auto", CPU, own_gpu=False) is TransportChoice.GLOO
+    assert choose_transport("auto", CUDA, own_gpu=True) is TransportChoice.NCCL
+    assert choose_transport("auto", CUDA, own_gpu=False) is TransportChoice.GLOO
+    assert choose_transport("gloo", CUDA, own_gpu=True) is TransportChoice.GLOO
+    assert choose_transport("nccl", CUDA, own_gpu=True) is TransportChoice.NCCL
+
+
+def test_impossible_transports_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"^transport nccl moves tensors between GPUs, but the ranks compute on cpu$"):
+        choose_transport("nccl", CPU, own_gpu=False)
+    with pytest.raises(ValueError, match=r"^transport nccl needs a GPU per rank \(NCCL refuses two ranks on one"):
+        choose_transport("nccl", CUDA, own_gpu=False)
+    with pytest.raises(ValueError, match=r"^unknown transport 'mpi': choose one of auto, gloo, nccl$"):
+        choose_transport("mpi", CPU, own_gpu=False)
+
+
+# -- the gloo mailbox reuses its receive buffers ---------------------------------------------------------
+
+
+def _reuse_worker(rank: int, world: int) -> tuple[int, int] | None:
+    group = dist.new_group(backend="gloo")
+    post = PostOffice([1 - rank], CPU, group=group)
+    sizes = [64, 64, 10, 20, 30, 40, 50, 60, 5, 64]
+    result = None
+    if rank == 0:
+        for mb, n in enumerate(sizes):
+            post.send(1, MessageKind.ACTIVATION, 0, 1, mb, [torch.full((n,), float(mb))])
+    else:
+        for mb, n in enumerate(sizes):
+            msg = post.get(30)
+            assert msg is not None and msg.mb == mb
+            assert torch.equal(msg.tensors[0], torch.full((n,), float(mb)))  # type: ignore[arg-type]
+        # Payloads smaller than the posted one are copied out: the posted buffer goes back to the pool and is
+        # posted again for the next message, so steady traffic allocates only for full-size messages.
+        result = (post.staging.pool.allocated, sum(1 for n in sizes if n == 64))
+    post.close(timeout=30)
+    return result
+
+
+def test_the_gloo_mailbox_reposts_buffers_that_smaller_payloads_leave() -> None:
+    result = run_ranks(_reuse_worker, 2, timeout_s=60)[1]
+    assert result is not None
+    allocated, full_size = result
+    # An empty buffer posted before the first payload, then a new one after each full-size message (whose
+    # tensors keep the buffer they came in); none after the smaller ones.
+    assert allocated == 1 + full_size
+
+
+# -- the NCCL transport's protocol, its links on gloo --------------------------------------------------
+
+
+def _link_messages(sender: int) -> list[list[torch.Tensor | None]]:
+    g = torch.Generator().manual_seed(sender)
+    return [
+        [torch.randn(4, 8, generator=g)],
+        [torch.randn(2, 3, generator=g), None, torch.randint(0, 9, (5,), generator=g)],
+        [torch.randn(16, 8, generator=g, dtype=torch.float64)],
+        [torch.ones(3, dtype=torch.bool), torch.empty(0, 4)],
+        [torch.randn(1, 2, generator=g).to(torch.bfloat16) for _ in range(30)],  # a description beyond the header
+        [torch.randn(7, generator=g)],
+    ]
+
+
+def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tensor | None]]]:
+    headers = dist.new_group(backend="gloo")
+    up = dist.new_group([0, 1], backend="gloo")  # 0 -> 1
+    down = dist.new_group([0, 1], backend="gloo")  # 1 -> 0
+    peer = 1 - rank
+    outgoing = {peer: Link(up if rank == 0 else down, peer)}
+    incoming = {peer: Link(down if rank == 0 else up, peer)}
+    post = LinkPostOffice([peer], CPU, headers, outgoing=outgoing, incoming=incoming, notices=True)
+    # Both directions at once, each with a notice in between: as a pipeline's activations and gradients cross.
+    for mb, tensors in enumerate(_link_messages(rank)):
+        post.send(peer, MessageKind.ACTIVATION if rank == 0 else MessageKind.GRADIENT, 3, 1, mb, tensors)
+        post.notify(peer, 3, 1, mb, MessageKind.ACTIVATION)
+    received = []
+    while len(received) < len(_link_messages(peer)):
+        msg = post.get(30)
+        assert msg is not None, "a message did not arrive"
+        if msg.kind is not MessageKind.STARTED:
+            received.append((int(msg.kind), msg.mb, msg.tensors))
+    post.close(timeout=30, error="done here" if rank == 1 else None)
+    last = post.get(30)
+    assert last is not None
+    received.append((int(last.kind), -1, [torch.tensor(list((last.error or "").encode()), dtype=torch.uint8)]))
+    return received
+
+
+def test_the_link_transport_delivers_every_message_whole_and_in_order_both_ways() -> None:
+    results = run_ranks(_link_worker, 2, timeout_s=60)
+    for rank, received in enumerate(results):
+        sent = _link_messages(1 - rank)
+        kind = MessageKind.ACTIVATION if rank == 1 else MessageKind.GRADIENT
+        *data, closing = received
+        assert [(k, mb) for k, mb, _ in data] == [(kind, mb) for mb in range(len(sent))]
+        for (_, mb, got), expected in zip(data, sent, strict=True):
+            assert len(got) == len(expected), mb
+            for a, b in zip(got, expected, strict=True):
+                assert (a is None) == (b is None), mb
+                if a is not None and b is not None:
+                    assert a.dtype == b.dtype and torch.equal(a, b), mb
+        # The closing word travels on the header channel: rank 1 failed on purpose, rank 0 stopped.
+        text = bytes(closing[2][0].tolist()).decode()  # type: ignore[union-attr]
+        assert (closing[0], text) == ((MessageKind.ABORT, "done here") if rank == 0 else (MessageKind.STOP, ""))
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _layers(stages: int) -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(stages)]
+
+
+def _batches(m: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(1 + (i * 3) % 5, 6, generator=g) for i in range(m)]
+    return xs, [torch.sin(x) for x in xs]
+
+
+def _pipeline_worker(rank: int, world: int, hint: str, chunks: int, policy: str) -> dict[str, torch.Tensor]:
+    Pipeline._link_backend = "gloo"
+    modules = _layers(world * chunks)
+    with Pipeline.from_modules(
+        modules, loss_fn=_mse, microbatches=4, hint=hint, chunks=chunks, policy=policy, timeout=60
+    ) as pipe:
+        assert isinstance(pipe.transport, LinkPostOffice)
+        xs, ys = _batches(4)
+        pipe.step(xs, ys)
+        return {f"{s}.{n}": p.grad.clone() for s in pipe.stages for n, p in modules[s].named_parameters()}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("hint", "chunks", "policy"), [("1f1b", 1, "ready"), ("interleaved-1f1b", 2, "fixed")])
+def test_a_pipeline_over_links_matches_the_unsplit_model(hint: str, chunks: int, policy: str) -> None:
+    # Interleaved: the last rank's activations wrap around to rank 0, a link of its own.
+    results = run_ranks(_pipeline_worker, 2, hint, chunks, policy, timeout_s=120)
+    modules = _layers(2 * chunks)
+    model = nn.Sequential(*modules)
+    xs, ys = _batches(4)
+    for x, y in zip(xs, ys, strict=True):
+        torch.autograd.backward(_mse(model(x), y) / len(xs))
+    expected = {f"{s}.{n}": p.grad for s, m in enumerate(modules) for n, p in m.named_parameters()}
+    got = {name: grad for result in results for name, grad in result.items()}
+    assert set(got) == set(expected)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-6, msg=name)
