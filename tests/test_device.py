@@ -6,16 +6,21 @@ CUDA branches are exercised by benchmarks/gpu where a GPU is available.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import time
+from typing import Any, ClassVar
 
 import pytest
 import torch
 from torch import nn
 
 from hintpipe.runtime.device import rank_device, to_device
+from hintpipe.runtime.executor import StageExecutor
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.timing import DeviceTimer
 from hintpipe.runtime.wire import Message
+from hintpipe.schedule.task import Kind, Task
 
 CUDA = torch.cuda.is_available() and torch.cuda.device_count() > 0
 
@@ -84,3 +89,96 @@ def test_every_parameter_and_every_delivered_tensor_is_on_the_ranks_device() -> 
         assert device == "cpu"
         assert held == ["cpu"]
         assert received == ["cpu"] and count >= 3 * 4  # activations to rank 1, gradients to rank 0
+
+
+# -- task times from device events ------------------------------------------------------------------
+
+
+class _FakeEvent:
+    """A timing event whose time is the host's when recorded: the GPU's event timing, run on a CPU."""
+
+    made: ClassVar[list[_FakeEvent]] = []
+
+    def __init__(self) -> None:
+        self.at = math.nan
+        _FakeEvent.made.append(self)
+
+    def record(self, stream: Any = None) -> None:
+        self.at = time.perf_counter()
+
+    def synchronize(self) -> None:
+        assert not math.isnan(self.at), "waited for an event never recorded"
+
+    def elapsed_time(self, end_event: _FakeEvent) -> float:
+        return (end_event.at - self.at) * 1e3
+
+
+def test_the_device_timer_turns_events_into_seconds_from_the_loops_start() -> None:
+    timer = DeviceTimer(_FakeEvent)
+    timer.begin()
+    origin = _FakeEvent.made[-1]
+    tasks = [Task(0, Kind.F, 0), Task(0, Kind.B, 0)]
+    events = []
+    for _ in tasks:
+        start, end = timer.mark(), timer.mark()
+        timer.task(start, end)
+        assert isinstance(start, _FakeEvent) and isinstance(end, _FakeEvent)
+        events.append((start, end))
+    host = [(0, t, 100.0, 200.0) for t in tasks]  # the host's times are replaced
+    resolved = timer.resolve(host)
+    assert resolved == [(0, t, (s.at - origin.at), (e.at - origin.at)) for t, (s, e) in zip(tasks, events, strict=True)]
+    with pytest.raises(ValueError, match=r"^1 records for 2 timed tasks$"):
+        timer.resolve(host[:1])
+
+
+def _timed_worker(rank: int, world: int) -> tuple[int, int, list[Any]]:
+    _FakeEvent.made = []
+    Pipeline._timing_events = _FakeEvent
+    stages = [nn.Linear(4, 4), nn.Linear(4, 2)]
+    with Pipeline.from_modules(stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="fixed") as pipe:
+        xs, ys = [torch.randn(2, 4) for _ in range(4)], [torch.randn(2, 2) for _ in range(4)]
+        pipe.step(xs if rank == 0 else None, ys if rank == 1 else None)
+        origin, *marks = _FakeEvent.made
+        mine = [r for r in pipe.reports[-1].records if r[0] == rank]
+        expected = [(m.at - origin.at) for m in marks]
+        return len(marks), len(mine), [(mine, expected)]
+
+
+def test_a_pipeline_given_timing_events_reports_the_times_they_measured() -> None:
+    for marks, tasks, [(records, times)] in run_ranks(_timed_worker, 2, timeout_s=60):
+        assert tasks == 8 and marks == 2 * tasks  # one origin, then an event before and after each task
+        measured = [t for _, _, start, end in records for t in (start, end)]
+        # The report's clock starts at the earliest rank's loop start, so the times are shifted alike (by a
+        # difference of wall-clock readings, exact to a microsecond).
+        shift = measured[0] - times[0]
+        assert measured == pytest.approx([t + shift for t in times], abs=1e-6)
+
+
+# -- device memory: the counted bytes against the allocator's -------------------------------------------
+
+
+class _Allocating(nn.Module):
+    """A stage whose forward makes the (fake) allocator gain 1000 bytes."""
+
+    def __init__(self, allocator: list[int]) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.allocator = allocator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.allocator[0] += 1000
+        return torch.tanh(self.linear(x))
+
+
+def test_each_forwards_counted_bytes_are_checked_against_the_allocator() -> None:
+    allocator = [0]
+    executor = StageExecutor(
+        {0: _Allocating(allocator)}, 1, nn.functional.mse_loss, False, allocated=lambda: allocator[0]
+    )
+    executor.begin_step(0)
+    for mb, rows in enumerate((2, 3)):
+        executor.forward(0, mb, [torch.randn(rows, 4, requires_grad=True)], None, 1.0)
+    counted = [executor._bytes[(0, mb)] for mb in range(2)]
+    assert executor.memory_check == [(counted[0], 1000), (counted[1], 1000)]
+    executor.begin_step(1)
+    assert executor.memory_check == []

@@ -197,7 +197,7 @@ def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tenso
     for mb, tensors in enumerate(_link_messages(rank)):
         post.send(peer, MessageKind.ACTIVATION if rank == 0 else MessageKind.GRADIENT, 3, 1, mb, tensors)
         post.notify(peer, 3, 1, mb, MessageKind.ACTIVATION)
-    received = []
+    received: list[tuple[int, int, list[torch.Tensor | None]]] = []
     while len(received) < len(_link_messages(peer)):
         msg = post.get(30)
         assert msg is not None, "a message did not arrive"
@@ -224,7 +224,9 @@ def test_the_link_transport_delivers_every_message_whole_and_in_order_both_ways(
                 if a is not None and b is not None:
                     assert a.dtype == b.dtype and torch.equal(a, b), mb
         # The closing word travels on the header channel: rank 1 failed on purpose, rank 0 stopped.
-        text = bytes(closing[2][0].tolist()).decode()  # type: ignore[union-attr]
+        word = closing[2][0]
+        assert word is not None
+        text = bytes(word.tolist()).decode()
         assert (closing[0], text) == ((MessageKind.ABORT, "done here") if rank == 0 else (MessageKind.STOP, ""))
 
 

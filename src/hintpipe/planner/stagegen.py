@@ -8,13 +8,13 @@ across a cut) is passed through it. Parameters are referenced, not copied.
 Nodes the plan recomputes run inside ``torch.utils.checkpoint`` (their saved
 activations are dropped after the forward and rebuilt in backward); nodes it
 offloads run under ``saved_tensors_hooks`` that move what autograd saves to
-host memory and back. Consecutive nodes with the same choice are grouped into
-one sub-module.
+pinned host memory and back, on a stream of their own (:func:`offload`).
+Consecutive nodes with the same choice are grouped into one sub-module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from hintpipe.planner.capture import CapturedGraph, attribute
+from hintpipe.runtime.staging import new_event, new_stream
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:
@@ -30,21 +31,57 @@ def recompute(module: torch.nn.Module, *args: Any) -> Any:
 
 
 def offload(module: torch.nn.Module, *args: Any) -> Any:
-    """Run ``module`` with its saved activations kept in host memory until backward."""
+    """Run ``module`` with its saved activations kept in host memory until backward.
+
+    On a GPU each saved tensor is copied to pinned host memory on a stream of
+    its own, so the copy overlaps the compute that follows, and copied back
+    when backward needs it, after the first copy's event. On a CPU the host is
+    the device: the tensors stay where they are (but leave the count of the
+    device's activations, as they would leave the device).
+    """
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    if device.type == "cuda":
+        with torch.autograd.graph.saved_tensors_hooks(*_host_copies(device)):
+            return module(*args)
 
-    def pack(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-        host = t.to("cpu", non_blocking=True)
-        if host.data_ptr() == t.data_ptr():  # already on the host: nothing to move
-            return t.device, t
-        return t.device, host
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        return t
 
-    def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
-        where, t = packed
-        return t.to(where if where.type != "cpu" else device, non_blocking=True)
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with torch.autograd.graph.saved_tensors_hooks(keep, keep):
         return module(*args)
+
+
+_OFFLOAD_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+_Packed = tuple[torch.device, torch.Tensor, Any]
+
+
+def _host_copies(device: torch.device) -> tuple[Callable[[torch.Tensor], _Packed], Callable[[_Packed], torch.Tensor]]:
+    """Saved-tensor hooks that move a GPU's saved tensors to pinned host memory and back (asynchronously)."""
+    stream = _OFFLOAD_STREAMS.get(device)
+    if stream is None:
+        stream = _OFFLOAD_STREAMS[device] = new_stream(device)
+
+    def pack(t: torch.Tensor) -> _Packed:
+        if t.device.type != "cuda":
+            return t.device, t, None
+        host = torch.empty_like(t, device="cpu", pin_memory=True)
+        stream.wait_stream(torch.cuda.current_stream(t.device))  # after the compute that made it
+        with torch.cuda.stream(stream):
+            host.copy_(t, non_blocking=True)
+            copied = new_event()
+            copied.record(stream)
+        t.record_stream(stream)  # the allocator must not reuse its memory before the copy is done
+        return t.device, host, copied
+
+    def unpack(packed: _Packed) -> torch.Tensor:
+        where, host, copied = packed
+        if copied is None:
+            return host
+        torch.cuda.current_stream(where).wait_event(copied)
+        return host.to(where, non_blocking=True)
+
+    return pack, unpack
 
 
 def crossing(graph: CapturedGraph, cut: int) -> list[fx.Node]:

@@ -12,6 +12,7 @@ targets follow, and the transport delivers received tensors there.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,6 +66,26 @@ def own_gpu() -> bool:
         return False
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return local_world <= torch.cuda.device_count()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak of the allocator's memory on ``device`` (a GPU's; nothing on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    """The most bytes the allocator held on ``device`` since :func:`reset_peak_memory`; -1 on the CPU, which
+    keeps no such count."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else -1
+
+
+def allocated_probe(device: torch.device) -> Callable[[], int] | None:
+    """Bytes the allocator holds on ``device`` now, as a function (``torch.cuda.memory_allocated``); None on
+    the CPU."""
+    if device.type != "cuda":
+        return None
+    return lambda: int(torch.cuda.memory_allocated(device))
 
 
 def to_device(value: Any, device: torch.device) -> Any:

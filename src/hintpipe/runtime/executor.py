@@ -127,10 +127,18 @@ class StageExecutor:
         last_stage: the global id of the pipeline's last stage.
         loss_fn: ``loss_fn(output, target)`` at the last stage.
         split_backward: whether W tasks are separate from B.
+        allocated: on a GPU, the allocator's bytes now (``torch.cuda.memory_allocated``): each forward's
+            counted bytes are then checked against what the allocator gained over it
+            (:attr:`memory_check`).
     """
 
     def __init__(
-        self, modules: Mapping[int, nn.Module], last_stage: int, loss_fn: LossFn, split_backward: bool
+        self,
+        modules: Mapping[int, nn.Module],
+        last_stage: int,
+        loss_fn: LossFn,
+        split_backward: bool,
+        allocated: Callable[[], int] | None = None,
     ) -> None:
         self.modules = dict(modules)
         self.last_stage = last_stage
@@ -148,9 +156,13 @@ class StageExecutor:
         # forward), so each shape is counted once. A stage whose saved bytes depend on its
         # input's values rather than its shapes would be counted at its first such input.
         self._kept: dict[tuple[int, tuple[tuple[int, ...], ...]], int] = {}
+        self.allocated = allocated
+        #: This step's forwards: (bytes counted, bytes the allocator gained over the forward), with ``allocated``.
+        self.memory_check: list[tuple[int, int]] = []
 
     def begin_step(self, step: int) -> None:
-        """Nothing per step: what a task computes does not depend on it."""
+        """A new step's memory check (what a task computes does not depend on the step)."""
+        self.memory_check = []
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
@@ -164,6 +176,7 @@ class StageExecutor:
             if stage == 0:  # the caller's batch (often one tensor, split into views): not the pipeline's memory
                 exclude = exclude | {t.untyped_storage().data_ptr() for t in inputs}
             counting = count_saved(exclude)
+        before = self.allocated() if self.allocated is not None else 0
         with counting as counter:
             out = self.modules[stage](*inputs)
             loss = None
@@ -190,6 +203,9 @@ class StageExecutor:
                 self._kept[key] = size
         self._bytes[(stage, mb)] = size
         self.live_bytes += size
+        if self.allocated is not None:
+            # What the forward left allocated: its saved activations and outputs (the loss's few bytes aside).
+            self.memory_check.append((size, self.allocated() - before))
         return (outputs if loss is None else []), (None if loss is None else loss.detach())
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:

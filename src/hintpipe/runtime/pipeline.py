@@ -39,7 +39,14 @@ from hintpipe.runtime.admission import Admission, broadcast_sizes
 from hintpipe.runtime.collective import one_line
 from hintpipe.runtime.coordination import Coordination, needed
 from hintpipe.runtime.data_parallel import GradientAverage, ReducingExecutor
-from hintpipe.runtime.device import own_gpu, rank_device, to_device
+from hintpipe.runtime.device import (
+    allocated_probe,
+    own_gpu,
+    peak_memory,
+    rank_device,
+    reset_peak_memory,
+    to_device,
+)
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
 from hintpipe.runtime.fsdp import ShardedExecutor, shard_stages
@@ -49,8 +56,10 @@ from hintpipe.runtime.mesh import Layout
 from hintpipe.runtime.microbatch import Batch, as_inputs, split_microbatches
 from hintpipe.runtime.ready_plan import ReadyPlanner
 from hintpipe.runtime.reports import RankSummary, StepReport, durations_array, gather_report
+from hintpipe.runtime.staging import new_event
 from hintpipe.runtime.step_loop import StepLoop, StepState
 from hintpipe.runtime.tied import TiedGradients, TiedParameter
+from hintpipe.runtime.timing import DeviceTimer, Event
 from hintpipe.runtime.transport import Transport, TransportChoice, choose_transport
 from hintpipe.runtime.wire import Message
 from hintpipe.schedule.generators import generate_hint
@@ -186,6 +195,9 @@ class Pipeline:
     #: Tests alone set this to ``"gloo"``: the NCCL transport's code path, with its payload links on gloo, on
     #: CPU ranks (see :mod:`hintpipe.runtime.links`).
     _link_backend: str | None = None
+    #: Tests alone set this: timing events for a CPU rank, to run the GPU's task timing (see
+    #: :mod:`hintpipe.runtime.timing`) where there is no GPU.
+    _timing_events: Callable[[], Event] | None = None
 
     def __init__(
         self,
@@ -240,12 +252,17 @@ class Pipeline:
         self.history = history
         self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget, device_budget=device_budget)
         last = self.hint.num_stages - 1
-        self.executor: Executor = (
+        #: What computes the tasks, before any wrapper (reductions, injected faults) goes round it.
+        self._compute: Executor = (
             EmulatedExecutor(emulate, last)
             if emulate is not None
-            else StageExecutor(self.modules, last, loss_fn, self.hint.split_backward)
+            else StageExecutor(
+                self.modules, last, loss_fn, self.hint.split_backward, allocated=allocated_probe(self.device)
+            )
         )
+        self.executor: Executor = self._compute
         self.transport: Transport = self._connect()
+        self.timer = self._device_timer(emulated=emulate is not None)
         self._connect_axes(emulated=emulate is not None)
         self.tied = TiedGradients(tied, self.modules, self.hint.placement.stage_rank, self.rank, self.layout.pipelines)
         self.planner = ReadyPlanner(self.hint, self.rank)
@@ -265,6 +282,14 @@ class Pipeline:
             microbatch_order=self.microbatch_order.value,
             transport=self.transport_choice.value,
         )
+
+    def _device_timer(self, *, emulated: bool) -> DeviceTimer | None:
+        """Task times from CUDA events on a GPU rank (see :mod:`hintpipe.runtime.timing`); None: the wall clock."""
+        if self._timing_events is not None:
+            return DeviceTimer(self._timing_events)
+        if self.device.type == "cuda" and not emulated:
+            return DeviceTimer(lambda: new_event(timing=True))
+        return None
 
     def _place(
         self, modules: Mapping[int, nn.Module], mesh: DeviceMesh | None, *, emulated: bool
@@ -522,6 +547,7 @@ class Pipeline:
             sizes=_relative_sizes(state.elements) if ready else None,
         )
         self.executor.begin_step(step)
+        reset_peak_memory(self.device)
         loop = StepLoop(
             rank=self.rank,
             board=board,
@@ -533,6 +559,7 @@ class Pipeline:
             check_loss=lambda loss, slot: self._check_loss(loss, step, order[slot]),
             coordination=self.coordination,
             notices=ready,
+            timer=self.timer,
         )
         if self.average is not None:
             self.average.begin_step()
@@ -634,6 +661,10 @@ class Pipeline:
         if reduction is not None and reduction.overlap:
             overlap = min(reduction.overlap.values())
             summary = dataclasses.replace(summary, dp_overlap=overlap, dp_exposed=reduction.exposed)
+        if self.device.type == "cuda":
+            summary = dataclasses.replace(
+                summary, device_peak=peak_memory(self.device), allocated_over_counted=self._allocated_over_counted()
+            )
         ready = self.policy is Policy.READY
         if self.on_nonfinite is OnNonFinite.SKIP or (ready and self.planner.due(state.step)):
             medians, poisoned = self._agree(summary, state.step)
@@ -654,6 +685,14 @@ class Pipeline:
         )
         self.reports.append(report)
         del self.reports[: max(0, len(self.reports) - self.history)]
+
+    def _allocated_over_counted(self) -> float:
+        """What this step's forwards left allocated on the device over the bytes the runtime counted for them
+        (see :attr:`StepReport.allocated_over_counted`); NaN where nothing was measured."""
+        if not isinstance(self._compute, StageExecutor) or not self._compute.memory_check:
+            return math.nan
+        counted = sum(c for c, _ in self._compute.memory_check)
+        return sum(a for _, a in self._compute.memory_check) / counted if counted else math.nan
 
     def _agree(self, summary: RankSummary, step: int) -> tuple[np.ndarray[Any, np.dtype[np.float64]], bool]:
         """One all-reduce: every stage's median costs (each rank fills its own) and any non-finite loss.

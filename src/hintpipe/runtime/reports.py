@@ -63,6 +63,11 @@ class StepReport:
     #: reductions (at the step's end, or inline where the reduction blocks); NaN without replicas.
     dp_overlap: tuple[float, ...] = ()
     dp_exposed: tuple[float, ...] = ()
+    #: Per covered rank on a GPU: the allocator's peak over the step (``torch.cuda.max_memory_allocated``:
+    #: parameters, gradients, optimizer state and activations), and what its forwards left allocated over
+    #: the bytes the runtime counted for them (1.0: the count is exact); -1 and NaN on a CPU.
+    device_peak_bytes: tuple[int, ...] = ()
+    allocated_over_counted: tuple[float, ...] = ()
 
     @property
     def efficiency(self) -> float:
@@ -88,6 +93,8 @@ class RankSummary:
     records: tuple[Record, ...]
     dp_overlap: float = math.nan
     dp_exposed: float = math.nan
+    device_peak: int = -1
+    allocated_over_counted: float = math.nan
 
     @classmethod
     def of(
@@ -177,4 +184,6 @@ def gather_report(
         plan_costs=plan_costs,
         dp_overlap=tuple(s.dp_overlap for s in summaries),
         dp_exposed=tuple(s.dp_exposed for s in summaries),
+        device_peak_bytes=tuple(s.device_peak for s in summaries),
+        allocated_over_counted=tuple(s.allocated_over_counted for s in summaries),
     )

@@ -200,6 +200,6 @@ def new_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
 
-def new_event() -> torch.cuda.Event:
-    """A CUDA event (to mark a transfer's end)."""
-    return torch.cuda.Event()  # type: ignore[no-untyped-call]
+def new_event(*, timing: bool = False) -> torch.cuda.Event:
+    """A CUDA event (to mark a transfer's end; with ``timing``, to time a task)."""
+    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]

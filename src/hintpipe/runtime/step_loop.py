@@ -24,6 +24,7 @@ from hintpipe.runtime.coordination import Coordination
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.executor import Executor, Tensors, as_input
 from hintpipe.runtime.staging import use_when_ready
+from hintpipe.runtime.timing import DeviceTimer
 from hintpipe.runtime.transport import Transport
 from hintpipe.runtime.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind, Task
@@ -72,6 +73,8 @@ class StepLoop:
             (see :mod:`hintpipe.runtime.coordination`).
         notices: tell each neighbour when a task whose result it awaits starts (the ``ready``
             policy's ETA rule; see [Note: producer notices] in :mod:`hintpipe.runtime.transport`).
+        timer: on a GPU, times tasks with events on the device (see :mod:`hintpipe.runtime.timing`);
+            None: the wall clock around each task is its duration (a CPU computes in this thread).
     """
 
     def __init__(
@@ -87,8 +90,10 @@ class StepLoop:
         check_loss: Callable[[torch.Tensor, int], None],
         coordination: Coordination | None = None,
         notices: bool = False,
+        timer: DeviceTimer | None = None,
     ) -> None:
         self.rank = rank
+        self.timer = timer
         self.board = board
         self.hint = board.hint
         self.executor = executor
@@ -107,6 +112,9 @@ class StepLoop:
         board = self.board
         state.started = time.time()
         t0 = self._t0 = time.perf_counter()
+        timer = self.timer
+        if timer is not None:
+            timer.begin()
         early, self.stash[:] = list(self.stash), []
         for msg in early:
             self._accept(msg, state)
@@ -128,12 +136,19 @@ class StepLoop:
                 data = MessageKind.ACTIVATION if consumer.kind is Kind.F else MessageKind.GRADIENT
                 self.transport.notify(peer, state.step, consumer.stage, consumer.mb, data)
             start = time.perf_counter()
+            began = timer.mark() if timer is not None else None
             self._run(board.tasks[pos], state)
+            if timer is not None and began is not None:
+                timer.task(began, timer.mark())
             end = time.perf_counter()
             board.finish(pos, end - t0)
             state.records.append((self.rank, board.tasks[pos], start - t0, end - t0))
             last_progress = end
-        return time.perf_counter() - t0
+        loop_time = time.perf_counter() - t0
+        if timer is not None:
+            state.records = timer.resolve(state.records)
+            loop_time = max([loop_time, *(end for *_, end in state.records)])
+        return loop_time
 
     def _follow(self, state: StepState) -> int:
         """A follower runs the leader's next decision once its own inputs are here; -1 to wait."""
