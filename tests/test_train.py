@@ -102,7 +102,12 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
             "--device cuda was asked for, but torch.cuda.is_available() is False on this machine",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA"),
         ),
-        (["--transport", "nccl"], "--transport nccl moves tensors between GPUs; add --device cuda"),
+        (["--transport", "nccl"], "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine"),
+        pytest.param(
+            ["--transport", "nccl", "--device", "auto"],
+            "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA"),
+        ),
         (["--inject", "mm:1:0.5:1.5"], "FRACTION is the encoder's share of the stages, between 0 and 1, got '1.5'"),
     ],
 )

@@ -207,13 +207,16 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
 
 def _check_config(config: TrainConfig, injection: Injection) -> None:
     """Refuse option combinations of a built config: a device the machine lacks, checkpoint settings."""
-    if config.device == "cuda":
+    if config.device != "cpu" or config.transport == "nccl":
         import torch
 
-        if not torch.cuda.is_available():
+        cuda = torch.cuda.is_available()
+        if config.device == "cuda" and not cuda:
             raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine")
-    if config.transport == "nccl" and config.device == "cpu":
-        raise ValueError("--transport nccl moves tensors between GPUs; add --device cuda")
+        if config.transport == "nccl" and (config.device == "cpu" or not cuda):
+            raise ValueError(
+                "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA"
+            )
     if config.resume and config.checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
     if config.checkpoint_every < 0:

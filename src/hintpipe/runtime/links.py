@@ -101,6 +101,8 @@ class LinkPostOffice(PostOffice):
 
     def _receive_loop(self, peer: int) -> None:
         link = self._incoming[peer]
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is per thread
         stream = new_stream(self.device) if self.device.type == "cuda" else None
         try:
             while True:

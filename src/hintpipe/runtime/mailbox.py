@@ -110,6 +110,8 @@ class PostOffice:
 
     def _receive_loop(self, peer: int) -> None:
         expected = 0  # bytes of the next payload already posted (see [Note: pre-posted payloads])
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is per thread
         try:
             header, first, posted = self._arm(peer, expected)
             while True:
