@@ -151,6 +151,7 @@ def test_demo_trains_the_same_model_both_ways(capsys: pytest.CaptureFixture[str]
     assert ready["losses"] == pytest.approx(fixed["losses"], rel=1e-5)
     assert fixed["peak_live_slots"] == [2, 1]  # 1F1B on 2 ranks
     assert ready["peak_live_slots"][0] <= 4  # its budget: 2 + memory slack 2
+    assert (fixed["device"], fixed["transport"], fixed["device_peak_bytes"]) == ("cpu", "auto", None)
     assert out["speedup"] == pytest.approx(ready["tokens_per_s"] / fixed["tokens_per_s"])
     assert png.read_bytes()[:4] == b"\x89PNG"
 

@@ -136,6 +136,12 @@ class TrainResult:
         return [max(r.peak_live_bytes[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
 
     @property
+    def device_peak_bytes(self) -> list[int] | None:
+        """Per rank on GPUs, the allocator's peak over the run (``torch.cuda.max_memory_allocated``); None on CPU."""
+        peaks = [max(r.device_peak_bytes[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
+        return peaks if peaks and min(peaks) >= 0 else None
+
+    @property
     def peak_live(self) -> list[float]:
         return [max(r.peak_live[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
 
