@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import datetime
 import time
 from collections.abc import Mapping, Sequence
@@ -59,12 +60,12 @@ from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_m
 _MAX_LINK_SENDS = 64
 
 
+@dataclasses.dataclass(frozen=True)
 class Link:
     """One direction between this rank and a peer: its process group and the peer's rank in the world."""
 
-    def __init__(self, group: dist.ProcessGroup, peer: int) -> None:
-        self.group = group
-        self.peer = peer
+    group: dist.ProcessGroup
+    peer: int
 
 
 class LinkPostOffice(PostOffice):

@@ -355,7 +355,7 @@ class Pipeline:
         """Whether every rank has a GPU to itself, agreed by all (the transport's links are created by all)."""
         if self.device.type != "cuda":
             return False
-        flag = torch.tensor([int(own_gpu())])
+        flag = torch.tensor([int(own_gpu())], device=self.device)  # on the GPU: a default group may be NCCL alone
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 

@@ -17,7 +17,9 @@ both:
   ``done`` test (the copy's CUDA event, or the gloo send having been waited
   on) and waits in a first-in, first-out queue until it passes. Transfers of
   one stream finish in the order they were issued, so the queue is checked
-  from its head and the check stops at the first unfinished transfer.
+  from its head and the check stops at the first unfinished transfer (a
+  buffer behind it, from another stream, waits a little longer: reuse comes
+  late, never early).
 
 On a CPU rank the device *is* the host: nothing is staged and the same code
 path runs with no-op copies (a received buffer is handed over to the tensors
@@ -145,7 +147,7 @@ class Staging:
     def outgoing(self, payload: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``payload`` (bytes on the device) in host memory; returns the host bytes and the pool buffer to
         give back once the send completed (None: nothing was staged)."""
-        if not self.staged:
+        if not self.staged or not payload.is_cuda:  # (an emulated rank's stand-ins stay on the host)
             return payload, None
         assert self._stream is not None
         buffer = self.pool.take(payload.numel())
