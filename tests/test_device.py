@@ -65,7 +65,8 @@ class _Spy:
         return getattr(self.inner, name)
 
 
-def _device_worker(rank: int, world: int, device: str) -> tuple[str, list[str], list[str], int]:
+def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str, list[str], list[str], int]:
+    Pipeline._link_backend = "gloo" if links else None  # the NCCL transport's path, its links on gloo
     torch.manual_seed(0)
     stages = [nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 2)]
     with Pipeline.from_modules(
@@ -84,8 +85,9 @@ def _device_worker(rank: int, world: int, device: str) -> tuple[str, list[str], 
         return str(pipe.device), held, places, len(received)
 
 
-def test_every_parameter_and_every_delivered_tensor_is_on_the_ranks_device() -> None:
-    for device, held, received, count in run_ranks(_device_worker, 2, "cpu", timeout_s=120):
+@pytest.mark.parametrize("links", [False, True], ids=["gloo", "links"])
+def test_every_parameter_and_every_delivered_tensor_is_on_the_ranks_device(links: bool) -> None:
+    for device, held, received, count in run_ranks(_device_worker, 2, "cpu", links, timeout_s=120):
         assert device == "cpu"
         assert held == ["cpu"]
         assert received == ["cpu"] and count >= 3 * 4  # activations to rank 1, gradients to rank 0

@@ -9,11 +9,16 @@ hintpipe.runtime.links).
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from conftest import hang_bound
+from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.links import Link, LinkPostOffice
 from hintpipe.runtime.mailbox import PostOffice
@@ -271,3 +276,40 @@ def test_a_pipeline_over_links_matches_the_unsplit_model(hint: str, chunks: int,
     assert set(got) == set(expected)
     for name, grad in got.items():
         torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+class _Dies(nn.Module):
+    """A linear layer whose process dies abruptly on its ``call``-th forward."""
+
+    def __init__(self, call: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(6, 6)
+        self.calls, self.call = 0, call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.call:
+            os._exit(17)
+        out: torch.Tensor = self.layer(x)
+        return out
+
+
+def _crash_over_links_worker(rank: int, world: int) -> None:
+    Pipeline._link_backend = "gloo"
+    modules: list[nn.Module] = [nn.Linear(6, 6), _Dies(4 + 3), nn.Linear(6, 6)]  # dies in the second step
+    with Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", timeout=8) as pipe:
+        xs, ys = _batches(4)
+        for _ in range(3):
+            pipe.step(xs, ys)
+
+
+def test_a_killed_rank_ends_every_rank_over_links_too() -> None:
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_crash_over_links_worker, 3, timeout_s=60)
+    message = str(info.value)
+    assert "rank 1: exited without a result" in message
+    for rank in (0, 2):  # both neighbours name the dead rank, through the header channel or the watchdog
+        line = next(line for line in message.splitlines() if line.startswith(f"rank {rank}:"))
+        assert "rank 1" in line, line
+    assert time.monotonic() - began < hang_bound(8)
