@@ -119,7 +119,7 @@ class PostOffice:
                     work.wait()
                 values = header.tolist()
                 kind, step, stage, mb, count, meta_len, nbytes = values[:7]
-                payload, spare = self._payload(peer, first, expected, nbytes)
+                payload, posted_buffer = self._payload(peer, first, expected, nbytes)
                 if meta_len <= INLINE:
                     meta = values[7 : 7 + meta_len]
                 else:
@@ -130,10 +130,7 @@ class PostOffice:
                     text = bytes(payload.tolist()).decode(errors="replace").rstrip("\x00") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
-                if spare is not None:
-                    self.staging.pool.give_back(spare)
-                buffer = None if spare is not None else first
-                tensors, ready = self.staging.arrived(unpack(payload, decode_meta(meta, count)), buffer)
+                tensors, ready = self.staging.arrived(unpack(payload, decode_meta(meta, count)), posted_buffer)
                 expected = max(expected, nbytes)
                 header, first, posted = self._arm(peer, expected)  # before delivering: the next may be on its way
                 arrived = time.perf_counter()
@@ -146,15 +143,20 @@ class PostOffice:
     def _payload(
         self, peer: int, first: torch.Tensor, expected: int, nbytes: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The payload of ``nbytes`` whose first ``expected`` bytes came into ``first``; returns it and
-        ``first`` when the payload no longer needs it (to go back to the pool at once)."""
+        """The payload of ``nbytes`` whose first ``expected`` bytes came into the posted buffer ``first``;
+        returns it and ``first`` when the payload views it (None: the payload is a copy, and ``first`` went
+        back to the pool, or was dropped where it would never be posted again)."""
         if nbytes > expected:
             rest = torch.empty(nbytes - expected, dtype=torch.uint8)
             dist.recv(rest, group=self.group, group_src=peer)
-            return (torch.cat([first, rest]) if expected else rest), (first if expected else None)
+            if expected and self.staging.staged:  # (a CPU rank's pool keeps exact sizes: expected grows past it)
+                self.staging.pool.give_back(first)
+            return (torch.cat([first, rest]) if expected else rest), None
         if nbytes < expected and not self.staging.staged:
-            return first[:nbytes].clone(), first  # views would keep the whole posted buffer alive
-        return first[:nbytes], None
+            payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
+            self.staging.pool.give_back(first)  # and the next message's receive reuses it
+            return payload, None
+        return first[:nbytes], first
 
     def _notice_loop(self, peer: int) -> None:
         notice = torch.empty(_NOTICE_FIELDS, dtype=torch.int64)

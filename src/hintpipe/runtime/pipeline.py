@@ -342,9 +342,12 @@ class Pipeline:
         )
         outgoing: dict[int, Link] = {}
         incoming: dict[int, Link] = {}
+        # A transfer stuck on a dead peer fails after the watchdog's timeout (NCCL's own watchdog then ends the
+        # rank) rather than NCCL's default of ten minutes.
+        span = datetime.timedelta(seconds=self.timeout)
         for ranks in self.layout.pipelines:
             for a, b in pairs:
-                group = dist.new_group([ranks[a], ranks[b]], backend=backend)
+                group = dist.new_group([ranks[a], ranks[b]], backend=backend, timeout=span)
                 if ranks[a] == self.global_rank:
                     outgoing[b] = Link(group, ranks[b])
                 elif ranks[b] == self.global_rank:
