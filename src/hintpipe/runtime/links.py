@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from hintpipe.runtime.mailbox import PostOffice
 from hintpipe.runtime.staging import new_event, new_stream
-from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_meta
+from hintpipe.runtime.wire import HEADER, Message, MessageKind, decode_meta, encode_header
 
 #: Link sends kept before the oldest is waited on (NCCL's are dropped once complete; gloo's only when waited).
 _MAX_LINK_SENDS = 64
@@ -110,18 +110,13 @@ class LinkPostOffice(PostOffice):
                 header = torch.empty(HEADER, dtype=torch.int64)
                 dist.recv(header, group=self.group, group_src=peer)
                 values = header.tolist()
-                kind, step, stage, mb, count, meta_len, nbytes = values[:7]
+                kind, step, stage, mb, count, _, nbytes = values[:7]
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
                     text = self._text(peer, nbytes)
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
-                if meta_len <= INLINE:
-                    meta = values[7 : 7 + meta_len]
-                else:
-                    extra = torch.empty(meta_len, dtype=torch.int64)
-                    dist.recv(extra, group=self.group, group_src=peer)
-                    meta = extra.tolist()
-                tensors, ready = self._receive_payload(link, decode_meta(meta, count), stream)
+                specs = decode_meta(self._meta(peer, values), count)
+                tensors, ready = self._receive_payload(link, specs, stream)
                 arrived = time.perf_counter()
                 self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, arrived, ready=ready))
         except Exception as exc:  # the peer died or the group was torn down
@@ -170,10 +165,7 @@ class LinkPostOffice(PostOffice):
     ) -> None:
         text = kind in (MessageKind.STOP, MessageKind.ABORT)
         nbytes = sum(t.nbytes for t in tensors if t is not None)
-        fields = [int(kind), step, stage, mb, len(tensors), len(meta), nbytes]
-        inline = meta if len(meta) <= INLINE else []
-        values = fields + inline
-        header = torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64)
+        header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
         keep = [header]
         self._post(header, peer, keep)
         if text:  # a closing word: its bytes follow on the header channel, never on a link
@@ -182,8 +174,7 @@ class LinkPostOffice(PostOffice):
                     keep.append(t)
                     self._post(t, peer, keep)
             return
-        if len(meta) > INLINE:
-            extra = torch.tensor(meta, dtype=torch.int64)
+        if extra is not None:  # the description first: the receiver allocates the payload from it
             keep.append(extra)
             self._post(extra, peer, keep)
         link = self._outgoing[peer]

@@ -51,7 +51,17 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.runtime.staging import Staging
-from hintpipe.runtime.wire import HEADER, INLINE, Message, MessageKind, decode_meta, encode_meta, pack, unpack
+from hintpipe.runtime.wire import (
+    HEADER,
+    INLINE,
+    Message,
+    MessageKind,
+    decode_meta,
+    encode_header,
+    encode_meta,
+    pack,
+    unpack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +128,9 @@ class PostOffice:
                 for work in posted:
                     work.wait()
                 values = header.tolist()
-                kind, step, stage, mb, count, meta_len, nbytes = values[:7]
+                kind, step, stage, mb, count, _, nbytes = values[:7]
                 payload, posted_buffer = self._payload(peer, first, expected, nbytes)
-                if meta_len <= INLINE:
-                    meta = values[7 : 7 + meta_len]
-                else:
-                    extra = torch.empty(meta_len, dtype=torch.int64)
-                    dist.recv(extra, group=self.group, group_src=peer)
-                    meta = extra.tolist()
+                meta = self._meta(peer, values)
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
                     text = bytes(payload.tolist()).decode(errors="replace").rstrip("\x00") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
@@ -157,6 +162,17 @@ class PostOffice:
             self.staging.pool.give_back(first)  # and the next message's receive reuses it
             return payload, None
         return first[:nbytes], first
+
+    def _meta(self, peer: int, header: list[int]) -> list[int]:
+        """The tensor description of the message whose header ``header`` came from ``peer``: in the header,
+        or received after it when too long to fit."""
+        meta_len = header[5]
+        if meta_len <= INLINE:
+            return header[7 : 7 + meta_len]
+        extra = torch.empty(meta_len, dtype=torch.int64)
+        dist.recv(extra, group=self.group, group_src=peer)
+        meta: list[int] = extra.tolist()
+        return meta
 
     def _notice_loop(self, peer: int) -> None:
         notice = torch.empty(_NOTICE_FIELDS, dtype=torch.int64)
@@ -226,18 +242,14 @@ class PostOffice:
         else:
             payload, nbytes = pack(tensors, self.device, at_least=expected)
         payload, staged = self.staging.outgoing(payload)
-        fields = [int(kind), step, stage, mb, len(tensors), len(meta), nbytes]
-        inline = meta if len(meta) <= INLINE else []
-        values = fields + inline
-        header = torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64)
+        header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
         keep = [header, payload]
         self._post(header, peer, keep)
         if expected:
             self._post(payload[:expected], peer, keep)
         if nbytes > expected:
             self._post(payload[expected:nbytes], peer, keep)
-        if len(meta) > INLINE:
-            extra = torch.tensor(meta, dtype=torch.int64)
+        if extra is not None:
             keep.append(extra)
             self._post(extra, peer, keep)
         if staged is not None:  # back to the pool once the message's last send was waited on

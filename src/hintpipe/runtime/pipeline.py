@@ -236,11 +236,7 @@ class Pipeline:
         self.hint = _resolve_hint(hint, self.world, microbatches, chunks)
         self.microbatches = microbatches
         self.stages = self.hint.placement.stages_of(self.rank)
-        if sorted(modules) != list(self.stages):
-            raise ValueError(
-                f"rank {self.rank} hosts stages {list(self.stages)} under hint {self.hint.name!r}, got modules for "
-                f"stages {sorted(modules)}"
-            )
+        self._check_modules(modules)
         self.data_parallel = DataParallel.parse(data_parallel)
         self.microbatch_order = MicrobatchOrder.parse(microbatch_order)
         self.device = rank_device(device, self.global_rank)
@@ -251,15 +247,8 @@ class Pipeline:
         self.report_every = report_every
         self.history = history
         self.admission = Admission(self.hint, self.rank, memory_slack, memory_budget, device_budget=device_budget)
-        last = self.hint.num_stages - 1
         #: What computes the tasks, before any wrapper (reductions, injected faults) goes round it.
-        self._compute: Executor = (
-            EmulatedExecutor(emulate, last)
-            if emulate is not None
-            else StageExecutor(
-                self.modules, last, loss_fn, self.hint.split_backward, allocated=allocated_probe(self.device)
-            )
-        )
+        self._compute = self._computing(loss_fn, emulate)
         self.executor: Executor = self._compute
         self.transport: Transport = self._connect()
         self.timer = self._device_timer(emulated=emulate is not None)
@@ -282,6 +271,21 @@ class Pipeline:
             microbatch_order=self.microbatch_order.value,
             transport=self.transport_choice.value,
         )
+
+    def _check_modules(self, modules: Mapping[int, nn.Module]) -> None:
+        if sorted(modules) != list(self.stages):
+            raise ValueError(
+                f"rank {self.rank} hosts stages {list(self.stages)} under hint {self.hint.name!r}, got modules for "
+                f"stages {sorted(modules)}"
+            )
+
+    def _computing(self, loss_fn: LossFn, emulate: EmulatedCosts | None) -> Executor:
+        """The executor of this rank's tasks: its stages (checked against the allocator on a GPU), or sleeps."""
+        last = self.hint.num_stages - 1
+        if emulate is not None:
+            return EmulatedExecutor(emulate, last)
+        allocated = allocated_probe(self.device)
+        return StageExecutor(self.modules, last, loss_fn, self.hint.split_backward, allocated=allocated)
 
     def _device_timer(self, *, emulated: bool) -> DeviceTimer | None:
         """Task times from CUDA events on a GPU rank (see :mod:`hintpipe.runtime.timing`); None: the wall clock."""

@@ -63,6 +63,15 @@ class Message:
     ready: Any = None
 
 
+def encode_header(
+    kind: MessageKind, step: int, stage: int, mb: int, count: int, meta: list[int], nbytes: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A message's header, and its tensor description as a message of its own when too long to fit (else None)."""
+    values = [int(kind), step, stage, mb, count, len(meta), nbytes] + (meta if len(meta) <= INLINE else [])
+    header = torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64)
+    return header, (torch.tensor(meta, dtype=torch.int64) if len(meta) > INLINE else None)
+
+
 def encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:
     meta: list[int] = []
     for t in tensors:
