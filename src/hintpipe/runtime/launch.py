@@ -49,7 +49,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 from torch.multiprocessing.spawn import start_processes
 
-from hintpipe.runtime.device import own_gpu
+from hintpipe.runtime.device import DeviceChoice, own_gpu, rank_device
 from hintpipe.runtime.errors import Interrupted, RankFailure
 from hintpipe.runtime.stopping import SIGNALS, STOP_FILE_ENV
 
@@ -76,10 +76,8 @@ def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
     # The mailbox threads must get the interpreter promptly while the main
     # thread computes: hand it over every 0.5 ms instead of every 5 ms.
     sys.setswitchinterval(0.0005)
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
-        torch.cuda.set_device(local)
+    device = rank_device(DeviceChoice.AUTO, rank)  # the rank's GPU where there is one, set current
+    use_cuda = device.type == "cuda"
     timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
     store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
     dist.init_process_group(
@@ -89,7 +87,7 @@ def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
         world_size=world,
         timeout=timeout,
     )
-    return torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    return device
 
 
 def attempt() -> int:
