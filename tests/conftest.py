@@ -60,7 +60,7 @@ def small_run(**changes: object) -> TrainConfig:
         microbatch_size=2,
         steps=6,
         policy="fixed",
-        seq_len=SeqLenDist(16, 0.5),
+        seq_len_dist=SeqLenDist(16, 0.5),
         timeout=20.0,
         return_state=True,
     )

@@ -24,7 +24,7 @@ def test_compare_speedup_under_variable_lengths(capsys: pytest.CaptureFixture[st
     out = run_json(
         capsys,
         "simulate",
-        "--stages",
+        "--ranks",
         "4",
         "--microbatches",
         "16",
@@ -55,7 +55,7 @@ def test_ready_never_loses_without_variability(capsys: pytest.CaptureFixture[str
     out = run_json(
         capsys,
         "simulate",
-        "--stages",
+        "--ranks",
         "4",
         "--microbatches",
         "16",
@@ -76,7 +76,7 @@ def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_
     out = run_json(
         capsys,
         "simulate",
-        "--stages",
+        "--ranks",
         "4",
         "--microbatches",
         "8",
@@ -99,12 +99,12 @@ def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_
 def test_hint_from_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "zb.csv"
     save_hint_csv(generate_hint("zb-h1", 4, 8), path)
-    out = run_json(capsys, "simulate", "--stages", "4", "--microbatches", "8", "--hint", str(path), "--policy", "fixed")
+    out = run_json(capsys, "simulate", "--ranks", "4", "--microbatches", "8", "--hint", str(path), "--policy", "fixed")
     assert out["makespan"] == 8 * 3 + 3 * 1
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--stages", "2", "--microbatches", "4", "--compare"]) == 0
+    assert main(["simulate", "--ranks", "2", "--microbatches", "4", "--compare"]) == 0
     out = capsys.readouterr().out
     assert "makespan" in out and "speedup over fixed: ready 1.000x, greedy 1.000x" in out
 
@@ -120,7 +120,6 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["--activation-budget", "1,2,3"], "--activation-budget has 3 values for 4: give one, or one each"),
         (["--activation-budget", "lots"], "bad size 'lots': expected a number with an optional unit"),
-        (["--memory-budget", "2"], "--memory-budget was renamed: use --activation-budget (activation room per rank)"),
         (["--variability", "comm:2ms"], "the simulator counts in cost units: write cost units"),
         (["--chunks", "2"], "1f1b runs one chunk per rank, got --chunks 2; use interleaved-1f1b"),
         (["--trials", "0"], "trials must be at least 1, got 0"),
@@ -130,14 +129,14 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_exits_2_with_one_clear_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    assert main(["simulate", "--stages", "4", "--microbatches", "8", *argv]) == 2
+    assert main(["simulate", "--ranks", "4", "--microbatches", "8", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
 
 
 def test_unknown_policy_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--stages", "4", "--microbatches", "8", "--policy", "eager"]) == 2
+    assert main(["simulate", "--ranks", "4", "--microbatches", "8", "--policy", "eager"]) == 2
     assert (
         "argument --policy: invalid choice: 'eager' (choose from 'fixed', 'greedy', 'ready')" in capsys.readouterr().err
     )
@@ -161,7 +160,7 @@ def test_the_command_line_and_the_simulator_run_without_torch() -> None:
     code = (
         "import sys, hintpipe.cli, hintpipe.sim.simulator, hintpipe.sim.compare, hintpipe.scoreboard\n"
         "from hintpipe.cli import main\n"
-        "assert main(['simulate', '--stages', '2', '--microbatches', '4', '--json']) == 0\n"
+        "assert main(['simulate', '--ranks', '2', '--microbatches', '4', '--json']) == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -28,7 +28,7 @@ def test_micro_batches_are_real_documents_cropped_to_the_shortest() -> None:
 
 
 def test_training_on_the_stdlib_has_the_unsplit_models_gradients(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["train", "--model", "gpt-mini", "--layers", "2", "--hidden", "32", "--stages", "2", "--microbatches", "4"]
+    argv = ["train", "--model", "gpt-mini", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "4"]
     assert main([*argv, "--steps", "2", "--data", "stdlib", "--microbatch-size", "2", "--check-grads", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["max_grad_rel_diff"] < 1e-4

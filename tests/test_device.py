@@ -14,12 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from hintpipe.runtime.device import rank_device, to_device
-from hintpipe.runtime.executor import StageExecutor
+from hintpipe.device import rank_device, to_device
+from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.loop.executor import StageExecutor
+from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.pipeline import Pipeline
-from hintpipe.runtime.timing import DeviceTimer
-from hintpipe.runtime.wire import Message
+from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.task import Kind, Task
 
 CUDA = torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -66,14 +67,14 @@ class _Spy:
 
 
 def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str, list[str], list[str], int]:
-    Pipeline._link_backend = "gloo" if links else None  # the NCCL transport's path, its links on gloo
+    seams = Seams(link_backend="gloo" if links else None)  # the NCCL transport's path, its links on gloo
     torch.manual_seed(0)
     stages = [nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 2)]
     with Pipeline.from_modules(
-        stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="ready", device=device
+        stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="ready", device=device, seams=seams
     ) as pipe:
-        spy = _Spy(pipe.transport)
-        pipe.transport = spy
+        spy = _Spy(pipe.messages)
+        pipe.messages = spy
         xs = [torch.randn(n, 4) for n in (1, 3, 2, 5)]
         ys = [torch.randn(n, 2) for n in (1, 3, 2, 5)]
         for _ in range(3):
@@ -135,9 +136,11 @@ def test_the_device_timer_turns_events_into_seconds_from_the_loops_start() -> No
 
 def _timed_worker(rank: int, world: int) -> tuple[int, int, list[Any]]:
     _FakeEvent.made = []
-    Pipeline._timing_events = _FakeEvent
     stages = [nn.Linear(4, 4), nn.Linear(4, 2)]
-    with Pipeline.from_modules(stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="fixed") as pipe:
+    seams = Seams(timing_events=_FakeEvent)
+    with Pipeline.from_modules(
+        stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="fixed", seams=seams
+    ) as pipe:
         xs, ys = [torch.randn(2, 4) for _ in range(4)], [torch.randn(2, 2) for _ in range(4)]
         pipe.step(xs if rank == 0 else None, ys if rank == 1 else None)
         origin, *marks = _FakeEvent.made

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor, Tensors
 from hintpipe.runtime.faults import DelayedTransport, FaultyExecutor, VariedExecutor
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor, Tensors
+from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind
 from hintpipe.sim.variability import CommDelay
 
@@ -120,7 +120,7 @@ def test_a_fault_wrapper_passes_the_step_on_to_the_executor_it_wraps() -> None:
     # Emulated compute draws each task's factor by step: under a fault wrapper it must still see the step.
     costs = EmulatedCosts((0.01,), (0.01,), (0.0,), reference_size=4)
     executor = EmulatedExecutor(costs, last_stage=0, factor=lambda step, stage, kind, mb: 1.0 + step)
-    wrapped = FaultyExecutor(executor, Injection.parse(["nan:9"]), rank=0)
+    wrapped = FaultyExecutor(executor, Injection.parse(faults=["nan:9"]), rank=0)
     wrapped.begin_step(3)
     assert (wrapped.step, executor.step) == (3, 3)
     assert executor.duration(0, Kind.F, 0, 4) == pytest.approx(0.04)

@@ -96,7 +96,7 @@ def _train_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> dic
 def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(build: Any, stages: int) -> None:
     torch.manual_seed(0)
     model = build()
-    planned = plan(model, torch.randint(0, VOCAB, (2, 9)), stages=stages, microbatches=4, repeats=1, kwargs=KWARGS)
+    planned = plan(model, torch.randint(0, VOCAB, (2, 9)), ranks=stages, microbatches=4, repeats=1, kwargs=KWARGS)
     head, embedding = planned.tied[0]
     assert head == "lm_head.weight" and embedding in ("transformer.wte.weight", "model.embed_tokens.weight")
     assert planned.tied_stages == ((0, stages - 1),)
@@ -122,7 +122,7 @@ def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(build: Any, 
 
 
 def test_every_stage_of_a_planned_hugging_face_model_starts_without_gradients() -> None:
-    planned = plan(_gpt2(), torch.randint(0, VOCAB, (2, 9)), stages=2, microbatches=2, repeats=1, kwargs=KWARGS)
+    planned = plan(_gpt2(), torch.randint(0, VOCAB, (2, 9)), ranks=2, microbatches=2, repeats=1, kwargs=KWARGS)
     for index in range(planned.num_stages):
         assert all(p.grad is None for p in planned.build_stage(index).parameters())
 
@@ -131,7 +131,7 @@ def test_every_stage_of_a_planned_hugging_face_model_starts_without_gradients() 
 def test_hintpipe_train_runs_a_hugging_face_model_as_the_unsplit_model_would(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["train", "--model", name, "--layers", "2", "--hidden", "32", "--stages", "2", "--microbatches", "4"]
+    argv = ["train", "--model", name, "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "4"]
     spec = "lognormal:12:0.5"
     assert main([*argv, "--steps", "3", "--seq-len-dist", spec, "--policy", "ready", "--json"]) == 0
     losses = json.loads(capsys.readouterr().out)["losses"]
@@ -155,7 +155,7 @@ def test_a_tensor_keyword_input_becomes_a_first_stage_input() -> None:
     model = _gpt2()
     ids = torch.randint(0, VOCAB, (2, 9))
     mask = torch.ones(2, 9, dtype=torch.int64)
-    planned = plan(model, ids, stages=2, microbatches=2, repeats=1, kwargs={"attention_mask": mask, **KWARGS})
+    planned = plan(model, ids, ranks=2, microbatches=2, repeats=1, kwargs={"attention_mask": mask, **KWARGS})
     x = torch.randint(0, VOCAB, (2, 12))
     padded = torch.ones(2, 12, dtype=torch.int64)
     padded[1, 8:] = 0  # the second row is 8 tokens long

@@ -1,6 +1,6 @@
 """The mailbox wire protocol between two ranks: every message arrives whole,
 in order, whatever its shapes, dtypes and size relative to the pre-posted
-payload (see [Note: pre-posted payloads] in hintpipe.runtime.mailbox)."""
+payload (see [Note: pre-posted payloads] in hintpipe.runtime.transport.mailbox)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.mailbox import PostOffice
-from hintpipe.runtime.wire import MessageKind
+from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.wire import MessageKind
 
 
 def _messages() -> list[list[torch.Tensor | None]]:

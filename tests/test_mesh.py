@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,16 +13,21 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from conftest import hang_bound
+from groups import Case, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.apps.tensor_parallel import parallelize_stage
+from hintpipe.apps.training import TrainConfig, _train_rank
 from hintpipe.cli import main
+from hintpipe.cli.train import result_json
 from hintpipe.planner.plan import Plan, plan
-from hintpipe.runtime.executor import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
-from hintpipe.runtime.mesh import Layout, build_mesh
+from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.parallel.mesh import Layout, build_mesh
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import Kind
 
 MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
@@ -93,20 +96,22 @@ def _data_parallel(
     return grad_diff, max((_full(p) - q).abs().max().item() for p, q in pairs())
 
 
-@pytest.mark.parametrize(
-    ("policy", "hint", "mode"),
-    [
-        ("fixed", "1f1b", "replicate"),
-        ("ready", "zb-h1", "replicate"),
-        ("fixed", "1f1b", "fsdp"),
-        ("greedy", "1f1b", "fsdp"),
-        ("ready", "zb-h1", "fsdp"),  # FSDP2 under a split backward: reduced after each stage's last W
-    ],
-)
-def test_data_parallel_pipelines_train_as_the_unsplit_model(policy: str, hint: str, mode: str) -> None:
+DATA_PARALLEL = [
+    ("fixed", "1f1b", "replicate"),
+    ("ready", "zb-h1", "replicate"),
+    ("fixed", "1f1b", "fsdp"),
+    ("greedy", "1f1b", "fsdp"),
+    ("ready", "zb-h1", "fsdp"),  # FSDP2 under a split backward: reduced after each stage's last W
+]
+
+
+@pytest.mark.parametrize(("policy", "hint", "mode"), DATA_PARALLEL)
+def test_data_parallel_pipelines_train_as_the_unsplit_model(
+    four_ranks: dict[str, list[Any]], policy: str, hint: str, mode: str
+) -> None:
     # Tolerances: float32 sums in another order (micro-batches, then replicas) differ in the last bits: 1e-6
     # on gradients of order 1e-1; parameters after 3 steps of lr 1e-3 within 2e-5 (see EPS).
-    for grad_diff, param_diff in run_ranks(_data_parallel, 4, policy, hint, 2, mode, timeout_s=TIMEOUT):
+    for grad_diff, param_diff in succeeded(four_ranks[f"dp {policy} {hint} {mode}"]):
         assert grad_diff < 1e-6
         assert param_diff < 2e-5
 
@@ -166,13 +171,22 @@ def _tied_worker(rank: int, world: int, planned: Plan, policy: str, mode: str) -
     return {n: _full(p.detach()).clone() for m in pipe.modules.values() for n, p in m.named_parameters()}
 
 
-@pytest.mark.parametrize(("policy", "mode"), [("ready", "replicate"), ("greedy", "fsdp")])  # fixed: the planner's
-def test_a_tied_weight_with_data_parallel_pipelines_trains_like_the_unsplit_model(policy: str, mode: str) -> None:
+TIED = [("ready", "replicate"), ("greedy", "fsdp")]  # fixed: the planner's tests
+
+
+def _tied_plan() -> tuple[_Tied, Plan]:
     torch.manual_seed(0)
     model = _Tied()
-    planned = plan(model, torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
+    return model, plan(model, torch.randint(0, 16, (2, 5)), ranks=2, microbatches=4, repeats=1)
+
+
+@pytest.mark.parametrize(("policy", "mode"), TIED)
+def test_a_tied_weight_with_data_parallel_pipelines_trains_like_the_unsplit_model(
+    four_ranks: dict[str, list[Any]], policy: str, mode: str
+) -> None:
+    model, planned = _tied_plan()
     assert planned.tied_stages == ((0, 1),)
-    results = run_ranks(_tied_worker, 4, planned, policy, mode, timeout_s=120)
+    results = succeeded(four_ranks[f"tied {policy} {mode}"])
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
     for step in range(3):
@@ -206,7 +220,6 @@ def _tensor_parallel(
 ) -> tuple[float, float, list[tuple[int, int, int]]]:
     """Train 3 AdamW steps on DP x TP x PP and on the unsplit model; returns the largest gradient difference
     after step 0, the largest parameter difference after step 2, and the order this rank ran its tasks."""
-    Pipeline._coordinate_tp = coordinate
     mesh = build_mesh(world, dp=dp, tp=tp)
     layers = build_layers(MODEL)
     reference = nn.Sequential(*copy.deepcopy(layers))
@@ -226,6 +239,7 @@ def _tensor_parallel(
         timeout=TIMEOUT,
         memory_slack=2 if delays else 0,  # room to run ahead: choices that can differ
         data_parallel=mode,
+        seams=Seams(coordinate_tp=coordinate),
     )
     if delays:  # the TP leader's messages arrive at once, its follower's 100 ms late (many tasks of this model)
         inject(pipe, Injection.parse([f"comm:{100 * (rank % tp)}ms"], seed=rank))
@@ -270,45 +284,58 @@ def _tensor_parallel(
     return grad_diff, differences(of_grad=False), order
 
 
-@pytest.mark.parametrize(
-    ("policy", "dp", "mode"),
-    [
-        ("fixed", 1, "replicate"),
-        ("greedy", 1, "replicate"),
-        ("ready", 1, "replicate"),
-        ("fixed", 2, "fsdp"),  # FSDP2 over dp of TP DTensors: 2-D parameters, as torchtitan shards them
-        ("greedy", 2, "replicate"),
-        ("ready", 2, "fsdp"),
-    ],
-)
-def test_tensor_parallel_stages_train_as_the_unsplit_model(policy: str, dp: int, mode: str) -> None:
-    world = dp * 2 * 2
-    results = run_ranks(_tensor_parallel, world, policy, dp, 2, True, False, mode, timeout_s=60)
-    for grad_diff, param_diff, _ in results:  # tolerances as for data parallelism
+TENSOR_PARALLEL = [
+    ("fixed", 1, "replicate"),
+    ("greedy", 1, "replicate"),
+    ("ready", 1, "replicate"),
+    ("fixed", 2, "fsdp"),  # FSDP2 over dp of TP DTensors: 2-D parameters, as torchtitan shards them
+    ("greedy", 2, "replicate"),
+    ("ready", 2, "fsdp"),
+]
+
+
+@pytest.mark.parametrize(("policy", "dp", "mode"), TENSOR_PARALLEL)
+def test_tensor_parallel_stages_train_as_the_unsplit_model(
+    four_ranks: dict[str, list[Any]], eight_ranks: dict[str, list[Any]], policy: str, dp: int, mode: str
+) -> None:
+    group = four_ranks if dp == 1 else eight_ranks
+    for grad_diff, param_diff, _ in succeeded(group[f"tp {policy} dp{dp} {mode}"]):  # tolerances as for dp
         assert grad_diff < 1e-6
         assert param_diff < 2e-5
 
 
-def _orders_or_failure(coordinate: bool) -> list[tuple[float, float, list[tuple[int, int, int]]]] | str:
-    try:
-        return run_ranks(_tensor_parallel, 6, "greedy", 1, 2, coordinate, True, timeout_s=TIMEOUT)
-    except RankFailure as exc:
-        return str(exc)
+def _uncoordinated_orders(rank: int, world: int) -> list[tuple[int, int, int]]:
+    """TP 2 x PP 2 without coordination, on stages that run no collectives (the members may then differ
+    without failing): the leaders hold what 1F1B holds, the followers may run 2 micro-batches ahead and get
+    their messages 300 ms late. Returns this rank's task order."""
+    mesh = build_mesh(world, tp=2)
+    follower = rank % 2 == 1
+    pipe = Pipeline.from_modules(
+        split_layers(build_layers(MODEL), 2),
+        loss_fn=lm_loss,
+        microbatches=MICROBATCHES,
+        policy="greedy",
+        mesh=mesh,
+        timeout=TIMEOUT,
+        memory_slack=2 if follower else 0,
+        seams=Seams(coordinate_tp=False),
+    )
+    inject(pipe, Injection.parse([f"comm:{300 if follower else 0}ms"], seed=rank))
+    with pipe:
+        pipe.step(*_batch(0, 0))
+        return [(task.stage, int(task.kind), task.mb) for _, task, _, _ in pipe.reports[-1].records]
 
 
-def test_tensor_parallel_members_need_one_decision_for_readiness() -> None:
-    # TP 2 x PP 3 under greedy with room to run ahead; the leaders' pipeline gets its messages at once, the
-    # followers' 100 ms late, so a middle stage's leader sees a gradient its follower does not have yet.
-    uncoordinated = _orders_or_failure(coordinate=False)
-    if isinstance(uncoordinated, str):  # members ran different tasks: their collectives did not pair up
-        assert "collective mismatch" in uncoordinated or "failed" in uncoordinated, uncoordinated
-    else:
-        members = [(uncoordinated[i], uncoordinated[i + 1]) for i in (0, 2, 4)]
-        assert any(a[2] != b[2] for a, b in members)  # orders differ within a group
-        assert max(r[0] for r in uncoordinated) > 1e-3  # and the gradients are not the unsplit model's
-    coordinated = _orders_or_failure(coordinate=True)
-    assert not isinstance(coordinated, str), coordinated
-    for leader, follower in [(coordinated[i], coordinated[i + 1]) for i in (0, 2, 4)]:
+def test_tensor_parallel_members_need_one_decision_for_readiness(four_ranks: dict[str, list[Any]]) -> None:
+    # Without coordination, stage 0's leader runs 1F1B (its budget allows nothing else: F0 F1 B0 F2 ...) while
+    # its follower, whose gradients come 300 ms late (forced: far longer than a task), runs F2 and F3 ahead.
+    orders = succeeded(four_ranks["uncoordinated orders"])
+    hint = generate_hint("1f1b", 2, MICROBATCHES).ranks[0]
+    assert orders[0] == [(t.stage, int(t.kind), t.mb) for t in hint]
+    assert orders[1][:4] == [(0, int(Kind.F), mb) for mb in range(4)]
+    # With coordination, and real tensor-parallel collectives, every member runs its leader's order.
+    coordinated = succeeded(four_ranks["tp greedy coordinated, delayed"])
+    for leader, follower in [(coordinated[0], coordinated[1]), (coordinated[2], coordinated[3])]:
         assert leader[2] == follower[2]  # one sequence per group
         assert leader[0] < 1e-6 and follower[0] < 1e-6
 
@@ -319,7 +346,7 @@ def _crash(rank: int, world: int, victim: int) -> None:
     pipe = Pipeline.from_modules(
         stages, loss_fn=lm_loss, microbatches=MICROBATCHES, policy="ready", mesh=mesh, timeout=5
     )
-    inject(pipe, Injection.parse([f"crash:{victim}:1"]))
+    inject(pipe, Injection.parse(faults=[f"crash:{victim}:1"]))
     with pipe:
         for step in range(3):
             pipe.step(*_batch(step, 0))
@@ -333,7 +360,17 @@ def test_a_crashed_tensor_parallel_member_ends_every_rank(victim: int, role: str
     assert time.monotonic() - began < hang_bound(5)
     text = str(failure.value)
     assert f"rank {victim}: exited without a result" in text, text  # the {role} crashed
-    assert len(text.splitlines()) >= 2, text  # and every other rank ended with an error of its own
+    assert _named_ranks(text) == {0, 1, 2, 3}, text  # and every other rank ended with an error of its own
+
+
+def _named_ranks(text: str) -> set[int]:
+    """The ranks a RankFailure's lines name (``rank 1: ...`` or, merged, ``ranks 0, 2, 3: ...``)."""
+    named: set[int] = set()
+    for line in text.splitlines():
+        head, _, _ = line.partition(": ")
+        if head.startswith("rank"):
+            named |= {int(r) for r in head.split(" ", 1)[1].split(", ")}
+    return named
 
 
 Timed = tuple[tuple[int, int, int], float, float, float]  # (task: stage, kind, mb), start, end, own drawn duration
@@ -367,8 +404,10 @@ def _coupled(rank: int, world: int, policy: str) -> list[Timed]:
 
 
 @pytest.mark.parametrize("policy", ["fixed", "ready"])
-def test_an_emulated_tensor_parallel_task_waits_for_its_slowest_member(policy: str) -> None:
-    ranks = run_ranks(_coupled, 4, policy, timeout_s=TIMEOUT)
+def test_an_emulated_tensor_parallel_task_waits_for_its_slowest_member(
+    four_ranks: dict[str, list[Any]], policy: str
+) -> None:
+    ranks = succeeded(four_ranks[f"coupled {policy}"])
     for first, second in [(ranks[0], ranks[1]), (ranks[2], ranks[3])]:  # each stage's TP group
         assert [t[0] for t in first] == [t[0] for t in second] and len(first) == 8  # F, B of 4 micro-batches
         assert any(abs(a[3] - b[3]) > 0.002 for a, b in zip(first, second, strict=True))  # their draws differ
@@ -385,34 +424,68 @@ def test_an_emulated_tensor_parallel_task_waits_for_its_slowest_member(policy: s
     [
         (["--tp", "3"], "--tp 3 must divide gpt-mini's 4 attention heads"),
         (["--tp", "2", "--model", "mlp"], "--tp has a tensor-parallel plan for the built-in gpt-mini only"),
-        (["--dp", "0"], "--dp and --tp must be at least 1, got 0 and 1"),
+        (["--dp", "0"], "--dp must be at least 1, got 0"),
         (["--dp", "2", "--check-grads"], "--check-grads compares one pipeline with the unsplit model"),
     ],
 )
 def test_bad_axes_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
-    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "1", *argv]) == 2
+    assert main(["train", "--ranks", "2", "--microbatches", "4", "--steps", "1", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_train_on_three_axes_saves_checkpoints_that_resume_exactly(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def _three_axes_config(folder: str, steps: int, *, resume: bool = False, save: bool = True) -> TrainConfig:
+    """``hintpipe train --dp 2 --tp 2 --data-parallel fsdp --ranks 2`` with checkpoints every 2 steps."""
+    return TrainConfig(
+        model=MODEL,
+        ranks=2,
+        dp=2,
+        tp=2,
+        data_parallel="fsdp",
+        microbatches=MICROBATCHES,
+        steps=steps,
+        timeout=TIMEOUT,
+        checkpoint_dir=folder if save else None,
+        checkpoint_every=2 if save else 0,
+        resume=resume,
+    )
+
+
+def test_train_on_three_axes_saves_checkpoints_that_resume_exactly(eight_ranks: dict[str, list[Any]]) -> None:
     # FSDP2 over dp of tensor-parallel DTensors: parameters and AdamW state saved as shards, put together again.
-    argv = ["train", "--dp", "2", "--tp", "2", "--data-parallel", "fsdp", "--stages", "2", "--microbatches", "4"]
-    argv += ["--layers", "2", "--hidden", "16", "--json", "--timeout", str(TIMEOUT)]
-    saved = ["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2"]
-
-    def run(*extra: str) -> dict[str, Any]:
-        assert main([*argv, *extra]) == 0
-        result: dict[str, Any] = json.loads(capsys.readouterr().out)
-        return result
-
-    first = run("--steps", "2", *saved)["losses"]
-    rest = run("--steps", "4", "--resume", *saved)["losses"]
-    whole = run("--steps", "4")
-    assert first + rest == whole["losses"]  # bitwise: the resumed run is the uninterrupted one
-    assert (whole["dp"], whole["tp"], whole["ranks"]) == (2, 2, 2)
-    assert whole["coordination_ms"] > 0  # ready: the leaders announced their decisions
+    first, rest, whole = (succeeded(eight_ranks[run])[0] for run in ("axes 2 steps", "axes resumed", "axes 4 steps"))
+    assert rest.resumed_from == 2
+    assert first.losses + rest.losses == whole.losses  # bitwise: the resumed run is the uninterrupted one
+    shown = result_json(whole)
+    assert (shown["dp"], shown["tp"], shown["ranks"]) == (2, 2, 2)
+    assert shown["coordination_ms"] > 0  # ready: the leaders announced their decisions
     # Per pipeline position: the FSDP2 reduction started before the step's end and blocked its rank a while.
-    assert len(whole["dp_overlap_ms"]) == len(whole["dp_exposed_ms"]) == 2
-    assert all(v > 0 for v in [*whole["dp_overlap_ms"], *whole["dp_exposed_ms"]])
+    assert len(shown["dp_overlap_ms"]) == len(shown["dp_exposed_ms"]) == 2
+    assert all(v > 0 for v in [*shown["dp_overlap_ms"], *shown["dp_exposed_ms"]])
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> dict[str, list[Any]]:
+    """Every 4-rank case of this module on one spawned group."""
+    cases = {f"dp {p} {h} {m}": Case(_data_parallel, (p, h, 2, m)) for p, h, m in DATA_PARALLEL}
+    _, planned = _tied_plan()
+    cases |= {f"tied {p} {m}": Case(_tied_worker, (planned, p, m)) for p, m in TIED}
+    cases |= {
+        f"tp {p} dp1 {m}": Case(_tensor_parallel, (p, 1, 2, True, False, m)) for p, dp, m in TENSOR_PARALLEL if dp == 1
+    }
+    cases["uncoordinated orders"] = Case(_uncoordinated_orders)
+    cases["tp greedy coordinated, delayed"] = Case(_tensor_parallel, ("greedy", 1, 2, True, True))
+    cases |= {f"coupled {p}": Case(_coupled, (p,)) for p in ("fixed", "ready")}
+    return run_cases(4, cases, timeout_s=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def eight_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    """Every 8-rank case (DP 2 x TP 2 x PP 2) of this module on one spawned group."""
+    cases = {
+        f"tp {p} dp2 {m}": Case(_tensor_parallel, (p, 2, 2, True, False, m)) for p, dp, m in TENSOR_PARALLEL if dp == 2
+    }
+    folder = str(tmp_path_factory.mktemp("axes") / "ck")
+    cases["axes 2 steps"] = Case(_train_rank, (_three_axes_config(folder, 2),))
+    cases["axes resumed"] = Case(_train_rank, (_three_axes_config(folder, 4, resume=True),))
+    cases["axes 4 steps"] = Case(_train_rank, (_three_axes_config(folder, 4, save=False),))
+    return run_cases(8, cases, timeout_s=TIMEOUT)

@@ -13,7 +13,7 @@ from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, m
 from hintpipe.apps.multimodal import PATCHES_PER_IMAGE, encoder_layers, make_multimodal_batch
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import main
-from hintpipe.runtime.executor import EmulatedExecutor
+from hintpipe.runtime.loop.executor import EmulatedExecutor
 from hintpipe.schedule.task import Kind
 
 CONFIG = ModelConfig("mm-mini", layers=4, hidden=16, heads=2, vocab=32, max_seq_len=64)
@@ -51,7 +51,7 @@ def test_the_layers_are_an_encoder_quarter_then_a_decoder() -> None:
 
 
 def test_mm_mini_trains_on_two_ranks_with_the_unsplit_gradients(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["train", "--model", "mm-mini", "--stages", "2", "--microbatches", "4", "--steps", "1", "--layers", "4"]
+    argv = ["train", "--model", "mm-mini", "--ranks", "2", "--microbatches", "4", "--steps", "1", "--layers", "4"]
     argv += ["--hidden", "16", "--seq-len-dist", "lognormal:16:0.5", "--check-grads", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
@@ -59,7 +59,7 @@ def test_mm_mini_trains_on_two_ranks_with_the_unsplit_gradients(capsys: pytest.C
 
 
 def test_emulated_mm_mini_sizes_the_encoder_by_images_and_the_decoder_by_text() -> None:
-    config = TrainConfig(model=CONFIG, ranks=2, microbatches=2, microbatch_size=2, seq_len=SeqLenDist(16))
+    config = TrainConfig(model=CONFIG, ranks=2, microbatches=2, microbatch_size=2, seq_len_dist=SeqLenDist(16))
     costs = profile_costs(config, repeats=1)
     # stage 0: PatchEmbed, EncoderBlock, Bridge (images); stage 1: three Blocks and the head (text)
     assert costs.sized_by == (0, 1)

@@ -1,6 +1,6 @@
 """Producer notices in the step loop: a notice sets the ETA of the task it announces,
 one of a later step waits for that step, one of a finished step is dropped
-(see [Note: producer notices] in hintpipe.runtime.transport)."""
+(see [Note: producer notices] in hintpipe.runtime.transport.protocol)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from hintpipe.runtime.step_loop import StepLoop, StepState
-from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import B, F
 from hintpipe.scoreboard import Policy, RankGraph, Scoreboard

@@ -149,7 +149,7 @@ def test_an_impossible_budget_names_the_stage_and_the_shortfall() -> None:
         r"it needs [\d.]+KiB, ([\d,]+) bytes over"
     )
     with pytest.raises(PlanError, match=message) as info:
-        plan(model, inputs[0], stages=2, microbatches=4, memory_budget="1GiB,1KiB", repeats=1)
+        plan(model, inputs[0], ranks=2, microbatches=4, stage_memory="1GiB,1KiB", repeats=1)
     # The smallest last stage, the LM head's output layer alone, holds its weights, gradients
     # and two optimizer states: 4x its parameter bytes, less the 1KiB budget, at the least.
     head = sum(p.numel() * 4 for n, p in model.named_parameters() if n.startswith("5.out"))
@@ -167,16 +167,16 @@ def _steady(profiles: tuple[NodeProfile, ...]) -> tuple[NodeProfile, ...]:
 
 
 def _steady_plan(model: nn.Module, example: Any, **options: Any) -> Plan:
-    measured = plan(model, example, stages=options["stages"], microbatches=options["microbatches"], repeats=1)
+    measured = plan(model, example, ranks=options["ranks"], microbatches=options["microbatches"], repeats=1)
     return plan(model, example, profiles=_steady(measured.profiles), **options)
 
 
 def test_a_tight_budget_recomputes_and_fits_where_the_baselines_do_not() -> None:
     model, config = _gpt(layers=4, hidden=64)
     inputs, _, _ = make_batch(config, 1, 4, SeqLenDist(64), 0)
-    ample = _steady_plan(model, inputs[0], stages=2, microbatches=8)
+    ample = _steady_plan(model, inputs[0], ranks=2, microbatches=8)
     budget = 0.8 * max(s.memory_bytes for s in ample.baselines["time"].stages)
-    tight = plan(model, inputs[0], stages=2, microbatches=8, memory_budget=budget, profiles=ample.profiles)
+    tight = plan(model, inputs[0], ranks=2, microbatches=8, stage_memory=budget, profiles=ample.profiles)
     assert all(s.memory_bytes <= budget for s in tight.partition.stages)
     assert sum(len(s.recompute) for s in tight.partition.stages) > 0
     assert tight.partition.max_microbatch_size > tight.baselines["time"].max_microbatch_size
@@ -273,14 +273,14 @@ def test_no_cut_falls_between_a_split_and_its_items() -> None:
 
 
 def test_split_points_restrict_the_cuts() -> None:
-    result = plan(Skip(marked=True), torch.randn(3, 6), stages=3, microbatches=4, repeats=1)
+    result = plan(Skip(marked=True), torch.randn(3, 6), ranks=3, microbatches=4, repeats=1)
     nodes = [n.name for n in result.graph.nodes]
     for cut in result.partition.cuts[1:-1]:
         assert nodes[cut - 1].startswith("split_point"), nodes[cut - 1]
 
 
 def test_tied_weights_are_reported() -> None:
-    result = plan(Tied(), torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
+    result = plan(Tied(), torch.randint(0, 16, (2, 5)), ranks=2, microbatches=4, repeats=1)
     assert result.tied == (("embed.weight",),)
 
 
@@ -300,14 +300,14 @@ class SharedLinear(nn.Module):
 
 
 def test_a_module_shared_by_two_stages_is_tied_by_identity_under_every_name() -> None:
-    result = plan(SharedLinear(), torch.randn(4, 8), stages=2, microbatches=4, repeats=1)
+    result = plan(SharedLinear(), torch.randn(4, 8), ranks=2, microbatches=4, repeats=1)
     assert result.tied == (("first.0.bias", "last.0.bias"), ("first.0.weight", "last.0.weight"))
 
 
 def test_stages_built_from_a_plan_hold_no_gradients_and_the_model_is_untouched() -> None:
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 6))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    planned = plan(model, torch.randn(8, 6), stages=2, microbatches=4, repeats=1)
+    planned = plan(model, torch.randn(8, 6), ranks=2, microbatches=4, repeats=1)
     for index in range(planned.num_stages):
         assert all(p.grad is None for p in planned.build_stage(index).parameters())
     assert all(p.grad is None for p in model.parameters())
@@ -326,7 +326,7 @@ def test_untraceable_models_get_a_clear_error_and_a_fallback() -> None:
 def test_the_users_model_is_not_touched() -> None:
     model = Skip()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = plan(model, torch.randn(3, 6), stages=2, microbatches=4, repeats=1)
+    result = plan(model, torch.randn(3, 6), ranks=2, microbatches=4, repeats=1)
     stage = result.build_stage(0)
     with torch.no_grad():
         for p in stage.parameters():
@@ -369,9 +369,9 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
     cases, references = [], []
     gpt, config = _gpt(layers=2, hidden=16)
     xs, ys, _ = make_batch(config, 4, 4, SeqLenDist(64, 0.5), 0)
-    gpt_plan = _steady_plan(gpt, xs[0], stages=2, microbatches=4)
+    gpt_plan = _steady_plan(gpt, xs[0], ranks=2, microbatches=4)
     tight = 0.9 * max(s.memory_bytes for s in gpt_plan.partition.stages)
-    gpt_tight = plan(gpt, xs[0], stages=2, microbatches=4, memory_budget=tight, profiles=gpt_plan.profiles)
+    gpt_tight = plan(gpt, xs[0], ranks=2, microbatches=4, stage_memory=tight, profiles=gpt_plan.profiles)
     assert sum(len(s.recompute) for s in gpt_tight.partition.stages) > 0
     for planned in (gpt_plan, gpt_tight):
         cases.append((planned, xs, ys, "lm"))
@@ -380,7 +380,7 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
     mlp_config = ModelConfig("mlp", layers=4, hidden=8)
     mlp = nn.Sequential(*build_layers(mlp_config))
     mx, my, _ = make_batch(mlp_config, 4, 3, SeqLenDist(1), 0)
-    mlp_plan = plan(mlp, mx[0], stages=2, microbatches=4, repeats=1)
+    mlp_plan = plan(mlp, mx[0], ranks=2, microbatches=4, repeats=1)
     for planned in (mlp_plan, _forced(mlp_plan, "recompute")):
         cases.append((planned, mx, my, "mse"))
         references.append(_reference_grads(mlp, mx, my, "mse"))
@@ -388,7 +388,7 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
     skip = Skip()
     sx = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
     sy = [torch.randn(n, 6) for n in (32, 48, 16, 32)]
-    skip_plan = plan(skip, sx[0], stages=2, microbatches=4, repeats=1)
+    skip_plan = plan(skip, sx[0], ranks=2, microbatches=4, repeats=1)
     # Every node offloaded, or every node recomputed: the generated stages'
     # saved_tensors_hooks and checkpoint paths, whatever the budget would choose.
     offloaded = _forced(skip_plan, "offload")
@@ -430,7 +430,7 @@ def test_predicted_memory_matches_a_real_run() -> None:
     # (Predicted against measured stage *time* is a timing question: see the planner benchmark.)
     model, config = _gpt(layers=4, hidden=128)
     xs, ys, _ = make_batch(config, 4, 4, SeqLenDist(128), 0)
-    planned = plan(model, xs[0], stages=2, microbatches=4, repeats=5)
+    planned = plan(model, xs[0], ranks=2, microbatches=4, repeats=5)
     reports = run_ranks(_accuracy_worker, 2, planned, xs, ys, timeout_s=120)[0]
     last = reports[-1]
     for s, stage in enumerate(planned.partition.stages):
@@ -450,7 +450,7 @@ def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
         "2",
         "--hidden",
         "32",
-        "--stages",
+        "--ranks",
         "2",
         "--microbatches",
         "4",
@@ -493,7 +493,7 @@ def _tied_worker(rank: int, world: int, planned: Plan, policy: str, steps: list[
 def test_a_weight_tied_across_ranks_trains_like_the_unsplit_model(policy: str) -> None:
     torch.manual_seed(0)
     model = Tied()
-    planned = plan(model, torch.randint(0, 16, (2, 5)), stages=2, microbatches=4, repeats=1)
+    planned = plan(model, torch.randint(0, 16, (2, 5)), ranks=2, microbatches=4, repeats=1)
     assert planned.tied == (("embed.weight",),) and planned.tied_stages == ((0, 1),)
     g = torch.Generator().manual_seed(1)
     steps = []
@@ -528,7 +528,7 @@ def _two_plans_worker(rank: int, world: int, plans: list[Plan], share: bool) -> 
 
 def test_ranks_holding_different_plans_are_refused_and_a_shared_plan_is_one() -> None:
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 6))
-    planned = plan(model, torch.randn(8, 6), stages=2, microbatches=2, repeats=1)
+    planned = plan(model, torch.randn(8, 6), ranks=2, microbatches=2, repeats=1)
     cuts = planned.partition.cuts
     other_cut = next(c for c in planned.graph.index.values() if 0 < c < cuts[-1] and c != cuts[1])
     other = dataclasses.replace(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hintpipe.runtime.ready_plan import LONGEST_INTERVAL, ReadyPlanner
+from hintpipe.runtime.loop.ready_plan import LONGEST_INTERVAL, ReadyPlanner
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.sim.expected import plans_for
 

@@ -23,7 +23,8 @@ import torch
 from conftest import SMALL_GPT, hang_bound, small_run
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import train
-from hintpipe.runtime.checkpoint import (
+from hintpipe.runtime.checkpoint.manifest import DamagedCheckpoint, Manifest, RunIdentity
+from hintpipe.runtime.checkpoint.saving import (
     CheckpointError,
     find_checkpoint,
     load_merged,
@@ -31,7 +32,6 @@ from hintpipe.runtime.checkpoint import (
     save_checkpoint,
 )
 from hintpipe.runtime.launch import RankFailure, run_ranks
-from hintpipe.runtime.manifest import DamagedCheckpoint, Manifest, RunIdentity
 
 MODEL = SMALL_GPT
 TIMEOUT = 20.0
@@ -214,7 +214,7 @@ def test_a_failing_save_ends_both_ranks_at_once(tmp_path: Path) -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as failure:
         # A timeout of 120 s: a rank left waiting for the failed one would take that long.
-        train(_config(checkpoint_dir=str(folder), checkpoint_every=2, inject=("savefail:1:3",), timeout=120))
+        train(_config(checkpoint_dir=str(folder), checkpoint_every=2, faults=("savefail:1:3",), timeout=120))
     elapsed = time.monotonic() - began
     assert str(failure.value) == (
         f"ranks 0, 1: CheckpointError: saving checkpoint step 4 in {folder} failed (rank 1: OSError: [Errno 28] "
@@ -258,7 +258,7 @@ def _launch(folder: Path, steps: int = 100000, every: int = 2, *extra: str) -> s
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-CLI_MODEL = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--stages", "2", "--microbatches", "4"]
+CLI_MODEL = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
 CLI_MODEL += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", str(TIMEOUT)]
 
 
@@ -333,7 +333,7 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
     folder = tmp_path / "ck"
     # Messages 300 ms late: a step takes seconds, so the second signal comes while the ranks finish theirs.
-    process = _launch(folder, 100000, 1, "--inject", "comm:300ms")
+    process = _launch(folder, 100000, 1, "--variability", "comm:300ms")
     ranks = _wait_training(process, folder)
     process.send_signal(signal.SIGINT)
     # Two signals pending at once are one (POSIX does not queue them): the second goes only once the launcher
@@ -374,9 +374,9 @@ def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
 def _readme_loop(rank: int, world: int, folder: str, stop_file: str, steps: int) -> tuple[int, int, str]:
     """The README's training loop: Checkpointer and StopRequest around Pipeline.step."""
     from hintpipe.apps.models import build_layers, lm_loss, make_batch, split_layers
-    from hintpipe.runtime.checkpoint import Checkpointer
+    from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+    from hintpipe.runtime.checkpoint.stopping import StopRequest
     from hintpipe.runtime.pipeline import Pipeline
-    from hintpipe.runtime.stopping import StopRequest
 
     stages = split_layers(build_layers(MODEL), world)
     done = 0
@@ -412,11 +412,11 @@ def test_the_readme_loop_stops_saved_and_resumes(tmp_path: Path) -> None:
 
 
 def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> None:
-    common = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--stages", "2", "--microbatches", "4"]
+    common = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
     common += ["--policy", "fixed", "--steps", "6", "--checkpoint-every", "1", "--json", "--timeout", str(TIMEOUT)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     restarted, reference = tmp_path / "restarted", tmp_path / "reference"
-    fault = ["--checkpoint-dir", str(restarted), "--resume", "--inject", "crash:1:3"]
+    fault = ["--checkpoint-dir", str(restarted), "--resume", "--faults", "crash:1:3"]
     elastic = subprocess.run(
         [*torchrun, "--max-restarts", "1", "-m", "hintpipe", "train", *common, *fault],
         capture_output=True,

@@ -17,7 +17,7 @@ from torch import nn
 
 from conftest import SMALL_GPT, hang_bound, small_run
 from hintpipe.apps.training import train
-from hintpipe.runtime.checkpoint import latest_checkpoint, load_merged
+from hintpipe.runtime.checkpoint.saving import latest_checkpoint, load_merged
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.pipeline import Pipeline
@@ -42,7 +42,7 @@ def test_a_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:
     assert straight is not None and straight.state is not None
     checkpoints = str(tmp_path / "ck")
     with pytest.raises(RankFailure, match="rank 1: exited without a result"):
-        train(_config(checkpoint_dir=checkpoints, checkpoint_every=2, inject=("crash:1:3",)))
+        train(_config(checkpoint_dir=checkpoints, checkpoint_every=2, faults=("crash:1:3",)))
     assert latest_checkpoint(checkpoints) == tmp_path / "ck" / "step-00000002"
     resumed = train(_config(checkpoint_dir=checkpoints, checkpoint_every=2, resume=True))
     assert resumed is not None and resumed.state is not None
@@ -98,16 +98,16 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
 def test_each_fault_ends_every_rank_with_an_error_naming_it(fault: str, expected: list[str]) -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        train(_config(inject=(fault,), timeout=4))
+        train(_config(faults=(fault,), timeout=4))
     assert time.monotonic() - began < hang_bound(4)
     for text in expected:
         assert text in str(info.value)
 
 
 def test_a_nonfinite_loss_can_skip_the_step() -> None:
-    result = train(_config(steps=4, inject=("nan:2",), on_nonfinite="skip"))
+    result = train(_config(steps=4, faults=("nan:2",), on_nonfinite="skip"))
     assert result is not None
-    assert result.skipped_steps == (2,)
+    assert result.nonfinite_steps == (2,)
     clean = train(_config(steps=2))
     assert clean is not None and clean.state is not None and result.state is not None
     # Steps 0 and 1 are the same; step 2 changed nothing; step 3 trained on.
@@ -125,13 +125,13 @@ def test_the_crash_acceptance_command() -> None:
             "train",
             "--model",
             "gpt-mini",
-            "--stages",
+            "--ranks",
             "2",
             "--microbatches",
             "4",
             "--steps",
             "6",
-            "--inject",
+            "--faults",
             "crash:1:3",
             "--timeout",
             "20",
@@ -208,6 +208,8 @@ def test_spec_parsers_fuzz(text: str) -> None:
         parse_variability(text)
     with contextlib.suppress(SpecError):
         Injection.parse([text])
+    with contextlib.suppress(SpecError):
+        Injection.parse(faults=[text])
 
 
 # -- the scoreboard under adversarial message orders ------------------------------------------------------------

@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 
-from hintpipe.runtime.reports import measured_peak
+from hintpipe.runtime.loop.reports import measured_peak
 from hintpipe.schedule import rules
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName

@@ -243,7 +243,7 @@ def _byte_budget_worker(rank: int, world: int, budget: float, rows: list[list[in
     modules: list[nn.Module] = [nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8)) for _ in range(world - 1)]
     modules.append(nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8), _Slow()))
     pipe = Pipeline.from_modules(
-        modules, loss_fn=_mse, microbatches=len(rows[0]), hint="1f1b", policy="greedy", memory_budget=budget
+        modules, loss_fn=_mse, microbatches=len(rows[0]), hint="1f1b", policy="greedy", activation_budget=budget
     )
     g = torch.Generator().manual_seed(2)
     for step_rows in rows:
@@ -251,7 +251,7 @@ def _byte_budget_worker(rank: int, world: int, budget: float, rows: list[list[in
         pipe.step(xs, [torch.sin(x) for x in xs])
     pipe.close()
     return [(r.peak_live[r.ranks.index(rank)], r.peak_live_bytes[r.ranks.index(rank)]) for r in pipe.reports], (
-        pipe.admission.bytes_per_element
+        pipe.parts.admission.bytes_per_element
     )
 
 
@@ -366,8 +366,9 @@ def test_a_misspelt_or_bad_option_is_refused_by_name() -> None:
     errors = run_ranks(_misspelt_option_worker, 1, timeout_s=60)[0]
     assert errors == [
         "TypeError: Pipeline.__init__() got an unexpected keyword argument 'polcy'",
-        "ValueError: timeout must be a positive number of seconds, got 0.0",
-        "ValueError: unknown on_nonfinite 'ignore': choose one of raise, skip",
+        "ValueError: timeout must be between 1 and 604800, got 0 (1 s: a busy machine delays messages that long; "
+        "604800 s: a week)",
+        "ValueError: on_nonfinite 'ignore' is unknown: choose one of raise, skip",
         "ValueError: chunks must be at least 1, got 0",
     ]
 

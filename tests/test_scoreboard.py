@@ -193,7 +193,9 @@ def test_device_budgets_lend_the_busiest_ranks_room_to_every_rank() -> None:
     assert peaks == [4, 3, 2, 1]
     assert device_budgets(peaks) == [4, 4, 4, 4]
     assert device_budgets(peaks, 0.25) == [5, 5, 5, 5]
-    with pytest.raises(ValueError, match=r"headroom must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1"):
+    with pytest.raises(
+        ValueError, match=r"^device_budget must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1$"
+    ):
         device_budgets(peaks, -0.1)
 
 
@@ -214,7 +216,8 @@ def test_eta_rule_scales_expected_costs_by_known_sizes() -> None:
 
 
 def test_runtime_device_budget_gives_every_rank_the_busiest_ranks_slots() -> None:
-    from hintpipe.runtime.admission import Admission
+    from hintpipe.options import check_options
+    from hintpipe.runtime.loop.admission import Admission
 
     hint = generate_hint("1f1b", 4, 8)  # own peaks 4, 3, 2, 1
     assert [Admission(hint, r, 0.0, None).slots for r in range(4)] == [4, 3, 2, 1]
@@ -223,7 +226,7 @@ def test_runtime_device_budget_gives_every_rank_the_busiest_ranks_slots() -> Non
     assert Admission(hint, 3, 1.0, None).slots == 2  # slack: one more than its own peak
     with pytest.raises(
         ValueError,
-        match=r"^give one of memory_slack, memory_budget and device_budget, got "
-        r"memory_slack and device_budget$",
+        match=r"^give one of memory_slack, activation_budget, device_budget, got memory_slack and device_budget$",
     ):
-        Admission(hint, 0, 1.0, None, device_budget=0.0)
+        check_options({"memory_slack": 1.0, "device_budget": 0.0})
+    check_options({"memory_slack": 0.0, "device_budget": 0.0})  # no slack is no room given

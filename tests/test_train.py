@@ -35,7 +35,7 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
         "train",
         "--model",
         "gpt-mini",
-        "--stages",
+        "--ranks",
         "2",
         "--microbatches",
         "4",
@@ -79,24 +79,32 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--inject", "jitter:1"], "bad injection 'jitter:1': unknown kind 'jitter'"),
-        (["--inject", "straggler:2:5"], "straggler stage 5 does not exist: the pipeline has 2 stages"),
+        (["--variability", "jitter:1"], "bad variability 'jitter:1': unknown model 'jitter'"),
+        (["--variability", "crash:1:2"], "bad variability 'crash:1:2': crash is a fault, not variability: give it"),
+        (["--faults", "mb:0.5"], "bad fault 'mb:0.5': mb is variability, not a fault: give it with --variability"),
+        (["--variability", "straggler:2:5"], "straggler stage 5 does not exist: the pipeline has 2 stages"),
         (["--seq-len-dist", "normal:3"], "bad sequence length distribution 'normal:3'"),
         (["--hint", "zbv", "--chunks", "3"], "zbv runs exactly two chunks per rank in V shape, got --chunks 3"),
         (["--layers", "1", "--model", "mlp"], "1 layers cannot fill 2 stages"),
-        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
-        (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+        (["--timeout", "0"], "--timeout must be between 1 and 604800, got 0 (1 s: a busy machine delays messages"),
+        (["--timeout", "nan"], "--timeout must be finite, got nan"),
+        (["--timeout", "1e15"], "--timeout must be between 1 and 604800, got 1e+15"),
+        (["--seed", "-1"], "--seed must be between 0 and 4294967295, got -1"),
+        (["--memory-slack", "nan"], "--memory-slack must be finite, got nan"),
+        (["--memory-slack", "-3"], "--memory-slack must be >= 0, got -3"),
         (["--microbatch-size", "0"], "--microbatch-size must be at least 1, got 0"),
         (["--seq-len-dist", "fixed:0"], "bad sequence length distribution 'fixed:0': T '0' is not an integer >= 1"),
         (["--seq-len-dist", "fixed:-3"], "bad sequence length distribution 'fixed:-3': T '-3' is not an integer"),
-        (["--chunks", "0"], "ranks, micro-batches and chunks must be at least 1, got 2, 4, 0"),
-        (["--inject", "crash:1:99"], "--inject names step 99, the run has steps 0..0: it would never fire"),
+        (["--chunks", "0"], "--chunks must be at least 1, got 0"),
+        (["--microbatches", "0"], "--microbatches must be at least 1, got 0"),
+        (["--faults", "crash:1:99"], "--faults names step 99, the run has steps 0..0: it would never fire"),
         (["--trace", "/no/such/folder/t.json"], "--trace /no/such/folder/t.json: the folder /no/such/folder does not"),
         (["--checkpoint-dir", "pyproject.toml"], "--checkpoint-dir pyproject.toml is a file, not a folder"),
         (["--checkpoint-keep", "0"], "--checkpoint-keep must be at least 1, got 0"),
-        (["--inject", "savefail:0:0"], "--inject savefail needs --checkpoint-dir and --checkpoint-every"),
-        (["--inject", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
-        (["--device-budget", "-5"], "--device-budget must be >= 0 percent, got -5"),
+        (["--faults", "savefail:0:0"], "--faults savefail needs --checkpoint-dir and --checkpoint-every"),
+        (["--faults", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
+        (["--device-budget", "-5"], "--device-budget must be >= 0, got -5"),
+        (["--memory-slack", "1", "--device-budget", "0"], "not allowed with argument --memory-slack"),
         pytest.param(
             ["--device", "cuda"],
             "--device cuda was asked for, but torch.cuda.is_available() is False on this machine",
@@ -108,11 +116,14 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
             "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA"),
         ),
-        (["--inject", "mm:1:0.5:1.5"], "FRACTION is the encoder's share of the stages, between 0 and 1, got '1.5'"),
+        (
+            ["--variability", "mm:1:0.5:1.5"],
+            "FRACTION is the encoder's share of the stages, between 0 and 1, got '1.5'",
+        ),
     ],
 )
 def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
-    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "1", *argv]) == 2
+    assert main(["train", "--ranks", "2", "--microbatches", "4", "--steps", "1", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -134,14 +145,27 @@ def test_injection_is_the_same_for_every_policy() -> None:
     [
         ("comm:x", "bad variability 'comm:x': LATENCY 'x' is not a number or a time such as 2ms"),
         ("comm:5", "bad variability 'comm:5': the runtime delays messages in time: write a time with a unit"),
-        ("compute:0.3", "bad injection 'compute:0.3': compute:SIGMA is now iid:SIGMA"),
-        ("straggler:1:2.5", "bad injection 'straggler:1:2.5': expected straggler:FACTOR[:STAGE[:FIRST:LAST]]"),
-        ("crash:0", "bad injection 'crash:0': expected crash:RANK:STEP"),
+        ("compute:0.3", "bad variability 'compute:0.3': unknown model 'compute'"),
+        ("straggler:1:2.5", "bad variability 'straggler:1:2.5': expected straggler:FACTOR[:STAGE[:FIRST:LAST]]"),
     ],
 )
 def test_bad_injection_is_refused_naming_the_fix(spec: str, message: str) -> None:
     with pytest.raises(SpecError) as info:
         Injection.parse([spec])
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("crash:0", "bad fault 'crash:0': expected crash:RANK:STEP"),
+        ("nan:x", "bad fault 'nan:x': STEP 'x' is not an integer >= 0"),
+        ("melt:1:1", "bad fault 'melt:1:1': unknown fault 'melt'; use crash:RANK:STEP, hang:RANK:STEP, nan:STEP or"),
+    ],
+)
+def test_a_bad_fault_is_refused_naming_the_fix(spec: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        Injection.parse(faults=[spec])
     assert str(info.value).startswith(message)
 
 
@@ -164,7 +188,7 @@ def test_under_a_device_budget_no_rank_holds_more_than_the_busiest_ranks_hint_pe
         policy="ready",
         steps=3,
         device_budget=0.0,
-        inject=("mb:0.8",),
+        variability=("mb:0.8",),
         emulate=EmulatedCosts((0.01,) * 4, (0.02,) * 4, (0.0,) * 4, reference_size=4 * 8),
         timeout=60,
     )
@@ -190,7 +214,7 @@ def test_simulator_predicts_emulated_steps_within_10_percent(policy: str) -> Non
         policy=policy,
         steps=3,
         memory_slack=1,
-        inject=("mb:0.5",),
+        variability=("mb:0.5",),
         emulate=costs,
         timeout=60,
         timelines=True,
@@ -228,7 +252,7 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path, dp: int) -> None:
         "train",
         "--model",
         "mlp",
-        "--stages",
+        "--ranks",
         "2",
         "--microbatches",
         "4",
@@ -257,7 +281,13 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path, dp: int) -> None:
     # The same run spawned on one machine trains to the same losses.
     local = train(
         TrainConfig(
-            model=ModelConfig("mlp", seed=3), ranks=2, dp=dp, microbatches=4, steps=2, seed=3, seq_len=SeqLenDist(64)
+            model=ModelConfig("mlp", seed=3),
+            ranks=2,
+            dp=dp,
+            microbatches=4,
+            steps=2,
+            seed=3,
+            seq_len_dist=SeqLenDist(64),
         )
     )
     assert local is not None
@@ -265,13 +295,13 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path, dp: int) -> None:
 
 
 def test_memory_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["train", "--model", "gpt-mini", "--stages", "2", "--microbatches", "8", "--steps", "3"]
+    base = ["train", "--model", "gpt-mini", "--ranks", "2", "--microbatches", "8", "--steps", "3"]
     assert main([*base, "--activation-budget", "1MiB"]) == 1
     err = capsys.readouterr().err
     # Both ranks hold more than 1 MiB; which one reports first (and the other forwards it) is timing.
     assert "BudgetError: rank " in err
     assert "memory budget 1MiB is below what the hint itself held" in err
-    slow_last = ["--inject", "straggler:20:1"]  # the last stage 20x slower: gradients come late, whatever the load
+    slow_last = ["--variability", "straggler:20:1"]  # the last stage 20x slower: gradients come late, whatever the load
     assert main([*base, "--activation-budget", "1GiB", "--policy", "greedy", "--json", *slow_last]) == 0
     out = json.loads(capsys.readouterr().out)
     # Ample room: after the measuring step, rank 0 runs ahead (greedy: whenever the hint's next
@@ -302,24 +332,24 @@ def test_a_saved_plan_trains_from_the_command_line_as_from_python(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     path = str(tmp_path / "plan.pt")
-    planning = ["plan", "--model", "mlp", "--layers", "4", "--hidden", "8", "--stages", "2", "--microbatches", "4"]
+    planning = ["plan", "--model", "mlp", "--layers", "4", "--hidden", "8", "--ranks", "2", "--microbatches", "4"]
     assert main([*planning, "--stage-memory", "1GiB", "--repeats", "1", "--save", path, "--json"]) == 0
     capsys.readouterr()
     training = ["train", "--plan", path, "--model", "mlp", "--microbatches", "4", "--steps", "3", "--policy", "fixed"]
-    assert main([*training, "--stages", "2", "--json"]) == 0
+    assert main([*training, "--ranks", "2", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)["losses"]
     python = run_ranks(_from_plan_worker, 2, path, 3, timeout_s=120)[0]
     assert cli == pytest.approx(python, rel=1e-6)
-    assert main([*training, "--stages", "3"]) == 2
-    assert f"{path} is planned for 2 ranks, this run has 3; plan again or use --stages 2" in capsys.readouterr().err
-    assert main([*training, "--stages", "2", "--model", "gpt-mini"]) == 2
+    assert main([*training, "--ranks", "3"]) == 2
+    assert f"{path} is planned for 2 ranks, this run has 3; plan again or use --ranks 2" in capsys.readouterr().err
+    assert main([*training, "--ranks", "2", "--model", "gpt-mini"]) == 2
     assert f"{path} is planned for model 'mlp', this run asks for 'gpt-mini'" in capsys.readouterr().err
 
 
 def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "plan.pt"
     planned = plan(
-        nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)), torch.randn(2, 4), stages=2, microbatches=2
+        nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)), torch.randn(2, 4), ranks=2, microbatches=2
     )
     save_plan(planned, path)
     payload = torch.load(path, weights_only=False)
@@ -334,7 +364,7 @@ def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None
 
 
 def test_resuming_a_finished_run_says_there_is_nothing_left(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    argv = ["train", "--model", "mlp", "--stages", "2", "--microbatches", "2", "--steps", "2"]
+    argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "2", "--steps", "2"]
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1"]
     assert main([*argv, *ckpt, "--json"]) == 0
     capsys.readouterr()
@@ -347,10 +377,10 @@ def test_resuming_a_finished_run_says_there_is_nothing_left(capsys: pytest.Captu
 def test_train_takes_a_csv_hint_as_simulate_does(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "zb.csv"
     save_hint_csv(generate_hint("zb-h1", 2, 4), path)
-    argv = ["train", "--model", "mlp", "--stages", "2", "--microbatches", "4", "--steps", "2", "--policy", "fixed"]
+    argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "4", "--steps", "2", "--policy", "fixed"]
     assert main([*argv, "--hint", str(path), "--json"]) == 0
     from_csv = json.loads(capsys.readouterr().out)["losses"]
     assert main([*argv, "--hint", "zb-h1", "--json"]) == 0
     assert from_csv == json.loads(capsys.readouterr().out)["losses"]
-    assert main([*argv, "--hint", str(path), "--stages", "3"]) == 2
-    assert "has 2 ranks and 4 micro-batches, but --stages 3 --microbatches 4 were given" in capsys.readouterr().err
+    assert main([*argv, "--hint", str(path), "--ranks", "3"]) == 2
+    assert "is for 2 ranks and 4 micro-batches, the run has 3 ranks and 4 micro-batches" in capsys.readouterr().err

@@ -4,7 +4,7 @@ headers (gloo) from payloads (per-direction links).
 Without a GPU, staging is a no-op copy, so the staging pool's reuse and
 ordering rules are tested directly; the NCCL transport's code path runs with
 its links on gloo (see [Note: NCCL links are deadlock-free] in
-hintpipe.runtime.links).
+hintpipe.runtime.transport.links).
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ import torch.distributed as dist
 from torch import nn
 
 from conftest import hang_bound
+from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.links import Link, LinkPostOffice
-from hintpipe.runtime.mailbox import PostOffice
 from hintpipe.runtime.pipeline import Pipeline
-from hintpipe.runtime.staging import MIN_BUFFER, Staging, StagingPool, size_class
-from hintpipe.runtime.transport import TransportChoice, choose_transport
-from hintpipe.runtime.wire import MessageKind
+from hintpipe.runtime.transport.links import Link, LinkPostOffice
+from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.protocol import TransportChoice, choose_transport
+from hintpipe.runtime.transport.staging import MIN_BUFFER, Staging, StagingPool, size_class
+from hintpipe.runtime.transport.wire import MessageKind
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -210,6 +211,8 @@ def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tenso
             received.append((int(msg.kind), msg.mb, msg.tensors))
     post.close(timeout=30, error="done here" if rank == 1 else None)
     last = post.get(30)
+    while last is not None and last.kind is MessageKind.STARTED:  # a late notice: notices and data are unordered
+        last = post.get(30)
     assert last is not None
     received.append((int(last.kind), -1, [torch.tensor(list((last.error or "").encode()), dtype=torch.uint8)]))
     return received
@@ -244,6 +247,10 @@ def _layers(stages: int) -> list[nn.Module]:
     return [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(stages)]
 
 
+#: The NCCL transport's code path with its payload links on gloo, on CPU ranks.
+LINKS = Seams(link_backend="gloo")
+
+
 def _batches(m: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(1 + (i * 3) % 5, 6, generator=g) for i in range(m)]
@@ -251,12 +258,11 @@ def _batches(m: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 
 def _pipeline_worker(rank: int, world: int, hint: str, chunks: int, policy: str) -> dict[str, torch.Tensor]:
-    Pipeline._link_backend = "gloo"
     modules = _layers(world * chunks)
     with Pipeline.from_modules(
-        modules, loss_fn=_mse, microbatches=4, hint=hint, chunks=chunks, policy=policy, timeout=60
+        modules, loss_fn=_mse, microbatches=4, hint=hint, chunks=chunks, policy=policy, timeout=60, seams=LINKS
     ) as pipe:
-        assert isinstance(pipe.transport, LinkPostOffice)
+        assert isinstance(pipe.messages, LinkPostOffice)
         xs, ys = _batches(4)
         pipe.step(xs, ys)
         return {f"{s}.{n}": p.grad.clone() for s in pipe.stages for n, p in modules[s].named_parameters()}  # type: ignore[union-attr]
@@ -295,9 +301,8 @@ class _Dies(nn.Module):
 
 
 def _crash_over_links_worker(rank: int, world: int) -> None:
-    Pipeline._link_backend = "gloo"
     modules: list[nn.Module] = [nn.Linear(6, 6), _Dies(4 + 3), nn.Linear(6, 6)]  # dies in the second step
-    with Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", timeout=8) as pipe:
+    with Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", timeout=8, seams=LINKS) as pipe:
         xs, ys = _batches(4)
         for _ in range(3):
             pipe.step(xs, ys)

@@ -43,14 +43,14 @@ from typing import Any
 
 import torch
 
-from hintpipe.runtime.checkpoint import find_checkpoint, load_merged
+from hintpipe.runtime.checkpoint.saving import find_checkpoint, load_merged
 from hintpipe.runtime.errors import CheckpointError
 
 STEPS = 30
 EVERY = 3
 KINDS = ("kill", "corrupt", "sigterm", "savefail")
 TRAIN = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "4", "--hidden", "128"]
-TRAIN += ["--stages", "2", "--microbatches", "8", "--policy", "fixed", "--timeout", "30", "--json"]
+TRAIN += ["--ranks", "2", "--microbatches", "8", "--policy", "fixed", "--timeout", "30", "--json"]
 TRAIN += ["--checkpoint-every", str(EVERY), "--checkpoint-keep", "2"]
 
 
@@ -164,7 +164,7 @@ def trial(seed: int, work: Path, reference: dict[str, torch.Tensor], run_s: floa
             extra, at = [], 0
             if kind == "savefail":
                 at = rng.randrange(EVERY, STEPS + 1, EVERY)
-                extra = ["--inject", f"savefail:{rng.randrange(2)}:{at - 1}"]
+                extra = ["--faults", f"savefail:{rng.randrange(2)}:{at - 1}"]
                 outcome["fault"] = f"save of step {at} fails on rank {extra[1].split(':')[1]}"
             process = _start(folder, STEPS, *extra)
             if kind in ("kill", "sigterm"):

@@ -44,8 +44,8 @@ import hintpipe
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.planner.plan import Plan, plan
 from hintpipe.planner.search import PlanError
-from hintpipe.runtime.executor import as_input
 from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.loop.executor import as_input
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages
 
@@ -725,7 +725,7 @@ def part_planner_memory(setup: Setup) -> Section:
     sizes = setup.sizes
     device = configure(setup.device)
     model, x, y = planning_inputs(setup, device)
-    planned = plan(model, x, stages=4, microbatches=sizes.microbatches, repeats=3)
+    planned = plan(model, x, ranks=4, microbatches=sizes.microbatches, repeats=3)
     measures = measure_plan(planned, x, y, device, sizes.time_repeats)
     cuda = device.type == "cuda"
     headers = ["stage", "nodes", "predicted MiB / mb", "held MiB", "held / predicted"]
@@ -763,7 +763,7 @@ def offload_plans(model: nn.Module, x: torch.Tensor, microbatches: int) -> tuple
     """The plan without a budget, and the first plan under a tighter budget (fractions of the unconstrained
     plan's busiest stage) that offloads: at the real host bandwidth, else at a generous one (where the device
     recomputes cheaper than the host link moves bytes, the planner rightly recomputes instead)."""
-    free = plan(model, x, stages=4, microbatches=microbatches, repeats=3, host_bandwidth=HOST_BANDWIDTH)
+    free = plan(model, x, ranks=4, microbatches=microbatches, repeats=3, host_bandwidth=HOST_BANDWIDTH)
     need = max(s.memory_bytes for s in free.partition.stages)
     for bandwidth in (HOST_BANDWIDTH, GENEROUS_HOST_BANDWIDTH):
         for fraction in BUDGET_FRACTIONS:
@@ -771,9 +771,9 @@ def offload_plans(model: nn.Module, x: torch.Tensor, microbatches: int) -> tuple
                 tight = plan(
                     model,
                     x,
-                    stages=4,
+                    ranks=4,
                     microbatches=microbatches,
-                    memory_budget=fraction * need,
+                    stage_memory=fraction * need,
                     host_bandwidth=bandwidth,
                     profiles=free.profiles,
                 )

@@ -138,10 +138,10 @@ def throughput(runs: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def planner_part(model: nn.Module, example: torch.Tensor) -> list[tuple[str, int]]:
-    ample = plan(model, example, stages=2, microbatches=MICROBATCHES, repeats=1, kwargs=CALL_KWARGS)
+    ample = plan(model, example, ranks=2, microbatches=MICROBATCHES, repeats=1, kwargs=CALL_KWARGS)
     budget = 0.6 * max(s.memory_bytes for s in ample.baselines["time"].stages)
     tight = plan(
-        model, example, stages=2, microbatches=MICROBATCHES, memory_budget=budget, profiles=ample.profiles,
+        model, example, ranks=2, microbatches=MICROBATCHES, stage_memory=budget, profiles=ample.profiles,
         kwargs=CALL_KWARGS,
     )  # fmt: skip
     rows = [("budget bytes per stage", int(budget)), ("hintpipe plan", tight.partition.max_microbatch_size)]
@@ -157,7 +157,7 @@ def main() -> None:
     torch.set_num_threads(1)
     model = build_hf_model(MODEL)
     example, _, _ = stdlib_batch(1, SIZE, 0, 0, MODEL.max_seq_len)
-    planned = plan(model, example[0], stages=2, microbatches=MICROBATCHES, repeats=3, kwargs=CALL_KWARGS)
+    planned = plan(model, example[0], ranks=2, microbatches=MICROBATCHES, repeats=3, kwargs=CALL_KWARGS)
     results: dict[str, Any] = {}
     for runtime in ("hintpipe fixed", "hintpipe ready", "torch padded", "torch packed"):
         runs = run_ranks(rank_run, 2, planned, runtime, args.steps, timeout_s=600)

@@ -53,8 +53,8 @@ from hintpipe.planner.plan import Plan, node_tables, plan
 from hintpipe.planner.profile import profile
 from hintpipe.planner.search import PlanError, search
 from hintpipe.planner.tables import NodeTables
-from hintpipe.runtime.executor import StageExecutor, as_input
 from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.loop.executor import StageExecutor, as_input
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
@@ -189,7 +189,7 @@ def part1(quick: bool) -> tuple[dict[str, Any], list[str]]:
     example, target = xs[0], ys[0]
     console.print(f"[bold]part 1[/bold]: gpt-mini {config.layers} blocks, hidden {config.hidden}, profiling ...")
     ample, (profile_s,) = timed(
-        lambda: plan(model, example, stages=STAGES, microbatches=MICROBATCHES, hint=HINT, repeats=REPEATS)
+        lambda: plan(model, example, ranks=STAGES, microbatches=MICROBATCHES, hint=HINT, repeats=REPEATS)
     )
     tables = node_tables(list(ample.profiles), ample.graph)
     time_peak = max(s.memory_bytes for s in ample.baselines["time"].stages)
@@ -209,9 +209,9 @@ def part1(quick: bool) -> tuple[dict[str, Any], list[str]]:
                     plan,
                     model,
                     example,
-                    stages=STAGES,
+                    ranks=STAGES,
                     microbatches=MICROBATCHES,
-                    memory_budget=budget,
+                    stage_memory=budget,
                     profiles=ample.profiles,
                 )
             )
@@ -620,13 +620,13 @@ def part2(quick: bool) -> tuple[dict[str, Any], list[str]]:
     budget, budget_name = chosen["budget_bytes"], chosen["budget"]
 
     def whole() -> Plan:
-        return plan(model, example, stages=STAGES, microbatches=MICROBATCHES, memory_budget=budget, repeats=REPEATS)
+        return plan(model, example, ranks=STAGES, microbatches=MICROBATCHES, stage_memory=budget, repeats=REPEATS)
 
     console.print(f"[bold]part 2[/bold]: plan() at {budget_name} ...")
     planned, (plan_s,) = timed(whole)
     _, (replan_s,) = timed(
         lambda: plan(
-            model, example, stages=STAGES, microbatches=MICROBATCHES, memory_budget=budget, profiles=planned.profiles
+            model, example, ranks=STAGES, microbatches=MICROBATCHES, stage_memory=budget, profiles=planned.profiles
         )
     )
     whole_rows = [
@@ -714,7 +714,7 @@ def train_worker(rank: int, world: int, cases: list[Case], work: Workload) -> li
         finally:
             pipe.close()
         room: list[Any] = [None] * world
-        torch.distributed.all_gather_object(room, pipe.admission.memory_budget)
+        torch.distributed.all_gather_object(room, pipe.parts.admission.activation_budget)
         reports = pipe.reports
         out.append(
             {
@@ -740,7 +740,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
     model = nn.Sequential(*build_layers(config))
     example = make_batch(config, 1, work.microbatch_size, SeqLenDist(work.seq_len.mean), 0)[0][0]
     console.print(f"[bold]part 3[/bold]: gpt-mini {config.layers} blocks on {ranks} ranks, planning ...")
-    ample = plan(model, example, stages=ranks, microbatches=MICROBATCHES, hint=HINT, repeats=REPEATS)
+    ample = plan(model, example, ranks=ranks, microbatches=MICROBATCHES, hint=HINT, repeats=REPEATS)
     time_stages = ample.baselines["time"].stages
     no_room = math.ceil(max(s.memory_bytes for s in time_stages) / (MiB / 10)) * (MiB / 10)
     one_mb = no_room + 1.05 * time_stages[0].activation_bytes
@@ -754,7 +754,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
     cases: list[Case] = []
     for name, budget in settings.items():
         planned = plan(
-            model, example, stages=ranks, microbatches=MICROBATCHES, memory_budget=budget, profiles=ample.profiles
+            model, example, ranks=ranks, microbatches=MICROBATCHES, stage_memory=budget, profiles=ample.profiles
         )
         plans[name] = planned
         baseline = dataclasses.replace(planned, partition=planned.baselines["time"])

@@ -42,9 +42,10 @@ from typing import Any
 
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
-from hintpipe.apps.training import TrainConfig, TrainResult, resolve_hint, train
-from hintpipe.runtime.executor import EmulatedCosts, as_tensors
+from hintpipe.apps.training import TrainConfig, TrainResult, train
+from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
 from hintpipe.schedule.microbatch_order import microbatch_order
+from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.schedule.task import Kind
 
 
@@ -85,9 +86,8 @@ def config_for(name: str, ranks: int, microbatches: int, steps: int, setup: Setu
         policy=setup.policy,
         steps=steps,
         device_budget=setup.device_budget,
-        seq_len=SeqLenDist(32, 0.5),
+        seq_len_dist=SeqLenDist(32, 0.5),
         timeout=600.0,
-        split_backward=setup.hint in ("bfw", "zb-h1", "zbv"),
         timelines=True,
         microbatch_order=setup.order,
     )
@@ -110,12 +110,12 @@ def scaled_costs(config: TrainConfig, unit_ms: float, reference: EmulatedCosts |
 def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
     """Per rank, the most input elements whose activations it held at once, over the measured steps:
     an ``F`` holds its micro-batch's elements until its stage's last backward task (``W`` when split)."""
-    hint = resolve_hint(config)
+    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
     release = Kind.W if hint.split_backward else Kind.B
     peaks = [0] * hint.num_ranks
     for report in result.measured:
         inputs, _, _ = make_batch(
-            config.model, config.microbatches, config.microbatch_size, config.seq_len, report.step, config.seed
+            config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, report.step, config.seed
         )
         elements = [sum(t.numel() for t in as_tensors(x)) for x in inputs]
         slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]

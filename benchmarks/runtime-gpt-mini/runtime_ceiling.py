@@ -3,7 +3,7 @@
 1f1b, 2 ranks x 8 micro-batches, F = 8 ms and B = 15 ms per stage (part D's measured task times);
 each task takes ``(1 + X) t``, with ``X`` a mean-one lognormal factor (sigma 0.5, one per
 micro-batch, the same on both stages), as part D's stage wrapper makes it (the wrapper sleeps
-``X t`` after a task that computed for ``t``; the runtime's own ``--inject mb:0.5`` differs, see
+``X t`` after a task that computed for ``t``; the runtime's own ``--variability mb:0.5`` differs, see
 ``hintpipe.runtime.faults``). No runtime overhead: what ``ready`` gains here is what any runtime
 following the same hint could gain over fixed order.
 

@@ -234,7 +234,7 @@ def part_a(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
         hint="1f1b",
         steps=3 if quick else 8,
         memory_slack=SLACK,
-        seq_len=SeqLenDist(96),
+        seq_len_dist=SeqLenDist(96),
         seed=SEED,
         timeout=120.0,
         timelines=True,  # every rank's task records on rank 0: part C predicts each measured step
@@ -243,8 +243,8 @@ def part_a(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
     straggler = f"straggler:1.5:1:0:{base.microbatches - 1}"
     conditions: list[tuple[str, TrainConfig]] = [("none", base)]
     for spec in ("iid:0.5", "mb:0.5", straggler, "comm:2ms"):
-        conditions.append((spec, dataclasses.replace(base, inject=(spec,))))
-    conditions.append(("seq lognormal:96:0.5", dataclasses.replace(base, seq_len=SeqLenDist(96, 0.5))))
+        conditions.append((spec, dataclasses.replace(base, variability=(spec,))))
+    conditions.append(("seq lognormal:96:0.5", dataclasses.replace(base, seq_len_dist=SeqLenDist(96, 0.5))))
     out: dict[str, dict[str, PolicyRuns]] = {}
     for label, config in conditions:
         log(f"A: {label}")
@@ -271,7 +271,7 @@ def part_b(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
             hint="1f1b",
             steps=3 if quick else 6,
             memory_slack=SLACK,
-            seq_len=SeqLenDist(96),
+            seq_len_dist=SeqLenDist(96),
             seed=SEED,
             timeout=120.0,
             timelines=True,
@@ -283,8 +283,8 @@ def part_b(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
         )
         base = dataclasses.replace(base, emulate=costs)
         for label, config in [
-            ("mb:0.5", dataclasses.replace(base, inject=("mb:0.5",))),
-            ("seq lognormal:96:0.5", dataclasses.replace(base, seq_len=SeqLenDist(96, 0.5))),
+            ("mb:0.5", dataclasses.replace(base, variability=("mb:0.5",))),
+            ("seq lognormal:96:0.5", dataclasses.replace(base, seq_len_dist=SeqLenDist(96, 0.5))),
         ]:
             log(f"B: {ranks} ranks, {label}")
             out[f"{ranks} ranks, {label}"] = compare_policies(config, repeats)
@@ -367,7 +367,7 @@ class InjectedStage(nn.Module):
     (step, micro-batch), drawn by ``hintpipe.runtime.injection.Injection`` (one mean-one lognormal
     factor per micro-batch, the same on every stage). A task thus takes ``(1 + X) t``: the wrapper
     keeps the benchmark's own model of a slowdown, the same for both runtimes, rather than the
-    runtime's ``--inject mb:SIGMA`` (which makes a task of ``t`` take ``max(X, 1) t``). Forwards and
+    runtime's ``--variability mb:SIGMA`` (which makes a task of ``t`` take ``max(X, 1) t``). Forwards and
     backwards are counted per step to know the micro-batch: both torch schedules and hintpipe's
     ``1f1b`` run each stage's forwards, and its backwards, in micro-batch order (checked per step).
 

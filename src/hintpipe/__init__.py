@@ -1,5 +1,12 @@
 """hintpipe: readiness-driven pipeline-parallel training for PyTorch.
 
+The public API is importable from here, so that user code does not depend on
+the package's layout::
+
+    import hintpipe
+    plan = hintpipe.plan(model, example, ranks=2, microbatches=8)
+    pipe = hintpipe.Pipeline.from_plan(plan, loss_fn=loss_fn)
+
 The scheduling core (tasks, hints, the scoreboard, the simulator) imports no
 torch; the runtime and the planner do, and are imported on first use.
 """
@@ -9,26 +16,57 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hintpipe import _compat
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, Placement
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
-    from hintpipe.planner.capture import split_point
+    from hintpipe.planner.capture import CaptureError, split_point
     from hintpipe.planner.plan import Plan, plan
+    from hintpipe.planner.plan_file import load_plan, save_plan
+    from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+    from hintpipe.runtime.checkpoint.saving import load_merged
+    from hintpipe.runtime.checkpoint.stopping import StopRequest
+    from hintpipe.runtime.errors import (
+        CheckpointError,
+        NonFiniteLoss,
+        OptionMismatch,
+        PeerFailure,
+        RankFailure,
+        TaskError,
+        WatchdogTimeout,
+    )
+    from hintpipe.runtime.launch import run_ranks
+    from hintpipe.runtime.loop.executor import EmulatedCosts
+    from hintpipe.runtime.loop.reports import StepReport
+    from hintpipe.runtime.parallel.tied import TiedParameter
     from hintpipe.runtime.pipeline import Pipeline
 
+#: Public name -> the module defining it (imported on first use: most of them need torch).
 _LAZY = {
     "Pipeline": "hintpipe.runtime.pipeline",
+    "StepReport": "hintpipe.runtime.loop.reports",
+    "EmulatedCosts": "hintpipe.runtime.loop.executor",
+    "TiedParameter": "hintpipe.runtime.parallel.tied",
     "Plan": "hintpipe.planner.plan",
     "plan": "hintpipe.planner.plan",
     "split_point": "hintpipe.planner.capture",
+    "CaptureError": "hintpipe.planner.capture",
+    "load_plan": "hintpipe.planner.plan_file",
+    "save_plan": "hintpipe.planner.plan_file",
+    "Checkpointer": "hintpipe.runtime.checkpoint.checkpointer",
+    "load_merged": "hintpipe.runtime.checkpoint.saving",
+    "StopRequest": "hintpipe.runtime.checkpoint.stopping",
+    "run_ranks": "hintpipe.runtime.launch",
+    "CheckpointError": "hintpipe.runtime.errors",
+    "NonFiniteLoss": "hintpipe.runtime.errors",
+    "OptionMismatch": "hintpipe.runtime.errors",
+    "PeerFailure": "hintpipe.runtime.errors",
+    "RankFailure": "hintpipe.runtime.errors",
+    "TaskError": "hintpipe.runtime.errors",
+    "WatchdogTimeout": "hintpipe.runtime.errors",
 }
-
-
-_compat.install()
 
 
 def __getattr__(name: str) -> Any:
@@ -37,16 +75,37 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hintpipe' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
 __all__ = [
+    "CaptureError",
+    "CheckpointError",
+    "Checkpointer",
+    "EmulatedCosts",
     "Hint",
     "Kind",
+    "NonFiniteLoss",
+    "OptionMismatch",
+    "PeerFailure",
     "Pipeline",
     "Placement",
     "Plan",
     "Policy",
+    "RankFailure",
     "Scoreboard",
+    "StepReport",
+    "StopRequest",
     "Task",
+    "TaskError",
+    "TiedParameter",
+    "WatchdogTimeout",
     "generate_hint",
+    "load_merged",
+    "load_plan",
     "plan",
+    "run_ranks",
+    "save_plan",
     "split_point",
 ]

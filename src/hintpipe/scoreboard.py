@@ -4,7 +4,7 @@ The scoreboard knows, for one rank, which of its tasks are ready (their inputs
 have arrived), which are admitted (memory allows them), and which one to run
 next. It is driven by two events, "a message arrived" (:meth:`Scoreboard.deliver`)
 and "a task finished" (:meth:`Scoreboard.finish`), and asked one question,
-"what now?" (:meth:`Scoreboard.decide`). It knows nothing of clocks, tensors
+"what now?" (:meth:`Scoreboard.take`, which starts what it chooses). It knows nothing of clocks, tensors
 or processes: the event simulator drives it with a virtual clock, the runtime
 with messages and compute, so a simulation is a prediction of the runtime.
 
@@ -26,8 +26,10 @@ import numpy as np
 
 from hintpipe.choice import Choice
 from hintpipe.schedule import rules
-from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.task import Kind, Task
+from hintpipe.schedule.rank_graph import RankGraph
+from hintpipe.schedule.task import Task
+
+__all__ = ["PATIENCE_TOLERANCE", "BudgetError", "Policy", "RankGraph", "RankPlan", "Scoreboard", "device_budgets"]
 
 
 class Policy(Choice):
@@ -117,98 +119,26 @@ class BudgetError(ValueError):
     """A memory budget below what the hint itself needs."""
 
 
-def device_budgets(peaks: Sequence[float], headroom: float = 0.0) -> list[float]:
+def device_budgets(peaks: Sequence[float], device_budget: float = 0.0) -> list[float]:
     """Per-device budgets: every rank may hold what the hint's busiest rank holds.
 
     A hint's own peaks differ by rank (1F1B: rank ``r`` of ``p`` holds ``p - r``
     micro-batches), so with equal devices the later ranks' memory sits idle;
     this budget lends it to running ahead, and no device ever holds more than
-    the fixed-order pipeline's busiest one (plus ``headroom``, a fraction:
+    the fixed-order pipeline's busiest one (times ``1 + device_budget``:
     0.25 for 25% more).
 
     Args:
         peaks: each rank's own fixed-order peak (slots or bytes).
-        headroom: extra share of the largest peak, >= 0.
+        device_budget: extra share of the largest peak, >= 0.
 
     Raises:
-        ValueError: for a negative headroom.
+        ValueError: for a negative or infinite ``device_budget``.
     """
-    if headroom < 0 or not math.isfinite(headroom):
-        raise ValueError(f"headroom must be a finite fraction >= 0 (0.25 for 25% more), got {headroom!r}")
-    room = max(peaks, default=0.0) * (1.0 + headroom)
+    if device_budget < 0 or not math.isfinite(device_budget):
+        raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25 for 25% more), got {device_budget!r}")
+    room = max(peaks, default=0.0) * (1.0 + device_budget)
     return [room] * len(peaks)
-
-
-class RankGraph:
-    """The fixed part of one rank's dispatch state: its tasks and how they depend.
-
-    Built once per hint and rank and shared by every scoreboard that runs it.
-
-    Args:
-        hint: the whole hint (the graph reads its own rank's list).
-        rank: which rank.
-        sizes: activation size of each of this rank's ``F`` tasks, by
-            position in the rank's hint (bytes, or ``None`` for one slot per
-            micro-batch). Released by the last backward task of the same stage
-            and micro-batch (``W`` when split, else ``B``).
-    """
-
-    def __init__(self, hint: Hint, rank: int, sizes: Sequence[float] | None = None) -> None:
-        self.hint = hint
-        self.rank = rank
-        self.tasks: tuple[Task, ...] = hint.ranks[rank]
-        n = len(self.tasks)
-        if sizes is not None and len(sizes) != n:
-            raise ValueError(f"sizes has {len(sizes)} entries, rank {rank} has {n} tasks")
-        self.index: dict[Task, int] = {t: i for i, t in enumerate(self.tasks)}
-        stage_rank = hint.placement.stage_rank
-        stages, split = hint.num_stages, hint.split_backward
-        need = [len(rules.dependencies(t, stages)) for t in self.tasks]
-        local: list[tuple[int, ...]] = [()] * n
-        remote: list[tuple[int, Task] | None] = [None] * n
-        source: list[tuple[int, Task] | None] = [None] * n
-        delta = [0.0] * n
-        index = self.index
-        for i, task in enumerate(self.tasks):
-            after: list[int] = []
-            for nxt in rules.successors(task, stages, split):
-                if stage_rank[nxt.stage] == rank:
-                    after.append(index[nxt])
-                else:
-                    assert remote[i] is None, f"{task} feeds two remote tasks"
-                    remote[i] = (stage_rank[nxt.stage], nxt)
-            local[i] = tuple(after)
-            for dep in rules.dependencies(task, stages):
-                if stage_rank[dep.stage] != rank:
-                    source[i] = (stage_rank[dep.stage], dep)
-            units = rules.memory_delta(task, split)
-            if units > 0:
-                delta[i] = 1.0 if sizes is None else float(sizes[i])
-        for i, task in enumerate(self.tasks):
-            if rules.memory_delta(task, split) < 0:
-                delta[i] = -delta[index[Task(task.stage, Kind.F, task.mb)]]
-
-        self.need = tuple(need)
-        self.local = tuple(local)
-        #: ``remote[pos]``: (rank, task) to notify when ``pos`` finishes, or None.
-        self.remote = tuple(remote)
-        #: ``source[pos]``: (rank, task) whose result is ``pos``'s remote input, or None.
-        self.source = tuple(source)
-        self.delta = tuple(delta)
-        self.is_forward = tuple(t.kind is Kind.F for t in self.tasks)
-        #: Each position's micro-batch.
-        self.mbs = np.array([t.mb for t in self.tasks], dtype=np.int64)
-        projected = []
-        live = 0.0
-        for d in delta:
-            live += d
-            projected.append(live)
-        #: Live activations after each position when the hint runs in order.
-        self.projected = tuple(projected)
-        #: The most a fixed-order run of the hint holds at once on this rank.
-        self.peak = max(projected, default=0.0)
-        #: The largest single activation: one micro-batch's worth of room.
-        self.unit = max(delta, default=0.0)
 
 
 class Scoreboard:
@@ -350,7 +280,11 @@ class Scoreboard:
             self.eta[pos] = at + self._plan.latency
 
     def take(self, now: float) -> int:
-        """:meth:`decide`, then :meth:`start` what it chose; -1 to wait."""
+        """The position of the task to run now, already started (:meth:`start`); -1 to wait.
+
+        When it returns -1 because of patience or the ETA rule, :attr:`wake_at` is the time to
+        ask again if no message arrives first; otherwise it is ``inf``.
+        """
         k = self.next
         if k < self._n and self._need[k] == 0:
             # The hint's next task is ready: the common case, kept inline.
@@ -368,7 +302,7 @@ class Scoreboard:
                 if live > self.peak:
                     self.peak = live
             return k
-        # The rest of decide(), without its checks of the hint's next task.
+        # The hint's next task waits for its input: may another ready task go first?
         self.wake_at = math.inf
         if k >= self._n or not self._queue_ready:  # done, or fixed order waits
             return -1
@@ -385,7 +319,8 @@ class Scoreboard:
         return not self._taken[pos] and self._need[pos] == 0
 
     def start(self, pos: int) -> None:
-        """The driver starts the task at ``pos`` (as returned by :meth:`decide`)."""
+        """The driver starts the task at ``pos`` (a follower of a tensor-parallel group starts what its leader
+        chose; :meth:`take` starts what it chooses itself)."""
         taken = self._taken
         taken[pos] = True
         d = self._delta[pos]
@@ -427,28 +362,6 @@ class Scoreboard:
         return self.remote[pos]
 
     # -- decision -----------------------------------------------------------
-
-    def decide(self, now: float) -> int:
-        """The position of the task to start now, or -1 to wait.
-
-        When it returns -1 because of patience, :attr:`wake_at` is the time to
-        ask again if no message arrives first; otherwise it is ``inf``.
-        """
-        self.wake_at = math.inf
-        k = self.next
-        if k >= self._n:
-            return -1
-        if self._need[k] == 0:
-            return k
-        if self.policy is Policy.FIXED:
-            return -1
-        best = self._best_ready()
-        plan = self._plan
-        if best < 0 or plan is None:
-            return best
-        if self._eta_rule:
-            return self._eta_choice(now, k, best, plan)
-        return self._patience(now, k, best, plan)
 
     def _patience(self, now: float, k: int, best: int, plan: RankPlan) -> int:
         """Without notices: ``best`` if ``k`` is overdue or ``best`` fits before ``k`` is due; else wait."""

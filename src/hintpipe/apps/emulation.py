@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from hintpipe.apps.models import SeqLenDist, build_layers, make_batch, split_layers
-from hintpipe.runtime.executor import EmulatedCosts, as_tensors
+from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
+from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
     from hintpipe.apps.training import TrainConfig
@@ -23,11 +24,11 @@ def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
     equally between B and W.
     """
     torch.set_num_threads(1)
-    from hintpipe.apps.training import resolve_hint
-
-    stages = resolve_hint(config).num_stages
+    stages = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks).num_stages
     modules = split_layers(build_layers(config.model), stages)
-    inputs, _, _ = make_batch(config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len.mean), 0, config.seed)
+    inputs, _, _ = make_batch(
+        config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len_dist.mean), 0, config.seed
+    )
     forward, backward = [], []
     x = as_tensors(inputs[0])  # several tensors for mm-mini (patches, text ids)
     for module in modules:

@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,29 +25,33 @@ from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_
 from hintpipe.apps.progress import progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.observe.trace import Record
+from hintpipe.options import OPTIONS, check_options
 from hintpipe.planner.plan import Plan
-from hintpipe.runtime.checkpoint import Checkpointer
-from hintpipe.runtime.executor import EmulatedCosts
-from hintpipe.runtime.faults import inject
+from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+from hintpipe.runtime.checkpoint.stopping import StopRequest
+from hintpipe.runtime.faults import failing_writer, inject
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.launch import attempt, run_ranks
-from hintpipe.runtime.mesh import Layout, build_mesh
-from hintpipe.runtime.pipeline import OnNonFinite, Pipeline, PipelineOptions, StepReport
-from hintpipe.runtime.stopping import StopRequest
-from hintpipe.schedule.generators import generate_hint
-from hintpipe.schedule.hint import Hint, HintName
-from hintpipe.schedule.hint_csv import load_hint_csv
+from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.parallel.mesh import Layout, build_mesh
+from hintpipe.runtime.pipeline import Pipeline, PipelineOptions, StepReport
+from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
+from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything a rank needs to train (picklable: it crosses process boundaries)."""
+    """Everything a rank needs to train (picklable: it crosses process boundaries).
+
+    The fields that are options (:data:`hintpipe.options.OPTIONS`) have the option's name, default and range,
+    and are checked when the config is made.
+    """
 
     model: ModelConfig
-    ranks: int  # pipeline ranks (stage ranks of one pipeline)
+    ranks: int  # pipeline ranks (one pipeline's length)
     microbatches: int
     microbatch_size: int = 4
     hint: str = "1f1b"
@@ -56,16 +59,16 @@ class TrainConfig:
     policy: str = "ready"
     steps: int = 4
     memory_slack: float = 0.0
-    memory_budget: tuple[float, ...] | None = None  # activation bytes per rank
-    device_budget: float | None = None  # slots: the hint's busiest rank's, times 1 + this, on every rank
-    seq_len: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
-    inject: tuple[str, ...] = ()
+    activation_budget: tuple[float, ...] | None = None  # activation bytes, per pipeline rank
+    device_budget: float | None = None  # the hint's busiest rank's micro-batches, times 1 + this, on every rank
+    seq_len_dist: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
+    variability: tuple[str, ...] = ()
+    faults: tuple[str, ...] = ()
     seed: int = 0
     lr: float = 1e-3
     timeout: float = 300.0
     check_grads: bool = False
     emulate: EmulatedCosts | None = None
-    split_backward: bool = False
     progress: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -80,12 +83,31 @@ class TrainConfig:
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
     data_parallel: str = "replicate"  # or "fsdp"
     microbatch_order: str = DEFAULT_ORDER  # see hintpipe.schedule.microbatch_order
-    device: str = "cpu"  # or "auto", "cuda": see hintpipe.runtime.device
-    transport: str = "auto"  # or "gloo", "nccl": see hintpipe.runtime.transport
+    device: str = "cpu"  # or "auto", "cuda": see hintpipe.device
+    transport: str = "auto"  # or "gloo", "nccl": see hintpipe.runtime.transport.protocol
+
+    def __post_init__(self) -> None:
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
+        options.pop("activation_budget")
+        for budget in self.activation_budget or ():
+            OPTIONS["activation_budget"].check(budget)
+        check_options(options)
+        Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
 
     @property
     def world(self) -> int:
+        """Every process of the run: dp x ranks x tp."""
         return self.dp * self.ranks * self.tp
+
+    @property
+    def injection(self) -> Injection:
+        """The run's ``variability`` and ``faults``, parsed."""
+        return Injection.parse(self.variability, self.faults, self.seed)
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the run's hint splits weight gradients off (W tasks)."""
+        return resolve_hint(self.hint, self.ranks, self.microbatches, self.chunks).split_backward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +121,7 @@ class TrainResult:
     max_grad_abs_diff: float | None = None
     max_grad_rel_diff: float | None = None
     resumed_from: int = 0
-    skipped_steps: tuple[int, ...] = ()
+    nonfinite_steps: tuple[int, ...] = ()
     state: dict[str, torch.Tensor] | None = None
     stopped_by: str = ""  # the signal that stopped the run early ("SIGTERM"), if any
     checkpoint: str | None = None  # the last checkpoint this run saved
@@ -165,29 +187,29 @@ def train(config: TrainConfig) -> TrainResult | None:
 def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipeline, list[torch.nn.Module] | None]:
     """This rank's pipeline over the built-in model (cut evenly, or as a saved plan says), with the run's
     injection wrapped around it; and every stage's module when the model was cut here (for gradient checks)."""
-    hint = resolve_hint(config)
+    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
     options: PipelineOptions = {
         "hint": hint,
         "policy": config.policy,
         "timeout": config.timeout,
         "emulate": config.emulate,
-        "on_nonfinite": OnNonFinite.parse(config.on_nonfinite),
+        "on_nonfinite": config.on_nonfinite,
         "timelines": config.timelines,
+        "microbatch_order": config.microbatch_order,
+        "device": config.device,
+        "transport": config.transport,
     }
     if config.memory_slack:
         options["memory_slack"] = config.memory_slack
     if config.device_budget is not None:
         options["device_budget"] = config.device_budget
-    options["microbatch_order"] = config.microbatch_order
-    options["device"] = config.device
-    options["transport"] = config.transport
     mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:
         options["mesh"] = mesh
         options["data_parallel"] = config.data_parallel
-    if config.memory_budget is not None:
-        options["memory_budget"] = config.memory_budget[position]
+    if config.activation_budget is not None:
+        options["activation_budget"] = config.activation_budget[position]
     loss_fn = loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
     if config.plan is not None:
@@ -198,7 +220,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         if mesh is not None and config.tp > 1:
             modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
-    inject(pipe, Injection.parse(list(config.inject), seed=config.seed))
+    inject(pipe, config.injection)
     return pipe, modules
 
 
@@ -250,7 +272,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         max_grad_abs_diff=None if run.grad_diffs is None else run.grad_diffs[0],
         max_grad_rel_diff=None if run.grad_diffs is None else run.grad_diffs[1],
         resumed_from=first,
-        skipped_steps=tuple(pipe.nonfinite_steps),
+        nonfinite_steps=tuple(pipe.nonfinite_steps),
         state=state,
         stopped_by=stop.name,
         checkpoint=None if checkpoints is None or checkpoints.last is None else str(checkpoints.last),
@@ -287,10 +309,8 @@ def _checkpointer(config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Op
         every=config.checkpoint_every,
         keep=config.checkpoint_keep,
         hint=pipe.hint.name,
+        storage_writer=failing_writer(config.injection, pipe.global_rank),
     )
-    if attempt() == 0:  # injected faults fire in the first attempt only
-        failures = Injection.parse(list(config.inject)).save_failures
-        checkpoints.fail_at = {step + 1 for rank, step in failures if rank == pipe.global_rank}
     return checkpoints
 
 
@@ -325,13 +345,6 @@ def _step(
         optimizer.zero_grad(set_to_none=True)
 
 
-def resolve_hint(config: TrainConfig) -> Hint:
-    """The run's hint: generated by name, or loaded from a CSV file (torch's compute-only format)."""
-    if config.hint.endswith(".csv") or Path(config.hint).is_file():
-        return load_hint_csv(config.hint)
-    return generate_hint(HintName.parse(config.hint), config.ranks, config.microbatches, config.chunks)
-
-
 def step_batch(
     config: TrainConfig, step: int, replica: int = 0
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
@@ -340,7 +353,7 @@ def step_batch(
     seed = config.seed + REPLICA_SEED_STRIDE * replica
     if config.data == "stdlib":
         return stdlib_batch(config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
-    return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len, step, seed)
+    return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
 
 
 REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run

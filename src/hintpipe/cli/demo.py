@@ -39,25 +39,13 @@ def register(commands: Any) -> None:
 
 
 def demo_arguments(steps: int, timeline: str = "demo-timeline.png") -> argparse.Namespace:
-    return argparse.Namespace(
-        model="gpt-mini",
-        layers=4,
-        hidden=96,
-        microbatch_size=4,
-        seq_len_dist="lognormal:96:0.5",
-        stages=2,
-        microbatches=8,
-        hint="1f1b",
-        chunks=None,
-        steps=steps,
-        memory_slack=2.0,
-        inject=[],
-        emulate=False,
-        seed=0,
-        timeout=120.0,
-        check_grads=False,
-        timeline=timeline,  # the timelines are kept, to draw
-    )
+    """The demo's run, as ``hintpipe train`` flags (the timelines are kept, to draw)."""
+    from hintpipe.cli import build_parser
+
+    argv = ["train", "--ranks", "2", "--microbatches", "8", "--layers", "4", "--hidden", "96"]
+    argv += ["--seq-len-dist", "lognormal:96:0.5", "--steps", str(steps), "--memory-slack", "2"]
+    argv += ["--timeout", "120", "--timeline", timeline]
+    return build_parser().parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
-from hintpipe.cli.common import check_writable, print_json, renamed, stdout
+from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
 from hintpipe.schedule.hint import HintName
 from hintpipe.units import format_size
 
@@ -22,29 +22,13 @@ def register(commands: Any) -> None:
     parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
     parser.add_argument("--seq-len", type=int, default=64, help="gpt-mini sequence length to profile (default 64)")
-    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks")
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M")
-    parser.add_argument("--hint", default="1f1b", choices=[h.value for h in HintName])
-    parser.add_argument("--chunks", type=int, default=1, metavar="V")
-    parser.add_argument(
-        "--stage-memory",
-        required=True,
-        metavar="SIZE",
-        help="total memory of each stage's device (parameters, gradients, optimizer state and activations), "
-        "e.g. 512MiB or 2GiB; or one per stage, comma-separated",
-    )
-    renamed(parser, "--memory-budget", "--stage-memory (total memory per stage)")
-    parser.add_argument("--microbatch-size", type=int, default=4, metavar="B", help="samples per micro-batch")
-    parser.add_argument("--optimizer-factor", type=float, default=2.0, help="optimizer bytes per parameter byte")
-    parser.add_argument(
-        "--host-bandwidth",
-        type=float,
-        default=None,
-        metavar="BYTES_PER_S",
-        help="for offloading activations to host memory (default: 0, no offload, when the model runs on the CPU)",
-    )
-    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per node (default 5)")
-    parser.add_argument("--seed", type=int, default=0, help="model seed (default 0)")
+    for name in ("ranks", "microbatches"):
+        add_option(parser, name)
+    add_option(parser, "hint", choices=[h.value for h in HintName], metavar=None)
+    add_option(parser, "chunks")
+    add_option(parser, "stage_memory", required=True)
+    for name in ("microbatch_size", "optimizer_factor", "host_bandwidth", "repeats", "seed"):
+        add_option(parser, name)
     parser.add_argument(
         "--save", metavar="FILE", help="write the plan (with the model's weights) for `hintpipe train --plan FILE`"
     )
@@ -61,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.save is not None:
         check_writable(args.save, "--save")
+    values = checked(args, ["ranks", "microbatches", "chunks", "microbatch_size", "optimizer_factor", "repeats"])
+    values |= checked(args, ["host_bandwidth", "seed"])
     torch.set_num_threads(1)
     config = ModelConfig(
         args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=args.seed
@@ -71,14 +57,14 @@ def run(args: argparse.Namespace) -> int:
     result = plan(
         model,
         inputs[0],
-        stages=args.stages,
-        microbatches=args.microbatches,
+        ranks=values["ranks"],
+        microbatches=values["microbatches"],
         hint=args.hint,
-        chunks=args.chunks,
-        memory_budget=args.stage_memory,
-        host_bandwidth=args.host_bandwidth,
-        optimizer_factor=args.optimizer_factor,
-        repeats=args.repeats,
+        chunks=values["chunks"],
+        stage_memory=args.stage_memory,
+        host_bandwidth=values["host_bandwidth"],
+        optimizer_factor=values["optimizer_factor"],
+        repeats=values["repeats"],
     )
     if args.save is not None:
         save_plan(result, args.save, model={"config": dataclasses.asdict(config)})
@@ -119,5 +105,5 @@ def run(args: argparse.Namespace) -> int:
         groups = "; ".join(" = ".join(group) for group in result.tied)
         stdout.print(f"parameters used by more than one stage (tied): {groups}")
     if args.save is not None:
-        stdout.print(f"plan saved to {args.save}: hintpipe train --plan {args.save} --stages {args.stages} ...")
+        stdout.print(f"plan saved to {args.save}: hintpipe train --plan {args.save} --ranks {args.ranks} ...")
     return 0

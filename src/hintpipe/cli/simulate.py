@@ -8,18 +8,18 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.cli.common import (
-    add_budget_arguments,
-    add_hint_arguments,
+    add_option,
+    add_room_arguments,
     build_hint,
     check_writable,
-    parse_budgets,
+    checked,
     print_json,
     progress_bar,
+    room,
     stdout,
 )
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
-from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import Summary, run_study
 from hintpipe.sim.cost_model import CostModel
@@ -31,35 +31,15 @@ HELP = "simulate a schedule and policy on a virtual clock"
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("simulate", help=HELP, description=HELP)
-    add_hint_arguments(parser)
-    parser.add_argument(
-        "--policy",
-        default="ready",
-        choices=[p.value for p in Policy],
-        help="fixed: hint order; greedy: best-ranked ready task; ready: deviates from the hint only where the "
-        "hint's next task cannot be delayed by it (default)",
-    )
+    for name in ("ranks", "microbatches", "hint", "chunks", "policy"):
+        add_option(parser, name)
     parser.add_argument("--compare", action="store_true", help="run fixed, greedy and ready on the same samples")
-    parser.add_argument(
-        "--variability",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
-        "comm:LATENCY[:JITTER] (cost units); repeatable",
-    )
-    parser.add_argument(
-        "--microbatch-order",
-        default=DEFAULT_ORDER,
-        choices=[o.value for o in MicrobatchOrder],
-        help="run each step's micro-batches in this order of their known sizes (mb and mm factors); "
-        f"default {DEFAULT_ORDER}, as train: sorted orders are faster but hold more activation memory "
-        "(benchmarks/readiness-at-scale)",
-    )
-    add_budget_arguments(parser, bytes_only=False)
+    add_option(parser, "variability")
+    add_option(parser, "microbatch_order")
+    add_room_arguments(parser, activation_unit="slots, or bytes such as 2GiB when the cost model has sizes")
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
     parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    add_option(parser, "seed")
     parser.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace of the last trial")
     parser.add_argument("--timeline", metavar="FILE.png", help="write a Gantt chart of the last trial")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -70,18 +50,17 @@ def run(args: argparse.Namespace) -> int:
     for option in ("trace", "timeline"):
         if getattr(args, option):
             check_writable(getattr(args, option), f"--{option}")
+    if args.trials < 1:
+        raise ValueError(f"--trials must be at least 1, got {args.trials}")
+    values = checked(args, ["seed", "policy", "microbatch_order"])
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
-    budgets = parse_budgets(args.activation_budget, hint.num_ranks)
-    if args.device_budget is not None:
-        if args.device_budget < 0:
-            raise ValueError(f"--device-budget must be >= 0 percent, got {args.device_budget:g}")
-        budgets = Simulator(hint, cost_model or CostModel.uniform(hint.num_stages)).device_budgets(
-            args.device_budget / 100
-        )
+    slack, budgets, device_budget = room(args, hint.num_ranks)
+    if device_budget is not None:
+        budgets = Simulator(hint, cost_model or CostModel.uniform(hint.num_stages)).device_budgets(device_budget)
     in_bytes = cost_model is not None and cost_model.activation is not None
-    policy = Policy(args.policy)
+    policy: Policy = values["policy"]
     policies = list(Policy) if args.compare else [policy]
     with progress_bar("simulating", args.trials, enabled=not args.json and args.trials > 1) as bar:
         summaries = run_study(
@@ -90,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
             cost_model=cost_model,
             variability=models,
             trials=args.trials,
-            seed=args.seed,
-            slack=args.memory_slack,
+            seed=values["seed"],
+            slack=slack,
             budgets=budgets,
-            order=args.microbatch_order,
+            order=values["microbatch_order"],
             on_trial=lambda _: bar.advance(bar.task_ids[0]),
         )
     shown = summaries.get(policy, summaries[policies[-1]])

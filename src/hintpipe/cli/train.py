@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,14 +11,22 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
-from hintpipe.cli.common import add_budget_arguments, build_hint, check_writable, print_json, stdout
+from hintpipe.cli.common import (
+    add_option,
+    add_room_arguments,
+    build_hint,
+    check_writable,
+    checked,
+    print_json,
+    room,
+    stdout,
+)
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.runtime.injection import Injection
-from hintpipe.schedule.hint import Hint, HintName
-from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
-from hintpipe.scoreboard import Policy
-from hintpipe.units import format_size, parse_sizes
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
+from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
@@ -27,26 +35,17 @@ if TYPE_CHECKING:  # the training modules need torch; they are imported where a 
 HELP = "train a built-in model across processes with pipeline parallelism"
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The built-in model and its data (shared with ``demo``)."""
     parser.add_argument("--model", default="gpt-mini", choices=MODELS, help="built-in model (default gpt-mini)")
     parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
-    parser.add_argument("--microbatch-size", type=int, default=4, metavar="B", help="samples per micro-batch")
+    add_option(parser, "microbatch_size")
     parser.add_argument(
         "--seq-len-dist",
         default="fixed:64",
         metavar="SPEC",
         help="gpt-mini sequence lengths per micro-batch: fixed:T or lognormal:MEAN:SIGMA (default fixed:64)",
-    )
-    parser.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
-        "comm:LATENCY[:JITTER] (times: 2ms), "
-        "tp:MEMBERS:SIGMA, crash:RANK:STEP, hang:RANK:STEP, nan:STEP, savefail:RANK:STEP; the simulator's words, "
-        "same meaning; repeatable",
     )
     parser.add_argument(
         "--data",
@@ -55,74 +54,48 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="synthetic counting text with --seq-len-dist lengths (default), or the Python standard library's "
         "source files as byte-level text (real, heavy-tailed lengths; vocabulary 256)",
     )
-    parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
-    parser.add_argument("--seed", type=int, default=0, help="model, data and injection seed (default 0)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="watchdog timeout (default 300 s)")
+
+
+#: The pipeline's and the run's options that ``train`` takes as flags, in ``--help``'s order.
+TRAIN_OPTIONS = (
+    "ranks",
+    "dp",
+    "tp",
+    "data_parallel",
+    "microbatches",
+    "hint",
+    "chunks",
+    "policy",
+    "microbatch_order",
+    "device",
+    "transport",
+    "steps",
+    "variability",
+    "faults",
+    "seed",
+    "lr",
+    "timeout",
+    "on_nonfinite",
+    "checkpoint_every",
+    "checkpoint_keep",
+)
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("train", help=HELP, description=HELP)
-    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (processes)")
-    parser.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas of the pipeline")
-    parser.add_argument(
-        "--data-parallel",
-        default="replicate",
-        choices=["replicate", "fsdp"],
-        help="replicas hold whole stages and all-reduce gradients (default), or FSDP2 shards them",
-    )
-    parser.add_argument(
-        "--tp", type=int, default=1, metavar="T", help="tensor-parallel ranks per stage (gpt-mini): D x P x T processes"
-    )
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M")
-    parser.add_argument(
-        "--hint",
-        default="1f1b",
-        metavar="H",
-        help=f"{', '.join(h.value for h in HintName)}, or a CSV file as simulate takes (default: 1f1b)",
-    )
-    parser.add_argument("--policy", default="ready", choices=[p.value for p in Policy])
-    parser.add_argument(
-        "--microbatch-order",
-        default=DEFAULT_ORDER,
-        choices=[o.value for o in MicrobatchOrder],
-        help=f"the order each step runs its micro-batches in, by size (default {DEFAULT_ORDER})",
-    )
-    parser.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (default 1; zbv 2)")
-    parser.add_argument(
-        "--device",
-        default="cpu",
-        choices=["auto", "cpu", "cuda"],  # hintpipe.runtime.device.DeviceChoice (this module imports no torch)
-        help="where each rank computes: cpu (default), cuda (its GPU: LOCAL_RANK or its index, modulo the GPUs), "
-        "or auto (cuda where available); not yet measured on a GPU",
-    )
-    parser.add_argument(
-        "--transport",
-        default="auto",
-        choices=["auto", "gloo", "nccl"],  # hintpipe.runtime.transport.TransportChoice
-        help="how tensors travel between ranks: gloo (through host memory; works with ranks sharing a GPU), "
-        "nccl (GPU to GPU; a GPU per rank) or auto (nccl where every rank has its own GPU, default)",
-    )
-    parser.add_argument("--steps", type=int, default=4, metavar="N")
-    add_budget_arguments(parser, bytes_only=True)
-    add_train_arguments(parser)
+    for name in TRAIN_OPTIONS:
+        add_option(parser, name)
+    add_room_arguments(parser, activation_unit="bytes, e.g. 64MiB")
+    add_model_arguments(parser)
+    parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
     parser.add_argument(
         "--plan", metavar="FILE", help="train the stages of a plan saved by `hintpipe plan --save` (and its weights)"
     )
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here (torch.distributed.checkpoint)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save after every K steps")
-    parser.add_argument(
-        "--checkpoint-keep", type=int, default=2, metavar="K", help="verified checkpoints kept (default 2)"
-    )
     parser.add_argument(
         "--resume",
         action="store_true",
         help="continue from the newest checkpoint in --checkpoint-dir that verifies (damaged ones are skipped)",
-    )
-    parser.add_argument(
-        "--on-nonfinite",
-        default="raise",
-        choices=["raise", "skip"],
-        help="a NaN/inf loss stops the run (raise, default) or skips that step's optimizer update (skip)",
     )
     parser.add_argument("--check-grads", action="store_true", help="compare step 1's gradients with an unsplit copy")
     parser.add_argument("--trace", metavar="FILE", help="Perfetto/Chrome trace of the last step")
@@ -136,23 +109,20 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     from hintpipe.apps.models import build_layers, split_layers
     from hintpipe.apps.training import TrainConfig, profile_costs
 
-    if args.stages < 1 or args.microbatches < 1 or args.steps < 1:
-        raise ValueError(
-            f"--stages, --microbatches and --steps must be at least 1, got {args.stages}, "
-            f"{args.microbatches}, {args.steps}"
-        )
-    _check_run_options(args)
+    values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size") if hasattr(args, n)])
+    _check_run_options(args, values)
     hint = build_hint(args)
-    dp, tp = getattr(args, "dp", 1), getattr(args, "tp", 1)
-    injection = Injection.parse(args.inject)
-    injection.check(args.stages * dp * tp, hint.num_stages, args.microbatches, tp)
-    late = [step for _, step in (*injection.crash, *injection.hang, *injection.save_failures)]
-    late += list(injection.nan_steps)
-    if late and max(late) >= args.steps:
-        raise ValueError(f"--inject names step {max(late)}, the run has steps 0..{args.steps - 1}: it would never fire")
+    dp, tp = values.get("dp", 1), values.get("tp", 1)
+    injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
+    injection.check(args.ranks * dp * tp, hint.num_stages, args.microbatches, tp)
+    if injection.steps and max(injection.steps) >= values["steps"]:
+        raise ValueError(
+            f"--faults names step {max(injection.steps)}, the run has steps 0..{values['steps'] - 1}: it would never "
+            "fire"
+        )
     data = getattr(args, "data", "synthetic")
     vocab = 256 if data == "stdlib" else ModelConfig.vocab
-    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=args.seed, vocab=vocab)
+    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=values["seed"], vocab=vocab)
     if tp > 1 and model.heads % tp:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
     if data == "stdlib" and model.name == "mlp":
@@ -165,43 +135,45 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         planned = _plan_hf(args, model, hint)
     else:
         split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
+    slack, budgets, device_budget = room(args, args.ranks)
     config = TrainConfig(
         model=model,
-        ranks=args.stages,
+        ranks=args.ranks,
         microbatches=args.microbatches,
         microbatch_size=args.microbatch_size,
         hint=args.hint,
         chunks=args.chunks,
         policy=policy,
-        steps=args.steps,
-        memory_slack=args.memory_slack,
-        device_budget=_device_budget(getattr(args, "device_budget", None)),
-        memory_budget=_budget(getattr(args, "activation_budget", None), args.stages),
-        seq_len=SeqLenDist.parse(args.seq_len_dist),
-        inject=tuple(args.inject),
-        seed=args.seed,
-        timeout=args.timeout,
+        steps=values["steps"],
+        memory_slack=slack,
+        device_budget=device_budget,
+        activation_budget=None if budgets is None else tuple(budgets),
+        seq_len_dist=SeqLenDist.parse(args.seq_len_dist),
+        variability=tuple(values.get("variability", ())),
+        faults=tuple(values.get("faults", ())),
+        seed=values["seed"],
+        lr=values.get("lr", 1e-3),
+        timeout=values["timeout"],
         check_grads=getattr(args, "check_grads", False),
-        split_backward=hint.split_backward,
         progress=not getattr(args, "json", False),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
-        checkpoint_every=getattr(args, "checkpoint_every", 0),
-        checkpoint_keep=getattr(args, "checkpoint_keep", 2),
+        checkpoint_every=values.get("checkpoint_every", 0),
+        checkpoint_keep=values.get("checkpoint_keep", 2),
         resume=getattr(args, "resume", False),
-        on_nonfinite=getattr(args, "on_nonfinite", "raise"),
+        on_nonfinite=values.get("on_nonfinite", "raise"),
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         plan=planned,
         data=data,
         dp=dp,
         tp=tp,
-        data_parallel=getattr(args, "data_parallel", "replicate"),
-        microbatch_order=getattr(args, "microbatch_order", DEFAULT_ORDER),
-        device=getattr(args, "device", "cpu"),
-        transport=getattr(args, "transport", "auto"),
+        data_parallel=values.get("data_parallel", "replicate"),
+        microbatch_order=values.get("microbatch_order", DEFAULT_ORDER),
+        device=values.get("device", "cpu"),
+        transport=values.get("transport", "auto"),
     )
     _check_config(config, injection)
     if args.emulate:
-        config = TrainConfig(**{**config.__dict__, "emulate": profile_costs(config)})
+        config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
 
 
@@ -224,22 +196,16 @@ def _check_config(config: TrainConfig, injection: Injection) -> None:
     if config.checkpoint_keep < 1:
         raise ValueError(f"--checkpoint-keep must be at least 1, got {config.checkpoint_keep}")
     if injection.save_failures and not (config.checkpoint_dir and config.checkpoint_every):
-        raise ValueError("--inject savefail needs --checkpoint-dir and --checkpoint-every")
+        raise ValueError("--faults savefail needs --checkpoint-dir and --checkpoint-every")
 
 
-def _check_run_options(args: argparse.Namespace) -> None:
-    """Refuse bad values before any rank starts, each in one line naming the option."""
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    dp, tp = getattr(args, "dp", 1), getattr(args, "tp", 1)
-    if dp < 1 or tp < 1:
-        raise ValueError(f"--dp and --tp must be at least 1, got {dp} and {tp}")
+def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
+    dp, tp = values.get("dp", 1), values.get("tp", 1)
     if dp * tp > 1 and getattr(args, "check_grads", False):
         raise ValueError("--check-grads compares one pipeline with the unsplit model; use it without --dp and --tp")
     if tp > 1 and (args.model != "gpt-mini" or getattr(args, "plan", None) is not None):
         raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
-    if args.microbatch_size < 1:
-        raise ValueError(f"--microbatch-size must be at least 1, got {args.microbatch_size}")
     for option in ("trace", "timeline"):
         if getattr(args, option, None):
             check_writable(getattr(args, option), f"--{option}")
@@ -263,7 +229,7 @@ def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:
     return plan(
         build_hf_model(model),
         inputs[0],
-        stages=args.stages,
+        ranks=args.ranks,
         microbatches=args.microbatches,
         hint=hint,
         repeats=1,
@@ -279,7 +245,7 @@ def _planned_model(args: argparse.Namespace, path: str) -> tuple[ModelConfig, Pl
     from hintpipe.planner.plan_file import check_plan, load_plan
 
     planned, meta = load_plan(path)
-    check_plan(planned, path, ranks=args.stages, microbatches=args.microbatches)
+    check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
     if planned.hint != args.hint:
         raise ValueError(f"{path} is planned for hint {planned.hint!r}, this run asks for {args.hint!r}")
     if "config" not in meta:
@@ -290,10 +256,6 @@ def _planned_model(args: argparse.Namespace, path: str) -> tuple[ModelConfig, Pl
     if config.name != args.model:
         raise ValueError(f"{path} is planned for model {config.name!r}, this run asks for {args.model!r}")
     return config, planned  # its sizes and weights are the plan's
-
-
-def _budget(text: str | None, ranks: int) -> tuple[float, ...] | None:
-    return None if text is None else parse_sizes(text, ranks, "--activation-budget")
 
 
 def result_json(result: TrainResult) -> dict[str, Any]:
@@ -324,7 +286,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "max_grad_abs_diff": result.max_grad_abs_diff,
         "max_grad_rel_diff": result.max_grad_rel_diff,
         "resumed_from": result.resumed_from,
-        "skipped_steps": list(result.skipped_steps),
+        "nonfinite_steps": list(result.nonfinite_steps),
     }
 
 
@@ -404,12 +366,3 @@ def run(args: argparse.Namespace) -> int:
             f"max rel diff {result.max_grad_rel_diff:.3g}"
         )
     return 0
-
-
-def _device_budget(percent: float | None) -> float | None:
-    """``--device-budget PERCENT`` as the pipeline's headroom fraction."""
-    if percent is None:
-        return None
-    if not (percent >= 0 and math.isfinite(percent)):
-        raise ValueError(f"--device-budget must be >= 0 percent, got {percent:g}")
-    return percent / 100

@@ -1,6 +1,6 @@
 """Planning: ``hintpipe.plan`` captures, profiles and cuts; the result feeds the runtime.
 
->>> plan = hintpipe.plan(model, example_microbatch, stages=4, microbatches=16, memory_budget="8GiB")
+>>> plan = hintpipe.plan(model, example_microbatch, ranks=4, microbatches=16, stage_memory="8GiB")
 >>> pipe = hintpipe.Pipeline.from_plan(plan, loss_fn=loss_fn)      # on every rank
 
 The plan is frozen and JSON-serialisable (:meth:`Plan.to_json`); it keeps the
@@ -29,8 +29,8 @@ from hintpipe.planner.profile import profile
 from hintpipe.planner.search import search
 from hintpipe.planner.stagegen import crossing, extract
 from hintpipe.planner.tables import NodeTables
-from hintpipe.schedule.generators import generate_hint
-from hintpipe.schedule.hint import Hint, HintName
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.tensor_bytes import nbytes, tensors_in
 from hintpipe.units import parse_sizes
 
@@ -98,9 +98,9 @@ class Plan:
     def build_stage(self, index: int) -> nn.Module:
         """Stage ``index`` as a module applying the plan's recompute and offload choices.
 
-        Its parameters are the plan's own (the captured copy of the model's), so stages of one
-        rank that share a tensor share it here too; two pipelines built from one plan object
-        train the same parameters: build the second from a copy (``copy.deepcopy(plan)``).
+        Its parameters are the plan's own (the captured copy of the model's), so stages that share a
+        tensor share it here too; :meth:`Pipeline.from_plan <hintpipe.runtime.pipeline.Pipeline.from_plan>`
+        trains copies of them.
         """
         if not 0 <= index < self.num_stages:
             raise IndexError(f"the plan has stages 0..{self.num_stages - 1}, got {index}")
@@ -171,11 +171,11 @@ def plan(
     model: nn.Module,
     example: Any,
     *,
-    stages: int,
+    ranks: int,
     microbatches: int,
-    memory_budget: float | str | Sequence[float | str] = math.inf,
+    stage_memory: float | str | Sequence[float | str] = math.inf,
     hint: str | Hint = "1f1b",
-    chunks: int = 1,
+    chunks: int | None = None,
     microbatch_size: int | None = None,
     optimizer_factor: float = 2.0,
     host_bandwidth: float | None = None,
@@ -185,15 +185,16 @@ def plan(
     profiles: Sequence[NodeProfile] | None = None,
     kwargs: dict[str, Any] | None = None,
 ) -> Plan:
-    """Plan ``model`` into ``stages`` ranks (x ``chunks`` stages each).
+    """Plan ``model`` into ``ranks`` pipeline ranks (x ``chunks`` stages each).
 
     Args:
         model: the model (a deep copy is captured; the model is not touched).
         example: one micro-batch of inputs (a tensor or a tuple of tensors);
             its first dimension is the profiled micro-batch size.
-        stages: pipeline ranks.
+        ranks: pipeline ranks.
         microbatches: micro-batches per step (the hint's in-flight counts depend on it).
-        memory_budget: bytes per stage: one value or one per stage (``"2GiB"``, ``"1GiB,2GiB,..."``).
+        stage_memory: the total memory of each stage's device in bytes (parameters, gradients, optimizer
+            state and activations): one value or one per stage (``"2GiB"``, ``"1GiB,2GiB,..."``).
         hint: the schedule the runtime will follow.
         microbatch_size: plan for this size (default: the example's).
         optimizer_factor: optimizer state bytes per parameter byte (Adam 2, SGD 0).
@@ -213,21 +214,21 @@ def plan(
     graph, profiles, profiled = _measured(
         model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir
     )
-    hint_obj = hint if isinstance(hint, Hint) else generate_hint(HintName.parse(hint), stages, microbatches, chunks)
+    hint_obj = resolve_hint(hint, ranks, microbatches, chunks)
     total = hint_obj.num_stages
     tables = node_tables(profiles, graph)
     size = microbatch_size or profiled
     if host_bandwidth is None:
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         host_bandwidth = 0.0 if on_cpu else 10e9
-    budgets = parse_sizes(memory_budget, total, "memory_budget")
+    budgets = parse_sizes(stage_memory, total, "stage_memory")
     memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=size / profiled)
     cuts = search(tables, memory, total)
     tied = _tied(graph, cuts)
     return Plan(
         hint=hint_obj.name,
-        ranks=stages,
-        chunks=hint_obj.num_stages // stages,
+        ranks=ranks,
+        chunks=hint_obj.num_stages // ranks,
         microbatches=microbatches,
         microbatch_size=size,
         partition=_partition(tables, memory, cuts, profiled, savings=True),

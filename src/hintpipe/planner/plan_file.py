@@ -94,7 +94,7 @@ def check_plan(plan: Plan, path: str | Path, *, ranks: int, microbatches: int | 
     """Refuse a plan made for another pipeline, naming both numbers."""
     if plan.ranks != ranks:
         raise PlanFileError(
-            f"{path} is planned for {plan.ranks} ranks, this run has {ranks}; plan again or use --stages {plan.ranks}"
+            f"{path} is planned for {plan.ranks} ranks, this run has {ranks}; plan again or use --ranks {plan.ranks}"
         )
     if microbatches is not None and plan.microbatches != microbatches:
         raise PlanFileError(

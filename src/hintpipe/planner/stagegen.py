@@ -21,8 +21,8 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
+from hintpipe.device import new_event, new_stream
 from hintpipe.planner.capture import CapturedGraph, attribute
-from hintpipe.runtime.staging import new_event, new_stream
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:

@@ -1,9 +1,11 @@
-"""Injected variability and faults, as wrappers around the executor and the transport.
+"""Injected variability and faults, as wrappers around the executor, the transport and the checkpoint writer.
 
 :func:`inject` applies an :class:`~hintpipe.runtime.injection.Injection` to a
 :class:`~hintpipe.runtime.pipeline.Pipeline`: cost factors wrap the executor,
 faults wrap it again, message delays wrap the transport. The step loop knows
-none of it.
+none of it. :func:`failing_writer` makes the checkpoint writer that fails a
+save where the injection says, inside torch.distributed.checkpoint's own
+writing, as a full disk would.
 
 [Note: how the runtime realises a cost factor]
 A task of cost ``t`` costs ``X t`` under a factor ``X``. With emulated compute
@@ -16,21 +18,28 @@ for sigma 0.5), not 1. Use ``--emulate`` for the simulator's distribution.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import heapq
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
-from hintpipe.runtime.executor import EmulatedExecutor, Executor, ExecutorWrapper, Tensors
+from hintpipe.runtime.checkpoint.manifest import step_of
 from hintpipe.runtime.injection import CostFactors, Injection
 from hintpipe.runtime.launch import attempt
-from hintpipe.runtime.transport import Transport
-from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor, ExecutorWrapper, Tensors
+from hintpipe.runtime.transport.protocol import Transport
+from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind
 from hintpipe.sim.variability import CommDelay
 
@@ -186,8 +195,8 @@ class DelayedTransport:
 
 def inject(pipe: Pipeline, injection: Injection) -> None:
     """Wrap ``pipe``'s executor and transport so that they inject ``injection``."""
-    layout = pipe.layout
-    injection.check(pipe.world * layout.dp * layout.tp, pipe.hint.num_stages, pipe.microbatches, layout.tp)
+    layout = pipe.parts.layout
+    injection.check(pipe.ranks * layout.dp * layout.tp, pipe.hint.num_stages, pipe.microbatches, layout.tp)
     member = layout.tensor_group_of(pipe.global_rank).index(pipe.global_rank)
     factors = dataclasses.replace(injection.factors(pipe.hint.num_stages, pipe.microbatches), member=member)
     executor = pipe.executor
@@ -200,4 +209,24 @@ def inject(pipe: Pipeline, injection: Injection) -> None:
     pipe.executor = executor
     comm = injection.comm
     if comm is not None:
-        pipe.transport = DelayedTransport(pipe.transport, comm, injection.seed)
+        pipe.messages = DelayedTransport(pipe.messages, comm, injection.seed)
+
+
+class _FullDisk(FileSystemWriter):
+    """A checkpoint writer whose writing fails as a full disk would (``ENOSPC``), inside the writer."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.path))
+
+
+def failing_writer(injection: Injection, rank: int) -> Callable[[str], FileSystemWriter]:
+    """The checkpoint writer of ``rank`` (a global rank): the file system's, except for the saves the
+    injection fails (``savefail:RANK:STEP``: the save after step STEP, in a job's first attempt only)."""
+    failing = {step + 1 for failed_rank, step in injection.save_failures if failed_rank == rank}
+    first_attempt = attempt() == 0
+
+    def writer(path: str) -> FileSystemWriter:
+        done = step_of(Path(path).with_suffix(""))
+        return _FullDisk(path) if first_attempt and done in failing else FileSystemWriter(path)
+
+    return writer

@@ -1,4 +1,5 @@
-"""The ``--inject`` specs: variability (the simulator's words, same meaning) and faults.
+"""What a run injects: variability (``--variability``, the simulator's words, same meaning) and faults
+(``--faults``).
 
 =============================  ===============================================
 ``iid:SIGMA``                  every task's cost times an independent
@@ -22,6 +23,9 @@
                                mesh's tp); the group's collectives make the
                                slowest member set the pace, as in the simulator
                                (whose DECISION is real here, so not given)
+The faults, for tests of failure handling:
+
+=============================  ===============================================
 ``crash:RANK:STEP``            RANK exits abruptly in step STEP
 ``hang:RANK:STEP``             RANK stops making progress in step STEP
 ``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
@@ -66,68 +70,35 @@ from hintpipe.sim.variability import (
 )
 from hintpipe.spec import Spec, SpecError
 
-_KIND = "injection"
-_USAGE = (
-    "iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
-    "comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA, "
-    "crash:RANK:STEP, hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
-)
-_RENAMED = {
-    "compute": "compute:SIGMA is now iid:SIGMA, the simulator's word for the same thing",
-}
+_VARIABILITY = ("iid", "mb", "mm", "straggler", "comm", "tp")
+_FAULTS = ("crash", "hang", "nan", "savefail")
+_FAULT_USAGE = "crash:RANK:STEP, hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
 
 
 @dataclasses.dataclass(frozen=True)
 class Injection:
-    """All injected variability and faults of a run (the sum of the ``--inject`` specs)."""
+    """All injected variability and faults of a run."""
 
     variability: tuple[Variability, ...] = ()
     crash: tuple[tuple[int, int], ...] = ()  # (rank, step)
     hang: tuple[tuple[int, int], ...] = ()
     nan_steps: tuple[int, ...] = ()
-    seed: int = 0
     save_failures: tuple[tuple[int, int], ...] = ()  # (rank, step)
+    seed: int = 0
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps the faults fire in."""
+        return [step for _, step in (*self.crash, *self.hang, *self.save_failures)] + list(self.nan_steps)
 
     @classmethod
-    def parse(cls, specs: Sequence[str], seed: int = 0) -> Injection:
-        """Combine ``--inject`` specs.
+    def parse(cls, variability: Sequence[str] = (), faults: Sequence[str] = (), seed: int = 0) -> Injection:
+        """A run's ``--variability`` and ``--faults`` specs, parsed once.
 
         Raises:
             SpecError: naming the spec and what is wrong with it.
         """
-        variability: list[Variability] = []
-        faults: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": [], "savefail": []}
-        nan_steps: list[int] = []
-        for text in specs:
-            spec = Spec.split(text)
-            if spec.word in _RENAMED:
-                raise spec.fail(_RENAMED[spec.word], _KIND)
-            if spec.word in faults:
-                spec.expect((2,), f"{spec.word}:RANK:STEP", _KIND)
-                faults[spec.word].append((spec.integer(0, "RANK", kind=_KIND), spec.integer(1, "STEP", kind=_KIND)))
-            elif spec.word == "nan":
-                spec.expect((1,), "nan:STEP", _KIND)
-                nan_steps.append(spec.integer(0, "STEP", kind=_KIND))
-            elif spec.word == "tp" and len(spec.args) == 3:
-                raise spec.fail(
-                    "expected tp:MEMBERS:SIGMA (the runtime's decisions are real: DECISION is the simulator's)", _KIND
-                )
-            elif spec.word not in ("iid", "mb", "mm", "straggler", "comm", "tp"):
-                raise spec.fail(f"unknown kind {spec.word!r}; use {_USAGE}", _KIND)
-            elif spec.word == "straggler" and len(spec.args) == 2 and not spec.args[1].isdigit():
-                raise spec.fail(
-                    "expected straggler:FACTOR[:STAGE[:FIRST:LAST]] (STAGE, not RANK, follows FACTOR)", _KIND
-                )
-            else:
-                variability.append(parse_variability(text, seconds=True))
-        return cls(
-            tuple(variability),
-            tuple(faults["crash"]),
-            tuple(faults["hang"]),
-            tuple(nan_steps),
-            seed,
-            tuple(faults["savefail"]),
-        )
+        return cls(tuple(_variability(text) for text in variability), *_faults(faults), seed=seed)
 
     def check(self, ranks: int, stages: int, microbatches: int, tp: int = 1) -> None:
         """Refuse ranks, stages, micro-batches or tensor-parallel members the run does not have."""
@@ -216,3 +187,40 @@ class CostFactors:
             if s == stage and first <= mb <= last:
                 factor *= slow
         return factor
+
+
+def _variability(text: str) -> Variability:
+    """One ``--variability`` spec as the runtime takes it (times with a unit; no simulated DECISION)."""
+    spec = Spec.split(text)
+    kind = "variability"
+    if spec.word in _FAULTS:
+        raise spec.fail(f"{spec.word} is a fault, not variability: give it with --faults", kind)
+    if spec.word == "tp" and len(spec.args) == 3:
+        raise spec.fail(
+            "expected tp:MEMBERS:SIGMA (the runtime's decisions are real: DECISION is the simulator's)", kind
+        )
+    if spec.word == "straggler" and len(spec.args) == 2 and not spec.args[1].isdigit():
+        raise spec.fail("expected straggler:FACTOR[:STAGE[:FIRST:LAST]] (STAGE, not RANK, follows FACTOR)", kind)
+    return parse_variability(text, seconds=True)
+
+
+def _faults(
+    specs: Sequence[str],
+) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """The ``--faults`` specs: crashes, hangs, NaN steps and failing saves."""
+    kind = "fault"
+    found: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": [], "savefail": []}
+    nan_steps: list[int] = []
+    for text in specs:
+        spec = Spec.split(text)
+        if spec.word in _VARIABILITY:
+            raise spec.fail(f"{spec.word} is variability, not a fault: give it with --variability", kind)
+        if spec.word in found:
+            spec.expect((2,), f"{spec.word}:RANK:STEP", kind)
+            found[spec.word].append((spec.integer(0, "RANK", kind=kind), spec.integer(1, "STEP", kind=kind)))
+        elif spec.word == "nan":
+            spec.expect((1,), "nan:STEP", kind)
+            nan_steps.append(spec.integer(0, "STEP", kind=kind))
+        else:
+            raise spec.fail(f"unknown fault {spec.word!r}; use {_FAULT_USAGE}", kind)
+    return tuple(found["crash"]), tuple(found["hang"]), tuple(nan_steps), tuple(found["savefail"])

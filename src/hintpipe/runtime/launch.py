@@ -14,7 +14,7 @@ nothing is left hanging. A spawned rank whose launcher dies exits too.
 
 [Note: signals to the launcher]
 The first SIGINT or SIGTERM to the launcher writes the stop file that every
-rank's :class:`~hintpipe.runtime.stopping.StopRequest` watches: the ranks finish
+rank's :class:`~hintpipe.runtime.checkpoint.stopping.StopRequest` watches: the ranks finish
 their step, save and return. A second signal (or ranks still running
 ``timeout_s + 10`` seconds later) kills them at once and raises
 :class:`Interrupted`. The temporary folder is removed either way.
@@ -49,9 +49,10 @@ from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 from torch.multiprocessing.spawn import start_processes
 
-from hintpipe.runtime.device import DeviceChoice, own_gpu, rank_device
+from hintpipe.device import own_gpu, rank_device
+from hintpipe.options import DeviceChoice
+from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
 from hintpipe.runtime.errors import Interrupted, RankFailure
-from hintpipe.runtime.stopping import SIGNALS, STOP_FILE_ENV
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 

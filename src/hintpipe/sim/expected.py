@@ -4,7 +4,7 @@ The runtime plans ``ready`` with each stage's median measured costs
 (:func:`stage_medians`), and :func:`plans_for` turns those into every rank's
 :class:`~hintpipe.scoreboard.RankPlan` by a fixed-order run of the hint on the
 simulator. The prediction of a measured step uses the very same costs (a
-:class:`~hintpipe.runtime.reports.StepReport` carries the ones its step
+:class:`~hintpipe.runtime.loop.reports.StepReport` carries the ones its step
 planned with), so "the simulator predicts the runtime" compares like with like.
 
 This module is torch-free.

@@ -200,10 +200,10 @@ class Simulator:
         """Per rank: the hint's own peak plus room for ``slack`` more micro-batches."""
         return [g.peak + slack * g.unit for g in self.graphs]
 
-    def device_budgets(self, headroom: float = 0.0) -> list[float]:
-        """Every rank: the hint's largest per-rank peak, times ``1 + headroom``
+    def device_budgets(self, device_budget: float = 0.0) -> list[float]:
+        """Every rank: the hint's largest per-rank peak, times ``1 + device_budget``
         (see :func:`hintpipe.scoreboard.device_budgets`)."""
-        return device_budgets([g.peak for g in self.graphs], headroom)
+        return device_budgets([g.peak for g in self.graphs], device_budget)
 
     def plans(self, latency: float = 0.0) -> list[RankPlan]:
         """Per rank, what ``ready`` expects: a fixed-order run on expected costs."""
@@ -282,7 +282,7 @@ class Simulator:
         boards = self._scoreboards(policy, budgets, plans, notices, sizes)
         ranks = range(hint.num_ranks)
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
-        # hintpipe.runtime.coordination); fixed order needs no announcement.
+        # hintpipe.runtime.parallel.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
         cost = [(sample.costs[self._stage[r], self._mb[r], self._kind[r]] + extra).tolist() for r in ranks]
         delay = [sample.delays[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]

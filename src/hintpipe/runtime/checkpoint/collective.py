@@ -16,6 +16,7 @@ caught: a signal must stop the process.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 T = TypeVar("T")
+_RANK = re.compile(r"^rank \d+: ")
 
 
 class PhaseError(RuntimeError):
@@ -31,12 +33,12 @@ class PhaseError(RuntimeError):
 
 def one_line(exc: BaseException) -> str:
     """An error as one line: torch's checkpoint errors carry each rank's traceback, which is not for users."""
-    if isinstance(exc, CheckpointException):
-        failures = exc.failures
-        if failures:
-            first = next(iter(failures.values()))
-            inner = getattr(first, "exc", first)  # a wrapped failure holds the original
-            return one_line(inner) if isinstance(inner, BaseException) else str(inner).splitlines()[0]
+    if isinstance(exc, CheckpointException) and exc.failures:
+        # torch gathers every rank's failure to every rank: {rank: (exception, its stack)}; name the first.
+        rank, failure = next(iter(sorted(exc.failures.items())))
+        inner = failure[0] if isinstance(failure, tuple) and failure else failure
+        text = one_line(inner) if isinstance(inner, BaseException) else str(inner).splitlines()[0]
+        return f"rank {rank}: {_strip_rank(text, rank)}"
     text = str(exc).strip().splitlines()
     if type(exc).__module__.startswith("hintpipe"):  # our own errors are written to be read as they are
         return text[0] if text else type(exc).__name__
@@ -65,8 +67,9 @@ def together(
     dist.all_gather_object(gathered, outcome, group=group)
     failed = [(rank, text) for rank, (ok, text) in enumerate(gathered) if not ok]
     if failed:
-        detail = "; ".join(f"rank {rank}: {_strip_rank(text, rank)}" for rank, text in failed)
-        raise error(f"{what} failed ({detail})")
+        # An error that names its rank already (torch's checkpoint errors reach every rank) is said once.
+        said = [text if _RANK.match(text) else f"rank {rank}: {text}" for rank, text in failed]
+        raise error(f"{what} failed ({'; '.join(dict.fromkeys(said))})")
     return [result for _, result in gathered]
 
 

@@ -3,10 +3,10 @@
 The loop only posts messages and takes the next one that arrived; how they
 travel is the transport's business. Two implementations:
 
-- ``gloo``: :class:`~hintpipe.runtime.mailbox.PostOffice`, per-neighbour
+- ``gloo``: :class:`~hintpipe.runtime.transport.mailbox.PostOffice`, per-neighbour
   mailboxes over gloo; a GPU rank's tensors are staged through pinned host
   buffers. Works across any fabric and with one GPU shared by several ranks.
-- ``nccl``: :class:`~hintpipe.runtime.links.LinkPostOffice`, headers over the
+- ``nccl``: :class:`~hintpipe.runtime.transport.links.LinkPostOffice`, headers over the
   same gloo mailboxes, payloads GPU to GPU over NCCL. Needs every rank on a
   GPU of its own (NCCL refuses two ranks on one device).
 
@@ -34,20 +34,10 @@ from typing import Protocol
 
 import torch
 
-from hintpipe.choice import Choice
-from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.options import TransportChoice
+from hintpipe.runtime.transport.wire import Message, MessageKind
 
-
-class TransportChoice(Choice):
-    """``auto``: ``nccl`` where every rank has a GPU of its own, else ``gloo``; ``gloo``; ``nccl``."""
-
-    AUTO = "auto"
-    GLOO = "gloo"
-    NCCL = "nccl"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "transport"
+__all__ = ["Transport", "TransportChoice", "choose_transport"]
 
 
 def choose_transport(choice: str | TransportChoice, device: torch.device, *, own_gpu: bool) -> TransportChoice:
@@ -76,7 +66,7 @@ class Transport(Protocol):
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         """Tell ``peer`` that the task producing the input of its ``(stage, mb)`` task started
-        (a :attr:`~hintpipe.runtime.wire.MessageKind.STARTED` notice: see [Note: producer notices])."""
+        (a :attr:`~hintpipe.runtime.transport.wire.MessageKind.STARTED` notice: see [Note: producer notices])."""
 
     def get(self, timeout: float | None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds (0: do not wait); None if none came."""

@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.runtime.loop.hooks import Hook
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.loop.step_loop import StepState
 from hintpipe.tensor_bytes import local
 
 
@@ -39,8 +44,9 @@ class TiedParameter:
     stages: tuple[int, ...]
 
 
-class TiedGradients:
-    """The tied parameters this rank holds, with a process group per tensor.
+class TiedGradients(Hook):
+    """The tied parameters this rank holds, with a process group per tensor; a step hook that sums their
+    gradients at the end of each step.
 
     Build on every rank, in the same order (process groups are collective).
 
@@ -72,8 +78,9 @@ class TiedGradients:
                 dist.broadcast(local(param.data), group=group, group_src=0)
             self._links.append((param, group, ranks))
 
-    def reduce(self, step: int) -> None:
+    def end_step(self, state: StepState) -> None:
         """Sum each tied parameter's gradient over the ranks holding it (after the step's last backward)."""
+        step = state.step
         for param, group, ranks in self._links:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)

@@ -36,7 +36,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.scoreboard import Policy
 
 log = logging.getLogger(__name__)

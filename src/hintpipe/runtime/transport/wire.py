@@ -59,7 +59,7 @@ class Message:
     error: str | None = None
     of: MessageKind | None = None  # a STARTED notice: the kind of the data on its way
     #: A CUDA event the tensors' transfer to the device records (None: usable now); see
-    #: :func:`hintpipe.runtime.staging.use_when_ready`.
+    #: :func:`hintpipe.runtime.transport.staging.use_when_ready`.
     ready: Any = None
 
 

@@ -12,10 +12,10 @@ one tag), so no backend-specific tags are needed. Sends are asynchronous;
 their buffers are held until the backend reports them complete. When nothing
 is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
 
-The wire format is in :mod:`hintpipe.runtime.wire`. gloo moves host memory:
+The wire format is in :mod:`hintpipe.runtime.transport.wire`. gloo moves host memory:
 on a GPU rank, payloads are staged through pinned host buffers
-(:mod:`hintpipe.runtime.staging`), which works whatever the fabric and with
-one GPU shared by several ranks; :mod:`hintpipe.runtime.links` moves payloads
+(:mod:`hintpipe.runtime.transport.staging`), which works whatever the fabric and with
+one GPU shared by several ranks; :mod:`hintpipe.runtime.transport.links` moves payloads
 device to device with NCCL instead.
 
 [Note: pre-posted payloads]
@@ -50,8 +50,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from hintpipe.runtime.staging import Staging
-from hintpipe.runtime.wire import (
+from hintpipe.runtime.transport.staging import Staging
+from hintpipe.runtime.transport.wire import (
     HEADER,
     INLINE,
     Message,
@@ -74,17 +74,18 @@ _NOTICE_FIELDS = 5
 
 
 class PostOffice:
-    """All mailboxes of one rank, plus its outgoing sends: the gloo :class:`~hintpipe.runtime.transport.Transport`.
+    """All mailboxes of one rank, plus its outgoing sends: the gloo
+    :class:`~hintpipe.runtime.transport.protocol.Transport`.
 
     Args:
         peers: the ranks this rank exchanges messages with, as ranks of ``group``.
         device: the rank's device: received tensors are placed there; a GPU's
-            tensors travel through pinned host buffers (:mod:`hintpipe.runtime.staging`).
+            tensors travel through pinned host buffers (:mod:`hintpipe.runtime.transport.staging`).
         group: the process group (default: the world); a pipeline's own group
             makes its positions the peers' names.
         notices: whether producer notices travel (a second receiving thread per
             peer, on their own tag: see [Note: producer notices] in
-            :mod:`hintpipe.runtime.transport`).
+            :mod:`hintpipe.runtime.transport.protocol`).
     """
 
     def __init__(
@@ -214,7 +215,8 @@ class PostOffice:
         self._reap()
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
-        """Post a producer notice to ``peer`` (see [Note: producer notices] in :mod:`hintpipe.runtime.transport`)."""
+        """Post a producer notice to ``peer`` (see [Note: producer notices] in
+        :mod:`hintpipe.runtime.transport.protocol`)."""
         self._post_notice(peer, [int(MessageKind.STARTED), step, stage, mb, int(of)])
 
     def _post_notice(self, peer: int, fields: list[int]) -> None:

@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+from hintpipe.device import new_event, new_stream
+
 #: The smallest buffer the pool keeps (smaller messages share this size class).
 MIN_BUFFER = 4096
 
@@ -179,29 +181,7 @@ class Staging:
         return moved, event
 
 
-def use_when_ready(tensors: list[torch.Tensor | None], ready: torch.cuda.Event | None) -> None:
-    """Make the current stream wait for ``tensors``' transfer (``ready``) before it uses them, and tell the
-    allocator that the current stream uses them (they were allocated on the transfer stream)."""
-    if ready is None:
-        return
-    stream = torch.cuda.current_stream()
-    stream.wait_event(ready)
-    for t in tensors:
-        if t is not None:
-            t.record_stream(stream)
-
-
 def _aliases(tensors: list[torch.Tensor | None], buffer: torch.Tensor) -> bool:
     """Whether any of ``tensors`` views ``buffer``'s memory."""
     storage = buffer.untyped_storage().data_ptr()
     return any(t is not None and t.untyped_storage().data_ptr() == storage for t in tensors)
-
-
-def new_stream(device: torch.device) -> torch.cuda.Stream:
-    """A CUDA stream of its own on ``device`` (for transfers)."""
-    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-
-
-def new_event(*, timing: bool = False) -> torch.cuda.Event:
-    """A CUDA event (to mark a transfer's end; with ``timing``, to time a task)."""
-    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]

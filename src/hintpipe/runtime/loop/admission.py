@@ -1,7 +1,7 @@
 """Admission: how much a rank may hold, in micro-batch slots or in bytes.
 
 [Note: byte admission]
-With a ``memory_budget`` each micro-batch is admitted by its own size, so
+With an ``activation_budget`` each micro-batch is admitted by its own size, so
 that micro-batches of different shapes (variable sequence lengths) cannot
 push a rank over its budget by running ahead. At the start of a step the
 rank of stage 0 broadcasts each micro-batch's size in input elements
@@ -20,50 +20,54 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import BudgetError, RankGraph, device_budgets
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.loop.step_loop import StepState
 from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)
 
 
-class Admission:
-    """One rank's admission rule: the hint's own peak plus slack in slots, or a byte budget.
+class Admission(Hook):
+    """One rank's admission rule: the hint's own peak plus slack in slots, or a byte budget. As a step hook
+    it checks, after each step under a byte budget, what the step held (:meth:`end_step`).
 
     Args:
         hint: the schedule.
         rank: this rank.
         memory_slack: room for this many more micro-batches than the hint's own peak.
-        memory_budget: activation bytes this rank may hold (byte admission), or None.
-        strict: whether a first step over ``memory_budget`` is an error (a
+        activation_budget: activation bytes this rank may hold (byte admission), or None.
+        strict: whether a first step over ``activation_budget`` is an error (a
             budget the user gave) or not (a plan's room to run ahead).
         device_budget: instead of ``memory_slack``, slots per device: every rank may
             hold what the hint's busiest rank holds, times ``1 + device_budget``
             (see :func:`hintpipe.scoreboard.device_budgets`).
+
+    The caller checks that at most one of ``memory_slack``, ``activation_budget`` and ``device_budget``
+    is given (:func:`hintpipe.options.check_options`).
     """
 
     def __init__(
         self,
         hint: Hint,
         rank: int,
-        memory_slack: float,
-        memory_budget: float | None,
+        memory_slack: float = 0.0,
+        activation_budget: float | None = None,
         *,
         strict: bool = True,
         device_budget: float | None = None,
     ) -> None:
-        rooms = {"memory_slack": bool(memory_slack), "memory_budget": memory_budget is not None}
-        rooms["device_budget"] = device_budget is not None
-        given = [name for name, set_ in rooms.items() if set_]
-        if len(given) > 1:
-            raise ValueError(f"give one of memory_slack, memory_budget and device_budget, got {' and '.join(given)}")
         self.hint = hint
         self.rank = rank
         self.stages = hint.placement.stages_of(rank)
@@ -75,26 +79,38 @@ class Admission:
             peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.ranks]  # each rank's own peak
             self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
-        self.memory_budget = memory_budget
+        self.activation_budget = activation_budget
         self.strict = strict
+        #: The current step's dependency graph and budget (from :meth:`for_step`).
+        self.step_graph = self.graph
+        self.step_budget = self.slots
         #: Per stage of this rank, the most activation bytes per input element seen.
         self.bytes_per_element: dict[int, float] = {}
 
     @property
     def by_bytes(self) -> bool:
-        return self.memory_budget is not None
+        return self.activation_budget is not None
 
     def for_step(self, elements: Sequence[int] | None) -> tuple[RankGraph, float]:
-        """The step's dependency graph and budget: slots, or bytes per micro-batch."""
-        if self.memory_budget is None or elements is None:
-            return self.graph, self.slots
-        if any(s not in self.bytes_per_element for s in self.stages):
-            return self.graph, self.graph.peak  # the first step: the hint in order, measuring
-        sizes = [
-            self.bytes_per_element[t.stage] * elements[t.mb] if t.kind is Kind.F else 0.0 for t in self.graph.tasks
-        ]
-        graph = RankGraph(self.hint, self.rank, sizes)
-        return graph, max(self.memory_budget, graph.peak)
+        """The step's dependency graph and budget: slots, or bytes per micro-batch (kept for :meth:`end_step`)."""
+        graph, budget = self.graph, self.slots
+        if self.activation_budget is not None and elements is not None:
+            if any(s not in self.bytes_per_element for s in self.stages):
+                budget = self.graph.peak  # the first step: the hint in order, measuring
+            else:
+                sizes = [
+                    self.bytes_per_element[t.stage] * elements[t.mb] if t.kind is Kind.F else 0.0
+                    for t in self.graph.tasks
+                ]
+                graph = RankGraph(self.hint, self.rank, sizes)
+                budget = max(self.activation_budget, graph.peak)
+        self.step_graph, self.step_budget = graph, budget
+        return graph, budget
+
+    def end_step(self, state: StepState) -> None:
+        """Under byte admission: what the step held against its budget (see :meth:`check`)."""
+        if self.by_bytes:
+            self.check(state.step, state.peak_bytes, self.step_budget, first=self.step_graph is self.graph)
 
     def observe(self, stage: int, kept_bytes: int, elements: int) -> None:
         """A forward of ``elements`` input elements kept ``kept_bytes``."""
@@ -103,12 +119,12 @@ class Admission:
 
     def check(self, step: int, peak_bytes: int, budget: float, first: bool) -> None:
         """After a step under byte admission: the hint itself must fit; estimates that fell short grow."""
-        if self.memory_budget is None or peak_bytes <= self.memory_budget:
+        if self.activation_budget is None or peak_bytes <= self.activation_budget:
             return
         if first:
             if self.strict:
                 raise BudgetError(
-                    f"rank {self.rank}: memory budget {format_size(self.memory_budget)} is below what the hint "
+                    f"rank {self.rank}: memory budget {format_size(self.activation_budget)} is below what the hint "
                     f"itself held, {format_size(peak_bytes)}; raise the budget, or use smaller or fewer micro-batches"
                 )
         elif peak_bytes > budget:

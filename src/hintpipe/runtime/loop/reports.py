@@ -16,18 +16,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.distributed as dist
 
 from hintpipe.observe.trace import Record
 from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.simulator import Sample, lower_bound
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.loop.step_loop import StepState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,18 +101,23 @@ class RankSummary:
     allocated_over_counted: float = math.nan
 
     @classmethod
-    def of(
-        cls, rank: int, started: float, loop_time: float, records: Sequence[Record], split: bool, peak_bytes: int
-    ) -> RankSummary:
+    def of(cls, state: StepState, split: bool, rank: int) -> RankSummary:
+        """The summary of one rank's step: its records and peaks, and what the step's hooks measured."""
+        records = state.records
+        measured = state.measured
         return cls(
             rank=rank,
-            started=started,
-            loop_time=loop_time,
+            started=state.started,
+            loop_time=state.loop_time,
             busy=sum(end - start for _, _, start, end in records),
             peak_slots=float(measured_peak(records, split)),
-            peak_bytes=peak_bytes,
+            peak_bytes=state.peak_bytes,
             durations=tuple((t.stage, t.mb, int(t.kind), end - start) for _, t, start, end in records),
             records=tuple(records),
+            dp_overlap=measured.get("dp_overlap", math.nan),
+            dp_exposed=measured.get("dp_exposed", math.nan),
+            device_peak=int(measured.get("device_peak", -1)),
+            allocated_over_counted=measured.get("allocated_over_counted", math.nan),
         )
 
 
@@ -187,3 +196,44 @@ def gather_report(
         device_peak_bytes=tuple(s.device_peak for s in summaries),
         allocated_over_counted=tuple(s.allocated_over_counted for s in summaries),
     )
+
+
+class Reporting(Hook):
+    """The step hook that builds each step's report and keeps the last ``history`` of them.
+
+    Args:
+        hint: the schedule.
+        rank: this rank's position in its pipeline.
+        group: the pipeline's collective group (the gather to its rank 0).
+        timelines: whether every task's start and end travel (see [Note: reporting is O(own tasks) per rank]).
+        every: gather every rank's summary to rank 0 every this many steps (0: never).
+        history: how many reports to keep.
+    """
+
+    def __init__(
+        self, hint: Hint, rank: int, group: dist.ProcessGroup, *, timelines: bool, every: int, history: int
+    ) -> None:
+        self.hint = hint
+        self.rank = rank
+        self.group = group
+        self.timelines = timelines
+        self.every = every
+        self.history = history
+        #: The last ``history`` steps' reports (bounded: a run of days must not grow).
+        self.reports: list[StepReport] = []
+
+    def end_step(self, state: StepState) -> None:
+        summary = RankSummary.of(state, self.hint.split_backward, self.rank)
+        gather = self.every > 0 and state.step % self.every == 0
+        report = gather_report(
+            summary,
+            hint=self.hint,
+            step=state.step,
+            policy=state.policy,
+            loss=None if state.loss is None else float(state.loss),
+            timelines=self.timelines,
+            plan_costs=state.plan_costs,
+            group=self.group if gather else None,
+        )
+        self.reports.append(report)
+        del self.reports[: max(0, len(self.reports) - self.history)]

@@ -1,8 +1,8 @@
 """One step's dispatch loop: messages in, the scoreboard's choice, compute, messages out.
 
 The loop owns nothing but the step's state: the scoreboard decides, the
-:class:`~hintpipe.runtime.executor.Executor` computes and the
-:class:`~hintpipe.runtime.transport.Transport` carries messages. When nothing
+:class:`~hintpipe.runtime.loop.executor.Executor` computes and the
+:class:`~hintpipe.runtime.transport.protocol.Transport` carries messages. When nothing
 is ready it blocks on the transport until a message comes, the ``ready``
 policy's patience runs out, or the watchdog fires.
 """
@@ -14,21 +14,25 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hintpipe.device import use_when_ready
 from hintpipe.observe.trace import Record
-from hintpipe.runtime.admission import Admission
-from hintpipe.runtime.coordination import Coordination
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
-from hintpipe.runtime.executor import Executor, Tensors, as_input
-from hintpipe.runtime.staging import use_when_ready
-from hintpipe.runtime.timing import DeviceTimer
-from hintpipe.runtime.transport import Transport
-from hintpipe.runtime.wire import Message, MessageKind
+from hintpipe.runtime.loop.admission import Admission
+from hintpipe.runtime.loop.executor import Executor, Tensors, as_input
+from hintpipe.runtime.loop.timing import DeviceTimer
+from hintpipe.runtime.parallel.coordination import Coordination
+from hintpipe.runtime.transport.protocol import Transport
+from hintpipe.runtime.transport.wire import Message, MessageKind
+from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Scoreboard
+from hintpipe.scoreboard import Policy, Scoreboard
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.loop.hooks import StepHook
 
 
 @dataclasses.dataclass
@@ -46,6 +50,13 @@ class StepState:
     peak_bytes: int = 0
     started: float = 0.0  # wall clock (time.time) at the loop's start: the ranks' common clock
     decisions: collections.deque[int] = dataclasses.field(default_factory=collections.deque)  # the TP leader's
+    order: list[int] = dataclasses.field(default_factory=list)  # slot -> the given micro-batch it runs
+    loop_time: float = 0.0  # from the loop's start to its last task's end
+    policy: Policy = Policy.FIXED  # the policy the step ran (``ready`` runs fixed until it has a plan)
+    plan_costs: tuple[tuple[float, ...], ...] | None = None  # the per-stage costs ``ready`` planned with
+    loss: torch.Tensor | None = None  # the sum of the scaled micro-batch losses (the last stage's rank)
+    #: Figures the step's hooks measured for its report (see :class:`~hintpipe.runtime.loop.reports.RankSummary`).
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]) -> Task:
         """Keep what arrived for ``stage`` (from a neighbour, or this rank's previous stage); returns the
@@ -70,11 +81,12 @@ class StepLoop:
         stash: messages of later steps that arrived early (kept by the caller across steps).
         check_loss: called with each loss at the last stage (raises on a non-finite one).
         coordination: this rank's part in its tensor-parallel group's decisions, when needed
-            (see :mod:`hintpipe.runtime.coordination`).
+            (see :mod:`hintpipe.runtime.parallel.coordination`).
         notices: tell each neighbour when a task whose result it awaits starts (the ``ready``
-            policy's ETA rule; see [Note: producer notices] in :mod:`hintpipe.runtime.transport`).
-        timer: on a GPU, times tasks with events on the device (see :mod:`hintpipe.runtime.timing`);
+            policy's ETA rule; see [Note: producer notices] in :mod:`hintpipe.runtime.transport.protocol`).
+        timer: on a GPU, times tasks with events on the device (see :mod:`hintpipe.runtime.loop.timing`);
             None: the wall clock around each task is its duration (a CPU computes in this thread).
+        hooks: told when a stage finishes its gradients for the step (see :mod:`hintpipe.runtime.loop.hooks`).
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class StepLoop:
         coordination: Coordination | None = None,
         notices: bool = False,
         timer: DeviceTimer | None = None,
+        hooks: Sequence[StepHook] = (),
     ) -> None:
         self.rank = rank
         self.timer = timer
@@ -106,6 +119,9 @@ class StepLoop:
         self.follower = coordination is not None and not coordination.is_leader
         self.notices = notices
         self._t0 = 0.0  # the step's clock: perf_counter() at the loop's start
+        self.hooks = hooks
+        self._last_kind = rules.releaser(self.hint.split_backward)  # a stage's last gradient task per micro-batch
+        self._gradients_left = {s: self.hint.num_microbatches for s in self.hint.placement.stages_of(rank)}
 
     def run(self, state: StepState) -> float:
         """Run every task of the step; returns the time from the start to the last task's end."""
@@ -137,18 +153,29 @@ class StepLoop:
                 self.transport.notify(peer, state.step, consumer.stage, consumer.mb, data)
             start = time.perf_counter()
             began = timer.mark() if timer is not None else None
-            self._run(board.tasks[pos], state)
+            self._run(pos, state)
             if timer is not None and began is not None:
                 timer.task(began, timer.mark())
             end = time.perf_counter()
             board.finish(pos, end - t0)
-            state.records.append((self.rank, board.tasks[pos], start - t0, end - t0))
+            task = board.tasks[pos]
+            state.records.append((self.rank, task, start - t0, end - t0))
+            if task.kind is self._last_kind:
+                self._gradient_done(task.stage)
             last_progress = end
         loop_time = time.perf_counter() - t0
         if timer is not None:
             state.records = timer.resolve(state.records)
             loop_time = max([loop_time, *(end for *_, end in state.records)])
+        state.loop_time = loop_time
         return loop_time
+
+    def _gradient_done(self, stage: int) -> None:
+        left = self._gradients_left[stage] - 1
+        self._gradients_left[stage] = left
+        if left == 0:
+            for hook in self.hooks:
+                hook.stage_done(stage)
 
     def _follow(self, state: StepState) -> int:
         """A follower runs the leader's next decision once its own inputs are here; -1 to wait."""
@@ -206,17 +233,18 @@ class StepLoop:
         use_when_ready(msg.tensors, msg.ready)
         self.board.deliver(state.receive(msg.kind, msg.stage, msg.mb, msg.tensors))
 
-    def _run(self, task: Task, state: StepState) -> None:
-        """Compute ``task`` and pass its result on (to this rank's next stage, or a neighbour)."""
+    def _run(self, pos: int, state: StepState) -> None:
+        """Compute the task at ``pos`` and pass its result on (to this rank's next stage, or a neighbour)."""
+        task = self.board.tasks[pos]
         s, kind, mb = task
         try:
             if kind is Kind.F:
-                self._forward(task, state)
+                self._forward(pos, task, state)
             elif kind is Kind.B:
                 last = s == self.hint.num_stages - 1
                 grads = self.executor.backward(s, mb, None if last else state.gradients.pop((s, mb)))
                 if s > 0:
-                    self._pass_on(s - 1, mb, MessageKind.GRADIENT, grads, state)
+                    self._pass_on(pos, s - 1, MessageKind.GRADIENT, grads, state)
             else:
                 self.executor.weight(s, mb)
         except (NonFiniteLoss, KeyboardInterrupt):
@@ -227,7 +255,7 @@ class StepLoop:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-    def _forward(self, task: Task, state: StepState) -> None:
+    def _forward(self, pos: int, task: Task, state: StepState) -> None:
         s, _, mb = task
         before = self.executor.live_bytes
         target = state.targets[mb] if state.targets else None
@@ -239,14 +267,16 @@ class StepLoop:
         if state.elements is not None:
             self.admission.observe(s, self.executor.live_bytes - before, state.elements[mb])
         if s < self.hint.num_stages - 1:
-            self._pass_on(s + 1, mb, MessageKind.ACTIVATION, outputs, state)
+            self._pass_on(pos, s + 1, MessageKind.ACTIVATION, outputs, state)
 
     def _pass_on(
-        self, stage: int, mb: int, kind: MessageKind, tensors: Sequence[torch.Tensor | None], state: StepState
+        self, pos: int, stage: int, kind: MessageKind, tensors: Sequence[torch.Tensor | None], state: StepState
     ) -> None:
-        """Hand a result to ``stage``: in place when this rank hosts it, else as a message."""
-        owner = self.hint.placement.stage_rank[stage]
-        if owner != self.rank:
-            self.transport.send(owner, kind, state.step, stage, mb, tensors)
+        """Hand the result of the task at ``pos`` to ``stage``: as a message where the scoreboard's routing
+        table names another rank (the table the producer notices use), else in place."""
+        out = self.board.remote[pos]
+        if out is not None:
+            peer, consumer = out
+            self.transport.send(peer, kind, state.step, consumer.stage, consumer.mb, tensors)
         else:  # the scoreboard already counted the local dependency when the task finished
-            state.receive(kind, stage, mb, tensors)
+            state.receive(kind, stage, self.board.tasks[pos].mb, tensors)

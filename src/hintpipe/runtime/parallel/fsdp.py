@@ -28,13 +28,16 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from hintpipe.runtime.executor import Executor, ExecutorWrapper, Tensors
-from hintpipe.schedule.task import Kind
+from hintpipe.runtime.loop.hooks import Hook
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.loop.step_loop import StepState
 
 
 def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> None:
@@ -46,9 +49,9 @@ def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> None:
         fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
-class ShardedExecutor(ExecutorWrapper):
-    """Runs every backward with FSDP2's gradient sync off and reduces each stage once, after its last
-    gradient task of the step (the last ``B``, or the last ``W`` when the hint splits the backward).
+class ShardedReduction(Hook):
+    """Runs every backward with FSDP2's gradient sync off and reduces each stage once, when its gradients
+    of the step are complete (a step hook: see :mod:`hintpipe.runtime.loop.hooks`).
 
     The reduction is the one torch.distributed.pipelining's ``perform_reduce_grad`` runs: each parameter
     group's ``post_backward`` (reduce-scatter of the accumulated unsharded gradients, averaged over the
@@ -57,56 +60,40 @@ class ShardedExecutor(ExecutorWrapper):
     finds the very tensors its input pass's graph holds.
     """
 
-    def __init__(
-        self, inner: Executor, modules: Mapping[int, nn.Module], microbatches: int, split_backward: bool
-    ) -> None:
-        super().__init__(inner)
+    def __init__(self, modules: Mapping[int, nn.Module], rank: int) -> None:
         self.modules = {s: m for s, m in modules.items() if isinstance(m, FSDPModule)}
-        self.microbatches = microbatches
-        self.last_kind = Kind.W if split_backward else Kind.B
-        self._done: dict[int, int] = {}
-        #: Per stage, when its reduction started in the last step (perf_counter seconds).
+        self.rank = rank
+        #: Per stage, when its reduction started in the step (perf_counter seconds).
         self.started: dict[int, float] = {}
-        #: In the last step: per stage, the time from its reduction's start to the step's end, and the time
-        #: the rank spent in its reductions (inline: see the module's docstring).
-        self.overlap: dict[int, float] = {}
-        self.exposed = 0.0
+        self._exposed = 0.0
 
-    def start_step(self) -> None:
-        """Called by the pipeline at the start of each step."""
-        self._done = dict.fromkeys(self.modules, 0)
+    def begin_step(self, state: StepState) -> None:
         self.started.clear()
-        self.exposed = 0.0
+        self._exposed = 0.0
         for module in self.modules.values():
             module.set_is_last_backward(False)
             module.set_requires_gradient_sync(False)
             module.set_reshard_after_backward(False)
 
-    def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
-        result = self.inner.backward(stage, mb, grads)
-        self._task_done(stage, Kind.B)
-        return result
-
-    def weight(self, stage: int, mb: int) -> None:
-        self.inner.weight(stage, mb)
-        self._task_done(stage, Kind.W)
-
-    def _task_done(self, stage: int, kind: Kind) -> None:
-        if kind is not self.last_kind or stage not in self.modules:
+    def stage_done(self, stage: int) -> None:
+        if stage not in self.modules:
             return
-        self._done[stage] += 1
-        if self._done[stage] == self.microbatches:
-            self.started[stage] = began = time.perf_counter()
-            _reduce(self.modules[stage])
-            self.exposed += time.perf_counter() - began
+        self.started[stage] = began = time.perf_counter()
+        _reduce(self.modules[stage])
+        self._exposed += time.perf_counter() - began
 
-    def check(self, rank: int, step: int) -> None:
-        """At the step's end: every stage reduced its gradients (or the step lost tasks: a bug, said so)."""
+    def end_step(self, state: StepState) -> None:
+        """Every stage reduced its gradients (or the step lost tasks: a bug, said so); the report gets
+        how long the earliest reduction had to overlap the step and the time the rank spent in them."""
         end = time.perf_counter()
-        self.overlap = {stage: end - began for stage, began in self.started.items()}
-        missing = [s for s, n in self._done.items() if n != self.microbatches]
+        missing = sorted(set(self.modules) - set(self.started))
         if missing:
-            raise RuntimeError(f"rank {rank}: stages {missing} did not finish their gradients in step {step}")
+            raise RuntimeError(
+                f"rank {self.rank}: stages {missing} did not finish their gradients in step {state.step}"
+            )
+        if self.started:
+            state.measured["dp_overlap"] = min(end - began for began in self.started.values())
+            state.measured["dp_exposed"] = self._exposed
 
 
 def _reduce(module: FSDPModule) -> None:

@@ -1,7 +1,7 @@
 """The NCCL transport: headers over gloo, payloads device to device.
 
 Where every rank has a GPU of its own, staging activations through host
-memory (:mod:`hintpipe.runtime.staging`) costs two copies and the host's
+memory (:mod:`hintpipe.runtime.transport.staging`) costs two copies and the host's
 bandwidth per message; NCCL moves them GPU to GPU. NCCL cannot post a receive
 for a message whose size it does not know, and a readiness runtime does not
 know which message comes next nor its shapes. So the message is split:
@@ -14,7 +14,7 @@ know which message comes next nor its shapes. So the message is split:
   header's shapes on its device and posts their receives as soon as the
   header is in, records an event on its transfer stream once they are done,
   and hands the message on; the consumer waits for that event before it uses
-  them (:func:`hintpipe.runtime.staging.use_when_ready`).
+  them (:func:`hintpipe.runtime.transport.staging.use_when_ready`).
 
 NCCL runs each communicator's operations on an internal stream of its own:
 sends leave on it after the compute that produced them, and compute goes on.
@@ -52,9 +52,9 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from hintpipe.runtime.mailbox import PostOffice
-from hintpipe.runtime.staging import new_event, new_stream
-from hintpipe.runtime.wire import HEADER, Message, MessageKind, decode_meta, encode_header
+from hintpipe.device import new_event, new_stream
+from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.wire import HEADER, Message, MessageKind, decode_meta, encode_header
 
 #: Link sends kept before the oldest is waited on (NCCL's are dropped once complete; gloo's only when waited).
 _MAX_LINK_SENDS = 64
@@ -69,7 +69,8 @@ class Link:
 
 
 class LinkPostOffice(PostOffice):
-    """Headers over gloo, payloads over per-direction links: the NCCL :class:`~hintpipe.runtime.transport.Transport`.
+    """Headers over gloo, payloads over per-direction links: the NCCL
+    :class:`~hintpipe.runtime.transport.protocol.Transport`.
 
     Args:
         peers: the ranks this rank exchanges messages with, as ranks of ``group``.
@@ -77,7 +78,7 @@ class LinkPostOffice(PostOffice):
         group: the gloo group of the headers.
         outgoing: per peer, the link payloads to it leave on.
         incoming: per peer, the link its payloads come in on.
-        notices: as for :class:`~hintpipe.runtime.mailbox.PostOffice`.
+        notices: as for :class:`~hintpipe.runtime.transport.mailbox.PostOffice`.
     """
 
     def __init__(
@@ -200,3 +201,31 @@ class LinkPostOffice(PostOffice):
         while self._link_sends:
             work, _ = self._link_sends.popleft()
             work.wait(limit)
+
+
+def make_links(
+    pipelines: Sequence[Sequence[int]], stage_rank: Sequence[int], global_rank: int, backend: str, timeout: float
+) -> tuple[dict[int, Link], dict[int, Link]]:
+    """A process group per directed pair of neighbouring positions, in every pipeline (group creation is
+    collective: every rank creates every link, in the same order); returns this rank's outgoing and incoming
+    links, by the peer's position (see [Note: NCCL links are deadlock-free]).
+
+    A transfer stuck on a dead peer fails after ``timeout`` (NCCL's own watchdog then ends the rank) rather
+    than NCCL's default of ten minutes.
+    """
+    last = len(stage_rank) - 1
+    pairs = sorted(
+        {(stage_rank[s], stage_rank[s + d]) for s in range(last + 1) for d in (-1, 1) if 0 <= s + d <= last}
+        - {(a, a) for a in range(max(stage_rank) + 1)}
+    )
+    outgoing: dict[int, Link] = {}
+    incoming: dict[int, Link] = {}
+    span = datetime.timedelta(seconds=timeout)
+    for ranks in pipelines:
+        for a, b in pairs:
+            group = dist.new_group([ranks[a], ranks[b]], backend=backend, timeout=span)
+            if ranks[a] == global_rank:
+                outgoing[b] = Link(group, ranks[b])
+            elif ranks[b] == global_rank:
+                incoming[a] = Link(group, ranks[a])
+    return outgoing, incoming

@@ -7,6 +7,10 @@ anything, and ``torch.cuda.set_device`` makes it the rank's current device, so
 that collectives and any tensor created without a device land there too.
 Stage modules are moved there, the first stage's inputs and the last stage's
 targets follow, and the transport delivers received tensors there.
+
+The stream and event helpers live here too, below both the planner (offload
+copies) and the runtime (transfers, task timing), so that neither reaches into
+the other for them.
 """
 
 from __future__ import annotations
@@ -17,19 +21,7 @@ from typing import Any
 
 import torch
 
-from hintpipe.choice import Choice
-
-
-class DeviceChoice(Choice):
-    """``auto``: the rank's GPU where CUDA is available, else the CPU; ``cpu``; ``cuda``."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "device"
+from hintpipe.options import DeviceChoice
 
 
 def rank_device(choice: str | DeviceChoice | torch.device | None = None, rank: int = 0) -> torch.device:
@@ -97,3 +89,25 @@ def to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: to_device(v, device) for k, v in value.items()}
     return value
+
+
+def use_when_ready(tensors: list[torch.Tensor | None], ready: torch.cuda.Event | None) -> None:
+    """Make the current stream wait for ``tensors``' transfer (``ready``) before it uses them, and tell the
+    allocator that the current stream uses them (they were allocated on the transfer stream)."""
+    if ready is None:
+        return
+    stream = torch.cuda.current_stream()
+    stream.wait_event(ready)
+    for t in tensors:
+        if t is not None:
+            t.record_stream(stream)
+
+
+def new_stream(device: torch.device) -> torch.cuda.Stream:
+    """A CUDA stream of its own on ``device`` (for transfers)."""
+    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+
+def new_event(*, timing: bool = False) -> torch.cuda.Event:
+    """A CUDA event (to mark a transfer's end; with ``timing``, to time a task)."""
+    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]

@@ -10,11 +10,11 @@ parameter), the step counter and its RNG state.
 A save checks that every parameter and optimizer tensor is finite (a NaN saved
 is a run lost), writes into ``step-<n>.tmp``, syncs every file, and lets rank 0
 write ``manifest.json`` last (the run's identity and each file's digest, see
-:mod:`hintpipe.runtime.manifest`) and rename the folder to ``step-<n>``; then
+:mod:`hintpipe.runtime.checkpoint.manifest`) and rename the folder to ``step-<n>``; then
 ``latest`` is replaced atomically. A crash at any point leaves the previous
 checkpoints as they were and a ``.tmp`` folder that the next save removes.
 Each phase ends with every rank learning every other rank's outcome
-(:func:`hintpipe.runtime.collective.together`), so a rank whose disk is full
+(:func:`hintpipe.runtime.checkpoint.collective.together`), so a rank whose disk is full
 stops the others at once instead of leaving them in a barrier.
 
 [Note: which checkpoint a resume uses]
@@ -28,25 +28,25 @@ newest has been verified again and a step after it has completed.
 
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from hintpipe.runtime.collective import together
-from hintpipe.runtime.manifest import (
+from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.manifest import (
     CheckpointError,
     DamagedCheckpoint,
     Manifest,
@@ -61,7 +61,6 @@ from hintpipe.tensor_bytes import local
 
 __all__ = [
     "CheckpointError",
-    "Checkpointer",
     "DamagedCheckpoint",
     "find_checkpoint",
     "latest_checkpoint",
@@ -74,6 +73,8 @@ __all__ = [
 ]
 
 LATEST = "latest"
+#: Makes torch.distributed.checkpoint's writer for a checkpoint folder.
+WriterFactory: TypeAlias = Callable[[str], FileSystemWriter]
 log = logging.getLogger(__name__)
 
 
@@ -152,12 +153,13 @@ def save_checkpoint(
     *,
     hint: str = "",
     group: dist.ProcessGroup | None = None,
-    fail: bool = False,
+    storage_writer: WriterFactory = FileSystemWriter,
 ) -> Path:
     """Save this rank's share of step ``step`` (call on every rank); returns the checkpoint folder.
 
-    ``fail`` makes this rank's write fail as a full disk would (for fault tests).
-    Old checkpoints are not removed here: see :func:`prune_checkpoints`.
+    ``storage_writer`` makes torch.distributed.checkpoint's writer for a folder: its
+    :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (the manifest's digests and the
+    atomic rename need files). Old checkpoints are not removed here: see :func:`prune_checkpoints`.
 
     Raises:
         CheckpointError: on every rank, one line naming the rank that failed and why.
@@ -173,8 +175,6 @@ def save_checkpoint(
         bad = _first_nonfinite(modules, optimizer)
         if bad is not None:
             raise CheckpointError(f"{bad} is not finite; nothing was saved, the earlier checkpoints are kept")
-        if fail:
-            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
             for stale in root.glob("step-*.tmp"):
@@ -183,7 +183,10 @@ def save_checkpoint(
     together(prepare, what, group=group, error=CheckpointError)
     state = _state(modules, optimizer, step, rank)
     together(
-        lambda: dcp_save(state, checkpoint_id=str(tmp), process_group=group), what, group=group, error=CheckpointError
+        lambda: dcp_save(state, storage_writer=storage_writer(str(tmp)), process_group=group),
+        what,
+        group=group,
+        error=CheckpointError,
     )
 
     def own_files() -> dict[str, tuple[int, str]]:
@@ -361,64 +364,3 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
         state = torch.load(target, weights_only=False)
     model = state["model"]
     return {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
-
-
-class Checkpointer:
-    """A training loop's checkpoints: resume once, then :meth:`after_step` after every step (every rank).
-
-    It saves every ``every`` steps and when the loop is stopping, and prunes to
-    ``keep`` verified checkpoints one step after a save (so the newest has been
-    verified and a step after it completed before anything older goes).
-    """
-
-    def __init__(
-        self,
-        directory: str | Path,
-        modules: Mapping[int, nn.Module],
-        optimizer: torch.optim.Optimizer | None,
-        *,
-        every: int = 0,
-        keep: int = 2,
-        hint: str = "",
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        if every < 0 or keep < 1:
-            raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")
-        self.directory = Path(directory)
-        self.modules = modules
-        self.optimizer = optimizer
-        self.every = every
-        self.keep = keep
-        self.hint = hint
-        self.group = group
-        #: Damaged checkpoints the resume skipped, one line each.
-        self.skipped: list[str] = []
-        #: The last checkpoint this run saved.
-        self.last: Path | None = None
-        #: Steps (counted from 1) whose save fails on this rank (fault tests).
-        self.fail_at: set[int] = set()
-        self._prune_due = False
-
-    def resume(self) -> int:
-        """Load the newest verified checkpoint; returns the step to continue from (0 if there is none)."""
-        step, self.skipped = resume(self.directory, self.modules, self.optimizer, hint=self.hint, group=self.group)
-        return step
-
-    def after_step(self, done: int, *, stopping: bool = False) -> Path | None:
-        """Call when step ``done - 1`` has completed (``done`` steps done); returns the checkpoint it saved."""
-        if self._prune_due and dist.get_rank(self.group) == 0:
-            prune_checkpoints(self.directory, self.keep)
-        self._prune_due = False
-        if not (stopping or (self.every and done % self.every == 0)):
-            return None
-        self.last = save_checkpoint(
-            self.directory,
-            self.modules,
-            self.optimizer,
-            done,
-            hint=self.hint,
-            group=self.group,
-            fail=done in self.fail_at,
-        )
-        self._prune_due = True
-        return self.last

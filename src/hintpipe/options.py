@@ -1,0 +1,471 @@
+"""Every option of the pipeline, defined once: name, type, default, range and help.
+
+:class:`~hintpipe.runtime.pipeline.Pipeline`'s keywords,
+:class:`~hintpipe.apps.training.TrainConfig`'s fields and the command line's
+flags are the same options under the same names (``activation_budget`` is
+``--activation-budget``); a test holds the three to this table. Values are
+checked here and nowhere else, in one message style that names the option the
+way the caller wrote it (``timeout`` in Python, ``--timeout`` on the command
+line).
+
+The options with a fixed set of values are :class:`~hintpipe.choice.Choice`
+enums, converted from strings once, at the boundary; the command line's
+choice lists are read from them.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hintpipe.choice import Choice
+from hintpipe.schedule.hint import HintName
+from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
+from hintpipe.scoreboard import Policy
+from hintpipe.units import parse_size
+
+
+class OnNonFinite(Choice):
+    """What a NaN or infinite loss does: ``raise`` stops the step with
+    :class:`~hintpipe.runtime.errors.NonFiniteLoss`; ``skip`` finishes it, zeroes every rank's gradients and
+    lists it in :attr:`Pipeline.nonfinite_steps <hintpipe.runtime.pipeline.Pipeline.nonfinite_steps>`."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "on_nonfinite"
+
+
+class DataParallel(Choice):
+    """How data-parallel replicas keep their stages equal: ``replicate`` (every replica holds the whole
+    stage; gradients all-reduced) or ``fsdp`` (parameters sharded over the replicas by FSDP2)."""
+
+    REPLICATE = "replicate"
+    FSDP = "fsdp"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "data_parallel"
+
+
+class DeviceChoice(Choice):
+    """``auto``: the rank's GPU where CUDA is available, else the CPU; ``cpu``; ``cuda``."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "device"
+
+
+class TransportChoice(Choice):
+    """``auto``: ``nccl`` where every rank has a GPU of its own, else ``gloo``; ``gloo``; ``nccl``."""
+
+    AUTO = "auto"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "transport"
+
+
+#: The longest watchdog timeout: a week. The watchdog exists to end a stuck run, and far larger values
+#: overflow the process groups' own timeouts (``datetime.timedelta``).
+MAX_TIMEOUT = 7 * 24 * 3600.0
+#: The shortest watchdog timeout: below a second, a message delayed by a busy machine would end the run.
+MIN_TIMEOUT = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option.
+
+    Attributes:
+        name: the Python keyword and config field; the command line's flag is ``--`` + ``name`` with dashes.
+        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``) or ``object`` (Python only).
+        default: the default value (as the Python API takes it).
+        help: what the option does, for ``--help`` and the docstrings.
+        choices: the enum of a ``choice`` option.
+        minimum, maximum: the inclusive range of a number (None: unbounded).
+        optional: whether ``None`` is a value (the option then means "not given").
+        required: whether every caller must give it (no default).
+        metavar: the command line's placeholder.
+        commands: the commands that take it as a flag (empty: Python only).
+        pipeline: whether :class:`~hintpipe.runtime.pipeline.Pipeline` takes it.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    choices: type[Choice] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    optional: bool = False
+    required: bool = False
+    metavar: str | None = None
+    commands: frozenset[str] = frozenset()
+    pipeline: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def label(self, cli: bool) -> str:
+        """How a message names the option: its flag on the command line, its keyword in Python."""
+        return self.flag if cli else self.name
+
+    def check(self, value: Any, *, cli: bool = False) -> Any:
+        """``value`` converted (a choice's string to its enum) and checked against the range.
+
+        Raises:
+            ValueError: naming the option (as :meth:`label`), the value and what is accepted.
+        """
+        if value is None and self.optional:
+            return None
+        label = self.label(cli)
+        if self.choices is not None:
+            try:
+                return self.choices.parse(value)
+            except ValueError:
+                known = ", ".join(member.value for member in self.choices)
+                raise ValueError(f"{label} {value!r} is unknown: choose one of {known}") from None
+        if self.kind == "size" and isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError as exc:
+                raise ValueError(f"{label}: {exc}") from None
+        if self.kind in ("int", "float", "size"):
+            return self._number(value, label)
+        if self.kind == "specs":
+            return tuple(value)
+        return value
+
+    def _number(self, value: Any, label: str) -> float | int:
+        integral = self.kind == "int"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
+            raise ValueError(f"{label} must be {'an integer' if integral else 'a number'}, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{label} must be finite, got {value!r}")
+        low, high = self.minimum, self.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{label} must be {_range(low, high)}, got {_number(value)}{self._why()}")
+        return int(value) if integral else float(value)
+
+    def _why(self) -> str:
+        return _REASONS.get(self.name, "")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def _range(low: float | None, high: float | None) -> str:
+    if high is None:
+        return f"at least {_number(low)}" if low else ">= 0"
+    if low is None:
+        return f"at most {_number(high)}"
+    return f"between {_number(low)} and {_number(high)}"
+
+
+_REASONS = {
+    "timeout": f" ({MIN_TIMEOUT:g} s: a busy machine delays messages that long; {MAX_TIMEOUT:g} s: a week)",
+}
+
+_TRAIN = frozenset({"train"})
+_RUN = frozenset({"train", "simulate"})
+_ALL = frozenset({"train", "simulate", "plan"})
+_PLAN = frozenset({"plan"})
+
+#: Every option, by name. The order is the order of ``--help``.
+OPTIONS: Mapping[str, Option] = {
+    o.name: o
+    for o in (
+        Option(
+            "ranks",
+            "int",
+            None,
+            "pipeline ranks (one process each); each holds --chunks stages",
+            minimum=1,
+            required=True,
+            metavar="P",
+            commands=_ALL,
+            pipeline=False,
+        ),
+        Option(
+            "microbatches", "int", None, "micro-batches per step", minimum=1, required=True, metavar="M", commands=_ALL
+        ),
+        Option(
+            "hint",
+            "object",
+            "1f1b",
+            f"the schedule that ranks each rank's work: {', '.join(h.value for h in HintName)}, or a CSV file in "
+            "torch.distributed.pipelining's compute-only format",
+            metavar="H",
+            commands=_ALL,
+        ),
+        Option(
+            "policy",
+            "choice",
+            Policy.READY,
+            "fixed: the hint's order; greedy: the best-ranked ready task; ready: deviates from the hint only where "
+            "the hint's next task cannot be delayed by it",
+            choices=Policy,
+            commands=_RUN,
+        ),
+        Option(
+            "chunks",
+            "int",
+            None,
+            "stages per rank (interleaved-1f1b, gpipe, bf, bfw; zbv always 2); default: the hint's own (1)",
+            minimum=1,
+            optional=True,
+            metavar="V",
+            commands=_ALL,
+        ),
+        Option(
+            "memory_slack",
+            "float",
+            0.0,
+            "room for this many more in-flight micro-batches of activations than the hint's own peak",
+            minimum=0.0,
+            metavar="K",
+            commands=_RUN,
+        ),
+        Option(
+            "activation_budget",
+            "size",
+            None,
+            "activation bytes a rank may hold, each micro-batch counted by its own size (instead of memory_slack)",
+            minimum=0.0,
+            optional=True,
+            metavar="SIZE",
+            commands=_RUN,
+        ),
+        Option(
+            "device_budget",
+            "float",
+            None,
+            "every rank may hold as many micro-batches as the hint's busiest rank, times 1 + this fraction "
+            "(0: as many; 0.25: a quarter more): equal devices lend the later ranks' idle memory to running ahead",
+            minimum=0.0,
+            optional=True,
+            metavar="FRACTION",
+            commands=_RUN,
+        ),
+        Option(
+            "timeout",
+            "float",
+            300.0,
+            "seconds a rank may wait with nothing ready (or for a collective) before every rank ends with an error "
+            "naming what was awaited",
+            minimum=MIN_TIMEOUT,
+            maximum=MAX_TIMEOUT,
+            metavar="S",
+            commands=_TRAIN,
+        ),
+        Option("emulate", "object", None, "sleep these costs instead of computing", optional=True),
+        Option(
+            "on_nonfinite",
+            "choice",
+            OnNonFinite.RAISE,
+            "a NaN or infinite loss stops the run (raise) or skips that step's update (skip)",
+            choices=OnNonFinite,
+            commands=_TRAIN,
+        ),
+        Option("history", "int", 100, "how many steps' reports to keep", minimum=1),
+        Option("timelines", "bool", False, "gather every rank's task timeline to rank 0 each step"),
+        Option(
+            "report_every",
+            "int",
+            1,
+            "gather every rank's summary to rank 0 every this many steps (0: never)",
+            minimum=0,
+        ),
+        Option("tied", "object", (), "parameters shared by stages on different ranks, kept equal"),
+        Option("mesh", "object", None, "a DeviceMesh with dimensions named from dp, pp and tp", optional=True),
+        Option(
+            "data_parallel",
+            "choice",
+            DataParallel.REPLICATE,
+            "data-parallel replicas hold whole stages and all-reduce gradients (replicate), or FSDP2 shards them",
+            choices=DataParallel,
+            commands=_TRAIN,
+        ),
+        Option(
+            "microbatch_order",
+            "choice",
+            MicrobatchOrder.parse(DEFAULT_ORDER),
+            "the order each step runs its micro-batches in, by their known sizes; sorted orders are faster but "
+            "hold more activation memory (benchmarks/readiness-at-scale)",
+            choices=MicrobatchOrder,
+            commands=_RUN,
+        ),
+        Option(
+            "device",
+            "choice",
+            DeviceChoice.CPU,
+            "where each rank computes: cpu, cuda (its GPU: LOCAL_RANK modulo the GPUs) or auto (cuda where available)",
+            choices=DeviceChoice,
+            commands=_TRAIN,
+        ),
+        Option(
+            "transport",
+            "choice",
+            TransportChoice.AUTO,
+            "how tensors travel between ranks: gloo (through host memory; ranks may share a GPU), nccl (GPU to GPU; "
+            "a GPU per rank) or auto (nccl where every rank has its own GPU)",
+            choices=TransportChoice,
+            commands=_TRAIN,
+        ),
+        # -- the run around the pipeline: ``hintpipe train`` and TrainConfig ------------------------------
+        Option("steps", "int", 4, "training steps", minimum=1, metavar="N", commands=_TRAIN, pipeline=False),
+        Option(
+            "microbatch_size",
+            "int",
+            4,
+            "samples per micro-batch",
+            minimum=1,
+            metavar="B",
+            commands=frozenset({"train", "plan"}),
+            pipeline=False,
+        ),
+        Option(
+            "dp",
+            "int",
+            1,
+            "data-parallel replicas of the pipeline",
+            minimum=1,
+            metavar="D",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "tp",
+            "int",
+            1,
+            "tensor-parallel ranks per stage (gpt-mini): dp x ranks x tp processes",
+            minimum=1,
+            metavar="T",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "variability",
+            "specs",
+            (),
+            "iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
+            "comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA[:DECISION] (the simulator's DECISION only; times with a unit in "
+            "train: 2ms); one grammar for both commands; repeatable",
+            metavar="SPEC",
+            commands=_RUN,
+            pipeline=False,
+        ),
+        Option(
+            "faults",
+            "specs",
+            (),
+            "crash:RANK:STEP, hang:RANK:STEP, nan:STEP, savefail:RANK:STEP: faults to inject, for tests of failure "
+            "handling; repeatable",
+            metavar="SPEC",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "seed",
+            "int",
+            0,
+            "model, data, sampling and injection seed",
+            minimum=0,
+            maximum=2**32 - 1,
+            metavar="S",
+            commands=_ALL,
+            pipeline=False,
+        ),
+        Option("lr", "float", 1e-3, "AdamW's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
+        Option(
+            "checkpoint_every",
+            "int",
+            0,
+            "save a checkpoint after every this many steps (0: only after the last step and on a stop)",
+            minimum=0,
+            metavar="K",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "checkpoint_keep",
+            "int",
+            2,
+            "verified checkpoints kept",
+            minimum=1,
+            metavar="K",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        # -- the planner: ``hintpipe plan`` and ``hintpipe.plan`` ---------------------------------------------
+        Option(
+            "stage_memory",
+            "size",
+            None,
+            "total memory of each stage's device (parameters, gradients, optimizer state and activations), "
+            "e.g. 512MiB or 2GiB; or one per stage, comma-separated",
+            optional=True,
+            metavar="SIZE",
+            commands=_PLAN,
+            pipeline=False,
+        ),
+        Option(
+            "optimizer_factor",
+            "float",
+            2.0,
+            "optimizer state bytes per parameter byte (Adam 2, SGD 0)",
+            minimum=0.0,
+            commands=_PLAN,
+            pipeline=False,
+        ),
+        Option(
+            "host_bandwidth",
+            "float",
+            None,
+            "bytes per second to host memory for offloading activations (default: 0, no offload, on a CPU)",
+            minimum=0.0,
+            optional=True,
+            metavar="BYTES_PER_S",
+            commands=_PLAN,
+            pipeline=False,
+        ),
+        Option("repeats", "int", 5, "profiling repeats per node", minimum=1, commands=_PLAN, pipeline=False),
+    )
+}
+
+#: The options that say how much a rank may hold in flight; at most one of them is given.
+ROOM = ("memory_slack", "activation_budget", "device_budget")
+
+
+def check_options(values: Mapping[str, Any], *, cli: bool = False) -> dict[str, Any]:
+    """``values`` (option name -> value) each checked and converted, and their combinations checked.
+
+    Raises:
+        ValueError: for the first value out of its range, or for two of :data:`ROOM` given together.
+    """
+    unknown = sorted(set(values) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown options {unknown}; known: {', '.join(OPTIONS)}")
+    checked = {name: OPTIONS[name].check(value, cli=cli) for name, value in values.items()}
+    given = [
+        name for name in ROOM if checked.get(name) is not None and not (name == "memory_slack" and not checked[name])
+    ]
+    if len(given) > 1:
+        labels = [OPTIONS[name].label(cli) for name in given]
+        raise ValueError(f"give one of {', '.join(OPTIONS[n].label(cli) for n in ROOM)}, got {' and '.join(labels)}")
+    return checked

@@ -1,0 +1,9 @@
+"""Checkpoints and the phases around them: saving and resuming verified checkpoints, their manifests,
+collective phases whose failures reach every rank, and stopping on a signal.
+
+Modules: :mod:`~hintpipe.runtime.checkpoint.saving` (save, find, resume, prune, merge),
+:mod:`~hintpipe.runtime.checkpoint.checkpointer` (:class:`Checkpointer`, a training loop's checkpoints),
+:mod:`~hintpipe.runtime.checkpoint.manifest` (what a checkpoint belongs to; torch-free),
+:mod:`~hintpipe.runtime.checkpoint.collective` and :mod:`~hintpipe.runtime.checkpoint.stopping`.
+Importing this package imports no torch; its modules do.
+"""

@@ -1,0 +1,109 @@
+"""What the ranks agree on after a step: the measured costs (the ``ready`` plan) and non-finite losses.
+
+[Note: collectives per step]
+A step's only collectives are the ones something needs: the sizes for byte
+admission, the all-reduce of measured costs when the ``ready`` plan looks at
+them (after steps 0, 1, 3, 7, ..., then every 16) or of non-finite losses
+(``on_nonfinite="skip"``), the sum of tied gradients, the report's gather
+(``report_every``), the loss broadcast (``broadcast_loss``). Otherwise
+ranks are coupled only by their messages, and a hang is still caught by
+the watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hintpipe.options import OnNonFinite
+from hintpipe.runtime.errors import NonFiniteLoss, WatchdogTimeout
+from hintpipe.runtime.loop.hooks import Hook
+from hintpipe.runtime.loop.ready_plan import ReadyPlanner
+from hintpipe.runtime.loop.reports import RankSummary, durations_array
+from hintpipe.scoreboard import Policy
+from hintpipe.sim.expected import stage_medians
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.assembly import Parts
+    from hintpipe.runtime.loop.step_loop import StepState
+
+log = logging.getLogger(__name__)
+
+
+class Agreement(Hook):
+    """The end of a step's agreement between the ranks of one pipeline (a step hook).
+
+    Args:
+        parts: the rank's pipeline (its hint, groups, modules and policy).
+        planner: the ``ready`` policy's plan, refreshed from the agreed costs.
+        on_nonfinite: what a non-finite loss does.
+    """
+
+    def __init__(self, parts: Parts, planner: ReadyPlanner, on_nonfinite: OnNonFinite) -> None:
+        self.parts = parts
+        self.planner = planner
+        self.on_nonfinite = on_nonfinite
+        #: Steps that had a non-finite loss (their gradients were dropped under ``skip``).
+        self.nonfinite_steps: list[int] = []
+        self._order: list[int] = []
+        self._step = 0
+
+    def begin_step(self, state: StepState) -> None:
+        self._order = state.order
+        self._step = state.step
+
+    def check_loss(self, loss: torch.Tensor, slot: int) -> None:
+        """A last stage's loss of the micro-batch in ``slot``: a non-finite one is recorded, and raises
+        unless the step is to be skipped."""
+        if bool(torch.isfinite(loss)):
+            return
+        step, mb = self._step, self._order[slot]
+        self.nonfinite_steps.append(step)
+        if self.on_nonfinite is OnNonFinite.RAISE:
+            raise NonFiniteLoss(
+                f"rank {self.parts.rank}: the loss of micro-batch {mb} in step {step} is {float(loss)}; the step "
+                "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
+            )
+
+    def end_step(self, state: StepState) -> None:
+        ready = self.parts.policy is Policy.READY
+        if not (self.on_nonfinite is OnNonFinite.SKIP or (ready and self.planner.due(state.step))):
+            return
+        medians, poisoned = self._agree(state)
+        if poisoned:
+            self._drop_gradients(state.step)
+        if ready:
+            self.planner.update(state.step, medians)
+
+    def _agree(self, state: StepState) -> tuple[np.ndarray[Any, np.dtype[np.float64]], bool]:
+        """One all-reduce: every stage's median costs (each rank fills its own) and any non-finite loss.
+
+        It is also where the ranks meet between steps: a rank that never gets here is waited for
+        at most the watchdog's timeout.
+        """
+        hint = self.parts.hint
+        own = stage_medians(durations_array(hint, [RankSummary.of(state, hint.split_backward, self.parts.rank)]))
+        flagged = state.step in self.nonfinite_steps
+        values = torch.from_numpy(np.concatenate([own.reshape(-1), [1.0 if flagged else 0.0]]))
+        try:
+            dist.all_reduce(values, group=self.parts.coll)
+        except RuntimeError as exc:
+            raise WatchdogTimeout(
+                f"rank {self.parts.rank}: waited {self.parts.timeout:g} s for the other ranks to finish step "
+                f"{state.step}: {exc}"
+            ) from None
+        result = values.numpy()
+        return result[:-1].reshape(hint.num_stages, 3), bool(result[-1] > 0)
+
+    def _drop_gradients(self, step: int) -> None:
+        """on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere."""
+        if step not in self.nonfinite_steps:
+            self.nonfinite_steps.append(step)
+        for module in self.parts.modules.values():
+            for param in module.parameters():
+                param.grad = None
+        log.warning("rank %d: step %d had a non-finite loss; its gradients were zeroed", self.parts.rank, step)

@@ -1,0 +1,124 @@
+"""A step's micro-batches: the batch split, placed on the device and put in the step's order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
+
+import numpy as np
+import torch
+
+from hintpipe.device import to_device
+from hintpipe.runtime.loop.admission import broadcast_sizes
+from hintpipe.runtime.loop.executor import EmulatedExecutor
+from hintpipe.runtime.loop.step_loop import StepState
+from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
+
+if TYPE_CHECKING:
+    from hintpipe.runtime.assembly import Parts
+
+#: One micro-batch: a tensor, or a tuple of tensors (several stage inputs).
+Microbatch: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...]
+#: A step's batch: one tensor or tuple of tensors, split equally along dimension 0,
+#: or a list of micro-batches of any shapes (variable sequence length).
+Batch: TypeAlias = Microbatch | list[torch.Tensor] | list[tuple[torch.Tensor, ...]] | list[Microbatch]
+
+
+def split_microbatches(value: Batch, count: int, what: str) -> list[Microbatch]:
+    """``value`` as ``count`` micro-batches: a list of them as given, or a tensor
+    (or tuple of tensors) split equally along dimension 0.
+
+    Raises:
+        ValueError: a list of the wrong length, or a batch that does not split equally.
+    """
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"{what}: got a list of {len(value)} micro-batches, the pipeline runs {count}")
+        return list(value)
+    tensors = value if isinstance(value, tuple) else (value,)
+    size = tensors[0].shape[0]
+    if size % count:
+        raise ValueError(
+            f"{what}: batch of {size} does not split into {count} equal micro-batches; "
+            f"use a batch size divisible by {count}, or pass a list of {count} micro-batches"
+        )
+    parts = [t.chunk(count, dim=0) for t in tensors]
+    if isinstance(value, tuple):
+        return [tuple(p[i] for p in parts) for i in range(count)]
+    return list(parts[0])
+
+
+def as_inputs(microbatch: Microbatch) -> list[torch.Tensor]:
+    """A micro-batch as the list of a first stage's inputs."""
+    return list(microbatch) if isinstance(microbatch, tuple) else [microbatch]
+
+
+def prepare_step(
+    step: int,
+    parts: Parts,
+    inputs: Batch | None,
+    target: Batch | None,
+    loss_divisor: float | None,
+) -> StepState:
+    """The step's first-stage inputs and last-stage targets, split into micro-batches, on the rank's device."""
+    m = parts.microbatches
+    state = StepState(step, {}, loss_scale=1.0 / (loss_divisor if loss_divisor is not None else m))
+    emulated = isinstance(parts.compute, EmulatedExecutor)
+    if 0 in parts.stages:
+        if inputs is None and isinstance(parts.compute, EmulatedExecutor):
+            inputs = [torch.empty(parts.compute.costs.reference_size, dtype=torch.uint8)] * m
+        if inputs is None:
+            raise ValueError(f"rank {parts.rank} hosts stage 0 and needs the inputs")
+        for mb, batch in enumerate(split_microbatches(inputs, m, "inputs")):
+            state.activations[(0, mb)] = to_device(as_inputs(batch), parts.device)
+    if parts.hint.num_stages - 1 in parts.stages and not emulated:
+        if target is None:
+            raise ValueError(f"rank {parts.rank} hosts the last stage and needs the target")
+        state.targets = to_device(split_microbatches(target, m, "target"), parts.device)
+    return state
+
+
+def order_step(state: StepState, parts: Parts, order: MicrobatchOrder) -> None:
+    """The step's micro-batch sizes where needed (byte admission, an order by size), and its order
+    (``state.order``: slot -> given micro-batch).
+
+    [Note: micro-batch order]
+    The rank of stage 0 knows every micro-batch's size (input elements)
+    and sends the sizes to the pipeline's ranks; each rank derives the same
+    permutation from them (:func:`microbatch_order`, deterministic) and the
+    step runs slot ``i`` on given micro-batch ``order[i]``: stage 0 takes
+    its inputs, the last stage its targets, in that order. Every other rank
+    only sees slots. The step's gradient is a sum over micro-batches, so
+    the order changes no maths; errors name given micro-batches.
+    """
+    given = list(range(parts.microbatches))
+    state.order = given
+    by_bytes = parts.admission.by_bytes
+    if not (by_bytes or order is not MicrobatchOrder.GIVEN):
+        return
+    first = {mb: state.activations[(0, mb)] for mb in given} if 0 in parts.stages else {}
+    sizes = broadcast_sizes(
+        first,
+        parts.microbatches,
+        parts.hint.placement.stage_rank[0],
+        parts.coll,
+        rank=parts.rank,
+        step=state.step,
+        timeout=parts.timeout,
+    )
+    state.order = microbatch_order(sizes, order)  # the identity for given
+    if 0 in parts.stages:
+        state.activations.update({(0, slot): first[mb] for slot, mb in enumerate(state.order)})
+    if state.targets:
+        state.targets = [state.targets[mb] for mb in state.order]
+    if by_bytes:
+        state.elements = [sizes[mb] for mb in state.order]
+
+
+def relative_sizes(elements: Sequence[int] | None) -> list[float] | None:
+    """Each micro-batch's input elements over the median's (the plan's costs are medians), for the
+    ETA rule; ``None`` where the step's sizes are not known (nothing needed them)."""
+    if elements is None:
+        return None
+    typical = float(np.median(elements)) or 1.0
+    return [e / typical for e in elements]
