@@ -13,6 +13,7 @@ work add a case to a group: seconds, not minutes.
 from __future__ import annotations
 
 import dataclasses
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,19 +31,21 @@ class Case:
 
 @dataclasses.dataclass(frozen=True)
 class CaseFailed:
-    """What a case raised on one rank: its one-line error and its traceback."""
+    """What a case raised on one rank: its one-line error, its traceback, and the seconds the case ran."""
 
     error: str
     details: str
+    elapsed: float
 
 
 def _run_all(rank: int, world: int, cases: list[tuple[str, Case]]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, case in cases:
+        began = time.monotonic()
         try:
             results[name] = case.fn(rank, world, *case.args)
         except Exception as exc:
-            results[name] = CaseFailed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            results[name] = CaseFailed(f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.monotonic() - began)
     return results
 
 
@@ -58,3 +61,17 @@ def succeeded(results: list[Any]) -> list[Any]:
         if isinstance(result, CaseFailed):
             raise AssertionError(f"rank {rank}: {result.error}\n{result.details}")
     return results
+
+
+def failure_text(results: list[Any]) -> str:
+    """A case that failed on every rank, as :class:`~hintpipe.runtime.errors.RankFailure` would say it (ranks
+    that failed with the same error in one line)."""
+    errors = [r.error for r in results if isinstance(r, CaseFailed)]
+    assert len(errors) == len(results), f"the case did not fail on every rank: {results}"
+    by_text: dict[str, list[str]] = {}
+    for rank, text in enumerate(errors):
+        by_text.setdefault(text, []).append(str(rank))
+    return "\n".join(
+        f"rank {ranks[0]}: {text}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}: {text}"
+        for text, ranks in by_text.items()
+    )

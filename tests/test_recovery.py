@@ -16,13 +16,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from conftest import SMALL_GPT, hang_bound, small_run
+from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist
-from hintpipe.apps.training import train
+from hintpipe.apps.training import _train_rank
 from hintpipe.runtime.checkpoint.manifest import DamagedCheckpoint, Manifest, RunIdentity
 from hintpipe.runtime.checkpoint.saving import (
     CheckpointError,
@@ -31,13 +33,14 @@ from hintpipe.runtime.checkpoint.saving import (
     prune_checkpoints,
     save_checkpoint,
 )
-from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.launch import run_ranks
 
 MODEL = SMALL_GPT
 TIMEOUT = 20.0
 
 
 _config = small_run  # this file's runs: 2 ranks, 6 steps, fixed, unless a test says otherwise
+MLP = ModelConfig("mlp", layers=4, hidden=16)
 
 
 def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -49,26 +52,51 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted() -> dict[str, torch.Tensor]:
-    """The parameters after 6 steps without any fault."""
-    result = train(_config())
-    assert result is not None and result.state is not None
-    return result.state
+def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The runs that start from nothing, on one spawned group: 6 steps uninterrupted (the baseline the
+    resumed runs must equal), 4 of them saved after steps 2 and 4 (the pristine folder the damage tests copy),
+    a run with a failing save, a 5-step run keeping 2 checkpoints, and a 4-step MLP run."""
+    root = tmp_path_factory.mktemp("first")
+    folders = {name: root / name / "ck" for name in ("four", "failing", "keeps", "mlp")}
+    cases = {
+        "uninterrupted": Case(_train_rank, (_config(),)),
+        "four": Case(_train_rank, (_config(steps=4, checkpoint_dir=str(folders["four"]), checkpoint_every=2),)),
+        # A timeout of 120 s: a rank left waiting for the failed one would take that long.
+        "failing": Case(
+            _train_rank,
+            (
+                _config(
+                    checkpoint_dir=str(folders["failing"]), checkpoint_every=2, faults=("savefail:1:3",), timeout=120
+                ),
+            ),
+        ),
+        "keeps": Case(
+            _train_rank,
+            (_config(steps=5, checkpoint_dir=str(folders["keeps"]), checkpoint_every=1, checkpoint_keep=2),),
+        ),
+        "mlp": Case(
+            _train_rank,
+            (_config(model=MLP, steps=4, checkpoint_dir=str(folders["mlp"]), checkpoint_every=1, checkpoint_keep=2),),
+        ),
+    }
+    return {"folders": folders, "results": run_cases(2, cases, timeout_s=120)}
 
 
 @pytest.fixture(scope="module")
-def four_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def uninterrupted(first_runs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The parameters after 6 steps without any fault."""
+    result = succeeded(first_runs["results"]["uninterrupted"])[0]
+    assert result is not None and result.state is not None
+    return result.state  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def four_steps(first_runs: dict[str, Any]) -> Path:
     """A run of 4 of the 6 steps, saved after steps 2 and 4 (the pristine copy; tests work on copies)."""
-    folder = tmp_path_factory.mktemp("saved") / "ck"
-    train(_config(steps=4, checkpoint_dir=str(folder), checkpoint_every=2))
+    succeeded(first_runs["results"]["four"])
+    folder: Path = first_runs["folders"]["four"]
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000002", "step-00000004"]
     return folder
-
-
-def _copy(four_steps: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "ck"
-    shutil.copytree(four_steps, target)
-    return target
 
 
 # -- a corrupt or incomplete checkpoint falls back to the previous valid one ------------------------------------
@@ -105,62 +133,87 @@ def _no_manifest(folder: Path) -> str:
     )
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip, _no_metadata, _no_manifest])
+def _empty_latest(folder: Path) -> str:
+    (folder / "latest").write_text("")
+    return ""
+
+
+def _nothing_usable(folder: Path) -> str:
+    (folder / "step-00000004" / "manifest.json").unlink()
+    (folder / "step-00000002" / "__0_0.distcp").unlink()
+    return ""
+
+
+DAMAGES = {f.__name__: f for f in (_truncate, _flip, _no_metadata, _no_manifest, _empty_latest, _nothing_usable)}
+
+
+@pytest.fixture(scope="module")
+def resumed(four_steps: Path, first_runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every resume from a damaged copy of the 4-step folder, and a resume of the MLP run with a smaller MLP,
+    on one spawned group; each case's folder, what its damage said, and its snapshot before the run."""
+    root = tmp_path_factory.mktemp("resumed")
+    cases: dict[str, Case] = {}
+    said: dict[str, str] = {}
+    folders: dict[str, Path] = {}
+    before: dict[str, dict[str, bytes]] = {}
+    for name, damage in DAMAGES.items():
+        folder = folders[name] = root / name / "ck"
+        shutil.copytree(four_steps, folder)
+        said[name] = damage(folder)
+        before[name] = _snapshot(folder)
+        cases[name] = Case(_train_rank, (_config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True),))
+    succeeded(first_runs["results"]["mlp"])
+    folders["smaller"] = first_runs["folders"]["mlp"]
+    before["smaller"] = _snapshot(folders["smaller"])
+    smaller = ModelConfig("mlp", layers=2, hidden=16)
+    config = _config(model=smaller, steps=8, checkpoint_dir=str(folders["smaller"]), checkpoint_every=1, resume=True)
+    cases["smaller"] = Case(_train_rank, (config,))
+    return {"results": run_cases(2, cases, timeout_s=120), "said": said, "folders": folders, "before": before}
+
+
+@pytest.mark.parametrize("damage", ["_truncate", "_flip", "_no_metadata", "_no_manifest"])
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
-    damage: object, four_steps: Path, tmp_path: Path, uninterrupted: dict[str, torch.Tensor]
+    damage: str, resumed: dict[str, Any], uninterrupted: dict[str, torch.Tensor]
 ) -> None:
-    folder = _copy(four_steps, tmp_path)
-    assert callable(damage)
-    message = damage(folder)
-    good = _snapshot(folder / "step-00000002")
-    result = train(_config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True))
+    folder = resumed["folders"][damage]
+    result = succeeded(resumed["results"][damage])[0]
     assert result is not None and result.state is not None
-    assert result.notes == (message,)
+    assert result.notes == (resumed["said"][damage],)
     assert result.resumed_from == 2
     assert _equal(result.state, uninterrupted)  # steps 2..5 again, bitwise the same as without the fault
-    # The good checkpoint survived the run: the new step-4 and step-6 were proven before anything was removed.
-    assert _snapshot(folder / "step-00000002") == good or (folder / "step-00000006").is_dir()
+    # The good checkpoint survived the run, byte for byte: pruning keeps 2 verified checkpoints (the new step-4
+    # and step-2) and never runs after the last step's save.
+    good = {k.removeprefix("step-00000002/"): v for k, v in resumed["before"][damage].items() if "step-00000002" in k}
+    assert _snapshot(folder / "step-00000002") == good
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000002", "step-00000004", "step-00000006"]
 
 
 def test_an_empty_latest_pointer_does_not_matter(
-    four_steps: Path, tmp_path: Path, uninterrupted: dict[str, torch.Tensor]
+    resumed: dict[str, Any], uninterrupted: dict[str, torch.Tensor]
 ) -> None:
-    folder = _copy(four_steps, tmp_path)
-    (folder / "latest").write_text("")
-    result = train(_config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True))
+    result = succeeded(resumed["results"]["_empty_latest"])[0]
     assert result is not None and result.state is not None
     assert (result.resumed_from, result.notes) == (4, ())
     assert _equal(result.state, uninterrupted)
 
 
-def test_no_usable_checkpoint_is_one_line_naming_each(four_steps: Path, tmp_path: Path) -> None:
-    folder = _copy(four_steps, tmp_path)
-    (folder / "step-00000004" / "manifest.json").unlink()
-    (folder / "step-00000002" / "__0_0.distcp").unlink()
-    before = _snapshot(folder)
-    with pytest.raises(RankFailure) as failure:
-        train(_config(checkpoint_dir=str(folder), resume=True))
-    assert str(failure.value) == (
+def test_no_usable_checkpoint_is_one_line_naming_each(resumed: dict[str, Any]) -> None:
+    folder = resumed["folders"]["_nothing_usable"]
+    assert failure_text(resumed["results"]["_nothing_usable"]) == (
         f"ranks 0, 1: CheckpointError: resuming from {folder} failed (rank 0: no usable checkpoint in {folder} "
         "(step-00000004 has no manifest.json (its save never finished, or hintpipe before 0.3 wrote it); "
         "step-00000002: __0_0.distcp is missing); "
         "start fresh without resuming, or in another checkpoint folder)"
     )
-    assert _snapshot(folder) == before
+    assert _snapshot(folder) == resumed["before"]["_nothing_usable"]
 
 
 # -- resuming another run is refused, and its checkpoints are left as they were -------------------------------
 
 
-def test_resuming_with_a_changed_model_is_refused_with_the_originals_intact(tmp_path: Path) -> None:
-    folder = tmp_path / "ck"
-    mlp = ModelConfig("mlp", layers=4, hidden=16)
-    train(_config(model=mlp, steps=4, checkpoint_dir=str(folder), checkpoint_every=1, checkpoint_keep=2))
-    before = _snapshot(folder)
-    smaller = ModelConfig("mlp", layers=2, hidden=16)
-    with pytest.raises(RankFailure) as failure:
-        train(_config(model=smaller, steps=8, checkpoint_dir=str(folder), checkpoint_every=1, resume=True))
-    text = str(failure.value)
+def test_resuming_with_a_changed_model_is_refused_with_the_originals_intact(resumed: dict[str, Any]) -> None:
+    folder = resumed["folders"]["smaller"]
+    text = failure_text(resumed["results"]["smaller"])
     assert text == (
         f"ranks 0, 1: CheckpointError: resuming from {folder} failed (rank 0: {folder / 'step-00000004'} was "
         "written for another run (4 tensors only in the checkpoint (0.1.0.bias 16, 0.1.0.weight 16x16, ...)); "
@@ -168,7 +221,7 @@ def test_resuming_with_a_changed_model_is_refused_with_the_originals_intact(tmp_
         f"({folder} is left as it is))"
     ), text
     assert "\n" not in text
-    assert _snapshot(folder) == before
+    assert _snapshot(folder) == resumed["before"]["smaller"]
 
 
 def test_identity_differences_name_what_changed() -> None:
@@ -209,23 +262,21 @@ def test_a_parameter_that_is_not_finite_is_never_saved(tmp_path: Path) -> None:
     assert not (tmp_path / "ck" / "step-00000007").exists()
 
 
-def test_a_failing_save_ends_both_ranks_at_once(tmp_path: Path) -> None:
-    folder = tmp_path / "ck"
-    began = time.monotonic()
-    with pytest.raises(RankFailure) as failure:
-        # A timeout of 120 s: a rank left waiting for the failed one would take that long.
-        train(_config(checkpoint_dir=str(folder), checkpoint_every=2, faults=("savefail:1:3",), timeout=120))
-    elapsed = time.monotonic() - began
-    assert str(failure.value) == (
+def test_a_failing_save_ends_both_ranks_at_once(first_runs: dict[str, Any]) -> None:
+    folder = first_runs["folders"]["failing"]
+    results = first_runs["results"]["failing"]
+    assert failure_text(results) == (
         f"ranks 0, 1: CheckpointError: saving checkpoint step 4 in {folder} failed (rank 1: OSError: [Errno 28] "
         f"No space left on device (injected): '{folder / 'step-00000004.tmp'}')"
     )
+    elapsed = max(r.elapsed for r in results)
     assert elapsed < 120, elapsed  # it ended before the 120 s timeout could have fired (seconds here)
     assert find_checkpoint(folder)[0] == folder / "step-00000002"
 
 
 def test_pruning_waits_for_a_verified_newer_checkpoint(four_steps: Path, tmp_path: Path) -> None:
-    folder = _copy(four_steps, tmp_path)
+    folder = tmp_path / "ck"
+    shutil.copytree(four_steps, folder)
     shutil.copytree(folder / "step-00000002", folder / "step-00000001")
     (folder / "step-00000001" / "manifest.json").write_text(
         (folder / "step-00000002" / "manifest.json").read_text().replace('"step": 2', '"step": 1')
@@ -241,9 +292,9 @@ def test_pruning_waits_for_a_verified_newer_checkpoint(four_steps: Path, tmp_pat
         Manifest.read(folder / "step-00000003").verify(folder / "step-00000003")
 
 
-def test_a_run_keeps_the_proven_checkpoints(tmp_path: Path) -> None:
-    folder = tmp_path / "ck"
-    train(_config(steps=5, checkpoint_dir=str(folder), checkpoint_every=1, checkpoint_keep=2))
+def test_a_run_keeps_the_proven_checkpoints(first_runs: dict[str, Any]) -> None:
+    succeeded(first_runs["results"]["keeps"])
+    folder = first_runs["folders"]["keeps"]
     # step-5 is not proven yet (no step ran after it), so step-4 and step-3 stay beside it.
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000003", "step-00000004", "step-00000005"]
     assert (folder / "latest").read_text() == "step-00000005"
@@ -307,16 +358,8 @@ def _signalled(folder: Path, signum: int, to_group: bool) -> tuple[subprocess.Po
     return process, err, ranks, time.monotonic() - sent
 
 
-@pytest.mark.parametrize(
-    ("signum", "to_group"), [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGTERM, True)]
-)
-def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
-    signum: int, to_group: bool, tmp_path: Path
-) -> None:
-    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
-    folder = tmp_path / "ck"
-    process, err, ranks, elapsed = _signalled(folder, signum, to_group)
-    assert elapsed < 30
+def _check_stopped(process: subprocess.Popen[str], err: str, signum: int, folder: Path) -> int:
+    """The run said, in its last line, which checkpoint it saved after which step; returns that step."""
     assert process.returncode == 128 + signum, err
     saved = max(p for p in folder.iterdir() if p.name.startswith("step-"))
     step = int(saved.name.removeprefix("step-"))
@@ -325,6 +368,19 @@ def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
         f"saved; --resume continues from step {step}"
     ), err
     Manifest.read(saved).verify(saved)
+    return step
+
+
+@pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, False), (signal.SIGTERM, True)])
+def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
+    signum: int, to_group: bool, tmp_path: Path
+) -> None:
+    # SIGTERM to the launcher alone: test_a_run_stopped_by_a_signal_resumes_bitwise.
+    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
+    folder = tmp_path / "ck"
+    process, err, ranks, elapsed = _signalled(folder, signum, to_group)
+    assert elapsed < 30
+    _check_stopped(process, err, signum, folder)
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
     assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
 
@@ -357,10 +413,13 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
 
 
 def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
+    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
     stopped, reference = tmp_path / "stopped", tmp_path / "reference"
-    process, err, _, _ = _signalled(stopped, signal.SIGTERM, to_group=False)
-    assert process.returncode == 128 + signal.SIGTERM, err
-    step = int(max(p for p in stopped.iterdir() if p.name.startswith("step-")).name.removeprefix("step-"))
+    process, err, ranks, elapsed = _signalled(stopped, signal.SIGTERM, to_group=False)
+    assert elapsed < 30
+    step = _check_stopped(process, err, signal.SIGTERM, stopped)
+    assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
+    assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
     end = str(step + 2)
     for folder, more in ((stopped, ["--resume"]), (reference, [])):
         argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", end, "--json"]

@@ -235,6 +235,8 @@ class _Run:
 
 
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
+    """What ``train`` runs on each rank: the run of ``config``, closed whatever happens (its mailboxes and
+    threads stop, so that a process can go on to other work after a failed run)."""
     pipe, modules = _build_pipeline(rank, world, config)
     reference = copy.deepcopy(modules) if config.check_grads and rank == 0 else None
     mine = dict(pipe.modules)
@@ -242,11 +244,12 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
     checkpoints = _checkpointer(config, pipe, optimizer)
     first = 0
-    if checkpoints is not None and config.resume:
-        first = pipe.step_count = checkpoints.resume()
     run = _Run()
-    bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
+    bar = None
     try:
+        if checkpoints is not None and config.resume:
+            first = pipe.step_count = checkpoints.resume()
+        bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
         with StopRequest() as stop:
             for step in range(first, config.steps):
                 _step(config, pipe, modules, reference, optimizer, step, run)

@@ -37,12 +37,12 @@ def one_line(exc: BaseException) -> str:
         # torch gathers every rank's failure to every rank: {rank: (exception, its stack)}; name the first.
         rank, failure = next(iter(sorted(exc.failures.items())))
         inner = failure[0] if isinstance(failure, tuple) and failure else failure
-        text = one_line(inner) if isinstance(inner, BaseException) else str(inner).splitlines()[0]
-        return f"rank {rank}: {_strip_rank(text, rank)}"
-    text = str(exc).strip().splitlines()
+        said = one_line(inner) if isinstance(inner, BaseException) else str(inner).splitlines()[0]
+        return f"rank {rank}: {_strip_rank(said, rank)}"
+    lines = str(exc).strip().splitlines()
     if type(exc).__module__.startswith("hintpipe"):  # our own errors are written to be read as they are
-        return text[0] if text else type(exc).__name__
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        return lines[0] if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def together(
