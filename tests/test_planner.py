@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import json
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ from torch import nn
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
 from hintpipe.cli import main
+from hintpipe.device import DeviceClock, HostClock, clock_for
 from hintpipe.planner.capture import CaptureError, capture, split_point
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
@@ -83,22 +83,35 @@ def test_search_equals_exhaustive_search(seed: int) -> None:
         assert cuts in argbest
 
 
+class VirtualClock:
+    """A clock that moves only when a :class:`SleepLayer` says it took time: profiles of known costs, exact."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def now(self) -> float:
+        return self.seconds
+
+
+CLOCK = VirtualClock()
+
+
 class _Sleep(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float, keep: int) -> torch.Tensor:
-        time.sleep(forward_s)
+        CLOCK.seconds += forward_s
         ctx.backward_s = backward_s
         ctx.save_for_backward(torch.zeros(keep))
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        time.sleep(ctx.backward_s)
+        CLOCK.seconds += ctx.backward_s
         return grad, None, None, None
 
 
 class SleepLayer(nn.Module):
-    """Known costs: sleeps ``forward_ms`` / ``backward_ms``, keeps ``keep`` floats for backward."""
+    """Known costs: takes ``forward_ms`` / ``backward_ms`` on :data:`CLOCK`, keeps ``keep`` floats for backward."""
 
     def __init__(self, forward_ms: float, backward_ms: float, keep: int) -> None:
         super().__init__()
@@ -110,18 +123,16 @@ class SleepLayer(nn.Module):
         return out
 
 
-def test_sleep_modules_give_known_profiles_and_exact_cuts() -> None:
+def test_known_costs_give_exact_profiles_and_exact_cuts() -> None:
     costs = [(6, 6, 1000), (2, 2, 1000), (2, 2, 1000), (2, 2, 1000), (4, 4, 1000), (3, 3, 1000)]
     model = nn.Sequential(*(SleepLayer(*c) for c in costs))
     graph = capture(model, modules=[str(i) for i in range(len(costs))])
-    profiles = profile(graph, (torch.zeros(10),), repeats=2)
+    profiles = profile(graph, (torch.zeros(10),), repeats=2, clock=CLOCK)
     for p, (f, b, keep) in zip(profiles, costs, strict=True):
-        # A sleep never returns early. Above, a busy machine may add any delay: the bound only
-        # checks that a node's time is its own, not its neighbours' (a quarter second is far above both).
-        assert f / 1e3 <= p.forward_s < f / 1e3 + 0.25
-        assert b / 1e3 <= p.backward_s < b / 1e3 + 0.25
-        # Exact: the kept buffer plus the layer's input, which x * scale saves.
-        assert p.internal_bytes >= keep * 4
+        # Each node's time is its own, read on the clock the profiler is given (the device's, by default).
+        assert (p.forward_s, p.backward_s) == pytest.approx((f / 1e3, b / 1e3), abs=1e-12)
+        # The kept buffer alone: the layer's input (which x * scale saves) and its parameter are not its own.
+        assert p.internal_bytes == keep * 4
     # Known costs in place of the measured times: F + B = 12, 4, 4, 4, 8, 6 ms.
     exact = [
         NodeProfile(p.name, f / 1e3, b / 1e3, p.saved_bytes, p.param_bytes, p.output_bytes, True, p.internal_bytes)
@@ -541,3 +552,12 @@ def test_ranks_holding_different_plans_are_refused_and_a_shared_plan_is_one() ->
     assert refused[1].startswith("rank 1: ranks [0] hold another plan")
     shared = run_ranks(_two_plans_worker, 2, [planned, other], True, timeout_s=60)
     assert shared == [f"cuts {cuts}"] * 2  # rank 0's plan on both
+
+
+def test_a_device_clock_waits_for_the_device_before_each_reading() -> None:
+    calls: list[str] = []
+    clock = DeviceClock(lambda: calls.append("synchronize"))
+    before = clock.now()
+    after = clock.now()
+    assert calls == ["synchronize", "synchronize"] and after >= before
+    assert isinstance(clock_for(torch.device("cpu")), HostClock)

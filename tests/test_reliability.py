@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from conftest import SMALL_GPT, hang_bound, small_run
-from hintpipe.apps.training import train
+from groups import Case, failure_text, run_cases, succeeded
+from hintpipe.apps.training import TrainResult, _train_rank, train
 from hintpipe.runtime.checkpoint.saving import latest_checkpoint, load_merged
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
@@ -34,11 +38,35 @@ MODEL = SMALL_GPT
 _config = small_run  # this file's runs: 2 ranks, 6 steps, fixed, unless a test says otherwise
 
 
+def _interrupted_then_resumed(rank: int, world: int, folder: str) -> tuple[Path | None, TrainResult | None]:
+    """A save that died half-way (a ``.tmp`` folder beside the good checkpoint), then a resume."""
+    if rank == 0:
+        (Path(folder) / "step-00000004.tmp").mkdir()
+    dist.barrier()
+    latest = latest_checkpoint(folder)
+    return latest, _train_rank(rank, world, _config(steps=4, checkpoint_dir=folder, checkpoint_every=2, resume=True))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """This module's runs that no process fault ends, on one spawned group of 2 ranks."""
+    folder = str(tmp_path_factory.mktemp("interrupted") / "ck")
+    cases = {
+        "straight": Case(_train_rank, (_config(),)),
+        "two steps saved": Case(_train_rank, (_config(steps=2, checkpoint_dir=folder, checkpoint_every=2),)),
+        "interrupted, resumed": Case(_interrupted_then_resumed, (folder,)),
+        "skip nan": Case(_train_rank, (_config(steps=3, faults=("nan:2",), on_nonfinite="skip"),)),
+        "clean two steps": Case(_train_rank, (_config(steps=2),)),
+        "raise nan": Case(_train_rank, (_config(faults=("nan:2",), timeout=4),)),
+    }
+    return {"folder": Path(folder), "results": run_cases(2, cases, timeout_s=60)}
+
+
 # -- checkpoint and resume --------------------------------------------------------------------------
 
 
-def test_a_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:
-    straight = train(_config())
+def test_a_run_killed_and_resumed_ends_bitwise_equal(runs: dict[str, Any], tmp_path: Path) -> None:
+    straight = succeeded(runs["results"]["straight"])[0]
     assert straight is not None and straight.state is not None
     checkpoints = str(tmp_path / "ck")
     with pytest.raises(RankFailure, match="rank 1: exited without a result"):
@@ -58,12 +86,11 @@ def test_a_run_killed_and_resumed_ends_bitwise_equal(tmp_path: Path) -> None:
         assert torch.equal(merged[key], value), key
 
 
-def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    checkpoints = tmp_path / "ck"
-    train(_config(steps=2, checkpoint_dir=str(checkpoints), checkpoint_every=2))
-    (checkpoints / "step-00000004.tmp").mkdir()  # a save that died half-way
-    assert latest_checkpoint(checkpoints) == checkpoints / "step-00000002"
-    resumed = train(_config(steps=4, checkpoint_dir=str(checkpoints), checkpoint_every=2, resume=True))
+def test_an_interrupted_save_leaves_the_previous_checkpoint(runs: dict[str, Any]) -> None:
+    checkpoints = runs["folder"]
+    succeeded(runs["results"]["two steps saved"])
+    (latest, resumed), _ = succeeded(runs["results"]["interrupted, resumed"])
+    assert latest == checkpoints / "step-00000002"
     assert resumed is not None and resumed.resumed_from == 2
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-00000002", "step-00000004"]
 
@@ -71,51 +98,41 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
 # -- injected faults -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("fault", "expected"),
-    [
-        (
-            "crash:1:3",
-            ["rank 1: exited without a result", "rank 0: PeerFailure: rank 0: rank 1 failed"],
-        ),
-        (
-            "hang:1:2",
-            [
-                "rank 1: exited without a result",
-                "WatchdogTimeout: rank 0: waited 4 s with nothing ready in step 2",
-                "waits for gradient of stage 1 from rank 1",
-            ],
-        ),
-        (
-            "nan:2",
-            [
-                "NonFiniteLoss: rank 1: the loss of micro-batch 0 in step 2 is nan",
-                "rank 0: PeerFailure: rank 0: rank 1 failed in step 2",
-            ],
-        ),
-    ],
-)
-def test_each_fault_ends_every_rank_with_an_error_naming_it(fault: str, expected: list[str]) -> None:
+def test_a_hung_rank_ends_every_rank_naming_what_was_awaited() -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        train(_config(faults=(fault,), timeout=4))
+        train(_config(faults=("hang:1:2",), timeout=4))
     assert time.monotonic() - began < hang_bound(4)
-    for text in expected:
-        assert text in str(info.value)
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith(
+        "rank 0: WatchdogTimeout: rank 0: waited 4 s with nothing ready in step 2; rank 0: "
+    ), lines  # the rest of the line says what rank 0 still waits for
+    assert "waits for gradient of stage 1 from rank 1" in lines[0]
+    assert lines[1:] == ["rank 1: exited without a result (stopped by the launcher)"]
 
 
-def test_a_nonfinite_loss_can_skip_the_step() -> None:
-    result = train(_config(steps=4, faults=("nan:2",), on_nonfinite="skip"))
-    assert result is not None
+def test_a_nonfinite_loss_ends_every_rank_naming_it(runs: dict[str, Any]) -> None:
+    assert failure_text(runs["results"]["raise nan"]) == (
+        "rank 0: PeerFailure: rank 0: rank 1 failed in step 2; it said: rank 1: the loss of micro-batch 0 in step 2 "
+        "is nan; the step stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the "
+        "gradients)\n"
+        "rank 1: NonFiniteLoss: rank 1: the loss of micro-batch 0 in step 2 is nan; the step stops before the "
+        "optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
+    )
+
+
+def test_a_nonfinite_loss_can_skip_the_step(runs: dict[str, Any]) -> None:
+    result = succeeded(runs["results"]["skip nan"])[0]
+    clean = succeeded(runs["results"]["clean two steps"])[0]
     assert result.nonfinite_steps == (2,)
-    clean = train(_config(steps=2))
-    assert clean is not None and clean.state is not None and result.state is not None
-    # Steps 0 and 1 are the same; step 2 changed nothing; step 3 trained on.
-    assert result.losses[:2] == clean.losses
-    assert result.losses[2] != result.losses[2]  # NaN
+    assert result.losses[:2] == clean.losses and math.isnan(result.losses[2])
+    # Step 2 changed nothing: the parameters after it are bitwise those after step 1 of a clean run.
+    assert result.state.keys() == clean.state.keys()
+    for key, value in clean.state.items():
+        assert torch.equal(result.state[key], value), key
 
 
-def test_the_crash_acceptance_command() -> None:
+def test_a_crashed_rank_ends_the_command_naming_it() -> None:
     began = time.monotonic()
     run = subprocess.run(
         [
@@ -140,9 +157,14 @@ def test_the_crash_acceptance_command() -> None:
         text=True,
         timeout=2 * hang_bound(20),
     )
-    assert run.returncode != 0
+    assert run.returncode == 1, run.stderr
     assert time.monotonic() - began < hang_bound(20)
-    assert "rank 1" in run.stderr
+    lines = run.stderr.strip().splitlines()
+    failed = lines[lines.index("hintpipe train: failed:") :]  # after the crashing rank's own log line
+    assert failed[1].startswith("rank 0: PeerFailure: rank 0: rank 1 failed in step 3") or failed[1].startswith(
+        "rank 0: PeerFailure: rank 0: rank 1 failed in step -1; it said: connection lost"
+    ), run.stderr
+    assert failed[2:] == ["rank 1: exited without a result (killed, or crashed hard)"], run.stderr
 
 
 # -- bad input --------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ the other for them.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -49,6 +50,43 @@ def rank_device(choice: str | DeviceChoice | torch.device | None = None, rank: i
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+class Clock(Protocol):
+    """Seconds on a clock that counts the device's work: what profiling reads before and after a node."""
+
+    def now(self) -> float:
+        """Seconds, read once every piece of work queued so far has finished."""
+
+
+class HostClock:
+    """The host's clock: on a CPU the work runs in the calling thread, so it is done when a call returns."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+
+class DeviceClock:
+    """The host's clock read after the device finished its queued work: a GPU's calls return once their
+    kernels are queued, so timing them without waiting measures the launches, not the work.
+
+    Args:
+        synchronize: waits for the device's queued work (``torch.cuda.synchronize`` of the device).
+    """
+
+    def __init__(self, synchronize: Callable[[], None]) -> None:
+        self.synchronize = synchronize
+
+    def now(self) -> float:
+        self.synchronize()
+        return time.perf_counter()
+
+
+def clock_for(device: torch.device) -> Clock:
+    """The clock that times work on ``device``: the host's on a CPU, synchronised with the GPU on CUDA."""
+    if device.type == "cuda":
+        return DeviceClock(lambda: torch.cuda.synchronize(device))
+    return HostClock()
 
 
 def own_gpu() -> bool:

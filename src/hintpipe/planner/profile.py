@@ -2,12 +2,14 @@
 
 Each compute node of a captured graph runs on its own, on detached copies of
 the values the example input produces there: its forward is timed, its
-backward (gradient of ones into its inputs and parameters) is timed, and the
-tensors autograd saves for that backward are counted through
+backward (gradient of ones into its inputs and parameters) is timed on a clock
+that waits for the device's work (:func:`hintpipe.device.clock_for`: a GPU's
+calls return before their kernels ran), and the tensors autograd saves for
+that backward are counted through
 ``torch.autograd.graph.saved_tensors_hooks``: exact bytes, each storage once,
 parameters excluded (they are not activations). Repeats after a warm-up, the
 median kept. Profiles are cached on disk by a signature of the graph, the
-parameter shapes and the input shapes.
+parameter shapes, the input shapes and the device.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from hintpipe.device import Clock, clock_for
 from hintpipe.planner.capture import CapturedGraph, attribute
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
@@ -58,8 +60,8 @@ def run_node(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> An
 
 
 def signature(graph: CapturedGraph, inputs: Sequence[Any]) -> str:
-    """A key for the profile cache: the graph's code, parameter and input shapes."""
-    parts = [graph.module.code]
+    """A key for the profile cache: the graph's code, parameter and input shapes, and the device."""
+    parts = [graph.module.code, str(_device_of(graph, inputs))]
     parts += [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in graph.module.named_parameters()]
     parts += [f"{tuple(t.shape)}:{t.dtype}" for t in tensors_in(list(inputs))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
@@ -71,6 +73,7 @@ def profile(
     *,
     repeats: int = 5,
     cache_dir: str | Path | None = None,
+    clock: Clock | None = None,
 ) -> list[NodeProfile]:
     """Profile every compute node of ``graph`` on ``inputs`` (one micro-batch).
 
@@ -79,6 +82,7 @@ def profile(
         inputs: example inputs, one per placeholder.
         repeats: timed runs per node after one warm-up; the median is kept.
         cache_dir: where to keep profiles (by signature); ``None``: no cache.
+        clock: what times the nodes; default: the one of the model's device (:func:`hintpipe.device.clock_for`).
     """
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"the model takes {len(graph.inputs)} inputs, got {len(inputs)}")
@@ -95,8 +99,10 @@ def profile(
             env[node] = run_node(root, node, env)
     # Each storage's first owner: an output living in an earlier value's storage is a view of it.
     owner = {t.untyped_storage().data_ptr(): n.name for n, v in env.items() for t in tensors_in(v)}
+    timing = clock if clock is not None else clock_for(_device_of(graph, inputs))
     profiles = [
-        _profile_node(root, node, env, owner, params, repeats, i in graph.scalars) for i, node in enumerate(graph.nodes)
+        _profile_node(root, node, env, owner, params, repeats, i in graph.scalars, timing)
+        for i, node in enumerate(graph.nodes)
     ]
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +120,7 @@ def _profile_node(
     params: set[int],
     repeats: int,
     scalar: bool,
+    clock: Clock,
 ) -> NodeProfile:
     """Time ``node`` and count what it saves; its output goes into ``env`` and its storages into ``owner``.
     A number the graph computes (``scalar``) may cross a cut: it counts as a tensor output."""
@@ -121,14 +128,14 @@ def _profile_node(
     for _ in range(repeats + 1):
         local = {a: _detach(env[a]) for a in node.all_input_nodes}
         with count_saved(params) as counted:
-            start = time.perf_counter()
+            start = clock.now()
             out = run_node(root, node, local)
-            forward.append(time.perf_counter() - start)
+            forward.append(clock.now() - start)
         grads = [t for t in tensors_in(out) if t.requires_grad]
-        start = time.perf_counter()
+        start = clock.now()
         if grads:
             torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
-        backward.append(time.perf_counter() - start)
+        backward.append(clock.now() - start)
     # Which saved storages are this node's inputs, its output, or its own temporaries.
     input_of = {t.untyped_storage().data_ptr(): a.name for a, v in local.items() for t in tensors_in(v)}
     outputs = {t.untyped_storage().data_ptr() for t in tensors_in(out)}
@@ -154,6 +161,15 @@ def _profile_node(
         saves_output=any(k in outputs for k in counted.sizes),
         saved_inputs=tuple(sorted({input_of[k] for k in counted.sizes if k in input_of})),
     )
+
+
+def _device_of(graph: CapturedGraph, inputs: Sequence[Any]) -> torch.device:
+    """Where the model runs: its parameters' device, else its first input's (a CPU if it has neither)."""
+    first = next(iter(graph.module.parameters()), None)
+    if first is not None:
+        return first.device
+    tensors = tensors_in(list(inputs))
+    return tensors[0].device if tensors else torch.device("cpu")
 
 
 def _param_bytes(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> int:
