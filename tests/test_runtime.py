@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from conftest import hang_bound
+from groups import Case as GroupCase
+from groups import failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.pipeline import Pipeline
@@ -100,8 +102,7 @@ def _matrix_worker(rank: int, world: int, cases: list[Case], m: int) -> list[Any
     return out
 
 
-def _check_matrix(world: int, m: int, cases: list[Case]) -> None:
-    results = run_ranks(_matrix_worker, world, cases, m, timeout_s=120)
+def _check_matrix(world: int, m: int, cases: list[Case], results: list[Any]) -> None:
     for i, (hint, chunks, policy, variable, order) in enumerate(cases):
         modules = _mlp(world * chunks)
         xs, ys = _batches(variable, m)
@@ -122,15 +123,18 @@ def _check_matrix(world: int, m: int, cases: list[Case]) -> None:
         assert seen == set(expected), f"{hint}: gradients missing for {set(expected) - seen}"
 
 
-def test_every_hint_and_policy_matches_the_unsplit_model_on_two_ranks() -> None:
+def _matrix_cases() -> list[Case]:
     # Variable shapes run in an order by size (the three orders in turn): the gradient is the same sum.
     orders = ["longest-first", "balanced", "shortest-first"]
-    cases = [
+    return [
         (h, v, p, variable, orders[i % 3] if variable else "given")
         for i, ((h, v), p) in enumerate(itertools.product(HINTS, POLICIES))
         for variable in (False, True)
     ]
-    _check_matrix(2, 4, cases)
+
+
+def test_every_hint_and_policy_matches_the_unsplit_model_on_two_ranks(two_ranks: dict[str, list[Any]]) -> None:
+    _check_matrix(2, 4, _matrix_cases(), succeeded(two_ranks["matrix"]))
 
 
 def test_four_ranks_with_several_chunks() -> None:
@@ -142,7 +146,7 @@ def test_four_ranks_with_several_chunks() -> None:
         ("bfw", 2, "ready", True, "longest-first"),
         ("1f1b", 1, "fixed", True, "shortest-first"),
     ]
-    _check_matrix(4, 8, cases)
+    _check_matrix(4, 8, cases, run_ranks(_matrix_worker, 4, cases, 8, timeout_s=120))
 
 
 class _Recorder(nn.Module):
@@ -173,8 +177,10 @@ def _ordered_worker(rank: int, world: int, order: str) -> list[int]:
     ("order", "expected"),
     [("given", [1, 4, 2, 5, 3]), ("longest-first", [5, 4, 3, 2, 1]), ("balanced", [5, 1, 4, 2, 3])],
 )
-def test_every_stage_runs_the_micro_batches_in_the_chosen_order(order: str, expected: list[int]) -> None:
-    assert run_ranks(_ordered_worker, 2, order, timeout_s=60) == [expected, expected]
+def test_every_stage_runs_the_micro_batches_in_the_chosen_order(
+    two_ranks: dict[str, list[Any]], order: str, expected: list[int]
+) -> None:
+    assert succeeded(two_ranks[f"order {order}"]) == [expected, expected]
 
 
 def _gpt_worker(rank: int, world: int, policy: str) -> Any:
@@ -188,9 +194,8 @@ def _gpt_worker(rank: int, world: int, policy: str) -> Any:
     return grads, [x.shape[1] for x in inputs]
 
 
-@pytest.mark.parametrize("policy", ["greedy"])
-def test_gpt_mini_with_variable_sequence_lengths(policy: str) -> None:
-    results = run_ranks(_gpt_worker, 2, policy, timeout_s=120)
+def test_gpt_mini_with_variable_sequence_lengths(two_ranks: dict[str, list[Any]]) -> None:
+    results = succeeded(two_ranks["gpt greedy"])
     config = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
     modules = split_layers(build_layers(config), 2)
     inputs, targets, _ = make_batch(config, 4, 2, SeqLenDist(24, 0.6), step=0)
@@ -255,18 +260,30 @@ def _byte_budget_worker(rank: int, world: int, budget: float, rows: list[list[in
     )
 
 
-def test_a_byte_budget_holds_with_micro_batches_of_different_sizes() -> None:
+SMALL, LARGE = 2, 64
+ROWS = [[SMALL] * 8, [LARGE, SMALL, LARGE, SMALL, SMALL, SMALL, LARGE, SMALL], [SMALL, LARGE] * 4]
+
+
+def _byte_budget_case(rank: int, world: int) -> tuple[Any, float, float]:
+    """A probe of stage 0's bytes per row (small micro-batches only), then the rows under a budget of room
+    for one more large micro-batch than rank 0's two under 1F1B; returns the run's figures, the budget and a
+    row's bytes."""
+    probe = _byte_budget_worker(rank, world, 1e12, ROWS[:1])
+    shared = [probe[1][0] * 8 if rank == 0 else 0.0]  # stage 0's bytes per input element, times 8 elements a row
+    torch.distributed.broadcast_object_list(shared, src=0)
+    per_row = shared[0]
+    budget = 3 * LARGE * per_row
+    return _byte_budget_worker(rank, world, budget, ROWS), budget, per_row
+
+
+def test_a_byte_budget_holds_with_micro_batches_of_different_sizes(two_ranks: dict[str, list[Any]]) -> None:
     # The measuring step sees small micro-batches only; later steps mix in large ones. Admission
     # in slots of the first step's size would run ahead with large micro-batches and overshoot;
     # admission by each micro-batch's own bytes keeps every step within the budget, and still runs
     # ahead where small micro-batches fit.
-    small, large = 2, 64
-    rows = [[small] * 8, [large, small, large, small, small, small, large, small], [small, large] * 4]
-    probe = run_ranks(_byte_budget_worker, 2, 1e12, rows[:1], timeout_s=60)
-    per_row = probe[0][1][0] * 8  # stage 0's bytes per input element, times 8 elements a row
-    budget = 3 * large * per_row  # rank 0 (two in flight under 1F1B) gets room for one more large one
-    results = run_ranks(_byte_budget_worker, 2, budget, rows, timeout_s=60)
-    slots, held = zip(*results[0][0], strict=True)
+    (run, budget, per_row), _ = succeeded(two_ranks["byte budget"])
+    large = LARGE
+    slots, held = zip(*run[0], strict=True)
     assert all(b <= budget for b in held), (held, budget)
     assert max(slots[1:]) > 2  # it did run ahead of 1F1B's two micro-batches
     assert max(held[1:]) > 2 * large * per_row  # ... and spent the room
@@ -285,9 +302,9 @@ def _batch_views_worker(rank: int, world: int) -> list[int]:
     return peaks
 
 
-def test_the_callers_batch_is_not_counted_as_pipeline_memory() -> None:
+def test_the_callers_batch_is_not_counted_as_pipeline_memory(two_ranks: dict[str, list[Any]]) -> None:
     # Stage 0's inputs are the caller's; views of one batch must not count the whole batch per micro-batch.
-    whole, separate = run_ranks(_batch_views_worker, 2, timeout_s=60)[0]
+    whole, separate = succeeded(two_ranks["caller's batch"])[0]
     assert whole == separate
 
 
@@ -347,23 +364,24 @@ def _wrong_modules_worker(rank: int, world: int) -> None:
     Pipeline.from_modules([nn.Linear(2, 2)] * 3, loss_fn=_mse, microbatches=4, hint="1f1b")
 
 
-def test_module_count_must_match_the_hint() -> None:
-    with pytest.raises(RankFailure, match=r"got 3 stage modules; hint '1f1b' on 2 ranks needs 2 \(1 per rank\)"):
-        run_ranks(_wrong_modules_worker, 2, timeout_s=60)
+def test_module_count_must_match_the_hint(two_ranks: dict[str, list[Any]]) -> None:
+    assert failure_text(two_ranks["wrong module count"]) == (
+        "ranks 0, 1: ValueError: got 3 stage modules; hint '1f1b' on 2 ranks needs 2 (1 per rank)"
+    )
 
 
 def _misspelt_option_worker(rank: int, world: int) -> list[str]:
     errors = []
     for options in ({"polcy": "ready"}, {"timeout": 0.0}, {"on_nonfinite": "ignore"}, {"chunks": 0}):
         try:
-            Pipeline.from_modules([nn.Linear(2, 2)], loss_fn=_mse, microbatches=4, **options)
+            Pipeline.from_modules([nn.Linear(2, 2)] * world, loss_fn=_mse, microbatches=4, **options)
         except (TypeError, ValueError) as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
     return errors
 
 
-def test_a_misspelt_or_bad_option_is_refused_by_name() -> None:
-    errors = run_ranks(_misspelt_option_worker, 1, timeout_s=60)[0]
+def test_a_misspelt_or_bad_option_is_refused_by_name(two_ranks: dict[str, list[Any]]) -> None:
+    errors = succeeded(two_ranks["misspelt options"])[0]
     assert errors == [
         "TypeError: Pipeline.__init__() got an unexpected keyword argument 'polcy'",
         "ValueError: timeout must be between 1 and 604800, got 0 (1 s: a busy machine delays messages that long; "
@@ -379,7 +397,24 @@ def _own_copy_worker(rank: int, world: int, weights: torch.Tensor) -> float:
     return float(weights[0])
 
 
-def test_every_rank_gets_its_own_copy_of_tensor_arguments() -> None:
+def test_every_rank_gets_its_own_copy_of_tensor_arguments(two_ranks: dict[str, list[Any]]) -> None:
     # Regression: torch's process spawning moved tensor arguments into shared memory, so every rank
     # stepped the same parameters (a plan's weights, trained twice over). Each rank must see only its own change.
-    assert run_ranks(_own_copy_worker, 2, torch.zeros(4), timeout_s=60) == [1.0, 2.0]
+    # (The group's cases reach the ranks as run_ranks's arguments, as this tensor does.)
+    assert succeeded(two_ranks["own copy"]) == [1.0, 2.0]
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, list[Any]]:
+    """This module's 2-rank cases on one spawned group."""
+    cases = {
+        "matrix": GroupCase(_matrix_worker, (_matrix_cases(), 4)),
+        **{f"order {o}": GroupCase(_ordered_worker, (o,)) for o in ("given", "longest-first", "balanced")},
+        "gpt greedy": GroupCase(_gpt_worker, ("greedy",)),
+        "byte budget": GroupCase(_byte_budget_case),
+        "caller's batch": GroupCase(_batch_views_worker),
+        "wrong module count": GroupCase(_wrong_modules_worker),
+        "misspelt options": GroupCase(_misspelt_option_worker),
+        "own copy": GroupCase(_own_copy_worker, (torch.zeros(4),)),
+    }
+    return run_cases(2, cases, timeout_s=120)

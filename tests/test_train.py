@@ -8,18 +8,21 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist, loss_fn_for, make_batch
-from hintpipe.apps.training import EmulatedCosts, TrainConfig, predict_step_time, train
-from hintpipe.cli import main
+from hintpipe.apps.training import EmulatedCosts, TrainConfig, _train_rank, predict_step_time
+from hintpipe.cli import build_parser, main
+from hintpipe.cli.train import config_from, result_json
 from hintpipe.planner.plan import plan
 from hintpipe.planner.plan_file import PlanFileError, load_plan, save_plan
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.launch import free_port, run_ranks
+from hintpipe.runtime.launch import free_port
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint_csv import save_hint_csv
@@ -178,35 +181,37 @@ def test_a_word_means_the_same_in_the_simulator_and_the_runtime() -> None:
         parse_variability("comm:2ms")
 
 
-def test_under_a_device_budget_no_rank_holds_more_than_the_busiest_ranks_hint_peak() -> None:
-    # 1F1B on 4 ranks holds 4, 3, 2, 1 micro-batches; with a per-device budget every rank may hold 4.
-    config = TrainConfig(
+def _device_budget_config() -> TrainConfig:
+    # 1F1B on 4 ranks holds 4, 3, 2, 1 micro-batches. The last stage's backwards take 20 times its forwards
+    # (emulated: forced, whatever the machine's load), so ranks 1 and 2 wait for gradients while the inputs
+    # of their next forwards are there: under a per-device budget they run ahead to the busiest rank's 4.
+    return TrainConfig(
         model=ModelConfig("mlp", layers=4, hidden=8),
         ranks=4,
         microbatches=8,
         microbatch_size=4,
-        policy="ready",
-        steps=3,
+        policy="greedy",
+        steps=2,
         device_budget=0.0,
-        variability=("mb:0.8",),
-        emulate=EmulatedCosts((0.01,) * 4, (0.02,) * 4, (0.0,) * 4, reference_size=4 * 8),
+        emulate=EmulatedCosts((0.01,) * 4, (0.01, 0.01, 0.01, 0.2), (0.0,) * 4, reference_size=4 * 8),
         timeout=60,
     )
-    result = train(config)
-    assert result is not None
+
+
+def test_under_a_device_budget_no_rank_holds_more_than_the_busiest_ranks_hint_peak(
+    four_ranks: dict[str, list[Any]],
+) -> None:
+    result = succeeded(four_ranks["device budget"])[0]
     for report in result.reports:
-        assert max(report.peak_live) <= 4
-        # Rank 0's first four tasks are forwards whose inputs are its own: it always reaches 4. Whether
-        # later ranks borrow room depends on message timing, so it is not asserted here.
-        assert report.peak_live[0] == 4
+        # Ranks 1 and 2 borrow the room their own peaks (3, 2) leave unused, up to rank 0's 4 and no more; the
+        # last rank's next task is always ready, so it never needs to.
+        assert report.peak_live == (4, 4, 4, 1)
 
 
-@pytest.mark.parametrize("policy", ["fixed", "ready"])
-def test_simulator_predicts_emulated_steps_within_10_percent(policy: str) -> None:
+def _predicted_config(policy: str) -> TrainConfig:
     # Sleep-based tasks (F 100 ms, B 200 ms per stage: far above the runtime's own overhead on a
     # loaded machine); the mlp's micro-batches all have the reference size.
-    costs = EmulatedCosts((0.1, 0.1), (0.2, 0.2), (0.0, 0.0), reference_size=4 * 8)
-    config = TrainConfig(
+    return TrainConfig(
         model=ModelConfig("mlp", layers=2, hidden=8),
         ranks=2,
         microbatches=4,
@@ -215,21 +220,32 @@ def test_simulator_predicts_emulated_steps_within_10_percent(policy: str) -> Non
         steps=3,
         memory_slack=1,
         variability=("mb:0.5",),
-        emulate=costs,
+        emulate=EmulatedCosts((0.1, 0.1), (0.2, 0.2), (0.0, 0.0), reference_size=4 * 8),
         timeout=60,
         timelines=True,
     )
-    result = train(config)
-    assert result is not None
+
+
+@pytest.mark.parametrize("policy", ["fixed", "ready"])
+def test_simulator_predicts_emulated_steps_within_10_percent(two_ranks: dict[str, list[Any]], policy: str) -> None:
+    result = succeeded(two_ranks[f"predict {policy}"])[0]
     hint = generate_hint("1f1b", 2, 4)
     for report in result.reports[1:]:
         predicted = predict_step_time(hint, report, Policy(policy), slack=1)
         assert predicted == pytest.approx(report.step_time, rel=0.10)
-    assert result.config.emulate is not None
+
+
+def _local_config(dp: int) -> TrainConfig:
+    """What the two-node launch runs, spawned on one machine."""
+    return TrainConfig(
+        model=ModelConfig("mlp", seed=3), ranks=2, dp=dp, microbatches=4, steps=2, seed=3, seq_len_dist=SeqLenDist(64)
+    )
 
 
 @pytest.mark.parametrize("dp", [1, 2])
-def test_two_node_torchrun_launch_on_loopback(tmp_path: Path, dp: int) -> None:
+def test_two_node_torchrun_launch_on_loopback(
+    two_ranks: dict[str, list[Any]], four_ranks: dict[str, list[Any]], dp: int
+) -> None:
     # dp 2: a mesh across both machines (each one holds one pipeline, its replica's on the other)
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -279,33 +295,21 @@ def test_two_node_torchrun_launch_on_loopback(tmp_path: Path, dp: int) -> None:
     out = json.loads(outputs[0][0])
     assert outputs[1][0].strip() == ""  # only rank 0 reports
     # The same run spawned on one machine trains to the same losses.
-    local = train(
-        TrainConfig(
-            model=ModelConfig("mlp", seed=3),
-            ranks=2,
-            dp=dp,
-            microbatches=4,
-            steps=2,
-            seed=3,
-            seq_len_dist=SeqLenDist(64),
-        )
-    )
-    assert local is not None
+    local = succeeded((two_ranks if dp == 1 else four_ranks)[f"local dp{dp}"])[0]
     assert out["losses"] == pytest.approx(list(local.losses), rel=1e-6)
 
 
-def test_memory_budget_in_bytes(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["train", "--model", "gpt-mini", "--ranks", "2", "--microbatches", "8", "--steps", "3"]
-    assert main([*base, "--activation-budget", "1MiB"]) == 1
-    err = capsys.readouterr().err
+BUDGET = ["train", "--model", "gpt-mini", "--ranks", "2", "--microbatches", "8", "--steps", "3"]
+
+
+def test_memory_budget_in_bytes(two_ranks: dict[str, list[Any]]) -> None:
+    text = failure_text(two_ranks["budget 1MiB"])
     # Both ranks hold more than 1 MiB; which one reports first (and the other forwards it) is timing.
-    assert "BudgetError: rank " in err
-    assert "memory budget 1MiB is below what the hint itself held" in err
-    slow_last = ["--variability", "straggler:20:1"]  # the last stage 20x slower: gradients come late, whatever the load
-    assert main([*base, "--activation-budget", "1GiB", "--policy", "greedy", "--json", *slow_last]) == 0
-    out = json.loads(capsys.readouterr().out)
-    # Ample room: after the measuring step, rank 0 runs ahead (greedy: whenever the hint's next
-    # task, the first backward, is not ready, which it cannot be while rank 1 still computes).
+    assert "BudgetError: rank " in text
+    assert "memory budget 1MiB is below what the hint itself held" in text
+    out = result_json(succeeded(two_ranks["budget 1GiB"])[0])
+    # Ample room: after the measuring step, rank 0 runs ahead (greedy: whenever the hint's next task, the
+    # first backward, is not ready, which it cannot be while rank 1 still computes: its stage is 20x slower).
     assert out["peak_live_slots"][0] > 2
     assert out["peak_live_bytes"][0] < 2**30
 
@@ -328,22 +332,20 @@ def _from_plan_worker(rank: int, world: int, path: str, steps: int) -> list[floa
     return losses
 
 
+PLANNING = ["plan", "--model", "mlp", "--layers", "4", "--hidden", "8", "--ranks", "2", "--microbatches", "4"]
+TRAINING = ["train", "--model", "mlp", "--microbatches", "4", "--steps", "3", "--policy", "fixed"]
+
+
 def test_a_saved_plan_trains_from_the_command_line_as_from_python(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], two_ranks: dict[str, list[Any]], plan_file: str
 ) -> None:
-    path = str(tmp_path / "plan.pt")
-    planning = ["plan", "--model", "mlp", "--layers", "4", "--hidden", "8", "--ranks", "2", "--microbatches", "4"]
-    assert main([*planning, "--stage-memory", "1GiB", "--repeats", "1", "--save", path, "--json"]) == 0
-    capsys.readouterr()
-    training = ["train", "--plan", path, "--model", "mlp", "--microbatches", "4", "--steps", "3", "--policy", "fixed"]
-    assert main([*training, "--ranks", "2", "--json"]) == 0
-    cli = json.loads(capsys.readouterr().out)["losses"]
-    python = run_ranks(_from_plan_worker, 2, path, 3, timeout_s=120)[0]
+    cli = result_json(succeeded(two_ranks["plan from the command line"])[0])["losses"]
+    python = succeeded(two_ranks["plan from python"])[0]
     assert cli == pytest.approx(python, rel=1e-6)
-    assert main([*training, "--ranks", "3"]) == 2
-    assert f"{path} is planned for 2 ranks, this run has 3; plan again or use --ranks 2" in capsys.readouterr().err
-    assert main([*training, "--ranks", "2", "--model", "gpt-mini"]) == 2
-    assert f"{path} is planned for model 'mlp', this run asks for 'gpt-mini'" in capsys.readouterr().err
+    assert main([*TRAINING, "--plan", plan_file, "--ranks", "3"]) == 2
+    assert f"{plan_file} is planned for 2 ranks, this run has 3; plan again or use --ranks 2" in capsys.readouterr().err
+    assert main([*TRAINING, "--plan", plan_file, "--ranks", "2", "--model", "gpt-mini"]) == 2
+    assert f"{plan_file} is planned for model 'mlp', this run asks for 'gpt-mini'" in capsys.readouterr().err
 
 
 def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None:
@@ -374,13 +376,62 @@ def test_resuming_a_finished_run_says_there_is_nothing_left(capsys: pytest.Captu
     assert err.count("\n") == 1
 
 
-def test_train_takes_a_csv_hint_as_simulate_does(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "zb.csv"
-    save_hint_csv(generate_hint("zb-h1", 2, 4), path)
-    argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "4", "--steps", "2", "--policy", "fixed"]
-    assert main([*argv, "--hint", str(path), "--json"]) == 0
-    from_csv = json.loads(capsys.readouterr().out)["losses"]
-    assert main([*argv, "--hint", "zb-h1", "--json"]) == 0
-    assert from_csv == json.loads(capsys.readouterr().out)["losses"]
-    assert main([*argv, "--hint", str(path), "--ranks", "3"]) == 2
+CSV_RUN = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "4", "--steps", "2", "--policy", "fixed"]
+
+
+def test_train_takes_a_csv_hint_as_simulate_does(
+    capsys: pytest.CaptureFixture[str], two_ranks: dict[str, list[Any]], csv_hint: Path
+) -> None:
+    from_csv = succeeded(two_ranks["csv hint"])[0].losses
+    assert from_csv == succeeded(two_ranks["zb-h1 by name"])[0].losses
+    assert main([*CSV_RUN, "--hint", str(csv_hint), "--ranks", "3"]) == 2
     assert "is for 2 ranks and 4 micro-batches, the run has 3 ranks and 4 micro-batches" in capsys.readouterr().err
+
+
+def _from_cli(argv: list[str]) -> TrainConfig:
+    """The run ``hintpipe train`` would start for ``argv`` (parsed and checked as the command line does)."""
+    args = build_parser().parse_args(argv)
+    return config_from(args, args.policy)
+
+
+@pytest.fixture(scope="module")
+def csv_hint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("csv") / "zb.csv"
+    save_hint_csv(generate_hint("zb-h1", 2, 4), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("plan") / "plan.pt")
+    assert main([*PLANNING, "--stage-memory", "1GiB", "--repeats", "1", "--save", path, "--json"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_ranks(csv_hint: Path, plan_file: str) -> dict[str, list[Any]]:
+    """This module's 2-rank runs on one spawned group (the command-line ones parsed as the command line does)."""
+    slow_last = ["--variability", "straggler:20:1"]
+    cases = {
+        **{f"predict {p}": Case(_train_rank, (_predicted_config(p),)) for p in ("fixed", "ready")},
+        "local dp1": Case(_train_rank, (_local_config(1),)),
+        "budget 1MiB": Case(_train_rank, (_from_cli([*BUDGET, "--activation-budget", "1MiB"]),)),
+        "budget 1GiB": Case(
+            _train_rank, (_from_cli([*BUDGET, "--activation-budget", "1GiB", "--policy", "greedy", *slow_last]),)
+        ),
+        "csv hint": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", str(csv_hint)]),)),
+        "zb-h1 by name": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", "zb-h1"]),)),
+        "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file, "--ranks", "2"]),)),
+        "plan from python": Case(_from_plan_worker, (plan_file, 3)),
+    }
+    return run_cases(2, cases, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> dict[str, list[Any]]:
+    """This module's 4-rank runs on one spawned group."""
+    cases = {
+        "device budget": Case(_train_rank, (_device_budget_config(),)),
+        "local dp2": Case(_train_rank, (_local_config(2),)),
+    }
+    return run_cases(4, cases, timeout_s=120)
