@@ -15,21 +15,21 @@ sign at the default ``eps=1e-8``.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
+from groups import Case, run_cases, succeeded
 from hintpipe.apps.hf_models import build_hf_model
 from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
-from hintpipe.cli import main
+from hintpipe.apps.training import TrainConfig, _train_rank
+from hintpipe.cli import build_parser
+from hintpipe.cli.train import config_from, result_json
 from hintpipe.planner.plan import Plan, plan
-from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
-
-transformers = pytest.importorskip("transformers")
 
 RTOL, ATOL = 1e-4, 1e-5
 VOCAB = 64
@@ -75,33 +75,42 @@ def _train_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> dic
         # Stages built from one plan share its captured weights: a fresh copy for each run.
         pipe = Pipeline.from_plan(copy.deepcopy(planned), loss_fn=causal_lm_loss, policy=policy)
         params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
-        # A stage of parameter-free operations is a valid cut (the planner cuts by measured time).
-        optimizer = torch.optim.AdamW(params, lr=0.01, eps=EPS) if params else None
+        assert params, f"rank {rank}'s stages {pipe.stages} hold no parameters: a lopsided plan"
+        optimizer = torch.optim.AdamW(params, lr=0.01, eps=EPS)
         losses, states = [], []
         for xs, ys in steps:
             loss = pipe.step(xs, ys, broadcast_loss=True)
             assert loss is not None
             losses.append(float(loss))
-            if optimizer is not None:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             states.append({n: p.detach().clone() for m in pipe.modules.values() for n, p in m.named_parameters()})
         pipe.close()
         out[policy] = (losses, states)
     return out
 
 
-@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
-@pytest.mark.parametrize("stages", [2, 3])
-def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(build: Any, stages: int) -> None:
+BUILDERS = {"gpt2": _gpt2, "llama": _llama}
+
+
+def _planned(name: str, stages: int) -> tuple[nn.Module, Plan]:
     torch.manual_seed(0)
-    model = build()
+    model = BUILDERS[name]()
     planned = plan(model, torch.randint(0, VOCAB, (2, 9)), ranks=stages, microbatches=4, repeats=1, kwargs=KWARGS)
+    return model, planned
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(
+    two_ranks: dict[str, list[Any]], three_ranks: dict[str, list[Any]], name: str, stages: int
+) -> None:
+    model, planned = _planned(name, stages)
     head, embedding = planned.tied[0]
     assert head == "lm_head.weight" and embedding in ("transformer.wte.weight", "model.embed_tokens.weight")
     assert planned.tied_stages == ((0, stages - 1),)
     steps = _steps(stages)
-    results = run_ranks(_train_worker, stages, planned, steps, timeout_s=300)
+    results = succeeded((two_ranks if stages == 2 else three_ranks)[f"{name} on {stages}"])
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(reference.parameters(), lr=0.01, eps=EPS)
     for step, (xs, ys) in enumerate(steps):
@@ -113,12 +122,12 @@ def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(build: Any, 
         expected = dict(reference.named_parameters())
         for policy in ("fixed", "ready"):
             losses, _ = results[0][policy]
-            assert losses[step] == pytest.approx(float(loss), rel=RTOL)
+            assert losses[step] == pytest.approx(float(loss.detach()), rel=RTOL)
             first, last = results[0][policy][1][step], results[-1][policy][1][step]
             torch.testing.assert_close(first[embedding], last[embedding], rtol=0, atol=0)  # one tensor, two copies
             for rank_result in results:
-                for name, value in rank_result[policy][1][step].items():
-                    torch.testing.assert_close(value, expected[name], rtol=RTOL, atol=ATOL, msg=f"{policy} {name}")
+                for name_, value in rank_result[policy][1][step].items():
+                    torch.testing.assert_close(value, expected[name_], rtol=RTOL, atol=ATOL, msg=f"{policy} {name_}")
 
 
 def test_every_stage_of_a_planned_hugging_face_model_starts_without_gradients() -> None:
@@ -127,20 +136,27 @@ def test_every_stage_of_a_planned_hugging_face_model_starts_without_gradients() 
         assert all(p.grad is None for p in planned.build_stage(index).parameters())
 
 
+SPEC = "lognormal:12:0.5"
+
+
+def _cli_run(name: str) -> TrainConfig:
+    """``hintpipe train --model NAME`` as the command line parses it (the parent plans the model)."""
+    argv = ["train", "--model", name, "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "4"]
+    args = build_parser().parse_args([*argv, "--steps", "3", "--seq-len-dist", SPEC, "--policy", "ready", "--json"])
+    return config_from(args, args.policy)
+
+
 @pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama"])
 def test_hintpipe_train_runs_a_hugging_face_model_as_the_unsplit_model_would(
-    name: str, capsys: pytest.CaptureFixture[str]
+    two_ranks: dict[str, list[Any]], name: str
 ) -> None:
-    argv = ["train", "--model", name, "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "4"]
-    spec = "lognormal:12:0.5"
-    assert main([*argv, "--steps", "3", "--seq-len-dist", spec, "--policy", "ready", "--json"]) == 0
-    losses = json.loads(capsys.readouterr().out)["losses"]
+    losses = result_json(succeeded(two_ranks[f"train {name}"])[0])["losses"]
     config = ModelConfig(name, layers=2, hidden=32)
     model = build_hf_model(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     expected = []
     for step in range(3):
-        xs, ys, _ = make_batch(config, 4, 4, SeqLenDist.parse(spec), step, 0)
+        xs, ys, _ = make_batch(config, 4, 4, SeqLenDist.parse(SPEC), step, 0)
         loss = sum(causal_lm_loss(model(x, **KWARGS).logits, y) / len(xs) for x, y in zip(xs, ys, strict=True))
         assert isinstance(loss, torch.Tensor)
         expected.append(float(loss))
@@ -165,3 +181,17 @@ def test_a_tensor_keyword_input_becomes_a_first_stage_input() -> None:
         values = out if isinstance(out, tuple) else (out,)
     expected = model(x, attention_mask=padded, **KWARGS).logits
     torch.testing.assert_close(values[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, list[Any]]:
+    """The 2-rank trainings of this module on one spawned group."""
+    cases = {f"{n} on 2": Case(_train_worker, (_planned(n, 2)[1], _steps(2))) for n in BUILDERS}
+    cases |= {f"train {n}": Case(_train_rank, (_cli_run(n),)) for n in ("hf-gpt2", "hf-llama")}
+    return run_cases(2, cases, timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def three_ranks() -> dict[str, list[Any]]:
+    """The 3-rank trainings of this module on one spawned group."""
+    return run_cases(3, {f"{n} on 3": Case(_train_worker, (_planned(n, 3)[1], _steps(3))) for n in BUILDERS})

@@ -127,8 +127,33 @@ def capture(
         )
     exported = _exported(root, example, kwargs or {})
     captured = _with_aliases(_captured(exported), root)
-    captured.scalars = {i for i, n in enumerate(captured.nodes) if isinstance(n.meta.get("val"), _NUMBERS)}
+    inputs = (*example, *(v for v in (kwargs or {}).values() if isinstance(v, torch.Tensor)))
+    captured.scalars = _number_nodes(captured, inputs)
     return captured
+
+
+def _number_nodes(graph: CapturedGraph, inputs: tuple[Any, ...]) -> set[int]:
+    """The positions of the nodes that compute a Python number (a sequence length), found by running the
+    graph once on the example.
+
+    [Note: numbers in an exported graph]
+    torch.export records a shape it keeps symbolic as ``sym_size`` nodes whose value is a number, which a cut
+    may carry (boxed as a 0-d tensor) like any tensor. Their ``meta["val"]`` does not survive the re-trace
+    that capture does (and unpickling repeats), so reading it after the re-trace finds no numbers: every cut
+    the sequence length crosses is then refused, and a transformer plans into one busy stage and one of
+    parameter-free operations. The re-traced graph itself is run instead.
+    """
+    values: dict[fx.Node, Any] = {}
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            values[n] = value
+            return value
+
+    with torch.no_grad():
+        _Recorder(graph.module).run(*inputs)
+    return {i for i, n in enumerate(graph.nodes) if isinstance(values.get(n), _NUMBERS)}
 
 
 #: What a graph node may compute besides tensors and still send across a cut (as a 0-d tensor).
