@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import collections
+from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.schedule.generators import generate_hint
@@ -65,3 +68,18 @@ def small_run(**changes: object) -> TrainConfig:
         return_state=True,
     )
     return TrainConfig(**{**base.__dict__, **changes})
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Seconds per test file (setup, call and teardown), longest first: the suite's time budget at a glance."""
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                seconds[report.nodeid.split("::")[0]] += report.duration
+    if not seconds:
+        return
+    terminalreporter.write_sep("=", "seconds per test file")
+    for path, spent in sorted(seconds.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{spent:7.1f}  {path}")
+    terminalreporter.write_line(f"{sum(seconds.values()):7.1f}  in all")

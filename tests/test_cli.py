@@ -68,7 +68,7 @@ def test_ready_never_loses_without_variability(capsys: pytest.CaptureFixture[str
         "2",
         "--compare",
     )
-    assert out["speedup"] >= 0.99
+    assert out["speedup"] == 1.0  # without variability ready runs the hint exactly as fixed does
 
 
 def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -1,0 +1,119 @@
+"""One options source: the Python keywords, the run's config and the command line's flags are the options of
+:data:`hintpipe.options.OPTIONS`, under the same names, with the same defaults and choices."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import math
+from typing import Any
+
+import pytest
+
+from hintpipe.apps.training import TrainConfig
+from hintpipe.cli import build_parser
+from hintpipe.options import OPTIONS, check_options
+from hintpipe.planner.plan import plan
+from hintpipe.runtime.pipeline import Pipeline, PipelineOptions
+
+#: Flags that are not options of the pipeline or the run: what a command does with its results, and the model.
+COMMAND_ONLY = {
+    "train": {"json", "trace", "timeline", "plan", "checkpoint_dir", "resume", "check_grads", "emulate", "model",
+              "layers", "hidden", "seq_len_dist", "data", "memory_slack", "activation_budget", "device_budget"},
+    "simulate": {"json", "trace", "timeline", "compare", "costs", "trials", "memory_slack", "activation_budget",
+                 "device_budget"},
+    "plan": {"json", "save", "model", "layers", "hidden", "seq_len"},
+}  # fmt: skip
+#: The room options are flags of both commands, in a group of their own (at most one of them).
+ROOM_FLAGS = {"memory_slack", "activation_budget", "device_budget"}
+
+
+def _flags(command: str) -> dict[str, argparse.Action]:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in commands.choices[command]._actions if a.dest != "help"}
+
+
+def _default(value: Any) -> Any:
+    return value.value if hasattr(value, "value") else value
+
+
+@pytest.mark.parametrize("command", ["train", "simulate", "plan"])
+def test_every_flag_is_an_option_of_the_same_name_default_and_choices(command: str) -> None:
+    flags = _flags(command)
+    for dest, action in flags.items():
+        if dest in COMMAND_ONLY[command] - ROOM_FLAGS:
+            continue
+        option = OPTIONS[dest]  # a KeyError names a flag defined beside the options
+        assert command in option.commands, dest
+        assert action.option_strings == [option.flag], dest
+        if option.choices is not None and action.choices is not None:
+            assert list(action.choices) == [m.value for m in option.choices], dest
+        if option.kind != "specs" and not action.required:
+            assert action.default == _default(option.default), dest
+    for name, option in OPTIONS.items():
+        if command in option.commands:
+            assert name in flags, f"{option.flag} is missing from {command}"
+
+
+def test_the_pipeline_takes_every_pipeline_option_with_its_default() -> None:
+    signature = inspect.signature(Pipeline.__init__).parameters
+    for name, option in OPTIONS.items():
+        if not option.pipeline:
+            assert name not in signature, name
+            continue
+        assert name in signature, name
+        parameter = signature[name]
+        if option.required:
+            assert parameter.default is inspect.Parameter.empty, name
+        else:
+            assert parameter.default == option.default, name
+    keywords = {n for n, o in OPTIONS.items() if o.pipeline and not o.required}
+    assert set(PipelineOptions.__annotations__) == keywords | {"seams"}
+
+
+def test_the_run_config_has_every_train_option_with_its_default() -> None:
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name, option in OPTIONS.items():
+        if "train" not in option.commands or option.required:
+            continue
+        assert name in fields, name
+        default = fields[name].default
+        if option.name == "activation_budget":  # per rank in the config: a tuple, or None
+            assert default is None
+        else:
+            assert default == _default(option.default), name
+
+
+def test_the_planner_takes_the_plan_options_by_the_same_names() -> None:
+    signature = inspect.signature(plan).parameters
+    for name, option in OPTIONS.items():
+        if "plan" in option.commands and name not in ("seed", "stage_memory", "microbatch_size"):
+            assert name in signature, name
+    assert signature["stage_memory"].default == math.inf  # the command line requires it; Python plans without
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"timeout": 0.5}, "timeout must be between 1 and 604800, got 0.5 (1 s: a busy machine delays messages"),
+        ({"microbatches": 0}, "microbatches must be at least 1, got 0"),
+        ({"microbatches": 2.5}, "microbatches must be an integer, got 2.5"),
+        ({"memory_slack": math.nan}, "memory_slack must be finite, got nan"),
+        ({"device_budget": -0.5}, "device_budget must be >= 0, got -0.5"),
+        ({"activation_budget": "lots"}, "activation_budget: bad size 'lots'"),
+        ({"policy": "eager"}, "policy 'eager' is unknown: choose one of fixed, greedy, ready"),
+        ({"memory_slack": 1.0, "activation_budget": 1e6}, "give one of memory_slack, activation_budget, device_budget"),
+    ],
+)
+def test_a_value_out_of_range_is_refused_naming_the_option(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        check_options(values)
+    assert str(info.value).startswith(message)
+
+
+def test_the_command_line_names_the_flag() -> None:
+    with pytest.raises(ValueError, match=r"^--memory-slack must be >= 0, got -3$"):
+        check_options({"memory_slack": -3.0}, cli=True)
+    assert check_options({"activation_budget": "2GiB"})["activation_budget"] == 2.0 * 2**30
