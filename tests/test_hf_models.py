@@ -159,7 +159,7 @@ def test_hintpipe_train_runs_a_hugging_face_model_as_the_unsplit_model_would(
         xs, ys, _ = make_batch(config, 4, 4, SeqLenDist.parse(SPEC), step, 0)
         loss = sum(causal_lm_loss(model(x, **KWARGS).logits, y) / len(xs) for x, y in zip(xs, ys, strict=True))
         assert isinstance(loss, torch.Tensor)
-        expected.append(float(loss))
+        expected.append(float(loss.detach()))
         torch.autograd.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

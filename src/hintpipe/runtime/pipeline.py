@@ -327,14 +327,14 @@ class Pipeline:
         parts = self.parts
         state = prepare_step(self.step_count, parts, inputs, target, loss_divisor)
         if not self._started:  # the first step starts together; later ones meet at the end of the step before
-            self._barrier(state.step)
+            _meet(parts, state.step)
             self._started = True
         order_step(state, parts, self._options["microbatch_order"])
         for hook in parts.hooks:
             hook.begin_step(state)
         StepLoop(
             rank=parts.rank,
-            board=self._scoreboard(state),
+            board=_scoreboard(parts, state),
             executor=parts.executor,
             transport=parts.transport,
             admission=parts.admission,
@@ -355,33 +355,6 @@ class Pipeline:
             dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
             return buffer
         return state.loss
-
-    def _scoreboard(self, state: StepState) -> Scoreboard:
-        """The step's scoreboard: ``ready`` runs the hint in order until it has a plan of measured costs."""
-        parts = self.parts
-        planner = parts.agreement.planner  # type: ignore[union-attr]
-        ready = parts.policy is Policy.READY and planner.plan is not None
-        state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy
-        state.plan_costs = planner.costs if ready else None
-        graph, budget = parts.admission.for_step(state.elements)
-        return Scoreboard(
-            graph,
-            state.policy,
-            budget=budget,
-            plan=planner.plan if ready else None,
-            notices=ready,
-            sizes=relative_sizes(state.elements) if ready else None,
-        )
-
-    def _barrier(self, step: int) -> None:
-        """Start the step together (one clock for the timeline), but never wait
-        on a missing rank longer than the watchdog timeout."""
-        try:
-            dist.monitored_barrier(group=self.parts.coll, timeout=datetime.timedelta(seconds=self.parts.timeout))
-        except RuntimeError as exc:
-            raise WatchdogTimeout(
-                f"rank {self.rank}: waited {self.parts.timeout:g} s for the other ranks to start step {step}: {exc}"
-            ) from None
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -406,6 +379,35 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _scoreboard(parts: Parts, state: StepState) -> Scoreboard:
+    """The step's scoreboard: ``ready`` runs the hint in order until it has a plan of measured costs."""
+    assert parts.agreement is not None
+    planner = parts.agreement.planner
+    ready = parts.policy is Policy.READY and planner.plan is not None
+    state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy
+    state.plan_costs = planner.costs if ready else None
+    graph, budget = parts.admission.for_step(state.elements)
+    return Scoreboard(
+        graph,
+        state.policy,
+        budget=budget,
+        plan=planner.plan if ready else None,
+        notices=ready,
+        sizes=relative_sizes(state.elements) if ready else None,
+    )
+
+
+def _meet(parts: Parts, step: int) -> None:
+    """Start the first step together (one clock for the timeline), but never wait on a missing rank longer
+    than the watchdog timeout."""
+    try:
+        dist.monitored_barrier(group=parts.coll, timeout=datetime.timedelta(seconds=parts.timeout))
+    except RuntimeError as exc:
+        raise WatchdogTimeout(
+            f"rank {parts.rank}: waited {parts.timeout:g} s for the other ranks to start step {step}: {exc}"
+        ) from None
 
 
 def _is_device(value: object) -> bool:
