@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from groups import Case, failure_text, run_cases, succeeded
-from hintpipe.apps.models import ModelConfig, SeqLenDist, loss_fn_for, make_batch
+from hintpipe.apps.models import ModelConfig, SeqLenDist, loss_fn_for, make_batch, whole_model
 from hintpipe.apps.training import EmulatedCosts, TrainConfig, _train_rank, predict_step_time
 from hintpipe.cli import build_parser, main
 from hintpipe.cli.train import config_from, result_json
 from hintpipe.planner.plan import plan
-from hintpipe.planner.plan_file import PlanFileError, load_plan, save_plan
+from hintpipe.planner.plan_file import PlanFileError, load_plan, read_plan_file, save_plan
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import free_port
 from hintpipe.runtime.pipeline import Pipeline
@@ -315,8 +315,8 @@ def test_memory_budget_in_bytes(two_ranks: dict[str, list[Any]]) -> None:
 
 
 def _from_plan_worker(rank: int, world: int, path: str, steps: int) -> list[float]:
-    planned, meta = load_plan(path)
-    config = ModelConfig(**meta["config"])
+    config = ModelConfig(**read_plan_file(path)["model"]["config"])
+    planned, _ = load_plan(path, whole_model(config)[0])
     pipe = Pipeline.from_plan(planned, loss_fn=loss_fn_for(config.name), microbatches=4, policy="fixed")
     params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=1e-3)
@@ -333,7 +333,7 @@ def _from_plan_worker(rank: int, world: int, path: str, steps: int) -> list[floa
 
 
 PLANNING = ["plan", "--model", "mlp", "--layers", "4", "--hidden", "8", "--ranks", "2", "--microbatches", "4"]
-TRAINING = ["train", "--model", "mlp", "--microbatches", "4", "--steps", "3", "--policy", "fixed"]
+TRAINING = ["train", "--steps", "3", "--policy", "fixed"]  # the model, ranks and micro-batches: the plan file's
 
 
 def test_a_saved_plan_trains_from_the_command_line_as_from_python(
@@ -342,27 +342,52 @@ def test_a_saved_plan_trains_from_the_command_line_as_from_python(
     cli = result_json(succeeded(two_ranks["plan from the command line"])[0])["losses"]
     python = succeeded(two_ranks["plan from python"])[0]
     assert cli == pytest.approx(python, rel=1e-6)
-    assert main([*TRAINING, "--plan", plan_file, "--ranks", "3"]) == 2
-    assert f"{plan_file} is planned for 2 ranks, this run has 3; plan again or use --ranks 2" in capsys.readouterr().err
-    assert main([*TRAINING, "--plan", plan_file, "--ranks", "2", "--model", "gpt-mini"]) == 2
-    assert f"{plan_file} is planned for model 'mlp', this run asks for 'gpt-mini'" in capsys.readouterr().err
+    for flag, value, planned in (("--ranks", "3", "2"), ("--model", "gpt-mini", "mlp"), ("--hidden", "16", "8")):
+        assert main([*TRAINING, "--plan", plan_file, flag, value]) == 2
+        assert capsys.readouterr().err == (
+            f"hintpipe train: error: {plan_file} is planned for {flag} {planned}, this run asks for {flag} {value}; "
+            f"leave {flag} out (the plan file says it) or plan again\n"
+        )
+    assert main([*TRAINING, "--plan", plan_file, "--ranks", "2", "--model", "mlp", "--microbatches", "4"]) == 0
+    capsys.readouterr()  # the same values as the file's: accepted
 
 
-def test_a_plan_file_of_another_torch_version_is_refused(tmp_path: Path) -> None:
+class _Planned(nn.Module):
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.first, self.act, self.last = nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.last(self.act(self.first(x)))
+        return out
+
+
+def test_a_plan_file_holds_no_code_and_loads_onto_the_model_it_was_made_for(tmp_path: Path) -> None:
     path = tmp_path / "plan.pt"
-    planned = plan(
-        nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)), torch.randn(2, 4), ranks=2, microbatches=2
-    )
+    model = _Planned()
+    planned = plan(model, torch.randn(2, 4), ranks=2, microbatches=2, repeats=1)
     save_plan(planned, path)
-    payload = torch.load(path, weights_only=False)
-    torch.save({**payload, "torch": "1.0.0"}, path)
-    with pytest.raises(
-        PlanFileError, match=rf"was planned with torch 1\.0\.0, this is torch {re.escape(torch.__version__)}"
+    with torch.no_grad():  # the model trains on after planning: the file keeps the weights as planned
+        model.first.weight.add_(1.0)
+    loaded, _ = load_plan(path, model)
+    assert loaded.fingerprint == planned.fingerprint and loaded.partition == planned.partition
+    for (name, saved), (_, got) in zip(
+        planned.graph.module.state_dict().items(), loaded.graph.module.state_dict().items(), strict=True
     ):
-        load_plan(path)
+        assert torch.equal(saved, got), name
+    # Another torch version that captures the same graph loads it; a model of another shape is refused.
+    payload = torch.load(path, weights_only=True)
+    torch.save({**payload, "torch": "1.0.0"}, path)
+    assert load_plan(path, model)[0].fingerprint == planned.fingerprint
+    with pytest.raises(PlanFileError, match=r"was planned with torch 1\.0\.0 and hintpipe .*; here \(torch "):
+        load_plan(path, _Planned(width=8))
+    # Code in the file is never run: torch's safe loader refuses anything but tensors and plain values.
+    torch.save({**payload, "plan": _Planned}, path)
+    with pytest.raises(PlanFileError, match=rf"^cannot read plan file {re.escape(str(path))}: WeightsUnpickler error"):
+        load_plan(path, model)
     path.write_bytes(b"not a plan")
     with pytest.raises(PlanFileError, match="cannot read plan file"):
-        load_plan(path)
+        load_plan(path, model)
 
 
 def test_resuming_a_finished_run_says_there_is_nothing_left(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -421,7 +446,7 @@ def two_ranks(csv_hint: Path, plan_file: str) -> dict[str, list[Any]]:
         ),
         "csv hint": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", str(csv_hint)]),)),
         "zb-h1 by name": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", "zb-h1"]),)),
-        "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file, "--ranks", "2"]),)),
+        "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file]),)),
         "plan from python": Case(_from_plan_worker, (plan_file, 3)),
     }
     return run_cases(2, cases, timeout_s=120)

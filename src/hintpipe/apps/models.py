@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hintpipe.apps.model_config import MODELS as MODELS
+from hintpipe.apps.model_config import PLANNED_MODELS
 from hintpipe.apps.model_config import ModelConfig as ModelConfig
 from hintpipe.apps.model_config import SeqLenDist as SeqLenDist
 
@@ -111,6 +112,18 @@ class Chain(nn.Sequential):
         for layer in self:
             value = layer(*value) if isinstance(value, tuple) else layer(value)
         return value
+
+
+def whole_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
+    """The built-in model as one module, as the planner captures it, and the keyword inputs every call of it
+    takes (a Hugging Face model's ``use_cache=False``)."""
+    if config.name in PLANNED_MODELS:
+        from hintpipe.apps.hf_models import CALL_KWARGS, build_hf_model
+
+        return build_hf_model(config), dict(CALL_KWARGS)
+    layers = build_layers(config)
+    # Chain (several tensors between layers) for mm-mini only: fx wants one-input forwards elsewhere.
+    return (Chain(*layers) if config.name == "mm-mini" else nn.Sequential(*layers)), {}
 
 
 def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:

@@ -39,7 +39,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # here, not above: ``hintpipe simulate`` runs without torch
 
-    from hintpipe.apps.models import Chain, build_layers, make_batch
+    from hintpipe.apps.models import make_batch, whole_model
     from hintpipe.planner.plan import plan
     from hintpipe.planner.plan_file import save_plan
 
@@ -49,10 +49,9 @@ def run(args: argparse.Namespace) -> int:
     values |= checked(args, ["host_bandwidth", "seed"])
     torch.set_num_threads(1)
     config = ModelConfig(
-        args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=args.seed
+        args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=values["seed"]
     )
-    # Chain (several tensors between layers) for mm-mini only: capture wants one-input forwards elsewhere.
-    model = Chain(*build_layers(config)) if config.name == "mm-mini" else torch.nn.Sequential(*build_layers(config))
+    model, kwargs = whole_model(config)  # the model --model names (a Hugging Face one through torch.export)
     inputs, _, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
     result = plan(
         model,
@@ -65,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         host_bandwidth=values["host_bandwidth"],
         optimizer_factor=values["optimizer_factor"],
         repeats=values["repeats"],
+        kwargs=kwargs or None,
     )
     if args.save is not None:
         save_plan(result, args.save, model={"config": dataclasses.asdict(config)})

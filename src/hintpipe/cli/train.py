@@ -23,6 +23,7 @@ from hintpipe.cli.common import (
 )
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
+from hintpipe.options import OPTIONS
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
@@ -35,11 +36,21 @@ if TYPE_CHECKING:  # the training modules need torch; they are imported where a 
 HELP = "train a built-in model across processes with pipeline parallelism"
 
 
+#: What a plan file says: these flags default to the file's values with ``--plan``, and to the usual ones
+#: without (where ``--ranks`` and ``--microbatches`` are then required).
+FROM_PLAN = {"ranks": None, "microbatches": None, "hint": "1f1b", "chunks": None, "model": "gpt-mini", "layers": 4}
+FROM_PLAN |= {"hidden": 64}
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The built-in model and its data (shared with ``demo``)."""
-    parser.add_argument("--model", default="gpt-mini", choices=MODELS, help="built-in model (default gpt-mini)")
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    parser.add_argument(
+        "--model", choices=MODELS, help="built-in model (default gpt-mini; with --plan, the plan file's)"
+    )
+    parser.add_argument(
+        "--layers", type=int, help="transformer blocks / MLP layers (default 4; with --plan, the file's)"
+    )
+    parser.add_argument("--hidden", type=int, help="hidden size (default 64; with --plan, the plan file's)")
     add_option(parser, "microbatch_size")
     parser.add_argument(
         "--seq-len-dist",
@@ -84,7 +95,13 @@ TRAIN_OPTIONS = (
 def register(commands: Any) -> None:
     parser = commands.add_parser("train", help=HELP, description=HELP)
     for name in TRAIN_OPTIONS:
-        add_option(parser, name)
+        if name in FROM_PLAN:  # a plan file may say them: None until resolved (see _answered_by_plan)
+            default = FROM_PLAN[name]
+            said = f" (default {default}; with --plan, the plan file's)" if default is not None else ""
+            help_text = OPTIONS[name].help + (said or " (required, unless --plan FILE says it)")
+            add_option(parser, name, default=None, required=False, help=help_text)
+        else:
+            add_option(parser, name)
     add_room_arguments(parser, activation_unit="bytes, e.g. 64MiB")
     add_model_arguments(parser)
     parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
@@ -104,11 +121,46 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def _answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Fill in what ``--plan`` says (refusing flags that contradict it), or the defaults without it; returns the
+    plan file's contents (tensors and plain values, read safely) or None."""
+    from hintpipe.planner.plan_file import read_plan_file
+
+    path = getattr(args, "plan", None)
+    if path is None:
+        for name, default in FROM_PLAN.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
+        missing = [f"--{name}" for name in ("ranks", "microbatches") if getattr(args, name) is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} must be given (or --plan FILE, which says them)")
+        return None
+    payload = read_plan_file(path)
+    config = payload["model"].get("config")
+    if config is None:
+        raise ValueError(f"{path} does not say which built-in model it was planned for: plan it with `hintpipe plan`")
+    data = payload["plan"]
+    planned = {"ranks": data["ranks"], "microbatches": data["microbatches"], "hint": data["hint"]}
+    planned |= {"chunks": data["chunks"], "model": config["name"], "layers": config["layers"]}
+    planned |= {"hidden": config["hidden"]}
+    for name, value in planned.items():
+        given = getattr(args, name, None)
+        if given is not None and given != value and not (name == "chunks" and value == 1):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{path} is planned for {flag} {value}, this run asks for {flag} {given}; leave {flag} out (the plan "
+                "file says it) or plan again"
+            )
+        setattr(args, name, value if name != "chunks" or given is not None else None)
+    return payload
+
+
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
     from hintpipe.apps.models import build_layers, split_layers
     from hintpipe.apps.training import TrainConfig, profile_costs
 
+    plan_file = _answered_by_plan(args)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size") if hasattr(args, n)])
     _check_run_options(args, values)
     hint = build_hint(args)
@@ -127,10 +179,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
     if data == "stdlib" and model.name == "mlp":
         raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
-    plan_path = getattr(args, "plan", None)
     planned = None
-    if plan_path is not None:
-        model, planned = _planned_model(args, plan_path)
+    if plan_file is not None:
+        model, planned = _planned_model(args, args.plan, plan_file)
     elif model.name in PLANNED_MODELS:
         planned = _plan_hf(args, model, hint)
     else:
@@ -237,24 +288,20 @@ def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:
     )
 
 
-def _planned_model(args: argparse.Namespace, path: str) -> tuple[ModelConfig, Plan]:
-    """A plan file's plan and the model it was made for, after checking them against the other options.
+def _planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> tuple[ModelConfig, Plan]:
+    """A plan file's plan for the built-in model it was made for (built here from the file's config), after
+    checking them against the other options.
 
-    The plan travels to every rank inside the run's config (each rank unpickles its own copy), so the
-    file is read once, here."""
+    The plan travels to every rank inside the run's config (each rank gets its own copy), so the file is read
+    once, here."""
+    from hintpipe.apps.models import whole_model
     from hintpipe.planner.plan_file import check_plan, load_plan
 
-    planned, meta = load_plan(path)
-    check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
-    if planned.hint != args.hint:
-        raise ValueError(f"{path} is planned for hint {planned.hint!r}, this run asks for {args.hint!r}")
-    if "config" not in meta:
-        raise ValueError(f"{path} does not say which built-in model it was planned for: plan it with `hintpipe plan`")
     if getattr(args, "check_grads", False):
         raise ValueError("--check-grads compares with the built-in model's layers; it does not apply to --plan")
-    config = ModelConfig(**meta["config"])
-    if config.name != args.model:
-        raise ValueError(f"{path} is planned for model {config.name!r}, this run asks for {args.model!r}")
+    config = ModelConfig(**payload["model"]["config"])
+    planned, _ = load_plan(path, whole_model(config)[0])
+    check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
     return config, planned  # its sizes and weights are the plan's
 
 

@@ -74,6 +74,64 @@ class CapturedGraph:
         return (_captured_with_sizes, (self.module, sizes, self.aliases, self.scalars))
 
 
+@dataclasses.dataclass(frozen=True)
+class CaptureSpec:
+    """How a graph was captured, as plain data: enough to capture the same model again, without its inputs.
+
+    A plan file keeps this instead of the captured graph's code (which loading would have to run): loading
+    captures the caller's model the same way and checks that the graph is the one that was planned.
+
+    Attributes:
+        modules: the submodules run in sequence (``modules=``), or None.
+        inputs: each positional input's shape and dtype (an example of zeros is enough to capture).
+        kwargs: the keyword inputs that are not tensors (``use_cache=False``), as given.
+        tensor_kwargs: the tensor keyword inputs' names, shapes and dtypes, in order.
+    """
+
+    modules: tuple[str, ...] | None = None
+    inputs: tuple[tuple[tuple[int, ...], str], ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    tensor_kwargs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+
+    @classmethod
+    def of(cls, example: tuple[Any, ...], kwargs: dict[str, Any] | None, modules: Sequence[str] | None) -> CaptureSpec:
+        kwargs = kwargs or {}
+        plain = tuple((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))
+        for key, value in plain:
+            if not isinstance(value, (bool, int, float, str, type(None))):
+                raise CaptureError(f"keyword input {key}={value!r}: only tensors, numbers, strings or None")
+        return cls(
+            modules=None if modules is None else tuple(modules),
+            inputs=tuple((tuple(x.shape), _dtype_name(x)) for x in example if isinstance(x, torch.Tensor)),
+            kwargs=plain,
+            tensor_kwargs=tuple(
+                (k, tuple(v.shape), _dtype_name(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor)
+            ),
+        )
+
+    def recapture(self, model: nn.Module) -> CapturedGraph:
+        """``model`` captured as this spec says, on zeros of the recorded shapes."""
+        example = tuple(torch.zeros(shape, dtype=_dtype(name)) for shape, name in self.inputs)
+        kwargs: dict[str, Any] = dict(self.kwargs)
+        kwargs |= {k: torch.zeros(shape, dtype=_dtype(name)) for k, shape, name in self.tensor_kwargs}
+        graph = capture(model, modules=self.modules, example=example or None, kwargs=kwargs or None)
+        inputs = (*example, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
+        for node, value in zip(graph.inputs, inputs, strict=False):
+            node.meta["example_bytes"] = value.numel() * value.element_size()
+        return graph
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CaptureError(f"unknown dtype {name!r}")
+    return dtype
+
+
 class _Tracer(fx.Tracer):
     def __init__(self, leaves: set[str] | None = None) -> None:
         # split_point stays a node wherever the model's code calls it.

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
-from hintpipe.planner.capture import CapturedGraph, allowed_cuts, attribute, capture, value_uses
+from hintpipe.planner.capture import CapturedGraph, CaptureSpec, allowed_cuts, attribute, capture, value_uses
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.partition import Partition, describe, max_microbatch_size, summary
@@ -50,6 +50,8 @@ class Plan:
     tied_stages: tuple[tuple[int, ...], ...]  # the stages using each group's tensor
     graph: CapturedGraph = dataclasses.field(compare=False, repr=False)
     profiles: tuple[NodeProfile, ...] = dataclasses.field(compare=False, repr=False)
+    #: How the graph was captured (a plan file keeps this, not the graph's code).
+    spec: CaptureSpec = dataclasses.field(default_factory=CaptureSpec, compare=False, repr=False)
 
     @property
     def num_stages(self) -> int:
@@ -214,6 +216,8 @@ def plan(
     graph, profiles, profiled = _measured(
         model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir
     )
+    positional = example if isinstance(example, tuple) else (example,)
+    spec = CaptureSpec.of(positional, kwargs, modules)
     hint_obj = resolve_hint(hint, ranks, microbatches, chunks)
     total = hint_obj.num_stages
     tables = node_tables(profiles, graph)
@@ -237,6 +241,7 @@ def plan(
         tied_stages=tuple(stages for _, stages in tied),
         graph=graph,
         profiles=tuple(profiles),
+        spec=spec,
     )
 
 

@@ -18,6 +18,7 @@ an order every rank follows (process groups are created collectively):
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,8 @@ from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.protocol import Transport, choose_transport
 from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +136,9 @@ def assemble(
     _check_modules(modules, hint, rank)
     if emulate is not None and options["activation_budget"] is not None:
         raise ValueError("activation_budget needs real compute: emulated tasks hold no activations; use memory_slack")
+    owned = own_storage(modules)
+    if owned:
+        log.info("rank %d: %d tensors arrived in shared memory; the rank trains copies of its own", global_rank, owned)
     device = rank_device(options["device"], global_rank)
     chosen = choose_transport(options["transport"], device, own_gpu=_agreed_own_gpu(device))
     sharded = layout.dp > 1 and options["data_parallel"] is DataParallel.FSDP and emulate is None
@@ -178,6 +184,41 @@ def assemble(
     parts.hooks = _hooks(parts, axes)
     _agree_on_options(parts, options)
     return parts
+
+
+def own_storage(modules: Mapping[int, nn.Module]) -> int:
+    """Give every parameter and buffer held in shared memory a private copy, in place; returns how many.
+
+    [Note: every rank owns its parameters]
+    ``torch.multiprocessing`` moves the tensors of a spawned process's arguments into shared memory (a user's
+    ``mp.spawn(fn, args=(plan,))``), so every rank would step one and the same storage: a tied weight updated
+    twice, data-parallel replicas training one copy. Each such tensor gets storage of its own here. A
+    parameter keeps its identity (its ``.data`` is replaced), so an optimizer built from the user's modules,
+    and a tensor two of this rank's stages share, stay what they were.
+    """
+    owned = 0
+    seen: set[int] = set()
+    clones: dict[int, torch.Tensor] = {}  # a buffer two modules share gets one copy
+    for module in modules.values():
+        for param in module.parameters():
+            if id(param) not in seen and _shared(param):
+                param.data = param.data.clone()
+                owned += 1
+            seen.add(id(param))
+        for sub in module.modules():
+            for name, buffer in sub._buffers.items():
+                if buffer is None or not _shared(buffer):
+                    continue
+                if id(buffer) not in clones:
+                    clones[id(buffer)] = buffer.clone()
+                    owned += 1
+                sub._buffers[name] = clones[id(buffer)]
+    return owned
+
+
+def _shared(tensor: torch.Tensor) -> bool:
+    """Whether a host tensor's storage is in shared memory (every CUDA tensor counts as shared: not those)."""
+    return tensor.device.type == "cpu" and bool(tensor.untyped_storage().is_shared())
 
 
 def _check_modules(modules: Mapping[int, nn.Module], hint: Hint, rank: int) -> None:

@@ -361,6 +361,6 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
     with tempfile.TemporaryDirectory(prefix="hintpipe-merge-") as scratch:
         target = Path(scratch) / "merged.pt"
         dcp_to_torch_save(str(folder), str(target))
-        state = torch.load(target, weights_only=False)
+        state = torch.load(target, weights_only=True)  # tensors and plain values only: a file runs no code
     model = state["model"]
     return {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
