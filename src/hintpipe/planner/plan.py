@@ -26,13 +26,13 @@ from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.partition import Partition, describe, max_microbatch_size, summary
 from hintpipe.planner.profile import profile
-from hintpipe.planner.search import search
+from hintpipe.planner.search import PlanError, search
 from hintpipe.planner.stagegen import crossing, extract
 from hintpipe.planner.tables import NodeTables
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.tensor_bytes import nbytes, tensors_in
-from hintpipe.units import parse_sizes
+from hintpipe.units import format_size, parse_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +186,8 @@ def plan(
     modules: Sequence[str] | None = None,
     profiles: Sequence[NodeProfile] | None = None,
     kwargs: dict[str, Any] | None = None,
+    split_points: Sequence[str] | None = None,
+    captured: CapturedGraph | None = None,
 ) -> Plan:
     """Plan ``model`` into ``ranks`` pipeline ranks (x ``chunks`` stages each).
 
@@ -208,13 +210,20 @@ def plan(
             torch.export captures the model with them (see
             :func:`~hintpipe.planner.capture.capture`); tensors among them
             become stage 0's inputs after the positional ones.
+        split_points: cut the model right before each of these submodules (``["transformer.h.4"]``, as
+            torch.distributed.pipelining's ``split_spec`` at ``BEGINNING``), one fewer than the stages:
+            the cuts are kept as given (the budgets still choose recompute and offload), not searched.
+        captured: what :func:`~hintpipe.planner.capture.capture` returned for this model, example, ``kwargs``
+            and ``modules`` (with ``profiles``, several pipelines are planned from one capture); captured
+            afresh otherwise.
 
     Raises:
         hintpipe.capture.CaptureError: the model cannot be captured.
-        hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short).
+        hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short), or a split
+            point that names no submodule, falls where a value other than a tensor crosses, or is out of order.
     """
     graph, profiles, profiled = _measured(
-        model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir
+        model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir, captured=captured
     )
     positional = example if isinstance(example, tuple) else (example,)
     spec = CaptureSpec.of(positional, kwargs, modules)
@@ -227,7 +236,10 @@ def plan(
         host_bandwidth = 0.0 if on_cpu else 10e9
     budgets = parse_sizes(stage_memory, total, "stage_memory")
     memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=size / profiled)
-    cuts = search(tables, memory, total)
+    cuts = search(tables, memory, total) if split_points is None else forced_cuts(graph, tables, split_points, total)
+    partition = _partition(tables, memory, cuts, profiled, savings=True)
+    if split_points is not None:
+        _check_fits(tables, memory, cuts, split_points)
     tied = _tied(graph, cuts)
     return Plan(
         hint=hint_obj.name,
@@ -235,7 +247,7 @@ def plan(
         chunks=hint_obj.num_stages // ranks,
         microbatches=microbatches,
         microbatch_size=size,
-        partition=_partition(tables, memory, cuts, profiled, savings=True),
+        partition=partition,
         baselines=_baselines(tables, memory, total, profiled),
         tied=tuple(names for names, _ in tied),
         tied_stages=tuple(stages for _, stages in tied),
@@ -243,6 +255,67 @@ def plan(
         profiles=tuple(profiles),
         spec=spec,
     )
+
+
+def forced_cuts(graph: CapturedGraph, tables: NodeTables, names: Sequence[str], stages: int) -> tuple[int, ...]:
+    """The cuts right before each named submodule: where the first node using it (its parameters, or a call of
+    it) stands.
+
+    Raises:
+        PlanError: a count that is not one fewer than the stages, a name that is no submodule (or one that
+            no node uses), a cut where a value other than a tensor crosses, or names out of order.
+    """
+    if len(names) != stages - 1:
+        raise PlanError(f"{stages} stages need {stages - 1} split points, got {len(names)}: {list(names)}")
+    allowed = set(tables.allowed)
+    modules = dict(graph.module.named_modules()) | _original_modules(graph)
+    cuts = [0]
+    for name in names:
+        if name not in modules:
+            near = sorted(m for m in modules if m and m.rsplit(".", 1)[0] == name.rsplit(".", 1)[0])[:5]
+            raise PlanError(f"split point {name!r} names no submodule of the model (beside it: {near})")
+        at = next((i for i, node in enumerate(graph.nodes) if _uses(node, name)), None)
+        if at is None:
+            raise PlanError(f"split point {name!r}: no operation of the captured graph uses that submodule")
+        if at not in allowed:
+            raise PlanError(
+                f"split point {name!r} (node {at}, {graph.nodes[at].name}): a value other than a tensor crosses "
+                "there; choose a submodule whose input is tensors only"
+            )
+        if at <= cuts[-1]:
+            raise PlanError(f"split point {name!r} comes before {names[len(cuts) - 2]!r}; give them in model order")
+        cuts.append(at)
+    return (*cuts, len(graph.nodes))
+
+
+def _original_modules(graph: CapturedGraph) -> dict[str, Any]:
+    """The model's submodule names as its parameters spell them (an exported graph keeps the names, and only
+    the submodules that hold parameters)."""
+    names: dict[str, Any] = {}
+    for aliases in graph.aliases.values():
+        for alias in aliases:
+            parts = alias.split(".")[:-1]
+            names |= {".".join(parts[:i]): None for i in range(1, len(parts) + 1)}
+    return names
+
+
+def _uses(node: Any, module: str) -> bool:
+    """Whether ``node`` calls ``module`` (or one of its submodules) or reads one of its parameters."""
+    prefix = module + "."
+    if node.op == "call_module" and (str(node.target) == module or str(node.target).startswith(prefix)):
+        return True
+    return any(arg.op == "get_attr" and str(arg.target).startswith(prefix) for arg in node.all_input_nodes)
+
+
+def _check_fits(tables: NodeTables, memory: MemoryModel, cuts: Sequence[int], names: Sequence[str]) -> None:
+    """Given cuts must fit their budgets with every saving; else the first stage that does not, in one line."""
+    for s in range(len(cuts) - 1):
+        cost = stage_cost(tables, memory, s, cuts[s], cuts[s + 1])
+        if not cost.feasible:
+            raise PlanError(
+                f"stage {s} of the split points {list(names)} cannot fit in its budget of "
+                f"{format_size(memory.budgets[s])}: even with every saving it is {cost.shortfall:,.0f} bytes over"
+            )
 
 
 def _measured(
@@ -254,10 +327,11 @@ def _measured(
     *,
     repeats: int,
     cache_dir: str | Path | None,
+    captured: CapturedGraph | None = None,
 ) -> tuple[CapturedGraph, Sequence[NodeProfile], int]:
     """The captured graph, its profiles (``profiles`` if given) and the profiled micro-batch size."""
     positional = example if isinstance(example, tuple) else (example,)
-    graph = capture(model, modules=modules, example=positional, kwargs=kwargs)
+    graph = captured if captured is not None else capture(model, modules=modules, example=positional, kwargs=kwargs)
     inputs = (*positional, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
     for node, value in zip(graph.inputs, inputs, strict=False):
         node.meta["example_bytes"] = nbytes(value)
