@@ -23,7 +23,7 @@ from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
     from hintpipe.planner.capture import CaptureError, split_point
-    from hintpipe.planner.plan import Plan, plan
+    from hintpipe.planner.plan import Plan, plan, share_plan
     from hintpipe.planner.plan_file import load_plan, save_plan
     from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
     from hintpipe.runtime.checkpoint.saving import load_merged
@@ -51,6 +51,7 @@ _LAZY = {
     "TiedParameter": "hintpipe.runtime.parallel.tied",
     "Plan": "hintpipe.planner.plan",
     "plan": "hintpipe.planner.plan",
+    "share_plan": "hintpipe.planner.plan",
     "split_point": "hintpipe.planner.capture",
     "CaptureError": "hintpipe.planner.capture",
     "load_plan": "hintpipe.planner.plan_file",
@@ -107,5 +108,6 @@ __all__ = [
     "plan",
     "run_ranks",
     "save_plan",
+    "share_plan",
     "split_point",
 ]

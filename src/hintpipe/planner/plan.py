@@ -75,14 +75,9 @@ class Plan:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
     def share(self, src: int = 0) -> Plan:
-        """This plan as rank ``src`` holds it, on every rank (call on every rank of the process group)."""
-        import torch.distributed as dist
-
-        box: list[Any] = [self if dist.get_rank() == src else None]
-        dist.broadcast_object_list(box, src=src)
-        shared = box[0]
-        assert isinstance(shared, Plan)
-        return shared
+        """This plan as rank ``src`` holds it, on every rank (call on every rank of the process group; a rank
+        that made no plan calls :func:`share_plan` with None)."""
+        return share_plan(self, src)
 
     def to_json(self) -> dict[str, Any]:
         out = summary(self.partition)
@@ -133,6 +128,23 @@ class Plan:
         if math.isinf(s.budget_bytes) or per_mb <= 0:
             return 0
         return max(0, int(s.spare_bytes // per_mb))
+
+
+def share_plan(plan: Plan | None, src: int = 0) -> Plan:
+    """Rank ``src``'s plan, on every rank of the default process group (call on every rank; only ``src``'s
+    argument matters, the others may pass None): plan once, on one rank, and share it.
+
+    Raises:
+        ValueError: rank ``src`` had no plan.
+    """
+    import torch.distributed as dist
+
+    box: list[Any] = [plan if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src)
+    shared = box[0]
+    if not isinstance(shared, Plan):
+        raise ValueError(f"rank {src} passed no plan to share_plan")
+    return shared
 
 
 def node_tables(profiles: Sequence[NodeProfile], graph: CapturedGraph | None = None) -> NodeTables:

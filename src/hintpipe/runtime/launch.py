@@ -28,6 +28,7 @@ under its own key prefix (``TORCHELASTIC_RESTART_COUNT``).
 
 from __future__ import annotations
 
+import ast
 import datetime
 import os
 import pickle
@@ -187,6 +188,13 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
             return [fn(rank, size, *args)]
         finally:
             dist.destroy_process_group()
+    unguarded = _outside_main_guard()
+    if unguarded is not None:
+        path, line = unguarded
+        raise RankFailure(
+            f"{path}, line {line}: run_ranks starts processes that import this script again; put the code that "
+            'calls it under `if __name__ == "__main__":`'
+        )
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     with tempfile.TemporaryDirectory(prefix="hintpipe-") as out, _Signals(Path(out) / "stop") as signals:
@@ -237,9 +245,7 @@ def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, kil
     for rank in range(world):
         path = out / f"rank{rank}.pkl"
         if not path.exists():
-            killed_here = processes[rank].exitcode == -signal.SIGKILL
-            why = "stopped by the launcher" if killed_here else "killed, or crashed hard"
-            errors.append(f"rank {rank}: exited without a result ({why})")
+            errors.append(f"rank {rank}: exited without a result ({_how_it_ended(processes[rank].exitcode)})")
             results.append(None)
             continue
         outcome = pickle.loads(path.read_bytes())
@@ -255,6 +261,51 @@ def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, kil
     if errors or any(p.exitcode != 0 for p in processes):
         raise RankFailure(_merge(errors) or "a rank failed")
     return results
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    """Why a rank that wrote no result ended, in words: the launcher stopped it (SIGKILL), a signal killed it,
+    or it exited before it could report (an error while it started: its traceback is on stderr)."""
+    if exitcode == -signal.SIGKILL:
+        return "stopped by the launcher"
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit status {exitcode} before it could report; its error is on stderr above"
+
+
+def _outside_main_guard() -> tuple[str, int] | None:
+    """Where the script being run calls :func:`run_ranks` outside ``if __name__ == "__main__":`` (its file and
+    line), or None (guarded, or not run from a file).
+
+    [Note: the main guard]
+    A spawned rank starts a fresh interpreter that imports the script again (as ``__mp_main__``): a call at
+    the script's top level would run again in every rank, which torch's spawning refuses with a long
+    traceback per rank. So the launcher refuses it first, in one line that names the line to move.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not str(path).endswith(".py") or not Path(path).is_file():
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    line = None
+    while frame is not None:  # the script's own top-level frame: where the chain of calls began
+        if frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__:
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return None
+    tree = ast.parse(Path(path).read_text())
+    guards = [n for n in tree.body if isinstance(n, ast.If) and {"__name__", "__main__"} <= _words(n.test)]
+    if any(n.lineno <= line <= (n.end_lineno or n.lineno) for n in guards):
+        return None
+    return str(path), line
+
+
+def _words(test: ast.expr) -> set[str]:
+    """The names and strings a condition mentions (``__name__ == "__main__"``: both)."""
+    return {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} | {
+        n.value for n in ast.walk(test) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
 
 
 def _merge(errors: list[str]) -> str:
