@@ -24,9 +24,9 @@ from torch import nn
 
 from groups import Case, run_cases, succeeded
 from hintpipe.apps.hf_models import build_hf_model
-from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
+from hintpipe.apps.models import SeqLenDist, make_batch
 from hintpipe.apps.training import TrainConfig, _train_rank
-from hintpipe.cli import build_parser
+from hintpipe.cli import build_parser, main
 from hintpipe.cli.train import config_from, result_json
 from hintpipe.planner.plan import Plan, plan
 from hintpipe.runtime.pipeline import Pipeline
@@ -146,12 +146,14 @@ def _cli_run(name: str) -> TrainConfig:
     return config_from(args, args.policy)
 
 
-@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama"])
+@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama", "hf-gpt2 plan file"])
 def test_hintpipe_train_runs_a_hugging_face_model_as_the_unsplit_model_would(
     two_ranks: dict[str, list[Any]], name: str
 ) -> None:
-    losses = result_json(succeeded(two_ranks[f"train {name}"])[0])["losses"]
-    config = ModelConfig(name, layers=2, hidden=32)
+    result = succeeded(two_ranks[f"train {name}"])[0]
+    losses = result_json(result)["losses"]
+    config = result.config.model  # from the plan file, for the last: the model `hintpipe plan --model` planned
+    assert config.name == name.split()[0] and (config.layers, config.hidden) == (2, 32)
     model = build_hf_model(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     expected = []
@@ -184,11 +186,22 @@ def test_a_tensor_keyword_input_becomes_a_first_stage_input() -> None:
 
 
 @pytest.fixture(scope="module")
-def two_ranks() -> dict[str, list[Any]]:
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     """The 2-rank trainings of this module on one spawned group."""
     cases = {f"{n} on 2": Case(_train_worker, (_planned(n, 2)[1], _steps(2))) for n in BUILDERS}
     cases |= {f"train {n}": Case(_train_rank, (_cli_run(n),)) for n in ("hf-gpt2", "hf-llama")}
+    cases["train hf-gpt2 plan file"] = Case(_train_rank, (_from_plan_file(tmp_path_factory),))
     return run_cases(2, cases, timeout_s=300)
+
+
+def _from_plan_file(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:
+    """``hintpipe plan --model hf-gpt2 --save FILE``, then ``hintpipe train --plan FILE`` (the file says the
+    model, its sizes, the ranks and the micro-batches)."""
+    path = str(tmp_path_factory.mktemp("hf-plan") / "gpt2.plan")
+    planning = ["plan", "--model", "hf-gpt2", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches"]
+    assert main([*planning, "4", "--stage-memory", "1GiB", "--repeats", "1", "--save", path, "--json"]) == 0
+    args = build_parser().parse_args(["train", "--plan", path, "--steps", "3", "--seq-len-dist", SPEC, "--json"])
+    return config_from(args, args.policy)
 
 
 @pytest.fixture(scope="module")

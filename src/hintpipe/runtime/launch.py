@@ -286,6 +286,9 @@ def _outside_main_guard() -> tuple[str, int] | None:
     path = getattr(main, "__file__", None)
     if main is None or not path or not str(path).endswith(".py") or not Path(path).is_file():
         return None
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and (spec.name == "__main__" or spec.name.endswith(".__main__")):
+        return None  # a package's __main__ (python -m hintpipe): multiprocessing does not import it again
     frame: FrameType | None = sys._getframe(1)
     line = None
     while frame is not None:  # the script's own top-level frame: where the chain of calls began
