@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.multiprocessing.spawn import spawn
 
-from hintpipe import Pipeline, Plan, plan
+from hintpipe import Pipeline, Plan, TiedParameter, plan
 from hintpipe.runtime.launch import free_port
 
 VOCAB = 64
@@ -80,7 +80,7 @@ def _optimizer(params: Any, name: str) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=0.01, eps=1e-4)
 
 
-Case = tuple[str, Plan, str]  # (name, plan, optimizer)
+Case = tuple[str, Plan, str, bool]  # (name, plan, optimizer, whether its stages travel as modules)
 
 
 def _rank(rank: int, world: int, port: int, cases: list[Case], folder: str) -> None:
@@ -89,10 +89,18 @@ def _rank(rank: int, world: int, port: int, cases: list[Case], folder: str) -> N
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results: dict[str, Any] = {}
-    for name, planned, optimizer_name in cases:
+    for name, planned, optimizer_name, as_modules in cases:
         shared = sum(t.untyped_storage().is_shared() for t in planned.graph.module.parameters())
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")) if world == 4 else None
-        pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy="ready", mesh=mesh)
+        if as_modules:  # the stage modules themselves were spawn arguments, beside the plan they came from
+            stages = [planned.build_stage(s) for s in range(planned.num_stages)]
+            tied = [TiedParameter(n, s) for n, s in zip(planned.tied, planned.tied_stages, strict=True)]
+            shared = sum(p.untyped_storage().is_shared() for m in stages for p in m.parameters())
+            pipe = Pipeline.from_modules(
+                stages, loss_fn=lm_loss, microbatches=MICROBATCHES, policy="ready", mesh=mesh, tied=tied
+            )
+        else:
+            pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy="ready", mesh=mesh)
         replica = pipe.layout.replica_of(rank)
         params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
         optimizer = _optimizer(params, optimizer_name)
@@ -115,7 +123,9 @@ def _cases() -> tuple[list[Case], dict[str, nn.Module]]:
         ids = torch.randint(0, VOCAB, (2, 9))
         kwargs = {"use_cache": False} if name == "gpt2" else None
         planned = plan(model, ids, ranks=2, microbatches=MICROBATCHES, repeats=1, kwargs=kwargs)
-        cases += [(f"{name} {optimizer}", planned, optimizer) for optimizer in ("sgd", "adamw")]
+        cases += [(f"{name} {optimizer}", planned, optimizer, False) for optimizer in ("sgd", "adamw")]
+        if name == "gpt2":
+            cases.append((f"{name} modules sgd", planned, "sgd", True))
     return cases, models
 
 
@@ -132,13 +142,21 @@ def spawned(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list[di
 
 
 @pytest.mark.parametrize("world", [2, 4], ids=["2 ranks", "dp2 x pp2"])
-@pytest.mark.parametrize("model", ["gpt2", "user module"])
-@pytest.mark.parametrize("optimizer_name", ["sgd", "adamw"])
+@pytest.mark.parametrize(
+    ("model", "optimizer_name", "how"),
+    [
+        ("gpt2", "sgd", ""),
+        ("gpt2", "adamw", ""),
+        ("user module", "sgd", ""),
+        ("user module", "adamw", ""),
+        ("gpt2", "sgd", "modules "),  # the stage modules themselves as spawn arguments
+    ],
+)
 def test_a_users_own_spawn_trains_every_rank_on_its_own_parameters(
-    spawned: dict[int, Any], world: int, model: str, optimizer_name: str
+    spawned: dict[int, Any], world: int, model: str, optimizer_name: str, how: str
 ) -> None:
     results, models = spawned[world]
-    name = f"{model} {optimizer_name}"
+    name = f"{model} {how}{optimizer_name}"
     assert all(r[name]["shared"] > 0 for r in results)  # the plan arrived in shared memory, as torch spawns
     reference = copy.deepcopy(models[model])
     optimizer = _optimizer(reference.parameters(), optimizer_name)
