@@ -133,8 +133,8 @@ def _cases() -> tuple[list[Case], dict[str, nn.Module]]:
 def spawned(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list[dict[str, Any]], dict[str, nn.Module]]]:
     """Every case on 2 ranks and on DP 2 x PP 2, each world started once with the user's own spawn."""
     out = {}
+    cases, models = _cases()  # planned once: each spawn hands the ranks copies (in shared memory)
     for world in (2, 4):
-        cases, models = _cases()
         folder = tmp_path_factory.mktemp(f"spawned{world}")
         spawn(_rank, args=(world, free_port(), cases, str(folder)), nprocs=world, join=True)  # type: ignore[no-untyped-call]
         out[world] = ([torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(world)], models)
