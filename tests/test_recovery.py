@@ -382,7 +382,7 @@ def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
     assert elapsed < 30
     _check_stopped(process, err, signum, folder)
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
-    assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
+    assert not set(Path(tempfile.gettempdir()).glob("hintpipe-*")) - temporary  # this run left no folder behind
 
 
 def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
@@ -409,7 +409,7 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     assert process.returncode == 128 + signal.SIGINT, err
     assert err.strip().splitlines()[-1] == "hintpipe train: ranks killed after a second SIGINT; nothing more was saved"
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
-    assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
+    assert not set(Path(tempfile.gettempdir()).glob("hintpipe-*")) - temporary  # this run left no folder behind
 
 
 def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
     assert elapsed < 30
     step = _check_stopped(process, err, signal.SIGTERM, stopped)
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
-    assert set(Path(tempfile.gettempdir()).glob("hintpipe-*")) == temporary
+    assert not set(Path(tempfile.gettempdir()).glob("hintpipe-*")) - temporary  # this run left no folder behind
     end = str(step + 2)
     for folder, more in ((stopped, ["--resume"]), (reference, [])):
         argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", end, "--json"]
