@@ -396,9 +396,19 @@ OPTIONS: Mapping[str, Option] = {
             "checkpoint_every",
             "int",
             0,
-            "save a checkpoint after every this many steps (0: only after the last step and on a stop)",
+            "save a checkpoint after every this many steps (0: only after the last step and on a stop; needs "
+            "--checkpoint-dir)",
             minimum=0,
             metavar="K",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "replace_checkpoints",
+            "bool",
+            False,
+            "start a new run in a --checkpoint-dir that holds another run's checkpoints, deleting them (without it, "
+            "such a folder is refused: resume it with --resume, or use another folder)",
             commands=_TRAIN,
             pipeline=False,
         ),

@@ -73,6 +73,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     checkpoint_keep: int = 2  # verified checkpoints kept (one more while the newest is unproven)
+    replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
     resume: bool = False
     on_nonfinite: str = "raise"
     return_state: bool = False
@@ -247,15 +248,17 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     run = _Run()
     bar = None
     try:
-        if checkpoints is not None and config.resume:
-            first = pipe.step_count = checkpoints.resume()
+        if checkpoints is not None:
+            first = pipe.step_count = (
+                checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
+            )
         bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
         with StopRequest() as stop:
             for step in range(first, config.steps):
                 _step(config, pipe, modules, reference, optimizer, step, run)
                 stopping = stop.agreed()
                 if checkpoints is not None:
-                    checkpoints.after_step(step + 1, stopping=stopping)
+                    checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
                 if bar is not None:
                     bar.advance(bar.task_ids[0])
                 if stopping:

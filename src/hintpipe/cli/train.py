@@ -89,6 +89,7 @@ TRAIN_OPTIONS = (
     "on_nonfinite",
     "checkpoint_every",
     "checkpoint_keep",
+    "replace_checkpoints",
 )
 
 
@@ -210,6 +211,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
         checkpoint_every=values.get("checkpoint_every", 0),
         checkpoint_keep=values.get("checkpoint_keep", 2),
+        replace_checkpoints=bool(values.get("replace_checkpoints", False)),
         resume=getattr(args, "resume", False),
         on_nonfinite=values.get("on_nonfinite", "raise"),
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
@@ -240,14 +242,43 @@ def _check_config(config: TrainConfig, injection: Injection) -> None:
             raise ValueError(
                 "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA"
             )
-    if config.resume and config.checkpoint_dir is None:
-        raise ValueError("--resume needs --checkpoint-dir")
-    if config.checkpoint_every < 0:
-        raise ValueError(f"--checkpoint-every must be >= 0, got {config.checkpoint_every}")
-    if config.checkpoint_keep < 1:
-        raise ValueError(f"--checkpoint-keep must be at least 1, got {config.checkpoint_keep}")
+    if config.checkpoint_dir is None:
+        flags = {
+            "--resume": config.resume,
+            "--replace-checkpoints": config.replace_checkpoints,
+            "--checkpoint-every": bool(config.checkpoint_every),
+        }
+        given = [flag for flag, on in flags.items() if on]
+        if given:
+            raise ValueError(f"{' and '.join(given)} need --checkpoint-dir")
+    else:
+        _check_checkpoint_folder(config)
     if injection.save_failures and not (config.checkpoint_dir and config.checkpoint_every):
         raise ValueError("--faults savefail needs --checkpoint-dir and --checkpoint-every")
+
+
+def _check_checkpoint_folder(config: TrainConfig) -> None:
+    """The checkpoint folder, before any rank starts: writable (its parent exists), and for a fresh run free of
+    another run's checkpoints unless they are to be replaced."""
+    from hintpipe.runtime.checkpoint.run_folder import check_writable, read_run
+    from hintpipe.runtime.errors import CheckpointError
+
+    assert config.checkpoint_dir is not None
+    folder = Path(config.checkpoint_dir)
+    if config.resume and config.replace_checkpoints:
+        raise ValueError("--resume continues the folder's run, --replace-checkpoints deletes it: give one")
+    check_writable(folder)
+    try:
+        owner = read_run(folder)
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from None
+    steps = sorted(p.name for p in folder.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    if not config.resume and not config.replace_checkpoints and steps and owner is not None:
+        shown = ", ".join(steps[-3:])
+        raise ValueError(
+            f"--checkpoint-dir {folder} holds the checkpoints of another run ({shown}): resume that run "
+            "(--resume), use another folder, or replace them (--replace-checkpoints)"
+        )
 
 
 def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
@@ -260,9 +291,6 @@ def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None
     for option in ("trace", "timeline"):
         if getattr(args, option, None):
             check_writable(getattr(args, option), f"--{option}")
-    directory = getattr(args, "checkpoint_dir", None)
-    if directory is not None and Path(directory).exists() and not Path(directory).is_dir():
-        raise ValueError(f"--checkpoint-dir {directory} is a file, not a folder")
 
 
 def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:

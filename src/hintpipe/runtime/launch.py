@@ -10,7 +10,8 @@ to the caller (rank 0's under torchrun).
 
 If any rank fails, the others get a few seconds to report what they saw, then
 are stopped, and the failure is raised with the failing ranks' errors, so
-nothing is left hanging. A spawned rank whose launcher dies exits too.
+nothing is left hanging. A spawned rank whose launcher dies exits too, however early (see [Note: ranks
+never outlive their launcher] in :mod:`hintpipe.runtime.rank_entry`).
 
 [Note: signals to the launcher]
 The first SIGINT or SIGTERM to the launcher writes the stop file that every
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import multiprocessing
 import os
 import pickle
 import signal
@@ -48,12 +50,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
-from torch.multiprocessing.spawn import start_processes
 
 from hintpipe.device import own_gpu, rank_device
 from hintpipe.options import DeviceChoice
 from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
 from hintpipe.runtime.errors import Interrupted, RankFailure
+from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 
@@ -97,29 +99,19 @@ def attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def _exit_with_launcher() -> None:
-    """A spawned rank must not outlive its launcher (killed with SIGKILL, it cannot stop us itself)."""
-    launcher = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == launcher:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
-
-
-def _child(rank: int, world: int, fn: Callable[..., Any], packed: bytes, out: str, timeout_s: float) -> None:
+def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float) -> None:
+    """One spawned rank (started by :func:`hintpipe.runtime.rank_entry.start_rank`, already tied to its
+    launcher): join the group, run the function ``packed`` holds, and leave its result in ``out``."""
     os.environ["RANK"] = str(rank)
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
     os.environ["LOCAL_WORLD_SIZE"] = str(world)
     os.environ[STOP_FILE_ENV] = str(Path(out) / "stop")
-    _exit_with_launcher()
     path = Path(out) / f"rank{rank}.pkl"
     try:
         init_rank(rank, world, timeout_s)
-        result = fn(rank, world, *pickle.loads(packed))
+        fn, args = pickle.loads(packed)
+        result = fn(rank, world, *args)
         path.write_bytes(pickle.dumps(("ok", result)))
     except BaseException as exc:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -201,11 +193,17 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         # [Note: every rank its own copy] The arguments travel as plain pickled bytes: torch's
         # process spawning would otherwise move their tensors into shared memory, and every rank
         # would train one and the same parameters (a plan's weights, stepped by each optimizer).
-        packed = pickle.dumps(args)
-        context = start_processes(  # type: ignore[no-untyped-call]
-            _child, args=(world, fn, packed, out, timeout_s), nprocs=world, join=False, start_method="spawn"
-        )
-        processes = context.processes
+        # The function travels as plain pickled bytes too, so that a rank unpickles it (importing torch) only
+        # once it is tied to this launcher (see [Note: ranks never outlive their launcher]).
+        packed = pickle.dumps((fn, args))
+        os.environ[LAUNCHER_ENV] = str(os.getpid())
+        spawner = multiprocessing.get_context("spawn")
+        processes = [
+            spawner.Process(target=start_rank, args=(rank, world, packed, out, timeout_s), name=f"rank {rank}")
+            for rank in range(world)
+        ]
+        for process in processes:
+            process.start()
         killed = _watch(processes, signals, timeout_s)
         return _collect(Path(out), world, processes, signals, killed)
 

@@ -1,4 +1,4 @@
-"""A training loop's checkpoints: resume once, then save and prune after every step."""
+"""A training loop's checkpoints: start or resume once, then save and prune after every step."""
 
 from __future__ import annotations
 
@@ -10,15 +10,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
+from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.manifest import step_folders
+from hintpipe.runtime.checkpoint.run_folder import claim, read_run
 from hintpipe.runtime.checkpoint.saving import WriterFactory, prune_checkpoints, resume, save_checkpoint
+from hintpipe.runtime.errors import CheckpointError
 
 
 class Checkpointer:
-    """A training loop's checkpoints: resume once, then :meth:`after_step` after every step (every rank).
+    """A training loop's checkpoints (every rank): :meth:`start` a new run or :meth:`resume` the folder's own,
+    then :meth:`after_step` after every step.
 
-    It saves every ``every`` steps and when the loop is stopping, and prunes to
-    ``keep`` verified checkpoints one step after a save (so the newest has been
-    verified and a step after it completed before anything older goes).
+    It saves every ``every`` steps, after the loop's last step and when the loop is stopping, and prunes to
+    ``keep`` verified checkpoints of its run one step after a save (so the newest has been verified and a step
+    after it completed before anything older goes). A folder belongs to one run (see
+    :mod:`hintpipe.runtime.checkpoint.run_folder`).
     """
 
     def __init__(
@@ -47,19 +53,60 @@ class Checkpointer:
         #: The last checkpoint this run saved.
         self.last: Path | None = None
         self.storage_writer = storage_writer
+        #: The run the folder's checkpoints belong to (set by :meth:`start` or :meth:`resume`).
+        self.run: str | None = None
         self._prune_due = False
+        self._saved_at = -1
+
+    def start(self, *, replace: bool = False) -> int:
+        """Start a new run in the folder; returns 0 (the step to start from).
+
+        Raises:
+            CheckpointError: on every rank, when the folder holds another run's checkpoints and ``replace`` is
+                False (``replace`` deletes them).
+        """
+        claimed = together(
+            lambda: claim(self.directory, replace=replace) if self._rank0 else None,
+            f"starting a run in {self.directory}",
+            group=self.group,
+            error=CheckpointError,
+        )
+        self.run = claimed[0]
+        return 0
 
     def resume(self) -> int:
-        """Load the newest verified checkpoint; returns the step to continue from (0 if there is none)."""
-        step, self.skipped = resume(self.directory, self.modules, self.optimizer, hint=self.hint, group=self.group)
+        """Continue the folder's own run from its newest verified checkpoint; returns the step to continue
+        from. A folder with no checkpoint starts a new run there (0), saying so in :attr:`skipped`."""
+        owner = together(
+            lambda: read_run(self.directory) if self._rank0 else None,
+            f"resuming from {self.directory}",
+            group=self.group,
+            error=CheckpointError,
+        )[0]
+        if owner is None or not step_folders(self.directory):
+            self.start(replace=True)  # nothing to lose: a run.json without checkpoints
+            self.skipped = [f"{self.directory} holds no checkpoint to resume: a new run starts there"]
+            return 0
+        self.run = owner
+        step, self.skipped = resume(
+            self.directory, self.modules, self.optimizer, hint=self.hint, group=self.group, run=owner
+        )
         return step
 
-    def after_step(self, done: int, *, stopping: bool = False) -> Path | None:
-        """Call when step ``done - 1`` has completed (``done`` steps done); returns the checkpoint it saved."""
-        if self._prune_due and dist.get_rank(self.group) == 0:
-            prune_checkpoints(self.directory, self.keep)
+    @property
+    def _rank0(self) -> bool:
+        return dist.get_rank(self.group) == 0
+
+    def after_step(self, done: int, *, stopping: bool = False, last: bool = False) -> Path | None:
+        """Call when step ``done - 1`` has completed (``done`` steps done; ``last``: the loop's last step);
+        returns the checkpoint it saved."""
+        if self.run is None:
+            raise RuntimeError("call start() or resume() before after_step(): a checkpoint belongs to a run")
+        if self._prune_due and self._rank0:
+            prune_checkpoints(self.directory, self.keep, run=self.run)
         self._prune_due = False
-        if not (stopping or (self.every and done % self.every == 0)):
+        due = stopping or last or (self.every and done % self.every == 0)
+        if not due or done == self._saved_at:
             return None
         self.last = save_checkpoint(
             self.directory,
@@ -69,6 +116,8 @@ class Checkpointer:
             hint=self.hint,
             group=self.group,
             storage_writer=self.storage_writer,
+            run=self.run,
         )
+        self._saved_at = done
         self._prune_due = True
         return self.last

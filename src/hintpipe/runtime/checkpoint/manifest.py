@@ -1,12 +1,14 @@
 """What a checkpoint belongs to, and proof that its files are the ones written.
 
 A checkpoint folder holds torch.distributed.checkpoint's files and, written
-last, ``manifest.json``: the run's identity (:class:`RunIdentity`) and a
-SHA-256 digest and size per file. A folder without a manifest was never
-finished; a file whose digest differs was damaged after it was written. Both
-are told apart from a checkpoint of *another run* (a changed model, stage
-count or placement), which is refused rather than skipped: falling back past it
-would silently resume something older.
+last, ``manifest.json``: the run's identity (:class:`RunIdentity`: the run it
+belongs to, and every tensor's name and shape) and a SHA-256 digest and size
+per file, then ``manifest.sha256``, the manifest's own digest. A folder
+without a manifest was never finished; a file whose digest differs was
+damaged after it was written, and so was a manifest edited by hand. Both are
+told apart from a checkpoint of *another model* (other tensors), which is
+refused rather than skipped: falling back past it would silently resume
+something older.
 
 This module is torch-free: the checks run anywhere, on any copy of the folder.
 """
@@ -27,35 +29,29 @@ from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 __all__ = ["CheckpointError", "DamagedCheckpoint", "Manifest", "RunIdentity"]
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+MANIFEST_DIGEST = "manifest.sha256"
+FORMAT = 2  # 1: hintpipe 0.5 and earlier (no run, no digest of its own)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunIdentity:
-    """What must be the same to resume: every stage's tensors and where each stage lives.
+    """What a checkpoint belongs to: its run, and every tensor's name and shape (what must be the same to
+    resume it).
 
-    ``hint`` and ``versions`` are recorded for the reader; a change in them is
-    allowed (a new torch, another hint with the same placement).
+    ``stage_ranks``, ``hint`` and ``versions`` are recorded for the reader; a change in them is allowed (a new
+    torch, another hint or placement of the same stages: torch.distributed.checkpoint loads tensors by name).
     """
 
     tensors: dict[str, list[int]]  # "<stage>.<name>" -> shape, every rank's stages
     stage_ranks: list[int]  # stage -> rank
     hint: str
     versions: dict[str, str]
+    run: str = ""  # the run's id (see :mod:`hintpipe.runtime.checkpoint.run_folder`); "" before hintpipe 0.6
 
     def differences(self, saved: RunIdentity) -> list[str]:
         """What the run (``self``) changed from the checkpoint (``saved``), in words; empty if resumable."""
         found: list[str] = []
-        if len(self.stage_ranks) != len(saved.stage_ranks) or max(self.stage_ranks, default=0) != max(
-            saved.stage_ranks, default=0
-        ):
-            found.append(
-                f"{len(saved.stage_ranks)} stages on {max(saved.stage_ranks, default=0) + 1} ranks there, "
-                f"{len(self.stage_ranks)} on {max(self.stage_ranks, default=0) + 1} here"
-            )
-        elif self.stage_ranks != saved.stage_ranks:
-            found.append(f"stages placed on ranks {saved.stage_ranks} there, {self.stage_ranks} here")
         only_saved = sorted(set(saved.tensors) - set(self.tensors))
         only_here = sorted(set(self.tensors) - set(saved.tensors))
         reshaped = sorted(k for k in set(saved.tensors) & set(self.tensors) if saved.tensors[k] != self.tensors[k])
@@ -81,6 +77,7 @@ class RunIdentity:
             stage_ranks=[int(r) for r in data["stage_ranks"]],
             hint=str(data["hint"]),
             versions={str(k): str(v) for k, v in data["versions"].items()},
+            run=str(data.get("run", "")),
         )
 
 
@@ -102,9 +99,12 @@ class Manifest:
     files: dict[str, tuple[int, str]]  # relative name -> (bytes, sha256)
 
     def write(self, folder: Path) -> None:
-        """Written last, through a temporary name, and synced: its presence means every file is down."""
+        """Written last, through a temporary name, and synced: its presence means every file is down. Its own
+        digest follows it, so that a manifest edited by hand is refused, not believed."""
         data = {"format": FORMAT, "step": self.step, "identity": self.identity.to_json(), "files": self.files}
-        write_synced(folder / MANIFEST, json.dumps(data, indent=1, sort_keys=True))
+        text = json.dumps(data, indent=1, sort_keys=True)
+        write_synced(folder / MANIFEST, text)
+        write_synced(folder / MANIFEST_DIGEST, hashlib.sha256(text.encode()).hexdigest())
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -114,9 +114,12 @@ class Manifest:
                 f"{folder.name} has no {MANIFEST} (its save never finished, or hintpipe before 0.3 wrote it)"
             )
         try:
-            data = json.loads(path.read_text())
-            if data.get("format") != FORMAT:
+            text = path.read_text()
+            data = json.loads(text)
+            if data.get("format") not in (1, FORMAT):
                 raise DamagedCheckpoint(f"{folder.name}: {MANIFEST} has format {data.get('format')!r}, not {FORMAT}")
+            if data["format"] == FORMAT:
+                _check_digest(folder, text)
             return cls(
                 step=int(data["step"]),
                 identity=RunIdentity.from_json(data["identity"]),
@@ -141,6 +144,14 @@ class Manifest:
                 raise DamagedCheckpoint(f"{folder.name}: {name} has {path.stat().st_size} bytes, {size} were written")
             if file_digest(path) != digest:
                 raise DamagedCheckpoint(f"{folder.name}: {name} is not the file that was written (checksum differs)")
+
+
+def _check_digest(folder: Path, text: str) -> None:
+    path = folder / MANIFEST_DIGEST
+    if not path.is_file():
+        raise DamagedCheckpoint(f"{folder.name}: {MANIFEST_DIGEST} is missing")
+    if path.read_text().strip() != hashlib.sha256(text.encode()).hexdigest():
+        raise DamagedCheckpoint(f"{folder.name}: {MANIFEST} was changed after it was written (its digest differs)")
 
 
 def file_digest(path: Path) -> str:

@@ -57,6 +57,7 @@ from hintpipe.runtime.checkpoint.manifest import (
     sync_folder,
     write_synced,
 )
+from hintpipe.runtime.checkpoint.run_folder import LATEST
 from hintpipe.tensor_bytes import local
 
 __all__ = [
@@ -72,7 +73,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-LATEST = "latest"
 #: Makes torch.distributed.checkpoint's writer for a checkpoint folder.
 WriterFactory: TypeAlias = Callable[[str], FileSystemWriter]
 log = logging.getLogger(__name__)
@@ -118,16 +118,17 @@ def _versions() -> dict[str, str]:
 
 
 def run_identity(
-    modules: Mapping[int, nn.Module], *, hint: str = "", group: dist.ProcessGroup | None = None
+    modules: Mapping[int, nn.Module], *, hint: str = "", group: dist.ProcessGroup | None = None, run: str = ""
 ) -> RunIdentity:
-    """What this run's checkpoints belong to (call on every rank): every rank's stage tensors and placement."""
+    """What this run's checkpoints belong to (call on every rank): the run, every rank's stage tensors and
+    their placement."""
     own = {f"{s}.{n}": list(t.shape) for s, m in modules.items() for n, t in m.state_dict().items()}
     stages = sorted(modules)
     shares = together(lambda: (own, stages), "comparing the ranks' stages", group=group, error=CheckpointError)
     stage_rank: dict[int, int] = {s: rank for rank, (_, held) in enumerate(shares) for s in held}
     placement = [stage_rank.get(s, -1) for s in range(max(stage_rank, default=-1) + 1)]
     tensors = {name: shape for share, _ in shares for name, shape in share.items()}
-    return RunIdentity(tensors=tensors, stage_ranks=placement, hint=hint, versions=_versions())
+    return RunIdentity(tensors=tensors, stage_ranks=placement, hint=hint, versions=_versions(), run=run)
 
 
 def _first_nonfinite(modules: Mapping[int, nn.Module], optimizer: torch.optim.Optimizer | None) -> str | None:
@@ -154,8 +155,9 @@ def save_checkpoint(
     hint: str = "",
     group: dist.ProcessGroup | None = None,
     storage_writer: WriterFactory = FileSystemWriter,
+    run: str = "",
 ) -> Path:
-    """Save this rank's share of step ``step`` (call on every rank); returns the checkpoint folder.
+    """Save this rank's share of step ``step`` of run ``run`` (call on every rank); returns the checkpoint folder.
 
     ``storage_writer`` makes torch.distributed.checkpoint's writer for a folder: its
     :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (the manifest's digests and the
@@ -169,7 +171,7 @@ def save_checkpoint(
     final = root / f"step-{step:08d}"
     tmp = root / f"step-{step:08d}.tmp"
     what = f"saving checkpoint step {step} in {root}"
-    identity = run_identity(modules, hint=hint, group=group)
+    identity = run_identity(modules, hint=hint, group=group, run=run)
 
     def prepare() -> None:
         bad = _first_nonfinite(modules, optimizer)
@@ -214,42 +216,43 @@ def save_checkpoint(
     return final
 
 
-def prune_checkpoints(directory: str | Path, keep: int = 2) -> list[Path]:
+def prune_checkpoints(directory: str | Path, keep: int = 2, run: str | None = None) -> list[Path]:
     """Keep the ``keep`` newest checkpoints that verify; remove older ones and damaged ones older than the
     newest that verifies. Returns what was removed.
 
     Call on rank 0, after a step completed past the newest checkpoint. Nothing
     is removed while the newest checkpoint is damaged: the older ones are then
-    all there is.
+    all there is. With ``run``, only that run's checkpoints are looked at (a
+    folder's run owns every checkpoint in it; see :mod:`hintpipe.runtime.checkpoint.run_folder`).
     """
     folders = step_folders(Path(directory))
     kept: list[Path] = []
     removed: list[Path] = []
     for folder in folders:
-        if len(kept) >= max(keep, 1):
-            removed.append(folder)
-            continue
         try:
-            Manifest.read(folder).verify(folder)
+            manifest = Manifest.read(folder)
+            manifest.verify(folder)
         except DamagedCheckpoint as exc:
             if not kept:
                 log.warning("keeping every older checkpoint: %s", exc)
                 return []
             removed.append(folder)
             continue
-        kept.append(folder)
+        if run is not None and manifest.identity.run != run:
+            continue  # another run's: never touched
+        (kept if len(kept) < max(keep, 1) else removed).append(folder)
     for old in removed:
         shutil.rmtree(old, ignore_errors=True)
     return removed
 
 
 def find_checkpoint(directory: str | Path, identity: RunIdentity | None = None) -> tuple[Path | None, list[str]]:
-    """The newest verified checkpoint in ``directory`` (None if there is none) and what was skipped on the
-    way, one line each.
+    """The newest verified checkpoint in ``directory`` (of ``identity``'s run, given one; None if there is
+    none) and what was skipped on the way, one line each.
 
     Raises:
-        CheckpointError: the newest verified checkpoint belongs to another run, or checkpoints exist and
-            none of them verifies.
+        CheckpointError: the newest verified checkpoint of the run holds other tensors (another model), or
+            checkpoints exist and none of them verifies.
     """
     root = Path(directory)
     skipped: list[str] = []
@@ -260,11 +263,14 @@ def find_checkpoint(directory: str | Path, identity: RunIdentity | None = None) 
         except DamagedCheckpoint as exc:
             skipped.append(str(exc))
             continue
+        if identity is not None and manifest.identity.run != identity.run:
+            skipped.append(f"{folder.name} belongs to another run ({manifest.identity.run or 'before 0.6'})")
+            continue
         changes = [] if identity is None else identity.differences(manifest.identity)
         if changes:
             raise CheckpointError(
-                f"{folder} was written for another run ({'; '.join(changes)}); resume with the model, stages "
-                f"and ranks it was written for, or start fresh in another checkpoint folder ({root} is left as it is)"
+                f"{folder} was written for another model ({'; '.join(changes)}); resume with the model it was "
+                f"written for, or start fresh in another checkpoint folder ({root} is left as it is)"
             )
         if skipped:
             skipped[-1] += f"; resuming from {folder.name}"
@@ -323,8 +329,9 @@ def resume(
     *,
     hint: str = "",
     group: dist.ProcessGroup | None = None,
+    run: str = "",
 ) -> tuple[int, list[str]]:
-    """Load the newest verified checkpoint of this run (call on every rank).
+    """Load the newest verified checkpoint of run ``run`` (call on every rank).
 
     Returns the step to continue from (0 when there is no checkpoint) and the
     damaged checkpoints skipped on the way, one line each. Rank 0 reads the
@@ -333,7 +340,7 @@ def resume(
     Raises:
         CheckpointError: on every rank, when the checkpoint belongs to another run or none is usable.
     """
-    identity = run_identity(modules, hint=hint, group=group)
+    identity = run_identity(modules, hint=hint, group=group, run=run)
     rank = dist.get_rank(group)
     chosen = together(
         lambda: find_checkpoint(directory, identity) if rank == 0 else None,

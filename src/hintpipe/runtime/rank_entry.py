@@ -1,0 +1,65 @@
+"""The first code a spawned rank runs: it ties itself to its launcher before anything slow.
+
+[Note: ranks never outlive their launcher]
+A rank spawned by :func:`hintpipe.runtime.launch.run_ranks` must end when its
+launcher does, even when the launcher is killed with SIGKILL and cannot stop
+it: otherwise the rank trains the whole job on its own and writes checkpoints
+into a folder a restarted job will use. Importing torch takes seconds, and a
+launcher killed during them is gone before a watch started after the import
+could see it (the rank is re-parented, and a watch that reads its parent
+then reads the wrong one). So this module imports nothing slow, and a rank
+starts here: it asks the kernel to kill it when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, Linux), then checks that its parent is still
+the launcher whose pid the launcher put in the environment (it may have died
+before the request), and only then imports torch and runs. A thread that
+watches the parent covers systems without ``prctl``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import threading
+import time
+
+#: The environment variable in which the launcher gives its ranks its pid.
+LAUNCHER_ENV = "HINTPIPE_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when the parent dies (Linux); nothing elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the watching thread alone
+
+
+def tie_to_launcher() -> None:
+    """End this process at once if its launcher is gone, now or later (see the module's Note)."""
+    expected = os.environ.get(LAUNCHER_ENV)
+    if expected is None:
+        return
+    launcher = int(expected)
+    _die_with_parent()
+    if os.getppid() != launcher:  # it died while this rank started: stop before anything is written
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def start_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float) -> None:
+    """A spawned rank's entry point: tied to its launcher first, then :func:`hintpipe.runtime.launch.run_rank`
+    (which imports torch) on the function and arguments ``packed`` holds."""
+    tie_to_launcher()
+    from hintpipe.runtime.launch import run_rank
+
+    run_rank(rank, world, packed, out, timeout_s)
