@@ -176,14 +176,25 @@ def assemble(
         timer=_device_timer(device, emulated=emulate is not None, seams=seams),
         admission=admission,
     )
-    axes = _connect_axes(parts, options["tied"], seams)
-    parts.agreement = Agreement(parts, ReadyPlanner(hint, rank), options["on_nonfinite"])
-    parts.reporting = Reporting(
-        hint, rank, coll, timelines=options["timelines"], every=options["report_every"], history=options["history"]
-    )
-    parts.hooks = _hooks(parts, axes)
-    _agree_on_options(parts, options)
+    try:
+        axes = _connect_axes(parts, options["tied"], seams)
+        parts.agreement = Agreement(parts, ReadyPlanner(hint, rank), options["on_nonfinite"])
+        parts.reporting = Reporting(
+            hint, rank, coll, timelines=options["timelines"], every=options["report_every"], history=options["history"]
+        )
+        parts.hooks = _hooks(parts, axes)
+        _agree_on_options(parts, options)
+    except BaseException as exc:  # a pipeline that is never built must not leave its mailboxes receiving
+        _tear_down(parts, exc)
+        raise
     return parts
+
+
+def _tear_down(parts: Parts, exc: BaseException) -> None:
+    """Stop what a half-built pipeline started: its coordination and its transport's threads."""
+    if parts.coordination is not None:
+        parts.coordination.close(timeout=5.0)
+    parts.transport.close(timeout=5.0, error=f"rank {parts.rank}: {exc}")
 
 
 def own_storage(modules: Mapping[int, nn.Module]) -> int:

@@ -48,6 +48,42 @@ def split_microbatches(value: Batch, count: int, what: str) -> list[Microbatch]:
     return list(parts[0])
 
 
+def _samples(value: Batch | Microbatch) -> tuple[int, tuple[int, ...]] | None:
+    """The samples (first dimension) of a batch or micro-batch and the shape that says so (its first tensor's);
+    None where there is no tensor to tell."""
+    first = value[0] if isinstance(value, tuple) and value else value
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return first.shape[0], tuple(first.shape)
+    return None
+
+
+def check_samples(inputs: Batch, target: Batch, count: int) -> None:
+    """Inputs and targets split alike: the same number of samples, micro-batch by micro-batch.
+
+    Split apart, a target of fewer samples than its inputs would be broadcast by many a loss function (the
+    unsplit model, given the whole batch, refuses the same call).
+
+    Raises:
+        ValueError: one line naming both shapes.
+    """
+    if not isinstance(inputs, list) and not isinstance(target, list):
+        a, b = _samples(inputs), _samples(target)
+        if a is not None and b is not None and a[0] != b[0]:
+            raise ValueError(
+                f"inputs of {a[0]} samples (shape {a[1]}) and a target of {b[0]} (shape {b[1]}): give one target "
+                "per input sample"
+            )
+        return
+    xs, ys = split_microbatches(inputs, count, "inputs"), split_microbatches(target, count, "target")
+    for mb, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        a, b = _samples(x), _samples(y)
+        if a is not None and b is not None and a[0] != b[0]:
+            raise ValueError(
+                f"micro-batch {mb}: inputs of {a[0]} samples (shape {a[1]}) and a target of {b[0]} (shape {b[1]}): "
+                "give one target per input sample"
+            )
+
+
 def as_inputs(microbatch: Microbatch) -> list[torch.Tensor]:
     """A micro-batch as the list of a first stage's inputs."""
     return list(microbatch) if isinstance(microbatch, tuple) else [microbatch]
@@ -64,6 +100,8 @@ def prepare_step(
     m = parts.microbatches
     state = StepState(step, {}, loss_scale=1.0 / (loss_divisor if loss_divisor is not None else m))
     emulated = isinstance(parts.compute, EmulatedExecutor)
+    if inputs is not None and target is not None:
+        check_samples(inputs, target, m)
     if 0 in parts.stages:
         if inputs is None and isinstance(parts.compute, EmulatedExecutor):
             inputs = [torch.empty(parts.compute.costs.reference_size, dtype=torch.uint8)] * m
