@@ -34,7 +34,7 @@ from hintpipe.runtime.checkpoint.saving import (
     prune_checkpoints,
     save_checkpoint,
 )
-from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.launch import FOLDER_PREFIX, LAUNCHER_FILE, remove_stale_folders, run_ranks
 
 MODEL = SMALL_GPT
 TIMEOUT = 20.0
@@ -393,11 +393,12 @@ def _check_stopped(process: subprocess.Popen[str], err: str, signum: int, folder
     return step
 
 
-@pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, False), (signal.SIGTERM, True)])
+@pytest.mark.parametrize(("signum", "to_group"), [(signal.SIGINT, False), (signal.SIGHUP, True)])
 def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
     signum: int, to_group: bool, tmp_path: Path
 ) -> None:
-    # SIGTERM to the launcher alone: test_a_run_stopped_by_a_signal_resumes_bitwise.
+    # SIGTERM to the launcher alone: test_a_run_stopped_by_a_signal_resumes_bitwise. SIGHUP to the launcher and
+    # its ranks, as a dropped SSH session sends it to the session's process group, stops the run as SIGTERM does.
     temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
     folder = tmp_path / "ck"
     process, err, ranks, elapsed = _signalled(folder, signum, to_group)
@@ -450,6 +451,47 @@ def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
     final = f"step-{step + 2:08d}"
     assert _equal(load_merged(stopped / final), load_merged(reference / final))
+
+
+def _group(pid: int) -> list[int]:
+    """The processes of the session ``pid`` leads (a launcher started in a session of its own, and its ranks)."""
+    found = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found if _alive(int(p))]
+
+
+def test_ranks_never_outlive_a_killed_launcher(tmp_path: Path) -> None:
+    # SIGKILL to the launcher while its ranks start (before and while they import torch) and once they train:
+    # every rank ends, and no checkpoint appears afterwards. Three runs at once, each saving every step.
+    runs = [(delay, _launch(tmp_path / f"ck{delay}", 100000, 1)) for delay in (0.3, 1.5, 6.0)]
+    began = time.monotonic()
+    for delay, process in runs:
+        time.sleep(max(0.0, began + delay - time.monotonic()))
+        process.kill()
+        process.communicate()
+    for delay, process in runs:
+        deadline = time.monotonic() + 15
+        while _group(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _group(process.pid) == [], f"killed after {delay} s: ranks left"
+    listings = {d: sorted(p.name for p in (tmp_path / f"ck{d}").glob("step-*")) for d, _ in runs}
+    time.sleep(2)
+    assert listings == {d: sorted(p.name for p in (tmp_path / f"ck{d}").glob("step-*")) for d, _ in runs}
+
+
+def test_a_dead_launchers_temporary_folder_is_removed_by_the_next() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid is no one's now
+    stale = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    (stale / LAUNCHER_FILE).write_text(str(dead.pid))
+    (stale / "rank0.pkl").write_bytes(b"left behind")
+    mine = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    (mine / LAUNCHER_FILE).write_text(str(os.getpid()))  # a live launcher's: kept
+    try:
+        assert stale in remove_stale_folders()
+        assert not stale.exists() and mine.is_dir()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _readme_loop(rank: int, world: int, folder: str, stop_file: str, steps: int) -> tuple[int, int, str]:

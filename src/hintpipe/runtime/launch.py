@@ -34,6 +34,7 @@ import datetime
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -189,7 +190,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         )
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
-    with tempfile.TemporaryDirectory(prefix="hintpipe-") as out, _Signals(Path(out) / "stop") as signals:
+    remove_stale_folders()
+    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as out, _Signals(Path(out) / "stop") as signals:
+        (Path(out) / LAUNCHER_FILE).write_text(str(os.getpid()))
         # [Note: every rank its own copy] The arguments travel as plain pickled bytes: torch's
         # process spawning would otherwise move their tensors into shared memory, and every rank
         # would train one and the same parameters (a plan's weights, stepped by each optimizer).
@@ -206,6 +209,36 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
             process.start()
         killed = _watch(processes, signals, timeout_s)
         return _collect(Path(out), world, processes, signals, killed)
+
+
+#: The launcher's temporary folder (results, the stop file) and the file in it that names the launcher.
+FOLDER_PREFIX = "hintpipe-"
+LAUNCHER_FILE = "launcher.pid"
+
+
+def remove_stale_folders() -> list[Path]:
+    """Remove the temporary folders of launchers that died without removing them (SIGKILL, SIGQUIT); their
+    ranks died with them (see :mod:`hintpipe.runtime.rank_entry`). Returns what was removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        try:
+            pid = int((folder / LAUNCHER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not a launcher's folder, or one still being made
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:

@@ -1,6 +1,6 @@
 """Stopping on a signal: finish the step, save, leave; a second signal stops at once.
 
-A preemption (SIGTERM) or a Ctrl-C (SIGINT) may reach every process of the job
+A preemption (SIGTERM), a Ctrl-C (SIGINT) or a dropped session (SIGHUP) may reach every process of the job
 (a terminal sends Ctrl-C to its whole process group; torchrun forwards
 SIGTERM to its workers) or only the launcher (``kill -INT <pid>``). Each rank
 therefore listens for both: its own signals, and a *stop file* that
@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 
 STOP_FILE_ENV = "HINTPIPE_STOP_FILE"
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: What asks a job to stop: Ctrl-C, a preemption, and a dropped terminal or SSH session (SIGHUP reaches the
+#: launcher and its ranks, the session's process group).
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StopRequest:
