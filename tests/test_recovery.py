@@ -8,7 +8,9 @@ that no process or temporary folder is left behind.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -52,13 +54,32 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+FULL_AT = 20_000  # bytes a file may grow to on the rank with a full disk: less than a checkpoint needs
+
+
+def _train_with_a_full_disk(rank: int, world: int, config: Any, full_rank: int, limit: int) -> Any:
+    """Train with files on rank ``full_rank`` limited to ``limit`` bytes (RLIMIT_FSIZE): a write past it fails
+    with EFBIG, as a write to a full disk fails with ENOSPC, for real, in the kernel. The limit is lifted
+    afterwards: the group's later cases write files."""
+    if rank != full_rank:
+        return _train_rank(rank, world, config)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails instead of killing the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        return _train_rank(rank, world, config)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
 @pytest.fixture(scope="module")
 def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The runs that start from nothing, on one spawned group: 6 steps uninterrupted (the baseline the
     resumed runs must equal), 4 of them saved after steps 2 and 4 (the pristine folder the damage tests copy),
     a run with a failing save, a 5-step run keeping 2 checkpoints, and a 4-step MLP run."""
     root = tmp_path_factory.mktemp("first")
-    folders = {name: root / name / "ck" for name in ("four", "failing", "keeps", "mlp")}
+    folders = {name: root / name / "ck" for name in ("four", "failing", "keeps", "mlp", "final", "full")}
     cases = {
         "uninterrupted": Case(_train_rank, (_config(),)),
         "four": Case(_train_rank, (_config(steps=4, checkpoint_dir=str(folders["four"]), checkpoint_every=2),)),
@@ -78,6 +99,11 @@ def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "mlp": Case(
             _train_rank,
             (_config(model=MLP, steps=4, checkpoint_dir=str(folders["mlp"]), checkpoint_every=1, checkpoint_keep=2),),
+        ),
+        "final": Case(_train_rank, (_config(steps=5, checkpoint_dir=str(folders["final"]), checkpoint_every=3),)),
+        "full": Case(
+            _train_with_a_full_disk,
+            (_config(checkpoint_dir=str(folders["full"]), checkpoint_every=2, timeout=120), 1, FULL_AT),
         ),
     }
     return {"folders": folders, "results": run_cases(2, cases, timeout_s=120)}
@@ -169,6 +195,14 @@ def resumed(four_steps: Path, first_runs: dict[str, Any], tmp_path_factory: pyte
     smaller = ModelConfig("mlp", layers=2, hidden=16)
     config = _config(model=smaller, steps=8, checkpoint_dir=str(folders["smaller"]), checkpoint_every=1, resume=True)
     cases["smaller"] = Case(_train_rank, (config,))
+    for name in ("another", "replaced"):  # a fresh run in a folder holding the 4-step run's checkpoints
+        folder = folders[name] = root / name / "ck"
+        shutil.copytree(four_steps, folder)
+        before[name] = _snapshot(folder)
+        config = _config(steps=4, checkpoint_dir=str(folder), checkpoint_every=2, replace_checkpoints=name != "another")
+        cases[name] = Case(_train_rank, (config,))
+    folders["empty"] = root / "empty" / "ck"
+    cases["empty"] = Case(_train_rank, (_config(steps=2, checkpoint_dir=str(folders["empty"]), resume=True),))
     return {"results": run_cases(2, cases, timeout_s=120), "said": said, "folders": folders, "before": before}
 
 
@@ -231,6 +265,50 @@ def test_resuming_with_a_changed_model_is_refused_with_the_originals_intact(resu
     assert _snapshot(folder) == resumed["before"]["smaller"]
 
 
+def test_a_fresh_run_in_another_runs_folder_is_refused_naming_its_checkpoints(resumed: dict[str, Any]) -> None:
+    folder = resumed["folders"]["another"]
+    assert failure_text(resumed["results"]["another"]) == (
+        f"ranks 0, 1: CheckpointError: starting a run in {folder} failed (rank 0: {folder} holds the checkpoints of "
+        "another run (step-00000002, step-00000004): resume that run (--resume), start in another folder, or "
+        "replace them (--replace-checkpoints))"
+    )
+    assert _snapshot(folder) == resumed["before"]["another"]
+
+
+def test_replacing_another_runs_checkpoints_starts_a_new_run(
+    resumed: dict[str, Any], first_runs: dict[str, Any]
+) -> None:
+    folder = resumed["folders"]["replaced"]
+    result = succeeded(resumed["results"]["replaced"])[0]
+    old_run = json.loads(resumed["before"]["replaced"]["run.json"])["run"]
+    new_run = json.loads((folder / "run.json").read_text())["run"]
+    assert new_run != old_run
+    assert {Manifest.read(folder / name).identity.run for name in ("step-00000002", "step-00000004")} == {new_run}
+    # The same 4 steps as the run it replaced: the same parameters, in checkpoints of its own.
+    assert _equal(result.state, succeeded(first_runs["results"]["four"])[0].state)
+    assert _equal(load_merged(folder / "step-00000004"), result.state)
+
+
+def test_resuming_an_empty_folder_starts_a_run_there_and_says_so(resumed: dict[str, Any]) -> None:
+    folder = resumed["folders"]["empty"]
+    result = succeeded(resumed["results"]["empty"])[0]
+    assert (result.resumed_from, result.notes) == (
+        0,
+        (f"{folder} holds no checkpoint to resume: a new run starts there",),
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000002"]
+
+
+def test_the_command_line_refuses_another_runs_folder_before_starting_ranks(four_steps: Path) -> None:
+    argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "2", "--checkpoint-dir", str(four_steps)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"hintpipe train: error: --checkpoint-dir {four_steps} holds the checkpoints of another run (step-00000002, "
+        "step-00000004): resume that run (--resume), start in another folder, or replace them (--replace-checkpoints)"
+    )
+
+
 def test_identity_differences_name_what_changed() -> None:
     saved = RunIdentity({"0.w": [4, 4], "1.w": [4]}, [0, 1], "1f1b", {})
     assert saved.differences(saved) == []
@@ -278,6 +356,24 @@ def test_a_failing_save_ends_both_ranks_at_once(first_runs: dict[str, Any]) -> N
     elapsed = max(r.elapsed for r in results)
     assert elapsed < 120, elapsed  # it ended before the 120 s timeout could have fired (seconds here)
     assert find_checkpoint(folder)[0] == folder / "step-00000002"
+
+
+def test_a_full_disk_ends_every_rank_in_one_line_and_frees_what_it_wrote(first_runs: dict[str, Any]) -> None:
+    folder = first_runs["folders"]["full"]
+    results = first_runs["results"]["full"]
+    assert failure_text(results) == (
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 2 in {folder} failed (rank 1: OSError: [Errno 27] "
+        "File too large)"
+    )
+    assert max(r.elapsed for r in results) < 120  # it ended before the 120 s timeout could have fired
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json"]  # the partial step-00000002.tmp is gone
+
+
+def test_the_last_step_is_saved_whatever_the_interval(first_runs: dict[str, Any]) -> None:
+    result = succeeded(first_runs["results"]["final"])[0]
+    folder = first_runs["folders"]["final"]
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000003", "step-00000005"]
+    assert _equal(load_merged(folder / "step-00000005"), result.state)
 
 
 def test_pruning_waits_for_a_verified_newer_checkpoint(four_steps: Path, tmp_path: Path) -> None:
@@ -380,6 +476,18 @@ def _signalled(folder: Path, signum: int, to_group: bool) -> tuple[subprocess.Po
     return process, err, ranks, time.monotonic() - sent
 
 
+def _folders_of(launcher: int) -> list[Path]:
+    """The temporary folders the launcher ``launcher`` made that still exist (other runs' come and go)."""
+    found = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        try:
+            if (folder / LAUNCHER_FILE).read_text().strip() == str(launcher):
+                found.append(folder)
+        except OSError:
+            continue
+    return found
+
+
 def _check_stopped(process: subprocess.Popen[str], err: str, signum: int, folder: Path) -> int:
     """The run said, in its last line, which checkpoint it saved after which step; returns that step."""
     assert process.returncode == 128 + signum, err
@@ -399,17 +507,15 @@ def test_a_signal_finishes_the_step_saves_and_leaves_nothing_behind(
 ) -> None:
     # SIGTERM to the launcher alone: test_a_run_stopped_by_a_signal_resumes_bitwise. SIGHUP to the launcher and
     # its ranks, as a dropped SSH session sends it to the session's process group, stops the run as SIGTERM does.
-    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
     folder = tmp_path / "ck"
     process, err, ranks, elapsed = _signalled(folder, signum, to_group)
     assert elapsed < 30
     _check_stopped(process, err, signum, folder)
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
-    assert not set(Path(tempfile.gettempdir()).glob("hintpipe-*")) - temporary  # this run left no folder behind
+    assert _folders_of(process.pid) == []  # this run left no temporary folder behind
 
 
 def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
-    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
     folder = tmp_path / "ck"
     # Messages 300 ms late: a step takes seconds, so the second signal comes while the ranks finish theirs.
     process = _launch(folder, 100000, 1, "--variability", "comm:300ms")
@@ -432,17 +538,16 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     assert process.returncode == 128 + signal.SIGINT, err
     assert err.strip().splitlines()[-1] == "hintpipe train: ranks killed after a second SIGINT; nothing more was saved"
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
-    assert not set(Path(tempfile.gettempdir()).glob("hintpipe-*")) - temporary  # this run left no folder behind
+    assert _folders_of(process.pid) == []  # this run left no temporary folder behind
 
 
 def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
-    temporary = set(Path(tempfile.gettempdir()).glob("hintpipe-*"))
     stopped, reference = tmp_path / "stopped", tmp_path / "reference"
     process, err, ranks, elapsed = _signalled(stopped, signal.SIGTERM, to_group=False)
     assert elapsed < 30
     step = _check_stopped(process, err, signal.SIGTERM, stopped)
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
-    assert not set(Path(tempfile.gettempdir()).glob("hintpipe-*")) - temporary  # this run left no folder behind
+    assert _folders_of(process.pid) == []  # this run left no temporary folder behind
     end = str(step + 2)
     for folder, more in ((stopped, ["--resume"]), (reference, [])):
         argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", end, "--json"]
@@ -451,6 +556,27 @@ def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
     final = f"step-{step + 2:08d}"
     assert _equal(load_merged(stopped / final), load_merged(reference / final))
+
+
+def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Path) -> None:
+    # Rank 1 stops itself (SIGSTOP) inside its save of step 2, as a rank does on a frozen disk or a debugger
+    # attaching: rank 0 names it once its heartbeat has been silent for --timeout, and the launcher kills it.
+    folder = tmp_path / "ck"
+    began = time.monotonic()
+    process = _launch(folder, 4, 1, "--faults", "savestop:1:1", "--timeout", "5")
+    _, err = process.communicate(timeout=hang_bound(5.0))
+    elapsed = time.monotonic() - began
+    assert process.returncode == 1, err
+    assert err.strip().splitlines()[-3:] == [
+        "hintpipe train: failed:",
+        f"rank 0: CheckpointError: saving checkpoint step 2 in {folder} failed (rank 1 stopped answering (no sign "
+        "of life for 5 s))",
+        "rank 1: exited without a result (stopped by the launcher)",
+    ], err
+    assert elapsed < 60, elapsed  # start-up, a step, 5 s of silence: seconds, not the default 300 s timeout
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000001"]
+    Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")
+    assert _group(process.pid) == []
 
 
 def _group(pid: int) -> list[int]:

@@ -119,10 +119,19 @@ def progress_bar(label: str, total: int, enabled: bool) -> Iterator[Progress]:
 
 
 def check_writable(path: str, option: str) -> None:
-    """Refuse an output path that cannot be created, before any work is done."""
+    """Refuse an output file that cannot be created, before any work is done (it is created, and removed
+    again if it was not there)."""
     target = Path(path)
     folder = target.parent
     if not folder.is_dir():
         raise ValueError(f"{option} {path}: the folder {folder} does not exist")
     if target.is_dir():
         raise ValueError(f"{option} {path} is a folder; give a file name")
+    existed = target.exists()
+    try:
+        with target.open("a"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {path} cannot be written: {exc.strerror or exc}") from None
+    if not existed:
+        target.unlink()

@@ -164,6 +164,16 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     plan_file = _answered_by_plan(args)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size") if hasattr(args, n)])
     _check_run_options(args, values)
+    data = getattr(args, "data", "synthetic")
+    vocab = 256 if data == "stdlib" else ModelConfig.vocab
+    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=values["seed"], vocab=vocab)
+    seq_len = SeqLenDist.parse(args.seq_len_dist)
+    if model.name != "mlp" and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
+        raise ValueError(
+            f"--seq-len-dist {args.seq_len_dist}: {model.name}'s positions end at {model.max_seq_len - 1} tokens; "
+            f"use a mean of at most {model.max_seq_len - 1}"
+        )
+    _check_memory(values, seq_len.mean if model.name != "mlp" else model.hidden)  # before the hint is built
     hint = build_hint(args)
     dp, tp = values.get("dp", 1), values.get("tp", 1)
     injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
@@ -173,9 +183,6 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             f"--faults names step {max(injection.steps)}, the run has steps 0..{values['steps'] - 1}: it would never "
             "fire"
         )
-    data = getattr(args, "data", "synthetic")
-    vocab = 256 if data == "stdlib" else ModelConfig.vocab
-    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=values["seed"], vocab=vocab)
     if tp > 1 and model.heads % tp:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
     if data == "stdlib" and model.name == "mlp":
@@ -200,7 +207,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         memory_slack=slack,
         device_budget=device_budget,
         activation_budget=None if budgets is None else tuple(budgets),
-        seq_len_dist=SeqLenDist.parse(args.seq_len_dist),
+        seq_len_dist=seq_len,
         variability=tuple(values.get("variability", ())),
         faults=tuple(values.get("faults", ())),
         seed=values["seed"],
@@ -250,17 +257,46 @@ def _check_config(config: TrainConfig, injection: Injection) -> None:
         }
         given = [flag for flag, on in flags.items() if on]
         if given:
-            raise ValueError(f"{' and '.join(given)} need --checkpoint-dir")
+            raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --checkpoint-dir")
     else:
         _check_checkpoint_folder(config)
-    if injection.save_failures and not (config.checkpoint_dir and config.checkpoint_every):
-        raise ValueError("--faults savefail needs --checkpoint-dir and --checkpoint-every")
+    if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
+        raise ValueError("--faults savefail and savestop need --checkpoint-dir and --checkpoint-every")
+
+
+def _available_memory() -> float | None:
+    """Bytes of memory this machine has available now (``MemAvailable``), or None where it cannot tell."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_memory(values: dict[str, Any], length: int) -> None:
+    """Refuse a step whose data alone would take over half of the memory the machine has available: a run
+    that would swap for minutes, and then not stop on a signal until its step ends."""
+    available = _available_memory()
+    if available is None:
+        return
+    microbatches, size = values["microbatches"], values.get("microbatch_size", 4)
+    data = 2 * 8 * microbatches * size * (length + 1)  # inputs and targets, 64-bit ids or floats
+    bookkeeping = 2_000 * 3 * microbatches * values["ranks"]  # a task's records, messages and reports
+    if data + bookkeeping > available / 2:
+        raise ValueError(
+            f"--microbatches {microbatches} x --microbatch-size {size} x {length} tokens: a step's data and "
+            f"bookkeeping take about {format_size(data + bookkeeping)}, over half of the {format_size(available)} "
+            "this machine has available; use fewer or smaller micro-batches"
+        )
 
 
 def _check_checkpoint_folder(config: TrainConfig) -> None:
     """The checkpoint folder, before any rank starts: writable (its parent exists), and for a fresh run free of
     another run's checkpoints unless they are to be replaced."""
-    from hintpipe.runtime.checkpoint.run_folder import check_writable, read_run
+    from hintpipe.runtime.checkpoint.manifest import step_folders
+    from hintpipe.runtime.checkpoint.run_folder import another_run, check_writable, read_run
     from hintpipe.runtime.errors import CheckpointError
 
     assert config.checkpoint_dir is not None
@@ -272,13 +308,9 @@ def _check_checkpoint_folder(config: TrainConfig) -> None:
         owner = read_run(folder)
     except CheckpointError as exc:
         raise ValueError(str(exc)) from None
-    steps = sorted(p.name for p in folder.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
-    if not config.resume and not config.replace_checkpoints and steps and owner is not None:
-        shown = ", ".join(steps[-3:])
-        raise ValueError(
-            f"--checkpoint-dir {folder} holds the checkpoints of another run ({shown}): resume that run "
-            "(--resume), use another folder, or replace them (--replace-checkpoints)"
-        )
+    found = step_folders(folder)
+    if not config.resume and not config.replace_checkpoints and found and owner is not None:
+        raise ValueError(f"--checkpoint-dir {another_run(folder, found)}")
 
 
 def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:

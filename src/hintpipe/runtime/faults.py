@@ -22,6 +22,7 @@ import errno
 import heapq
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -219,14 +220,26 @@ class _FullDisk(FileSystemWriter):
         raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.path))
 
 
+class _Frozen(FileSystemWriter):
+    """A checkpoint writer whose process stops (SIGSTOP) as it starts writing, as a frozen machine would."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return super().write_data(plan, planner)
+
+
 def failing_writer(injection: Injection, rank: int) -> Callable[[str], FileSystemWriter]:
     """The checkpoint writer of ``rank`` (a global rank): the file system's, except for the saves the
-    injection fails (``savefail:RANK:STEP``: the save after step STEP, in a job's first attempt only)."""
+    injection fails (``savefail:RANK:STEP``: the save after step STEP) or stops (``savestop``), in a job's
+    first attempt only."""
     failing = {step + 1 for failed_rank, step in injection.save_failures if failed_rank == rank}
+    stopping = {step + 1 for stopped_rank, step in injection.save_stops if stopped_rank == rank}
     first_attempt = attempt() == 0
 
     def writer(path: str) -> FileSystemWriter:
         done = step_of(Path(path).with_suffix(""))
-        return _FullDisk(path) if first_attempt and done in failing else FileSystemWriter(path)
+        if first_attempt and done in failing:
+            return _FullDisk(path)
+        return _Frozen(path) if first_attempt and done in stopping else FileSystemWriter(path)
 
     return writer

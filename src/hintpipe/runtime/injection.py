@@ -31,6 +31,9 @@ The faults, for tests of failure handling:
 ``nan:STEP``                   the loss of micro-batch 0 in step STEP is NaN
 ``savefail:RANK:STEP``         RANK's checkpoint save after step STEP fails
                                as a full disk would
+``savestop:RANK:STEP``         RANK's process stops (SIGSTOP) inside its
+                               checkpoint save after step STEP, as a frozen
+                               machine would
 =============================  ===============================================
 
 Crashes, hangs and failing saves fire in the first attempt of a job only: an
@@ -71,8 +74,8 @@ from hintpipe.sim.variability import (
 from hintpipe.spec import Spec, SpecError
 
 _VARIABILITY = ("iid", "mb", "mm", "straggler", "comm", "tp")
-_FAULTS = ("crash", "hang", "nan", "savefail")
-_FAULT_USAGE = "crash:RANK:STEP, hang:RANK:STEP, nan:STEP or savefail:RANK:STEP"
+_FAULTS = ("crash", "hang", "nan", "savefail", "savestop")
+_FAULT_USAGE = "crash:RANK:STEP, hang:RANK:STEP, nan:STEP, savefail:RANK:STEP or savestop:RANK:STEP"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +87,14 @@ class Injection:
     hang: tuple[tuple[int, int], ...] = ()
     nan_steps: tuple[int, ...] = ()
     save_failures: tuple[tuple[int, int], ...] = ()  # (rank, step)
+    save_stops: tuple[tuple[int, int], ...] = ()  # (rank, step)
     seed: int = 0
 
     @property
     def steps(self) -> list[int]:
         """The steps the faults fire in."""
-        return [step for _, step in (*self.crash, *self.hang, *self.save_failures)] + list(self.nan_steps)
+        steps = [step for _, step in (*self.crash, *self.hang, *self.save_failures, *self.save_stops)]
+        return steps + list(self.nan_steps)
 
     @classmethod
     def parse(cls, variability: Sequence[str] = (), faults: Sequence[str] = (), seed: int = 0) -> Injection:
@@ -98,7 +103,10 @@ class Injection:
         Raises:
             SpecError: naming the spec and what is wrong with it.
         """
-        return cls(tuple(_variability(text) for text in variability), *_faults(faults), seed=seed)
+        crash, hang, nan_steps, save_failures, save_stops = _faults(faults)
+        return cls(
+            tuple(_variability(text) for text in variability), crash, hang, nan_steps, save_failures, save_stops, seed
+        )
 
     def check(self, ranks: int, stages: int, microbatches: int, tp: int = 1) -> None:
         """Refuse ranks, stages, micro-batches or tensor-parallel members the run does not have."""
@@ -109,7 +117,7 @@ class Injection:
                     f"this run's have {tp}"
                 )
         named = [("crash", r) for r, _ in self.crash] + [("hang", r) for r, _ in self.hang]
-        named += [("savefail", r) for r, _ in self.save_failures]
+        named += [("savefail", r) for r, _ in self.save_failures] + [("savestop", r) for r, _ in self.save_stops]
         for what, rank in named:
             if rank >= ranks:
                 raise SpecError(f"{what} rank {rank} does not exist: the run has ranks 0..{ranks - 1}")
@@ -204,12 +212,19 @@ def _variability(text: str) -> Variability:
     return parse_variability(text, seconds=True)
 
 
-def _faults(
-    specs: Sequence[str],
-) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """The ``--faults`` specs: crashes, hangs, NaN steps and failing saves."""
+_Faults = tuple[
+    tuple[tuple[int, int], ...],
+    tuple[tuple[int, int], ...],
+    tuple[int, ...],
+    tuple[tuple[int, int], ...],
+    tuple[tuple[int, int], ...],
+]
+
+
+def _faults(specs: Sequence[str]) -> _Faults:
+    """The ``--faults`` specs: crashes, hangs, NaN steps, failing saves and stopping saves."""
     kind = "fault"
-    found: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": [], "savefail": []}
+    found: dict[str, list[tuple[int, int]]] = {"crash": [], "hang": [], "savefail": [], "savestop": []}
     nan_steps: list[int] = []
     for text in specs:
         spec = Spec.split(text)
@@ -223,4 +238,5 @@ def _faults(
             nan_steps.append(spec.integer(0, "STEP", kind=kind))
         else:
             raise spec.fail(f"unknown fault {spec.word!r}; use {_FAULT_USAGE}", kind)
-    return tuple(found["crash"]), tuple(found["hang"]), tuple(nan_steps), tuple(found["savefail"])
+    found_nan = tuple(nan_steps)
+    return tuple(found["crash"]), tuple(found["hang"]), found_nan, tuple(found["savefail"]), tuple(found["savestop"])

@@ -54,6 +54,7 @@ from torch.distributed.rendezvous import rendezvous
 
 from hintpipe.device import own_gpu, rank_device
 from hintpipe.options import DeviceChoice
+from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
 from hintpipe.runtime.errors import Interrupted, RankFailure
 from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank
@@ -85,13 +86,15 @@ def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
     use_cuda = device.type == "cuda"
     timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
     store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
+    prefixed = PrefixStore(f"hintpipe/attempt-{attempt()}", store)
     dist.init_process_group(
         backend="cpu:gloo,cuda:nccl" if use_cuda and own_gpu() else "gloo",
-        store=PrefixStore(f"hintpipe/attempt-{attempt()}", store),
+        store=prefixed,
         rank=rank,
         world_size=world,
         timeout=timeout,
     )
+    liveness.start(prefixed, rank, world, timeout_s)  # see [Note: naming a frozen rank]
     return device
 
 
@@ -257,6 +260,10 @@ def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:
         if signalled_at is None and signals.received:
             signalled_at = now
         late_failure = failed_at is not None and now - failed_at > min(timeout_s + 5.0, FAILURE_GRACE_S)
+        # A rank stopped by SIGSTOP cannot notice anything: once a peer has failed and every
+        # rank still alive is stopped, nobody is left to report, so waiting out the grace is waste.
+        if failed_at is not None and all(_stopped(p.pid) for p in processes if p.is_alive()):
+            late_failure = True
         late_stop = signalled_at is not None and now - signalled_at > timeout_s + 10.0
         if signals.at_once or late_stop or late_failure:
             killed = signals.at_once or late_stop
@@ -268,6 +275,15 @@ def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:
     for process in processes:
         process.join(timeout=5.0)
     return killed
+
+
+def _stopped(pid: int | None) -> bool:
+    """Whether a process is stopped (SIGSTOP, SIGTSTP), as /proc says; False where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
 
 
 def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, killed: bool) -> list[Any]:

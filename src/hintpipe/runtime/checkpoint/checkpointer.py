@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.liveness import phase_group
 from hintpipe.runtime.checkpoint.manifest import step_folders
 from hintpipe.runtime.checkpoint.run_folder import claim, read_run
 from hintpipe.runtime.checkpoint.saving import WriterFactory, prune_checkpoints, resume, save_checkpoint
@@ -47,7 +48,7 @@ class Checkpointer:
         self.every = every
         self.keep = keep
         self.hint = hint
-        self.group = group
+        self.group = group if group is not None else phase_group()  # None: torch's default group
         #: Damaged checkpoints the resume skipped, one line each.
         self.skipped: list[str] = []
         #: The last checkpoint this run saved.

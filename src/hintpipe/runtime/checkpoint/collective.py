@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from hintpipe.runtime.checkpoint import liveness
+
 T = TypeVar("T")
 _RANK = re.compile(r"^rank \d+: ")
 
@@ -63,8 +65,15 @@ def together(
         outcome = (True, action())
     except (Exception, CheckpointException) as exc:
         outcome = (False, one_line(exc))
+        silent = liveness.silent_ranks()
+        if silent:  # a rank stopped: it will not come to the meeting either (see [Note: naming a frozen rank])
+            raise error(f"{what} failed ({liveness.describe(silent)})") from None
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, outcome, group=group)
+    try:
+        dist.all_gather_object(gathered, outcome, group=group)
+    except RuntimeError as exc:
+        silent = liveness.silent_ranks()
+        raise error(f"{what} failed ({liveness.describe(silent) if silent else one_line(exc)})") from None
     failed = [(rank, text) for rank, (ok, text) in enumerate(gathered) if not ok]
     if failed:
         # An error that names its rank already (torch's checkpoint errors reach every rank) is said once.

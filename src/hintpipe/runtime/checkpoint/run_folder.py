@@ -55,11 +55,7 @@ def claim(folder: Path, *, replace: bool = False) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     found = step_folders(folder)
     if found and not replace:
-        names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
-        raise CheckpointError(
-            f"{folder} holds the checkpoints of another run ({names}): resume that run (--resume), start in "
-            "another folder, or replace them (--replace-checkpoints)"
-        )
+        raise CheckpointError(another_run(folder, found))
     for old in [*found, *folder.glob("step-*.tmp")]:
         shutil.rmtree(old, ignore_errors=True)
     (folder / LATEST).unlink(missing_ok=True)
@@ -67,6 +63,15 @@ def claim(folder: Path, *, replace: bool = False) -> str:
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     write_synced(folder / RUN_FILE, json.dumps({"run": run, "created": created}))
     return run
+
+
+def another_run(folder: Path, found: list[Path]) -> str:
+    """Why a fresh run cannot start in ``folder``, which holds the checkpoints ``found``, and what to do."""
+    names = ", ".join(sorted(p.name for p in found)[:3]) + (", ..." if len(found) > 3 else "")
+    return (
+        f"{folder} holds the checkpoints of another run ({names}): resume that run (--resume), start in another "
+        "folder, or replace them (--replace-checkpoints)"
+    )
 
 
 def check_writable(folder: Path, flag: str = "--checkpoint-dir") -> None:

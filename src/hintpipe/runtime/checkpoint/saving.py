@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.liveness import phase_group
 from hintpipe.runtime.checkpoint.manifest import (
     CheckpointError,
     DamagedCheckpoint,
@@ -122,6 +123,7 @@ def run_identity(
 ) -> RunIdentity:
     """What this run's checkpoints belong to (call on every rank): the run, every rank's stage tensors and
     their placement."""
+    group = group if group is not None else phase_group()
     own = {f"{s}.{n}": list(t.shape) for s, m in modules.items() for n, t in m.state_dict().items()}
     stages = sorted(modules)
     shares = together(lambda: (own, stages), "comparing the ranks' stages", group=group, error=CheckpointError)
@@ -166,6 +168,7 @@ def save_checkpoint(
     Raises:
         CheckpointError: on every rank, one line naming the rank that failed and why.
     """
+    group = group if group is not None else phase_group()
     root = Path(directory)
     rank = dist.get_rank(group)
     final = root / f"step-{step:08d}"
@@ -183,6 +186,28 @@ def save_checkpoint(
                 shutil.rmtree(stale)
 
     together(prepare, what, group=group, error=CheckpointError)
+    try:
+        return _write(modules, optimizer, step, rank, identity, tmp, final, what, group, storage_writer)
+    except CheckpointError:
+        if rank == 0:  # every rank has left the failed phase: nothing writes there any more
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
+        raise
+
+
+def _write(
+    modules: Mapping[int, nn.Module],
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    rank: int,
+    identity: RunIdentity,
+    tmp: Path,
+    final: Path,
+    what: str,
+    group: dist.ProcessGroup | None,
+    storage_writer: WriterFactory,
+) -> Path:
+    """Write the checkpoint into ``tmp``, vouch for its files and rename it to ``final`` (rank 0)."""
+    root = final.parent
     state = _state(modules, optimizer, step, rank)
     together(
         lambda: dcp_save(state, storage_writer=storage_writer(str(tmp)), process_group=group),
@@ -303,6 +328,7 @@ def load_checkpoint(
     Raises:
         CheckpointError: on every rank, if any rank cannot load its share.
     """
+    group = group if group is not None else phase_group()
     rank = dist.get_rank(group)
     state = _state(modules, optimizer, 0, rank)
     together(
@@ -340,6 +366,7 @@ def resume(
     Raises:
         CheckpointError: on every rank, when the checkpoint belongs to another run or none is usable.
     """
+    group = group if group is not None else phase_group()
     identity = run_identity(modules, hint=hint, group=group, run=run)
     rank = dist.get_rank(group)
     chosen = together(
