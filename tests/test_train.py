@@ -172,7 +172,11 @@ def test_bad_injection_is_refused_naming_the_fix(spec: str, message: str) -> Non
     [
         ("crash:0", "bad fault 'crash:0': expected crash:RANK:STEP"),
         ("nan:x", "bad fault 'nan:x': STEP 'x' is not an integer >= 0"),
-        ("melt:1:1", "bad fault 'melt:1:1': unknown fault 'melt'; use crash:RANK:STEP, hang:RANK:STEP, nan:STEP or"),
+        (
+            "melt:1:1",
+            "bad fault 'melt:1:1': unknown fault 'melt'; use crash:RANK:STEP, hang:RANK:STEP, nan:STEP, "
+            "savefail:RANK:STEP or savestop:RANK:STEP",
+        ),
     ],
 )
 def test_a_bad_fault_is_refused_naming_the_fix(spec: str, message: str) -> None:
