@@ -91,7 +91,10 @@ class RankGraph:
         first[on_rank] = self._at(stage[on_rank] - 1, Kind.B, mb[on_rank])
         if split:
             second[b] = self._at(stage[b], Kind.W, mb[b])
-        #: Per position, the (up to two) positions on this rank its result satisfies, -1 for none.
+        alone = (first < 0) & (second >= 0)
+        first[alone], second[alone] = second[alone], -1
+        #: Per position, the (up to two) positions on this rank its result satisfies, in the order of
+        #: :func:`rules.successors`, -1 for none (the first is -1 only where both are).
         self.successor_positions = (first, second)
 
         delta = np.zeros(n)
@@ -154,6 +157,12 @@ class RankGraph:
         )
 
     @functools.cached_property
+    def successor_lists(self) -> tuple[list[int], list[int]]:
+        """:attr:`successor_positions` as lists, for the scoreboard's hot path."""
+        first, second = self.successor_positions
+        return first.tolist(), second.tolist()
+
+    @functools.cached_property
     def remote(self) -> tuple[tuple[int, Task] | None, ...]:
         """``remote[pos]``: (rank, task) to notify when ``pos`` finishes, or None."""
         return self._links(self.remote_rank, self.remote_key)
@@ -183,3 +192,13 @@ class RankGraph:
             key = int(keys[pos])
             out[pos] = (int(ranks[pos]), Task(key // mbs // 3, kinds[key // mbs % 3], key % mbs))
         return tuple(out)
+
+
+def linked_positions(graphs: Sequence[RankGraph], ranks: IntArray, keys: IntArray) -> IntArray:
+    """The positions, each on its own rank of ``ranks`` (-1: none), of the tasks with these keys:
+    where a rank's links (``remote_rank``, ``remote_key``) or sources point, by position."""
+    out = np.full(len(ranks), -1, dtype=np.int64)
+    for q in np.unique(ranks[ranks >= 0]).tolist():
+        where = ranks == q
+        out[where] = graphs[q].positions(keys[where])
+    return out
