@@ -171,7 +171,7 @@ class Simulator:
         #: The hint's graphs and links; runs under admission by size may run a fitted hint's.
         self.layout = Layout(hint, graphs)
         self._expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
-        self._fitted: tuple[tuple[bytes, tuple[float, ...]], Layout] | None = None
+        self._fitted: tuple[tuple[bytes, tuple[float, ...] | None, float], Layout, list[float]] | None = None
 
     @property
     def graphs(self) -> list[RankGraph]:
@@ -228,23 +228,23 @@ class Simulator:
         return [g.peak + slack * g.unit for g in graphs]
 
     def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[Layout, list[float]]:
-        """The layout a run under admission by size runs: the hint fitted to the budgets, each
-        forward weighted by its size (the last one is kept: a study runs every policy on it)."""
+        """The layout a run under admission by size runs, and its budgets: the hint fitted to them,
+        each forward weighted by its size (the last one is kept: a study runs every policy on it)."""
         weights = self.size_weights(sample)
-        graphs = [RankGraph(self.hint, r, w) for r, w in enumerate(weights)]
-        if budgets is None:
-            budgets = [g.peak + slack * g.unit for g in graphs]
-        key = (b"".join(w.tobytes() for w in weights), tuple(float(b) for b in budgets))
+        given = None if budgets is None else tuple(float(b) for b in budgets)
+        key = (b"".join(w.tobytes() for w in weights), given, slack)
         if self._fitted is not None and self._fitted[0] == key:
-            return self._fitted[1], list(key[1])
-        fitted, orders = fit_hint(self.hint, graphs, budgets)
+            return self._fitted[1], self._fitted[2]
+        graphs = [RankGraph(self.hint, r, w) for r, w in enumerate(weights)]
+        room = list(given) if given is not None else [g.peak + slack * g.unit for g in graphs]
+        fitted, orders = fit_hint(self.hint, graphs, room)
         if fitted is self.hint:
             layout = Layout(fitted, graphs, like=self.layout)
         else:
             pairs = enumerate(zip(weights, orders, strict=True))
             layout = Layout(fitted, [RankGraph(fitted, r, weight[order]) for r, (weight, order) in pairs])
-        self._fitted = (key, layout)
-        return layout, list(key[1])
+        self._fitted = (key, layout, room)
+        return layout, room
 
     # -- a step ------------------------------------------------------------------------------
 
