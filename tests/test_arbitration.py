@@ -7,9 +7,10 @@ import pytest
 
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintError, HintName
-from hintpipe.scoreboard import Policy
+from hintpipe.scoreboard import Policy, Scoreboard
 from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Sample, Simulator, _drive, fixed_order
+from hintpipe.sim.engine import drive, fixed_order
+from hintpipe.sim.simulator import Sample, Simulator
 from hintpipe.sim.variability import CommDelay, parse_variability
 
 LATENCIES = (0.0, 0.05, 0.2, 0.5, 1.0, 2.0)
@@ -71,15 +72,11 @@ def test_the_fixed_order_sweep_times_every_task_as_the_event_loop_does(name: str
     sim = Simulator(hint, CostModel.uniform(hint.num_stages))
     models = [parse_variability("mb:0.5"), parse_variability("comm:0.2:0.2")]
     sample = Sample.draw(hint, sim.cost_model, models, np.random.default_rng(4))
-    cost = [
-        sample.costs[[t.stage for t in ts], [t.mb for t in ts], [int(t.kind) for t in ts]].tolist() for ts in hint.ranks
-    ]
-    delay = [
-        sample.delays[[t.stage for t in ts], [t.mb for t in ts], [int(t.kind) for t in ts]].tolist()
-        for ts in hint.ranks
-    ]
-    swept = fixed_order(cost, delay, sim.sources)
+    cost = [sample.costs[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.ranks]
+    delay = [sample.delays[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.ranks]
+    layout = sim.layout
+    swept = fixed_order(cost, delay, layout.source_rank, layout.source_pos)
     assert swept is not None
-    boards = sim._scoreboards(Policy.FIXED)
-    starts, ends, _ = _drive(boards, cost, delay, sim.links, notices=False)
+    boards = [Scoreboard(graph, Policy.FIXED) for graph in sim.graphs]
+    starts, ends, _ = drive(boards, cost, delay, layout.link_rank, layout.link_pos, notices=False)
     assert swept == (starts, ends)

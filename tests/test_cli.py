@@ -96,6 +96,20 @@ def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_admission_by_size_holds_a_sorted_order_to_the_given_orders_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["simulate", "--ranks", "8", "--microbatches", "32", "--hint", "bfw", "--variability", "mb:0.5"]
+    common += ["--microbatch-order", "shortest-first", "--device-budget", "--trials", "3", "--compare"]
+    by_size = run_json(capsys, *common, "--admission", "size")
+    by_slots = run_json(capsys, *common)
+    assert by_size["admission"] == "size"
+    for policy in ("fixed", "greedy", "ready"):
+        held, room = by_size[policy]["peak_live_size"], by_size[policy]["budget_size"]
+        assert all(h <= b for h, b in zip(held, room, strict=True))
+        assert by_size[policy]["lower_bound"] <= by_size[policy]["memory_bound"] <= by_size[policy]["makespan"]
+    assert by_slots["ready"]["peak_live_slots"][0] == 8  # slots: as many micro-batches as fixed 1F1B's busiest
+    assert "peak_live_size" not in by_slots["ready"]
+
+
 def test_hint_from_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "zb.csv"
     save_hint_csv(generate_hint("zb-h1", 4, 8), path)

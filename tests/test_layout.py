@@ -31,6 +31,11 @@ TORCH_FREE = [
     "hintpipe.options",
     "hintpipe.schedule.resolve",
     "hintpipe.schedule.rank_graph",
+    "hintpipe.schedule.task_list",
+    "hintpipe.schedule.fit",
+    "hintpipe.sim.engine",
+    "hintpipe.sim.layout",
+    "hintpipe.sim.bounds",
     "hintpipe.apps.model_config",
     "hintpipe.cli",
 ]

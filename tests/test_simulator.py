@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -254,3 +255,56 @@ def test_multimodal_rho_correlates_encoder_and_decoder() -> None:
 def test_bad_multimodal_specs(spec: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         parse_variability(spec)
+
+
+#: sha256 (first 16 hex digits) of every task's start and end, the makespan, the lower bound, the peaks and the
+#: busy times of 144 seeded runs per hint (every policy, room and notice setting under six variability models),
+#: recorded with the simulator of commit 8fcad0e, before hints became arrays and fixed order a sweep without
+#: scoreboards. A change to any of those floats changes the digest.
+BEFORE_THE_REWRITE = {
+    ("gpipe", 2, 6, 12, False): "9add034772bfed71",
+    ("1f1b", 1, 6, 12, False): "eaa406a1e1df5378",
+    ("interleaved-1f1b", 2, 6, 12, False): "c15c3bf5a2b88654",
+    ("zb-h1", 1, 6, 12, False): "58a78540fab5b722",
+    ("zbv", 2, 6, 12, False): "926949a60179ace3",
+    ("bf", 1, 6, 12, False): "eaa406a1e1df5378",
+    ("bfw", 1, 6, 12, False): "0d5ea4356a04c88a",
+    ("bfw", 2, 6, 12, False): "95b79c3cd690f601",
+    ("1f1b", 1, 16, 48, False): "21034f750439b66b",
+    ("1f1b", 1, 5, 10, True): "16f016608f856411",
+    ("bfw", 1, 16, 48, False): "3b63f9456f455a69",
+    ("bfw", 1, 5, 10, True): "a61f60060d83b23d",
+    ("zbv", 2, 16, 48, False): "95382620aef31cf9",
+    ("zbv", 2, 5, 10, True): "f92be11482869e0d",
+}
+
+
+def _digest(name: str, chunks: int, ranks: int, microbatches: int, activation: bool) -> str:
+    hint = generate_hint(name, ranks, microbatches, chunks)
+    stages = hint.num_stages
+    sized = {
+        "activation": [100.0 + s for s in range(stages)],
+        "microbatch_scale": [0.5 + (i % 3) / 2 for i in range(microbatches)],
+    }
+    costs = CostModel.uniform(stages, forward=[1 + 0.1 * s for s in range(stages)], **(sized if activation else {}))
+    sim = Simulator(hint, costs)
+    digest = hashlib.sha256()
+    for trial, spec in enumerate(["iid:0.3", "mb:0.5", "mm:1.0:0.5", "straggler:3", "comm:0.2:0.2", "tp:2:0.2:0.05"]):
+        sample = Sample.draw(hint, costs, [parse_variability(spec)], np.random.default_rng(trial))
+        for policy in Policy:
+            for room in ({}, {"slack": 2.0}, {"budgets": sim.device_budgets(0.0)}):
+                for notices in (True, False):
+                    res = sim.run(policy, sample, notices=notices, **room)
+                    for r in range(hint.num_ranks):
+                        digest.update(np.asarray(res.starts[r], dtype=np.float64).tobytes())
+                        digest.update(np.asarray(res.ends[r], dtype=np.float64).tobytes())
+                    fields = [res.makespan, res.lower_bound, *res.peak_live, *res.busy]
+                    digest.update(np.asarray(fields, dtype=np.float64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("case", list(BEFORE_THE_REWRITE))
+def test_seeded_runs_are_bitwise_those_of_the_simulator_before_its_rewrite(
+    case: tuple[str, int, int, int, bool],
+) -> None:
+    assert _digest(*case) == BEFORE_THE_REWRITE[case]

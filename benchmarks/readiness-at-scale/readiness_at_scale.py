@@ -5,7 +5,10 @@ configuration on it: hints x orders x policies x budgets. Speedups are over fixe
 in the given order on the same trial's work; memory is compared with fixed 1F1B's busiest rank,
 in slots and weighted by each micro-batch's known size (activations grow with sequence length and
 image count, so an order that keeps the longest micro-batches in flight together needs more memory
-in the same number of slots).
+in the same number of slots). The ``size`` budget admits by size (each micro-batch weighted by its
+known size) within exactly fixed 1F1B's busiest rank's size-weighted peak in the given order, and
+runs the hint fitted to it (fixed order too); every cell also gives the lower bound at its memory
+(:func:`hintpipe.sim.bounds.memory_bound`) as the largest speedup it allows.
 All figures are simulated (cost units, F = B = W = 1), not measured training time.
 """
 
@@ -23,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
@@ -41,8 +43,10 @@ VARIABILITY = {
     "straggler:3": ["straggler:3"],
     "comm:0.2:0.2": ["comm:0.2:0.2"],
 }
-#: Budget name -> headroom over the busiest rank's peak (None: each rank its own peak).
+#: Budget name -> headroom over the busiest rank's peak (None: each rank its own peak), all in slots.
 BUDGETS: dict[str, float | None] = {"rank": None, "device": 0.0, "device+25%": 0.25}
+#: Admission by size within fixed 1F1B's busiest rank's size-weighted peak in the given order, per trial.
+SIZE = "size"
 
 
 @dataclasses.dataclass
@@ -55,56 +59,61 @@ class Cell:
     efficiency: list[float] = dataclasses.field(default_factory=list)
     peak: float = 0.0  # the most any rank held in any trial (slots)
     sized_peaks: list[float] = dataclasses.field(default_factory=list)  # size-weighted, over fixed 1F1B given's
+    bounds: list[float] = dataclasses.field(default_factory=list)  # the largest speedup the bound at its memory allows
 
 
-Positions = list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]
-
-
-def positions(hint: Hint) -> Positions:
-    """Per rank: the hint positions of its forwards and their micro-batches, and of the tasks that release
-    their activations (``W`` when the backward is split, else ``B``) and theirs."""
+def sized_peak(result: SimResult, sizes: np.ndarray[Any, Any]) -> float:
+    """The most any rank held at once, each micro-batch weighted by its known size (releases first at a tie),
+    read off the timeline of the hint that ran (under admission by size, the hint fitted to the budget)."""
+    hint = result.hint
     release = Kind.W if hint.split_backward else Kind.B
-    out: Positions = []
-    for tasks in hint.ranks:
-        kinds = np.array([int(t.kind) for t in tasks])
-        mbs = np.array([t.mb for t in tasks])
-        forward, freed = np.flatnonzero(kinds == int(Kind.F)), np.flatnonzero(kinds == int(release))
-        out.append((forward, mbs[forward], freed, mbs[freed]))
-    return out
-
-
-def sized_peak(where: Positions, result: SimResult, sizes: np.ndarray[Any, Any]) -> float:
-    """The most any rank held at once, each micro-batch weighted by its known size (releases first at a tie)."""
     best = 0.0
-    for rank, (forward, forward_mb, freed, freed_mb) in enumerate(where):
+    for rank, tasks in enumerate(hint.ranks):
+        forward, freed = np.flatnonzero(tasks.kind == Kind.F), np.flatnonzero(tasks.kind == release)
         starts, ends = np.asarray(result.starts[rank]), np.asarray(result.ends[rank])
         times = np.concatenate([starts[forward], ends[freed]])
-        deltas = np.concatenate([sizes[forward_mb], -sizes[freed_mb]])
+        deltas = np.concatenate([sizes[tasks.mb[forward]], -sizes[tasks.mb[freed]]])
         order = np.lexsort((deltas, times))
         best = max(best, float(np.cumsum(deltas[order]).max(initial=0.0)))
     return best
 
 
-def configurations(orders: list[str]) -> list[tuple[str, str, str, str]]:
+def _slots(result: SimResult) -> float:
+    """The most micro-batches any rank held at once, read off the timeline."""
+    return sized_peak(result, np.ones(result.hint.num_microbatches))
+
+
+def configurations(orders: list[str], budgets: list[str], hints: list[str]) -> list[tuple[str, str, str, str]]:
     rows = []
-    for hint in HINTS:
+    for hint in hints:
         for order in orders:
             rows.append((hint, order, "fixed", "rank"))
+            if SIZE in budgets:
+                rows.append((hint, order, "fixed", SIZE))
             for policy in ("greedy", "ready"):
-                for budget in BUDGETS:
+                for budget in budgets:
                     rows.append((hint, order, policy, budget))
     return rows
 
 
-def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: list[str], seed: int) -> dict[str, Any]:
-    hints = {h: generate_hint(h, ranks, microbatches) for h in HINTS}
-    where = {h: positions(hint) for h, hint in hints.items()}
+def study(
+    ranks: int,
+    microbatches: int,
+    trials: int,
+    orders: list[str],
+    names: list[str],
+    budget_names: list[str],
+    hint_names: list[str],
+    seed: int,
+) -> dict[str, Any]:
+    hints = {h: generate_hint(h, ranks, microbatches) for h in hint_names}
     sims = {h: Simulator(hint, CostModel.uniform(hint.num_stages)) for h, hint in hints.items()}
-    budgets = {
-        (h, b): (sims[h].budgets() if headroom is None else sims[h].device_budgets(headroom))
-        for h in HINTS
-        for b, headroom in BUDGETS.items()
-    }
+    slots = [b for b in budget_names if b != SIZE]
+    budgets = {}
+    for h in hint_names:
+        for b in slots:
+            headroom = BUDGETS[b]
+            budgets[(h, b)] = sims[h].budgets() if headroom is None else sims[h].device_budgets(headroom)
     baseline_peak = max(g.peak for g in sims["1f1b"].graphs)
     cells: dict[tuple[str, str, str, str, str], Cell] = defaultdict(Cell)
     began = time.perf_counter()
@@ -114,8 +123,11 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
             trial_seed = (seed, trial)
             base = None
             base_sized = 1.0
-            for h in HINTS:
+            by_size: list[float] = []  # fixed 1F1B's busiest rank by size, given order: every rank's budget
+            for h in hint_names:
                 drawn = Sample.draw(hints[h], sims[h].cost_model, models, np.random.default_rng(trial_seed))
+                if h == "1f1b":
+                    by_size = sims[h].size_budgets(drawn, device_budget=0.0)
                 for order in orders:
                     sample = drawn.ordered(order)
                     sizes = sample.sizes if sample.sizes is not None else np.ones(microbatches)
@@ -123,19 +135,30 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
                     if base is None:
                         assert h == "1f1b" and order == "given"
                         base = fixed.makespan
-                        base_sized = sized_peak(where[h], fixed, sizes)
+                        base_sized = sized_peak(fixed, sizes)
                     results = [("fixed", "rank", fixed)]
+                    if SIZE in budget_names:
+                        results.append(
+                            ("fixed", SIZE, sims[h].run(Policy.FIXED, sample, budgets=by_size, admission=SIZE))
+                        )
                     for policy in (Policy.GREEDY, Policy.READY):
-                        for b in BUDGETS:
-                            results.append((policy.value, b, sims[h].run(policy, sample, budgets=budgets[(h, b)])))
+                        for b in budget_names:
+                            if b == SIZE:
+                                run = sims[h].run(policy, sample, budgets=by_size, admission=SIZE)
+                            else:
+                                run = sims[h].run(policy, sample, budgets=budgets[(h, b)])
+                            results.append((policy.value, b, run))
+                    same_hint_fixed = {b: r.makespan for p, b, r in results if p == "fixed"}
                     for policy_name, b, result in results:
                         cell = cells[(name, h, order, policy_name, b)]
                         cell.makespans.append(result.makespan)
                         cell.speedups.append(base / result.makespan)
-                        cell.vs_fixed.append(fixed.makespan / result.makespan)
+                        # ready and greedy against fixed on the same hint (fitted to the same budget under size)
+                        cell.vs_fixed.append(same_hint_fixed[SIZE if b == SIZE else "rank"] / result.makespan)
                         cell.efficiency.append(result.efficiency)
-                        cell.peak = max(cell.peak, max(result.peak_live))
-                        cell.sized_peaks.append(sized_peak(where[h], result, sizes) / base_sized)
+                        cell.peak = max(cell.peak, max(result.peak_live) if b != SIZE else _slots(result))
+                        cell.sized_peaks.append(sized_peak(result, sizes) / base_sized)
+                        cell.bounds.append(base / result.memory_bound)
             print(
                 f"  {ranks}x{microbatches} {name} trial {trial + 1}/{trials} ({time.perf_counter() - began:.0f} s)",
                 file=sys.stderr,
@@ -145,6 +168,8 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
         "microbatches": microbatches,
         "trials": trials,
         "orders": orders,
+        "budgets": budget_names,
+        "hints": hint_names,
         "baseline_peak": baseline_peak,
         "seconds": time.perf_counter() - began,
         "cells": [
@@ -161,6 +186,7 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
                 "efficiency": float(np.mean(c.efficiency)),
                 "peak_slots": c.peak,
                 "sized_peak": float(np.max(c.sized_peaks)),
+                "bound_speedup": float(np.mean(c.bounds)),
             }
             for key, c in cells.items()
         ],
@@ -169,6 +195,7 @@ def study(ranks: int, microbatches: int, trials: int, orders: list[str], names: 
 
 def markdown(result: dict[str, Any], names: list[str]) -> str:
     by = {(c["variability"], c["hint"], c["order"], c["policy"], c["budget"]): c for c in result["cells"]}
+    rows = configurations(result["orders"], result.get("budgets", list(BUDGETS)), result.get("hints", list(HINTS)))
     lines = [
         f"**{result['ranks']} ranks x {result['microbatches']} micro-batches, {result['trials']} trials: "
         f"speedup over fixed 1F1B in the given order (mean of per-trial ratios); peak: the most any rank held "
@@ -179,24 +206,57 @@ def markdown(result: dict[str, Any], names: list[str]) -> str:
         "| hint | order | policy | budget | " + " | ".join(names) + " | peak | by size | eff. (mb:0.5) |",
         "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: | ---: |",
     ]
-    for hint, order, policy, budget in configurations(result["orders"]):
+    for hint, order, policy, budget in rows:
         cells = [by[(n, hint, order, policy, budget)] for n in names]
         peak = max(c["peak_slots"] for c in cells)
         eff = by.get(("mb:0.5", hint, order, policy, budget))
         efficiency = f"{eff['efficiency']:.3f}" if eff else ""
         lines.append(
-            f"| {hint} | {order} | {policy} | {budget if policy != 'fixed' else '-'} | "
+            f"| {hint} | {order} | {policy} | {_budget(policy, budget)} | "
             + " | ".join(f"{c['speedup']:.2f}x" for c in cells)
             + f" | {peak:g} | {_sized(cells)} | {efficiency} |"
         )
-    worst = min((c for c in result["cells"] if c["policy"] == "ready"), key=lambda c: c["worst_vs_fixed_same_hint"])
-    lines += [
-        "",
-        f"Worst `ready` trial against `fixed` on the same hint, order and work: "
-        f"{worst['worst_vs_fixed_same_hint']:.4f}x ({worst['hint']}, {worst['order']}, {worst['budget']}, "
-        f"{worst['variability']}); worst cell mean "
-        + "{:.4f}x".format(min(c["vs_fixed_same_hint"] for c in result["cells"] if c["policy"] == "ready")),
-    ]
+    lines += ["", _worst(result)]
+    if all("bound_speedup" in c for c in result["cells"]):
+        lines += [
+            "",
+            f"**{result['ranks']} x {result['microbatches']}: the largest speedup over fixed 1F1B the lower bound at "
+            "each configuration's memory allows (mean over trials; the bound: the busiest rank's work, a "
+            "micro-batch's critical path, or what holding each micro-batch for its chain takes in that memory)**",
+            "",
+            "| hint | order | policy | budget | " + " | ".join(names) + " |",
+            "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " |",
+        ]
+        for hint, order, policy, budget in rows:
+            cells = [by[(n, hint, order, policy, budget)] for n in names]
+            lines.append(
+                f"| {hint} | {order} | {policy} | {_budget(policy, budget)} | "
+                + " | ".join(f"{c['bound_speedup']:.2f}x" for c in cells)
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def _budget(policy: str, budget: str) -> str:
+    return budget if policy != "fixed" or budget == SIZE else "-"
+
+
+def _worst(result: dict[str, Any]) -> str:
+    """The worst ``ready`` trial and cell against ``fixed`` on the same hint, order and work, in slots and by
+    size (there ``fixed`` runs the hint fitted to the same budget)."""
+    lines = []
+    for label, by_size in (("budgets in slots", False), ("admission by size", True)):
+        ready = [c for c in result["cells"] if c["policy"] == "ready" and (c["budget"] == SIZE) == by_size]
+        if not ready:
+            continue
+        worst = min(ready, key=lambda c: c["worst_vs_fixed_same_hint"])
+        mean = min(ready, key=lambda c: c["vs_fixed_same_hint"])
+        lines.append(
+            f"Worst `ready` against `fixed` on the same hint, order and work, {label}: one trial "
+            f"{worst['worst_vs_fixed_same_hint']:.4f}x ({worst['hint']}, {worst['order']}, {worst['budget']}, "
+            f"{worst['variability']}); a cell's mean {mean['vs_fixed_same_hint']:.4f}x ({mean['hint']}, "
+            f"{mean['order']}, {mean['budget']}, {mean['variability']})."
+        )
     return "\n".join(lines)
 
 
@@ -206,7 +266,7 @@ def _sized(cells: list[dict[str, Any]]) -> str:
 
 
 def headline(result: dict[str, Any], names: list[str], best: str) -> str:
-    """The levers one at a time and together, as the issue's table lists them."""
+    """The levers one at a time and together, then the same at fixed 1F1B's memory counted by size."""
     by = {(c["variability"], c["hint"], c["order"], c["policy"], c["budget"]): c for c in result["cells"]}
     rows = [
         ("1f1b", "given", "fixed", "rank"),
@@ -222,19 +282,31 @@ def headline(result: dict[str, Any], names: list[str], best: str) -> str:
         ("bfw", best, "ready", "device+25%"),
         ("1f1b", "balanced", "fixed", "rank"),
         ("bfw", "balanced", "ready", "device"),
+        ("bfw", "given", "ready", SIZE),
+        ("zb-h1", "given", "ready", SIZE),
     ]
+    for order in result["orders"][1:]:
+        rows += [("bfw", order, "fixed", SIZE), ("bfw", order, "ready", SIZE), ("zb-h1", order, "ready", SIZE)]
+    bounded = [n for n in ("mb:0.5", "mm:1.0:0.5") if n in names]
     lines = [
-        "| hint | order | policy | budget | " + " | ".join(names) + " | peak | by size |",
-        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " | ---: | ---: |",
+        "| hint | order | policy | budget | "
+        + " | ".join(names)
+        + " | peak | by size | "
+        + " | ".join(f"bound {n}" for n in bounded)
+        + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---:" for _ in [*names, "", "", *bounded]) + " |",
     ]
     for hint, order, policy, budget in rows:
         cells = [by[(n, hint, order, policy, budget)] for n in names if (n, hint, order, policy, budget) in by]
         if len(cells) != len(names):
             continue
+        bounds = [by[(n, hint, order, policy, budget)].get("bound_speedup") for n in bounded]
         lines.append(
-            f"| {hint} | {order} | {policy} | {budget if policy != 'fixed' else '-'} | "
+            f"| {hint} | {order} | {policy} | {_budget(policy, budget)} | "
             + " | ".join(f"{c['speedup']:.2f}x" for c in cells)
-            + f" | {max(c['peak_slots'] for c in cells):g} | {_sized(cells)} |"
+            + f" | {max(c['peak_slots'] for c in cells):g} | {_sized(cells)} | "
+            + " | ".join("-" if b is None else f"{b:.2f}x" for b in bounds)
+            + " |"
         )
     return "\n".join(lines)
 
@@ -251,6 +323,12 @@ def main() -> None:
         help="comma-separated micro-batch orders, given first (default given,longest-first,shortest-first,balanced)",
     )
     parser.add_argument("--variability", default=",".join(VARIABILITY), help="comma-separated names of VARIABILITY")
+    parser.add_argument("--hints", default=",".join(HINTS), help="comma-separated hints, 1f1b first")
+    parser.add_argument(
+        "--budgets",
+        default=",".join([*BUDGETS, SIZE]),
+        help=f"comma-separated budgets: {', '.join(BUDGETS)} (slots) and {SIZE} (default all)",
+    )
     parser.add_argument("--best", default="shortest-first", help="the order the headline table shows as the best")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")
     parser.add_argument("--from-json", metavar="FILE", help="print the tables of an earlier run's JSON")
@@ -263,7 +341,14 @@ def main() -> None:
         orders = [MicrobatchOrder.parse(o).value for o in args.orders.split(",")]
         if orders[0] != "given":
             parser.error("--orders must start with given (the baseline's order)")
-        result = study(args.ranks, args.microbatches, args.trials, orders, names, args.seed)
+        hints = args.hints.split(",")
+        if hints[0] != "1f1b":
+            parser.error("--hints must start with 1f1b (the baseline)")
+        budget_names = args.budgets.split(",")
+        unknown = set(budget_names) - {*BUDGETS, SIZE}
+        if unknown:
+            parser.error(f"unknown budgets {sorted(unknown)}: choose from {', '.join([*BUDGETS, SIZE])}")
+        result = study(args.ranks, args.microbatches, args.trials, orders, names, budget_names, hints, args.seed)
         result["environment"] = {
             "python": platform.python_version(),
             "numpy": np.__version__,

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hintpipe.choice import Choice
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
@@ -309,6 +310,16 @@ OPTIONS: Mapping[str, Option] = {
             "hold more activation memory (benchmarks/readiness-at-scale)",
             choices=MicrobatchOrder,
             commands=_RUN,
+        ),
+        Option(
+            "admission",
+            "choice",
+            AdmissionUnit.SLOTS,
+            "what admission counts a micro-batch as: one slot (slots), or its known size (size), so that a sorted "
+            "order runs within the memory the given order needs (the hint then runs fitted to that budget)",
+            choices=AdmissionUnit,
+            commands=frozenset({"simulate"}),
+            pipeline=False,
         ),
         Option(
             "device",

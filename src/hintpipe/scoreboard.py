@@ -26,10 +26,20 @@ import numpy as np
 
 from hintpipe.choice import Choice
 from hintpipe.schedule import rules
+from hintpipe.schedule.fit import BudgetError
 from hintpipe.schedule.rank_graph import RankGraph
-from hintpipe.schedule.task import Task
+from hintpipe.schedule.task import Kind, Task
 
-__all__ = ["PATIENCE_TOLERANCE", "BudgetError", "Policy", "RankGraph", "RankPlan", "Scoreboard", "device_budgets"]
+__all__ = [
+    "PATIENCE_TOLERANCE",
+    "BudgetError",
+    "Policy",
+    "RankGraph",
+    "RankPlan",
+    "Scoreboard",
+    "device_budgets",
+    "rank_budget",
+]
 
 
 class Policy(Choice):
@@ -115,10 +125,6 @@ class RankPlan:
         )
 
 
-class BudgetError(ValueError):
-    """A memory budget below what the hint itself needs."""
-
-
 def device_budgets(peaks: Sequence[float], device_budget: float = 0.0) -> list[float]:
     """Per-device budgets: every rank may hold what the hint's busiest rank holds.
 
@@ -139,6 +145,23 @@ def device_budgets(peaks: Sequence[float], device_budget: float = 0.0) -> list[f
         raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25 for 25% more), got {device_budget!r}")
     room = max(peaks, default=0.0) * (1.0 + device_budget)
     return [room] * len(peaks)
+
+
+def rank_budget(graph: RankGraph, budget: float | None) -> float:
+    """A rank's budget: ``budget``, or the hint's own peak when ``None``.
+
+    Raises:
+        BudgetError: if ``budget`` is below the hint's own peak on the rank.
+    """
+    if budget is None:
+        return graph.peak
+    if budget < graph.peak:
+        raise BudgetError(
+            f"memory budget {budget:g} on rank {graph.rank} is below the hint's own peak "
+            f"{graph.peak:g}; raise the budget or choose a hint that holds fewer "
+            "micro-batches in flight"
+        )
+    return float(budget)
 
 
 class Scoreboard:
@@ -189,24 +212,14 @@ class Scoreboard:
         self.rank = rank = graph.rank
         self.policy = policy
         self.tasks = graph.tasks
-        self.index = graph.index
-        self.remote = graph.remote
         n = len(self.tasks)
         need = list(graph.need)
         self._need = need
-        self._local = graph.local
+        self._first, self._second = graph.successor_lists
         self._delta = graph.delta
         self._projected = list(graph.projected)
         self.hint_peak = graph.peak
-        if budget is None:
-            budget = self.hint_peak
-        elif budget < self.hint_peak:
-            raise BudgetError(
-                f"memory budget {budget:g} on rank {rank} is below the hint's own peak "
-                f"{self.hint_peak:g}; raise the budget or choose a hint that holds fewer "
-                "micro-batches in flight"
-            )
-        self.budget = float(budget)
+        self.budget = rank_budget(graph, budget)
         if plan is not None and len(plan.due) != n:
             raise ValueError(f"the plan has {len(plan.due)} tasks, rank {rank} has {n}")
         self._plan = plan if policy is Policy.READY else None
@@ -221,7 +234,7 @@ class Scoreboard:
             producer = plan.producer_cost if plan.producer_cost else (0.0,) * n
             if sizes is None:
                 self._expected = plan.expected
-                self.lead = [c + plan.latency for c in producer]
+                self.lead = (np.asarray(producer, dtype=float) + plan.latency).tolist()
             else:
                 if len(sizes) != self.hint.num_microbatches:
                     raise ValueError(f"{len(sizes)} sizes for {self.hint.num_microbatches} micro-batches")
@@ -246,10 +259,21 @@ class Scoreboard:
         # path and need no queue; every other ready task waits in a heap.
         self._queue_ready = policy is not Policy.FIXED
         if self._queue_ready:  # ascending lists are heaps already
-            ready = [i for i, left in enumerate(need) if left == 0 and i > 0]
-            is_f = self._is_f
-            self._heap_f = [i for i in ready if is_f[i]]
-            self._heap_bw = [i for i in ready if not is_f[i]]
+            ready = graph.need_array == 0
+            ready[:1] = False
+            forward = graph.tasks.kind == Kind.F
+            self._heap_f = np.flatnonzero(ready & forward).tolist()
+            self._heap_bw = np.flatnonzero(ready & ~forward).tolist()
+
+    @property
+    def index(self) -> dict[Task, int]:
+        """Each task's position in the rank's hint."""
+        return self.graph.index
+
+    @property
+    def remote(self) -> Sequence[tuple[int, Task] | None]:
+        """``remote[pos]``: the ``(rank, task)`` on another rank that the task at ``pos`` feeds, or None."""
+        return self.graph.remote
 
     # -- events -------------------------------------------------------------
 
@@ -347,6 +371,12 @@ class Scoreboard:
         on another rank that this result unblocks (the driver sends it there),
         or ``None``.
         """
+        self.complete(pos, now)
+        return self.graph.remote[pos]
+
+    def complete(self, pos: int, now: float) -> None:
+        """:meth:`finish` without its answer, for a driver that knows where each result goes by
+        position (the simulator's links): it never builds the ``(rank, task)`` pairs."""
         self.finished[pos] = True
         self._end_time[pos] = now
         self.remaining -= 1
@@ -354,12 +384,18 @@ class Scoreboard:
         if d < 0:
             self.live += d
         need = self._need
-        for nxt in self._local[pos]:
+        nxt = self._first[pos]
+        if nxt >= 0:  # the (up to two) local successors, unrolled: the simulator's hot path
             left = need[nxt] - 1
             need[nxt] = left
             if left == 0 and self._queue_ready and nxt != self.next:
                 heapq.heappush(self._heap_f if self._is_f[nxt] else self._heap_bw, nxt)
-        return self.remote[pos]
+            nxt = self._second[pos]
+            if nxt >= 0:
+                left = need[nxt] - 1
+                need[nxt] = left
+                if left == 0 and self._queue_ready and nxt != self.next:
+                    heapq.heappush(self._heap_f if self._is_f[nxt] else self._heap_bw, nxt)
 
     # -- decision -----------------------------------------------------------
 

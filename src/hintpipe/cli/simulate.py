@@ -20,10 +20,10 @@ from hintpipe.cli.common import (
 )
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import Summary, run_study
 from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Simulator
 from hintpipe.sim.variability import parse_variability
 
 HELP = "simulate a schedule and policy on a virtual clock"
@@ -36,6 +36,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--compare", action="store_true", help="run fixed, greedy and ready on the same samples")
     add_option(parser, "variability")
     add_option(parser, "microbatch_order")
+    add_option(parser, "admission")
     add_room_arguments(parser, activation_unit="slots, or bytes such as 2GiB when the cost model has sizes")
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
     parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
@@ -52,14 +53,14 @@ def run(args: argparse.Namespace) -> int:
             check_writable(getattr(args, option), f"--{option}")
     if args.trials < 1:
         raise ValueError(f"--trials must be at least 1, got {args.trials}")
-    values = checked(args, ["seed", "policy", "microbatch_order"])
+    values = checked(args, ["seed", "policy", "microbatch_order", "admission"])
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
     slack, budgets, device_budget = room(args, hint.num_ranks)
-    if device_budget is not None:
-        budgets = Simulator(hint, cost_model or CostModel.uniform(hint.num_stages)).device_budgets(device_budget)
+    by_size = values["admission"] is AdmissionUnit.SIZE
     in_bytes = cost_model is not None and cost_model.activation is not None
+    unit = "bytes" if in_bytes else "size" if by_size else "slots"
     policy: Policy = values["policy"]
     policies = list(Policy) if args.compare else [policy]
     with progress_bar("simulating", args.trials, enabled=not args.json and args.trials > 1) as bar:
@@ -72,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
             seed=values["seed"],
             slack=slack,
             budgets=budgets,
+            device_budget=device_budget,
             order=values["microbatch_order"],
+            admission=values["admission"],
             on_trial=lambda _: bar.advance(bar.task_ids[0]),
         )
     shown = summaries.get(policy, summaries[policies[-1]])
@@ -88,11 +91,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         if args.compare:
-            payload: dict[str, Any] = {p.value: s.to_json(in_bytes) for p, s in summaries.items()}
+            payload: dict[str, Any] = {p.value: s.to_json(unit) for p, s in summaries.items()}
             payload["speedup"] = summaries[Policy.FIXED].makespan / summaries[Policy.READY].makespan
             payload["speedup_greedy"] = summaries[Policy.FIXED].makespan / summaries[Policy.GREEDY].makespan
         else:
-            payload = shown.to_json(in_bytes) | {"policy": shown.policy.value}
+            payload = shown.to_json(unit) | {"policy": shown.policy.value}
         payload |= {
             "hint": hint.name,
             "stages": hint.num_stages,
@@ -100,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             "microbatches": hint.num_microbatches,
             "variability": args.variability,
             "microbatch_order": args.microbatch_order,
+            "admission": args.admission,
         }
         print_json(payload)
         return 0
@@ -128,6 +132,7 @@ def _table(summaries: list[Summary]) -> Table:
     rows: list[tuple[str, list[str]]] = [
         ("makespan", [f"{s.makespan:.4g}" for s in summaries]),
         ("lower bound", [f"{s.lower_bound:.4g}" for s in summaries]),
+        ("lower bound at the budget", [f"{s.memory_bound:.4g}" for s in summaries]),
         ("efficiency", [f"{s.efficiency:.3f}" for s in summaries]),
         ("bubble (mean over ranks)", [f"{s.bubble_fraction:.3f}" for s in summaries]),
         ("peak live per rank", [" ".join(f"{v:.3g}" for v in s.peak_live) for s in summaries]),

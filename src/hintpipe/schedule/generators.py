@@ -23,9 +23,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint, HintError, HintName, Placement
 from hintpipe.schedule.task import Kind, Task
+from hintpipe.schedule.task_list import TaskList
 
 
 def generate_hint(name: str | HintName, ranks: int, microbatches: int, chunks: int | None = None) -> Hint:
@@ -57,40 +60,39 @@ def _gpipe(p: int, m: int, v: int) -> Hint:
     # With several chunks this is "looped BFS": all forwards of a stage, then the next.
     placement = Placement.loop(p, v)
     order = []
+    mbs = np.arange(m)
     for r in range(p):
-        stages = placement.stages_of(r)
-        tasks = [Task(s, Kind.F, mb) for s in stages for mb in range(m)]
-        tasks += [Task(s, Kind.B, mb) for s in reversed(stages) for mb in range(m)]
-        order.append(tasks)
-    return Hint.from_lists(HintName.GPIPE.value, placement, m, order)
+        stages = np.asarray(placement.stages_of(r))
+        stage = np.concatenate([np.repeat(stages, m), np.repeat(stages[::-1], m)])
+        kind = np.repeat([int(Kind.F), int(Kind.B)], len(stages) * m)
+        order.append(TaskList(stage, kind, np.tile(mbs, 2 * len(stages))))
+    return Hint(HintName.GPIPE.value, placement, m, tuple(order))
 
 
-def _one_f_one_b_rank(r: int, p: int, m: int, split: bool) -> list[Task]:
+def _one_f_one_b_rank(r: int, p: int, m: int, split: bool) -> TaskList:
+    """Rank ``r``'s 1F1B (ZB-H1 when ``split``): ``min(p - r - 1, m)`` warm-up forwards, then for each
+    micro-batch ``i`` the next forward, if any, and ``B(i)``; under ZB-H1 rank ``r`` keeps its first ``r``
+    weight passes back to fill the cool-down bubble, then runs one ``W`` after each ``B``."""
     warmup = min(p - r - 1, m)
-    tasks = [Task(r, Kind.F, mb) for mb in range(warmup)]
-    weights = 0
-    for i in range(m):
-        if warmup + i < m:
-            tasks.append(Task(r, Kind.F, warmup + i))
-        tasks.append(Task(r, Kind.B, i))
-        # ZB-H1: rank r keeps its first r weight passes back to fill the
-        # cool-down bubble, then runs one W after each B.
-        if split and i >= r:
-            tasks.append(Task(r, Kind.W, weights))
-            weights += 1
-    if split:
-        tasks += [Task(r, Kind.W, mb) for mb in range(weights, m)]
-    return tasks
+    i = np.arange(m)
+    # One row per micro-batch i: (forward, backward, weight) slots, each present or not.
+    kinds = np.tile([int(Kind.F), int(Kind.B), int(Kind.W)], (m, 1))
+    mbs = np.stack([warmup + i, i, i - r], axis=1)
+    present = np.stack([warmup + i < m, np.ones(m, dtype=bool), (i >= r) & split], axis=1)
+    late = np.arange(max(0, m - r), m) if split else np.arange(0)
+    kind = np.concatenate([np.full(warmup, int(Kind.F)), kinds[present], np.full(len(late), int(Kind.W))])
+    mb = np.concatenate([np.arange(warmup), mbs[present], late])
+    return TaskList(np.full(len(kind), r), kind, mb)
 
 
 def _one_f_one_b(p: int, m: int, v: int) -> Hint:
-    order = [_one_f_one_b_rank(r, p, m, split=False) for r in range(p)]
-    return Hint.from_lists(HintName.ONE_F_ONE_B.value, Placement.loop(p), m, order)
+    order = tuple(_one_f_one_b_rank(r, p, m, split=False) for r in range(p))
+    return Hint(HintName.ONE_F_ONE_B.value, Placement.loop(p), m, order)
 
 
 def _zb_h1(p: int, m: int, v: int) -> Hint:
-    order = [_one_f_one_b_rank(r, p, m, split=True) for r in range(p)]
-    return Hint.from_lists(HintName.ZB_H1.value, Placement.loop(p), m, order)
+    order = tuple(_one_f_one_b_rank(r, p, m, split=True) for r in range(p))
+    return Hint(HintName.ZB_H1.value, Placement.loop(p), m, order)
 
 
 def _interleaved(p: int, m: int, v: int) -> Hint:

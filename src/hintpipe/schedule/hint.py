@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from hintpipe.choice import Choice
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
+from hintpipe.schedule.task_list import TaskList, as_task_lists
 
 
 class HintError(ValueError):
@@ -106,13 +107,18 @@ class Hint:
         name: where the hint came from (a generator name or a file).
         placement: the stage-to-rank map.
         num_microbatches: micro-batches per step.
-        ranks: ``ranks[r]`` is rank ``r``'s tasks in hint order.
+        ranks: ``ranks[r]`` is rank ``r``'s tasks in hint order, a :class:`TaskList` (any
+            sequences of tasks given are converted).
     """
 
     name: str
     placement: Placement
     num_microbatches: int
-    ranks: tuple[tuple[Task, ...], ...]
+    ranks: tuple[TaskList, ...]
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(tasks, TaskList) for tasks in self.ranks):
+            object.__setattr__(self, "ranks", as_task_lists(self.ranks))
 
     @property
     def num_ranks(self) -> int:
@@ -125,7 +131,7 @@ class Hint:
     @functools.cached_property
     def split_backward(self) -> bool:
         """True when weight gradients are separate ``W`` tasks."""
-        return any(t.kind is Kind.W for tasks in self.ranks for t in tasks)
+        return any(bool((tasks.kind == Kind.W).any()) for tasks in self.ranks)
 
     @functools.cached_property
     def stage_peaks(self) -> tuple[int, ...]:
@@ -144,7 +150,7 @@ class Hint:
         num_microbatches: int,
         ranks: Sequence[Sequence[Task]],
     ) -> Hint:
-        return cls(name, placement, num_microbatches, tuple(tuple(r) for r in ranks))
+        return cls(name, placement, num_microbatches, as_task_lists(ranks))
 
     def grid(self, mark: tuple[int, int] | None = None) -> str:
         """The step-by-rank table, one column per rank; ``mark=(rank, pos)`` flags a cell."""

@@ -82,5 +82,6 @@ def microbatch_order(sizes: Sequence[float], order: MicrobatchOrder | str = Micr
 #: What ``hintpipe train`` and ``simulate`` use unless told otherwise. Sorted orders are faster, but a
 #: sorted step keeps its largest micro-batches in flight together: at 128 ranks the busiest rank held
 #: 1.62x fixed 1F1B's activation bytes under shortest-first, 1.17x under balanced
-#: (benchmarks/readiness-at-scale), so the order that never costs memory is the default.
+#: (benchmarks/readiness-at-scale), so the order that never costs memory is the default. Admission by
+#: size (``simulate --admission size``, :mod:`hintpipe.schedule.fit`) holds any order to the given one's.
 DEFAULT_ORDER = MicrobatchOrder.GIVEN.value

@@ -1,6 +1,8 @@
 """The event simulator: the scoreboard on a virtual clock, with cost and variability models.
 
-Torch-free. The runtime uses :mod:`hintpipe.sim.expected` to plan the
+``simulator`` (samples, runs, results) over ``engine`` (the fixed-order sweep and the event loop),
+``layout`` (a hint's graphs and links by position, as arrays) and ``bounds`` (what no policy can beat,
+with any memory or at a budget). Torch-free. The runtime uses :mod:`hintpipe.sim.expected` to plan the
 ``ready`` policy from measured task times, so a simulation and the runtime's
 expectations come from the same engine.
 """

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.scoreboard import Policy
@@ -24,12 +25,14 @@ from hintpipe.sim.variability import Variability
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """One policy over all trials: means, except ``peak_live`` (the highest
-    peak per rank seen in any trial)."""
+    """One policy over all trials: means, except ``peak_live`` and ``budget``, the highest per
+    rank in any trial (under admission by size each trial's budget is measured on its own
+    micro-batches; every trial holds at most its own)."""
 
     policy: Policy
     makespan: float
     lower_bound: float
+    memory_bound: float
     efficiency: float
     bubble_fraction: float
     bubble: tuple[float, ...]
@@ -40,13 +43,14 @@ class Summary:
     trials: int
     last: SimResult
 
-    def to_json(self, in_bytes: bool = False) -> dict[str, Any]:
-        """The summary as JSON; live memory is ``peak_live_bytes`` when the cost model has
-        activation sizes, else ``peak_live_slots`` (micro-batches), and so is ``budget``."""
-        unit = "bytes" if in_bytes else "slots"
+    def to_json(self, unit: str = "slots") -> dict[str, Any]:
+        """The summary as JSON; live memory and the budget in ``unit``: ``peak_live_bytes`` when the
+        cost model has activation sizes, ``peak_live_size`` under admission by size without them
+        (micro-batches weighted by their known sizes), else ``peak_live_slots`` (micro-batches)."""
         return {
             "makespan": self.makespan,
             "lower_bound": self.lower_bound,
+            "memory_bound": self.memory_bound,
             "efficiency": self.efficiency,
             "bubble_fraction": self.bubble_fraction,
             "bubble": list(self.bubble),
@@ -67,11 +71,12 @@ def _summarise(policy: Policy, results: Sequence[SimResult]) -> Summary:
         policy=policy,
         makespan=mean([r.makespan for r in results]),
         lower_bound=mean([r.lower_bound for r in results]),
+        memory_bound=mean([r.memory_bound for r in results]),
         efficiency=mean([r.efficiency for r in results]),
         bubble_fraction=mean([r.bubble_fraction for r in results]),
         bubble=tuple(mean([r.bubble[i] for r in results]) for i in range(ranks)),
         peak_live=tuple(max(r.peak_live[i] for r in results) for i in range(ranks)),
-        budget=results[0].budget,
+        budget=tuple(max(r.budget[i] for r in results) for i in range(ranks)),
         tasks=results[0].tasks,
         sim_seconds=mean([r.sim_seconds for r in results]),
         trials=len(results),
@@ -89,7 +94,9 @@ def run_study(
     seed: int = 0,
     slack: float = 0.0,
     budgets: Sequence[float] | None = None,
+    device_budget: float | None = None,
     order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
+    admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
     on_trial: Callable[[int], None] | None = None,
 ) -> dict[Policy, Summary]:
     """Run ``trials`` trials of every policy on the same sampled work.
@@ -102,9 +109,15 @@ def run_study(
         trials: number of independent samples.
         seed: seeds the sampling.
         slack: extra micro-batches of room over the hint's own peak.
-        budgets: explicit per-rank budgets (overrides ``slack``).
+        budgets: explicit per-rank budgets (overrides ``slack`` and ``device_budget``).
+        device_budget: every rank may hold the hint's busiest rank's peak times
+            ``1 + device_budget`` (instead of ``slack``).
         order: the order in which each trial runs its micro-batches, by their
             known sizes (see :mod:`hintpipe.schedule.microbatch_order`).
+        admission: ``slots``, or ``size``: each micro-batch weighs its known size, and
+            unless ``budgets`` are given each trial's room is measured on its
+            micro-batches in the given order (:meth:`Simulator.size_budgets`), so a
+            sorted order runs within what the given order holds.
         on_trial: called after each trial with its index (progress bars).
     """
     if trials < 1:
@@ -116,12 +129,20 @@ def run_study(
             "list them in the order to run instead"
         )
     simulator = Simulator(hint, cost_model)
+    by_size = AdmissionUnit.parse(admission) is AdmissionUnit.SIZE
+    if budgets is None and device_budget is not None and not by_size:
+        budgets = simulator.device_budgets(device_budget)
     rng = np.random.default_rng(seed)
     results: dict[Policy, list[SimResult]] = {p: [] for p in policies}
     for trial in range(trials):
-        sample = Sample.draw(hint, cost_model, variability, rng).ordered(order)
+        drawn = Sample.draw(hint, cost_model, variability, rng)
+        sample = drawn.ordered(order)
+        room = budgets
+        if by_size and room is None:
+            room = simulator.size_budgets(drawn, slack=slack, device_budget=device_budget)
         for policy in policies:
-            results[policy].append(simulator.run(policy, sample, budgets=budgets, slack=slack))
+            run = simulator.run(policy, sample, budgets=room, slack=slack, admission=admission)
+            results[policy].append(run)
         if on_trial is not None:
             on_trial(trial)
     return {p: _summarise(p, rs) for p, rs in results.items()}

@@ -2,7 +2,8 @@
 
 Every rank is a :class:`~hintpipe.scoreboard.Scoreboard`, exactly as in the
 runtime; the simulator only replaces compute by advancing a clock and messages
-by delayed deliveries. Costs are sampled once per trial (see
+by delayed deliveries (:mod:`hintpipe.sim.engine`; a fixed order needs no
+scoreboard at all: one sweep). Costs are sampled once per trial (see
 :mod:`hintpipe.sim.variability`) so that policies are compared on identical work.
 
 This module is torch-free.
@@ -11,19 +12,21 @@ This module is torch-free.
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.schedule.fit import AdmissionUnit, fit_hint
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets
+from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
+from hintpipe.sim.bounds import lower_bound, memory_bound
 from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.engine import drive, fixed_order
+from hintpipe.sim.layout import Layout
 from hintpipe.sim.variability import (
     CommDelay,
     Variability,
@@ -32,6 +35,8 @@ from hintpipe.sim.variability import (
     sample_message_delays,
     sample_work,
 )
+
+__all__ = ["DeadlockError", "Sample", "SimResult", "Simulator", "fixed_order", "lower_bound"]
 
 
 class DeadlockError(RuntimeError):
@@ -96,7 +101,11 @@ class SimResult:
     """What one simulated step did.
 
     ``starts[r][i]`` / ``ends[r][i]`` are the times of rank ``r``'s task at
-    hint position ``i`` (``hint.ranks[r][i]``).
+    hint position ``i`` (``hint.ranks[r][i]``). Under admission by size ``hint``
+    is the hint as fitted to the budget (see :mod:`hintpipe.schedule.fit`),
+    the order that ran. ``memory_bound`` is the lower bound at the run's
+    budgets: the larger of ``lower_bound`` and what the budgets allow (see
+    :func:`~hintpipe.sim.bounds.memory_bound`).
     """
 
     hint: Hint
@@ -109,6 +118,7 @@ class SimResult:
     starts: tuple[tuple[float, ...], ...]
     ends: tuple[tuple[float, ...], ...]
     sim_seconds: float
+    memory_bound: float = 0.0
 
     @property
     def efficiency(self) -> float:
@@ -141,30 +151,6 @@ class SimResult:
         return rows
 
 
-def lower_bound(hint: Hint, sample: Sample, busy: Sequence[float] | None = None) -> float:
-    """max(busiest rank's work, longest single micro-batch critical path).
-
-    A micro-batch's path runs its forwards through every stage, its backwards
-    back to some stage ``s`` and that stage's ``W``; each hop between ranks
-    costs at least the latency.
-    """
-    costs = sample.costs
-    busiest = max(busy if busy is not None else _busy(hint, costs))
-    stage_rank = hint.placement.stage_rank
-    cross = np.array([stage_rank[s] != stage_rank[s + 1] for s in range(hint.num_stages - 1)] + [False], dtype=float)
-    hops_after = np.cumsum(cross[::-1])[::-1]  # cross-rank hops from stage s up to the last stage
-    forward = costs[:, :, Kind.F].sum(axis=0) + cross.sum() * sample.latency
-    backward_suffix = np.cumsum(costs[::-1, :, Kind.B], axis=0)[::-1]
-    tail = backward_suffix + costs[:, :, Kind.W] + (hops_after * sample.latency)[:, None]
-    path = float((forward + tail.max(axis=0)).max())
-    return max(busiest, path)
-
-
-def _busy(hint: Hint, costs: npt.NDArray[np.float64]) -> list[float]:
-    rows = [np.array([(t.stage, t.mb, t.kind) for t in tasks], dtype=np.int64).reshape(-1, 3) for tasks in hint.ranks]
-    return [float(costs[r[:, 0], r[:, 1], r[:, 2]].sum()) for r in rows]
-
-
 class Simulator:
     """Runs a hint under a policy on sampled work.
 
@@ -177,24 +163,30 @@ class Simulator:
         cost_model.check_fits(hint.num_stages, hint.num_microbatches)
         self.hint = hint
         self.cost_model = cost_model
-        self._stage = [np.array([t.stage for t in tasks], dtype=np.int64) for tasks in hint.ranks]
-        self._mb = [np.array([t.mb for t in tasks], dtype=np.int64) for tasks in hint.ranks]
-        self._kind = [np.array([int(t.kind) for t in tasks], dtype=np.int64) for tasks in hint.ranks]
         sizes = cost_model.activation_sizes(hint.num_microbatches)
-        self.graphs = [
-            RankGraph(hint, r, None if sizes is None else sizes[self._stage[r], self._mb[r]].tolist())
-            for r in range(hint.num_ranks)
+        graphs = [
+            RankGraph(hint, r, None if sizes is None else sizes[tasks.stage, tasks.mb])
+            for r, tasks in enumerate(hint.ranks)
         ]
-        index = [g.index for g in self.graphs]
-        #: ``links[r][pos]``: (rank, position there) that rank ``r``'s task at ``pos`` feeds, or None.
-        self.links: list[list[tuple[int, int] | None]] = [
-            [None if link is None else (link[0], index[link[0]][link[1]]) for link in g.remote] for g in self.graphs
-        ]
-        #: ``sources[r][pos]``: (rank, position there) of the remote task that feeds ``pos``, or None.
-        self.sources: list[list[tuple[int, int] | None]] = [
-            [None if src is None else (src[0], index[src[0]][src[1]]) for src in g.source] for g in self.graphs
-        ]
-        self._plans: dict[float, list[RankPlan]] = {}
+        #: The hint's graphs and links; runs under admission by size may run a fitted hint's.
+        self.layout = Layout(hint, graphs)
+        self._expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
+        self._fitted: tuple[tuple[bytes, tuple[float, ...] | None, float], Layout, list[float]] | None = None
+
+    @property
+    def graphs(self) -> list[RankGraph]:
+        """Each rank's dependency graph, memory counted in slots or the cost model's bytes."""
+        return self.layout.graphs
+
+    @property
+    def links(self) -> list[list[tuple[int, int] | None]]:
+        """``links[r][pos]``: (rank, position there) that rank ``r``'s task at ``pos`` feeds, or None."""
+        return self.layout.links
+
+    @property
+    def sources(self) -> list[list[tuple[int, int] | None]]:
+        """``sources[r][pos]``: (rank, position there) of the remote task that feeds ``pos``, or None."""
+        return self.layout.sources
 
     def budgets(self, slack: float = 0.0) -> list[float]:
         """Per rank: the hint's own peak plus room for ``slack`` more micro-batches."""
@@ -207,45 +199,54 @@ class Simulator:
 
     def plans(self, latency: float = 0.0) -> list[RankPlan]:
         """Per rank, what ``ready`` expects: a fixed-order run on expected costs."""
-        if latency not in self._plans:
-            expected = Sample.expected(self.hint, self.cost_model).costs
-            ranks = range(self.hint.num_ranks)
-            cost = [expected[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]
-            delay = [[latency] * len(c) for c in cost]
-            timeline = fixed_order(cost, delay, self.sources)
-            assert timeline is not None, "a valid hint runs in its own order"
-            starts, ends = timeline
-            self._plans[latency] = [
-                RankPlan.from_timeline(
-                    starts[r],
-                    ends[r],
-                    cost[r],
-                    [0.0 if src is None else cost[src[0]][src[1]] for src in self.sources[r]],
-                    latency,
-                )
-                for r in ranks
-            ]
-        return self._plans[latency]
+        return self.layout.plans(self._expected, latency)
 
-    def _scoreboards(
-        self,
-        policy: Policy,
-        budgets: Sequence[float] | None = None,
-        plans: Sequence[RankPlan] | None = None,
-        notices: bool = True,
-        sizes: Sequence[float] | None = None,
-    ) -> list[Scoreboard]:
-        return [
-            Scoreboard(
-                graph,
-                policy,
-                budget=None if budgets is None else budgets[r],
-                plan=None if plans is None else plans[r],
-                notices=notices,
-                sizes=sizes,
-            )
-            for r, graph in enumerate(self.graphs)
-        ]
+    # -- admission by size ------------------------------------------------------------------
+
+    def size_weights(self, sample: Sample) -> list[npt.NDArray[np.float64]]:
+        """Per rank and position, what admission by size counts a task as: an ``F`` its
+        micro-batch's known size (``sample.sizes``, in the sample's order) times the cost
+        model's activation bytes when it has them; every other task 0."""
+        mbs = self.hint.num_microbatches
+        sizes = sample.sizes if sample.sizes is not None else np.ones(mbs)
+        activation = self.cost_model.activation_sizes(mbs)
+        weights = []
+        for tasks in self.hint.ranks:
+            weight = sizes[tasks.mb] * (1.0 if activation is None else activation[tasks.stage, tasks.mb])
+            weights.append(np.where(tasks.kind == Kind.F, weight, 0.0))
+        return weights
+
+    def size_budgets(self, given: Sample, *, slack: float = 0.0, device_budget: float | None = None) -> list[float]:
+        """The room under admission by size, measured on ``given``, the step's micro-batches
+        in the order they came: each rank's own fixed-order peak by size plus ``slack`` of its
+        largest micro-batches, or with ``device_budget`` every rank the busiest rank's peak
+        times ``1 + device_budget``. Run a sorted order of the same micro-batches within it,
+        and it holds no more than the given order would."""
+        graphs = [RankGraph(self.hint, r, w) for r, w in enumerate(self.size_weights(given))]
+        if device_budget is not None:
+            return device_budgets([g.peak for g in graphs], device_budget)
+        return [g.peak + slack * g.unit for g in graphs]
+
+    def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[Layout, list[float]]:
+        """The layout a run under admission by size runs, and its budgets: the hint fitted to them,
+        each forward weighted by its size (the last one is kept: a study runs every policy on it)."""
+        weights = self.size_weights(sample)
+        given = None if budgets is None else tuple(float(b) for b in budgets)
+        key = (b"".join(w.tobytes() for w in weights), given, slack)
+        if self._fitted is not None and self._fitted[0] == key:
+            return self._fitted[1], self._fitted[2]
+        graphs = [RankGraph(self.hint, r, w) for r, w in enumerate(weights)]
+        room = list(given) if given is not None else [g.peak + slack * g.unit for g in graphs]
+        fitted, orders = fit_hint(self.hint, graphs, room)
+        if fitted is self.hint:
+            layout = Layout(fitted, graphs, like=self.layout)
+        else:
+            pairs = enumerate(zip(weights, orders, strict=True))
+            layout = Layout(fitted, [RankGraph(fitted, r, weight[order]) for r, (weight, order) in pairs])
+        self._fitted = (key, layout, room)
+        return layout, room
+
+    # -- a step ------------------------------------------------------------------------------
 
     def run(
         self,
@@ -255,6 +256,7 @@ class Simulator:
         budgets: Sequence[float] | None = None,
         slack: float = 0.0,
         notices: bool = True,
+        admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
     ) -> SimResult:
         """Simulate one step.
 
@@ -266,179 +268,81 @@ class Simulator:
             notices: whether ranks learn when their remote producers start and end
                 (``ready`` then arbitrates by the ETA rule; without, by patience, as
                 a runtime that sends no such notices does).
+            admission: ``slots``, or ``size``: each forward weighs its micro-batch's known
+                size (:meth:`size_weights`), ``budgets`` are in those units (see
+                :meth:`size_budgets`), and the hint runs fitted to them
+                (:mod:`hintpipe.schedule.fit`): every policy, ``fixed`` too, holds at most
+                its budget on every rank.
 
         Raises:
             DeadlockError: with a per-rank dump, if the step cannot complete.
-            BudgetError: if a budget is below the hint's own peak.
+            BudgetError: if a budget is below the hint's own peak (slots), or cannot hold
+                one of its micro-batches (size).
         """
         began = time.perf_counter()
-        hint = self.hint
         if sample is None:
-            sample = Sample.expected(hint, self.cost_model)
-        if budgets is None and slack:
-            budgets = self.budgets(slack)
-        plans = self.plans(sample.latency) if policy is Policy.READY else None
-        sizes = None if sample.sizes is None or policy is not Policy.READY else sample.sizes.tolist()
-        boards = self._scoreboards(policy, budgets, plans, notices, sizes)
+            sample = Sample.expected(self.hint, self.cost_model)
+        if AdmissionUnit.parse(admission) is AdmissionUnit.SIZE:
+            layout, budgets = self._fit(sample, budgets, slack)
+        else:
+            layout = self.layout
+            if budgets is None and slack:
+                budgets = self.budgets(slack)
+        graphs = layout.graphs
+        room = [rank_budget(g, None if budgets is None else budgets[r]) for r, g in enumerate(graphs)]
+        hint = layout.hint
         ranks = range(hint.num_ranks)
+        plans = layout.plans(self._expected, sample.latency) if policy is Policy.READY else None
+        sizes = None if sample.sizes is None or policy is not Policy.READY else sample.sizes.tolist()
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
         # hintpipe.runtime.parallel.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
-        cost = [(sample.costs[self._stage[r], self._mb[r], self._kind[r]] + extra).tolist() for r in ranks]
-        delay = [sample.delays[self._stage[r], self._mb[r], self._kind[r]].tolist() for r in ranks]
-        timeline = fixed_order(cost, delay, self.sources) if policy is Policy.FIXED else None
-        if timeline is not None:  # fixed order needs no scoreboard decisions: one sweep
+        cost = [(layout.gather(sample.costs, r) + extra).tolist() for r in ranks]
+        delay = [layout.gather(sample.delays, r).tolist() for r in ranks]
+        timeline = None
+        if policy is Policy.FIXED:  # fixed order needs no scoreboard decisions: one sweep
+            timeline = fixed_order(cost, delay, layout.source_rank, layout.source_pos)
+        if timeline is not None:
             starts, ends = timeline
-            now = max((max(e) for e in ends if e), default=0.0)
-            peaks = tuple(g.peak for g in self.graphs)
+            peaks = tuple(g.peak for g in graphs)
         else:  # the event loop (also for a fixed order that deadlocks: its dump)
-            starts, ends, now = _drive(boards, cost, delay, self.links, notices and policy is Policy.READY)
+            boards = [
+                Scoreboard(
+                    graph,
+                    policy,
+                    budget=room[r],
+                    plan=None if plans is None else plans[r],
+                    notices=notices,
+                    sizes=sizes,
+                )
+                for r, graph in enumerate(graphs)
+            ]
+            notify = notices and policy is Policy.READY
+            starts, ends, now = drive(boards, cost, delay, layout.link_rank, layout.link_pos, notify)
             peaks = tuple(sb.peak for sb in boards)
-        if timeline is None and any(not sb.done for sb in boards):
-            dump = "\n".join(sb.pending_report() for sb in boards)
-            raise DeadlockError(
-                f"deadlock at t={now:g} in hint {hint.name!r} under policy {policy.value}: "
-                f"nothing is ready and nothing is running\n{dump}"
-            )
+            if any(not sb.done for sb in boards):
+                dump = "\n".join(sb.pending_report() for sb in boards)
+                fitted = " (as fitted to its budget by size)" if hint is not self.hint else ""
+                raise DeadlockError(
+                    f"deadlock at t={now:g} in hint {hint.name!r}{fitted} under policy {policy.value}: "
+                    f"nothing is ready and nothing is running\n{dump}"
+                )
+        makespan = max((max(e) for e in ends if e), default=0.0)
         busy = tuple(sum(c) for c in cost)
+        result_starts = tuple(tuple(s) for s in starts)
+        result_ends = tuple(tuple(e) for e in ends)
+        seconds = time.perf_counter() - began
+        bound = lower_bound(hint, sample, busy)
         return SimResult(
             hint=hint,
             policy=policy,
-            makespan=max((max(e) for e in ends if e), default=0.0),
-            lower_bound=lower_bound(hint, sample, busy),
+            makespan=makespan,
+            lower_bound=bound,
             busy=busy,
             peak_live=peaks,
-            budget=tuple(sb.budget for sb in boards),
-            starts=tuple(tuple(s) for s in starts),
-            ends=tuple(tuple(e) for e in ends),
-            sim_seconds=time.perf_counter() - began,
+            budget=tuple(room),
+            starts=result_starts,
+            ends=result_ends,
+            sim_seconds=seconds,
+            memory_bound=max(bound, memory_bound(layout, sample, room)),
         )
-
-
-def fixed_order(
-    cost: Sequence[Sequence[float]],
-    delay: Sequence[Sequence[float]],
-    sources: Sequence[Sequence[tuple[int, int] | None]],
-) -> tuple[list[list[float]], list[list[float]]] | None:
-    """Every rank runs its hint in order: each task starts when the rank is free and its
-    remote input has arrived. Returns each task's start and end, or None if the hint
-    deadlocks (the event loop then explains why).
-
-    The same times as the event loop under ``fixed``, without its events: a rank's local
-    inputs always come earlier in its own order, so only the remote one can make it wait.
-    Each rank is a generator that sweeps forward until its next remote input is not yet
-    computed; the rank that computes it resumes it. Planning ``ready`` and every fixed run
-    of a study use it.
-    """
-    num_ranks = len(cost)
-    starts = [[math.nan] * len(c) for c in cost]
-    ends = [[math.nan] * len(c) for c in cost]
-    done = [0] * num_ranks  # positions finished on each rank
-    waiter: list[dict[int, int]] = [{} for _ in range(num_ranks)]  # waiter[r][pos]: the rank waiting on it
-    todo = list(range(num_ranks))
-
-    def sweep(r: int) -> Iterator[None]:
-        t = 0.0
-        c, src, s_r, e_r, waits = cost[r], sources[r], starts[r], ends[r], waiter[r]
-        for i in range(len(c)):
-            link = src[i]
-            if link is not None:
-                q, j = link
-                if j >= done[q]:
-                    waiter[q][j] = r
-                    yield
-                e_q = ends[q][j] + delay[q][j]
-                if e_q > t:
-                    t = e_q
-            s_r[i] = t
-            t += c[i]
-            e_r[i] = t
-            done[r] = i + 1
-            if waits:
-                woken = waits.pop(i, None)
-                if woken is not None:
-                    todo.append(woken)
-
-    sweeps = [sweep(r) for r in range(num_ranks)]
-    while todo:
-        next(sweeps[todo.pop()], None)
-    if any(d != len(c) for d, c in zip(done, cost, strict=True)):
-        return None
-    return starts, ends
-
-
-def _drive(
-    boards: Sequence[Scoreboard],
-    cost: Sequence[Sequence[float]],
-    delay: Sequence[Sequence[float]],
-    links: Sequence[Sequence[tuple[int, int] | None]],
-    notices: bool,
-) -> tuple[list[list[float]], list[list[float]], float]:
-    """The event loop: every rank's scoreboard on one virtual clock until no event is left.
-
-    ``cost[r][pos]`` is how long rank ``r``'s task at hint position ``pos`` runs, ``delay[r][pos]``
-    how late the message it sends arrives, at ``links[r][pos]`` (rank, position there). With
-    ``notices`` each consumer hears when its remote producer starts and ends. Returns each
-    task's start and end (NaN if it never ran) and the clock at the end. This is the
-    simulator's hot path: one function, locals only.
-    """
-    num_ranks = len(boards)
-    etas = [sb.eta for sb in boards]
-    leads = [sb.lead for sb in boards]
-    takes = [sb.take for sb in boards]
-    finishes = [sb.finish for sb in boards]
-    satisfies = [sb.satisfy for sb in boards]
-    starts = [[math.nan] * len(c) for c in cost]
-    ends = [[math.nan] * len(c) for c in cost]
-    running = [False] * num_ranks
-    wake_pending = [math.inf] * num_ranks
-    # (time, rank, pos): pos >= 0 a task finishes, -1 a patience wake-up,
-    # -2 - p a message making position p ready.
-    events: list[tuple[float, int, int]] = []
-    push = heapq.heappush
-    pop = heapq.heappop
-    now = 0.0
-    dirty = set(range(num_ranks))
-    while True:
-        for r in dirty:
-            if running[r]:
-                continue
-            pos = takes[r](now)
-            if pos >= 0:
-                running[r] = True
-                starts[r][pos] = now
-                push(events, (now + cost[r][pos], r, pos))
-                if notices:
-                    link = links[r][pos]
-                    if link is not None:  # Scoreboard.producer_started, inline
-                        etas[link[0]][link[1]] = now + leads[link[0]][link[1]]
-            elif boards[r].wake_at < wake_pending[r]:
-                wake = wake_pending[r] = boards[r].wake_at
-                push(events, (wake, r, -1))
-        dirty.clear()
-        if not events:
-            return starts, ends, now
-        now = events[0][0]
-        while events and events[0][0] <= now:
-            _, r, pos = pop(events)
-            dirty.add(r)
-            if pos >= 0:
-                running[r] = False
-                ends[r][pos] = now
-                finishes[r](pos, now)
-                link = links[r][pos]
-                if link is not None:
-                    wait = delay[r][pos]
-                    if wait > 0.0:
-                        push(events, (now + wait, link[0], -2 - link[1]))
-                        if notices:
-                            boards[link[0]].producer_finished(link[1], now)
-                            dirty.add(link[0])
-                    else:
-                        satisfies[link[0]](link[1])
-                        dirty.add(link[0])
-            elif pos == -1:
-                if wake_pending[r] <= now:
-                    wake_pending[r] = math.inf
-            else:
-                satisfies[r](-2 - pos)
