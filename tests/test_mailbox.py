@@ -76,7 +76,7 @@ def _notice_worker(rank: int, world: int) -> tuple[list[tuple[int, int, int]], l
             if msg.kind is MessageKind.STARTED:
                 assert msg.tensors == [] and msg.of is not None
                 notices.append((msg.stage, msg.mb, int(msg.of)))
-            else:
+            elif msg.kind is not MessageKind.STOP:  # the peer's goodbye may come before its last notices
                 data.append(msg.mb)
         result = (notices, data, False)
     post.close(timeout=30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import resource
 import select
 import shutil
@@ -539,6 +540,47 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     assert err.strip().splitlines()[-1] == "hintpipe train: ranks killed after a second SIGINT; nothing more was saved"
     assert len(ranks) >= 2 and _all_gone(ranks)  # the ranks (and multiprocessing's resource tracker)
     assert _folders_of(process.pid) == []  # this run left no temporary folder behind
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The launcher's rank processes (its children but multiprocessing's resource tracker)."""
+    return [p for p in _children(launcher) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_a_rank_killed_mid_run_is_named_by_every_rank(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    process = _launch(folder, 100000, 1)
+    _wait_training(process, folder)
+    victim = _ranks_of(process.pid)[-1]
+    os.kill(victim, signal.SIGKILL)  # as the out-of-memory killer does
+    _, err = process.communicate(timeout=hang_bound(TIMEOUT))
+    assert process.returncode == 1, err
+    lines = err.strip().splitlines()
+    killed = [line for line in lines if line.endswith(": exited without a result (killed by SIGKILL)")]
+    assert len(killed) == 1, err
+    dead = int(killed[0].split(":")[0].removeprefix("rank "))
+    (other,) = [line for line in lines if line.startswith(f"rank {1 - dead}: ")]
+    # Mid-step its peer's mailbox sees the connection drop; during a save, the phase sees its heartbeat stop.
+    mid_step = f"rank {1 - dead}: PeerFailure: rank {1 - dead}: rank {dead} failed in step "
+    saving = rf"rank {1 - dead}: CheckpointError: saving checkpoint step \d+ in {re.escape(str(folder))} failed "
+    saving += rf"\(rank {dead} stopped answering \(no sign of life for \d s\)\)"
+    assert other.startswith(mid_step) or re.fullmatch(saving, other), err
+    assert _folders_of(process.pid) == []
+    latest = (folder / "latest").read_text()
+    Manifest.read(folder / latest).verify(folder / latest)
+
+
+def test_sigquit_stops_at_once_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    process = _launch(folder, 100000, 1)
+    ranks = _wait_training(process, folder)
+    process.send_signal(signal.SIGQUIT)
+    _, err = process.communicate(timeout=hang_bound(TIMEOUT))
+    assert process.returncode == 128 + signal.SIGQUIT, err
+    assert err.strip().splitlines()[-1] == "hintpipe train: ranks killed after SIGQUIT; nothing more was saved"
+    assert len(ranks) >= 2 and _all_gone(ranks)
+    assert _folders_of(process.pid) == []
+    Manifest.read(folder / (folder / "latest").read_text()).verify(folder / (folder / "latest").read_text())
 
 
 def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:

@@ -12,25 +12,40 @@ Faults, one per trial, drawn from the trial's seed:
   checkpoint is truncated, overwritten or removed (``manifest.json``
   included), or ``latest`` is emptied;
 - ``sigterm``: SIGTERM to the launcher at a random moment (a preemption);
-- ``savefail``: a random rank's save after a random checkpoint step fails as a full disk would.
+- ``savefail``: a random rank's save after a random checkpoint step fails as a full disk would;
+- ``launcher``: SIGKILL of the launcher at a random moment, start-up included: no rank may go on;
+- ``sighup``: SIGHUP to the launcher and its ranks (a dropped SSH session);
+- ``fullfs``: the checkpoint folder on a real file system that fills up at a
+  random save (a tmpfs sized between 0.3 and 2.8 checkpoints; where mounting is
+  not allowed, a file-size limit, RLIMIT_FSIZE); the user then frees space
+  and resumes;
+- ``savestop``: SIGSTOP of a random rank while a save is under way (a frozen disk or machine);
+- ``foreign``: the run stops at a random step; a fresh run (another seed)
+  is started in its folder by mistake; then the first run is resumed.
 
 Per trial it records: whether a run hung (did not end within ``--hang-after``
 seconds; must never happen), whether the final parameters equal the
-uninterrupted run's (a difference is a *silent mismatch*), and whether a
-checkpoint that should have survived the fault was lost: after the fault, the
-newest checkpoint that verifies must be at least as new as the newest one
-that verified before it (before the corruption, the newest one not corrupted).
+uninterrupted run's (a difference is a *silent mismatch*), whether a
+checkpoint that should have survived the fault was lost (the newest
+checkpoint that verifies afterwards is older than the newest one seen
+verified while the run ran; for ``corrupt``, the newest one not corrupted;
+for ``foreign``, any change to the folder), whether a process of the run was
+left once its launcher had gone, and the seconds from the fault to the end of
+every process of the run.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/faults/faults.py [--trials 50] [--seed 0] [--json FILE]
+    .venv/bin/python benchmarks/faults/faults.py [--trials 100] [--seed 0] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -38,6 +53,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +64,10 @@ from hintpipe.runtime.errors import CheckpointError
 
 STEPS = 30
 EVERY = 3
-KINDS = ("kill", "corrupt", "sigterm", "savefail")
+TIMEOUT_S = 30
+KINDS = ("kill", "corrupt", "sigterm", "savefail", "launcher", "sighup", "fullfs", "savestop", "foreign")
 TRAIN = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "4", "--hidden", "128"]
-TRAIN += ["--ranks", "2", "--microbatches", "8", "--policy", "fixed", "--timeout", "30", "--json"]
+TRAIN += ["--ranks", "2", "--microbatches", "8", "--policy", "fixed", "--timeout", str(TIMEOUT_S), "--json"]
 TRAIN += ["--checkpoint-every", str(EVERY), "--checkpoint-keep", "2"]
 
 
@@ -63,9 +80,35 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in found]
 
 
-def _start(folder: Path, steps: int = STEPS, *extra: str) -> subprocess.Popen[str]:
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _session(pid: int) -> list[int]:
+    """The live processes of the session the launcher ``pid`` leads: it and its ranks."""
+    found = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found if _alive(int(p))]
+
+
+def _start(folder: Path, steps: int = STEPS, *extra: str, limit: int | None = None) -> subprocess.Popen[str]:
     argv = [*TRAIN, "--steps", str(steps), "--checkpoint-dir", str(folder), *extra]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def limited() -> None:
+        if limit is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=limited if limit is not None else None,
+    )
 
 
 def _finish(process: subprocess.Popen[str], hang_after: float) -> tuple[int, str]:
@@ -73,9 +116,8 @@ def _finish(process: subprocess.Popen[str], hang_after: float) -> tuple[int, str
     try:
         _, err = process.communicate(timeout=hang_after)
     except subprocess.TimeoutExpired:
-        process.kill()
-        for child in _children(process.pid):
-            subprocess.run(["kill", "-9", str(child)], check=False)
+        for pid in _session(process.pid):
+            os.kill(pid, signal.SIGKILL)
         process.communicate()
         raise Hang from None
     lines = err.strip().splitlines()
@@ -95,29 +137,57 @@ def _ranks(pid: int) -> list[int]:
     return found
 
 
-def _signal(process: subprocess.Popen[str], kind: str, rng: random.Random, delay: float) -> str:
-    """SIGKILL to a random rank (waiting for the ranks to exist), or SIGTERM to the launcher."""
-    if kind == "sigterm":
-        if process.poll() is not None:
-            return "none (the run had ended)"
-        process.send_signal(signal.SIGTERM)
-        return f"SIGTERM to the launcher after {delay:.1f} s"
+def _wait_ranks(process: subprocess.Popen[str]) -> list[int]:
     deadline = time.monotonic() + 60.0
     while len(ranks := _ranks(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if process.poll() is not None or not ranks:
-        return "none (the run had ended)"
-    victim = rng.randrange(len(ranks))
-    subprocess.run(["kill", "-9", str(ranks[victim])], check=False)
-    return f"SIGKILL of rank process {victim} after {delay:.1f} s"
+        time.sleep(0.02)
+    return ranks if process.poll() is None else []
 
 
 def _newest_verified(folder: Path) -> int:
     try:
         found = find_checkpoint(folder)[0]
-    except CheckpointError:
+    except (CheckpointError, OSError):
         return 0
     return 0 if found is None else int(found.name.removeprefix("step-"))
+
+
+class Watch:
+    """The newest checkpoint seen verified while a run ran (looked at whenever the folder's listing changes)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.newest, self._listing = folder, 0, ""
+
+    def look(self) -> None:
+        try:
+            listing = " ".join(sorted(p.name for p in self.folder.iterdir()))
+        except OSError:
+            return
+        if listing != self._listing:
+            self._listing = listing
+            self.newest = max(self.newest, _newest_verified(self.folder))
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.look()
+            time.sleep(0.02)
+
+
+def _ended_after(process: subprocess.Popen[str], since: float, hang_after: float) -> tuple[int, str, float, bool]:
+    """Wait for the run; returns its exit status, last line, the seconds from ``since`` until every process of
+    the run had ended, and whether one was left once the launcher had gone."""
+    status, said = _finish(process, hang_after)
+    left = False
+    deadline = time.monotonic() + 10.0
+    while _session(process.pid):
+        if time.monotonic() > deadline:
+            left = True
+            for pid in _session(process.pid):
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    return status, said, time.monotonic() - since, left
 
 
 def _corrupt(folder: Path, rng: random.Random) -> tuple[str, int]:
@@ -142,64 +212,236 @@ def _corrupt(folder: Path, rng: random.Random) -> tuple[str, int]:
     return f"{how} {target.name}/{path.name}", int(target.name.removeprefix("step-"))
 
 
-def trial(seed: int, work: Path, reference: dict[str, torch.Tensor], run_s: float, hang_after: float) -> dict[str, Any]:
-    rng = random.Random(seed)
-    kind = KINDS[seed % len(KINDS)] if seed < len(KINDS) else rng.choice(KINDS)
-    folder = work / f"trial-{seed}"
-    outcome: dict[str, Any] = {"seed": seed, "kind": kind, "hung": False, "lost": False}
-    try:
-        if kind == "corrupt":
-            stop = rng.randrange(EVERY, STEPS)
-            _finish(_start(folder, stop), hang_after)
-            before_all = _newest_verified(folder)
-            outcome["fault"], damaged = _corrupt(folder, rng)
-            # What must survive: the newest checkpoint that was not damaged.
-            survivors = [
-                int(p.name.removeprefix("step-"))
-                for p in folder.iterdir()
-                if p.name.startswith("step-") and "." not in p.name and int(p.name.removeprefix("step-")) != damaged
-            ]
-            before = max([s for s in survivors if s <= before_all], default=0)
-        else:
-            extra, at = [], 0
-            if kind == "savefail":
-                at = rng.randrange(EVERY, STEPS + 1, EVERY)
-                extra = ["--faults", f"savefail:{rng.randrange(2)}:{at - 1}"]
-                outcome["fault"] = f"save of step {at} fails on rank {extra[1].split(':')[1]}"
-            process = _start(folder, STEPS, *extra)
-            if kind in ("kill", "sigterm"):
-                delay = rng.uniform(0.0, run_s)
-                time.sleep(delay)
-                before = _newest_verified(folder)  # a save finishing right now only makes the check laxer
-                outcome["fault"] = _signal(process, kind, rng, delay)
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class Campaign:
+    """What every trial shares: the scratch folder, the uninterrupted run, its length, the hang bound."""
+
+    def __init__(self, work: Path, reference: dict[str, torch.Tensor], run_s: float, hang_after: float) -> None:
+        self.work, self.reference, self.run_s, self.hang_after = work, reference, run_s, hang_after
+        some = next((work / "reference").glob("step-*"))
+        self.checkpoint_bytes = sum(p.stat().st_size for p in some.iterdir())
+        self.can_mount = _mount(work / "probe", 1 << 20)
+        if self.can_mount:
+            _unmount(work / "probe")
+
+    # -- faults while a run runs --------------------------------------------------------------------------
+
+    def signalled(self, kind: str, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """kill, sigterm, launcher, sighup: a signal at a random moment; returns the newest checkpoint seen."""
+        process = _start(folder)
+        watch = Watch(folder)
+        delay = rng.uniform(0.0, self.run_s)
+        watch.sleep(delay)
+        sent = time.monotonic()
+        if process.poll() is not None:
+            out["fault"] = "none (the run had ended)"
+        elif kind == "kill":
+            ranks = _wait_ranks(process)
+            if ranks:
+                victim = rng.randrange(len(ranks))
+                os.kill(ranks[victim], signal.SIGKILL)
+                out["fault"] = f"SIGKILL of rank process {victim} after {delay:.1f} s"
             else:
-                before = at - EVERY if kind == "savefail" else 0
-            outcome["exit"] = _finish(process, hang_after)[0]
-        outcome["lost"] = _newest_verified(folder) < before
+                out["fault"] = "none (the run had ended)"
+        elif kind == "sigterm":
+            process.send_signal(signal.SIGTERM)
+            out["fault"] = f"SIGTERM to the launcher after {delay:.1f} s"
+        elif kind == "sighup":
+            os.killpg(process.pid, signal.SIGHUP)
+            out["fault"] = f"SIGHUP to the launcher and its ranks after {delay:.1f} s"
+        else:
+            process.kill()
+            out["fault"] = f"SIGKILL of the launcher after {delay:.1f} s"
+        if kind == "launcher":
+            process.wait()  # not communicate(): a rank left behind would hold the pipes open
+            listing = sorted(p.name for p in folder.glob("step-*")) if folder.is_dir() else []
+            left = True
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                if not _session(process.pid):
+                    left = False
+                    break
+                time.sleep(0.02)
+            out["end_s"] = round(time.monotonic() - sent, 2)
+            out["left"] = left
+            for pid in _session(process.pid):
+                os.kill(pid, signal.SIGKILL)
+            process.communicate()
+            time.sleep(1.0)
+            after = sorted(p.name for p in folder.glob("step-*")) if folder.is_dir() else []
+            out["written_after"] = after != listing
+            out["exit"] = process.returncode
+        else:
+            out["exit"], out["said"], end_s, out["left"] = _ended_after(process, sent, self.hang_after)
+            out["end_s"] = round(end_s, 2)
+        return watch.newest
+
+    def savefail(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        at = rng.randrange(EVERY, STEPS + 1, EVERY)
+        rank = rng.randrange(2)
+        out["fault"] = f"save of step {at} fails on rank {rank}"
+        process = _start(folder, STEPS, "--faults", f"savefail:{rank}:{at - 1}")
+        out["exit"], out["said"], _, out["left"] = _ended_after(process, time.monotonic(), self.hang_after)
+        return at - EVERY
+
+    def fullfs(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        fraction = rng.uniform(0.3, 2.8)
+        room = int(self.checkpoint_bytes * fraction) + 64 * 1024
+        watch = Watch(folder)
+        if self.can_mount:
+            _mount(folder.parent, room)
+            out["fault"] = f"a {room // 1024} KiB tmpfs ({fraction:.1f} checkpoints)"
+            process = _start(folder)
+        else:
+            limit = int(self.checkpoint_bytes / 2 * fraction)  # a rank writes about half of a checkpoint
+            out["fault"] = f"files limited to {limit // 1024} KiB (RLIMIT_FSIZE)"
+            process = _start(folder, limit=limit)
+        while process.poll() is None:
+            watch.sleep(0.2)
+        out["exit"], out["said"], _, out["left"] = _ended_after(process, time.monotonic(), self.hang_after)
+        if self.can_mount:  # the user frees space: the folder moves to a disk with room
+            kept = self.work / "moved"
+            shutil.copytree(folder, kept)
+            _unmount(folder.parent)
+            shutil.rmtree(folder.parent, ignore_errors=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(kept, folder)
+        return watch.newest
+
+    def savestop(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        which = rng.randrange(1, STEPS // EVERY + 1)  # the save to stop in
+        rank = rng.randrange(2)
+        process = _start(folder)
+        watch = Watch(folder)
+        saves = 0
+        while process.poll() is None:
+            temporary = list(folder.glob("step-*.tmp")) if folder.is_dir() else []
+            if temporary:
+                saves += 1
+                if saves == which:
+                    ranks = _wait_ranks(process)
+                    if ranks:
+                        os.kill(ranks[rank], signal.SIGSTOP)
+                        out["fault"] = f"SIGSTOP of rank process {rank} in the save of {temporary[0].name}"
+                    break
+                while temporary[0].exists() and process.poll() is None:
+                    time.sleep(0.005)
+                watch.look()
+            time.sleep(0.005)
+        out.setdefault("fault", "none (the run had ended)")
+        sent = time.monotonic()
+        out["exit"], out["said"], end_s, out["left"] = _ended_after(process, sent, self.hang_after)
+        out["end_s"] = round(end_s, 2)
+        return watch.newest
+
+    # -- mistakes between runs --------------------------------------------------------------------------------
+
+    def corrupt(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        before_all = _newest_verified(folder)
+        out["fault"], damaged = _corrupt(folder, rng)
+        # What must survive: the newest checkpoint that was not damaged.
+        survivors = [
+            int(p.name.removeprefix("step-"))
+            for p in folder.iterdir()
+            if p.name.startswith("step-") and "." not in p.name and int(p.name.removeprefix("step-")) != damaged
+        ]
+        return max([s for s in survivors if s <= before_all], default=0)
+
+    def foreign(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        before = _snapshot(folder)
+        status, said = _finish(_start(folder, STEPS, "--seed", "1"), self.hang_after)
+        out["fault"] = f"a fresh run (--seed 1) in the folder of a run stopped after step {stop}"
+        out["exit"], out["said"] = status, said
+        out["foreign_changed"] = _snapshot(folder) != before
+        return _newest_verified(folder)
+
+    # -- a trial ------------------------------------------------------------------------------------------------
+
+    def trial(self, seed: int) -> dict[str, Any]:
+        rng = random.Random(seed)
+        kind = KINDS[seed % len(KINDS)] if seed < len(KINDS) else rng.choice(KINDS)
+        folder = self.work / f"trial-{seed}" / "ck"
+        folder.parent.mkdir(parents=True)
+        out: dict[str, Any] = {"seed": seed, "kind": kind, "hung": False, "lost": False}
+        faults: dict[str, Callable[[Path, random.Random, dict[str, Any]], int]] = {
+            "corrupt": self.corrupt,
+            "savefail": self.savefail,
+            "fullfs": self.fullfs,
+            "savestop": self.savestop,
+            "foreign": self.foreign,
+        }
+        try:
+            before = faults.get(kind, functools.partial(self.signalled, kind))(folder, rng, out)
+            out["lost"] = _newest_verified(folder) < before or out.get("foreign_changed", False)
+            out["resumes"] = self._resume(folder, out)
+            final = folder / f"step-{STEPS:08d}"
+            state = load_merged(final) if final.is_dir() else None
+            out["completed"] = state is not None
+            out["equal"] = state is not None and all(torch.equal(state[k], self.reference[k]) for k in self.reference)
+        except Hang:
+            out["hung"] = True
+        finally:
+            if _mounted(folder.parent):
+                _unmount(folder.parent)
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        return out
+
+    def _resume(self, folder: Path, out: dict[str, Any]) -> int:
         resumes = 0
         while not (folder / f"step-{STEPS:08d}").is_dir() and resumes < 3:
             resumes += 1
-            status, said = _finish(_start(folder, STEPS, "--resume"), hang_after)
+            status, said = _finish(_start(folder, STEPS, "--resume"), self.hang_after)
             if status != 0 and "no usable checkpoint" in said:
                 # Every checkpoint was damaged: refused in one line, as it must be; start afresh.
-                outcome["refused"] = said
-                shutil.rmtree(folder)
-                _finish(_start(folder, STEPS), hang_after)
-        outcome["resumes"] = resumes
-        final = folder / f"step-{STEPS:08d}"
-        state = load_merged(final) if final.is_dir() else None
-        outcome["completed"] = state is not None
-        outcome["equal"] = state is not None and all(torch.equal(state[k], reference[k]) for k in reference)
-    except Hang:
-        outcome["hung"] = True
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return outcome
+                out["refused"] = said
+                _finish(_start(folder, STEPS, "--replace-checkpoints"), self.hang_after)
+        return resumes
+
+
+def _mount(folder: Path, size: int) -> bool:
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    return done.returncode == 0
+
+
+def _mounted(folder: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", str(folder)]).returncode == 0
+
+
+def _unmount(folder: Path) -> None:
+    subprocess.run(["umount", str(folder)], check=False, capture_output=True)
+
+
+def summarize(outcomes: list[dict[str, Any]], run_s: float) -> dict[str, Any]:
+    kinds = Counter(o["kind"] for o in outcomes)
+    ends = [o["end_s"] for o in outcomes if "end_s" in o]
+    return {
+        "trials": len(outcomes),
+        "by_kind": dict(kinds),
+        "completed_equal": sum(o.get("equal", False) for o in outcomes),
+        "hangs": sum(o["hung"] for o in outcomes),
+        "silent_mismatches": sum(o.get("completed", False) and not o["equal"] for o in outcomes),
+        "not_completed": sum(not o.get("completed", False) for o in outcomes),
+        "checkpoints_lost": sum(o["lost"] for o in outcomes),
+        "processes_left": sum(o.get("left", False) for o in outcomes),
+        "written_after_launcher_died": sum(o.get("written_after", False) for o in outcomes),
+        "longest_end_s": max(ends, default=0.0),
+        "refused_no_valid_checkpoint": sum("refused" in o for o in outcomes),
+        "resumes": sum(o.get("resumes", 0) for o in outcomes),
+        "uninterrupted_run_s": round(run_s, 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-after", type=float, default=180.0, metavar="S", help="a run longer than this hung")
     parser.add_argument("--json", metavar="FILE")
@@ -211,24 +453,13 @@ def main() -> None:
             raise SystemExit("the uninterrupted run failed")
         run_s = time.monotonic() - began
         reference = load_merged(work / "reference" / f"step-{STEPS:08d}")
+        campaign = Campaign(work, reference, run_s, args.hang_after)
         outcomes = []
         for seed in range(args.seed, args.seed + args.trials):
-            outcome = trial(seed, work, reference, run_s, args.hang_after)
+            outcome = campaign.trial(seed)
             outcomes.append(outcome)
             print(json.dumps(outcome), flush=True)
-    kinds = Counter(o["kind"] for o in outcomes)
-    summary = {
-        "trials": len(outcomes),
-        "by_kind": dict(kinds),
-        "completed_equal": sum(o.get("equal", False) for o in outcomes),
-        "hangs": sum(o["hung"] for o in outcomes),
-        "silent_mismatches": sum(o.get("completed", False) and not o["equal"] for o in outcomes),
-        "not_completed": sum(not o.get("completed", False) for o in outcomes),
-        "checkpoints_lost": sum(o["lost"] for o in outcomes),
-        "refused_no_valid_checkpoint": sum("refused" in o for o in outcomes),
-        "resumes": sum(o.get("resumes", 0) for o in outcomes),
-        "uninterrupted_run_s": round(run_s, 1),
-    }
+    summary = summarize(outcomes, run_s)
     print(json.dumps(summary, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "trials": outcomes}, indent=1))

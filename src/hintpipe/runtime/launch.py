@@ -14,10 +14,10 @@ nothing is left hanging. A spawned rank whose launcher dies exits too, however e
 never outlive their launcher] in :mod:`hintpipe.runtime.rank_entry`).
 
 [Note: signals to the launcher]
-The first SIGINT or SIGTERM to the launcher writes the stop file that every
-rank's :class:`~hintpipe.runtime.checkpoint.stopping.StopRequest` watches: the ranks finish
-their step, save and return. A second signal (or ranks still running
-``timeout_s + 10`` seconds later) kills them at once and raises
+The first SIGINT, SIGTERM or SIGHUP to the launcher writes the stop file that
+every rank's :class:`~hintpipe.runtime.checkpoint.stopping.StopRequest` watches: the ranks
+finish their step, save and return. A second signal, SIGQUIT (or ranks still
+running ``timeout_s + 10`` seconds later) kills them at once and raises
 :class:`Interrupted`. The temporary folder is removed either way.
 
 [Note: elastic restarts]
@@ -133,6 +133,11 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
+#: Signals that stop the ranks at once (SIGQUIT, Ctrl-\\: "quit now"); the launcher still ends every rank,
+#: removes its folder and says so in one line.
+AT_ONCE = (signal.SIGQUIT,)
+
+
 class _Signals:
     """The launcher's signal handling while its ranks run (see [Note: signals to the launcher])."""
 
@@ -143,7 +148,7 @@ class _Signals:
 
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
+            for sig in (*SIGNALS, *AT_ONCE):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -154,7 +159,7 @@ class _Signals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         name = signal.Signals(signum).name
-        if len(self.received) == 1:
+        if len(self.received) == 1 and signum not in AT_ONCE:
             self.stop_file.write_text(str(signum))
             print(
                 f"hintpipe: {name}: the ranks stop after their step (saving a checkpoint if they keep them); "
@@ -165,7 +170,7 @@ class _Signals:
 
     @property
     def at_once(self) -> bool:
-        return len(self.received) > 1
+        return len(self.received) > 1 or any(sig in AT_ONCE for sig in self.received)
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 300.0) -> list[Any]:
@@ -210,8 +215,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         ]
         for process in processes:
             process.start()
-        killed = _watch(processes, signals, timeout_s)
-        return _collect(Path(out), world, processes, signals, killed)
+        killed, stopped_here = _watch(processes, signals, timeout_s)
+        return _collect(Path(out), processes, signals, killed, stopped_here)
 
 
 #: The launcher's temporary folder (results, the stop file) and the file in it that names the launcher.
@@ -244,8 +249,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:
-    """Wait for the ranks; returns whether they had to be killed.
+def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> tuple[bool, set[int]]:
+    """Wait for the ranks; returns whether they had to be killed on a signal, and the ranks this launcher
+    killed (a rank killed by anyone else is reported as such).
 
     Watched here rather than with context.join(), which kills the survivors the
     moment one rank fails: they must get the chance to notice and report it.
@@ -253,6 +259,7 @@ def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:
     failed_at: float | None = None
     signalled_at: float | None = None
     killed = False
+    stopped_here: set[int] = set()
     while any(p.is_alive() for p in processes):
         now = time.monotonic()
         if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
@@ -267,14 +274,15 @@ def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> bool:
         late_stop = signalled_at is not None and now - signalled_at > timeout_s + 10.0
         if signals.at_once or late_stop or late_failure:
             killed = signals.at_once or late_stop
-            for process in processes:
+            for rank, process in enumerate(processes):
                 if process.is_alive():
                     process.kill()
+                    stopped_here.add(rank)
             break
         time.sleep(0.05)
     for process in processes:
         process.join(timeout=5.0)
-    return killed
+    return killed, stopped_here
 
 
 def _stopped(pid: int | None) -> bool:
@@ -286,13 +294,16 @@ def _stopped(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
 
 
-def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, killed: bool) -> list[Any]:
+def _collect(
+    out: Path, processes: list[Any], signals: _Signals, killed: bool, stopped_here: set[int]
+) -> list[Any]:
     results: list[Any] = []
     errors: list[str] = []
-    for rank in range(world):
+    for rank, process in enumerate(processes):
         path = out / f"rank{rank}.pkl"
         if not path.exists():
-            errors.append(f"rank {rank}: exited without a result ({_how_it_ended(processes[rank].exitcode)})")
+            how = "stopped by the launcher" if rank in stopped_here else _how_it_ended(process.exitcode)
+            errors.append(f"rank {rank}: exited without a result ({how})")
             results.append(None)
             continue
         outcome = pickle.loads(path.read_bytes())
@@ -303,7 +314,12 @@ def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, kil
             results.append(None)
     if killed:
         name = signal.Signals(signals.received[-1]).name
-        how = f"a second {name}" if signals.at_once else f"{name}, and they did not stop in time"
+        if signals.received[-1] in AT_ONCE:
+            how = name
+        elif signals.at_once:
+            how = f"a second {name}"
+        else:
+            how = f"{name}, and they did not stop in time"
         raise Interrupted(f"ranks killed after {how}; nothing more was saved", signals.received[-1])
     if errors or any(p.exitcode != 0 for p in processes):
         raise RankFailure(_merge(errors) or "a rank failed")
@@ -311,10 +327,9 @@ def _collect(out: Path, world: int, processes: list[Any], signals: _Signals, kil
 
 
 def _how_it_ended(exitcode: int | None) -> str:
-    """Why a rank that wrote no result ended, in words: the launcher stopped it (SIGKILL), a signal killed it,
-    or it exited before it could report (an error while it started: its traceback is on stderr)."""
-    if exitcode == -signal.SIGKILL:
-        return "stopped by the launcher"
+    """Why a rank that wrote no result (and that this launcher did not stop) ended, in words: a signal killed
+    it (the out-of-memory killer sends SIGKILL), or it exited before it could report (an error while it
+    started: its traceback is on stderr)."""
     if exitcode is not None and exitcode < 0:
         return f"killed by {signal.Signals(-exitcode).name}"
     return f"exit status {exitcode} before it could report; its error is on stderr above"

@@ -72,7 +72,7 @@ def together(
     try:
         dist.all_gather_object(gathered, outcome, group=group)
     except RuntimeError as exc:
-        silent = liveness.silent_ranks()
+        silent = liveness.wait_for_silence()  # a peer that died a moment ago is silent a few seconds later
         raise error(f"{what} failed ({liveness.describe(silent) if silent else one_line(exc)})") from None
     failed = [(rank, text) for rank, (ok, text) in enumerate(gathered) if not ok]
     if failed:

@@ -87,6 +87,17 @@ def silent_ranks(world: int | None = None) -> dict[int, float]:
     return silent
 
 
+def wait_for_silence(seconds: float = SILENT_AFTER + 2 * _PERIOD) -> dict[int, float]:
+    """The silent ranks, waiting up to ``seconds`` for one to show: when a collective fails because a peer
+    died (its connection reset), that peer's last heartbeat is still recent."""
+    deadline = time.monotonic() + seconds
+    silent = silent_ranks()
+    while not silent and _STATE.store is not None and time.monotonic() < deadline:
+        time.sleep(_PERIOD / 2)
+        silent = silent_ranks()
+    return silent
+
+
 def describe(silent: dict[int, float]) -> str:
     """``rank 1 stopped answering (no sign of life for 21 s)`` for each silent rank."""
     return "; ".join(f"rank {r} stopped answering (no sign of life for {age:.0f} s)" for r, age in silent.items())
