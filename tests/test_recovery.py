@@ -258,7 +258,7 @@ def test_resuming_with_a_changed_model_is_refused_with_the_originals_intact(resu
     text = failure_text(resumed["results"]["smaller"])
     assert text == (
         f"ranks 0, 1: CheckpointError: resuming from {folder} failed (rank 0: {folder / 'step-00000004'} was "
-        "written for another model (4 tensors only in the checkpoint (0.1.0.bias 16, 0.1.0.weight 16x16, ...)); "
+        "written for another model (4 tensors only in the checkpoint (2.0.bias 16, 2.0.weight 16x16, ...)); "
         f"resume with the model it was written for, or start fresh in another checkpoint folder ({folder} is left "
         "as it is))"
     ), text
@@ -609,12 +609,12 @@ def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Pa
     _, err = process.communicate(timeout=hang_bound(5.0))
     elapsed = time.monotonic() - began
     assert process.returncode == 1, err
-    assert err.strip().splitlines()[-3:] == [
-        "hintpipe train: failed:",
-        f"rank 0: CheckpointError: saving checkpoint step 2 in {folder} failed (rank 1 stopped answering (no sign "
-        "of life for 5 s))",
-        "rank 1: exited without a result (stopped by the launcher)",
-    ], err
+    said = err.strip().splitlines()[-3:]
+    assert said[0] == "hintpipe train: failed:", err
+    assert said[2] == "rank 1: exited without a result (stopped by the launcher)", err
+    # Silent for the timeout, give or take the heartbeat's second on a busy machine.
+    saving = rf"rank 0: CheckpointError: saving checkpoint step 2 in {re.escape(str(folder))} failed "
+    assert re.fullmatch(saving + r"\(rank 1 stopped answering \(no sign of life for [56] s\)\)", said[1]), err
     assert elapsed < 60, elapsed  # start-up, a step, 5 s of silence: seconds, not the default 300 s timeout
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000001"]
     Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")
@@ -674,7 +674,7 @@ def _readme_loop(rank: int, world: int, folder: str, stop_file: str, steps: int)
     pipe = Pipeline.from_modules(stages, loss_fn=lm_loss, microbatches=2, policy="fixed")
     with pipe, StopRequest(stop_file) as stop:
         optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()])
-        checkpoints = Checkpointer(folder, pipe.modules, optimizer, every=100)
+        checkpoints = Checkpointer(folder, pipe, optimizer, every=100)
         first = checkpoints.resume()
         for step in range(first, steps):
             inputs, targets, _ = make_batch(MODEL, 2, 2, SeqLenDist(8), step, 0)

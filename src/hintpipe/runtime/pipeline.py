@@ -41,11 +41,13 @@ from hintpipe.runtime.loop.executor import EmulatedCosts, Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch, order_step, prepare_step, relative_sizes
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.coordination import Coordination
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parallel.tied import TiedParameter
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message
+from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
@@ -80,6 +82,7 @@ class PipelineOptions(TypedDict, total=False):
     device: str | torch.device
     transport: str | TransportChoice
     seams: Seams
+    names: ModelNames
 
 
 T = TypeVar("T")
@@ -158,12 +161,15 @@ class Pipeline:
         device: str | torch.device = "cpu",
         transport: str | TransportChoice = TransportChoice.AUTO,
         seams: Seams | None = None,
+        names: ModelNames | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
         given = dict(locals())
         named = [
-            k for k in PipelineOptions.__annotations__ if k != "seams" and not (k == "device" and _is_device(device))
+            k
+            for k in PipelineOptions.__annotations__
+            if k not in ("seams", "names") and not (k == "device" and _is_device(device))
         ]
         options = check_options({"microbatches": microbatches, **{k: given[k] for k in named}})
         options.setdefault("device", device)
@@ -173,6 +179,8 @@ class Pipeline:
             modules, resolved, loss_fn=loss_fn, microbatches=microbatches, options=options, seams=seams or Seams()
         )
         self._options = options
+        #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
+        self.names = names if names is not None else ModelNames()
         self._stash: list[Message] = []
         self.step_count = 0
         self._closed = False
@@ -203,6 +211,10 @@ class Pipeline:
     def ranks(self) -> int:
         """The pipeline's length: its ranks (one process each)."""
         return self.parts.layout.stages_ranks
+
+    @property
+    def hint_name(self) -> str:
+        return self.parts.hint.name
 
     @property
     def reports(self) -> list[StepReport]:
@@ -263,6 +275,7 @@ class Pipeline:
         # The stages get parameters of their own, copied together (a tensor two of them share stays one): the plan
         # keeps its own, so one plan object can build several pipelines.
         stages = copy.deepcopy({s: plan.build_stage(s) for s in mine})
+        options.setdefault("names", ModelNames.of_model(plan.graph.state_keys, plan.tied))
         pipe = cls(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
         pipe.parts.admission.strict = not from_budget
         return pipe
@@ -282,6 +295,7 @@ class Pipeline:
         if any(b <= a for a, b in itertools.pairwise(bounds)):
             raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
         stages = [model[a:b] for a, b in itertools.pairwise(bounds)]
+        options.setdefault("names", ModelNames.of_sequential(model, bounds))
         return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     # -- one step ---------------------------------------------------------------
@@ -355,6 +369,20 @@ class Pipeline:
             dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
             return buffer
         return state.loss
+
+    # -- the model's weights ------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's parameters and buffers by the model's own names, on the CPU, on every rank (call on
+        every rank): a tied tensor under each of its names, shards put together, ready for
+        ``model.load_state_dict(state, strict=True)`` on the unsplit model (or a Hugging Face model's
+        ``save_pretrained``). Stages given as modules are named ``<stage>.<name>``, a sequential's layers by
+        their index in it.
+
+        Raises:
+            ValueError: a name of the model that no rank holds.
+        """
+        return gather_state_dict(self.parts, self.names)
 
     # -- shutdown ------------------------------------------------------------------
 
