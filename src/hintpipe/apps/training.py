@@ -85,6 +85,7 @@ class TrainConfig:
     replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
     resume: bool = False
     on_nonfinite: str = "raise"
+    precision: str = "fp32"
     return_state: bool = False
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
@@ -204,6 +205,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         "timeout": config.timeout,
         "emulate": config.emulate,
         "on_nonfinite": config.on_nonfinite,
+        "precision": config.precision,
         "timelines": config.timelines,
         "microbatch_order": config.microbatch_order,
         "device": config.device,

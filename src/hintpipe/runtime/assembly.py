@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import allocated_probe, new_event, own_gpu, rank_device
-from hintpipe.options import DataParallel, TransportChoice
+from hintpipe.options import DataParallel, Precision, TransportChoice
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
@@ -148,7 +148,8 @@ def assemble(
     assert p2p is not None and coll is not None
     policy: Policy = options["policy"]
     transport = _connect(layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams)
-    compute = _computing(placed, hint, loss_fn, emulate, device)
+    autocast = (device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
+    compute = _computing(placed, hint, loss_fn, emulate, device, autocast)
     admission = Admission(
         hint,
         rank,
@@ -294,13 +295,19 @@ def _connect(
 
 
 def _computing(
-    modules: Mapping[int, nn.Module], hint: Hint, loss_fn: LossFn, emulate: EmulatedCosts | None, device: torch.device
+    modules: Mapping[int, nn.Module],
+    hint: Hint,
+    loss_fn: LossFn,
+    emulate: EmulatedCosts | None,
+    device: torch.device,
+    autocast: tuple[str, torch.dtype] | None,
 ) -> Executor:
     """The executor of this rank's tasks: its stages (checked against the allocator on a GPU), or sleeps."""
     last = hint.num_stages - 1
     if emulate is not None:
         return EmulatedExecutor(emulate, last)
-    return StageExecutor(modules, last, loss_fn, hint.split_backward, allocated=allocated_probe(device))
+    probe = allocated_probe(device)
+    return StageExecutor(modules, last, loss_fn, hint.split_backward, allocated=probe, autocast=autocast)
 
 
 def _device_timer(device: torch.device, *, emulated: bool, seams: Seams) -> DeviceTimer | None:
