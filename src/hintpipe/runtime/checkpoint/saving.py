@@ -326,11 +326,15 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     group = group if group is not None else phase_group()
     rank = dist.get_rank(group)
     entries = state.entries(0, rank)
-    notes = []
     saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    if rng_key(rank) not in saved:
+    world = dist.get_world_size(group)
+    fresh = [r for r in range(world) if rng_key(r) not in saved]  # the same list on every rank
+    if rank in fresh:
         del entries[rng_key(rank)]
-        notes.append(f"rank {rank} has no random state in {path.name} (saved by fewer ranks): it keeps its own")
+    notes = []
+    if fresh:
+        who = f"rank {fresh[0]}" if len(fresh) == 1 else f"ranks {', '.join(map(str, fresh))}"
+        notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
     together(
         lambda: dcp_load(entries, checkpoint_id=str(path), process_group=group),
         f"loading {path} (stages {state.stages} on rank {rank})",
