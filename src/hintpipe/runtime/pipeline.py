@@ -300,8 +300,8 @@ class Pipeline:
         bounds = [0, *split, len(model)]
         if any(b <= a for a, b in itertools.pairwise(bounds)):
             raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
-        stages = [model[a:b] for a, b in itertools.pairwise(bounds)]
-        options.setdefault("names", ModelNames.of_sequential(model, bounds))
+        stages = [model[a:b] for a, b in itertools.pairwise(bounds)]  # slices keep the model's layer names
+        options.setdefault("names", ModelNames.of_model(tuple(model.state_dict()), ()))
         return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     # -- one step ---------------------------------------------------------------
@@ -449,8 +449,13 @@ class Pipeline:
     def __enter__(self) -> Pipeline:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        # Leaving on an error (the caller's own, between steps) tells the neighbours at once, as a failed step
+        # does: a graceful close would wait for them to close too, while they may wait for this rank.
+        if error is not None:
+            self._abort(error)
+        else:
+            self.close()
 
 
 def _scoreboard(parts: Parts, state: StepState) -> Scoreboard:

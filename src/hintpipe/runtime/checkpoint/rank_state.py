@@ -68,6 +68,15 @@ class RankState:
         self.tensors = names.named_tensors(modules)
         self.holder = view(self.tensors)
         self.optimizer = optimizer
+        if optimizer is not None:
+            held = {id(t) for t in self.tensors.values()}
+            stray = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in held]
+            if stray:
+                shapes = ", ".join("x".join(map(str, p.shape)) or "scalar" for p in stray[:3])
+                raise ValueError(
+                    f"the optimizer holds {len(stray)} parameters that no stage of this rank holds ({shapes}"
+                    f"{', ...' if len(stray) > 3 else ''}): give it the parameters of pipe.modules"
+                )
         self.extra = dict(extra or {})
 
     def entries(self, step: int, rank: int) -> dict[str, Any]:
