@@ -425,6 +425,8 @@ def test_the_last_step_is_saved_whatever_the_interval(first_runs: dict[str, Any]
     folder = first_runs["folders"]["final"]
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000003", "step-00000005"]
     assert _equal(load_merged(folder / "step-00000005"), result.state)
+    # A folder, or its latest pointer, is its newest verified checkpoint.
+    assert _equal(load_merged(folder), result.state) and _equal(load_merged(folder / "latest"), result.state)
 
 
 def test_pruning_waits_for_a_verified_newer_checkpoint(four_steps: Path, tmp_path: Path) -> None:

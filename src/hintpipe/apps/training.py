@@ -231,8 +231,10 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         layers = build_layers(config.model)
         modules = split_layers(layers, hint.num_stages)
         # Named by layer, as the unsplit model's nn.Sequential names them: checkpoints then resume with
-        # another stage count.
-        options["names"] = ModelNames.of_sequential(nn.Sequential(*layers), layer_bounds(len(layers), len(modules)))
+        # another stage count. Tensor-parallel layers hold q, k and v apart (the unsplit model's qkv): their
+        # names are the layers' own.
+        names = ModelNames.of_sequential(nn.Sequential(*layers), layer_bounds(len(layers), len(modules)))
+        options["names"] = names if config.tp == 1 else dataclasses.replace(names, keys=())
         if mesh is not None and config.tp > 1:
             modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)

@@ -109,6 +109,13 @@ class ModelNames:
                 if key is None:
                     continue
                 out.setdefault(self.canonical(key) if canonical else key, tensor)
+            named = {id(t) for t in out.values()}
+            nameless = [n for n, p in module.named_parameters() if id(p) not in named]
+            if nameless:  # a parameter missing from checkpoints would be lost without a word
+                raise ValueError(
+                    f"stage {stage}'s parameters {nameless[:3]} have no name in the model ({len(self.keys)} names, "
+                    f"such as {list(self.keys[:2])}): build the pipeline from the model it was cut from"
+                )
         return out
 
     @functools.cached_property

@@ -59,10 +59,14 @@ class StepState:
     measured: dict[str, float] = dataclasses.field(default_factory=dict)
     #: Which exchange of messages this is (training steps and evaluations share one count, so that a
     #: neighbour's early message is never taken for this one's); messages carry it as their step.
-    round: int = 0
+    round: int = -1  # -1: the step's number
     #: An evaluation: forwards only, no gradients (:meth:`Pipeline.eval_step
     #: <hintpipe.runtime.pipeline.Pipeline.eval_step>`).
     evaluating: bool = False
+
+    def __post_init__(self) -> None:
+        if self.round < 0:
+            self.round = self.step
 
     @property
     def label(self) -> str:
