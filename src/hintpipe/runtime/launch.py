@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
 from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 
@@ -196,8 +197,14 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
             f"{path}, line {line}: run_ranks starts processes that import this script again; put the code that "
             'calls it under `if __name__ == "__main__":`'
         )
+    # The launcher holds the rendezvous store, not rank 0: a rank stopped by SIGSTOP (or a debugger) would
+    # stop the store with it, and every other rank's heartbeat and error report would wait on it.
+    store = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=max(timeout_s, 30.0))
+    )
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
+    os.environ["MASTER_PORT"] = str(store.port)
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = str(True)  # the ranks connect to it as torchrun's do
     remove_stale_folders()
     with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as out, _Signals(Path(out) / "stop") as signals:
         (Path(out) / LAUNCHER_FILE).write_text(str(os.getpid()))
@@ -216,6 +223,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         for process in processes:
             process.start()
         killed, stopped_here = _watch(processes, signals, timeout_s)
+        del os.environ["TORCHELASTIC_USE_AGENT_STORE"]
+        del store  # the ranks are gone
         return _collect(Path(out), processes, signals, killed, stopped_here)
 
 

@@ -179,8 +179,9 @@ def save_checkpoint(
     try:
         return _write(state.entries(step, rank), rank, identity, tmp, final, what, group, storage_writer)
     except CheckpointError:
-        if rank == 0:  # every rank has left the failed phase: nothing writes there any more
-            shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
+        # Every rank that could write has left the failed phase; each removes the partial folder (rank 0 may be
+        # the one that stopped answering), so that a full disk gets its space back.
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
