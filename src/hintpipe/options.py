@@ -404,6 +404,17 @@ OPTIONS: Mapping[str, Option] = {
         ),
         Option("lr", "float", 1e-3, "AdamW's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
         Option(
+            "log_every",
+            "int",
+            0,
+            "every this many steps, one line on stderr: the step, its loss, its time and tokens/s (0: none; the "
+            "table and --json come at the end)",
+            minimum=0,
+            metavar="N",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
             "checkpoint_every",
             "int",
             0,
