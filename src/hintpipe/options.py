@@ -293,7 +293,13 @@ OPTIONS: Mapping[str, Option] = {
             minimum=0,
         ),
         Option("tied", "object", (), "parameters shared by stages on different ranks, kept equal"),
-        Option("mesh", "object", None, "a DeviceMesh with dimensions named from dp, pp and tp", optional=True),
+        Option(
+            "mesh",
+            "object",
+            None,
+            "a DeviceMesh with dimensions named from dp, pp and tp (or torchtitan's dp_replicate and dp_shard for dp)",
+            optional=True,
+        ),
         Option(
             "data_parallel",
             "choice",
