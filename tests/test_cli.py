@@ -13,6 +13,7 @@ from hintpipe.cli import main
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.hint_csv import save_hint_csv
+from json_keys import unitless_time_keys
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
@@ -41,9 +42,18 @@ def test_compare_speedup_under_variable_lengths(capsys: pytest.CaptureFixture[st
         "--compare",
     )
     assert out["speedup"] >= 1.10
-    assert out["speedup"] == pytest.approx(out["fixed"]["makespan"] / out["ready"]["makespan"])
+    assert out["speedup"] == pytest.approx(out["fixed"]["makespan_cost"] / out["ready"]["makespan_cost"])
+    assert unitless_time_keys(out) == []
     for policy in ("fixed", "greedy", "ready"):
-        keys = {"makespan", "lower_bound", "efficiency", "bubble_fraction", "peak_live_slots", "tasks", "sim_seconds"}
+        keys = {
+            "makespan_cost",
+            "lower_bound_cost",
+            "efficiency",
+            "bubble_fraction",
+            "peak_live_slots",
+            "tasks",
+            "sim_seconds",
+        }
         assert keys <= set(out[policy])
         assert out[policy]["tasks"] == 128
     assert out["fixed"]["peak_live_slots"] == [4, 3, 2, 1]
@@ -89,7 +99,7 @@ def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_
         "--timeline",
         str(png),
     )
-    assert out["makespan"] == 33
+    assert out["makespan_cost"] == 33
     assert out["bubble_fraction"] == pytest.approx(3 / 11)
     assert out["peak_live_slots"] == [8, 8, 8, 8]
     assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]) == 64
@@ -105,7 +115,11 @@ def test_admission_by_size_holds_a_sorted_order_to_the_given_orders_memory(capsy
     for policy in ("fixed", "greedy", "ready"):
         held, room = by_size[policy]["peak_live_size"], by_size[policy]["budget_size"]
         assert all(h <= b for h, b in zip(held, room, strict=True))
-        assert by_size[policy]["lower_bound"] <= by_size[policy]["memory_bound"] <= by_size[policy]["makespan"]
+        assert (
+            by_size[policy]["lower_bound_cost"]
+            <= by_size[policy]["memory_bound_cost"]
+            <= by_size[policy]["makespan_cost"]
+        )
     assert by_slots["ready"]["peak_live_slots"][0] == 8  # slots: as many micro-batches as fixed 1F1B's busiest
     assert "peak_live_size" not in by_slots["ready"]
 
@@ -114,7 +128,7 @@ def test_hint_from_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     path = tmp_path / "zb.csv"
     save_hint_csv(generate_hint("zb-h1", 4, 8), path)
     out = run_json(capsys, "simulate", "--ranks", "4", "--microbatches", "8", "--hint", str(path), "--policy", "fixed")
-    assert out["makespan"] == 8 * 3 + 3 * 1
+    assert out["makespan_cost"] == 8 * 3 + 3 * 1
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -164,7 +178,8 @@ def test_demo_trains_the_same_model_both_ways(capsys: pytest.CaptureFixture[str]
     assert ready["losses"] == pytest.approx(fixed["losses"], rel=1e-5)
     assert fixed["peak_live_slots"] == [2, 1]  # 1F1B on 2 ranks
     assert ready["peak_live_slots"][0] <= 4  # its budget: 2 + memory slack 2
-    assert (fixed["device"], fixed["transport"], fixed["device_peak_bytes"]) == ("cpu", "auto", None)
+    assert (fixed["device"], fixed["transport"], fixed["device_peak_bytes"]) == ("cpu", "gloo", None)  # auto: gloo
+    assert unitless_time_keys(out) == []
     assert out["speedup"] == pytest.approx(ready["tokens_per_s"] / fixed["tokens_per_s"])
     assert png.read_bytes()[:4] == b"\x89PNG"
 
@@ -179,4 +194,4 @@ def test_the_command_line_and_the_simulator_run_without_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["makespan"] == 15.0  # (m + p - 1)(F + B) = 5 x (1 + 2)
+    assert json.loads(done.stdout)["makespan_cost"] == 15.0  # (m + p - 1)(F + B) = 5 x (1 + 2)

@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from conftest import hang_bound
 from groups import Case, run_cases, succeeded
+from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.training import TrainConfig, _train_rank
@@ -25,7 +28,8 @@ from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
-from hintpipe.runtime.parallel.mesh import Layout, build_mesh
+from hintpipe.runtime.parallel.fsdp import FsdpOptions, shard_stages
+from hintpipe.runtime.parallel.mesh import DP_AXES, Layout, build_mesh, dp_mesh
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import Kind
@@ -44,15 +48,35 @@ def _batch(step: int, replica: int) -> tuple[list[torch.Tensor], list[torch.Tens
     return inputs, targets
 
 
+def _titan_mesh(world: int, dp_name: str) -> DeviceMesh:
+    """A mesh as torchtitan's ``ParallelDims`` builds it: ``pp`` outer, its data-parallel dimension named
+    ``dp_replicate`` or ``dp_shard``, and that flattened into ``dp`` (torchtitan's ``_flatten``)."""
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("pp", dp_name))
+    mesh[(dp_name,)]._flatten(mesh_dim_name="dp")
+    return mesh
+
+
 def _data_parallel(
-    rank: int, world: int, policy: str, hint: str, dp: int, mode: str = "replicate"
+    rank: int,
+    world: int,
+    policy: str,
+    hint: str,
+    dp: int,
+    mode: str = "replicate",
+    titan: str = "",
+    options: FsdpOptions | None = None,
 ) -> tuple[float, float]:
     """Train 3 AdamW steps on DP x PP and on the unsplit model with the global batch; returns the largest
-    gradient difference after step 0 and the largest parameter difference after step 2 (this rank's stages)."""
-    mesh = build_mesh(world, dp=dp)
+    gradient difference after step 0 and the largest parameter difference after step 2 (this rank's stages).
+    ``titan`` names the data-parallel dimension of a torchtitan mesh; with ``options`` the caller shards its
+    stages itself with FSDP2's options."""
+    mesh = build_mesh(world, dp=dp) if not titan else _titan_mesh(world, titan)
     layers = build_layers(MODEL)
     reference = nn.Sequential(*copy.deepcopy(layers))
     stages = split_layers(layers, world // dp)
+    if options is not None:
+        mine = Layout.of(mesh).position_of(rank)
+        shard_stages({mine: stages[mine]}, dp_mesh(mesh), options)
     pipe = Pipeline.from_modules(
         stages,
         loss_fn=lm_loss,
@@ -103,6 +127,51 @@ DATA_PARALLEL = [
     ("greedy", "1f1b", "fsdp"),
     ("ready", "zb-h1", "fsdp"),  # FSDP2 under a split backward: reduced after each stage's last W
 ]
+#: torchtitan's meshes, and stages the caller sharded with FSDP2's options (name, worker arguments).
+OTHER_DATA_PARALLEL = {
+    "titan dp_replicate": ("ready", "1f1b", 2, "replicate", "dp_replicate"),
+    "titan dp_shard": ("ready", "zb-h1", 2, "fsdp", "dp_shard"),
+    # Not under a split backward (zb-h1): resharded between B and W, the weight pass finds no parameters.
+    "reshard after forward": ("ready", "1f1b", 2, "fsdp", "", {"reshard_after_forward": True}),
+    "mixed precision": (
+        "fixed",
+        "1f1b",
+        2,
+        "fsdp",
+        "",
+        {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.float64, reduce_dtype=torch.float64)},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OTHER_DATA_PARALLEL)
+def test_torchtitans_meshes_and_fsdp2_options_train_as_the_unsplit_model(
+    four_ranks: dict[str, list[Any]], name: str
+) -> None:
+    # The same tolerances as below; in float64 (the mixed-precision case) the stages compute more exactly than
+    # the float32 reference, which stays within them.
+    for grad_diff, param_diff in succeeded(four_ranks[name]):
+        assert grad_diff < 1e-6
+        assert param_diff < 2e-5
+
+
+def _hsdp(rank: int, world: int) -> tuple[bool, bool]:
+    """A linear layer sharded over torchtitan's ``(dp_replicate, dp_shard)`` mesh: whether its weight is
+    replicated over the first and sharded over the second, and whether its shards put together are the weight."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=DP_AXES)
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4)
+    weight = layer.weight.detach().clone()
+    shard_stages({0: layer}, dp_mesh(mesh))
+    sharded = layer.weight
+    assert isinstance(sharded, DTensor)
+    hsdp = sharded.placements == (Replicate(), Shard(0))
+    return hsdp, bool(torch.equal(sharded.full_tensor(), weight))
+
+
+def test_torchtitans_replicate_and_shard_dimensions_shard_as_hsdp(four_ranks: dict[str, list[Any]]) -> None:
+    # Replicated across dp_replicate, sharded within dp_shard: FSDP2's HSDP on the 2-D data-parallel mesh.
+    assert succeeded(four_ranks["hsdp"]) == [(True, True)] * 4
 
 
 @pytest.mark.parametrize(("policy", "hint", "mode"), DATA_PARALLEL)
@@ -130,10 +199,32 @@ def test_a_layout_from_a_mesh_of_any_dimension_order() -> None:
     assert swapped == layout
     only_pp = Layout.of(FakeMesh(torch.arange(4), ("pp",)))  # type: ignore[arg-type]
     assert only_pp == Layout.world(4)
-    with pytest.raises(ValueError, match=r"named from \('dp', 'pp', 'tp'\) \(each once\), got \('x', 'pp'\)"):
+    with pytest.raises(ValueError) as refused:
         Layout.of(FakeMesh(grid[0], ("x", "pp")))  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "the mesh's dimensions must be named from ('dp', 'pp', 'tp') or torchtitan's ('dp_replicate', 'dp_shard') "
+        "in place of dp (each once), got ('x', 'pp')"
+    )
+    with pytest.raises(ValueError, match=r"^the mesh names dp and \['dp_shard'\]: give one data-parallel axis$"):
+        Layout.of(FakeMesh(grid, ("dp", "dp_shard", "pp")))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"increase along the mesh's pp dimension, got \[1, 0\]"):
         Layout.of(FakeMesh(torch.tensor([1, 0]), ("pp",)))  # type: ignore[arg-type]
+
+
+def test_torchtitans_mesh_names_are_one_data_parallel_axis_replicate_outer() -> None:
+    class FakeMesh:
+        def __init__(self, grid: torch.Tensor, names: tuple[str, ...]) -> None:
+            self.mesh, self.mesh_dim_names, self.ndim = grid, names, grid.ndim
+
+    # torchtitan's order (pp, dp_replicate, dp_shard, tp), flattened into dp as torchtitan's own _flatten("dp").
+    grid = torch.arange(16).reshape(2, 2, 2, 2)
+    titan = Layout.of(FakeMesh(grid, ("pp", "dp_replicate", "dp_shard", "tp")))  # type: ignore[arg-type]
+    flat = Layout.of(FakeMesh(grid.reshape(2, 4, 2), ("pp", "dp", "tp")))  # type: ignore[arg-type]
+    assert titan == flat
+    assert titan.replicas[0] == (0, 2, 4, 6)  # pp 0, tp 0: replicate 0 shards 0, 1; replicate 1 shards 0, 1
+    assert (titan.dp, titan.tp, titan.stages_ranks) == (4, 2, 2)
+    shard_only = Layout.of(FakeMesh(torch.arange(4).reshape(2, 2), ("dp_shard", "pp")))  # type: ignore[arg-type]
+    assert shard_only == Layout.of(FakeMesh(torch.arange(4).reshape(2, 2), ("dp", "pp")))  # type: ignore[arg-type]
 
 
 class _Tied(nn.Module):
@@ -425,7 +516,6 @@ def test_an_emulated_tensor_parallel_task_waits_for_its_slowest_member(
         (["--tp", "3"], "--tp 3 must divide gpt-mini's 4 attention heads"),
         (["--tp", "2", "--model", "mlp"], "--tp has a tensor-parallel plan for the built-in gpt-mini only"),
         (["--dp", "0"], "--dp must be at least 1, got 0"),
-        (["--dp", "2", "--check-grads"], "--check-grads compares one pipeline with the unsplit model"),
     ],
 )
 def test_bad_axes_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
@@ -433,7 +523,45 @@ def test_bad_axes_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str
     assert message in capsys.readouterr().err
 
 
-def _three_axes_config(folder: str, steps: int, *, resume: bool = False, save: bool = True) -> TrainConfig:
+def _checked_config(dp: int, tp: int, mode: str) -> TrainConfig:
+    """``hintpipe train --check-grads`` on DP x PP or TP x PP: step 0's gradients against the unsplit model."""
+    return TrainConfig(
+        model=MODEL,
+        ranks=2,
+        dp=dp,
+        tp=tp,
+        data_parallel=mode,
+        microbatches=MICROBATCHES,
+        steps=1,
+        hint="zb-h1",
+        timeout=TIMEOUT,
+        check_grads=True,
+    )
+
+
+CHECKED = [(2, 1, "replicate"), (2, 1, "fsdp"), (1, 2, "replicate")]
+
+
+@pytest.mark.parametrize(("dp", "tp", "mode"), CHECKED)
+def test_check_grads_compares_every_layout_with_the_unsplit_model(
+    four_ranks: dict[str, list[Any]], dp: int, tp: int, mode: str
+) -> None:
+    # Replicas' gradients averaged as the run averages them, FSDP2 and TP shards put together (full_tensor),
+    # the unsplit model on every replica's micro-batches: float32 sums in another order, within 1e-6 abs.
+    result = succeeded(four_ranks[f"check grads dp{dp} tp{tp} {mode}"])[0]
+    assert result.max_grad_abs_diff < 1e-6
+    assert result.max_grad_rel_diff < 1e-4  # the tolerance --check-grads states (RELATIVE_TOLERANCE)
+    assert result_json(result)["grad_rel_tolerance"] == RELATIVE_TOLERANCE == 1e-4
+
+
+def test_check_grads_on_three_axes(eight_ranks: dict[str, list[Any]]) -> None:
+    whole = succeeded(eight_ranks["axes 4 steps"])[0]  # DP2 x TP2 x PP2, FSDP2 of tensor-parallel DTensors
+    assert whole.max_grad_abs_diff < 1e-6 and whole.max_grad_rel_diff < RELATIVE_TOLERANCE
+
+
+def _three_axes_config(
+    folder: str, steps: int, *, resume: bool = False, save: bool = True, check_grads: bool = False
+) -> TrainConfig:
     """``hintpipe train --dp 2 --tp 2 --data-parallel fsdp --ranks 2`` with checkpoints every 2 steps."""
     return TrainConfig(
         model=MODEL,
@@ -447,6 +575,7 @@ def _three_axes_config(folder: str, steps: int, *, resume: bool = False, save: b
         checkpoint_dir=folder if save else None,
         checkpoint_every=2 if save else 0,
         resume=resume,
+        check_grads=check_grads,
     )
 
 
@@ -467,6 +596,9 @@ def test_train_on_three_axes_saves_checkpoints_that_resume_exactly(eight_ranks: 
 def four_ranks() -> dict[str, list[Any]]:
     """Every 4-rank case of this module on one spawned group."""
     cases = {f"dp {p} {h} {m}": Case(_data_parallel, (p, h, 2, m)) for p, h, m in DATA_PARALLEL}
+    cases |= {name: Case(_data_parallel, arguments) for name, arguments in OTHER_DATA_PARALLEL.items()}
+    cases["hsdp"] = Case(_hsdp)
+    cases |= {f"check grads dp{d} tp{t} {m}": Case(_train_rank, (_checked_config(d, t, m),)) for d, t, m in CHECKED}
     _, planned = _tied_plan()
     cases |= {f"tied {p} {m}": Case(_tied_worker, (planned, p, m)) for p, m in TIED}
     cases |= {
@@ -487,5 +619,5 @@ def eight_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]
     folder = str(tmp_path_factory.mktemp("axes") / "ck")
     cases["axes 2 steps"] = Case(_train_rank, (_three_axes_config(folder, 2),))
     cases["axes resumed"] = Case(_train_rank, (_three_axes_config(folder, 4, resume=True),))
-    cases["axes 4 steps"] = Case(_train_rank, (_three_axes_config(folder, 4, save=False),))
+    cases["axes 4 steps"] = Case(_train_rank, (_three_axes_config(folder, 4, save=False, check_grads=True),))
     return run_cases(8, cases, timeout_s=TIMEOUT)

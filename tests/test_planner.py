@@ -28,6 +28,7 @@ from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.tensor_bytes import count_saved, parameter_storages
+from json_keys import unitless_time_keys
 
 # -- the search against exhaustive enumeration ------------------------------------------
 
@@ -480,6 +481,7 @@ def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("uniform", "params", "time"):
         assert {"bottleneck_ms", "max_microbatch_size"} <= set(out["baselines"][name])
     assert out["bottleneck_ms"] == pytest.approx(max(s["time_ms"] for s in out["stages"]))
+    assert unitless_time_keys(out) == []
 
 
 def _lm(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

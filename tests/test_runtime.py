@@ -403,6 +403,24 @@ def test_every_rank_gets_its_own_copy_of_tensor_arguments(two_ranks: dict[str, l
     assert succeeded(two_ranks["own copy"]) == [1.0, 2.0]
 
 
+def _profiled_worker(rank: int, world: int) -> list[str]:
+    """zb-h1 on 2 ranks, 4 micro-batches; the second step under ``torch.profiler``: this rank's task ranges."""
+    pipe = Pipeline.from_modules(_mlp(world), loss_fn=_mse, microbatches=4, hint="zb-h1", policy="ready")
+    xs, ys = _batches(True, 4)
+    with pipe:
+        pipe.step(xs, ys)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            pipe.step(xs, ys)
+    return sorted(e.name for e in profile.events() if e.name.startswith("hintpipe "))
+
+
+def test_a_profile_of_a_step_shows_each_task_once_by_name(two_ranks: dict[str, list[Any]]) -> None:
+    # As torch's own schedules wrap each action in record_function: one range per task, named by its
+    # kind, stage and micro-batch, on the rank that ran it.
+    for rank, names in enumerate(succeeded(two_ranks["profiled"])):
+        assert names == sorted(f"hintpipe {k} stage {rank} mb {mb}" for k in "FBW" for mb in range(4))
+
+
 @pytest.fixture(scope="module")
 def two_ranks() -> dict[str, list[Any]]:
     """This module's 2-rank cases on one spawned group."""
@@ -415,5 +433,6 @@ def two_ranks() -> dict[str, list[Any]]:
         "wrong module count": GroupCase(_wrong_modules_worker),
         "misspelt options": GroupCase(_misspelt_option_worker),
         "own copy": GroupCase(_own_copy_worker, (torch.zeros(4),)),
+        "profiled": GroupCase(_profiled_worker),
     }
     return run_cases(2, cases, timeout_s=120)

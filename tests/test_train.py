@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import io
 import json
 import os
+import platform
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +16,13 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
+from rich.progress import Progress
 from torch import nn
 
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist, loss_fn_for, make_batch, whole_model
+from hintpipe.apps.progress import log_line
 from hintpipe.apps.training import EmulatedCosts, TrainConfig, _train_rank, predict_step_time
 from hintpipe.cli import build_parser, main
 from hintpipe.cli.train import config_from, result_json
@@ -30,6 +37,7 @@ from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.variability import CommDelay, parse_variability
 from hintpipe.spec import SpecError
+from json_keys import unitless_time_keys
 
 
 def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -60,7 +68,8 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     for key in (
-        "step_time_median",
+        "step_time_median_s",
+        "step_times_s",
         "tokens_per_s",
         "efficiency",
         "losses",
@@ -73,6 +82,10 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
     assert len(out["peak_live_bytes"]) == 2 and min(out["peak_live_bytes"]) > 0
     assert out["max_grad_abs_diff"] <= 1e-6
     assert out["max_grad_rel_diff"] <= 1e-5
+    assert out["grad_rel_tolerance"] == 1e-4
+    assert unitless_time_keys(out) == []
+    assert out["transport"] == "gloo"  # what the pipeline chose for --transport auto on CPU ranks
+    assert out["step_time_median_s"] == statistics.median(out["step_times_s"][1:])  # seconds, steps after the first
     # zb-h1 on 2 ranks, 4 micro-batches: F, B and W of 2 stages.
     slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(slices) == 2 * 4 * 3
@@ -392,8 +405,14 @@ def test_a_plan_file_holds_no_code_and_loads_onto_the_model_it_was_made_for(tmp_
     payload = torch.load(path, weights_only=True)
     torch.save({**payload, "torch": "1.0.0"}, path)
     assert load_plan(path, model)[0].fingerprint == planned.fingerprint
-    with pytest.raises(PlanFileError, match=r"was planned with torch 1\.0\.0 and hintpipe .*; here \(torch "):
+    with pytest.raises(PlanFileError) as refused:  # one line naming both versions
         load_plan(path, _Planned(width=8))
+    ours = importlib.metadata.version("hintpipe")
+    assert str(refused.value) == (
+        f"{path} was planned with torch 1.0.0 and hintpipe {ours}; here (torch {torch.__version__}, hintpipe "
+        f"{ours}) the model captures to another graph (first.weight is [8, 4] here, [4, 4] planned): plan again, "
+        "or give the model it was planned for"
+    )
     # Code in the file is never run: torch's safe loader refuses anything but tensors and plain values.
     torch.save({**payload, "plan": _Planned}, path)
     with pytest.raises(PlanFileError, match=rf"^cannot read plan file {re.escape(str(path))}: WeightsUnpickler error"):
@@ -473,3 +492,43 @@ def four_ranks() -> dict[str, list[Any]]:
         "local dp2": Case(_train_rank, (_local_config(2),)),
     }
     return run_cases(4, cases, timeout_s=120)
+
+
+def test_version_names_hintpipe_torch_and_python(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    ours, theirs = importlib.metadata.version("hintpipe"), importlib.metadata.version("torch")
+    assert capsys.readouterr().out == f"hintpipe {ours} (torch {theirs}, Python {platform.python_version()})\n"
+
+
+def test_lr_reaches_the_run() -> None:
+    argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "2"]
+    assert _from_cli([*argv, "--lr", "0.05"]).lr == 0.05
+    assert _from_cli(argv).lr == 1e-3
+    with pytest.raises(ValueError, match=r"^--lr must be >= 0, got -1$"):
+        _from_cli([*argv, "--lr", "-1"])
+
+
+def test_log_every_prints_step_lines_on_stderr_beside_pure_json(capfd: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "2", "--steps", "4", "--lr", "0.05"]
+    assert main([*argv, "--log-every", "2", "--json"]) == 0
+    captured = capfd.readouterr()  # rank 0's process writes the lines: file descriptors, not sys.stderr
+    out = json.loads(captured.out)  # stdout: the JSON object alone
+    lines = captured.err.splitlines()
+    pattern = re.compile(r"^step (\d)/4: loss (\d+\.\d{4}), (\d+\.\d) ms, ([\d,]+) samples/s$")
+    matches = [pattern.match(line) for line in lines]
+    assert [m.group(1) for m in matches if m] == ["2", "4"] and len(lines) == 2, lines
+    for m in matches:
+        assert m is not None
+        step = int(m.group(1)) - 1
+        assert m.group(2) == f"{out['losses'][step]:.4f}"
+        assert m.group(3) == f"{out['step_times_s'][step] * 1e3:.1f}"
+        assert int(m.group(4).replace(",", "")) == round(2 * 4 / out["step_times_s"][step])  # 2 x 4 samples
+
+
+def test_a_log_line_goes_above_the_progress_bar() -> None:
+    screen = io.StringIO()
+    bar = Progress(console=Console(file=screen, force_terminal=True, width=80), transient=True)
+    with bar:
+        bar.add_task("training", total=2)
+        log_line(bar, "step 1/2: loss 0.5000, 10.0 ms, 800 samples/s")
+    assert "step 1/2: loss 0.5000, 10.0 ms, 800 samples/s\n" in screen.getvalue()

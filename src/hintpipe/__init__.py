@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from hintpipe.runtime.loop.reports import StepReport
     from hintpipe.runtime.parallel.tied import TiedParameter
     from hintpipe.runtime.pipeline import Pipeline
+    from hintpipe.sampler import ReplicaSampler
 
 #: Public name -> the module defining it (imported on first use: most of them need torch).
 _LAZY = {
@@ -67,6 +68,7 @@ _LAZY = {
     "RankFailure": "hintpipe.runtime.errors",
     "TaskError": "hintpipe.runtime.errors",
     "WatchdogTimeout": "hintpipe.runtime.errors",
+    "ReplicaSampler": "hintpipe.sampler",
 }
 
 
@@ -95,6 +97,7 @@ __all__ = [
     "Plan",
     "Policy",
     "RankFailure",
+    "ReplicaSampler",
     "Scoreboard",
     "StepReport",
     "StopRequest",

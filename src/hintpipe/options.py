@@ -314,7 +314,21 @@ OPTIONS: Mapping[str, Option] = {
             minimum=0,
         ),
         Option("tied", "object", (), "parameters shared by stages on different ranks, kept equal"),
-        Option("mesh", "object", None, "a DeviceMesh with dimensions named from dp, pp and tp", optional=True),
+        Option(
+            "mesh",
+            "object",
+            None,
+            "a DeviceMesh with dimensions named from dp, pp and tp (or torchtitan's dp_replicate and dp_shard for dp)",
+            optional=True,
+        ),
+        Option(
+            "fsdp",
+            "object",
+            None,
+            "FSDP2's options for each stage (mp_policy, offload_policy, reshard_after_forward), with "
+            "data_parallel='fsdp'",
+            optional=True,
+        ),
         Option(
             "data_parallel",
             "choice",
@@ -424,6 +438,17 @@ OPTIONS: Mapping[str, Option] = {
             pipeline=False,
         ),
         Option("lr", "float", 1e-3, "AdamW's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
+        Option(
+            "log_every",
+            "int",
+            0,
+            "every this many steps, one line on stderr: the step, its loss, its time and tokens/s (0: none; the "
+            "table and --json come at the end)",
+            minimum=0,
+            metavar="N",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
         Option(
             "checkpoint_every",
             "int",

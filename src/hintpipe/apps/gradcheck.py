@@ -1,46 +1,94 @@
-"""Gradients of a pipeline step against the unsplit model (``hintpipe train --check-grads``)."""
+"""Gradients of a pipeline step against the unsplit model (``hintpipe train --check-grads``), for every layout.
+
+Every rank contributes its stages' gradients by ``(stage, parameter name)``:
+a data-parallel replica's are already averaged over the replicas (the
+runtime's reduction), and a parameter split by FSDP2 or tensor parallelism
+(a DTensor) is put together with ``full_tensor()``, a collective its mesh's
+members reach in the same order because they hold the same stages. Rank 0
+runs the same step on the unsplit model, on one process: every replica's
+micro-batches, each loss divided by micro-batches x replicas, which is the
+gradient of the mean loss over the global batch that the replicas average
+to. Each rank's copy of each gradient is compared, so a replica that
+diverged from the others shows as well as a wrong sum.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from hintpipe.apps.models import Chain, loss_fn_for
 from hintpipe.runtime.pipeline import Pipeline
 
+#: The relative difference ``--check-grads`` accepts (float32; sums over micro-batches, replicas and
+#: tensor-parallel shards run in another order than the unsplit model's).
+RELATIVE_TOLERANCE = 1e-4
+
 
 def compare_gradients(
     pipe: Pipeline,
-    modules: list[torch.nn.Module],
-    reference: list[torch.nn.Module] | None,
-    inputs: list[Any],
-    targets: list[torch.Tensor],
+    modules: Sequence[torch.nn.Module],
+    reference: Sequence[torch.nn.Module] | None,
+    batches: Sequence[tuple[list[Any], list[torch.Tensor]]],
     model_name: str,
 ) -> tuple[float, float] | None:
-    """Rank 0 runs the same step on an unsplit copy and compares every gradient."""
-    local = {
-        (s, n): p.grad.detach().clone()
-        for s in pipe.stages
-        for n, p in modules[s].named_parameters()
-        if p.grad is not None
-    }
+    """Compare every rank's gradients with the unsplit model's (call on every rank, after the step).
+
+    Args:
+        pipe: the pipeline that ran the step.
+        modules: every stage's module as this rank built it (its own stages trained).
+        reference: on rank 0, the unsplit model's stages with the step's starting weights; None elsewhere.
+        batches: on rank 0, each replica's ``(inputs, targets)`` of the step, in replica order.
+        model_name: the built-in model (its loss function).
+
+    Returns:
+        On rank 0, the largest absolute and relative differences; None elsewhere.
+    """
+    local: dict[tuple[int, str], torch.Tensor] = {}
+    for s in pipe.stages:
+        for name, param in modules[s].named_parameters():
+            if param.grad is None:
+                continue
+            grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+            local[(s, name)] = grad.detach().cpu().clone()
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
     if reference is None:
         return None
     model = Chain(*reference)
     loss_fn = loss_fn_for(model_name)
-    for x, y in zip(inputs, targets, strict=True):
-        output = model(*x) if isinstance(x, tuple) else model(x)
-        torch.autograd.backward(loss_fn(output, y) / len(inputs))
+    scale = sum(len(inputs) for inputs, _ in batches)
+    for inputs, targets in batches:
+        for x, y in zip(inputs, targets, strict=True):
+            output = model(*x) if isinstance(x, tuple) else model(x)
+            torch.autograd.backward(loss_fn(output, y) / scale)
     worst_abs = worst_rel = 0.0
     for part in gathered:
-        for (stage, name), grad in part.items():
+        for (stage, name), grad in _fused(part).items():
             expected = dict(reference[stage].named_parameters())[name].grad
             assert expected is not None
             diff = (grad - expected).abs().max().item()
             worst_abs = max(worst_abs, diff)
             worst_rel = max(worst_rel, diff / max(expected.abs().max().item(), 1e-12))
     return worst_abs, worst_rel
+
+
+def _fused(grads: dict[tuple[int, str], torch.Tensor]) -> dict[tuple[int, str], torch.Tensor]:
+    """``grads`` by the unsplit model's names: a tensor-parallel block's ``q``, ``k`` and ``v``
+    (:meth:`~hintpipe.apps.models.Block.unfuse_qkv`) joined again into the rows of its ``qkv``."""
+    out: dict[tuple[int, str], torch.Tensor] = {}
+    parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for (stage, name), grad in grads.items():
+        owner, _, leaf = name.rpartition(".")
+        block, _, part = owner.rpartition(".")
+        if part in ("q", "k", "v"):
+            parts.setdefault((stage, f"{block}.qkv.{leaf}"), {})[part] = grad
+        else:
+            out[(stage, name)] = grad
+    for key, split in parts.items():
+        out[key] = torch.cat([split[p] for p in "qkv"])
+    return out

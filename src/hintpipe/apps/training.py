@@ -9,7 +9,6 @@ same for every policy, so runs compare like for like.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import statistics
@@ -30,7 +29,7 @@ from hintpipe.apps.models import (
     make_batch,
     split_layers,
 )
-from hintpipe.apps.progress import progress_bar
+from hintpipe.apps.progress import log_line, progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.observe.trace import Record
 from hintpipe.options import OPTIONS, check_options
@@ -75,6 +74,7 @@ class TrainConfig:
     faults: tuple[str, ...] = ()
     seed: int = 0
     lr: float = 1e-3
+    log_every: int = 0  # rank 0 prints step, loss, step time and throughput to stderr every this many steps
     timeout: float = 300.0
     check_grads: bool = False
     emulate: EmulatedCosts | None = None
@@ -143,6 +143,7 @@ class TrainResult:
     # reductions had to overlap the rest of the step, and the mean time the rank waited on them.
     dp_overlap_ms: tuple[float, ...] | None = None
     dp_exposed_ms: tuple[float, ...] | None = None
+    transport: str = ""  # the transport the pipeline chose ("gloo", "nccl"; ``auto`` resolved)
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
@@ -151,6 +152,7 @@ class TrainResult:
 
     @property
     def step_time_median(self) -> float:
+        """Seconds: the median over the measured steps."""
         return statistics.median(r.step_time for r in self.measured)
 
     @property
@@ -255,8 +257,8 @@ class _Run:
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
     """What ``train`` runs on each rank: the run of ``config``, closed whatever happens (its mailboxes and
     threads stop, so that a process can go on to other work after a failed run)."""
+    reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
     pipe, modules = _build_pipeline(rank, world, config)
-    reference = copy.deepcopy(modules) if config.check_grads and rank == 0 else None
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
@@ -273,6 +275,8 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         with StopRequest() as stop:
             for step in range(first, config.steps):
                 _step(config, pipe, modules, reference, optimizer, step, run)
+                if rank == 0 and config.log_every and (step + 1) % config.log_every == 0:
+                    log_line(bar, _step_line(config, step, run))
                 stopping = stop.agreed()
                 if checkpoints is not None:
                     checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
@@ -304,7 +308,25 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         decisions_per_step=None if pipe.coordination is None else pipe.coordination.decisions / len(run.reports or [0]),
         dp_overlap_ms=_per_rank_ms([r.dp_overlap for r in run.reports[1:] or run.reports]),
         dp_exposed_ms=_per_rank_ms([r.dp_exposed for r in run.reports[1:] or run.reports]),
+        transport=pipe.transport.value,
     )
+
+
+def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
+    """``--log-every``'s line for the step just run: the global batch's loss and tokens, the step's time."""
+    seconds = run.reports[-1].step_time
+    unit = "samples/s" if config.model.name == "mlp" else "tokens/s"
+    return (
+        f"step {step + 1}/{config.steps}: loss {run.losses[-1]:.4f}, {seconds * 1e3:.1f} ms, "
+        f"{run.tokens[-1] / seconds:,.0f} {unit}"
+    )
+
+
+def unsplit_stages(config: TrainConfig) -> list[torch.nn.Module]:
+    """The built-in model's stages as every rank builds them before any sharding or tensor parallelism: the
+    reference ``--check-grads`` runs unsplit, on one process."""
+    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
+    return split_layers(build_layers(config.model), hint.num_stages)
 
 
 def _per_rank_ms(steps: list[tuple[float, ...]]) -> tuple[float, ...] | None:
@@ -360,7 +382,8 @@ def _step(
     run.losses.append(float(loss))
     run.tokens.append(tokens)
     if step == 0 and config.check_grads and modules is not None:
-        run.grad_diffs = compare_gradients(pipe, modules, reference, inputs, targets, config.model.name)
+        batches = [step_batch(config, step, r)[:2] for r in range(config.dp)] if reference is not None else []
+        run.grad_diffs = compare_gradients(pipe, modules, reference, batches, config.model.name)
     if optimizer is not None and math.isfinite(float(loss)):
         optimizer.step()
     if optimizer is not None:

@@ -8,6 +8,8 @@ one line that says what is wrong and how to fix it.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import platform
 import sys
 from collections.abc import Sequence
 
@@ -26,12 +28,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hintpipe",
         description="Readiness-driven pipeline-parallel training: simulate schedules, train, plan.",
     )
+    parser.add_argument("--version", action="version", version=version_line(), help="print the versions and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     simulate.register(commands)
     train.register(commands)
     plan.register(commands)
     demo.register(commands)
     return parser
+
+
+def version_line() -> str:
+    """hintpipe's version and the torch it would run with (the installed one, read without importing torch:
+    ``hintpipe simulate`` runs without it), for bug reports and to check an install."""
+    return f"hintpipe {_installed('hintpipe')} (torch {_installed('torch')}, Python {platform.python_version()})"
+
+
+def _installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,6 +85,7 @@ TRAIN_OPTIONS = (
     "faults",
     "seed",
     "lr",
+    "log_every",
     "timeout",
     "on_nonfinite",
     "precision",
@@ -213,6 +214,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         faults=tuple(values.get("faults", ())),
         seed=values["seed"],
         lr=values.get("lr", 1e-3),
+        log_every=values.get("log_every", 0),
         timeout=values["timeout"],
         check_grads=getattr(args, "check_grads", False),
         progress=not getattr(args, "json", False),
@@ -317,9 +319,7 @@ def _check_checkpoint_folder(config: TrainConfig) -> None:
 
 def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
     """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
-    dp, tp = values.get("dp", 1), values.get("tp", 1)
-    if dp * tp > 1 and getattr(args, "check_grads", False):
-        raise ValueError("--check-grads compares one pipeline with the unsplit model; use it without --dp and --tp")
+    tp = values.get("tp", 1)
     if tp > 1 and (args.model != "gpt-mini" or getattr(args, "plan", None) is not None):
         raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
     for option in ("trace", "timeline"):
@@ -368,6 +368,9 @@ def _planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any])
 
 
 def result_json(result: TrainResult) -> dict[str, Any]:
+    """The run as ``--json`` prints it: every time key says its unit (``_s``, ``_ms``)."""
+    from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+
     config = result.config
     unit = "tokens_per_s" if config.model.name != "mlp" else "samples_per_s"
     return {
@@ -381,19 +384,20 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "dp_exposed_ms": None if result.dp_exposed_ms is None else list(result.dp_exposed_ms),
         "microbatches": config.microbatches,
         "emulated": config.emulate is not None,
-        "step_time_median": result.step_time_median,
+        "step_time_median_s": result.step_time_median,
         unit: result.throughput,
         "efficiency": result.efficiency,
         "losses": list(result.losses),
         "peak_live_bytes": result.peak_live_bytes,
         "peak_live_slots": result.peak_live,
         "device": config.device,
-        "transport": config.transport,
+        "transport": result.transport,
         "device_peak_bytes": result.device_peak_bytes,
-        "step_times": [r.step_time for r in result.reports],
+        "step_times_s": [r.step_time for r in result.reports],
         "bubble": [list(r.bubble) for r in result.reports],
         "max_grad_abs_diff": result.max_grad_abs_diff,
         "max_grad_rel_diff": result.max_grad_rel_diff,
+        "grad_rel_tolerance": None if result.max_grad_rel_diff is None else RELATIVE_TOLERANCE,
         "resumed_from": result.resumed_from,
         "nonfinite_steps": list(result.nonfinite_steps),
     }
@@ -458,9 +462,10 @@ def run(args: argparse.Namespace) -> int:
         plot_timelines(
             [(f"{config.hint}, {config.policy}: last step", result.records())], args.timeline, unit="seconds"
         )
+    failed = _grads_differ(result)
     if args.json:
         print_json(result_json(result))
-        return 0
+        return failed
     mode = " (emulated compute: tasks sleep their profiled cost)" if config.emulate else ""
     ranks = (
         f"{config.dp} x {config.ranks} x {config.tp} ranks (data x pipeline x tensor)"
@@ -470,8 +475,25 @@ def run(args: argparse.Namespace) -> int:
     stdout.print(f"{config.model.name} on {ranks}, {config.hint}, {config.policy}{mode}")
     stdout.print(step_table(result))
     if result.max_grad_abs_diff is not None:
+        from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+
         stdout.print(
             f"gradients vs unsplit model: max abs diff {result.max_grad_abs_diff:.3g}, "
-            f"max rel diff {result.max_grad_rel_diff:.3g}"
+            f"max rel diff {result.max_grad_rel_diff:.3g} (tolerance {RELATIVE_TOLERANCE:g})"
         )
-    return 0
+    return failed
+
+
+def _grads_differ(result: TrainResult) -> int:
+    """1 (said on stderr) when ``--check-grads`` found a gradient beyond the tolerance, else 0."""
+    from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+
+    worst = result.max_grad_rel_diff
+    if worst is None or worst <= RELATIVE_TOLERANCE:
+        return 0
+    print(
+        f"hintpipe train: --check-grads: a gradient differs from the unsplit model's by {worst:.3g} (relative), "
+        f"over the tolerance {RELATIVE_TOLERANCE:g}",
+        file=sys.stderr,
+    )
+    return 1

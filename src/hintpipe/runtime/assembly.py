@@ -42,8 +42,8 @@ from hintpipe.runtime.loop.step_loop import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer, Event
 from hintpipe.runtime.parallel.coordination import Coordination, needed
 from hintpipe.runtime.parallel.data_parallel import GradientAverage
-from hintpipe.runtime.parallel.fsdp import ShardedReduction, shard_stages
-from hintpipe.runtime.parallel.mesh import Layout
+from hintpipe.runtime.parallel.fsdp import FsdpOptions, ShardedReduction, shard_stages
+from hintpipe.runtime.parallel.mesh import Layout, dp_mesh
 from hintpipe.runtime.parallel.tied import TiedGradients, TiedParameter
 from hintpipe.runtime.transport.links import LinkPostOffice, make_links
 from hintpipe.runtime.transport.mailbox import PostOffice
@@ -142,7 +142,14 @@ def assemble(
     device = rank_device(options["device"], global_rank)
     chosen = choose_transport(options["transport"], device, own_gpu=_agreed_own_gpu(device))
     sharded = layout.dp > 1 and options["data_parallel"] is DataParallel.FSDP and emulate is None
-    placed = _place(modules, device, options["mesh"] if sharded else None, emulated=emulate is not None)
+    fsdp: FsdpOptions | None = options["fsdp"]
+    if sharded and fsdp and fsdp.get("reshard_after_forward") and hint.split_backward:
+        raise ValueError(
+            f"fsdp reshard_after_forward=True with hint {hint.name!r}: its split backward (W) computes weight "
+            "gradients after FSDP2 has resharded the stage; keep the default (False) or use a hint without W"
+        )
+    mesh = options["mesh"] if sharded else None
+    placed = _place(modules, device, mesh, emulated=emulate is not None, fsdp=fsdp)
     p2p = layout.groups(layout.pipelines)
     coll = layout.groups(layout.pipelines, options["timeout"])
     assert p2p is not None and coll is not None
@@ -252,16 +259,22 @@ def _agreed_own_gpu(device: torch.device) -> bool:
 
 
 def _place(
-    modules: Mapping[int, nn.Module], device: torch.device, mesh: DeviceMesh | None, *, emulated: bool
+    modules: Mapping[int, nn.Module],
+    device: torch.device,
+    mesh: DeviceMesh | None,
+    *,
+    emulated: bool,
+    fsdp: FsdpOptions | None = None,
 ) -> dict[int, nn.Module]:
-    """This rank's stages on its device and, given a mesh, sharded by FSDP2 over its ``dp`` dimension
-    (emulated stages never run: they stay where they are)."""
+    """This rank's stages on its device and, given a mesh, sharded by FSDP2 (with ``fsdp``'s options) over its
+    data-parallel dimensions (``dp``, or torchtitan's ``dp_replicate`` x ``dp_shard``: HSDP); emulated stages
+    never run: they stay where they are."""
     if device.type != "cpu" and not emulated:
         for module in modules.values():
             module.to(device)
     placed = dict(modules)
     if mesh is not None:
-        shard_stages(placed, mesh["dp"])
+        shard_stages(placed, dp_mesh(mesh), fsdp)
     return placed
 
 

@@ -45,6 +45,7 @@ from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.loop.step_loop import StepLoop, StepState
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.coordination import Coordination
+from hintpipe.runtime.parallel.fsdp import FsdpOptions
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parallel.tied import TiedParameter
 from hintpipe.runtime.transport.protocol import Transport
@@ -80,6 +81,7 @@ class PipelineOptions(TypedDict, total=False):
     report_every: int
     tied: Sequence[TiedParameter]
     mesh: DeviceMesh | None
+    fsdp: FsdpOptions | None
     data_parallel: str | DataParallel
     microbatch_order: str | MicrobatchOrder
     device: str | torch.device
@@ -128,8 +130,12 @@ class Pipeline:
             (see [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`); or what the hint's busiest
             rank holds, times ``1 + device_budget``.
         tied: parameters shared by stages on different ranks, kept equal; :meth:`from_plan` fills it in.
-        mesh: a DeviceMesh with dimensions named from ``dp``, ``pp`` and ``tp``
-            (:mod:`hintpipe.runtime.parallel.mesh`); default: the whole world is one pipeline.
+        mesh: a DeviceMesh with dimensions named from ``dp``, ``pp`` and ``tp``, or torchtitan's
+            ``dp_replicate`` and ``dp_shard`` for the data-parallel ones (:mod:`hintpipe.runtime.parallel.mesh`);
+            default: the whole world is one pipeline.
+        fsdp: FSDP2's options for each stage under ``data_parallel="fsdp"``
+            (:class:`~hintpipe.runtime.parallel.fsdp.FsdpOptions`: ``mp_policy``, ``offload_policy``,
+            ``reshard_after_forward``).
         seams: for tests only (see :class:`~hintpipe.runtime.assembly.Seams`).
         chunks, timeout, emulate, on_nonfinite, precision, history, timelines, report_every, data_parallel,
             microbatch_order, device, transport: see :data:`hintpipe.options.OPTIONS`.
@@ -162,6 +168,7 @@ class Pipeline:
         report_every: int = 1,
         tied: Sequence[TiedParameter] = (),
         mesh: DeviceMesh | None = None,
+        fsdp: FsdpOptions | None = None,
         data_parallel: str | DataParallel = DataParallel.REPLICATE,
         microbatch_order: str | MicrobatchOrder = MicrobatchOrder.GIVEN,
         device: str | torch.device = "cpu",

@@ -46,11 +46,13 @@ class Summary:
     def to_json(self, unit: str = "slots") -> dict[str, Any]:
         """The summary as JSON; live memory and the budget in ``unit``: ``peak_live_bytes`` when the
         cost model has activation sizes, ``peak_live_size`` under admission by size without them
-        (micro-batches weighted by their known sizes), else ``peak_live_slots`` (micro-batches)."""
+        (micro-batches weighted by their known sizes), else ``peak_live_slots`` (micro-batches). Times
+        carry their unit in the key: the simulator's cost units (``makespan_cost``: the cost model's unit,
+        whatever the ``--costs`` file measured in) or, for the simulator's own run, ``sim_seconds``."""
         return {
-            "makespan": self.makespan,
-            "lower_bound": self.lower_bound,
-            "memory_bound": self.memory_bound,
+            "makespan_cost": self.makespan,
+            "lower_bound_cost": self.lower_bound,
+            "memory_bound_cost": self.memory_bound,
             "efficiency": self.efficiency,
             "bubble_fraction": self.bubble_fraction,
             "bubble": list(self.bubble),

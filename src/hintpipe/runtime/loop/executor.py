@@ -10,6 +10,10 @@ The weight-gradient split (B computes only input gradients, W the weight
 gradients later) uses torch.distributed.pipelining's ``stage_backward_input``
 and ``stage_backward_weight``: they keep the intermediate gradients B computed
 so W does not repeat the backward pass, which is the whole point of the split.
+
+Every task runs inside ``torch.profiler.record_function("hintpipe F stage 3 mb 5")``
+(:func:`task_span`), as torch's own pipeline schedules wrap each action, so a
+``torch.profiler`` trace of a step shows which task each kernel belongs to.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.autograd.profiler import record_function
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from hintpipe.schedule.task import Kind
@@ -60,6 +65,12 @@ class Executor(Protocol):
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Run an evaluation's F: as :meth:`forward`, without gradients, keeping nothing for a backward."""
+
+
+def task_span(kind: Kind, stage: int, mb: int) -> record_function:
+    """The ``torch.profiler`` range of one task: ``hintpipe F stage 3 mb 5`` (its kind, global stage and
+    micro-batch), the name a profile of the runtime groups its kernels and copies under."""
+    return record_function(f"hintpipe {kind.name} stage {stage} mb {mb}")
 
 
 class ExecutorWrapper:
@@ -192,7 +203,7 @@ class StageExecutor:
             counting = count_saved(exclude)
         before = self.allocated() if self.allocated is not None else 0
         precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
-        with counting as counter, precision:
+        with task_span(Kind.F, stage, mb), counting as counter, precision:
             out = self.modules[stage](*inputs)
             loss = None
             if stage == self.last_stage:
@@ -225,6 +236,10 @@ class StageExecutor:
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
         """Run B; returns the gradients for the stage inputs (None where none)."""
+        with task_span(Kind.B, stage, mb):
+            return self._backward(stage, mb, grads)
+
+    def _backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
         outputs = self._outputs.pop((stage, mb))
         inputs = self._inputs.pop((stage, mb))
         if self.split and not any(i.requires_grad for i in inputs):
@@ -249,11 +264,12 @@ class StageExecutor:
 
     def weight(self, stage: int, mb: int) -> None:
         """Run W: accumulate the weight gradients B left out."""
-        deferred = self._deferred.pop((stage, mb), None)
-        if deferred is not None:
-            _full_backward(*deferred)
-        else:
-            stage_backward_weight(self.modules[stage].parameters(), self._groups.pop((stage, mb)))
+        with task_span(Kind.W, stage, mb):
+            deferred = self._deferred.pop((stage, mb), None)
+            if deferred is not None:
+                _full_backward(*deferred)
+            else:
+                stage_backward_weight(self.modules[stage].parameters(), self._groups.pop((stage, mb)))
         self._release(stage, mb)
 
     def _release(self, stage: int, mb: int) -> None:
@@ -264,7 +280,7 @@ class StageExecutor:
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Run an evaluation's F under ``torch.no_grad`` (and the training precision)."""
         precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
-        with torch.no_grad(), precision:
+        with task_span(Kind.F, stage, mb), torch.no_grad(), precision:
             out = self.modules[stage](*inputs)
             if stage != self.last_stage:
                 return as_tensors(out), None
@@ -359,9 +375,10 @@ class EmulatedExecutor:
         return self.costs.cost(stage, kind, size) * scale
 
     def _sleep(self, stage: int, kind: Kind, mb: int, size: Sequence[float]) -> None:
-        time.sleep(self.duration(stage, kind, mb, size))
-        if self.couple is not None:
-            self.couple()
+        with task_span(kind, stage, mb):
+            time.sleep(self.duration(stage, kind, mb, size))
+            if self.couple is not None:
+                self.couple()
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float

@@ -18,6 +18,13 @@ its parameters only while they are the unsharded tensors that graph holds
 ``AccumulateGrad``). With tensor-parallel stages the parameters are 2-D
 DTensors (``Shard`` over dp of a tp placement), as torchtitan shards them.
 
+FSDP2's own options (``mp_policy``, ``offload_policy``,
+``reshard_after_forward``) pass through :class:`FsdpOptions`; and a stage the
+caller has already sharded (``fully_shard`` with any options, on submodules
+too, as torchtitan shards each block) is kept as it is: the runtime only
+drives its gradient sync and resharding per step, which works on any
+``FSDPModule``.
+
 On a CPU with gloo the reduce-scatter runs in the calling thread, so the
 stage's rank waits for it while its neighbours go on; on a GPU FSDP2 issues it
 on its own stream and the rank goes on computing.
@@ -28,11 +35,11 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from hintpipe.runtime.loop.hooks import Hook
 
@@ -40,13 +47,31 @@ if TYPE_CHECKING:
     from hintpipe.runtime.loop.step_loop import StepState
 
 
-def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh) -> None:
-    """Shard every stage module over ``mesh`` (the ``dp`` dimension), in place."""
+class FsdpOptions(TypedDict, total=False):
+    """FSDP2's options for each stage (``torch.distributed.fsdp.fully_shard``'s keywords of the same names).
+
+    ``reshard_after_forward`` defaults to False here (micro-batches follow each other, so a stage gathered
+    once per step stays gathered); True frees the gathered parameters after every forward and gathers
+    them again for its backward: less memory, one more all-gather per micro-batch.
+    """
+
+    mp_policy: MixedPrecisionPolicy
+    offload_policy: OffloadPolicy
+    reshard_after_forward: bool | int
+
+
+def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh, options: FsdpOptions | None = None) -> None:
+    """Shard every stage module over ``mesh`` (the data-parallel mesh: 1-D, or 2-D for HSDP, see
+    :func:`~hintpipe.runtime.parallel.mesh.dp_mesh`), in place, with FSDP2's ``options``; a stage the caller
+    sharded already keeps its own."""
+    keywords: FsdpOptions = {"reshard_after_forward": False}
+    keywords.update(options or {})
     # FSDP2 warns when a module returns a view, in case the caller writes into it in place and so skips
     # the pre-backward hook; the runtime never writes into a stage's output (it sends it, or backwards it).
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for module in modules.values():
-        fully_shard(module, mesh=mesh, reshard_after_forward=False)
+        if not isinstance(module, FSDPModule):
+            fully_shard(module, mesh=mesh, **keywords)
 
 
 class ShardedReduction(Hook):

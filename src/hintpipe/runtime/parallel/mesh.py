@@ -13,6 +13,13 @@ per-step agreement, reports) is addressed by position, on process groups
 whose ranks are the pipeline's, so two pipelines never share a message or a
 collective.
 
+torchtitan's names are read too: ``dp_replicate`` and ``dp_shard`` (HSDP:
+replicas of shards) together are the data-parallel axis, flattened with
+``dp_replicate`` outer, as torchtitan flattens them into its ``dp``; FSDP2
+then shards over :func:`dp_mesh`, the 2-D ``(dp_replicate, dp_shard)`` mesh.
+Context parallelism (``cp``) has no place in a pipeline's stages yet and is
+refused.
+
 Process groups are created collectively: every rank builds the same
 :class:`Layout` and creates every pipeline's groups, in the same order
 (``new_subgroups_by_enumeration``).
@@ -30,6 +37,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 AXES = ("dp", "pp", "tp")
+#: torchtitan's data-parallel dimensions, outer first: replicas of FSDP2 shards (HSDP).
+DP_AXES = ("dp_replicate", "dp_shard")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,20 +59,29 @@ class Layout:
 
     @classmethod
     def of(cls, mesh: DeviceMesh) -> Layout:
-        """Read a mesh whose dimensions are named from ``dp``, ``pp`` and ``tp``.
+        """Read a mesh whose dimensions are named from ``dp``, ``pp`` and ``tp``, or torchtitan's
+        ``dp_replicate`` and ``dp_shard`` in place of ``dp``.
 
         Raises:
-            ValueError: for other dimension names, or ranks that do not increase along ``pp``.
+            ValueError: for other dimension names, ``dp`` beside ``dp_replicate``/``dp_shard``, or ranks that
+                do not increase along ``pp``.
         """
         names = tuple(mesh.mesh_dim_names or ())
-        if len(names) != mesh.ndim or len(set(names)) != len(names) or not set(names) <= set(AXES):
-            raise ValueError(f"the mesh's dimensions must be named from {AXES} (each once), got {names or 'no names'}")
+        known = (*DP_AXES, *AXES)
+        if len(names) != mesh.ndim or len(set(names)) != len(names) or not set(names) <= set(known):
+            raise ValueError(
+                f"the mesh's dimensions must be named from {AXES} or torchtitan's {DP_AXES} in place of dp (each "
+                f"once), got {names or 'no names'}"
+            )
+        if "dp" in names and set(DP_AXES) & set(names):
+            raise ValueError(f"the mesh names dp and {[n for n in names if n in DP_AXES]}: give one data-parallel axis")
         grid = mesh.mesh
-        for axis in AXES:  # missing dimensions have size 1
+        for axis in known:  # missing dimensions have size 1
             if axis not in names:
                 grid = grid.unsqueeze(-1)
                 names = (*names, axis)
-        grid = grid.permute(*[names.index(a) for a in AXES])
+        grid = grid.permute(*[names.index(a) for a in known])  # dp_replicate, dp_shard, dp, pp, tp
+        grid = grid.reshape(-1, *grid.shape[3:])  # one data-parallel axis, replicate outer (torchtitan's flatten)
         dp, pp, tp = grid.shape
         pipelines = tuple(tuple(int(r) for r in grid[d, :, t]) for d, t in itertools.product(range(dp), range(tp)))
         for ranks in pipelines:
@@ -103,6 +121,23 @@ class Layout:
         span = None if timeout is None else datetime.timedelta(seconds=timeout)
         mine, _ = dist.new_subgroups_by_enumeration(wanted, timeout=span, backend="gloo")  # type: ignore[no-untyped-call]
         return mine if any(rank in ranks for ranks in wanted) else None
+
+
+def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards a stage over: ``mesh["dp"]``, or for torchtitan's names the 2-D
+    ``(dp_replicate, dp_shard)`` mesh (``fully_shard`` then replicates across the first and shards within the
+    second: HSDP), or the one of them the mesh has.
+
+    Raises:
+        ValueError: if the mesh has no data-parallel dimension.
+    """
+    names = tuple(mesh.mesh_dim_names or ())
+    if "dp" in names:
+        return mesh["dp"]
+    present = tuple(axis for axis in DP_AXES if axis in names)
+    if not present:
+        raise ValueError(f"the mesh has no data-parallel dimension (dp, or {' and '.join(DP_AXES)}), got {names}")
+    return mesh[present[0]] if len(present) == 1 else mesh[present]
 
 
 def build_mesh(world: int, *, dp: int = 1, tp: int = 1) -> DeviceMesh:
