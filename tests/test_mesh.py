@@ -68,15 +68,12 @@ def _data_parallel(
 ) -> tuple[float, float]:
     """Train 3 AdamW steps on DP x PP and on the unsplit model with the global batch; returns the largest
     gradient difference after step 0 and the largest parameter difference after step 2 (this rank's stages).
-    ``titan`` names the data-parallel dimension of a torchtitan mesh; with ``options`` the caller shards its
-    stages itself with FSDP2's options."""
+    ``titan`` names the data-parallel dimension of a torchtitan mesh; ``options`` are FSDP2's, given to the
+    pipeline."""
     mesh = build_mesh(world, dp=dp) if not titan else _titan_mesh(world, titan)
     layers = build_layers(MODEL)
     reference = nn.Sequential(*copy.deepcopy(layers))
     stages = split_layers(layers, world // dp)
-    if options is not None:
-        mine = Layout.of(mesh).position_of(rank)
-        shard_stages({mine: stages[mine]}, dp_mesh(mesh), options)
     pipe = Pipeline.from_modules(
         stages,
         loss_fn=lm_loss,
@@ -86,6 +83,7 @@ def _data_parallel(
         mesh=mesh,
         timeout=TIMEOUT,
         data_parallel=mode,
+        fsdp=options,
     )
     replica = pipe.layout.replica_of(rank)
     optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], eps=EPS)
@@ -592,12 +590,41 @@ def test_train_on_three_axes_saves_checkpoints_that_resume_exactly(eight_ranks: 
     assert all(v > 0 for v in [*shown["dp_overlap_ms"], *shown["dp_exposed_ms"]])
 
 
+def _reshard_refused(rank: int, world: int) -> str:
+    stages = split_layers(build_layers(MODEL), 2)
+    try:
+        Pipeline.from_modules(
+            stages,
+            loss_fn=lm_loss,
+            microbatches=MICROBATCHES,
+            hint="zb-h1",
+            mesh=build_mesh(world, dp=2),
+            data_parallel="fsdp",
+            fsdp={"reshard_after_forward": True},
+        )
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_resharding_after_forward_is_refused_under_a_split_backward(four_ranks: dict[str, list[Any]]) -> None:
+    assert (
+        four_ranks["reshard refused"]
+        == [
+            "fsdp reshard_after_forward=True with hint 'zb-h1': its split backward (W) computes weight gradients after "
+            "FSDP2 has resharded the stage; keep the default (False) or use a hint without W"
+        ]
+        * 4
+    )
+
+
 @pytest.fixture(scope="module")
 def four_ranks() -> dict[str, list[Any]]:
     """Every 4-rank case of this module on one spawned group."""
     cases = {f"dp {p} {h} {m}": Case(_data_parallel, (p, h, 2, m)) for p, h, m in DATA_PARALLEL}
     cases |= {name: Case(_data_parallel, arguments) for name, arguments in OTHER_DATA_PARALLEL.items()}
     cases["hsdp"] = Case(_hsdp)
+    cases["reshard refused"] = Case(_reshard_refused)
     cases |= {f"check grads dp{d} tp{t} {m}": Case(_train_rank, (_checked_config(d, t, m),)) for d, t, m in CHECKED}
     _, planned = _tied_plan()
     cases |= {f"tied {p} {m}": Case(_tied_worker, (planned, p, m)) for p, m in TIED}
