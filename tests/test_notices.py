@@ -30,7 +30,7 @@ def _loop(step_clock: float) -> tuple[StepLoop, Scoreboard, list[Message]]:
         admission=none,
         timeout=1.0,
         stash=stash,
-        check_loss=lambda loss, mb: None,
+        check_losses=lambda losses, slots: None,
         notices=True,
     )
     loop._t0 = step_clock
