@@ -44,7 +44,7 @@ def offload(module: torch.nn.Module, *args: Any) -> Any:
     """
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     if device.type == "cuda":
-        with torch.autograd.graph.saved_tensors_hooks(*_host_copies(device, resident(module))):
+        with torch.autograd.graph.saved_tensors_hooks(*host_copies(device, resident(module))):
             return module(*args)
 
     def keep(t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def offload_hooks(
     return pack, unpack
 
 
-def _host_copies(
+def host_copies(
     device: torch.device, keep: set[int]
 ) -> tuple[Callable[[torch.Tensor], _Packed], Callable[[_Packed], torch.Tensor]]:
     """Saved-tensor hooks that move a GPU's saved activations to pinned host memory and back (asynchronously)."""
