@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Create .venv at the repository root with hintpipe installed in editable mode.
-# torch is pinned to the CPU build 2.13.0 and installed first, on its own, so that
-# no looser requirement can pull a different build. The hf extra (transformers, for
-# Hugging Face models) needs no torch of its own.
+# torch is pinned to 2.13.0 and installed first, on its own, so that no looser requirement can pull
+# a different build. It comes from pip's configured index (the CPU build the tests run on); on a GPU
+# machine give the index of a CUDA build of the same version instead (README, "On GPUs"):
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/setup.sh
+# The hf extra (transformers, for Hugging Face models) needs no torch of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+index=()
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+  index=(--index-url "$TORCH_INDEX_URL")
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check ${index[@]+"${index[@]}"} "torch==2.13.0"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,hf]"

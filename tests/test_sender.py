@@ -1,18 +1,23 @@
 """The sender: a GPU rank's messages posted by a thread of their own, in order, each once its staging copy
 has landed, and their buffers back in the pool as soon as their sends complete (see [Note: the sender
-thread] in hintpipe.runtime.transport.sender). Posts and copies are stand-ins: the order and the waits are
-what is tested, with no device and no process group."""
+thread] in hintpipe.runtime.transport.sender). Posts and copies are stand-ins where the order and the waits
+are what is tested; a CPU mailbox with the thread runs the real sends between two ranks."""
 
 from __future__ import annotations
 
 import datetime
 import threading
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from groups import Case, run_cases, succeeded
+from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.sender import UNREAPED, Outgoing, Sender
 from hintpipe.runtime.transport.staging import MIN_BUFFER, StagingPool
+from hintpipe.runtime.transport.wire import MessageKind
 
 WAIT_S = 30.0  # a bound on waiting for the thread, never reached when it works
 
@@ -127,3 +132,65 @@ def test_a_send_that_fails_on_the_thread_is_raised_by_the_next_submit() -> None:
     with pytest.raises(RuntimeError, match=r"^a send failed: Connection closed by peer$"):
         sender.submit(Outgoing(1, [_named(2)]))
     sender.stop(WAIT_S)
+
+
+# -- a mailbox whose sends leave from the thread, between two ranks ---------------------------------------
+
+
+class _ThreadedPostOffice(PostOffice):
+    """A CPU rank's mailbox that posts its sends from the sender thread, as a GPU rank's does."""
+
+    def _threaded_sends(self) -> bool:
+        return True
+
+
+def _messages() -> list[list[torch.Tensor | None]]:
+    g = torch.Generator().manual_seed(3)
+    return [
+        [torch.randn(4, 8, generator=g)],
+        [torch.randn(4, 8, generator=g)],  # the pre-posted size
+        [torch.randn(2, 3, generator=g), None],  # smaller: padded
+        [torch.randn(16, 8, generator=g)],  # larger: the rest follows
+        [torch.randn(1, 1, generator=g) for _ in range(30)],  # a description beyond the header
+        [torch.randint(0, 9, (5,), dtype=torch.int16, generator=g)],
+    ]
+
+
+def _threaded_mailbox(rank: int, world: int) -> list[tuple[str, int, list[torch.Tensor | None], str | None]]:
+    group = dist.new_group(backend="gloo")
+    post = _ThreadedPostOffice([1 - rank], torch.device("cpu"), group=group, notices=True)
+    assert post.sender.threaded
+    received: list[tuple[str, int, list[torch.Tensor | None], str | None]] = []
+    if rank == 0:
+        for mb, tensors in enumerate(_messages()):
+            post.notify(1, 0, 1, mb, MessageKind.ACTIVATION)
+            post.send(1, MessageKind.ACTIVATION, 0, 1, mb, tensors)
+        post.close(timeout=30, error="rank 0: done")  # the closing word goes after every message, in order
+        return received
+    while not received or received[-1][0] != "ABORT":
+        msg = post.get(30)
+        assert msg is not None, "a message did not arrive"
+        if msg.kind is not MessageKind.STARTED:
+            received.append((msg.kind.name, msg.mb, msg.tensors, msg.error))
+    post.close(timeout=30)
+    return received
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, list[Any]]:
+    return run_cases(2, {"threaded mailbox": Case(_threaded_mailbox)}, timeout_s=120)
+
+
+def test_a_mailbox_with_the_sender_thread_delivers_every_message_whole_and_in_order(
+    two_ranks: dict[str, list[Any]],
+) -> None:
+    received = succeeded(two_ranks["threaded mailbox"])[1]
+    sent = _messages()
+    assert [(kind, mb, error) for kind, mb, _, error in received] == [
+        *(("ACTIVATION", mb, None) for mb in range(len(sent))),
+        ("ABORT", -1, "rank 0: done"),
+    ]
+    for (_, _, got, _), expected in zip(received, sent, strict=False):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))

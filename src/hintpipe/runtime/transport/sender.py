@@ -22,14 +22,15 @@ message's sends.
   the calling thread (:meth:`Sender.post_now`): a notice must not wait for
   a copy.
 - **Buffers come back as soon as their sends complete.** gloo tells that a
-  send completed only to whoever waits on it. The thread waits on every
-  posted send whenever its queue is empty (it has nothing else to do: every
-  peer keeps a receive posted for the next header and payload, so the waits
-  are short), and each message's staging buffer goes back to the pool as
-  its last send completes: the pool's bound holds, instead of buffers piling
-  up in torch's pinned cache behind a queue of unreaped sends. Without a
-  thread the computing thread waits on the oldest sends once more than
-  :data:`UNREAPED` are pending (they only keep tensors alive).
+  send completed only to whoever waits on it. Once it has posted a message,
+  the thread waits on the sends of every message before it, and on all of
+  them whenever its queue is empty (every peer keeps a receive posted for
+  the next header and payload, so these waits are short, and the thread has
+  nothing else to do); each message's staging buffer goes back to the pool
+  as its last send completes. So the pool's bound holds, instead of buffers
+  piling up in torch's pinned cache behind a queue of unreaped sends.
+  Without a thread the computing thread waits on the oldest sends once more
+  than :data:`UNREAPED` are pending (they only keep tensors alive).
 - **Failures surface on the computing thread.** A send that fails in the
   thread (a peer gone) is kept and raised by the next :meth:`Sender.submit`
   or :meth:`Sender.flush`; the receiving thread reports the lost peer too.
@@ -202,6 +203,8 @@ class Sender:
                 self._post_all(item)
             except Exception as exc:
                 self._failure = exc
+                continue
+            self._reap_quietly(len(item.parts) + 1, None)  # the messages before this one
 
     def _reap_quietly(self, keep: int, timeout: datetime.timedelta | None) -> None:
         try:
