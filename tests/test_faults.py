@@ -90,6 +90,11 @@ class _Timed:
     def weight(self, stage: int, mb: int) -> None:
         time.sleep(self.seconds)
 
+    def evaluate(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        return self.forward(stage, mb, inputs, target, loss_scale)
+
 
 def test_real_compute_is_slowed_by_the_factor_and_never_sped_up() -> None:
     # straggler:4:0 makes stage 0's tasks cost 4x: a task that computed 20 ms sleeps 60 ms more.

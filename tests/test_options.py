@@ -74,7 +74,7 @@ def test_the_pipeline_takes_every_pipeline_option_with_its_default() -> None:
         else:
             assert parameter.default == option.default, name
     keywords = {n for n, o in OPTIONS.items() if o.pipeline and not o.required}
-    assert set(PipelineOptions.__annotations__) == keywords | {"seams"}
+    assert set(PipelineOptions.__annotations__) == keywords | {"seams", "names"}
 
 
 def test_the_run_config_has_every_train_option_with_its_default() -> None:

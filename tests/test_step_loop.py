@@ -34,6 +34,11 @@ class _Executor:
         self.log.append(f"F{mb}")
         return [], torch.tensor(float(mb))
 
+    def evaluate(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        raise AssertionError("a training step does not evaluate")
+
     def backward(self, stage: int, mb: int, grads: Any) -> list[torch.Tensor | None]:
         self.log.append(f"B{mb}")
         return [torch.zeros(1)]

@@ -67,6 +67,18 @@ class DeviceChoice(Choice):
         return "device"
 
 
+class Precision(Choice):
+    """``fp32``: every task in float32; ``bf16``: forwards (and the loss) under ``torch.autocast`` to bfloat16,
+    parameters, gradients and optimizer state staying float32, as autocast does for the unsplit model."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "precision"
+
+
 class TransportChoice(Choice):
     """``auto``: ``nccl`` where every rank has a GPU of its own, else ``gloo``; ``gloo``; ``nccl``."""
 
@@ -281,6 +293,15 @@ OPTIONS: Mapping[str, Option] = {
             OnNonFinite.RAISE,
             "a NaN or infinite loss stops the run (raise) or skips that step's update (skip)",
             choices=OnNonFinite,
+            commands=_TRAIN,
+        ),
+        Option(
+            "precision",
+            "choice",
+            Precision.FP32,
+            "fp32, or bf16: forwards and the loss under torch.autocast to bfloat16 (parameters, gradients and "
+            "optimizer state stay float32)",
+            choices=Precision,
             commands=_TRAIN,
         ),
         Option("history", "int", 100, "how many steps' reports to keep", minimum=1),

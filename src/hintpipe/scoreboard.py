@@ -155,13 +155,14 @@ def rank_budget(graph: RankGraph, budget: float | None) -> float:
     """
     if budget is None:
         return graph.peak
-    if budget < graph.peak:
+    # A peak summed in another order than the budget may differ from it in its last bits: that is not short.
+    if budget < graph.peak - abs(graph.peak) * 1e-12:
         raise BudgetError(
             f"memory budget {budget:g} on rank {graph.rank} is below the hint's own peak "
             f"{graph.peak:g}; raise the budget or choose a hint that holds fewer "
             "micro-batches in flight"
         )
-    return float(budget)
+    return max(float(budget), graph.peak)
 
 
 class Scoreboard:

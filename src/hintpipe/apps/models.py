@@ -136,8 +136,13 @@ def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
         raise ValueError(
             f"{len(layers)} layers cannot fill {stages} stages; use --layers {stages} or more, or fewer stages"
         )
-    bounds = [round(i * len(layers) / stages) for i in range(stages + 1)]
+    bounds = layer_bounds(len(layers), stages)
     return [Chain(*layers[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def layer_bounds(layers: int, stages: int) -> list[int]:
+    """Where :func:`split_layers` cuts: each stage's first layer, then the layer count."""
+    return [round(i * layers / stages) for i in range(stages + 1)]
 
 
 def loss_fn_for(name: str) -> LossFunction:

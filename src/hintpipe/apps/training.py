@@ -13,15 +13,23 @@ import copy
 import dataclasses
 import math
 import statistics
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from hintpipe.apps.corpus import stdlib_batch
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
-from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
+from hintpipe.apps.models import (
+    ModelConfig,
+    SeqLenDist,
+    build_layers,
+    layer_bounds,
+    loss_fn_for,
+    make_batch,
+    split_layers,
+)
 from hintpipe.apps.progress import progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.device import rank_device
@@ -34,6 +42,7 @@ from hintpipe.runtime.faults import failing_writer, inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import Layout, build_mesh
 from hintpipe.runtime.pipeline import Pipeline, PipelineOptions, StepReport
 from hintpipe.schedule.hint import Hint
@@ -77,6 +86,7 @@ class TrainConfig:
     replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
     resume: bool = False
     on_nonfinite: str = "raise"
+    precision: str = "fp32"
     return_state: bool = False
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
@@ -203,6 +213,7 @@ def _build_pipeline(
         "timeout": config.timeout,
         "emulate": config.emulate,
         "on_nonfinite": config.on_nonfinite,
+        "precision": config.precision,
         "timelines": config.timelines,
         "microbatch_order": config.microbatch_order,
         "device": config.device,
@@ -227,7 +238,11 @@ def _build_pipeline(
         del options["hint"]  # the plan's own
         pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     else:
-        modules = split_layers(build_layers(config.model), hint.num_stages)
+        layers = build_layers(config.model)
+        modules = split_layers(layers, hint.num_stages)
+        # Named by layer, as the unsplit model's nn.Sequential names them: checkpoints then resume with
+        # another stage count.
+        options["names"] = ModelNames.of_sequential(nn.Sequential(*layers), layer_bounds(len(layers), len(modules)))
         if mesh is not None and config.tp > 1:
             modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
         reference = copy.deepcopy(modules) if config.check_grads and rank == 0 else None
@@ -277,7 +292,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         if bar is not None:
             bar.stop()
         pipe.close()
-    state = _gather_state(mine, world) if config.return_state else None
+    state = pipe.state_dict() if config.return_state else None
     if rank != 0:
         return None
     return TrainResult(
@@ -320,11 +335,10 @@ def _checkpointer(config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Op
         return None
     checkpoints = Checkpointer(
         config.checkpoint_dir,
-        pipe.modules,
+        pipe,
         optimizer,
         every=config.checkpoint_every,
         keep=config.checkpoint_keep,
-        hint=pipe.hint.name,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
     )
     return checkpoints
@@ -373,15 +387,6 @@ def step_batch(
 
 
 REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run
-
-
-def _gather_state(mine: dict[int, torch.nn.Module], world: int) -> dict[str, torch.Tensor]:
-    """Every rank's parameters and buffers, keyed ``<stage>.<name>`` (for tests and evaluation)."""
-    shares: list[Any] = [None] * world
-    dist.all_gather_object(
-        shares, {f"{s}.{n}": t.detach().clone() for s, m in mine.items() for n, t in m.state_dict().items()}
-    )
-    return {k: v for share in shares for k, v in share.items()}
 
 
 def predict_step_time(hint: Hint, report: StepReport, policy: Policy, slack: float = 0.0) -> float:

@@ -62,6 +62,9 @@ class CapturedGraph:
     marked: bool
     aliases: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     scalars: set[int] = dataclasses.field(default_factory=set)
+    #: The model's own state-dict keys, in its order (a tied tensor under each of its names; buffers the
+    #: model does not keep left out, which the captured module may hold as ordinary ones).
+    state_keys: tuple[str, ...] = ()
 
     @property
     def index(self) -> dict[fx.Node, int]:
@@ -71,7 +74,7 @@ class CapturedGraph:
         # Nodes do not pickle; the GraphModule does (it re-traces its own code,
         # which yields the same nodes in the same order), so rebuild from it.
         sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
-        return (_captured_with_sizes, (self.module, sizes, self.aliases, self.scalars))
+        return (_captured_with_sizes, (self.module, sizes, self.aliases, self.scalars, self.state_keys))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,13 +171,18 @@ def capture(
         CaptureError: naming what could not be captured and the fallback.
     """
     root = copy.deepcopy(model)
+    keys = tuple(root.state_dict())
     if modules is not None:
-        return _sequence_of(root, list(modules))
+        sequence = _sequence_of(root, list(modules))
+        sequence.state_keys = keys
+        return sequence
     traced_error: Exception | None = None
     if not kwargs:
         try:
             graph = _Tracer(set()).trace(root)
-            return _with_aliases(_captured(fx.GraphModule(root, graph)), root)
+            traced = _with_aliases(_captured(fx.GraphModule(root, graph)), root)
+            traced.state_keys = keys
+            return traced
         except Exception as exc:  # torch.fx raises several types for untraceable code
             traced_error = exc
     if example is None:
@@ -187,6 +195,7 @@ def capture(
     captured = _with_aliases(_captured(exported), root)
     inputs = (*example, *(v for v in (kwargs or {}).values() if isinstance(v, torch.Tensor)))
     captured.scalars = _number_nodes(captured, inputs)
+    captured.state_keys = keys
     return captured
 
 
@@ -318,11 +327,16 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
 
 
 def _captured_with_sizes(
-    module: fx.GraphModule, sizes: list[int], aliases: dict[str, tuple[str, ...]], scalars: set[int]
+    module: fx.GraphModule,
+    sizes: list[int],
+    aliases: dict[str, tuple[str, ...]],
+    scalars: set[int],
+    state_keys: tuple[str, ...] = (),
 ) -> CapturedGraph:
     graph = _captured(module)
     graph.aliases = aliases
     graph.scalars = scalars
+    graph.state_keys = state_keys
     for node, size in zip(graph.inputs, sizes, strict=True):
         node.meta["example_bytes"] = size
     return graph

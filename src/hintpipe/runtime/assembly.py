@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
-from hintpipe.options import DataParallel, TransportChoice
+from hintpipe.options import DataParallel, Precision, TransportChoice
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
@@ -154,7 +154,8 @@ def assemble(
     transport = _connect(
         layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams, received
     )
-    compute = _computing(placed, hint, loss_fn, emulate, device, received)
+    autocast = (device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
+    compute = _computing(placed, hint, loss_fn, emulate, device, autocast, received)
     admission = Admission(
         hint,
         rank,
@@ -307,6 +308,7 @@ def _computing(
     loss_fn: LossFn,
     emulate: EmulatedCosts | None,
     device: torch.device,
+    autocast: tuple[str, torch.dtype] | None,
     received: ReceivedBytes,
 ) -> Executor:
     """The executor of this rank's tasks: its stages (checked against the allocator on a GPU, less what the
@@ -315,7 +317,7 @@ def _computing(
     if emulate is not None:
         return EmulatedExecutor(emulate, last)
     probe = allocated_probe(device, received)
-    return StageExecutor(modules, last, loss_fn, hint.split_backward, allocated=probe)
+    return StageExecutor(modules, last, loss_fn, hint.split_backward, allocated=probe, autocast=autocast)
 
 
 def _device_timer(device: torch.device, *, emulated: bool, seams: Seams) -> DeviceTimer | None:

@@ -34,18 +34,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from hintpipe.options import DataParallel, OnNonFinite, TransportChoice, check_options
+from hintpipe.options import DataParallel, OnNonFinite, Precision, TransportChoice, check_options
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
+from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
+from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
 from hintpipe.runtime.loop.executor import EmulatedCosts, Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch, order_step, prepare_step, relative_sizes
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.coordination import Coordination
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parallel.tied import TiedParameter
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message
+from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
@@ -70,6 +74,7 @@ class PipelineOptions(TypedDict, total=False):
     timeout: float
     emulate: EmulatedCosts | None
     on_nonfinite: str | OnNonFinite
+    precision: str | Precision
     history: int
     timelines: bool
     report_every: int
@@ -80,6 +85,7 @@ class PipelineOptions(TypedDict, total=False):
     device: str | torch.device
     transport: str | TransportChoice
     seams: Seams
+    names: ModelNames
 
 
 T = TypeVar("T")
@@ -125,8 +131,10 @@ class Pipeline:
         mesh: a DeviceMesh with dimensions named from ``dp``, ``pp`` and ``tp``
             (:mod:`hintpipe.runtime.parallel.mesh`); default: the whole world is one pipeline.
         seams: for tests only (see :class:`~hintpipe.runtime.assembly.Seams`).
-        chunks, timeout, emulate, on_nonfinite, history, timelines, report_every, data_parallel,
+        chunks, timeout, emulate, on_nonfinite, precision, history, timelines, report_every, data_parallel,
             microbatch_order, device, transport: see :data:`hintpipe.options.OPTIONS`.
+        names: the model's names for the stages' tensors (:meth:`from_plan` and :meth:`from_sequential` fill it
+            in; stages given as modules are named ``<stage>.<name>``).
 
     Raises:
         ValueError: for options out of range or that contradict each other or the group.
@@ -148,6 +156,7 @@ class Pipeline:
         timeout: float = 300.0,
         emulate: EmulatedCosts | None = None,
         on_nonfinite: str | OnNonFinite = OnNonFinite.RAISE,
+        precision: str | Precision = Precision.FP32,
         history: int = 100,
         timelines: bool = False,
         report_every: int = 1,
@@ -158,12 +167,15 @@ class Pipeline:
         device: str | torch.device = "cpu",
         transport: str | TransportChoice = TransportChoice.AUTO,
         seams: Seams | None = None,
+        names: ModelNames | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
         given = dict(locals())
         named = [
-            k for k in PipelineOptions.__annotations__ if k != "seams" and not (k == "device" and _is_device(device))
+            k
+            for k in PipelineOptions.__annotations__
+            if k not in ("seams", "names") and not (k == "device" and _is_device(device))
         ]
         options = check_options({"microbatches": microbatches, **{k: given[k] for k in named}})
         options.setdefault("device", device)
@@ -173,10 +185,12 @@ class Pipeline:
             modules, resolved, loss_fn=loss_fn, microbatches=microbatches, options=options, seams=seams or Seams()
         )
         self._options = options
+        #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
+        self.names = names if names is not None else ModelNames()
         self._stash: list[Message] = []
         self.step_count = 0
         self._closed = False
-        self._started = False
+        self._round = 0
 
     # -- what the pipeline is (its parts, read through) -------------------------------------
 
@@ -203,6 +217,10 @@ class Pipeline:
     def ranks(self) -> int:
         """The pipeline's length: its ranks (one process each)."""
         return self.parts.layout.stages_ranks
+
+    @property
+    def hint_name(self) -> str:
+        return self.parts.hint.name
 
     @property
     def reports(self) -> list[StepReport]:
@@ -263,6 +281,7 @@ class Pipeline:
         # The stages get parameters of their own, copied together (a tensor two of them share stays one): the plan
         # keeps its own, so one plan object can build several pipelines.
         stages = copy.deepcopy({s: plan.build_stage(s) for s in mine})
+        options.setdefault("names", ModelNames.of_model(plan.graph.state_keys, plan.tied))
         pipe = cls(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
         pipe.parts.admission.strict = not from_budget
         return pipe
@@ -282,6 +301,7 @@ class Pipeline:
         if any(b <= a for a, b in itertools.pairwise(bounds)):
             raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
         stages = [model[a:b] for a, b in itertools.pairwise(bounds)]
+        options.setdefault("names", ModelNames.of_sequential(model, bounds))
         return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     # -- one step ---------------------------------------------------------------
@@ -326,9 +346,7 @@ class Pipeline:
     ) -> torch.Tensor | None:
         parts = self.parts
         state = prepare_step(self.step_count, parts, inputs, target, loss_divisor)
-        if not self._started:  # the first step starts together; later ones meet at the end of the step before
-            _meet(parts, state.step)
-            self._started = True
+        state.round = self._next_round()
         order_step(state, parts, self._options["microbatch_order"])
         for hook in parts.hooks:
             hook.begin_step(state)
@@ -350,11 +368,65 @@ class Pipeline:
         for hook in parts.hooks:
             hook.end_step(state)
         self.step_count += 1
-        if broadcast_loss:
-            buffer = state.loss.detach().clone() if state.loss is not None else torch.zeros(())
-            dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
-            return buffer
-        return state.loss
+        return broadcast(parts, state.loss) if broadcast_loss else state.loss
+
+    def eval_step(
+        self,
+        inputs: Batch | None = None,
+        target: Batch | None = None,
+        *,
+        loss_divisor: float | None = None,
+        broadcast_loss: bool = False,
+    ) -> torch.Tensor | None:
+        """Run the forwards of every micro-batch, in the hint's order as they become ready, without gradients
+        (modules in eval mode, the training precision); the arguments and the loss are :meth:`step`'s. Nothing
+        is kept for a backward, no gradient changes, and the step count stays.
+
+        Raises:
+            WatchdogTimeout, PeerFailure: as :meth:`step`.
+        """
+        if self._closed:
+            raise RuntimeError("this Pipeline is closed")
+        try:
+            with evaluating(self.parts.modules.values()):
+                state = evaluation_state(self.parts, self.step_count, inputs, target, loss_divisor)
+                state.round = self._next_round()
+                loss = run_evaluation(self.parts, state, self._stash)
+        except Exception as exc:
+            self._abort(exc)
+            raise
+        return broadcast(self.parts, loss) if broadcast_loss else loss
+
+    def _next_round(self) -> int:
+        """The next exchange of messages (a step or an evaluation); the first starts with every rank."""
+        if self._round == 0:  # later ones meet at the end of the one before
+            _meet(self.parts, self.step_count)
+        self._round += 1
+        return self._round
+
+    def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of the whole model, across every rank of every axis (call on every
+        rank after :meth:`step`, before the optimizer's): each parameter counted once, however it is sharded,
+        replicated or tied; returns the norm before clipping, the same on every rank.
+
+        Raises:
+            ValueError: ``max_norm`` negative or ``norm_type`` not positive.
+        """
+        return clip_grad_norm(self.parts, max_norm, norm_type)
+
+    # -- the model's weights ------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's parameters and buffers by the model's own names, on the CPU, on every rank (call on
+        every rank): a tied tensor under each of its names, shards put together, ready for
+        ``model.load_state_dict(state, strict=True)`` on the unsplit model (or a Hugging Face model's
+        ``save_pretrained``). Stages given as modules are named ``<stage>.<name>``, a sequential's layers by
+        their index in it.
+
+        Raises:
+            ValueError: a name of the model that no rank holds.
+        """
+        return gather_state_dict(self.parts, self.names)
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -397,6 +469,13 @@ def _scoreboard(parts: Parts, state: StepState) -> Scoreboard:
         notices=ready,
         sizes=relative_sizes(state.elements) if ready else None,
     )
+
+
+def broadcast(parts: Parts, loss: torch.Tensor | None) -> torch.Tensor:
+    """The last stage's loss, on every rank of the pipeline."""
+    buffer = loss.detach().clone() if loss is not None else torch.zeros(())
+    dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
+    return buffer
 
 
 def _meet(parts: Parts, step: int) -> None:

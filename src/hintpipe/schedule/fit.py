@@ -136,6 +136,9 @@ class _RankFit:
     def __init__(self, graph: RankGraph, budget: float) -> None:
         self.graph = graph
         self.budget = budget
+        # Room is summed per micro-batch here and the budget was measured as a running sum over another
+        # order: equal amounts may differ in their last bits, which must not make a fitting order wait.
+        self.limit = budget + abs(budget) * 1e-12
         self.n = n = len(graph.tasks)
         tasks = graph.tasks
         self.delta: list[float] = graph.delta_array.tolist()
@@ -193,13 +196,13 @@ class _RankFit:
 
     def _room(self, pos: int) -> bool:
         """Whether the rank has room for the micro-batch that enters at ``pos`` (room for others is set aside)."""
-        return not self.entering[pos] or self.committed + self.whole[pos] <= self.budget
+        return not self.entering[pos] or self.committed + self.whole[pos] <= self.limit
 
     def _fits(self, pos: int) -> bool:
         """Whether memory lets the task at ``pos`` run now. What is set aside is summed per micro-batch and what
         is held per task, so the two sums may differ by a rounding error: what is held is checked too, summed as
         the fitted list's graph will sum it."""
-        return self._room(pos) and (self.delta[pos] <= 0 or self.live + self.delta[pos] <= self.budget)
+        return self._room(pos) and (self.delta[pos] <= 0 or self.live + self.delta[pos] <= self.limit)
 
     def _first_ready(self) -> int:
         """The earliest ready task that takes no room and fits, or -1."""

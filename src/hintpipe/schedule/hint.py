@@ -142,6 +142,17 @@ class Hint:
     def num_tasks(self) -> int:
         return sum(len(tasks) for tasks in self.ranks)
 
+    @functools.cached_property
+    def forward_only(self) -> bool:
+        """True for a hint of forwards alone (an evaluation step: no gradients, nothing held in flight)."""
+        return all(bool((tasks.kind == Kind.F).all()) for tasks in self.ranks)
+
+    def forwards(self) -> Hint:
+        """The hint's forwards, in its order: an evaluation step on the same ranks (see :attr:`forward_only`)."""
+        keep = [tasks.kind == Kind.F for tasks in self.ranks]
+        lists = tuple(TaskList(t.stage[f], t.kind[f], t.mb[f]) for t, f in zip(self.ranks, keep, strict=True))
+        return Hint(f"{self.name} (forwards)", self.placement, self.num_microbatches, lists)
+
     @classmethod
     def from_lists(
         cls,

@@ -83,7 +83,9 @@ class RankGraph:
         first = np.full(n, -1, dtype=np.int64)
         second = np.full(n, -1, dtype=np.int64)
         f = np.flatnonzero(is_f)
-        first[f] = self._at(stage[f], Kind.B, mb[f])
+        forwards_only = hint.forward_only  # an evaluation: no backward follows a forward
+        if not forwards_only:
+            first[f] = self._at(stage[f], Kind.B, mb[f])
         on_rank = f[(stage[f] < last) & (feeds_rank[f] == rank)]
         second[on_rank] = self._at(stage[on_rank] + 1, Kind.F, mb[on_rank])
         b = np.flatnonzero(is_b)
@@ -97,13 +99,11 @@ class RankGraph:
         #: :func:`rules.successors`, -1 for none (the first is -1 only where both are).
         self.successor_positions = (first, second)
 
-        delta = np.zeros(n)
-        if sizes is None:
-            delta[f] = 1.0
-        else:
-            delta[f] = np.asarray(sizes, dtype=float)[f]
-        freed = np.flatnonzero(kind == rules.releaser(split))
-        delta[freed] = -delta[self._at(stage[freed], Kind.F, mb[freed])]
+        delta = np.zeros(n)  # an evaluation's forwards keep nothing for a backward
+        if not forwards_only:
+            delta[f] = 1.0 if sizes is None else np.asarray(sizes, dtype=float)[f]
+            freed = np.flatnonzero(kind == rules.releaser(split))
+            delta[freed] = -delta[self._at(stage[freed], Kind.F, mb[freed])]
         #: Per position, the live activations it adds (an ``F``) or frees (its releaser).
         self.delta_array: FloatArray = delta
         #: Live activations after each position when the hint runs in order.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -13,14 +14,35 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from hintpipe.runtime.checkpoint.collective import together
 from hintpipe.runtime.checkpoint.liveness import phase_group
 from hintpipe.runtime.checkpoint.manifest import step_folders
+from hintpipe.runtime.checkpoint.rank_state import Stateful
 from hintpipe.runtime.checkpoint.run_folder import claim, read_run
 from hintpipe.runtime.checkpoint.saving import WriterFactory, prune_checkpoints, resume, save_checkpoint
 from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.model_names import ModelNames
+
+
+class Staged(Protocol):
+    """What a checkpoint needs of a pipeline: its stages and the model's names for their tensors
+    (:class:`~hintpipe.runtime.pipeline.Pipeline` is one)."""
+
+    @property
+    def modules(self) -> Mapping[int, nn.Module]: ...
+
+    @property
+    def names(self) -> ModelNames: ...
+
+    @property
+    def hint_name(self) -> str: ...
 
 
 class Checkpointer:
     """A training loop's checkpoints (every rank): :meth:`start` a new run or :meth:`resume` the folder's own,
     then :meth:`after_step` after every step.
+
+    ``pipe``: the :class:`~hintpipe.runtime.pipeline.Pipeline` (its tensors are saved by the model's names, so a
+    run resumes under another plan of the same model), or stage modules alone (``<stage>.<name>``).
+    ``scheduler`` and ``state`` (anything with ``state_dict`` and ``load_state_dict``: a data position, a
+    sampler) are saved with each checkpoint and restored by :meth:`resume`, once for all ranks.
 
     It saves every ``every`` steps, after the loop's last step and when the loop is stopping, and prunes to
     ``keep`` verified checkpoints of its run one step after a save (so the newest has been verified and a step
@@ -31,11 +53,13 @@ class Checkpointer:
     def __init__(
         self,
         directory: str | Path,
-        modules: Mapping[int, nn.Module],
+        pipe: Staged | Mapping[int, nn.Module],
         optimizer: torch.optim.Optimizer | None,
         *,
         every: int = 0,
         keep: int = 2,
+        scheduler: Stateful | None = None,
+        state: Stateful | None = None,
         hint: str = "",
         group: dist.ProcessGroup | None = None,
         storage_writer: WriterFactory = FileSystemWriter,
@@ -43,8 +67,15 @@ class Checkpointer:
         if every < 0 or keep < 1:
             raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")
         self.directory = Path(directory)
-        self.modules = modules
+        if isinstance(pipe, Mapping):  # stage modules alone: named ``<stage>.<name>``
+            self.modules: Mapping[int, nn.Module] = pipe
+            self.names = ModelNames()
+        else:
+            self.modules, self.names, hint = pipe.modules, pipe.names, hint or pipe.hint_name
         self.optimizer = optimizer
+        #: Saved with every checkpoint and restored by :meth:`resume`: the LR scheduler, the caller's state.
+        given = {"scheduler": scheduler, "state": state}
+        self.extra: dict[str, Stateful] = {key: value for key, value in given.items() if value is not None}
         self.every = every
         self.keep = keep
         self.hint = hint
@@ -90,7 +121,14 @@ class Checkpointer:
             return 0
         self.run = owner
         step, self.skipped = resume(
-            self.directory, self.modules, self.optimizer, hint=self.hint, group=self.group, run=owner
+            self.directory,
+            self.modules,
+            self.optimizer,
+            hint=self.hint,
+            group=self.group,
+            run=owner,
+            names=self.names,
+            extra=self.extra,
         )
         return step
 
@@ -118,6 +156,8 @@ class Checkpointer:
             group=self.group,
             storage_writer=self.storage_writer,
             run=self.run,
+            names=self.names,
+            extra=self.extra,
         )
         self._saved_at = done
         self._prune_due = True

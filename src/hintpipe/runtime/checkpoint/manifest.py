@@ -39,15 +39,18 @@ class RunIdentity:
     """What a checkpoint belongs to: its run, and every tensor's name and shape (what must be the same to
     resume it).
 
-    ``stage_ranks``, ``hint`` and ``versions`` are recorded for the reader; a change in them is allowed (a new
-    torch, another hint or placement of the same stages: torch.distributed.checkpoint loads tensors by name).
+    ``stage_ranks``, ``hint``, ``versions``, ``aliases`` and ``keys`` are recorded for the reader; a change in
+    them is allowed (a new torch, another hint, another plan of the same model: torch.distributed.checkpoint
+    loads tensors by name).
     """
 
-    tensors: dict[str, list[int]]  # "<stage>.<name>" -> shape, every rank's stages
+    tensors: dict[str, list[int]]  # the model's name -> shape (one name per tensor), every rank's stages
     stage_ranks: list[int]  # stage -> rank
     hint: str
     versions: dict[str, str]
     run: str = ""  # the run's id (see :mod:`hintpipe.runtime.checkpoint.run_folder`); "" before hintpipe 0.6
+    aliases: list[list[str]] = dataclasses.field(default_factory=list)  # names of each tensor stages share
+    keys: list[str] = dataclasses.field(default_factory=list)  # the model's state-dict keys, in its order
 
     def differences(self, saved: RunIdentity) -> list[str]:
         """What the run (``self``) changed from the checkpoint (``saved``), in words; empty if resumable."""
@@ -78,6 +81,8 @@ class RunIdentity:
             hint=str(data["hint"]),
             versions={str(k): str(v) for k, v in data["versions"].items()},
             run=str(data.get("run", "")),
+            aliases=[[str(n) for n in group] for group in data.get("aliases", [])],
+            keys=[str(k) for k in data.get("keys", [])],
         )
 
 

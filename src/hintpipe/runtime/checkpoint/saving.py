@@ -1,10 +1,9 @@
 """Checkpoints: each rank saves its own stages; a checkpoint is verified before it is trusted.
 
-torch.distributed.checkpoint (DCP) writes every rank's share in parallel. The
-state of a rank is its stages' parameters (named ``<stage>.<parameter>``, so
-keys never collide between ranks) and, under ``rank<r>``, its optimizer state
-(through DCP's ``get_state_dict``, which names optimizer entries by
-parameter), the step counter and its RNG state.
+torch.distributed.checkpoint (DCP) writes every rank's share in parallel, each
+tensor under the model's own name (see [Note: checkpoints by name] in
+:mod:`hintpipe.runtime.checkpoint.rank_state`), so that a run resumes under
+another plan of the same model.
 
 [Note: atomic checkpoints]
 A save checks that every parameter and optimizer tensor is finite (a NaN saved
@@ -21,7 +20,7 @@ stops the others at once instead of leaving them in a barrier.
 The newest folder whose manifest verifies (every file present, of its size and
 digest). A damaged one is skipped, saying so, and the next older one is tried;
 ``latest`` is only a pointer for people and tools. A checkpoint of *another*
-run (other tensors, stage count or placement) is refused, never skipped.
+run, or of another model (other tensor names or shapes), is refused, never skipped.
 Pruning (:func:`prune_checkpoints`) deletes old checkpoints only after the
 newest has been verified again and a step after it has completed.
 """
@@ -39,15 +38,15 @@ from typing import Any, TypeAlias
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from hintpipe.runtime.checkpoint.collective import together
 from hintpipe.runtime.checkpoint.liveness import phase_group
 from hintpipe.runtime.checkpoint.manifest import (
+    MANIFEST,
     CheckpointError,
     DamagedCheckpoint,
     Manifest,
@@ -58,7 +57,9 @@ from hintpipe.runtime.checkpoint.manifest import (
     sync_folder,
     write_synced,
 )
+from hintpipe.runtime.checkpoint.rank_state import RankState, Stateful, rng_key
 from hintpipe.runtime.checkpoint.run_folder import LATEST
+from hintpipe.runtime.model_names import ModelNames
 from hintpipe.tensor_bytes import local
 
 __all__ = [
@@ -79,37 +80,6 @@ WriterFactory: TypeAlias = Callable[[str], FileSystemWriter]
 log = logging.getLogger(__name__)
 
 
-def _container(modules: Mapping[int, nn.Module]) -> nn.ModuleDict:
-    return nn.ModuleDict({str(stage): module for stage, module in modules.items()})
-
-
-def _state(
-    modules: Mapping[int, nn.Module], optimizer: torch.optim.Optimizer | None, step: int, rank: int
-) -> dict[str, Any]:
-    container = _container(modules)
-    if optimizer is not None:
-        model_state, optim_state = get_state_dict(container, optimizer)
-    else:
-        model_state, optim_state = container.state_dict(), {}
-    # Parameters are keyed by stage, so every pipeline position's names are its
-    # own; the copies of a stage in data-parallel replicas, and the shards of a
-    # DTensor (FSDP2 over dp, tensor parallel over tp), share their keys, which
-    # is how torch.distributed.checkpoint saves a replicated tensor once and puts
-    # a sharded one together. The optimizer's param_groups are a list whose
-    # index would collide between pipeline positions, so the optimizer state
-    # lives under the stages it belongs to; the step and the random state, which
-    # may differ between replicas, under the rank.
-    return {
-        "model": model_state,
-        _optim_key(modules): optim_state,
-        f"rank{rank}": {"step": torch.tensor(step), "rng": torch.get_rng_state()},
-    }
-
-
-def _optim_key(modules: Mapping[int, nn.Module]) -> str:
-    return "optim-stages-" + "-".join(str(s) for s in sorted(modules))
-
-
 def _versions() -> dict[str, str]:
     try:
         own = version("hintpipe")
@@ -119,28 +89,42 @@ def _versions() -> dict[str, str]:
 
 
 def run_identity(
-    modules: Mapping[int, nn.Module], *, hint: str = "", group: dist.ProcessGroup | None = None, run: str = ""
+    modules: Mapping[int, nn.Module],
+    *,
+    hint: str = "",
+    group: dist.ProcessGroup | None = None,
+    run: str = "",
+    names: ModelNames | None = None,
 ) -> RunIdentity:
-    """What this run's checkpoints belong to (call on every rank): the run, every rank's stage tensors and
-    their placement."""
+    """What this run's checkpoints belong to (call on every rank): the run, and the model's tensors by name
+    with their shapes (the stages' placement and the hint are recorded beside them)."""
     group = group if group is not None else phase_group()
-    own = {f"{s}.{n}": list(t.shape) for s, m in modules.items() for n, t in m.state_dict().items()}
+    names = names if names is not None else ModelNames()
+    own = {name: list(t.shape) for name, t in names.named_tensors(modules).items()}
     stages = sorted(modules)
     shares = together(lambda: (own, stages), "comparing the ranks' stages", group=group, error=CheckpointError)
     stage_rank: dict[int, int] = {s: rank for rank, (_, held) in enumerate(shares) for s in held}
     placement = [stage_rank.get(s, -1) for s in range(max(stage_rank, default=-1) + 1)]
-    tensors = {name: shape for share, _ in shares for name, shape in share.items()}
-    return RunIdentity(tensors=tensors, stage_ranks=placement, hint=hint, versions=_versions(), run=run)
+    found = {name: shape for share, _ in shares for name, shape in share.items()}
+    order = [k for k in names.keys if k in found] + sorted(k for k in found if k not in set(names.keys))
+    return RunIdentity(
+        tensors={k: found[k] for k in order},
+        stage_ranks=placement,
+        hint=hint,
+        versions=_versions(),
+        run=run,
+        aliases=[list(group) for group in names.aliases],
+        keys=list(names.keys),
+    )
 
 
-def _first_nonfinite(modules: Mapping[int, nn.Module], optimizer: torch.optim.Optimizer | None) -> str | None:
-    for stage, module in modules.items():
-        for name, tensor in module.state_dict().items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(local(tensor)).all()):
-                return f"parameter {stage}.{name}"
-    if optimizer is not None:
-        names = {id(p): f"{s}.{n}" for s, m in modules.items() for n, p in m.named_parameters()}
-        for param, slots in optimizer.state.items():
+def _first_nonfinite(state: RankState) -> str | None:
+    for name, tensor in state.tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(local(tensor.detach())).all()):
+            return f"parameter {name}"
+    if state.optimizer is not None:
+        names = {id(t): name for name, t in state.tensors.items()}
+        for param, slots in state.optimizer.state.items():
             for slot, value in slots.items():
                 finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(local(value)).all())
                 if not finite:
@@ -158,12 +142,16 @@ def save_checkpoint(
     group: dist.ProcessGroup | None = None,
     storage_writer: WriterFactory = FileSystemWriter,
     run: str = "",
+    names: ModelNames | None = None,
+    extra: Mapping[str, Stateful] | None = None,
 ) -> Path:
     """Save this rank's share of step ``step`` of run ``run`` (call on every rank); returns the checkpoint folder.
 
-    ``storage_writer`` makes torch.distributed.checkpoint's writer for a folder: its
-    :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (the manifest's digests and the
-    atomic rename need files). Old checkpoints are not removed here: see :func:`prune_checkpoints`.
+    ``names``: the model's names for the stages' tensors (default ``<stage>.<name>``); ``extra``: the
+    caller's state saved with them (an LR scheduler). ``storage_writer`` makes torch.distributed.checkpoint's
+    writer for a folder: its :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (the
+    manifest's digests and the atomic rename need files). Old checkpoints are not removed here: see
+    :func:`prune_checkpoints`.
 
     Raises:
         CheckpointError: on every rank, one line naming the rank that failed and why.
@@ -174,10 +162,12 @@ def save_checkpoint(
     final = root / f"step-{step:08d}"
     tmp = root / f"step-{step:08d}.tmp"
     what = f"saving checkpoint step {step} in {root}"
-    identity = run_identity(modules, hint=hint, group=group, run=run)
+    names = names if names is not None else ModelNames()
+    identity = run_identity(modules, hint=hint, group=group, run=run, names=names)
+    state = RankState(modules, names, optimizer, extra)
 
     def prepare() -> None:
-        bad = _first_nonfinite(modules, optimizer)
+        bad = _first_nonfinite(state)
         if bad is not None:
             raise CheckpointError(f"{bad} is not finite; nothing was saved, the earlier checkpoints are kept")
         if rank == 0:
@@ -187,7 +177,7 @@ def save_checkpoint(
 
     together(prepare, what, group=group, error=CheckpointError)
     try:
-        return _write(modules, optimizer, step, rank, identity, tmp, final, what, group, storage_writer)
+        return _write(state.entries(step, rank), rank, identity, tmp, final, what, group, storage_writer)
     except CheckpointError:
         if rank == 0:  # every rank has left the failed phase: nothing writes there any more
             shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
@@ -195,9 +185,7 @@ def save_checkpoint(
 
 
 def _write(
-    modules: Mapping[int, nn.Module],
-    optimizer: torch.optim.Optimizer | None,
-    step: int,
+    state: dict[str, Any],
     rank: int,
     identity: RunIdentity,
     tmp: Path,
@@ -206,9 +194,9 @@ def _write(
     group: dist.ProcessGroup | None,
     storage_writer: WriterFactory,
 ) -> Path:
-    """Write the checkpoint into ``tmp``, vouch for its files and rename it to ``final`` (rank 0)."""
+    """Write ``state`` into ``tmp``, vouch for its files and rename it to ``final`` (rank 0)."""
     root = final.parent
-    state = _state(modules, optimizer, step, rank)
+    step = int(state["step"])
     together(
         lambda: dcp_save(state, storage_writer=storage_writer(str(tmp)), process_group=group),
         what,
@@ -322,30 +310,38 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     *,
     group: dist.ProcessGroup | None = None,
+    names: ModelNames | None = None,
+    extra: Mapping[str, Stateful] | None = None,
 ) -> int:
     """Restore this rank's share of a checkpoint (call on every rank); returns the step it ended.
 
     Raises:
         CheckpointError: on every rank, if any rank cannot load its share.
     """
+    return _load(Path(path), RankState(modules, names or ModelNames(), optimizer, extra), group)[0]
+
+
+def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tuple[int, list[str]]:
+    """Load ``path`` into ``state``; returns the step and what the caller should be told."""
     group = group if group is not None else phase_group()
     rank = dist.get_rank(group)
-    state = _state(modules, optimizer, 0, rank)
+    entries = state.entries(0, rank)
+    saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    world = dist.get_world_size(group)
+    fresh = [r for r in range(world) if rng_key(r) not in saved]  # the same list on every rank
+    if rank in fresh:
+        del entries[rng_key(rank)]
+    notes = []
+    if fresh:
+        who = f"rank {fresh[0]}" if len(fresh) == 1 else f"ranks {', '.join(map(str, fresh))}"
+        notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
     together(
-        lambda: dcp_load(state, checkpoint_id=str(path), process_group=group),
-        f"loading {path} (stages {sorted(modules)} on rank {rank})",
+        lambda: dcp_load(entries, checkpoint_id=str(path), process_group=group),
+        f"loading {path} (stages {state.stages} on rank {rank})",
         group=group,
         error=CheckpointError,
     )
-    container = _container(modules)
-    own = state[f"rank{rank}"]
-    if optimizer is not None:
-        optim_state = state[_optim_key(modules)]
-        set_state_dict(container, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state)
-    else:
-        container.load_state_dict(state["model"])
-    torch.set_rng_state(own["rng"])
-    return int(own["step"])
+    return state.restore(entries, rank), notes
 
 
 def resume(
@@ -356,18 +352,22 @@ def resume(
     hint: str = "",
     group: dist.ProcessGroup | None = None,
     run: str = "",
+    names: ModelNames | None = None,
+    extra: Mapping[str, Stateful] | None = None,
 ) -> tuple[int, list[str]]:
-    """Load the newest verified checkpoint of run ``run`` (call on every rank).
+    """Load the newest verified checkpoint of run ``run`` (call on every rank), whichever plan saved it.
 
-    Returns the step to continue from (0 when there is no checkpoint) and the
-    damaged checkpoints skipped on the way, one line each. Rank 0 reads the
-    folder and every rank loads what it chose.
+    Returns the step to continue from (0 when there is no checkpoint) and what
+    the caller should be told, one line each: the damaged checkpoints skipped on
+    the way, a rank left with its own random state. Rank 0 reads the folder and
+    every rank loads what it chose.
 
     Raises:
-        CheckpointError: on every rank, when the checkpoint belongs to another run or none is usable.
+        CheckpointError: on every rank, when the checkpoint belongs to another run or model, or none is usable.
     """
     group = group if group is not None else phase_group()
-    identity = run_identity(modules, hint=hint, group=group, run=run)
+    names = names if names is not None else ModelNames()
+    identity = run_identity(modules, hint=hint, group=group, run=run, names=names)
     rank = dist.get_rank(group)
     chosen = together(
         lambda: find_checkpoint(directory, identity) if rank == 0 else None,
@@ -379,22 +379,33 @@ def resume(
     folder, skipped = chosen
     if folder is None:
         return 0, skipped
-    step = load_checkpoint(folder, modules, optimizer, group=group)
-    return step, skipped
+    step, notes = _load(folder, RankState(modules, names, optimizer, extra), group)
+    return step, skipped + notes
 
 
 def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
-    """All stages' parameters as one state dict, in one process (for evaluation):
-    keys are ``<stage>.<parameter>``.
+    """The whole model's parameters and buffers from a checkpoint, in one process, by the model's names (a tied
+    tensor under each of its names), ready for ``model.load_state_dict(state, strict=True)`` on the unsplit
+    model. ``path`` is a checkpoint (``step-N``) or a checkpoint folder (its newest verified checkpoint).
 
     Raises:
         DamagedCheckpoint: if the checkpoint does not verify.
+        CheckpointError: a folder with no usable checkpoint.
     """
     folder = Path(path)
-    Manifest.read(folder).verify(folder)
+    if folder.name == LATEST and folder.is_file():
+        folder = folder.parent
+    if not (folder / MANIFEST).exists() and folder.is_dir() and step_folders(folder):
+        found, _ = find_checkpoint(folder)
+        assert found is not None  # find_checkpoint raises when none verifies
+        folder = found
+    manifest = Manifest.read(folder)
+    manifest.verify(folder)
     with tempfile.TemporaryDirectory(prefix="hintpipe-merge-") as scratch:
         target = Path(scratch) / "merged.pt"
         dcp_to_torch_save(str(folder), str(target))
         state = torch.load(target, weights_only=True)  # tensors and plain values only: a file runs no code
-    model = state["model"]
-    return {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
+    model = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
+    identity = manifest.identity
+    names = ModelNames(keys=tuple(identity.keys), aliases=tuple(tuple(g) for g in identity.aliases))
+    return names.expand(model)

@@ -56,6 +56,11 @@ class Executor(Protocol):
     def weight(self, stage: int, mb: int) -> None:
         """Run W: accumulate the weight gradients B left out."""
 
+    def evaluate(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Run an evaluation's F: as :meth:`forward`, without gradients, keeping nothing for a backward."""
+
 
 class ExecutorWrapper:
     """An executor around another: every call passes through to ``inner``; subclasses add to the ones
@@ -81,6 +86,11 @@ class ExecutorWrapper:
 
     def weight(self, stage: int, mb: int) -> None:
         self.inner.weight(stage, mb)
+
+    def evaluate(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        return self.inner.evaluate(stage, mb, inputs, target, loss_scale)
 
 
 def as_tensors(value: Any) -> list[torch.Tensor]:
@@ -132,6 +142,8 @@ class StageExecutor:
             bytes are then checked against what the allocator gained over it (:attr:`memory_check`), from
             each stage's second forward on (the first also allocates what stays for good: cuBLAS's
             workspace, lazily built state).
+        autocast: run forwards and the loss under ``torch.autocast(device_type, dtype)`` (None: as they
+            are). Backwards run outside it, as autocast's own recipe has them.
     """
 
     def __init__(
@@ -141,8 +153,10 @@ class StageExecutor:
         loss_fn: LossFn,
         split_backward: bool,
         allocated: Callable[[], int] | None = None,
+        autocast: tuple[str, torch.dtype] | None = None,
     ) -> None:
         self.modules = dict(modules)
+        self.autocast = autocast
         self.last_stage = last_stage
         self.loss_fn = loss_fn
         self.split = split_backward
@@ -182,7 +196,8 @@ class StageExecutor:
         measured = self.allocated if stage in self._warm else None
         self._warm.add(stage)
         before = measured() if measured is not None else 0
-        with counting as counter:
+        precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
+        with counting as counter, precision:
             out = self.modules[stage](*inputs)
             loss = None
             if stage == self.last_stage:
@@ -248,6 +263,20 @@ class StageExecutor:
 
     def _release(self, stage: int, mb: int) -> None:
         self.live_bytes -= self._bytes.pop((stage, mb), 0)
+
+    def evaluate(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Run an evaluation's F under ``torch.no_grad`` (and the training precision)."""
+        precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
+        with torch.no_grad(), precision:
+            out = self.modules[stage](*inputs)
+            if stage != self.last_stage:
+                return as_tensors(out), None
+            loss = self.loss_fn(out, target) * loss_scale
+        if loss.dim() != 0:
+            raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+        return [], loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,3 +387,10 @@ class EmulatedExecutor:
 
     def weight(self, stage: int, mb: int) -> None:
         self._sleep(stage, Kind.W, mb, self._sizes[(stage, mb)])
+
+    def evaluate(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        outputs, loss = self.forward(stage, mb, inputs, target, loss_scale)
+        del self._sizes[(stage, mb)]
+        return outputs, loss

@@ -61,6 +61,17 @@ class StepState:
     loss: torch.Tensor | None = None  # the sum of the scaled micro-batch losses (the last stage's rank)
     #: Figures the step's hooks measured for its report (see :class:`~hintpipe.runtime.loop.reports.RankSummary`).
     measured: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Which exchange of messages this is (training steps and evaluations share one count, so that a
+    #: neighbour's early message is never taken for this one's); messages carry it as their step.
+    round: int = 0
+    #: An evaluation: forwards only, no gradients (:meth:`Pipeline.eval_step
+    #: <hintpipe.runtime.pipeline.Pipeline.eval_step>`).
+    evaluating: bool = False
+
+    @property
+    def label(self) -> str:
+        """How an error names it: ``step 3``, or ``the evaluation after step 3``."""
+        return f"the evaluation after step {self.step}" if self.evaluating else f"step {self.step}"
 
     def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]) -> Task:
         """Keep what arrived for ``stage`` (from a neighbour, or this rank's previous stage); returns the
@@ -148,7 +159,7 @@ class StepLoop:
             now = time.perf_counter()
             pos = self._follow(state) if self.follower else board.take(now - t0)
             if pos >= 0 and self.coordination is not None and not self.follower:
-                self.coordination.announce(state.step, pos)
+                self.coordination.announce(state.round, pos)
             if pos < 0:
                 if self._wait(now - t0, last_progress, state):
                     last_progress = time.perf_counter()
@@ -156,7 +167,7 @@ class StepLoop:
             if self.notices and (out := board.remote[pos]) is not None:
                 peer, consumer = out
                 data = MessageKind.ACTIVATION if consumer.kind is Kind.F else MessageKind.GRADIENT
-                self.transport.notify(peer, state.step, consumer.stage, consumer.mb, data)
+                self.transport.notify(peer, state.round, consumer.stage, consumer.mb, data)
             start = time.perf_counter()
             began = timer.mark() if timer is not None else None
             self._run(pos, state)
@@ -214,7 +225,7 @@ class StepLoop:
             return True
         if time.perf_counter() >= deadline:
             raise WatchdogTimeout(
-                f"rank {self.rank}: waited {self.timeout:g} s with nothing ready in step {state.step}; "
+                f"rank {self.rank}: waited {self.timeout:g} s with nothing ready in {state.label}; "
                 + self._waiting_for(state)
             )
         return False
@@ -223,17 +234,17 @@ class StepLoop:
         if msg.kind is MessageKind.STOP:
             return
         if msg.kind is MessageKind.ABORT:
-            raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in step {state.step}; it said: {msg.error}")
-        if msg.step > state.step:
+            raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in {state.label}; it said: {msg.error}")
+        if msg.step > state.round:
             self.stash.append(msg)
             return
         if msg.kind is MessageKind.STARTED:  # a notice of a finished step is stale, not an error
-            if msg.step == state.step:
+            if msg.step == state.round:
                 kind = Kind.F if msg.of is MessageKind.ACTIVATION else Kind.B
                 self.board.producer_started(self.board.index[Task(msg.stage, kind, msg.mb)], msg.arrived - self._t0)
             return
-        if msg.step < state.step:
-            raise RuntimeError(f"rank {self.rank}: message for old step {msg.step} in step {state.step}")
+        if msg.step < state.round:
+            raise RuntimeError(f"rank {self.rank}: message of an earlier exchange ({msg.step}) in {state.label}")
         if msg.kind is MessageKind.DECISION:
             state.decisions.append(msg.mb)
             return
@@ -269,7 +280,7 @@ class StepLoop:
             raise
         except Exception as exc:
             raise TaskError(
-                f"rank {self.rank}: task {task} (stage {s}, micro-batch {mb}) failed in step {state.step}: "
+                f"rank {self.rank}: task {task} (stage {s}, micro-batch {mb}) failed in {state.label}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
@@ -277,7 +288,8 @@ class StepLoop:
         s, _, mb = task
         before = self.executor.live_bytes
         target = state.targets[mb] if state.targets else None
-        outputs, loss = self.executor.forward(s, mb, state.activations.pop((s, mb)), target, state.loss_scale)
+        run = self.executor.evaluate if state.evaluating else self.executor.forward
+        outputs, loss = run(s, mb, state.activations.pop((s, mb)), target, state.loss_scale)
         if loss is not None:
             state.losses.append(loss)
             state.loss_slots.append(mb)
@@ -297,6 +309,6 @@ class StepLoop:
         out = self.board.remote[pos]
         if out is not None:
             peer, consumer = out
-            self.transport.send(peer, kind, state.step, consumer.stage, consumer.mb, tensors)
+            self.transport.send(peer, kind, state.round, consumer.stage, consumer.mb, tensors)
         else:  # the scoreboard already counted the local dependency when the task finished
             state.receive(kind, stage, self.board.tasks[pos].mb, tensors)

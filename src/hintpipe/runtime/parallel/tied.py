@@ -78,6 +78,11 @@ class TiedGradients(Hook):
                 dist.broadcast(local(param.data), group=group, group_src=0)
             self._links.append((param, group, ranks))
 
+    def counted_elsewhere(self) -> set[int]:
+        """The ids of the tied parameters whose copy on a lower rank stands for them (a gradient norm counts
+        each tensor once)."""
+        return {id(param) for param, _, ranks in self._links if self.rank != ranks[0]}
+
     def end_step(self, state: StepState) -> None:
         """Sum each tied parameter's gradient over the ranks holding it (after the step's last backward)."""
         step = state.step
