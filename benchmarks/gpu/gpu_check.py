@@ -1,4 +1,4 @@
-"""The prepared GPU check: what a machine with one CUDA device answers in at most 5 minutes, in order.
+"""The prepared GPU check: what a machine with one CUDA device answers, in order (sized for 5 minutes at most).
 
 1. **Offload hooks against plain autograd**: a model's forward with its saved activations moved to pinned
    host memory (the planner's offload hooks), junk allocations on the device between forward and backward

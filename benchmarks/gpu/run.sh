@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (at most 5 minutes on one GPU; see README.md):
+# The prepared GPU check (sized for at most 5 minutes on one GPU; see README.md):
 #   bash benchmarks/gpu/run.sh OUT_DIR [--device cuda|cpu] [--only 1,3]
 # Every check runs, even after one failed; each writes OUT_DIR/NN-name.md and .json as it ends, and
 # OUT_DIR/results.md and results.json hold every check so far. Exit status 1 if any check failed.
