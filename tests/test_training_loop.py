@@ -131,9 +131,10 @@ def _bf16(rank: int, world: int, policy: str) -> tuple[float, float, float | Non
         with torch.autocast("cpu", dtype=torch.bfloat16):
             for x, y in zip(inputs, targets, strict=True):
                 part = lm_loss(reference(x), y) / MICROBATCHES
-                part.backward()
+                torch.autograd.backward(part)
                 expected_loss += part.detach().float()
-        offsets = [0, *torch.tensor([len(m) for m in split_layers(build_layers(MODEL), world)]).cumsum(0).tolist()]
+        counts = [len(list(m.children())) for m in split_layers(build_layers(MODEL), world)]
+        offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]
         worst, largest = 0.0, 0.0
         for s, module in pipe.modules.items():
             for mine, theirs in zip(
@@ -242,7 +243,7 @@ def _hugging_face(rank: int, world: int) -> tuple[list[str], float, float, bool]
             optimizer.step()
             optimizer.zero_grad()
             for x in ids.chunk(MICROBATCHES):
-                (_token_loss(reference(x), x) / MICROBATCHES).backward()
+                torch.autograd.backward(_token_loss(reference(x), x) / MICROBATCHES)
             expected_optimizer.step()
             expected_optimizer.zero_grad()
         state = pipe.state_dict()
@@ -299,11 +300,11 @@ def _scheduled(rank: int, world: int, folder: str) -> tuple[int, list[float], in
             scheduler.step()
             data.position += 8
             checkpoints.after_step(step + 1, last=step + 1 == steps)
-        saved_lr = scheduler.get_last_lr()[0]
+        saved_lr = float(scheduler.get_last_lr()[0])
     pipe, optimizer, scheduler, data = build()
     with pipe:
         first = Checkpointer(folder, pipe, optimizer, scheduler=scheduler, state=data).resume()
-    return first, [saved_lr, scheduler.get_last_lr()[0]], data.position, float(optimizer.param_groups[0]["lr"])
+    return first, [saved_lr, float(scheduler.get_last_lr()[0])], data.position, float(optimizer.param_groups[0]["lr"])
 
 
 def test_a_scheduler_and_the_callers_state_resume(group: dict[str, list[Any]]) -> None:
