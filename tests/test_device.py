@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from torch import nn
+from torch._C._distributed_c10d import HashStore
 
-from hintpipe.device import rank_device, to_device
+from hintpipe.device import ReceivedBytes, gpu_identity, own_gpu, rank_device, to_device
 from hintpipe.runtime.assembly import Seams
-from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.launch import gather_over_store, run_ranks
 from hintpipe.runtime.loop.executor import StageExecutor
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.pipeline import Pipeline
@@ -40,6 +41,39 @@ def test_without_cuda_auto_is_the_cpu_and_cuda_is_refused() -> None:
     message = r"^device cuda was asked for, but torch.cuda.is_available\(\) is False on this machine$"
     with pytest.raises(ValueError, match=message):
         rank_device("cuda")
+
+
+def test_a_cpu_rank_makes_no_cuda_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("a CUDA call on a CPU rank")
+
+    for name in ("is_available", "device_count", "set_device", "current_device", "get_device_properties"):
+        monkeypatch.setattr(torch.cuda, name, refuse)
+    assert rank_device("cpu", rank=1) == torch.device("cpu")
+    assert gpu_identity(torch.device("cpu")) == ""
+
+
+def test_ranks_own_a_gpu_when_no_two_name_the_same_one() -> None:
+    assert own_gpu(["node-a/GPU-1", "node-a/GPU-2", "node-b/GPU-1"])  # the same UUID on two hosts: two GPUs
+    assert not own_gpu(["node-a/GPU-1", "node-a/GPU-2", "node-a/GPU-1"])  # two ranks on one GPU
+    assert not own_gpu(["node-a/GPU-1", ""])  # a rank on the host
+    assert not own_gpu([])
+
+
+def test_every_ranks_gpu_is_gathered_through_the_rendezvous_store() -> None:
+    store = HashStore()
+    store.set("hintpipe/gpu/1", "node-a/GPU-2")  # rank 1 said its GPU first
+    assert gather_over_store(store, 0, 2, "hintpipe/gpu", "node-a/GPU-1") == ["node-a/GPU-1", "node-a/GPU-2"]
+    assert gather_over_store(store, 1, 2, "hintpipe/gpu", "node-a/GPU-2") == ["node-a/GPU-1", "node-a/GPU-2"]
+
+
+def test_an_unknown_device_is_refused_before_any_rank_starts() -> None:
+    with pytest.raises(ValueError, match=r"^unknown device 'gpu': choose one of auto, cpu, cuda$"):
+        run_ranks(_never_runs, 2, device="gpu")
+
+
+def _never_runs(rank: int, world: int) -> None:
+    raise AssertionError("a rank started")
 
 
 def test_to_device_reaches_tensors_inside_containers() -> None:
@@ -134,6 +168,36 @@ def test_the_device_timer_turns_events_into_seconds_from_the_loops_start() -> No
         timer.resolve(host[:1])
 
 
+class _DeviceEvent:
+    """A timing event that passes at a time set by the test: the device's, which may lag the host's."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.at = math.nan
+
+    def record(self, stream: Any = None) -> None:
+        self.at = self.clock[0]
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: _DeviceEvent) -> float:
+        return (end_event.at - self.at) * 1e3
+
+
+def test_the_steps_start_is_the_wall_clock_time_of_the_devices_origin() -> None:
+    device = [10.0]  # seconds on the device's clock when the next event passes
+    timer = DeviceTimer(lambda: _DeviceEvent(device), wall=lambda: 1000.0)
+    timer.begin()  # the device reaches the origin at 10.0 (the host recorded it earlier: it lags)
+    device[0] = 10.5
+    start = timer.mark()
+    device[0] = 11.25
+    timer.task(start, timer.mark())
+    device[0] = 12.0  # the anchor passes at 12.0, when the wall clock reads 1000.0
+    assert timer.resolve([(0, Task(0, Kind.F, 0), 0.0, 0.0)]) == [(0, Task(0, Kind.F, 0), 0.5, 1.25)]
+    assert timer.started == 998.0  # not the host's time at begin(): the device's origin, on the wall clock
+
+
 def _timed_worker(rank: int, world: int) -> tuple[int, int, list[Any]]:
     _FakeEvent.made = []
     stages = [nn.Linear(4, 4), nn.Linear(4, 2)]
@@ -143,7 +207,7 @@ def _timed_worker(rank: int, world: int) -> tuple[int, int, list[Any]]:
     ) as pipe:
         xs, ys = [torch.randn(2, 4) for _ in range(4)], [torch.randn(2, 2) for _ in range(4)]
         pipe.step(xs if rank == 0 else None, ys if rank == 1 else None)
-        origin, *marks = _FakeEvent.made
+        origin, *marks, _ = _FakeEvent.made  # the last: the wall clock's anchor, after the step's tasks
         mine = [r for r in pipe.reports[-1].records if r[0] == rank]
         expected = [(m.at - origin.at) for m in marks]
         return len(marks), len(mine), [(mine, expected)]
@@ -181,9 +245,40 @@ def test_each_forwards_counted_bytes_are_checked_against_the_allocator() -> None
         {0: _Allocating(allocator)}, 1, nn.functional.mse_loss, False, allocated=lambda: allocator[0]
     )
     executor.begin_step(0)
-    for mb, rows in enumerate((2, 3)):
+    for mb, rows in enumerate((2, 3, 4)):
         executor.forward(0, mb, [torch.randn(rows, 4, requires_grad=True)], None, 1.0)
-    counted = [executor._bytes[(0, mb)] for mb in range(2)]
-    assert executor.memory_check == [(counted[0], 1000), (counted[1], 1000)]
+    counted = [executor._bytes[(0, mb)] for mb in range(3)]
+    # The stage's first forward is not checked: it also allocates what stays (cuBLAS's workspace).
+    assert executor.memory_check == [(counted[1], 1000), (counted[2], 1000)]
     executor.begin_step(1)
     assert executor.memory_check == []
+
+
+class _Receiving(nn.Module):
+    """A stage whose forward makes the (fake) allocator gain 1000 bytes while a receiving thread allocates a
+    received tensor of 700 bytes (1024 as the allocator rounds it)."""
+
+    def __init__(self, allocator: list[int], received: ReceivedBytes) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.allocator = allocator
+        self.received = received
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.allocator[0] += 1000
+        with self.received.allocating([700, 0]):
+            self.allocator[0] += 1024
+        return torch.tanh(self.linear(x))
+
+
+def test_what_the_receiving_threads_allocate_is_left_out_of_a_forwards_check() -> None:
+    allocator = [0]
+    received = ReceivedBytes()
+    stage = _Receiving(allocator, received)
+    executor = StageExecutor(
+        {0: stage}, 1, nn.functional.mse_loss, False, allocated=lambda: received.read(lambda: allocator[0])
+    )
+    for mb in range(2):
+        executor.forward(0, mb, [torch.randn(2, 4, requires_grad=True)], None, 1.0)
+    assert executor.memory_check == [(executor._bytes[(0, 1)], 1000)]
+    assert received.total == 2 * 1024 and received.read(lambda: allocator[0]) == 2000

@@ -28,7 +28,7 @@ from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
-from hintpipe.runtime.parallel.fsdp import FsdpOptions, shard_stages
+from hintpipe.runtime.parallel.fsdp import FsdpOptions, check_sharding, shard_stages
 from hintpipe.runtime.parallel.mesh import DP_AXES, Layout, build_mesh, dp_mesh
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
@@ -505,6 +505,36 @@ def test_an_emulated_tensor_parallel_task_waits_for_its_slowest_member(
             assert min(a[2], b[2]) >= slowest - 1e-3  # 1 ms: wall-clock reads on two processes
 
 
+# -- the mesh's device ----------------------------------------------------------------------------------------
+
+
+def _mesh_device(rank: int, world: int) -> tuple[str, str]:
+    """The device type of a mesh built for CPU ranks on a machine that reports CUDA (as a GPU machine would):
+    the run's device, not whatever the machine has."""
+    present = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    try:
+        mesh = build_mesh(world, dp=2, device="cpu")
+    finally:
+        torch.cuda.is_available = present
+    return mesh.device_type, str(build_mesh(world, dp=2, device=torch.device("cpu")).device_type)
+
+
+def test_the_mesh_is_on_the_runs_device_whatever_the_machine_has(four_ranks: dict[str, list[Any]]) -> None:
+    assert succeeded(four_ranks["mesh device"]) == [("cpu", "cpu")] * 4
+
+
+def test_fsdp_is_refused_on_ranks_that_share_a_gpu() -> None:
+    message = (
+        r"^data_parallel='fsdp' on ranks that share a GPU: FSDP2's reduce-scatter of CUDA tensors needs NCCL, "
+        r"which refuses two ranks on one device; use data_parallel='replicate', or a GPU per rank$"
+    )
+    with pytest.raises(ValueError, match=message):
+        check_sharding(torch.device("cuda", 0), own_gpu=False)
+    check_sharding(torch.device("cuda", 0), own_gpu=True)  # a GPU each: NCCL
+    check_sharding(torch.device("cpu"), own_gpu=False)  # CPU ranks: gloo reduces host tensors
+
+
 # -- the command line --------------------------------------------------------------------------------------------
 
 
@@ -634,6 +664,7 @@ def four_ranks() -> dict[str, list[Any]]:
     cases["uncoordinated orders"] = Case(_uncoordinated_orders)
     cases["tp greedy coordinated, delayed"] = Case(_tensor_parallel, ("greedy", 1, 2, True, True))
     cases |= {f"coupled {p}": Case(_coupled, (p,)) for p in ("fixed", "ready")}
+    cases["mesh device"] = Case(_mesh_device)
     return run_cases(4, cases, timeout_s=TIMEOUT)
 
 

@@ -30,7 +30,7 @@ def _loop(step_clock: float) -> tuple[StepLoop, Scoreboard, list[Message]]:
         admission=none,
         timeout=1.0,
         stash=stash,
-        check_loss=lambda loss, mb: None,
+        check_losses=lambda losses, slots: None,
         notices=True,
     )
     loop._t0 = step_clock
@@ -43,7 +43,7 @@ def _notice(step: int, stage: int, mb: int, arrived: float) -> Message:
 
 def test_a_notice_sets_the_eta_of_the_task_it_announces() -> None:
     loop, board, stash = _loop(step_clock=100.0)
-    state = StepState(step=3, activations={})
+    state = StepState(step=3, activations={}, round=3)
     loop._accept(_notice(3, 0, 2, arrived=100.5), state)
     pos = board.index[B(0, 2)]
     # the producer B(1, 2) started 0.5 s into the step and is expected to take 2.0 (no latency planned)
@@ -54,7 +54,7 @@ def test_a_notice_sets_the_eta_of_the_task_it_announces() -> None:
 
 def test_a_notice_of_a_later_step_waits_and_one_of_a_finished_step_is_dropped() -> None:
     loop, board, stash = _loop(step_clock=0.0)
-    state = StepState(step=3, activations={})
+    state = StepState(step=3, activations={}, round=3)
     later, stale = _notice(4, 0, 1, arrived=1.0), _notice(2, 0, 1, arrived=1.0)
     loop._accept(later, state)
     loop._accept(stale, state)  # no "message for old step" error: notices of a finished step are harmless

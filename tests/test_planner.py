@@ -21,8 +21,9 @@ from hintpipe.planner.capture import CaptureError, capture, split_point
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.plan import Plan, node_tables, plan
-from hintpipe.planner.profile import profile
+from hintpipe.planner.profile import profile, signature
 from hintpipe.planner.search import PlanError, search
+from hintpipe.planner.stagegen import offload_hooks, resident
 from hintpipe.planner.tables import NodeTables
 from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.launch import run_ranks
@@ -563,3 +564,46 @@ def test_a_device_clock_waits_for_the_device_before_each_reading() -> None:
     after = clock.now()
     assert calls == ["synchronize", "synchronize"] and after >= before
     assert isinstance(clock_for(torch.device("cpu")), HostClock)
+
+
+def test_the_profiler_waits_for_the_device_before_every_reading() -> None:
+    # A clock that counts its waits for the device: every reading around a node's forward and backward waits.
+    waits: list[str] = []
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    graph = capture(model)
+    profiles = profile(graph, (torch.randn(2, 4),), repeats=2, clock=DeviceClock(lambda: waits.append("sync")))
+    assert len(waits) == len(profiles) * (2 + 1) * 4  # per run (a warm-up, 2 repeats): 2 readings each way
+
+
+def test_the_profile_cache_key_names_the_device() -> None:
+    graph = capture(nn.Sequential(nn.Tanh(), nn.ReLU()))  # no parameters: the device is the input's
+    here, there = (signature(graph, (torch.empty(2, 4, device=device),)) for device in ("cpu", "meta"))
+    assert here != there
+    assert here == signature(graph, (torch.zeros(2, 4),))  # the values do not matter: shapes and the device
+
+
+def test_offload_leaves_parameters_and_buffers_where_they_are() -> None:
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Tanh())
+    x = torch.randn(5, 4, requires_grad=True)
+    moved: list[torch.Tensor] = []
+
+    def move_out(t: torch.Tensor) -> torch.Tensor:
+        moved.append(t)
+        return t.clone()  # a copy elsewhere: what backward gets back
+
+    pack, unpack = offload_hooks(resident(layer), move_out, lambda copy: copy)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = layer(x)
+    out.sum().backward()
+    held = dict(layer.named_parameters()) | dict(layer.named_buffers())
+    owned = {t.untyped_storage().data_ptr() for t in held.values()}
+    assert moved and not any(t.untyped_storage().data_ptr() in owned for t in moved)  # no weight, no running mean
+    assert any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for t in moved)  # the input went
+    offloaded = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    x_grad = x.grad.clone() if x.grad is not None else None
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+    layer(x).sum().backward()  # plain autograd: the same gradients
+    assert all(torch.equal(offloaded[n], p.grad) for n, p in layer.named_parameters() if p.grad is not None)
+    assert x_grad is not None and x.grad is not None and torch.equal(x_grad, x.grad)

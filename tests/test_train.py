@@ -92,6 +92,31 @@ def test_train_json_and_gradient_check(capsys: pytest.CaptureFixture[str], tmp_p
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+class _PlacingPipeline:
+    """Stands in for the pipeline: moves the stage of rank 0 to another device in place, as a GPU rank's does
+    (``meta`` here: a device the test machine has)."""
+
+    @classmethod
+    def from_modules(cls, modules: list[nn.Module], **options: Any) -> _PlacingPipeline:
+        modules[0].to("meta")
+        return cls()
+
+
+def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hintpipe.apps import training
+
+    monkeypatch.setattr(training, "Pipeline", _PlacingPipeline)
+    monkeypatch.setattr(training, "inject", lambda pipe, injection: None)
+    config = TrainConfig(model=ModelConfig("mlp", layers=2, hidden=8), ranks=2, microbatches=2, check_grads=True)
+    _, modules, reference = training._build_pipeline(0, 2, config)
+    assert modules is not None and reference is not None
+    assert {p.device.type for p in modules[0].parameters()} == {"meta"}  # rank 0's stage was placed
+    # The reference was copied before: every stage on the host, with the model's initial weights.
+    assert {p.device.type for stage in reference for p in stage.parameters()} == {"cpu"}
+    for mine, copied in zip(modules[1].parameters(), reference[1].parameters(), strict=True):
+        assert torch.equal(mine, copied) and mine is not copied
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

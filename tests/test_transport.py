@@ -10,7 +10,9 @@ hintpipe.runtime.transport.links).
 from __future__ import annotations
 
 import os
+import queue
 import time
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -22,11 +24,11 @@ from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
-from hintpipe.runtime.transport.links import Link, LinkPostOffice
+from hintpipe.runtime.transport.links import Link, LinkPostOffice, as_bytes, deliver_when_arrived
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.protocol import TransportChoice, choose_transport
 from hintpipe.runtime.transport.staging import MIN_BUFFER, Staging, StagingPool, size_class
-from hintpipe.runtime.transport.wire import MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind, pack
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -112,7 +114,7 @@ def test_on_a_cpu_rank_staging_hands_received_buffers_over_or_back() -> None:
     assert not staging.staged
     payload = torch.arange(8, dtype=torch.float32)
     raw = payload.view(torch.uint8)
-    assert staging.outgoing(raw) == (raw, None)  # nothing staged: the bytes themselves
+    assert staging.outgoing(raw) == (raw, None, None)  # nothing staged, nothing to wait for: the bytes themselves
     buffer = staging.pool.take(32)
     view = [buffer.view(torch.float32)]
     tensors, ready = staging.arrived(list(view), buffer)
@@ -171,12 +173,66 @@ def test_the_gloo_mailbox_reposts_buffers_that_smaller_payloads_leave() -> None:
     result = run_ranks(_reuse_worker, 2, timeout_s=60)[1]
     assert result is not None
     allocated, full_size = result
-    # An empty buffer posted before the first payload, then a new one after each full-size message (whose
-    # tensors keep the buffer they came in); none after the smaller ones.
-    assert allocated == 1 + full_size
+    # A new buffer after each full-size message (whose tensors keep the buffer they came in); none after the
+    # smaller ones, and none before the first payload, for which nothing is posted (a buffer taken for it
+    # never went back: on a GPU, a pinned buffer per peer).
+    assert allocated == full_size
+
+
+# -- the wire --------------------------------------------------------------------------------------
+
+
+def test_pack_makes_its_buffer_where_the_tensors_are() -> None:
+    # A GPU rank's closing word is host text: padding made on the rank's device would not join it.
+    text = torch.tensor(list(b"rank 1: boom"), dtype=torch.uint8)
+    buffer, nbytes = pack([text], torch.device("meta"), at_least=64)
+    assert (buffer.device, buffer.numel(), nbytes) == (CPU, 64, 16)  # 12 bytes, aligned to 16, padded to 64
+    assert bytes(buffer[:12].tolist()) == b"rank 1: boom"
+    elsewhere, size = pack([torch.empty(3, device="meta")], CPU, at_least=32)
+    assert (elsewhere.device.type, elsewhere.numel(), size) == ("meta", 32, 16)
+    nothing, none = pack([None], torch.device("meta"))
+    assert (nothing.device.type, nothing.numel(), none) == ("meta", 0, 0)
 
 
 # -- the NCCL transport's protocol, its links on gloo --------------------------------------------------
+
+
+def test_a_link_moves_every_dtype_as_its_bytes() -> None:
+    # NCCL moves no int16; as bytes, every dtype goes (a bool, a 0-d tensor, a transposed view).
+    for tensor in (
+        torch.tensor([-3, 300], dtype=torch.int16),
+        torch.tensor([True, False, True]),
+        torch.tensor(2.5),
+        torch.arange(6.0).reshape(2, 3).t(),
+    ):
+        raw = as_bytes(tensor)
+        assert raw.dtype == torch.uint8 and raw.numel() == tensor.nbytes
+        received = torch.empty(tensor.shape, dtype=tensor.dtype)
+        as_bytes(received).copy_(raw)  # a receive into the bytes of a tensor allocated from the header
+        assert torch.equal(received, tensor)
+
+
+class _Arrival:
+    """A transfer that records what the inbox held when it was waited for."""
+
+    def __init__(self, inbox: queue.Queue[Message]) -> None:
+        self.inbox = inbox
+        self.waited_with: list[int] = []
+
+    def wait(self) -> None:
+        self.waited_with.append(self.inbox.qsize())
+
+    def use(self, tensors: Sequence[torch.Tensor | None]) -> None:
+        raise AssertionError("the receiving thread never makes a stream wait")
+
+
+def test_a_link_message_enters_the_inbox_once_its_payload_is_here() -> None:
+    inbox: queue.Queue[Message] = queue.Queue()
+    arrival = _Arrival(inbox)
+    message = Message(MessageKind.ACTIVATION, 0, 1, 2, [torch.ones(1)], peer=0, ready=arrival)
+    deliver_when_arrived(inbox, message)
+    assert arrival.waited_with == [0]  # waited for before the message was in the inbox
+    assert inbox.get_nowait() is message and message.arrived > 0.0 and message.ready is arrival
 
 
 def _link_messages(sender: int) -> list[list[torch.Tensor | None]]:
@@ -188,6 +244,7 @@ def _link_messages(sender: int) -> list[list[torch.Tensor | None]]:
         [torch.ones(3, dtype=torch.bool), torch.empty(0, 4)],
         [torch.randn(1, 2, generator=g).to(torch.bfloat16) for _ in range(30)],  # a description beyond the header
         [torch.randn(7, generator=g)],
+        [torch.tensor([-2, 7, 300], dtype=torch.int16), torch.tensor(3.5)],  # no int16 on NCCL: bytes go
     ]
 
 

@@ -15,9 +15,12 @@ the other for them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -40,10 +43,12 @@ def rank_device(choice: str | DeviceChoice | torch.device | None = None, rank: i
         device = choice
     else:
         which = DeviceChoice.parse(choice) if choice is not None else DeviceChoice.CPU
+        if which is DeviceChoice.CPU:  # not a single CUDA call: a CPU rank makes no CUDA context
+            return torch.device("cpu")
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
         if which is DeviceChoice.CUDA and not cuda:
             raise ValueError("device cuda was asked for, but torch.cuda.is_available() is False on this machine")
-        if which is DeviceChoice.CPU or not cuda:
+        if not cuda:  # auto on a machine without CUDA
             return torch.device("cpu")
         local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
         device = torch.device("cuda", local)
@@ -89,13 +94,27 @@ def clock_for(device: torch.device) -> Clock:
     return HostClock()
 
 
-def own_gpu() -> bool:
-    """Whether every rank on this node has a GPU to itself (``LOCAL_WORLD_SIZE``, set by torchrun and by the
-    spawning launcher, at most the GPUs present)."""
-    if not torch.cuda.is_available():
-        return False
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return local_world <= torch.cuda.device_count()
+def gpu_identity(device: torch.device) -> str:
+    """The GPU a rank computes on, as every rank can compare it: its host's name and the device's UUID
+    (two ranks with different ``CUDA_VISIBLE_DEVICES`` may both call theirs ``cuda:0``); "" on a CPU."""
+    if device.type != "cuda":
+        return ""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", index)
+    return f"{socket.gethostname()}/{uuid}"
+
+
+def own_gpu(identities: Sequence[str]) -> bool:
+    """Whether every rank has a GPU to itself, from every rank's :func:`gpu_identity` (gathered from all).
+
+    [Note: who shares a GPU]
+    NCCL refuses two ranks of one communicator on one device ("Duplicate GPU"), so the default group's
+    NCCL half and the ``nccl`` transport need each rank on a GPU of its own. Counting ranks per node
+    (``LOCAL_WORLD_SIZE``) against the GPUs present trusts a variable that launchers other than torchrun
+    do not set, and a rank that sees one GPU (``CUDA_VISIBLE_DEVICES``) cannot tell alone. Every rank
+    names its GPU (host and UUID); they share one exactly when two names are equal.
+    """
+    return bool(identities) and all(identities) and len(set(identities)) == len(identities)
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -110,12 +129,51 @@ def peak_memory(device: torch.device) -> int:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else -1
 
 
-def allocated_probe(device: torch.device) -> Callable[[], int] | None:
-    """Bytes the allocator holds on ``device`` now, as a function (``torch.cuda.memory_allocated``); None on
-    the CPU."""
+#: The CUDA caching allocator's granularity: it hands out (and ``memory_allocated`` counts) blocks of a
+#: multiple of this many bytes.
+ALLOCATION_GRANULE = 512
+
+
+class ReceivedBytes:
+    """Device bytes the receiving threads allocated (received tensors), so that a reading of the allocator
+    taken by the computing thread can leave them out.
+
+    [Note: what a forward left allocated]
+    The step loop compares the bytes it counted for a forward with what the allocator gained over it
+    (``allocated_over_counted``). The allocator is one per device, and the receiving threads allocate the
+    tensors that arrive while the forward runs: read before and after, the gain would count them. So each
+    receiving thread's allocation and its count here happen under one lock, and :meth:`read` takes the
+    allocator's figure under the same lock, less everything received so far: the difference of two
+    readings is then the computing thread's own. Sizes are counted as the allocator rounds them
+    (:data:`ALLOCATION_GRANULE`; an allocator configured to round otherwise, ``roundup_power2_divisions``,
+    makes the figure approximate).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+
+    @contextlib.contextmanager
+    def allocating(self, sizes: Sequence[int]) -> Iterator[None]:
+        """Around a receiving thread's allocation of tensors of ``sizes`` bytes."""
+        with self._lock:
+            yield
+            self.total += sum(-(-n // ALLOCATION_GRANULE) * ALLOCATION_GRANULE for n in sizes if n > 0)
+
+    def read(self, allocated: Callable[[], int]) -> int:
+        """``allocated()`` (the allocator's bytes) less the bytes received so far."""
+        with self._lock:
+            return allocated() - self.total
+
+
+def allocated_probe(device: torch.device, received: ReceivedBytes | None = None) -> Callable[[], int] | None:
+    """Bytes the allocator holds on ``device`` now, as a function (``torch.cuda.memory_allocated``), less the
+    tensors the receiving threads allocated (``received``: see [Note: what a forward left allocated]); None
+    on the CPU."""
     if device.type != "cuda":
         return None
-    return lambda: int(torch.cuda.memory_allocated(device))
+    ledger = received if received is not None else ReceivedBytes()
+    return lambda: ledger.read(lambda: int(torch.cuda.memory_allocated(device)))
 
 
 def to_device(value: Any, device: torch.device) -> Any:
@@ -129,16 +187,44 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def use_when_ready(tensors: list[torch.Tensor | None], ready: torch.cuda.Event | None) -> None:
-    """Make the current stream wait for ``tensors``' transfer (``ready``) before it uses them, and tell the
-    allocator that the current stream uses them (they were allocated on the transfer stream)."""
-    if ready is None:
-        return
-    stream = torch.cuda.current_stream()
-    stream.wait_event(ready)
-    for t in tensors:
-        if t is not None:
-            t.record_stream(stream)
+class Arrival(Protocol):
+    """A transfer of received tensors to the device, as their consumer sees it (on a GPU: the transfer
+    stream's event, :class:`EventArrival`; None where the tensors are usable as they come)."""
+
+    def wait(self) -> None:
+        """Block the calling thread until the transfer is done."""
+
+    def use(self, tensors: Sequence[torch.Tensor | None]) -> None:
+        """Make the current stream wait for the transfer before it uses ``tensors``, and tell the allocator
+        that the current stream uses them (they were allocated on the transfer's stream)."""
+
+
+class EventArrival:
+    """An :class:`Arrival` marked by a CUDA event recorded on the transfer's stream after it."""
+
+    def __init__(self, event: torch.cuda.Event) -> None:
+        self.event = event
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+    def use(self, tensors: Sequence[torch.Tensor | None]) -> None:
+        stream = torch.cuda.current_stream()
+        stream.wait_event(self.event)
+        for t in tensors:
+            if t is not None:
+                t.record_stream(stream)
+
+    def query(self) -> bool:
+        """Whether the transfer is done (without waiting)."""
+        return bool(self.event.query())  # type: ignore[no-untyped-call]
+
+
+def use_when_ready(tensors: Sequence[torch.Tensor | None], ready: Arrival | None) -> None:
+    """Let the current stream use ``tensors`` once their transfer (``ready``) is done; nothing to wait for
+    when ``ready`` is None."""
+    if ready is not None:
+        ready.use(tensors)
 
 
 def new_stream(device: torch.device) -> torch.cuda.Stream:

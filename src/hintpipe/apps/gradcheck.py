@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from hintpipe.apps.models import Chain, loss_fn_for
+from hintpipe.device import to_device
 from hintpipe.runtime.pipeline import Pipeline
 
 #: The relative difference ``--check-grads`` accepts (float32; sums over micro-batches, replicas and
@@ -37,6 +38,10 @@ def compare_gradients(
     model_name: str,
 ) -> tuple[float, float] | None:
     """Compare every rank's gradients with the unsplit model's (call on every rank, after the step).
+
+    The unsplit copy (``reference``, taken before the pipeline placed its stages) runs whole on rank 0's
+    device, fed the step's inputs there; the gradients travel and are compared on the host (a GPU tensor
+    sent as an object would land on the receiver's GPU of the sender's index).
 
     Args:
         pipe: the pipeline that ran the step.
@@ -59,18 +64,19 @@ def compare_gradients(
     dist.all_gather_object(gathered, local)
     if reference is None:
         return None
-    model = Chain(*reference)
+    model = Chain(*reference).to(pipe.device)
     loss_fn = loss_fn_for(model_name)
     scale = sum(len(inputs) for inputs, _ in batches)
     for inputs, targets in batches:
-        for x, y in zip(inputs, targets, strict=True):
+        for x, y in zip(to_device(inputs, pipe.device), to_device(targets, pipe.device), strict=True):
             output = model(*x) if isinstance(x, tuple) else model(x)
             torch.autograd.backward(loss_fn(output, y) / scale)
     worst_abs = worst_rel = 0.0
     for part in gathered:
         for (stage, name), grad in _fused(part).items():
-            expected = dict(reference[stage].named_parameters())[name].grad
-            assert expected is not None
+            found = dict(reference[stage].named_parameters())[name].grad
+            assert found is not None
+            expected = found.cpu()
             diff = (grad - expected).abs().max().item()
             worst_abs = max(worst_abs, diff)
             worst_rel = max(worst_rel, diff / max(expected.abs().max().item(), 1e-12))

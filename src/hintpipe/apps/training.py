@@ -31,6 +31,7 @@ from hintpipe.apps.models import (
 )
 from hintpipe.apps.progress import log_line, progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
+from hintpipe.device import rank_device
 from hintpipe.observe.trace import Record
 from hintpipe.options import OPTIONS, check_options
 from hintpipe.planner.plan import Plan
@@ -191,15 +192,22 @@ def train(config: TrainConfig) -> TrainResult | None:
     Raises:
         hintpipe.launch.RankFailure: with each failed rank's error.
     """
-    results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout)
+    results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=config.device)
     result = results[0]
     assert result is None or isinstance(result, TrainResult)
     return result
 
 
-def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipeline, list[torch.nn.Module] | None]:
+def _build_pipeline(
+    rank: int, world: int, config: TrainConfig
+) -> tuple[Pipeline, list[torch.nn.Module] | None, list[torch.nn.Module] | None]:
     """This rank's pipeline over the built-in model (cut evenly, or as a saved plan says), with the run's
-    injection wrapped around it; and every stage's module when the model was cut here (for gradient checks)."""
+    injection wrapped around it; every stage's module when the model was cut here; and, on rank 0 with
+    ``check_grads``, an unsplit reference copy of them.
+
+    The reference is copied before the pipeline exists: the pipeline moves this rank's stages to its device
+    in place, and a copy taken after would be half there and half on the host.
+    """
     hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
     options: PipelineOptions = {
         "hint": hint,
@@ -217,7 +225,8 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         options["memory_slack"] = config.memory_slack
     if config.device_budget is not None:
         options["device_budget"] = config.device_budget
-    mesh = build_mesh(world, dp=config.dp, tp=config.tp) if config.dp * config.tp > 1 else None
+    device = rank_device(config.device, rank)
+    mesh = build_mesh(world, dp=config.dp, tp=config.tp, device=device) if config.dp * config.tp > 1 else None
     position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:
         options["mesh"] = mesh
@@ -226,6 +235,7 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         options["activation_budget"] = config.activation_budget[position]
     loss_fn = loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
+    reference: list[torch.nn.Module] | None = None
     if config.plan is not None:
         del options["hint"]  # the plan's own
         pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, microbatches=config.microbatches, **options)
@@ -239,9 +249,11 @@ def _build_pipeline(rank: int, world: int, config: TrainConfig) -> tuple[Pipelin
         options["names"] = names if config.tp == 1 else dataclasses.replace(names, keys=())
         if mesh is not None and config.tp > 1:
             modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
+        # Before the pipeline places rank 0's stages: the unsplit model runs whole on one device.
+        reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     inject(pipe, config.injection)
-    return pipe, modules
+    return pipe, modules, reference
 
 
 @dataclasses.dataclass
@@ -257,8 +269,7 @@ class _Run:
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
     """What ``train`` runs on each rank: the run of ``config``, closed whatever happens (its mailboxes and
     threads stop, so that a process can go on to other work after a failed run)."""
-    reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
-    pipe, modules = _build_pipeline(rank, world, config)
+    pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None

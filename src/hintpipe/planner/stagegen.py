@@ -35,13 +35,16 @@ def offload(module: torch.nn.Module, *args: Any) -> Any:
 
     On a GPU each saved tensor is copied to pinned host memory on a stream of
     its own, so the copy overlaps the compute that follows, and copied back
-    when backward needs it, after the first copy's event. On a CPU the host is
-    the device: the tensors stay where they are (but leave the count of the
-    device's activations, as they would leave the device).
+    when backward needs it, after the first copy's event. Parameters and
+    buffers are not activations: autograd saves them too (a linear layer its
+    weight), but they stay on the device for good, and moving them out and
+    back would copy the weights every micro-batch (:func:`offload_hooks`). On
+    a CPU the host is the device: the tensors stay where they are (but leave
+    the count of the device's activations, as they would leave the device).
     """
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     if device.type == "cuda":
-        with torch.autograd.graph.saved_tensors_hooks(*_host_copies(device)):
+        with torch.autograd.graph.saved_tensors_hooks(*host_copies(device, resident(module))):
             return module(*args)
 
     def keep(t: torch.Tensor) -> torch.Tensor:
@@ -51,19 +54,46 @@ def offload(module: torch.nn.Module, *args: Any) -> Any:
         return module(*args)
 
 
+def resident(module: torch.nn.Module) -> set[int]:
+    """The storages of ``module``'s parameters and buffers: what offload leaves where it is."""
+    return {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+
+
 _OFFLOAD_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
-_Packed = tuple[torch.device, torch.Tensor, Any]
+#: A saved tensor as the pack hook leaves it: the tensor itself (kept), or what ``move_out`` made of it.
+_Packed = tuple[bool, Any]
 
 
-def _host_copies(device: torch.device) -> tuple[Callable[[torch.Tensor], _Packed], Callable[[_Packed], torch.Tensor]]:
-    """Saved-tensor hooks that move a GPU's saved tensors to pinned host memory and back (asynchronously)."""
+def offload_hooks(
+    keep: set[int], move_out: Callable[[torch.Tensor], Any], move_back: Callable[[Any], torch.Tensor]
+) -> tuple[Callable[[torch.Tensor], _Packed], Callable[[_Packed], torch.Tensor]]:
+    """Saved-tensor hooks that hand each saved tensor to ``move_out`` and what it made to ``move_back`` in
+    backward, except tensors whose storage is in ``keep`` (parameters and buffers: :func:`resident`; their
+    views too, such as the transposed weight a linear layer saves)."""
+
+    def pack(t: torch.Tensor) -> _Packed:
+        if t.untyped_storage().data_ptr() in keep:
+            return False, t
+        return True, move_out(t)
+
+    def unpack(packed: _Packed) -> torch.Tensor:
+        moved, value = packed
+        return move_back(value) if moved else value
+
+    return pack, unpack
+
+
+def host_copies(
+    device: torch.device, keep: set[int]
+) -> tuple[Callable[[torch.Tensor], _Packed], Callable[[_Packed], torch.Tensor]]:
+    """Saved-tensor hooks that move a GPU's saved activations to pinned host memory and back (asynchronously)."""
     stream = _OFFLOAD_STREAMS.get(device)
     if stream is None:
         stream = _OFFLOAD_STREAMS[device] = new_stream(device)
 
-    def pack(t: torch.Tensor) -> _Packed:
-        if t.device.type != "cuda":
+    def move_out(t: torch.Tensor) -> tuple[torch.device, torch.Tensor, Any]:
+        if t.device.type != "cuda":  # on the host already
             return t.device, t, None
         host = torch.empty_like(t, device="cpu", pin_memory=True)
         stream.wait_stream(torch.cuda.current_stream(t.device))  # after the compute that made it
@@ -74,14 +104,14 @@ def _host_copies(device: torch.device) -> tuple[Callable[[torch.Tensor], _Packed
         t.record_stream(stream)  # the allocator must not reuse its memory before the copy is done
         return t.device, host, copied
 
-    def unpack(packed: _Packed) -> torch.Tensor:
-        where, host, copied = packed
+    def move_back(value: tuple[torch.device, torch.Tensor, Any]) -> torch.Tensor:
+        where, host, copied = value
         if copied is None:
             return host
         torch.cuda.current_stream(where).wait_event(copied)
         return host.to(where, non_blocking=True)
 
-    return pack, unpack
+    return offload_hooks(keep, move_out, move_back)
 
 
 def crossing(graph: CapturedGraph, cut: int) -> list[fx.Node]:

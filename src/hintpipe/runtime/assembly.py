@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from hintpipe.device import allocated_probe, new_event, own_gpu, rank_device
+from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
 from hintpipe.options import DataParallel, Precision, TransportChoice
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import OptionMismatch, WatchdogTimeout
@@ -42,7 +42,7 @@ from hintpipe.runtime.loop.step_loop import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer, Event
 from hintpipe.runtime.parallel.coordination import Coordination, needed
 from hintpipe.runtime.parallel.data_parallel import GradientAverage
-from hintpipe.runtime.parallel.fsdp import FsdpOptions, ShardedReduction, shard_stages
+from hintpipe.runtime.parallel.fsdp import FsdpOptions, ShardedReduction, check_sharding, shard_stages
 from hintpipe.runtime.parallel.mesh import Layout, dp_mesh
 from hintpipe.runtime.parallel.tied import TiedGradients, TiedParameter
 from hintpipe.runtime.transport.links import LinkPostOffice, make_links
@@ -140,23 +140,29 @@ def assemble(
     if owned:
         log.info("rank %d: %d tensors arrived in shared memory; the rank trains copies of its own", global_rank, owned)
     device = rank_device(options["device"], global_rank)
-    chosen = choose_transport(options["transport"], device, own_gpu=_agreed_own_gpu(device))
+    own = _agreed_own_gpu(device)
+    chosen = choose_transport(options["transport"], device, own_gpu=own)
     sharded = layout.dp > 1 and options["data_parallel"] is DataParallel.FSDP and emulate is None
     fsdp: FsdpOptions | None = options["fsdp"]
-    if sharded and fsdp and fsdp.get("reshard_after_forward") and hint.split_backward:
-        raise ValueError(
-            f"fsdp reshard_after_forward=True with hint {hint.name!r}: its split backward (W) computes weight "
-            "gradients after FSDP2 has resharded the stage; keep the default (False) or use a hint without W"
-        )
+    if sharded:
+        check_sharding(device, own)
+        if fsdp and fsdp.get("reshard_after_forward") and hint.split_backward:
+            raise ValueError(
+                f"fsdp reshard_after_forward=True with hint {hint.name!r}: its split backward (W) computes weight "
+                "gradients after FSDP2 has resharded the stage; keep the default (False) or use a hint without W"
+            )
     mesh = options["mesh"] if sharded else None
     placed = _place(modules, device, mesh, emulated=emulate is not None, fsdp=fsdp)
     p2p = layout.groups(layout.pipelines)
     coll = layout.groups(layout.pipelines, options["timeout"])
     assert p2p is not None and coll is not None
     policy: Policy = options["policy"]
-    transport = _connect(layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams)
+    received = ReceivedBytes()  # what the receiving threads allocate on the device (see allocated_probe)
+    transport = _connect(
+        layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams, received
+    )
     autocast = (device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
-    compute = _computing(placed, hint, loss_fn, emulate, device, autocast)
+    compute = _computing(placed, hint, loss_fn, emulate, device, autocast, received)
     admission = Admission(
         hint,
         rank,
@@ -250,12 +256,13 @@ def _check_modules(modules: Mapping[int, nn.Module], hint: Hint, rank: int) -> N
 
 
 def _agreed_own_gpu(device: torch.device) -> bool:
-    """Whether every rank has a GPU to itself, agreed by all (the transport's links are created by all)."""
+    """Whether every rank has a GPU to itself, from every rank's GPU (see [Note: who shares a GPU] in
+    :mod:`hintpipe.device`): one answer for all, since the transport's links are created by all."""
     if device.type != "cuda":
         return False
-    flag = torch.tensor([int(own_gpu())], device=device)  # on the GPU: a default group may be NCCL alone
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    identities: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(identities, gpu_identity(device))  # on the host where the default group has gloo
+    return own_gpu(identities)
 
 
 def _place(
@@ -289,6 +296,7 @@ def _connect(
     policy: Policy,
     timeout: float,
     seams: Seams,
+    received: ReceivedBytes,
 ) -> Transport:
     """The transport to the neighbours, on the pipeline's own point-to-point group.
 
@@ -302,9 +310,9 @@ def _connect(
     notices = policy is Policy.READY
     backend = "nccl" if chosen is TransportChoice.NCCL else seams.link_backend
     if backend is None:
-        return PostOffice(peers, device, group=p2p, notices=notices)
+        return PostOffice(peers, device, group=p2p, notices=notices, received=received)
     outgoing, incoming = make_links(layout.pipelines, stage_rank, global_rank, backend, timeout)
-    return LinkPostOffice(peers, device, p2p, outgoing=outgoing, incoming=incoming, notices=notices)
+    return LinkPostOffice(peers, device, p2p, outgoing=outgoing, incoming=incoming, notices=notices, received=received)
 
 
 def _computing(
@@ -314,12 +322,14 @@ def _computing(
     emulate: EmulatedCosts | None,
     device: torch.device,
     autocast: tuple[str, torch.dtype] | None,
+    received: ReceivedBytes,
 ) -> Executor:
-    """The executor of this rank's tasks: its stages (checked against the allocator on a GPU), or sleeps."""
+    """The executor of this rank's tasks: its stages (checked against the allocator on a GPU, less what the
+    receiving threads allocate), or sleeps."""
     last = hint.num_stages - 1
     if emulate is not None:
         return EmulatedExecutor(emulate, last)
-    probe = allocated_probe(device)
+    probe = allocated_probe(device, received)
     return StageExecutor(modules, last, loss_fn, hint.split_backward, allocated=probe, autocast=autocast)
 
 

@@ -69,7 +69,7 @@ def run_evaluation(parts: Parts, state: StepState, stash: list[Message]) -> torc
         admission=parts.admission,
         timeout=parts.timeout,
         stash=stash,
-        check_loss=lambda loss, mb: None,  # an evaluation reports its loss, whatever it is
+        check_losses=lambda losses, slots: None,  # an evaluation reports its loss, whatever it is
         coordination=parts.coordination,
         timer=parts.timer,
     ).run(state)

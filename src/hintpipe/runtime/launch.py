@@ -53,7 +53,7 @@ from torch._C._distributed_c10d import TCPStore
 from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 
-from hintpipe.device import own_gpu, rank_device
+from hintpipe.device import gpu_identity, own_gpu, rank_device
 from hintpipe.options import DeviceChoice
 from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
@@ -72,31 +72,42 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def init_rank(rank: int, world: int, timeout_s: float = 300.0) -> torch.device:
-    """Join the process group (already in the environment: MASTER_ADDR/PORT).
+def init_rank(
+    rank: int, world: int, timeout_s: float = 300.0, device: str | DeviceChoice = DeviceChoice.AUTO
+) -> torch.device:
+    """Join the process group (already in the environment: MASTER_ADDR/PORT) on ``device`` (a choice: the
+    rank's GPU where there is one with ``auto``); returns the rank's device.
 
     On CUDA, the default group takes CPU tensors over gloo and CUDA tensors over
     NCCL, and gloo alone where ranks share a GPU (NCCL refuses two ranks on one
-    device).
+    device; see [Note: who shares a GPU] in :mod:`hintpipe.device`). With ``cpu``
+    no CUDA call is made: a rank that computes on the host makes no CUDA context.
     """
     torch.set_num_threads(1)
     # The mailbox threads must get the interpreter promptly while the main
     # thread computes: hand it over every 0.5 ms instead of every 5 ms.
     sys.setswitchinterval(0.0005)
-    device = rank_device(DeviceChoice.AUTO, rank)  # the rank's GPU where there is one, set current
-    use_cuda = device.type == "cuda"
+    chosen = rank_device(device, rank)  # the rank's GPU where asked and present, set current
     timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
     store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
     prefixed = PrefixStore(f"hintpipe/attempt-{attempt()}", store)
+    gpus = gather_over_store(prefixed, rank, world, "hintpipe/gpu", gpu_identity(chosen))
     dist.init_process_group(
-        backend="cpu:gloo,cuda:nccl" if use_cuda and own_gpu() else "gloo",
+        backend="cpu:gloo,cuda:nccl" if own_gpu(gpus) else "gloo",
         store=prefixed,
         rank=rank,
         world_size=world,
         timeout=timeout,
     )
     liveness.start(prefixed, rank, world, timeout_s)  # see [Note: naming a frozen rank]
-    return device
+    return chosen
+
+
+def gather_over_store(store: Any, rank: int, world: int, key: str, value: str) -> list[str]:
+    """Every rank's ``value``, in rank order, through the rendezvous ``store`` (before any process group
+    exists: the default group's backend depends on what the ranks say)."""
+    store.set(f"{key}/{rank}", value)
+    return [v.decode() for v in store.multi_get([f"{key}/{r}" for r in range(world)])]
 
 
 def attempt() -> int:
@@ -104,9 +115,10 @@ def attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float) -> None:
+def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
     """One spawned rank (started by :func:`hintpipe.runtime.rank_entry.start_rank`, already tied to its
-    launcher): join the group, run the function ``packed`` holds, and leave its result in ``out``."""
+    launcher): join the group on ``device``, run the function ``packed`` holds, and leave its result in
+    ``out``."""
     os.environ["RANK"] = str(rank)
     os.environ["LOCAL_RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
@@ -114,7 +126,7 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float) -
     os.environ[STOP_FILE_ENV] = str(Path(out) / "stop")
     path = Path(out) / f"rank{rank}.pkl"
     try:
-        init_rank(rank, world, timeout_s)
+        init_rank(rank, world, timeout_s, device)
         fn, args = pickle.loads(packed)
         result = fn(rank, world, *args)
         path.write_bytes(pickle.dumps(("ok", result)))
@@ -174,18 +186,25 @@ class _Signals:
         return len(self.received) > 1 or any(sig in AT_ONCE for sig in self.received)
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 300.0) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 300.0, device: str | DeviceChoice = "auto"
+) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on every rank; returns the per-rank results.
+
+    ``device`` (``auto``, ``cpu``, ``cuda``) is where the ranks compute: it sets each rank's GPU current and
+    the default group's backends (see :func:`init_rank`); ``cpu`` makes no CUDA call.
 
     Raises:
         RankFailure: naming each rank that failed and its error.
         Interrupted: the ranks were killed after a second signal, or did not stop in time after the first.
+        ValueError: an unknown ``device``.
     """
+    device = DeviceChoice.parse(device)
     if under_torchrun():
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if size != world:
             raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
-        init_rank(rank, size, timeout_s)
+        init_rank(rank, size, timeout_s, device)
         try:
             return [fn(rank, size, *args)]
         finally:
@@ -217,7 +236,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
         os.environ[LAUNCHER_ENV] = str(os.getpid())
         spawner = multiprocessing.get_context("spawn")
         processes = [
-            spawner.Process(target=start_rank, args=(rank, world, packed, out, timeout_s), name=f"rank {rank}")
+            spawner.Process(
+                target=start_rank, args=(rank, world, packed, out, timeout_s, device.value), name=f"rank {rank}"
+            )
             for rank in range(world)
         ]
         for process in processes:

@@ -365,7 +365,7 @@ class Pipeline:
             admission=parts.admission,
             timeout=parts.timeout,
             stash=self._stash,
-            check_loss=parts.agreement.check_loss,  # type: ignore[union-attr]
+            check_losses=parts.agreement.check_losses,  # type: ignore[union-attr]
             coordination=parts.coordination,
             notices=state.policy is Policy.READY,
             timer=parts.timer,

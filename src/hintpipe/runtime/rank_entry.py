@@ -56,10 +56,10 @@ def tie_to_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def start_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float) -> None:
+def start_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
     """A spawned rank's entry point: tied to its launcher first, then :func:`hintpipe.runtime.launch.run_rank`
-    (which imports torch) on the function and arguments ``packed`` holds."""
+    (which imports torch) on the function and arguments ``packed`` holds, on ``device`` (a choice)."""
     tie_to_launcher()
     from hintpipe.runtime.launch import run_rank
 
-    run_rank(rank, world, packed, out, timeout_s)
+    run_rank(rank, world, packed, out, timeout_s, device)

@@ -13,6 +13,8 @@ the watchdog.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,16 +58,28 @@ class Agreement(Hook):
         self._order = state.order
         self._step = state.step
 
-    def check_loss(self, loss: torch.Tensor, slot: int) -> None:
-        """A last stage's loss of the micro-batch in ``slot``: a non-finite one is recorded, and raises
-        unless the step is to be skipped."""
-        if bool(torch.isfinite(loss)):
+    def check_losses(self, losses: Sequence[torch.Tensor], slots: Sequence[int]) -> None:
+        """The last stage's losses of the step, of the micro-batches in ``slots`` (in the order they ran):
+        a non-finite one is recorded, and raises unless the step is to be skipped.
+
+        [Note: one look at the losses per step]
+        Reading a GPU's number on the host waits for every kernel queued before it: a check after each
+        forward would hold the host one task behind the device, micro-batch after micro-batch. So the
+        step's losses are checked together, on the device, once the last of them is computed (the step
+        loop calls this after the last stage's last forward), and the host reads one flag. The
+        neighbours are still in the step then (they wait for that micro-batch's gradient), so a raise
+        still reaches them as the failing rank's own words.
+        """
+        stacked = torch.stack(list(losses))
+        if bool(torch.isfinite(stacked).all()):  # the step's one wait for it
             return
-        step, mb = self._step, self._order[slot]
+        values = stacked.tolist()
+        first = next(i for i, v in enumerate(values) if not math.isfinite(v))
+        step, mb = self._step, self._order[slots[first]]
         self.nonfinite_steps.append(step)
         if self.on_nonfinite is OnNonFinite.RAISE:
             raise NonFiniteLoss(
-                f"rank {self.parts.rank}: the loss of micro-batch {mb} in step {step} is {float(loss)}; the step "
+                f"rank {self.parts.rank}: the loss of micro-batch {mb} in step {step} is {values[first]}; the step "
                 "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
             )
 

@@ -148,9 +148,11 @@ class StageExecutor:
         last_stage: the global id of the pipeline's last stage.
         loss_fn: ``loss_fn(output, target)`` at the last stage.
         split_backward: whether W tasks are separate from B.
-        allocated: on a GPU, the allocator's bytes now (``torch.cuda.memory_allocated``): each forward's
-            counted bytes are then checked against what the allocator gained over it
-            (:attr:`memory_check`).
+        allocated: on a GPU, the allocator's bytes now (``torch.cuda.memory_allocated``, less what the
+            receiving threads allocated: :class:`~hintpipe.device.ReceivedBytes`): each forward's counted
+            bytes are then checked against what the allocator gained over it (:attr:`memory_check`), from
+            each stage's second forward on (the first also allocates what stays for good: cuBLAS's
+            workspace, lazily built state).
         autocast: run forwards and the loss under ``torch.autocast(device_type, dtype)`` (None: as they
             are). Backwards run outside it, as autocast's own recipe has them.
     """
@@ -184,6 +186,7 @@ class StageExecutor:
         self.allocated = allocated
         #: This step's forwards: (bytes counted, bytes the allocator gained over the forward), with ``allocated``.
         self.memory_check: list[tuple[int, int]] = []
+        self._warm: set[int] = set()  # stages whose first forward ran
 
     def begin_step(self, step: int) -> None:
         """A new step's memory check (what a task computes does not depend on the step)."""
@@ -201,7 +204,9 @@ class StageExecutor:
             if stage == 0:  # the caller's batch (often one tensor, split into views): not the pipeline's memory
                 exclude = exclude | {t.untyped_storage().data_ptr() for t in inputs}
             counting = count_saved(exclude)
-        before = self.allocated() if self.allocated is not None else 0
+        measured = self.allocated if stage in self._warm else None
+        self._warm.add(stage)
+        before = measured() if measured is not None else 0
         precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
         with task_span(Kind.F, stage, mb), counting as counter, precision:
             out = self.modules[stage](*inputs)
@@ -229,9 +234,9 @@ class StageExecutor:
                 self._kept[key] = size
         self._bytes[(stage, mb)] = size
         self.live_bytes += size
-        if self.allocated is not None:
+        if measured is not None:
             # What the forward left allocated: its saved activations and outputs (the loss's few bytes aside).
-            self.memory_check.append((size, self.allocated() - before))
+            self.memory_check.append((size, measured() - before))
         return (outputs if loss is None else []), (None if loss is None else loss.detach())
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:

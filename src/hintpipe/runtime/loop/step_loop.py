@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hintpipe.device import use_when_ready
+from hintpipe.device import Arrival, use_when_ready
 from hintpipe.observe.trace import Record
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
@@ -42,10 +42,14 @@ class StepState:
     step: int
     activations: dict[tuple[int, int], list[torch.Tensor]]  # (stage, mb) -> inputs of F
     gradients: dict[tuple[int, int], Tensors] = dataclasses.field(default_factory=dict)  # -> output grads for B
+    #: The transfers of received inputs still to be waited on by the stream that computes, by the task they
+    #: are an input of (see :meth:`StepLoop._run`).
+    arrivals: dict[Task, Arrival] = dataclasses.field(default_factory=dict)
     targets: Sequence[Any] = ()
     loss_scale: float = 1.0
     elements: Sequence[int] | None = None  # per micro-batch input elements (byte admission)
     losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    loss_slots: list[int] = dataclasses.field(default_factory=list)  # the slot of each of ``losses``
     records: list[Record] = dataclasses.field(default_factory=list)
     peak_bytes: int = 0
     started: float = 0.0  # wall clock (time.time) at the loop's start: the ranks' common clock
@@ -94,7 +98,9 @@ class StepLoop:
         admission: learns bytes per element from forwards (byte admission).
         timeout: seconds without progress before :class:`WatchdogTimeout`.
         stash: messages of later steps that arrived early (kept by the caller across steps).
-        check_loss: called with each loss at the last stage (raises on a non-finite one).
+        check_losses: called with the step's losses at the last stage and their slots, once the last is
+            computed (raises on a non-finite one; see [Note: one look at the losses per step] in
+            :mod:`hintpipe.runtime.loop.agreement`).
         coordination: this rank's part in its tensor-parallel group's decisions, when needed
             (see :mod:`hintpipe.runtime.parallel.coordination`).
         notices: tell each neighbour when a task whose result it awaits starts (the ``ready``
@@ -114,7 +120,7 @@ class StepLoop:
         admission: Admission,
         timeout: float,
         stash: list[Message],
-        check_loss: Callable[[torch.Tensor, int], None],
+        check_losses: Callable[[Sequence[torch.Tensor], Sequence[int]], None],
         coordination: Coordination | None = None,
         notices: bool = False,
         timer: DeviceTimer | None = None,
@@ -129,7 +135,7 @@ class StepLoop:
         self.admission = admission
         self.timeout = timeout
         self.stash = stash
-        self.check_loss = check_loss
+        self.check_losses = check_losses
         self.coordination = coordination
         self.follower = coordination is not None and not coordination.is_leader
         self.notices = notices
@@ -179,9 +185,10 @@ class StepLoop:
                 self._gradient_done(task.stage)
             last_progress = end
         loop_time = time.perf_counter() - t0
-        if timer is not None:
+        if timer is not None:  # the device's clock (see [Note: one clock for the ranks' timelines])
             state.records = timer.resolve(state.records)
-            loop_time = max([loop_time, *(end for *_, end in state.records)])
+            state.started = timer.started
+            loop_time = max([0.0, *(end for *_, end in state.records)])
         state.loop_time = loop_time
         return loop_time
 
@@ -245,14 +252,25 @@ class StepLoop:
         if msg.kind is MessageKind.DECISION:
             state.decisions.append(msg.mb)
             return
-        use_when_ready(msg.tensors, msg.ready)
-        self.board.deliver(state.receive(msg.kind, msg.stage, msg.mb, msg.tensors))
+        task = state.receive(msg.kind, msg.stage, msg.mb, msg.tensors)
+        if msg.ready is not None:
+            state.arrivals[task] = msg.ready
+        self.board.deliver(task)
 
     def _run(self, pos: int, state: StepState) -> None:
         """Compute the task at ``pos`` and pass its result on (to this rank's next stage, or a neighbour)."""
         task = self.board.tasks[pos]
         s, kind, mb = task
         try:
+            # [Note: the compute stream waits last] A received input is ready when its bytes are on this
+            # rank (see [Note: ready when the data is there] in hintpipe.runtime.transport.links), but the
+            # copy or receive that put them on the device ran on another stream: the compute stream waits
+            # for it here, right before the task that uses them, and not when the message is accepted,
+            # where every task queued after would wait for it too.
+            arrival = state.arrivals.pop(task, None)
+            if arrival is not None:
+                held = state.activations.get((s, mb)) if kind is Kind.F else state.gradients.get((s, mb))
+                use_when_ready(held or [], arrival)
             if kind is Kind.F:
                 self._forward(pos, task, state)
             elif kind is Kind.B:
@@ -277,8 +295,10 @@ class StepLoop:
         run = self.executor.evaluate if state.evaluating else self.executor.forward
         outputs, loss = run(s, mb, state.activations.pop((s, mb)), target, state.loss_scale)
         if loss is not None:
-            self.check_loss(loss, mb)
             state.losses.append(loss)
+            state.loss_slots.append(mb)
+            if len(state.losses) == self.hint.num_microbatches:
+                self.check_losses(state.losses, state.loss_slots)
         state.peak_bytes = max(state.peak_bytes, self.executor.live_bytes)
         if state.elements is not None:
             self.admission.observe(s, self.executor.live_bytes - before, state.elements[mb])

@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TypedDict
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -45,6 +46,23 @@ from hintpipe.runtime.loop.hooks import Hook
 
 if TYPE_CHECKING:
     from hintpipe.runtime.loop.step_loop import StepState
+
+
+def check_sharding(device: torch.device, own_gpu: bool) -> None:
+    """Refuse FSDP2 where it cannot reduce: ranks that share a GPU.
+
+    FSDP2 all-gathers parameters and reduce-scatters gradients as tensors on the mesh's device. Ranks that
+    share a GPU have gloo process groups only (NCCL refuses two ranks on one device), and torch documents
+    gloo's CUDA support as broadcast and all-reduce, not the all-gather and reduce-scatter FSDP2 calls.
+
+    Raises:
+        ValueError: on CUDA ranks that share a GPU.
+    """
+    if device.type == "cuda" and not own_gpu:
+        raise ValueError(
+            "data_parallel='fsdp' on ranks that share a GPU: FSDP2's reduce-scatter of CUDA tensors needs NCCL, "
+            "which refuses two ranks on one device; use data_parallel='replicate', or a GPU per rank"
+        )
 
 
 class FsdpOptions(TypedDict, total=False):

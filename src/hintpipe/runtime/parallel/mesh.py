@@ -140,8 +140,10 @@ def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh[present[0]] if len(present) == 1 else mesh[present]
 
 
-def build_mesh(world: int, *, dp: int = 1, tp: int = 1) -> DeviceMesh:
-    """A CPU mesh ``(dp, pp, tp)`` over ``world`` ranks, ``pp = world / (dp * tp)`` (dimensions of size one left out).
+def build_mesh(world: int, *, dp: int = 1, tp: int = 1, device: str | torch.device = "cpu") -> DeviceMesh:
+    """A mesh ``(dp, pp, tp)`` over ``world`` ranks, ``pp = world / (dp * tp)`` (dimensions of size one left
+    out), of the ranks' ``device`` type: FSDP2 and tensor parallelism put a stage's parameters on the mesh's
+    device, so a mesh on CUDA would move a CPU run's stages to the GPU.
 
     Raises:
         ValueError: if ``dp * tp`` does not divide the world.
@@ -150,5 +152,5 @@ def build_mesh(world: int, *, dp: int = 1, tp: int = 1) -> DeviceMesh:
         raise ValueError(f"dp x tp = {dp} x {tp} must divide the {world} ranks")
     shape = {"dp": dp, "pp": world // (dp * tp), "tp": tp}
     kept = [a for a in AXES if shape[a] > 1 or a == "pp"]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return init_device_mesh(device, tuple(shape[a] for a in kept), mesh_dim_names=tuple(kept))
+    kind = torch.device(device).type
+    return init_device_mesh(kind, tuple(shape[a] for a in kept), mesh_dim_names=tuple(kept))

@@ -10,14 +10,30 @@ know which message comes next nor its shapes. So the message is split:
   goes over the gloo mailbox as before: each peer's receiving thread always
   has a receive posted for it;
 - the **payload** follows as one NCCL send per tensor on the *link* from the
-  sender to the receiver; the receiving thread allocates the tensors from the
-  header's shapes on its device and posts their receives as soon as the
-  header is in, records an event on its transfer stream once they are done,
-  and hands the message on; the consumer waits for that event before it uses
-  them (:func:`hintpipe.runtime.transport.staging.use_when_ready`).
+  sender to the receiver, as bytes (NCCL moves no ``int16``; a tensor on the
+  host, an emulated rank's stand-in, goes to the device first); the receiving
+  thread allocates the tensors from the header's shapes on its device and
+  posts their receives as soon as the header is in, and records an event on
+  its transfer stream behind them.
 
 NCCL runs each communicator's operations on an internal stream of its own:
 sends leave on it after the compute that produced them, and compute goes on.
+
+[Note: ready when the data is there]
+A message is ready for the step loop when its payload is on this rank, not
+when its header is: the header leaves as soon as the sender's host posts the
+send, long before the sender's GPU has computed the payload. So the
+receiving thread waits for its transfer event (:func:`deliver_when_arrived`)
+and only then puts the message in the inbox; readiness then sees what the
+GPU has, and a task whose input is still on the wire is not started ahead of
+one whose input is here. The receiving thread may wait: the next payload of
+the same link cannot arrive before this one (a link's sends complete in
+order), and the next header's receive is posted right after. The compute
+stream waits on the event (already passed) only right before the task that
+consumes the tensors (the step loop's ``use``), which also tells the
+allocator that the compute stream uses memory allocated on the transfer
+stream. (None of this has run on a GPU yet; on CPU ranks the links run on
+gloo and a receive is complete when it returns.)
 
 [Note: NCCL links are deadlock-free]
 A rank posts its sends in whatever order readiness picks, and a neighbour may
@@ -46,14 +62,17 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import math
+import queue
 import time
 from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from hintpipe.device import new_event, new_stream
+from hintpipe.device import EventArrival, ReceivedBytes, new_event, new_stream
 from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.sender import Outgoing
 from hintpipe.runtime.transport.wire import HEADER, Message, MessageKind, decode_meta, encode_header
 
 #: Link sends kept before the oldest is waited on (NCCL's are dropped once complete; gloo's only when waited).
@@ -78,7 +97,7 @@ class LinkPostOffice(PostOffice):
         group: the gloo group of the headers.
         outgoing: per peer, the link payloads to it leave on.
         incoming: per peer, the link its payloads come in on.
-        notices: as for :class:`~hintpipe.runtime.transport.mailbox.PostOffice`.
+        notices, received: as for :class:`~hintpipe.runtime.transport.mailbox.PostOffice`.
     """
 
     def __init__(
@@ -90,6 +109,7 @@ class LinkPostOffice(PostOffice):
         outgoing: Mapping[int, Link],
         incoming: Mapping[int, Link],
         notices: bool = False,
+        received: ReceivedBytes | None = None,
     ) -> None:
         missing = sorted(set(peers) - (set(outgoing) & set(incoming)))
         if missing:
@@ -97,7 +117,7 @@ class LinkPostOffice(PostOffice):
         self._outgoing = dict(outgoing)
         self._incoming = dict(incoming)
         self._link_sends: collections.deque[tuple[dist.Work, torch.Tensor]] = collections.deque()
-        super().__init__(peers, device, group, notices=notices)
+        super().__init__(peers, device, group, notices=notices, received=received)
 
     # -- receiving ------------------------------------------------------------
 
@@ -118,8 +138,8 @@ class LinkPostOffice(PostOffice):
                     return
                 specs = decode_meta(self._meta(peer, values), count)
                 tensors, ready = self._receive_payload(link, specs, stream)
-                arrived = time.perf_counter()
-                self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, arrived, ready=ready))
+                message = Message(MessageKind(kind), step, stage, mb, tensors, peer, ready=ready)
+                deliver_when_arrived(self.inbox, message)
         except Exception as exc:  # the peer died or the group was torn down
             self.inbox.put(
                 Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
@@ -130,12 +150,16 @@ class LinkPostOffice(PostOffice):
         link: Link,
         specs: list[tuple[torch.dtype, tuple[int, ...]] | None],
         stream: torch.cuda.Stream | None,
-    ) -> tuple[list[torch.Tensor | None], torch.cuda.Event | None]:
-        """Receive the tensors ``specs`` describes over ``link``; returns them and the event that marks them
-        received (None on a CPU rank, where the receive has completed)."""
+    ) -> tuple[list[torch.Tensor | None], EventArrival | None]:
+        """Receive the tensors ``specs`` describes over ``link``; returns them and their arrival (None on a
+        CPU rank, where the receive has completed)."""
+        sizes = [math.prod(s[1]) * torch.empty((), dtype=s[0]).element_size() for s in specs if s is not None]
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            tensors = [None if s is None else torch.empty(s[1], dtype=s[0], device=self.device) for s in specs]
-            works = [dist.irecv(t, src=link.peer, group=link.group) for t in tensors if t is not None and t.numel()]
+            with self.received.allocating(sizes if stream is not None else []):
+                tensors = [None if s is None else torch.empty(s[1], dtype=s[0], device=self.device) for s in specs]
+            works = [
+                dist.irecv(as_bytes(t), src=link.peer, group=link.group) for t in tensors if t is not None and t.numel()
+            ]
             for work in works:
                 if work is not None:
                     work.wait()  # on a GPU: the transfer stream waits for NCCL's; on a CPU: the bytes are in
@@ -143,7 +167,7 @@ class LinkPostOffice(PostOffice):
                 return tensors, None
             event = new_event()
             event.record(stream)
-        return tensors, event
+        return tensors, EventArrival(event)
 
     def _text(self, peer: int, nbytes: int) -> str | None:
         if not nbytes:
@@ -153,6 +177,9 @@ class LinkPostOffice(PostOffice):
         return bytes(data.tolist()).decode(errors="replace").rstrip("\x00")
 
     # -- sending --------------------------------------------------------------
+
+    def _threaded_sends(self) -> bool:
+        return False  # headers and closing words wait for nothing; payloads leave on NCCL's own streams
 
     def _send(
         self,
@@ -167,21 +194,16 @@ class LinkPostOffice(PostOffice):
         text = kind in (MessageKind.STOP, MessageKind.ABORT)
         nbytes = sum(t.nbytes for t in tensors if t is not None)
         header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
-        keep = [header]
-        self._post(header, peer, keep)
         if text:  # a closing word: its bytes follow on the header channel, never on a link
-            for t in tensors:
-                if t is not None and t.numel():
-                    keep.append(t)
-                    self._post(t, peer, keep)
+            words = [t for t in tensors if t is not None and t.numel()]
+            self.sender.submit(Outgoing(peer, [header, *words]))
             return
-        if extra is not None:  # the description first: the receiver allocates the payload from it
-            keep.append(extra)
-            self._post(extra, peer, keep)
+        # The description first: the receiver allocates the payload from it.
+        self.sender.submit(Outgoing(peer, [header] if extra is None else [header, extra]))
         link = self._outgoing[peer]
         for t in tensors:
             if t is not None and t.numel():
-                payload = t.contiguous()
+                payload = as_bytes(t.to(self.device))
                 work = dist.isend(payload, dst=link.peer, group=link.group)
                 if work is not None:
                     self._link_sends.append((work, payload))
@@ -201,6 +223,21 @@ class LinkPostOffice(PostOffice):
         while self._link_sends:
             work, _ = self._link_sends.popleft()
             work.wait(limit)
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bytes as a flat ``uint8`` tensor (contiguous; a view where it already is): what a link
+    moves, whatever the dtype (NCCL has no ``int16``; bytes it moves for every dtype)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def deliver_when_arrived(inbox: queue.Queue[Message], message: Message) -> None:
+    """Put ``message`` in ``inbox`` once its payload is on this rank (see [Note: ready when the data is
+    there]); the time it arrived is then."""
+    if message.ready is not None:
+        message.ready.wait()
+    message.arrived = time.perf_counter()
+    inbox.put(message)
 
 
 def make_links(

@@ -39,8 +39,6 @@ delivers hold only their own bytes.
 
 from __future__ import annotations
 
-import collections
-import datetime
 import logging
 import queue
 import threading
@@ -50,6 +48,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from hintpipe.device import ReceivedBytes
+from hintpipe.runtime.transport.sender import Outgoing, Sender
 from hintpipe.runtime.transport.staging import Staging
 from hintpipe.runtime.transport.wire import (
     HEADER,
@@ -64,9 +64,6 @@ from hintpipe.runtime.transport.wire import (
 )
 
 log = logging.getLogger(__name__)
-
-#: A posted send, what it must keep alive, and the staging buffer to give back once it completed.
-_Pending = tuple[dist.Work | None, list[torch.Tensor], torch.Tensor | None]
 
 #: The gloo tag of producer notices, and their fields: (kind, step, stage, mb, the kind of data on its way).
 _NOTICE_TAG = 1
@@ -86,6 +83,8 @@ class PostOffice:
         notices: whether producer notices travel (a second receiving thread per
             peer, on their own tag: see [Note: producer notices] in
             :mod:`hintpipe.runtime.transport.protocol`).
+        received: counts the device bytes the receiving threads allocate (see [Note: what a forward left
+            allocated] in :mod:`hintpipe.device`).
     """
 
     def __init__(
@@ -95,14 +94,17 @@ class PostOffice:
         group: dist.ProcessGroup | None = None,
         *,
         notices: bool = False,
+        received: ReceivedBytes | None = None,
     ) -> None:
         self.rank = dist.get_rank(group)
         self.device = device
         self.group = group
         #: gloo moves host memory: a GPU rank's tensors are staged through pinned buffers.
-        self.staging = Staging(device)
+        self.staging = Staging(device, received)
+        self.received = self.staging.received
         self.inbox: queue.Queue[Message] = queue.Queue()
-        self._pending: collections.deque[_Pending] = collections.deque()
+        #: Posts the data channel's sends in order (on a thread of its own where they wait for a staging copy).
+        self.sender = Sender(self._post_data, self.staging.pool, threaded=self._threaded_sends(), name="sender")
         self._expected: dict[int, int] = {}  # per peer, see [Note: pre-posted payloads]
         self._threads = []
         self.peers = sorted(set(peers) - {self.rank})
@@ -155,14 +157,15 @@ class PostOffice:
         if nbytes > expected:
             rest = torch.empty(nbytes - expected, dtype=torch.uint8)
             dist.recv(rest, group=self.group, group_src=peer)
+            whole = torch.cat([first, rest]) if expected else rest
             if expected and self.staging.staged:  # (a CPU rank's pool keeps exact sizes: expected grows past it)
-                self.staging.pool.give_back(first)
-            return (torch.cat([first, rest]) if expected else rest), None
+                self.staging.pool.give_back(first)  # once copied out: another thread may take it at once
+            return whole, None
         if nbytes < expected and not self.staging.staged:
             payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
             self.staging.pool.give_back(first)  # and the next message's receive reuses it
             return payload, None
-        return first[:nbytes], first
+        return first[:nbytes], (first if expected else None)  # (nothing posted: not the pool's)
 
     def _meta(self, peer: int, header: list[int]) -> list[int]:
         """The tensor description of the message whose header ``header`` came from ``peer``: in the header,
@@ -191,7 +194,8 @@ class PostOffice:
     def _arm(self, peer: int, expected: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
         """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
         header = torch.empty(HEADER, dtype=torch.int64)
-        first = self.staging.pool.take(expected)
+        # Nothing expected yet (a peer's first message): no pool buffer, which no payload would give back.
+        first = self.staging.pool.take(expected) if expected else torch.empty(0, dtype=torch.uint8)
         posted = [dist.irecv(header, group=self.group, group_src=peer)]
         if expected:
             posted.append(dist.irecv(first, group=self.group, group_src=peer))
@@ -212,7 +216,6 @@ class PostOffice:
         """Post a message to ``peer`` without waiting for it to leave."""
         meta = encode_meta(tensors)
         self._send(peer, kind, step, stage, mb, meta, [None if t is None else t.detach() for t in tensors])
-        self._reap()
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         """Post a producer notice to ``peer`` (see [Note: producer notices] in
@@ -221,10 +224,12 @@ class PostOffice:
 
     def _post_notice(self, peer: int, fields: list[int]) -> None:
         notice = torch.tensor(fields, dtype=torch.int64)
-        work = dist.isend(notice, group=self.group, group_dst=peer, tag=_NOTICE_TAG)
-        if work is not None:
-            self._pending.append((work, [notice], None))
-        self._reap()
+        self.sender.post_now(notice, [], lambda: dist.isend(notice, group=self.group, group_dst=peer, tag=_NOTICE_TAG))
+
+    def _threaded_sends(self) -> bool:
+        """Whether sends wait for a staging copy, and so are posted by a thread of their own (see [Note: the
+        sender thread] in :mod:`hintpipe.runtime.transport.sender`)."""
+        return self.staging.staged
 
     def _send(
         self,
@@ -237,55 +242,33 @@ class PostOffice:
         tensors: Sequence[torch.Tensor | None],
     ) -> None:
         expected = self._expected.get(peer, 0)
-        staged: torch.Tensor | None = None
         if len(tensors) == 1 and (t := tensors[0]) is not None and t.is_contiguous() and t.nbytes == expected:
             # The common case, one tensor of the usual size: its own bytes, no copy (but the staging's).
             payload, nbytes = t.reshape(-1).view(torch.uint8), expected
         else:
             payload, nbytes = pack(tensors, self.device, at_least=expected)
-        payload, staged = self.staging.outgoing(payload)
+        payload, staged, ready = self.staging.outgoing(payload)
         header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
-        keep = [header, payload]
-        self._post(header, peer, keep)
+        parts = [header]
         if expected:
-            self._post(payload[:expected], peer, keep)
+            parts.append(payload[:expected])
         if nbytes > expected:
-            self._post(payload[expected:nbytes], peer, keep)
+            parts.append(payload[expected:nbytes])
         if extra is not None:
-            keep.append(extra)
-            self._post(extra, peer, keep)
-        if staged is not None:  # back to the pool once the message's last send was waited on
-            self._pending.append((None, [], staged))
+            parts.append(extra)
+        self.sender.submit(Outgoing(peer, parts, keep=[header, payload], staged=staged, ready=ready))
         self._expected[peer] = max(expected, nbytes)
 
     def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
         data = torch.tensor(list(text.encode()[:4000]), dtype=torch.uint8)
         self._send(peer, kind, -1, -1, -1, encode_meta([data]), [data])
 
-    def _post(self, tensor: torch.Tensor, peer: int, keep: list[torch.Tensor]) -> None:
-        work = dist.isend(tensor, group=self.group, group_dst=peer)
-        if work is not None:
-            self._pending.append((work, keep, None))
-
-    def _reap(self) -> None:
-        # gloo only learns that a send finished when it is waited on; every
-        # peer always has a receive posted, so waiting on old sends is short.
-        while len(self._pending) > 64:
-            self._complete(self._pending.popleft(), None)
-
-    def _complete(self, pending: _Pending, timeout: datetime.timedelta | None) -> None:
-        """Wait for one posted send; a staging buffer (its message's sends all waited on before it) goes back."""
-        work, _, staged = pending
-        if work is not None:
-            work.wait() if timeout is None else work.wait(timeout)
-        if staged is not None:
-            self.staging.pool.give_back(staged)
+    def _post_data(self, tensor: torch.Tensor, peer: int) -> dist.Work | None:
+        return dist.isend(tensor, group=self.group, group_dst=peer)
 
     def flush(self, timeout: float) -> None:
         """Wait until every posted send completed (at most ``timeout`` seconds each)."""
-        limit = datetime.timedelta(seconds=timeout)
-        while self._pending:
-            self._complete(self._pending.popleft(), limit)
+        self.sender.flush(timeout)
 
     # -- shutdown ---------------------------------------------------------------
 
@@ -305,6 +288,7 @@ class PostOffice:
             self.flush(timeout)
         except Exception as exc:
             log.debug("sends did not complete: %s", exc)
+        self.sender.stop(timeout)
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from hintpipe.device import new_event, new_stream
+from hintpipe.device import EventArrival, ReceivedBytes, new_event, new_stream
 
 #: The smallest buffer the pool keeps (smaller messages share this size class).
 MIN_BUFFER = 4096
@@ -131,40 +131,48 @@ class Staging:
 
     On a CUDA rank: outgoing payloads are copied into pinned buffers on a
     transfer stream of their own (after the compute that produced them), and
-    received payloads are copied to the device on the receiving thread's
-    transfer stream, with an event the consumer waits on before it uses
-    them (:func:`use_when_ready`). On a CPU rank every step is a no-op.
+    the copy's event is what the sender waits on before gloo reads the buffer
+    (:mod:`hintpipe.runtime.transport.sender`: on its own thread, never the
+    computing one). Received payloads are copied to the device on the
+    receiving thread's transfer stream, with an event the consumer waits on
+    right before the task that uses them (:class:`~hintpipe.device.EventArrival`).
+    On a CPU rank every step is a no-op.
 
     Args:
         device: the rank's device.
+        received: counts the device bytes the receiving threads allocate (see [Note: what a forward left
+            allocated] in :mod:`hintpipe.device`).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, received: ReceivedBytes | None = None) -> None:
         self.device = device
         self.staged = device.type == "cuda"
         self.pool = StagingPool(pin=self.staged)
+        self.received = received if received is not None else ReceivedBytes()
         self._stream: torch.cuda.Stream | None = new_stream(device) if self.staged else None
         self._streams = threading.local()  # one host-to-device stream per receiving thread
 
-    def outgoing(self, payload: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``payload`` (bytes on the device) in host memory; returns the host bytes and the pool buffer to
-        give back once the send completed (None: nothing was staged)."""
+    def outgoing(self, payload: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Callable[[], None] | None]:
+        """``payload`` (bytes on the device) on its way to host memory; returns the host bytes, the pool
+        buffer to give back once the send completed (None: nothing was staged), and what waits for the copy
+        to land (None: the bytes are there now). Nothing here waits: the compute goes on."""
         if not self.staged or not payload.is_cuda:  # (an emulated rank's stand-ins stay on the host)
-            return payload, None
+            return payload, None, None
         assert self._stream is not None
         buffer = self.pool.take(payload.numel())
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             buffer.copy_(payload, non_blocking=True)
-            payload.record_stream(self._stream)
-        self._stream.synchronize()  # gloo reads the host bytes as soon as it is handed them
-        return buffer, buffer
+            copied = new_event()
+            copied.record(self._stream)
+        payload.record_stream(self._stream)
+        return buffer, buffer, copied.synchronize
 
     def arrived(
         self, tensors: list[torch.Tensor | None], buffer: torch.Tensor | None
-    ) -> tuple[list[torch.Tensor | None], torch.cuda.Event | None]:
+    ) -> tuple[list[torch.Tensor | None], EventArrival | None]:
         """Received ``tensors`` (views of the host ``buffer`` from :attr:`pool`, or None when they are not)
-        on the device; returns them and the event to wait for before using them (None: usable now)."""
+        on the device; returns them and their transfer to wait for before using them (None: usable now)."""
         if not self.staged:
             if buffer is not None and not _aliases(tensors, buffer):
                 self.pool.give_back(buffer)
@@ -172,13 +180,13 @@ class Staging:
         stream = getattr(self._streams, "stream", None)
         if stream is None:
             stream = self._streams.stream = new_stream(self.device)
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), self.received.allocating([t.nbytes for t in tensors if t is not None]):
             moved = [None if t is None else t.to(self.device, non_blocking=True) for t in tensors]
             event = new_event()
             event.record(stream)
         if buffer is not None:
             self.pool.give_back(buffer, event.query)
-        return moved, event
+        return moved, EventArrival(event)
 
 
 def _aliases(tensors: list[torch.Tensor | None], buffer: torch.Tensor) -> bool:

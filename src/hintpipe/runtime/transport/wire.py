@@ -58,8 +58,8 @@ class Message:
     arrived: float = 0.0  # time.perf_counter() when it came
     error: str | None = None
     of: MessageKind | None = None  # a STARTED notice: the kind of the data on its way
-    #: A CUDA event the tensors' transfer to the device records (None: usable now); see
-    #: :func:`hintpipe.runtime.transport.staging.use_when_ready`.
+    #: The tensors' transfer to the device (a :class:`hintpipe.device.Arrival`; None: usable now): the step
+    #: loop lets the compute stream use them only after it, right before the task that consumes them.
     ready: Any = None
 
 
@@ -104,7 +104,12 @@ _ALIGN = 8
 def pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least: int = 0) -> tuple[torch.Tensor, int]:
     """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
     payload per message, whatever the number of tensors. The buffer is padded
-    to ``at_least`` bytes; returns it and the payload's own size."""
+    to ``at_least`` bytes; returns it and the payload's own size.
+
+    The buffer is where the tensors are (``device`` only when there are none):
+    a GPU rank's closing word is host text, and padding made on the rank's
+    device would not join it (``torch.cat`` refuses two devices).
+    """
     parts: list[torch.Tensor] = []
     offset = 0
     for t in tensors:
@@ -117,10 +122,11 @@ def pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least:
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
             offset += pad
+    where = parts[0].device if parts else device
     if offset < at_least:
-        parts.append(torch.empty(at_least - offset, dtype=torch.uint8, device=device))
+        parts.append(torch.empty(at_least - offset, dtype=torch.uint8, device=where))
     if not parts:
-        return torch.empty(0, dtype=torch.uint8, device=device), 0
+        return torch.empty(0, dtype=torch.uint8, device=where), 0
     return torch.cat(parts), offset
 
 

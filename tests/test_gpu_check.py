@@ -1,0 +1,87 @@
+"""benchmarks/gpu/run.sh, the prepared GPU check, end to end on CPU: every check runs and writes its result as
+it ends, and one failing check fails the run without stopping the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+
+import gpu_check  # noqa: E402  (a benchmark script, importable from its folder)
+
+TITLES = [
+    "Offload hooks against plain autograd",
+    "Two ranks sharing the GPU, against the unsplit model",
+    "train --check-grads",
+    "An injected NaN reaches the neighbour",
+    "A plan that offloads, trained",
+    "Throughput against torch's Schedule1F1B",
+    "Memory: planned against measured",
+]
+
+
+def test_the_gpu_check_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    env = os.environ | {"PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu" / "run.sh"), str(out), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    checks = results["checks"]
+    assert [(c["number"], c["title"], c["passed"]) for c in checks] == [(i + 1, t, True) for i, t in enumerate(TITLES)]
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted(
+        ["results.json", "results.md"]
+        + [f"{gpu_check.Result(i + 1, t).slug}.{x}" for i, t in enumerate(TITLES) for x in ("json", "md")]
+    )
+    by_number = {c["number"]: c for c in checks}
+    assert by_number[1]["data"]["parameters_moved"] == 0 and by_number[1]["data"]["max_abs_diff"] == 0.0
+    assert [row[:3] for row in by_number[2]["rows"]] == [["fixed", "fixed", "gloo"], ["ready", "ready", "gloo"]]
+    assert by_number[3]["data"]["max_grad_rel_diff"] <= 1e-5
+    assert gpu_check.NAN_WORDS in by_number[4]["data"]["stderr"]
+    assert sum(by_number[5]["data"]["offloaded"]) > 0 and by_number[5]["data"]["max_abs_diff"] == 0.0
+    assert done.stdout.splitlines()[-2].startswith("7 of 7 checks passed in ")
+
+
+def _fails(setup: Any, result: Any) -> None:
+    raise RuntimeError("the device fell off the bus")
+
+
+def _passes(setup: Any, result: Any) -> None:
+    result.passed = True
+    result.summary = "fine"
+
+
+def test_a_failing_check_fails_the_run_and_the_next_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(gpu_check, "CHECKS", [("First", _fails), ("Second", _passes)])
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu"]) == 1
+    checks = json.loads((tmp_path / "results.json").read_text())["checks"]
+    assert [(c["title"], c["passed"], c["summary"]) for c in checks] == [
+        ("First", False, "Could not run: RuntimeError: the device fell off the bus"),
+        ("Second", True, "fine"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "01-first.json",
+        "01-first.md",
+        "02-second.json",
+        "02-second.md",
+        "results.json",
+        "results.md",
+    ]
+    assert capsys.readouterr().err == "failed: 1\n"
