@@ -139,7 +139,14 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, d
         # that may be dead or stuck, which is exactly what must not hang us.
         sys.stderr.flush()
         os._exit(1)
+    liveness.stop()
     dist.destroy_process_group()
+    # The result is written and the group is down: leave without the interpreter's finalisation, in which
+    # a transport thread still returning from a C++ call would abort the process (exit code -6) for
+    # nothing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def under_torchrun() -> bool:
@@ -208,6 +215,7 @@ def run_ranks(
         try:
             return [fn(rank, size, *args)]
         finally:
+            liveness.stop()
             dist.destroy_process_group()
     unguarded = _outside_main_guard()
     if unguarded is not None:

@@ -37,6 +37,7 @@ class _Liveness:
         self.world = 0
         self.group: dist.ProcessGroup | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
 
 _STATE = _Liveness()
@@ -55,12 +56,25 @@ def start(store: Any, rank: int, world: int, timeout_s: float) -> None:
         return True
 
     def beat() -> None:
-        while once():
-            time.sleep(_PERIOD)
+        while once() and not _STATE._stopping.wait(_PERIOD):
+            pass
 
+    _STATE._stopping.clear()
     once()  # now, so that a rank that never beats again is seen as silent from the start
     _STATE._thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
     _STATE._thread.start()
+
+
+def stop() -> None:
+    """End the heartbeat before the process ends.
+
+    Why: a daemon thread still inside a store call while the interpreter finalises is unwound through C++
+    frames, which aborts the process ("terminate called without an active exception") after its work is
+    done and its result written."""
+    thread, _STATE._thread = _STATE._thread, None
+    _STATE._stopping.set()
+    if thread is not None:
+        thread.join(timeout=5.0)
 
 
 def phase_group() -> dist.ProcessGroup | None:
