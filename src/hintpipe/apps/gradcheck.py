@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,8 +19,11 @@ def compare_gradients(
     inputs: list[Any],
     targets: list[torch.Tensor],
     model_name: str,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    loss_divisor: float | None = None,
 ) -> tuple[float, float] | None:
-    """Rank 0 runs the same step on an unsplit copy and compares every gradient."""
+    """Rank 0 runs the same step on an unsplit copy and compares every gradient (``loss_fn`` and
+    ``loss_divisor`` as the pipeline's step had them; default: the model's mean loss over micro-batches)."""
     local = {
         (s, n): p.grad.detach().clone()
         for s in pipe.stages
@@ -31,10 +35,11 @@ def compare_gradients(
     if reference is None:
         return None
     model = Chain(*reference)
-    loss_fn = loss_fn_for(model_name)
+    loss = loss_fn if loss_fn is not None else loss_fn_for(model_name)
+    divisor = loss_divisor if loss_divisor is not None else len(inputs)
     for x, y in zip(inputs, targets, strict=True):
         output = model(*x) if isinstance(x, tuple) else model(x)
-        torch.autograd.backward(loss_fn(output, y) / len(inputs))
+        torch.autograd.backward(loss(output, y) / divisor)
     worst_abs = worst_rel = 0.0
     for part in gathered:
         for (stage, name), grad in part.items():

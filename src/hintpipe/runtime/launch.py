@@ -294,9 +294,7 @@ def _stopped(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
 
 
-def _collect(
-    out: Path, processes: list[Any], signals: _Signals, killed: bool, stopped_here: set[int]
-) -> list[Any]:
+def _collect(out: Path, processes: list[Any], signals: _Signals, killed: bool, stopped_here: set[int]) -> list[Any]:
     results: list[Any] = []
     errors: list[str] = []
     for rank, process in enumerate(processes):
