@@ -1,7 +1,7 @@
 """Print the import graph between hintpipe's parts, and fail on an arrow that must not exist.
 
 The parts are the folders (``schedule/``, ``sim/``, ``planner/``, ``runtime/``,
-``apps/``, ``cli/``, ``observe/``), the scoreboard, and the base modules
+``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, and the base modules
 below all of them (``choice``, ``spec``, ``units``, ``options``, ``device``,
 ``tensor_bytes``). Every ``import`` of a hintpipe module counts, wherever it
 stands (at the top, in a function, under ``TYPE_CHECKING``): a dependency is a
@@ -20,9 +20,10 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "hintpipe"
 #: Arrows that must not exist: the planner and the simulator never reach into the runtime, and the runtime
-#: never into the applications or the command line.
+#: never into the applications or the command line; forming (data) needs no runtime, and the runtime no forming.
 FORBIDDEN = {("planner", "runtime"), ("sim", "runtime"), ("runtime", "apps"), ("runtime", "cli")}
-FOLDERS = ("schedule", "sim", "planner", "runtime", "apps", "cli", "observe")
+FORBIDDEN |= {("forming", "runtime"), ("runtime", "forming")}
+FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "apps", "cli", "observe")
 
 
 def part(module: str) -> str:

@@ -38,6 +38,8 @@ TORCH_FREE = [
     "hintpipe.sim.bounds",
     "hintpipe.apps.model_config",
     "hintpipe.cli",
+    "hintpipe.forming.cost",
+    "hintpipe.forming.form",
 ]
 
 

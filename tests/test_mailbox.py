@@ -17,7 +17,8 @@ def _messages() -> list[list[torch.Tensor | None]]:
     return [
         [torch.randn(4, 8, generator=g)],  # the first: nothing pre-posted yet
         [torch.randn(4, 8, generator=g)],  # the same size: the pre-posted receive takes it whole
-        [torch.randn(2, 3, generator=g)],  # smaller: padded to the pre-posted size
+        [torch.randn(2, 3, generator=g)],  # smaller: into the pre-posted receive, its own bytes only
+        [torch.empty(0)],  # no bytes: a placeholder meets the pre-posted receive
         [torch.randn(16, 8, generator=g)],  # larger: the pre-posted part, then the rest
         [torch.randint(0, 9, (5,), generator=g), None, torch.randn(3, dtype=torch.float64, generator=g)],
         [torch.ones(3, dtype=torch.bool), torch.empty(0, 4)],  # odd byte counts and an empty tensor

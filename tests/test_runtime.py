@@ -24,7 +24,8 @@ from torch import nn
 from conftest import hang_bound
 from groups import Case as GroupCase
 from groups import failure_text, run_cases, succeeded
-from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.forming.collate import IGNORE_INDEX, form_batch
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 
@@ -207,6 +208,76 @@ def test_gpt_mini_with_variable_sequence_lengths(two_ranks: dict[str, list[Any]]
     for grads, _ in results:
         for name, grad in grads.items():
             torch.testing.assert_close(grad, expected[name], rtol=RTOL, atol=ATOL)
+
+
+#: Formed micro-batches: (hint, chunks, policy, packed rows with document masks), each on one pipeline.
+FORMED = [
+    ("1f1b", 1, "fixed", False),
+    ("1f1b", 1, "ready", True),
+    ("bfw", 1, "ready", False),
+    ("zb-h1", 1, "greedy", True),
+    ("interleaved-1f1b", 2, "greedy", False),
+    ("bfw", 2, "ready", True),
+]
+_FORMED_MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+
+
+def _documents() -> list[torch.Tensor]:
+    """Eleven documents of 3 to 40 tokens (a step's sequences as loaded)."""
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.randint(3, 41, (11,), generator=g).tolist()
+    return [torch.randint(0, _FORMED_MODEL.vocab, (n,), generator=g) for n in lengths]
+
+
+def _summed_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over the tokens, padding ignored: divided by the step's tokens (``loss_divisor``)."""
+    return nn.functional.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def _formed_worker(rank: int, world: int) -> list[Any]:
+    out = []
+    for hint, chunks, policy, pack in FORMED:
+        modules = split_layers(build_layers(_FORMED_MODEL), world * chunks)
+        batch = form_batch(_documents(), 4, pack=pack, seed=3)
+        with Pipeline.from_modules(
+            modules, loss_fn=_summed_lm_loss, microbatches=4, hint=hint, chunks=chunks, policy=policy, timeout=60
+        ) as pipe:
+            loss = pipe.step(batch.inputs, batch.targets, loss_divisor=batch.tokens, broadcast_loss=True)
+            out.append((_grads(pipe, modules), float(loss) if loss is not None else None))
+    return out
+
+
+def test_formed_micro_batches_match_the_unsplit_model_on_the_same_sequences(two_ranks: dict[str, list[Any]]) -> None:
+    # The reference runs each document alone through the whole model: the mean cross-entropy over every token.
+    model = Chain(*build_layers(_FORMED_MODEL))  # the same weights as every split of it (seeded)
+    documents = _documents()
+    tokens = sum(d.numel() - 1 for d in documents)
+    loss = torch.stack([_summed_lm_loss(model(d[None, :-1]), d[None, 1:]) for d in documents]).sum() / tokens
+    torch.autograd.backward(loss)
+    reference = float(loss.detach())
+    expected = {n: p.grad for n, p in model.named_parameters()}
+    results = succeeded(two_ranks["formed"])
+    formations = {pack: form_batch(documents, 4, pack=pack, seed=3) for pack in (False, True)}
+    assert formations[False].formation.padding > 0 and formations[True].formation.padding == 0
+    for i, (hint, chunks, policy, pack) in enumerate(FORMED):
+        names = {}  # a stage's parameter -> the whole model's name of it (layers in order)
+        offset = 0
+        for s, module in enumerate(split_layers(build_layers(_FORMED_MODEL), 2 * chunks)):
+            layers = list(module.children())
+            for j, layer in enumerate(layers):
+                for n, _ in layer.named_parameters():
+                    names[f"{s}.{j}.{n}"] = f"{offset + j}.{n}"
+            offset += len(layers)
+        seen = set()
+        for grads, got in (rank_result[i] for rank_result in results):
+            assert got == pytest.approx(reference, rel=1e-5)
+            for name, grad in grads.items():
+                where = f"{hint} x{chunks} {policy} {'packed' if pack else 'padded'}, {name}"
+                torch.testing.assert_close(grad, expected[names[name]], rtol=RTOL, atol=ATOL, msg=_prefixed(where))
+                seen.add(names[name])
+        assert seen == set(expected)
 
 
 class _Fault(nn.Module):
@@ -434,5 +505,6 @@ def two_ranks() -> dict[str, list[Any]]:
         "misspelt options": GroupCase(_misspelt_option_worker),
         "own copy": GroupCase(_own_copy_worker, (torch.zeros(4),)),
         "profiled": GroupCase(_profiled_worker),
+        "formed": GroupCase(_formed_worker),
     }
     return run_cases(2, cases, timeout_s=120)

@@ -183,13 +183,13 @@ def test_the_gloo_mailbox_reposts_buffers_that_smaller_payloads_leave() -> None:
 
 
 def test_pack_makes_its_buffer_where_the_tensors_are() -> None:
-    # A GPU rank's closing word is host text: padding made on the rank's device would not join it.
+    # A GPU rank's closing word is host text: a buffer made on the rank's device would not join it.
     text = torch.tensor(list(b"rank 1: boom"), dtype=torch.uint8)
-    buffer, nbytes = pack([text], torch.device("meta"), at_least=64)
-    assert (buffer.device, buffer.numel(), nbytes) == (CPU, 64, 16)  # 12 bytes, aligned to 16, padded to 64
+    buffer, nbytes = pack([text], torch.device("meta"))
+    assert (buffer.device, buffer.numel(), nbytes) == (CPU, 16, 16)  # 12 bytes, aligned to 16: nothing padded
     assert bytes(buffer[:12].tolist()) == b"rank 1: boom"
-    elsewhere, size = pack([torch.empty(3, device="meta")], CPU, at_least=32)
-    assert (elsewhere.device.type, elsewhere.numel(), size) == ("meta", 32, 16)
+    elsewhere, size = pack([torch.empty(3, device="meta")], CPU)
+    assert (elsewhere.device.type, elsewhere.numel(), size) == ("meta", 16, 16)
     nothing, none = pack([None], torch.device("meta"))
     assert (nothing.device.type, nothing.numel(), none) == ("meta", 0, 0)
 

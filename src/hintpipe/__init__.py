@@ -22,6 +22,10 @@ from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
+    from hintpipe.forming.collate import FormedBatch, form_batch
+    from hintpipe.forming.cost import SequenceCost
+    from hintpipe.forming.form import Formation, form_microbatches
+    from hintpipe.forming.profiled import profile_sequence_cost
     from hintpipe.planner.capture import CaptureError, split_point
     from hintpipe.planner.plan import Plan, plan, share_plan
     from hintpipe.planner.plan_file import load_plan, save_plan
@@ -69,6 +73,12 @@ _LAZY = {
     "TaskError": "hintpipe.runtime.errors",
     "WatchdogTimeout": "hintpipe.runtime.errors",
     "ReplicaSampler": "hintpipe.sampler",
+    "SequenceCost": "hintpipe.forming.cost",
+    "Formation": "hintpipe.forming.form",
+    "form_microbatches": "hintpipe.forming.form",
+    "FormedBatch": "hintpipe.forming.collate",
+    "form_batch": "hintpipe.forming.collate",
+    "profile_sequence_cost": "hintpipe.forming.profiled",
 }
 
 
@@ -87,6 +97,8 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "EmulatedCosts",
+    "Formation",
+    "FormedBatch",
     "Hint",
     "Kind",
     "NonFiniteLoss",
@@ -99,16 +111,20 @@ __all__ = [
     "RankFailure",
     "ReplicaSampler",
     "Scoreboard",
+    "SequenceCost",
     "StepReport",
     "StopRequest",
     "Task",
     "TaskError",
     "TiedParameter",
     "WatchdogTimeout",
+    "form_batch",
+    "form_microbatches",
     "generate_hint",
     "load_merged",
     "load_plan",
     "plan",
+    "profile_sequence_cost",
     "run_ranks",
     "save_plan",
     "share_plan",

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hintpipe.choice import Choice
+from hintpipe.forming.form import Forming
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
@@ -383,6 +384,17 @@ OPTIONS: Mapping[str, Option] = {
             minimum=1,
             metavar="B",
             commands=frozenset({"train", "plan"}),
+            pipeline=False,
+        ),
+        Option(
+            "forming",
+            "choice",
+            Forming.CROP,
+            "how --data stdlib makes micro-batches: crop (each micro-batch's documents cropped to its shortest), "
+            "padded (the step's whole documents formed by predicted cost into even micro-batches, padded rows) or "
+            "packed (the same, several documents per row with document masks; gpt-mini)",
+            choices=Forming,
+            commands=_TRAIN,
             pipeline=False,
         ),
         Option(

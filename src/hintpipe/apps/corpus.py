@@ -8,7 +8,9 @@ nearly every one would be cropped to the same length); their top-level
 definitions have the real, heavy-tailed lengths of code (CPython 3.11's: 96,921
 documents, median 440 bytes, 90th percentile 3.2 KB). A micro-batch takes
 ``size`` documents drawn from ``(seed, step)`` and crops them to the shortest
-one (at most ``max_len`` tokens).
+one (at most ``max_len`` tokens) (:func:`stdlib_batch`); or a step draws its
+documents whole, each cropped to ``max_len`` tokens only, for micro-batches
+formed by cost (:func:`stdlib_sequences`, :mod:`hintpipe.forming`).
 """
 
 from __future__ import annotations
@@ -58,3 +60,12 @@ def stdlib_batch(
         targets.append(rows[:, 1:].contiguous())
         tokens.append(size * length)
     return inputs, targets, tokens
+
+
+def stdlib_sequences(count: int, step: int, seed: int, max_len: int) -> list[torch.Tensor]:
+    """``count`` documents drawn from ``(seed, step)``, each as its byte ids, cropped to ``max_len`` tokens
+    (``max_len + 1`` ids: its inputs and, shifted by one, its targets)."""
+    documents = stdlib_documents()
+    rng = np.random.default_rng([seed, step, 11])
+    chosen = [documents[int(i)] for i in rng.integers(len(documents), size=count)]
+    return [torch.tensor(list(d[: max_len + 1]), dtype=torch.int64) for d in chosen]

@@ -14,7 +14,7 @@ diverged from the others shows as well as a wrong sum.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ def compare_gradients(
     reference: Sequence[torch.nn.Module] | None,
     batches: Sequence[tuple[list[Any], list[torch.Tensor]]],
     model_name: str,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    loss_divisors: Sequence[float] | None = None,
 ) -> tuple[float, float] | None:
     """Compare every rank's gradients with the unsplit model's (call on every rank, after the step).
 
@@ -48,7 +50,10 @@ def compare_gradients(
         modules: every stage's module as this rank built it (its own stages trained).
         reference: on rank 0, the unsplit model's stages with the step's starting weights; None elsewhere.
         batches: on rank 0, each replica's ``(inputs, targets)`` of the step, in replica order.
-        model_name: the built-in model (its loss function).
+        model_name: the built-in model (its loss function, unless ``loss_fn`` is given).
+        loss_fn: the loss the pipeline's step used (default: the model's).
+        loss_divisors: per replica, what the step divided each micro-batch's loss by (default: the number of
+            micro-batches: the mean loss).
 
     Returns:
         On rank 0, the largest absolute and relative differences; None elsewhere.
@@ -65,12 +70,13 @@ def compare_gradients(
     if reference is None:
         return None
     model = Chain(*reference).to(pipe.device)
-    loss_fn = loss_fn_for(model_name)
-    scale = sum(len(inputs) for inputs, _ in batches)
-    for inputs, targets in batches:
+    loss = loss_fn if loss_fn is not None else loss_fn_for(model_name)
+    for replica, (inputs, targets) in enumerate(batches):
+        divisor = loss_divisors[replica] if loss_divisors is not None else len(inputs)
+        scale = divisor * len(batches)  # the replicas' gradients are averaged
         for x, y in zip(to_device(inputs, pipe.device), to_device(targets, pipe.device), strict=True):
             output = model(*x) if isinstance(x, tuple) else model(x)
-            torch.autograd.backward(loss_fn(output, y) / scale)
+            torch.autograd.backward(loss(output, y) / scale)
     worst_abs = worst_rel = 0.0
     for part in gathered:
         for (stage, name), grad in _fused(part).items():

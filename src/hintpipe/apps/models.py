@@ -33,10 +33,30 @@ class Embedding(nn.Module):
         self.tokens = nn.Embedding(config.vocab, config.hidden)
         self.positions = nn.Embedding(config.max_seq_len, config.hidden)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        embedded: torch.Tensor = self.tokens(ids) + self.positions(positions)[None]
-        return embedded
+    def forward(self, ids: torch.Tensor, documents: torch.Tensor | None = None) -> Any:
+        """Token and position embedding; with ``documents`` (packed rows), positions count from each
+        document's start and the documents travel on with the activations: ``(x, documents)``."""
+        if documents is None:
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            embedded: torch.Tensor = self.tokens(ids) + self.positions(positions)[None]
+            return embedded
+        return self.tokens(ids) + self.positions(document_positions(documents)), documents
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """``(rows, length)`` document ids -> each position's index within its document (documents are runs)."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
+
+
+def document_mask(documents: torch.Tensor) -> torch.Tensor:
+    """``(rows, 1, length, length)``: position ``i`` attends to ``j`` when ``j <= i`` in the same document."""
+    length = documents.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=documents.device).tril()
+    return ((documents[:, :, None] == documents[:, None, :]) & causal)[:, None]
 
 
 class Block(nn.Module):
@@ -53,7 +73,9 @@ class Block(nn.Module):
             nn.Linear(config.hidden, 4 * config.hidden), nn.GELU(), nn.Linear(4 * config.hidden, config.hidden)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None) -> Any:
+        """Causal self-attention and MLP; with ``documents`` (packed rows), attention stays within each
+        document and the documents travel on: ``(out, documents)``."""
         b, t, h = x.shape
         normed = self.norm1(x)
         if hasattr(self, "qkv"):
@@ -61,10 +83,13 @@ class Block(nn.Module):
         else:  # unfused (tensor parallel): each rank holds a share of the heads
             q, k, v = (self.get_submodule(name)(normed) for name in "qkv")
         q, k, v = (z.view(b, t, -1, h // self.heads).transpose(1, 2) for z in (q, k, v))
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if documents is None:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(documents))
         x = x + self.proj(attended.transpose(1, 2).reshape(b, t, -1))
         out: torch.Tensor = x + self.mlp(self.norm2(x))
-        return out
+        return out if documents is None else (out, documents)
 
     def unfuse_qkv(self) -> None:
         """Replace the fused ``qkv`` projection by ``q``, ``k`` and ``v`` with the same weights, so that a
@@ -86,7 +111,7 @@ class Head(nn.Module):
         self.norm = nn.LayerNorm(config.hidden)
         self.out = nn.Linear(config.hidden, config.vocab)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         logits: torch.Tensor = self.out(self.norm(x))
         return logits
 
@@ -152,6 +177,12 @@ def loss_fn_for(name: str) -> LossFunction:
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy summed over the tokens, padding (target -100) ignored: with the step's tokens
+    as ``loss_divisor``, the mean over every token of the step, however the micro-batches were formed."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
 
 
 def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

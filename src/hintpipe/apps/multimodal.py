@@ -76,7 +76,7 @@ class Bridge(nn.Module):
 class TextHead(Head):
     """Next-token logits at the text positions (the prefix predicts nothing)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         return super().forward(x[:, 1:])
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from hintpipe.apps.corpus import stdlib_batch
+from hintpipe.apps.corpus import stdlib_batch, stdlib_sequences
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.models import (
@@ -25,6 +26,7 @@ from hintpipe.apps.models import (
     SeqLenDist,
     build_layers,
     layer_bounds,
+    lm_loss_sum,
     loss_fn_for,
     make_batch,
     split_layers,
@@ -32,6 +34,9 @@ from hintpipe.apps.models import (
 from hintpipe.apps.progress import log_line, progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.device import rank_device
+from hintpipe.forming.collate import form_batch
+from hintpipe.forming.cost import SequenceCost
+from hintpipe.forming.form import Forming
 from hintpipe.observe.trace import Record
 from hintpipe.options import OPTIONS, check_options
 from hintpipe.planner.plan import Plan
@@ -91,6 +96,8 @@ class TrainConfig:
     timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
     data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
+    forming: str = "crop"  # stdlib: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
+    sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
     data_parallel: str = "replicate"  # or "fsdp"
@@ -115,6 +122,11 @@ class TrainConfig:
     def injection(self) -> Injection:
         """The run's ``variability`` and ``faults``, parsed."""
         return Injection.parse(self.variability, self.faults, self.seed)
+
+    @property
+    def formed(self) -> bool:
+        """Whether the micro-batches are formed by cost (a summed loss over the step's tokens)."""
+        return Forming.parse(self.forming) is not Forming.CROP
 
     @property
     def split_backward(self) -> bool:
@@ -233,7 +245,7 @@ def _build_pipeline(
         options["data_parallel"] = config.data_parallel
     if config.activation_budget is not None:
         options["activation_budget"] = config.activation_budget[position]
-    loss_fn = loss_fn_for(config.model.name)
+    loss_fn = lm_loss_sum if config.formed else loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
     reference: list[torch.nn.Module] | None = None
     if config.plan is not None:
@@ -381,7 +393,8 @@ def _step(
     """One training step: forward and backward through the pipeline, then the optimizer."""
     replica = pipe.layout.replica_of(pipe.global_rank)
     inputs, targets, counts = step_batch(config, step, replica)
-    loss = pipe.step(inputs, targets, broadcast_loss=True)
+    divisor = float(sum(counts)) if config.formed else None  # a summed loss over the step's own tokens
+    loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor)
     assert loss is not None
     mlp = config.model.name == "mlp"
     tokens = config.microbatches * config.microbatch_size if mlp else sum(counts)
@@ -393,20 +406,35 @@ def _step(
     run.losses.append(float(loss))
     run.tokens.append(tokens)
     if step == 0 and config.check_grads and modules is not None:
-        batches = [step_batch(config, step, r)[:2] for r in range(config.dp)] if reference is not None else []
-        run.grad_diffs = compare_gradients(pipe, modules, reference, batches, config.model.name)
+        every = [step_batch(config, step, r) for r in range(config.dp)] if reference is not None else []
+        run.grad_diffs = compare_gradients(
+            pipe,
+            modules,
+            reference,
+            [(x, y) for x, y, _ in every],
+            config.model.name,
+            lm_loss_sum if config.formed else None,
+            [float(sum(c)) for _, _, c in every] if config.formed else None,
+        )
     if optimizer is not None and math.isfinite(float(loss)):
         optimizer.step()
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
 
 
-def step_batch(
-    config: TrainConfig, step: int, replica: int = 0
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+def step_batch(config: TrainConfig, step: int, replica: int = 0) -> tuple[list[Any], list[torch.Tensor], list[int]]:
     """Step ``step``'s micro-batches of data-parallel replica ``replica`` (inputs, targets, tokens each): the
-    same for every policy and rank; each replica draws its own."""
+    same for every policy and rank; each replica draws its own. Formed micro-batches (``config.forming``) take
+    the step's ``microbatches x microbatch_size`` documents whole, formed by the run's sequence cost."""
     seed = config.seed + REPLICA_SEED_STRIDE * replica
+    if config.data == "stdlib" and config.formed:
+        count = config.microbatches * config.microbatch_size
+        sequences = stdlib_sequences(count, step, seed, config.model.max_seq_len - 1)
+        pack = Forming.parse(config.forming) is Forming.PACKED
+        batch = form_batch(sequences, config.microbatches, config.sequence_cost, pack=pack, seed=seed + step)
+        formation = batch.formation
+        counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(config.microbatches)]
+        return batch.inputs, batch.targets, counts
     if config.data == "stdlib":
         return stdlib_batch(config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
     return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)

@@ -21,6 +21,8 @@ from hintpipe.cli.common import (
     room,
     stdout,
 )
+from hintpipe.forming.cost import SequenceCost
+from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.options import OPTIONS
@@ -78,6 +80,7 @@ TRAIN_OPTIONS = (
     "chunks",
     "policy",
     "microbatch_order",
+    "forming",
     "device",
     "transport",
     "steps",
@@ -189,6 +192,11 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
     if data == "stdlib" and model.name == "mlp":
         raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
+    forming = values.get("forming", Forming.CROP)
+    if forming is not Forming.CROP and data != "stdlib":
+        raise ValueError(f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib")
+    if forming is Forming.PACKED and model.name != "gpt-mini":
+        raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.name}")
     planned = None
     if plan_file is not None:
         model, planned = _planned_model(args, args.plan, plan_file)
@@ -228,6 +236,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         plan=planned,
         data=data,
+        forming=forming.value,
+        sequence_cost=None if forming is Forming.CROP else _sequence_cost(model, args.microbatch_size),
         dp=dp,
         tp=tp,
         data_parallel=values.get("data_parallel", "replicate"),
@@ -325,6 +335,26 @@ def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None
     for option in ("trace", "timeline"):
         if getattr(args, option, None):
             check_writable(getattr(args, option), f"--{option}")
+
+
+def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:
+    """The model's cost per row of ``t`` tokens, fitted once, here, to the planner's profile at two lengths
+    (every rank then forms the same micro-batches)."""
+    import torch
+
+    from hintpipe.apps.models import whole_model
+    from hintpipe.forming.profiled import profile_sequence_cost
+
+    torch.set_num_threads(1)
+    whole, kwargs = whole_model(model)
+    longest = model.max_seq_len - 1
+    return profile_sequence_cost(
+        whole,
+        lambda t: torch.zeros(rows, t, dtype=torch.int64),
+        (max(2, longest // 8), longest // 2),
+        repeats=2,
+        kwargs=kwargs,
+    )
 
 
 def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:

@@ -36,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.options import DataParallel, OnNonFinite, Precision, TransportChoice, check_options
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
+from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
@@ -375,7 +376,7 @@ class Pipeline:
         for hook in parts.hooks:
             hook.end_step(state)
         self.step_count += 1
-        return broadcast(parts, state.loss) if broadcast_loss else state.loss
+        return broadcast(parts, state.loss, f"step {state.step}") if broadcast_loss else state.loss
 
     def eval_step(
         self,
@@ -402,7 +403,7 @@ class Pipeline:
         except Exception as exc:
             self._abort(exc)
             raise
-        return broadcast(self.parts, loss) if broadcast_loss else loss
+        return broadcast(self.parts, loss, f"evaluation {self.step_count}") if broadcast_loss else loss
 
     def _next_round(self) -> int:
         """The next exchange of messages (a step or an evaluation); the first starts with every rank."""
@@ -483,10 +484,14 @@ def _scoreboard(parts: Parts, state: StepState) -> Scoreboard:
     )
 
 
-def broadcast(parts: Parts, loss: torch.Tensor | None) -> torch.Tensor:
-    """The last stage's loss, on every rank of the pipeline."""
+def broadcast(parts: Parts, loss: torch.Tensor | None, label: str) -> torch.Tensor:
+    """The last stage's loss, on every rank of the pipeline (``label``: the step, for the error that names a
+    rank lost meanwhile)."""
     buffer = loss.detach().clone() if loss is not None else torch.zeros(())
-    dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
+    try:
+        dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
+    except RuntimeError as exc:
+        raise liveness.lost_peer(dist.get_rank(), f"{label} (its loss broadcast)", exc) from None
     return buffer
 
 

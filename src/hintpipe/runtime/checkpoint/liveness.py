@@ -23,6 +23,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hintpipe.runtime.errors import PeerFailure
+
 #: Seconds without a heartbeat after which a rank counts as stopped (heartbeats come every second).
 SILENT_AFTER = 3.0
 _PERIOD = 1.0
@@ -115,3 +117,15 @@ def wait_for_silence(seconds: float = SILENT_AFTER + 2 * _PERIOD) -> dict[int, f
 def describe(silent: dict[int, float]) -> str:
     """``rank 1 stopped answering (no sign of life for 21 s)`` for each silent rank."""
     return "; ".join(f"rank {r} stopped answering (no sign of life for {age:.0f} s)" for r, age in silent.items())
+
+
+def lost_peer(rank: int, where: str, exc: BaseException) -> PeerFailure:
+    """The error for a collective of ``where`` that failed on ``rank`` (``exc``, the backend's own): the rank
+    that stopped answering, when its heartbeat stops within seconds (a killed peer resets the connection at
+    once, and the backend's text names an address, not a rank); the backend's first line otherwise."""
+    silent = wait_for_silence()
+    if silent:
+        ranks = ", ".join(f"rank {r}" for r in silent)
+        return PeerFailure(f"rank {rank}: {ranks} failed in {where} ({describe(silent)})")
+    lines = str(exc).strip().splitlines()
+    return PeerFailure(f"rank {rank}: {where} failed: {type(exc).__name__}: {lines[0] if lines else ''}")

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hintpipe.runtime.checkpoint import liveness
+
 STOP_FILE_ENV = "HINTPIPE_STOP_FILE"
 #: What asks a job to stop: Ctrl-C, a preemption, and a dropped terminal or SSH session (SIGHUP reaches the
 #: launcher and its ranks, the session's process group).
@@ -82,7 +84,10 @@ class StopRequest:
     def agreed(self, group: dist.ProcessGroup | None = None) -> bool:
         """Whether any rank was asked to stop (call on every rank after each step; one all-reduce)."""
         flag = torch.tensor([self.signal if self.requested else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        except RuntimeError as exc:
+            raise liveness.lost_peer(dist.get_rank(), "the check for a stop request after a step", exc) from None
         if int(flag) and self.signal is None:
             self.signal = int(flag)
         return bool(int(flag))

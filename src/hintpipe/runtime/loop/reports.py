@@ -22,7 +22,7 @@ import numpy as np
 import torch.distributed as dist
 
 from hintpipe.observe.trace import Record
-from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
@@ -165,7 +165,7 @@ def gather_report(
         try:
             dist.gather_object(sent, gathered, group=group, group_dst=0)
         except RuntimeError as exc:
-            raise WatchdogTimeout(f"rank {rank}: the report of step {step} could not reach rank 0: {exc}") from None
+            raise liveness.lost_peer(dist.get_rank(), f"step {step} (its report to rank 0)", exc) from None
     # This rank's own summary keeps its records, whether or not they travelled.
     summaries = [mine] if gathered is None else [mine if s.rank == rank else s for s in gathered]
     bound = math.nan

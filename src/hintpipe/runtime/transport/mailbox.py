@@ -24,17 +24,19 @@ send that finds none waits for the receiver's "ready" notice, which the
 *sender's* communication thread must then act on. On a busy host that thread
 waits for a core while the sender computes its next task, and every message
 paid that wait (milliseconds on two shared cores). So each mailbox keeps two
-receives posted: the next header, and the next payload's first ``expected``
-bytes, where ``expected`` is the largest payload this peer has sent so far.
-Both sides track ``expected`` by the same rule, so the sender knows what is
-posted: it sends the payload's first ``expected`` bytes (padded when the
-payload is smaller), then, only when the payload is larger, the rest as a
-message of its own (which waits for its receive, as before), then a tensor
-description too long for the header. In steady state every message goes out
-in the sending call itself. The cost: a payload smaller than the largest so
-far is padded to it (variable shapes send up to the largest shape's bytes),
-and the receiver copies it out of the posted buffer, so that the tensors it
-delivers hold only their own bytes.
+receives posted: the next header, and the next payload into a buffer of
+``capacity`` bytes, the largest payload this peer has sent so far. gloo
+delivers a message smaller than the receive posted for it into the buffer's
+first bytes, so a payload that fits is sent as it is: its own bytes, in the
+sending call itself, without a copy where it is one contiguous tensor (a
+payload of no bytes sends one placeholder byte, so that it still meets the
+posted receive). Only a payload larger than ``capacity`` sends its first
+``capacity`` bytes, then the rest as a message of its own (which waits for
+its receive), and both sides raise ``capacity`` by the same rule, so the
+sender always knows what is posted. The receiver copies a payload smaller
+than its buffer out of it (the tensors it delivers hold only their own
+bytes; the buffer is posted again). Variable shapes therefore cost what
+their own bytes cost: nothing is padded to the largest shape seen.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class PostOffice:
         self.inbox: queue.Queue[Message] = queue.Queue()
         #: Posts the data channel's sends in order (on a thread of its own where they wait for a staging copy).
         self.sender = Sender(self._post_data, self.staging.pool, threaded=self._threaded_sends(), name="sender")
-        self._expected: dict[int, int] = {}  # per peer, see [Note: pre-posted payloads]
+        self._capacity: dict[int, int] = {}  # per peer, see [Note: pre-posted payloads]
         self._threads = []
         self.peers = sorted(set(peers) - {self.rank})
         for peer in self.peers:
@@ -122,25 +124,25 @@ class PostOffice:
     # -- receiving ------------------------------------------------------------
 
     def _receive_loop(self, peer: int) -> None:
-        expected = 0  # bytes of the next payload already posted (see [Note: pre-posted payloads])
+        capacity = 0  # bytes posted for the next payload (see [Note: pre-posted payloads])
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
         try:
-            header, first, posted = self._arm(peer, expected)
+            header, first, posted = self._arm(peer, capacity)
             while True:
                 for work in posted:
                     work.wait()
                 values = header.tolist()
                 kind, step, stage, mb, count, _, nbytes = values[:7]
-                payload, posted_buffer = self._payload(peer, first, expected, nbytes)
+                payload, posted_buffer = self._payload(peer, first, capacity, nbytes)
                 meta = self._meta(peer, values)
                 if MessageKind(kind) in (MessageKind.STOP, MessageKind.ABORT):
                     text = bytes(payload.tolist()).decode(errors="replace").rstrip("\x00") if nbytes else None
                     self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, time.perf_counter(), text))
                     return
                 tensors, ready = self.staging.arrived(unpack(payload, decode_meta(meta, count)), posted_buffer)
-                expected = max(expected, nbytes)
-                header, first, posted = self._arm(peer, expected)  # before delivering: the next may be on its way
+                capacity = max(capacity, nbytes)
+                header, first, posted = self._arm(peer, capacity)  # before delivering: the next may be on its way
                 arrived = time.perf_counter()
                 self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, arrived, ready=ready))
         except Exception as exc:  # the peer died or the group was torn down
@@ -149,23 +151,24 @@ class PostOffice:
             )
 
     def _payload(
-        self, peer: int, first: torch.Tensor, expected: int, nbytes: int
+        self, peer: int, first: torch.Tensor, capacity: int, nbytes: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The payload of ``nbytes`` whose first ``expected`` bytes came into the posted buffer ``first``;
-        returns it and ``first`` when the payload views it (None: the payload is a copy, and ``first`` went
-        back to the pool, or was dropped where it would never be posted again)."""
-        if nbytes > expected:
-            rest = torch.empty(nbytes - expected, dtype=torch.uint8)
+        """The payload of ``nbytes`` that came into the posted buffer ``first`` of ``capacity`` bytes (its
+        first ``capacity`` bytes, when larger); returns it and ``first`` when the payload views it (None: the
+        payload is a copy, and ``first`` went back to the pool, or was dropped where it would never be posted
+        again)."""
+        if nbytes > capacity:
+            rest = torch.empty(nbytes - capacity, dtype=torch.uint8)
             dist.recv(rest, group=self.group, group_src=peer)
-            whole = torch.cat([first, rest]) if expected else rest
-            if expected and self.staging.staged:  # (a CPU rank's pool keeps exact sizes: expected grows past it)
+            whole = torch.cat([first, rest]) if capacity else rest
+            if capacity and self.staging.staged:  # (a CPU rank's pool keeps exact sizes: capacity grows past it)
                 self.staging.pool.give_back(first)  # once copied out: another thread may take it at once
             return whole, None
-        if nbytes < expected and not self.staging.staged:
+        if nbytes < capacity and not self.staging.staged:
             payload = first[:nbytes].clone()  # views would keep the whole posted buffer alive
             self.staging.pool.give_back(first)  # and the next message's receive reuses it
             return payload, None
-        return first[:nbytes], (first if expected else None)  # (nothing posted: not the pool's)
+        return first[:nbytes], (first if capacity else None)  # (nothing posted: not the pool's)
 
     def _meta(self, peer: int, header: list[int]) -> list[int]:
         """The tensor description of the message whose header ``header`` came from ``peer``: in the header,
@@ -191,13 +194,14 @@ class PostOffice:
         except Exception as exc:  # the data channel reports a lost peer; notices only stop
             log.debug("notices from rank %d ended: %s", peer, exc)
 
-    def _arm(self, peer: int, expected: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
-        """Post the receives of the next message from ``peer``: its header and its first ``expected`` bytes."""
+    def _arm(self, peer: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor, list[dist.Work]]:
+        """Post the receives of the next message from ``peer``: its header, and its payload (or the payload's
+        first ``capacity`` bytes) into a buffer of ``capacity`` bytes."""
         header = torch.empty(HEADER, dtype=torch.int64)
-        # Nothing expected yet (a peer's first message): no pool buffer, which no payload would give back.
-        first = self.staging.pool.take(expected) if expected else torch.empty(0, dtype=torch.uint8)
+        # Nothing posted yet (a peer's first message): no pool buffer, which no payload would give back.
+        first = self.staging.pool.take(capacity) if capacity else torch.empty(0, dtype=torch.uint8)
         posted = [dist.irecv(header, group=self.group, group_src=peer)]
-        if expected:
+        if capacity:
             posted.append(dist.irecv(first, group=self.group, group_src=peer))
         return header, first, [w for w in posted if w is not None]
 
@@ -241,23 +245,26 @@ class PostOffice:
         meta: list[int],
         tensors: Sequence[torch.Tensor | None],
     ) -> None:
-        expected = self._expected.get(peer, 0)
-        if len(tensors) == 1 and (t := tensors[0]) is not None and t.is_contiguous() and t.nbytes == expected:
-            # The common case, one tensor of the usual size: its own bytes, no copy (but the staging's).
-            payload, nbytes = t.reshape(-1).view(torch.uint8), expected
+        capacity = self._capacity.get(peer, 0)
+        if len(tensors) == 1 and (t := tensors[0]) is not None and t.is_contiguous():
+            # The common case, one tensor: its own bytes, no copy (but the staging's).
+            payload, nbytes = t.reshape(-1).view(torch.uint8), t.nbytes
         else:
-            payload, nbytes = pack(tensors, self.device, at_least=expected)
+            payload, nbytes = pack(tensors, self.device)
         payload, staged, ready = self.staging.outgoing(payload)
         header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
         parts = [header]
-        if expected:
-            parts.append(payload[:expected])
-        if nbytes > expected:
-            parts.append(payload[expected:nbytes])
+        keep = [header, payload]
+        if capacity:  # the posted receive takes the payload, or its first `capacity` bytes
+            posted = payload[: min(nbytes, capacity)] if nbytes else torch.zeros(1, dtype=torch.uint8)
+            keep.append(posted)
+            parts.append(posted)
+        if nbytes > capacity:
+            parts.append(payload[capacity:nbytes])
         if extra is not None:
             parts.append(extra)
-        self.sender.submit(Outgoing(peer, parts, keep=[header, payload], staged=staged, ready=ready))
-        self._expected[peer] = max(expected, nbytes)
+        self.sender.submit(Outgoing(peer, parts, keep=keep, staged=staged, ready=ready))
+        self._capacity[peer] = max(capacity, nbytes)
 
     def _send_text(self, peer: int, kind: MessageKind, text: str) -> None:
         data = torch.tensor(list(text.encode()[:4000]), dtype=torch.uint8)

@@ -101,14 +101,12 @@ def decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[in
 _ALIGN = 8
 
 
-def pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least: int = 0) -> tuple[torch.Tensor, int]:
+def pack(tensors: Sequence[torch.Tensor | None], device: torch.device) -> tuple[torch.Tensor, int]:
     """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
-    payload per message, whatever the number of tensors. The buffer is padded
-    to ``at_least`` bytes; returns it and the payload's own size.
+    payload per message, whatever the number of tensors. Returns it and its size.
 
     The buffer is where the tensors are (``device`` only when there are none):
-    a GPU rank's closing word is host text, and padding made on the rank's
-    device would not join it (``torch.cat`` refuses two devices).
+    a GPU rank's closing word is host text.
     """
     parts: list[torch.Tensor] = []
     offset = 0
@@ -122,11 +120,8 @@ def pack(tensors: Sequence[torch.Tensor | None], device: torch.device, at_least:
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
             offset += pad
-    where = parts[0].device if parts else device
-    if offset < at_least:
-        parts.append(torch.empty(at_least - offset, dtype=torch.uint8, device=where))
     if not parts:
-        return torch.empty(0, dtype=torch.uint8, device=where), 0
+        return torch.empty(0, dtype=torch.uint8, device=device), 0
     return torch.cat(parts), offset
 
 
