@@ -40,11 +40,11 @@ def _titled(block: str) -> str:
 
 def test_the_readme_has_the_blocks_it_shows() -> None:
     blocks = python_blocks()
-    assert len(blocks) == 6, [_titled(b) for b in blocks]
+    assert len(blocks) == 7, [_titled(b) for b in blocks]
     assert sum("share_plan" in b for b in blocks) == 1
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_every_python_block_of_the_readme_runs_as_pasted(index: int, tmp_path: Path) -> None:
     block = python_blocks()[index]
     done = _run(block, tmp_path)

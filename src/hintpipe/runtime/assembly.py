@@ -142,17 +142,9 @@ def assemble(
     device = rank_device(options["device"], global_rank)
     own = _agreed_own_gpu(device)
     chosen = choose_transport(options["transport"], device, own_gpu=own)
-    sharded = layout.dp > 1 and options["data_parallel"] is DataParallel.FSDP and emulate is None
+    sharded = _sharded(layout, options, hint, device, own)
     fsdp: FsdpOptions | None = options["fsdp"]
-    if sharded:
-        check_sharding(device, own)
-        if fsdp and fsdp.get("reshard_after_forward") and hint.split_backward:
-            raise ValueError(
-                f"fsdp reshard_after_forward=True with hint {hint.name!r}: its split backward (W) computes weight "
-                "gradients after FSDP2 has resharded the stage; keep the default (False) or use a hint without W"
-            )
-    mesh = options["mesh"] if sharded else None
-    placed = _place(modules, device, mesh, emulated=emulate is not None, fsdp=fsdp)
+    placed = _place(modules, device, options["mesh"] if sharded else None, emulated=emulate is not None, fsdp=fsdp)
     p2p = layout.groups(layout.pipelines)
     coll = layout.groups(layout.pipelines, options["timeout"])
     assert p2p is not None and coll is not None
@@ -202,6 +194,24 @@ def assemble(
         _tear_down(parts, exc)
         raise
     return parts
+
+
+def _sharded(layout: Layout, options: Mapping[str, Any], hint: Hint, device: torch.device, own: bool) -> bool:
+    """Whether the stages are sharded with FSDP2 (data parallelism over real compute), checked first.
+
+    Raises:
+        ValueError: FSDP2 on ranks that share a GPU, or ``reshard_after_forward`` under a split backward.
+    """
+    sharded = layout.dp > 1 and options["data_parallel"] is DataParallel.FSDP and options["emulate"] is None
+    fsdp: FsdpOptions | None = options["fsdp"]
+    if sharded:
+        check_sharding(device, own)
+        if fsdp and fsdp.get("reshard_after_forward") and hint.split_backward:
+            raise ValueError(
+                f"fsdp reshard_after_forward=True with hint {hint.name!r}: its split backward (W) computes weight "
+                "gradients after FSDP2 has resharded the stage; keep the default (False) or use a hint without W"
+            )
+    return bool(sharded)
 
 
 def _tear_down(parts: Parts, exc: BaseException) -> None:
