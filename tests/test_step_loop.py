@@ -2,10 +2,12 @@
 it (see [Note: the compute stream waits last] in hintpipe.runtime.loop.step_loop), and the last stage's
 losses are looked at once per step (see [Note: one look at the losses per step] in
 hintpipe.runtime.loop.agreement). Compute, transfers and the transport are stand-ins that log what they
-are asked."""
+are asked. The loop also measures the runtime's own CPU time (see [Note: the runtime's own CPU time])."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -111,3 +113,51 @@ def test_inputs_are_waited_for_right_before_their_task_and_losses_looked_at_once
         "B3",
     ]
     assert state.arrivals == {}
+
+
+def _burn(seconds: float) -> None:
+    """Keep the calling thread on the CPU for ``seconds`` of its own CPU time."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+class _BusyExecutor(_Executor):
+    """Each forward computes 20 ms of CPU; a second thread (standing for the mailbox's) takes 50 ms of CPU
+    between the first forward and the last backward."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(log)
+        self.helper = threading.Thread(target=_burn, args=(0.05,))
+
+    def forward(
+        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        if mb == 0:
+            self.helper.start()
+        _burn(0.02)
+        return super().forward(stage, mb, inputs, target, loss_scale)
+
+    def backward(self, stage: int, mb: int, grads: Any) -> list[torch.Tensor | None]:
+        if mb == 3:
+            self.helper.join()
+        return super().backward(stage, mb, grads)
+
+
+def test_the_runtimes_own_cpu_time_leaves_out_the_tasks_and_counts_every_other_thread() -> None:
+    hint = generate_hint("1f1b", 2, 4)
+    arrived = [Message(MessageKind.ACTIVATION, 0, 1, mb, [torch.ones(2)], peer=0) for mb in range(4)]
+    loop = StepLoop(
+        rank=1,
+        board=Scoreboard(RankGraph(hint, 1), Policy.FIXED),
+        executor=_BusyExecutor([]),
+        transport=cast(Any, _Transport()),
+        admission=cast(Any, None),
+        timeout=5.0,
+        stash=arrived,
+        check_losses=lambda losses, slots: None,
+    )
+    state = StepState(step=0, activations={})
+    loop.run(state)
+    # The helper's 50 ms are in; the tasks' 80 ms are not (the loop's own bookkeeping adds a little).
+    assert 0.05 <= state.measured["runtime_cpu"] < 0.05 + 0.03, state.measured

@@ -156,6 +156,8 @@ class TrainResult:
     # reductions had to overlap the rest of the step, and the mean time the rank waited on them.
     dp_overlap_ms: tuple[float, ...] | None = None
     dp_exposed_ms: tuple[float, ...] | None = None
+    #: Per pipeline position: the mean CPU time the runtime itself took per step (StepReport.runtime_cpu).
+    runtime_cpu_ms: tuple[float, ...] | None = None
     transport: str = ""  # the transport the pipeline chose ("gloo", "nccl"; ``auto`` resolved)
 
     @property
@@ -331,6 +333,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         decisions_per_step=None if pipe.coordination is None else pipe.coordination.decisions / len(run.reports or [0]),
         dp_overlap_ms=_per_rank_ms([r.dp_overlap for r in run.reports[1:] or run.reports]),
         dp_exposed_ms=_per_rank_ms([r.dp_exposed for r in run.reports[1:] or run.reports]),
+        runtime_cpu_ms=_per_rank_ms([r.runtime_cpu for r in run.reports[1:] or run.reports]),
         transport=pipe.transport.value,
     )
 

@@ -412,6 +412,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "coordination_ms": result.coordination_ms,
         "dp_overlap_ms": None if result.dp_overlap_ms is None else list(result.dp_overlap_ms),
         "dp_exposed_ms": None if result.dp_exposed_ms is None else list(result.dp_exposed_ms),
+        "runtime_cpu_ms": None if result.runtime_cpu_ms is None else list(result.runtime_cpu_ms),
         "microbatches": config.microbatches,
         "emulated": config.emulate is not None,
         "step_time_median_s": result.step_time_median,

@@ -72,6 +72,10 @@ class StepReport:
     #: the bytes the runtime counted for them (1.0: the count is exact); -1 and NaN on a CPU.
     device_peak_bytes: tuple[int, ...] = ()
     allocated_over_counted: tuple[float, ...] = ()
+    #: Per covered rank: CPU seconds the runtime itself took over the step, on every thread of the process
+    #: but the computing thread's time inside tasks (messages, notices, scheduling; see [Note: the runtime's
+    #: own CPU time] in :mod:`hintpipe.runtime.loop.step_loop`).
+    runtime_cpu: tuple[float, ...] = ()
 
     @property
     def efficiency(self) -> float:
@@ -99,6 +103,7 @@ class RankSummary:
     dp_exposed: float = math.nan
     device_peak: int = -1
     allocated_over_counted: float = math.nan
+    runtime_cpu: float = math.nan
 
     @classmethod
     def of(cls, state: StepState, split: bool, rank: int) -> RankSummary:
@@ -118,6 +123,7 @@ class RankSummary:
             dp_exposed=measured.get("dp_exposed", math.nan),
             device_peak=int(measured.get("device_peak", -1)),
             allocated_over_counted=measured.get("allocated_over_counted", math.nan),
+            runtime_cpu=measured.get("runtime_cpu", math.nan),
         )
 
 
@@ -195,6 +201,7 @@ def gather_report(
         dp_exposed=tuple(s.dp_exposed for s in summaries),
         device_peak_bytes=tuple(s.device_peak for s in summaries),
         allocated_over_counted=tuple(s.allocated_over_counted for s in summaries),
+        runtime_cpu=tuple(s.runtime_cpu for s in summaries),
     )
 
 
