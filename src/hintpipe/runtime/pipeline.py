@@ -22,10 +22,7 @@ ahead into the next step only fills its neighbours' inboxes.
 
 from __future__ import annotations
 
-import copy
-import datetime
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast, overload
 
@@ -36,26 +33,26 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.options import DataParallel, OnNonFinite, Precision, TransportChoice, check_options
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
-from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.clipping import clip_grad_norm
-from hintpipe.runtime.errors import NonFiniteLoss, OptionMismatch, WatchdogTimeout
+from hintpipe.runtime.errors import NonFiniteLoss
 from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
 from hintpipe.runtime.loop.executor import EmulatedCosts, Executor, LossFn
-from hintpipe.runtime.loop.microbatch import Batch, order_step, prepare_step, relative_sizes
+from hintpipe.runtime.loop.microbatch import Batch, order_step, prepare_step
 from hintpipe.runtime.loop.reports import StepReport
-from hintpipe.runtime.loop.step_loop import StepLoop, StepState
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.coordination import Coordination
 from hintpipe.runtime.parallel.fsdp import FsdpOptions
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parallel.tied import TiedParameter
+from hintpipe.runtime.planned_stages import planned_stages, stages_of_this_rank
+from hintpipe.runtime.training_step import broadcast, meet, run_step
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
-from hintpipe.scoreboard import BudgetError, Policy, Scoreboard
+from hintpipe.scoreboard import BudgetError, Policy
 
 if TYPE_CHECKING:
     from hintpipe.planner.plan import Plan
@@ -249,15 +246,7 @@ class Pipeline:
         cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int, **options: Unpack[PipelineOptions]
     ) -> Pipeline:
         """Build from the list of *all* stage modules (global order); each rank keeps its own."""
-        layout = layout_of(options.get("mesh"))
-        hint = resolve_hint(options.get("hint", "1f1b"), layout.stages_ranks, microbatches, options.get("chunks"))
-        if len(modules) != hint.num_stages:
-            raise ValueError(
-                f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.num_ranks} ranks needs "
-                f"{hint.num_stages} ({hint.num_stages // hint.num_ranks} per rank)"
-            )
-        mine = {s: modules[s] for s in hint.placement.stages_of(layout.position_of(dist.get_rank()))}
-        options["hint"] = hint
+        mine = stages_of_this_rank(modules, microbatches, cast(dict[str, Any], options))
         return cls(mine, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     @classmethod
@@ -274,22 +263,8 @@ class Pipeline:
         the plan found tied across stages are kept equal (``tied``). The stages train parameters of their
         own (copies of the plan's), so one plan object can build several pipelines.
         """
-        layout = layout_of(options.get("mesh"))
-        if layout.stages_ranks != plan.ranks:
-            raise ValueError(f"the plan is for {plan.ranks} ranks, the pipeline has {layout.stages_ranks}")
-        hint = resolve_hint(plan.hint, plan.ranks, plan.microbatches, plan.chunks)
-        mine = hint.placement.stages_of(layout.position_of(dist.get_rank()))
-        from_budget = not {"memory_slack", "activation_budget", "device_budget"} & set(options)
-        if from_budget and options.get("emulate") is None and math.isfinite(room := plan.activation_room(mine)):
-            options["activation_budget"] = room
-        options["hint"] = hint
-        options.setdefault("tied", [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)])
-        _same_plan(plan)
+        stages, from_budget = planned_stages(plan, cast(dict[str, Any], options))
         microbatches = microbatches if microbatches is not None else plan.microbatches
-        # The stages get parameters of their own, copied together (a tensor two of them share stays one): the plan
-        # keeps its own, so one plan object can build several pipelines.
-        stages = copy.deepcopy({s: plan.build_stage(s) for s in mine})
-        options.setdefault("names", ModelNames.of_model(plan.graph.state_keys, plan.tied))
         pipe = cls(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
         pipe.parts.admission.strict = not from_budget
         return pipe
@@ -352,31 +327,12 @@ class Pipeline:
     def _step(
         self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
     ) -> torch.Tensor | None:
-        parts = self.parts
-        state = prepare_step(self.step_count, parts, inputs, target, loss_divisor)
+        state = prepare_step(self.step_count, self.parts, inputs, target, loss_divisor)
         state.round = self._next_round()
-        order_step(state, parts, self._options["microbatch_order"])
-        for hook in parts.hooks:
-            hook.begin_step(state)
-        StepLoop(
-            rank=parts.rank,
-            board=_scoreboard(parts, state),
-            executor=parts.executor,
-            transport=parts.transport,
-            admission=parts.admission,
-            timeout=parts.timeout,
-            stash=self._stash,
-            check_losses=parts.agreement.check_losses,  # type: ignore[union-attr]
-            coordination=parts.coordination,
-            notices=state.policy is Policy.READY,
-            timer=parts.timer,
-            hooks=parts.hooks,
-        ).run(state)
-        state.loss = torch.stack(state.losses).sum() if state.losses else None
-        for hook in parts.hooks:
-            hook.end_step(state)
+        order_step(state, self.parts, self._options["microbatch_order"])
+        loss = run_step(self.parts, state, self._stash)
         self.step_count += 1
-        return broadcast(parts, state.loss, f"step {state.step}") if broadcast_loss else state.loss
+        return broadcast(self.parts, loss, f"step {state.step}") if broadcast_loss else loss
 
     def eval_step(
         self,
@@ -408,7 +364,7 @@ class Pipeline:
     def _next_round(self) -> int:
         """The next exchange of messages (a step or an evaluation); the first starts with every rank."""
         if self._round == 0:  # later ones meet at the end of the one before
-            _meet(self.parts, self.step_count)
+            meet(self.parts, self.step_count)
         self._round += 1
         return self._round
 
@@ -466,58 +422,5 @@ class Pipeline:
             self.close()
 
 
-def _scoreboard(parts: Parts, state: StepState) -> Scoreboard:
-    """The step's scoreboard: ``ready`` runs the hint in order until it has a plan of measured costs."""
-    assert parts.agreement is not None
-    planner = parts.agreement.planner
-    ready = parts.policy is Policy.READY and planner.plan is not None
-    state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy
-    state.plan_costs = planner.costs if ready else None
-    graph, budget = parts.admission.for_step(state.elements)
-    return Scoreboard(
-        graph,
-        state.policy,
-        budget=budget,
-        plan=planner.plan if ready else None,
-        notices=ready,
-        sizes=relative_sizes(state.elements) if ready else None,
-    )
-
-
-def broadcast(parts: Parts, loss: torch.Tensor | None, label: str) -> torch.Tensor:
-    """The last stage's loss, on every rank of the pipeline (``label``: the step, for the error that names a
-    rank lost meanwhile)."""
-    buffer = loss.detach().clone() if loss is not None else torch.zeros(())
-    try:
-        dist.broadcast(buffer, group=parts.coll, group_src=parts.hint.placement.stage_rank[-1])
-    except RuntimeError as exc:
-        raise liveness.lost_peer(dist.get_rank(), f"{label} (its loss broadcast)", exc) from None
-    return buffer
-
-
-def _meet(parts: Parts, step: int) -> None:
-    """Start the first step together (one clock for the timeline), but never wait on a missing rank longer
-    than the watchdog timeout."""
-    try:
-        dist.monitored_barrier(group=parts.coll, timeout=datetime.timedelta(seconds=parts.timeout))
-    except RuntimeError as exc:
-        raise WatchdogTimeout(
-            f"rank {parts.rank}: waited {parts.timeout:g} s for the other ranks to start step {step}: {exc}"
-        ) from None
-
-
 def _is_device(value: object) -> bool:
     return isinstance(value, torch.device)
-
-
-def _same_plan(plan: Plan) -> None:
-    """Refuse to start when ranks hold different plans (each rank planning for itself)."""
-    mine = plan.fingerprint
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    others = [rank for rank, theirs in enumerate(gathered) if theirs != mine]
-    if others:
-        raise OptionMismatch(
-            f"rank {dist.get_rank()}: ranks {others} hold another plan than this rank's (fingerprint {mine}); "
-            "make the plan once and share it: plan.share(), or one plan file loaded on every rank"
-        )
