@@ -17,18 +17,16 @@ This module is torch-free.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from hintpipe.choice import Choice
 from hintpipe.forming.form import Forming
+from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, Option
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
-from hintpipe.units import parse_size
 
 
 class OnNonFinite(Choice):
@@ -91,109 +89,6 @@ class TransportChoice(Choice):
     def noun(cls) -> str:
         return "transport"
 
-
-#: The longest watchdog timeout: a week. The watchdog exists to end a stuck run, and far larger values
-#: overflow the process groups' own timeouts (``datetime.timedelta``).
-MAX_TIMEOUT = 7 * 24 * 3600.0
-#: The shortest watchdog timeout: below a second, a message delayed by a busy machine would end the run.
-MIN_TIMEOUT = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """One option.
-
-    Attributes:
-        name: the Python keyword and config field; the command line's flag is ``--`` + ``name`` with dashes.
-        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``) or ``object`` (Python only).
-        default: the default value (as the Python API takes it).
-        help: what the option does, for ``--help`` and the docstrings.
-        choices: the enum of a ``choice`` option.
-        minimum, maximum: the inclusive range of a number (None: unbounded).
-        optional: whether ``None`` is a value (the option then means "not given").
-        required: whether every caller must give it (no default).
-        metavar: the command line's placeholder.
-        commands: the commands that take it as a flag (empty: Python only).
-        pipeline: whether :class:`~hintpipe.runtime.pipeline.Pipeline` takes it.
-    """
-
-    name: str
-    kind: str
-    default: Any
-    help: str
-    choices: type[Choice] | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    optional: bool = False
-    required: bool = False
-    metavar: str | None = None
-    commands: frozenset[str] = frozenset()
-    pipeline: bool = True
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def label(self, cli: bool) -> str:
-        """How a message names the option: its flag on the command line, its keyword in Python."""
-        return self.flag if cli else self.name
-
-    def check(self, value: Any, *, cli: bool = False) -> Any:
-        """``value`` converted (a choice's string to its enum) and checked against the range.
-
-        Raises:
-            ValueError: naming the option (as :meth:`label`), the value and what is accepted.
-        """
-        if value is None and self.optional:
-            return None
-        label = self.label(cli)
-        if self.choices is not None:
-            try:
-                return self.choices.parse(value)
-            except ValueError:
-                known = ", ".join(member.value for member in self.choices)
-                raise ValueError(f"{label} {value!r} is unknown: choose one of {known}") from None
-        if self.kind == "size" and isinstance(value, str):
-            try:
-                value = parse_size(value)
-            except ValueError as exc:
-                raise ValueError(f"{label}: {exc}") from None
-        if self.kind in ("int", "float", "size"):
-            return self._number(value, label)
-        if self.kind == "specs":
-            return tuple(value)
-        return value
-
-    def _number(self, value: Any, label: str) -> float | int:
-        integral = self.kind == "int"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
-            raise ValueError(f"{label} must be {'an integer' if integral else 'a number'}, got {value!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"{label} must be finite, got {value!r}")
-        low, high = self.minimum, self.maximum
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise ValueError(f"{label} must be {_range(low, high)}, got {_number(value)}{self._why()}")
-        return int(value) if integral else float(value)
-
-    def _why(self) -> str:
-        return _REASONS.get(self.name, "")
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
-
-
-def _range(low: float | None, high: float | None) -> str:
-    if high is None:
-        return f"at least {_number(low)}" if low else ">= 0"
-    if low is None:
-        return f"at most {_number(high)}"
-    return f"between {_number(low)} and {_number(high)}"
-
-
-_REASONS = {
-    "timeout": f" ({MIN_TIMEOUT:g} s: a busy machine delays messages that long; {MAX_TIMEOUT:g} s: a week)",
-}
 
 _TRAIN = frozenset({"train"})
 _RUN = frozenset({"train", "simulate"})

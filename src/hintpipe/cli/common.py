@@ -13,7 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hintpipe.options import OPTIONS, ROOM, Option, check_options
+from hintpipe.option import Option
+from hintpipe.options import OPTIONS, ROOM, check_options
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.units import parse_sizes

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -15,12 +14,12 @@ from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
     build_hint,
-    check_writable,
     checked,
     print_json,
     room,
     stdout,
 )
+from hintpipe.cli.train_checks import check_config, check_memory, check_run_options
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
@@ -168,7 +167,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
 
     plan_file = _answered_by_plan(args)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size") if hasattr(args, n)])
-    _check_run_options(args, values)
+    check_run_options(args, values)
     data = getattr(args, "data", "synthetic")
     vocab = 256 if data == "stdlib" else ModelConfig.vocab
     model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=values["seed"], vocab=vocab)
@@ -178,7 +177,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             f"--seq-len-dist {args.seq_len_dist}: {model.name}'s positions end at {model.max_seq_len - 1} tokens; "
             f"use a mean of at most {model.max_seq_len - 1}"
         )
-    _check_memory(values, seq_len.mean if model.name != "mlp" else model.hidden)  # before the hint is built
+    check_memory(values, seq_len.mean if model.name != "mlp" else model.hidden)  # before the hint is built
     hint = build_hint(args)
     dp, tp = values.get("dp", 1), values.get("tp", 1)
     injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
@@ -245,96 +244,10 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         device=values.get("device", "cpu"),
         transport=values.get("transport", "auto"),
     )
-    _check_config(config, injection)
+    check_config(config, injection)
     if args.emulate:
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
-
-
-def _check_config(config: TrainConfig, injection: Injection) -> None:
-    """Refuse option combinations of a built config: a device the machine lacks, checkpoint settings."""
-    if config.device != "cpu" or config.transport == "nccl":
-        import torch
-
-        cuda = torch.cuda.is_available()
-        if config.device == "cuda" and not cuda:
-            raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine")
-        if config.transport == "nccl" and (config.device == "cpu" or not cuda):
-            raise ValueError(
-                "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA"
-            )
-    if config.checkpoint_dir is None:
-        flags = {
-            "--resume": config.resume,
-            "--replace-checkpoints": config.replace_checkpoints,
-            "--checkpoint-every": bool(config.checkpoint_every),
-        }
-        given = [flag for flag, on in flags.items() if on]
-        if given:
-            raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --checkpoint-dir")
-    else:
-        _check_checkpoint_folder(config)
-    if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
-        raise ValueError("--faults savefail and savestop need --checkpoint-dir and --checkpoint-every")
-
-
-def _available_memory() -> float | None:
-    """Bytes of memory this machine has available now (``MemAvailable``), or None where it cannot tell."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _check_memory(values: dict[str, Any], length: int) -> None:
-    """Refuse a step whose data alone would take over half of the memory the machine has available: a run
-    that would swap for minutes, and then not stop on a signal until its step ends."""
-    available = _available_memory()
-    if available is None:
-        return
-    microbatches, size = values["microbatches"], values.get("microbatch_size", 4)
-    data = 2 * 8 * microbatches * size * (length + 1)  # inputs and targets, 64-bit ids or floats
-    bookkeeping = 2_000 * 3 * microbatches * values["ranks"]  # a task's records, messages and reports
-    if data + bookkeeping > available / 2:
-        raise ValueError(
-            f"--microbatches {microbatches} x --microbatch-size {size} x {length} tokens: a step's data and "
-            f"bookkeeping take about {format_size(data + bookkeeping)}, over half of the {format_size(available)} "
-            "this machine has available; use fewer or smaller micro-batches"
-        )
-
-
-def _check_checkpoint_folder(config: TrainConfig) -> None:
-    """The checkpoint folder, before any rank starts: writable (its parent exists), and for a fresh run free of
-    another run's checkpoints unless they are to be replaced."""
-    from hintpipe.runtime.checkpoint.manifest import step_folders
-    from hintpipe.runtime.checkpoint.run_folder import another_run, check_writable, read_run
-    from hintpipe.runtime.errors import CheckpointError
-
-    assert config.checkpoint_dir is not None
-    folder = Path(config.checkpoint_dir)
-    if config.resume and config.replace_checkpoints:
-        raise ValueError("--resume continues the folder's run, --replace-checkpoints deletes it: give one")
-    check_writable(folder)
-    try:
-        owner = read_run(folder)
-    except CheckpointError as exc:
-        raise ValueError(str(exc)) from None
-    found = step_folders(folder)
-    if not config.resume and not config.replace_checkpoints and found and owner is not None:
-        raise ValueError(f"--checkpoint-dir {another_run(folder, found)}")
-
-
-def _check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
-    """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
-    tp = values.get("tp", 1)
-    if tp > 1 and (args.model != "gpt-mini" or getattr(args, "plan", None) is not None):
-        raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
-    for option in ("trace", "timeline"):
-        if getattr(args, option, None):
-            check_writable(getattr(args, option), f"--{option}")
 
 
 def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:

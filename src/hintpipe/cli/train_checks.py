@@ -1,0 +1,101 @@
+"""``hintpipe train``'s checks before any rank starts: flag combinations, the device, the checkpoint folder
+and whether a step fits in the machine's memory, each refused in one line naming the flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hintpipe.cli.common import check_writable
+from hintpipe.runtime.injection import Injection
+from hintpipe.units import format_size
+
+if TYPE_CHECKING:
+    from hintpipe.apps.training import TrainConfig
+
+
+def check_config(config: TrainConfig, injection: Injection) -> None:
+    """Refuse option combinations of a built config: a device the machine lacks, checkpoint settings."""
+    if config.device != "cpu" or config.transport == "nccl":
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if config.device == "cuda" and not cuda:
+            raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine")
+        if config.transport == "nccl" and (config.device == "cpu" or not cuda):
+            raise ValueError(
+                "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA"
+            )
+    if config.checkpoint_dir is None:
+        flags = {
+            "--resume": config.resume,
+            "--replace-checkpoints": config.replace_checkpoints,
+            "--checkpoint-every": bool(config.checkpoint_every),
+        }
+        given = [flag for flag, on in flags.items() if on]
+        if given:
+            raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --checkpoint-dir")
+    else:
+        check_checkpoint_folder(config)
+    if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
+        raise ValueError("--faults savefail and savestop need --checkpoint-dir and --checkpoint-every")
+
+
+def available_memory() -> float | None:
+    """Bytes of memory this machine has available now (``MemAvailable``), or None where it cannot tell."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(values: dict[str, Any], length: int) -> None:
+    """Refuse a step whose data alone would take over half of the memory the machine has available: a run
+    that would swap for minutes, and then not stop on a signal until its step ends."""
+    available = available_memory()
+    if available is None:
+        return
+    microbatches, size = values["microbatches"], values.get("microbatch_size", 4)
+    data = 2 * 8 * microbatches * size * (length + 1)  # inputs and targets, 64-bit ids or floats
+    bookkeeping = 2_000 * 3 * microbatches * values["ranks"]  # a task's records, messages and reports
+    if data + bookkeeping > available / 2:
+        raise ValueError(
+            f"--microbatches {microbatches} x --microbatch-size {size} x {length} tokens: a step's data and "
+            f"bookkeeping take about {format_size(data + bookkeeping)}, over half of the {format_size(available)} "
+            "this machine has available; use fewer or smaller micro-batches"
+        )
+
+
+def check_checkpoint_folder(config: TrainConfig) -> None:
+    """The checkpoint folder, before any rank starts: writable (its parent exists), and for a fresh run free of
+    another run's checkpoints unless they are to be replaced."""
+    from hintpipe.runtime.checkpoint.manifest import step_folders
+    from hintpipe.runtime.checkpoint.run_folder import another_run, check_writable, read_run
+    from hintpipe.runtime.errors import CheckpointError
+
+    assert config.checkpoint_dir is not None
+    folder = Path(config.checkpoint_dir)
+    if config.resume and config.replace_checkpoints:
+        raise ValueError("--resume continues the folder's run, --replace-checkpoints deletes it: give one")
+    check_writable(folder)
+    try:
+        owner = read_run(folder)
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from None
+    found = step_folders(folder)
+    if not config.resume and not config.replace_checkpoints and found and owner is not None:
+        raise ValueError(f"--checkpoint-dir {another_run(folder, found)}")
+
+
+def check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
+    tp = values.get("tp", 1)
+    if tp > 1 and (args.model != "gpt-mini" or getattr(args, "plan", None) is not None):
+        raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
+    for option in ("trace", "timeline"):
+        if getattr(args, option, None):
+            check_writable(getattr(args, option), f"--{option}")

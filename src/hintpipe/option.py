@@ -1,0 +1,120 @@
+"""One option of the pipeline: its definition and the check of a value given for it.
+
+The options themselves, every one, are the table in :mod:`hintpipe.options`; this module is what an
+entry of that table is, and how a value becomes the option's (a choice's string its enum, a size's
+``2GiB`` its bytes), refused in one message that names the option the way the caller wrote it.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from hintpipe.choice import Choice
+from hintpipe.units import parse_size
+
+#: The longest watchdog timeout: a week. The watchdog exists to end a stuck run, and far larger values
+#: overflow the process groups' own timeouts (``datetime.timedelta``).
+MAX_TIMEOUT = 7 * 24 * 3600.0
+#: The shortest watchdog timeout: below a second, a message delayed by a busy machine would end the run.
+MIN_TIMEOUT = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option.
+
+    Attributes:
+        name: the Python keyword and config field; the command line's flag is ``--`` + ``name`` with dashes.
+        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``) or ``object`` (Python only).
+        default: the default value (as the Python API takes it).
+        help: what the option does, for ``--help`` and the docstrings.
+        choices: the enum of a ``choice`` option.
+        minimum, maximum: the inclusive range of a number (None: unbounded).
+        optional: whether ``None`` is a value (the option then means "not given").
+        required: whether every caller must give it (no default).
+        metavar: the command line's placeholder.
+        commands: the commands that take it as a flag (empty: Python only).
+        pipeline: whether :class:`~hintpipe.runtime.pipeline.Pipeline` takes it.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    choices: type[Choice] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    optional: bool = False
+    required: bool = False
+    metavar: str | None = None
+    commands: frozenset[str] = frozenset()
+    pipeline: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def label(self, cli: bool) -> str:
+        """How a message names the option: its flag on the command line, its keyword in Python."""
+        return self.flag if cli else self.name
+
+    def check(self, value: Any, *, cli: bool = False) -> Any:
+        """``value`` converted (a choice's string to its enum) and checked against the range.
+
+        Raises:
+            ValueError: naming the option (as :meth:`label`), the value and what is accepted.
+        """
+        if value is None and self.optional:
+            return None
+        label = self.label(cli)
+        if self.choices is not None:
+            try:
+                return self.choices.parse(value)
+            except ValueError:
+                known = ", ".join(member.value for member in self.choices)
+                raise ValueError(f"{label} {value!r} is unknown: choose one of {known}") from None
+        if self.kind == "size" and isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError as exc:
+                raise ValueError(f"{label}: {exc}") from None
+        if self.kind in ("int", "float", "size"):
+            return self._number(value, label)
+        if self.kind == "specs":
+            return tuple(value)
+        return value
+
+    def _number(self, value: Any, label: str) -> float | int:
+        integral = self.kind == "int"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
+            raise ValueError(f"{label} must be {'an integer' if integral else 'a number'}, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{label} must be finite, got {value!r}")
+        low, high = self.minimum, self.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{label} must be {_range(low, high)}, got {_number(value)}{self._why()}")
+        return int(value) if integral else float(value)
+
+    def _why(self) -> str:
+        return _REASONS.get(self.name, "")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def _range(low: float | None, high: float | None) -> str:
+    if high is None:
+        return f"at least {_number(low)}" if low else ">= 0"
+    if low is None:
+        return f"at most {_number(high)}"
+    return f"between {_number(low)} and {_number(high)}"
+
+
+_REASONS = {
+    "timeout": f" ({MIN_TIMEOUT:g} s: a busy machine delays messages that long; {MAX_TIMEOUT:g} s: a week)",
+}
