@@ -291,28 +291,30 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     first = 0
     run = _Run()
     bar = None
+    # Leaving `with pipe` on an error tells the neighbours at once (a graceful close would wait a whole timeout
+    # for a rank that stopped); otherwise it closes gracefully.
     try:
-        if checkpoints is not None:
-            first = pipe.step_count = (
-                checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
-            )
-        bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
-        with StopRequest() as stop:
-            for step in range(first, config.steps):
-                _step(config, pipe, modules, reference, optimizer, step, run)
-                if rank == 0 and config.log_every and (step + 1) % config.log_every == 0:
-                    log_line(bar, _step_line(config, step, run))
-                stopping = stop.agreed()
-                if checkpoints is not None:
-                    checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
-                if bar is not None:
-                    bar.advance(bar.task_ids[0])
-                if stopping:
-                    break
+        with pipe:
+            if checkpoints is not None:
+                first = pipe.step_count = (
+                    checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
+                )
+            bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
+            with StopRequest() as stop:
+                for step in range(first, config.steps):
+                    _step(config, pipe, modules, reference, optimizer, step, run)
+                    if rank == 0 and config.log_every and (step + 1) % config.log_every == 0:
+                        log_line(bar, _step_line(config, step, run))
+                    stopping = stop.agreed()
+                    if checkpoints is not None:
+                        checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
+                    if bar is not None:
+                        bar.advance(bar.task_ids[0])
+                    if stopping:
+                        break
     finally:
         if bar is not None:
             bar.stop()
-        pipe.close()
     state = pipe.state_dict() if config.return_state else None
     if rank != 0:
         return None
