@@ -35,7 +35,7 @@ every process of the run.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/faults/faults.py [--trials 100] [--seed 0] [--json FILE]
+    .venv/bin/python benchmarks/faults/faults.py [--trials 100] [--seed 0] [--kinds KIND ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -364,9 +364,9 @@ class Campaign:
 
     # -- a trial ------------------------------------------------------------------------------------------------
 
-    def trial(self, seed: int) -> dict[str, Any]:
+    def trial(self, seed: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
         rng = random.Random(seed)
-        kind = KINDS[seed % len(KINDS)] if seed < len(KINDS) else rng.choice(KINDS)
+        kind = kinds[seed % len(kinds)] if seed < len(kinds) else rng.choice(kinds)
         folder = self.work / f"trial-{seed}" / "ck"
         folder.parent.mkdir(parents=True)
         out: dict[str, Any] = {"seed": seed, "kind": kind, "hung": False, "lost": False}
@@ -444,6 +444,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-after", type=float, default=180.0, metavar="S", help="a run longer than this hung")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the faults to draw from")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as scratch:
@@ -456,7 +457,7 @@ def main() -> None:
         campaign = Campaign(work, reference, run_s, args.hang_after)
         outcomes = []
         for seed in range(args.seed, args.seed + args.trials):
-            outcome = campaign.trial(seed)
+            outcome = campaign.trial(seed, tuple(args.kinds))
             outcomes.append(outcome)
             print(json.dumps(outcome), flush=True)
     summary = summarize(outcomes, run_s)
