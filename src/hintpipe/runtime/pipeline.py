@@ -22,8 +22,7 @@ ahead into the next step only fills its neighbours' inboxes.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast, overload
 
 import torch
@@ -44,7 +43,7 @@ from hintpipe.runtime.parallel.coordination import Coordination
 from hintpipe.runtime.parallel.fsdp import FsdpOptions
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parallel.tied import TiedParameter
-from hintpipe.runtime.planned_stages import planned_stages, stages_of_this_rank
+from hintpipe.runtime.planned_stages import planned_stages, sequential_stages, stages_of_this_rank
 from hintpipe.runtime.training_step import broadcast, meet, run_step
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message
@@ -280,11 +279,7 @@ class Pipeline:
         **options: Unpack[PipelineOptions],
     ) -> Pipeline:
         """Cut ``model`` before each index in ``split`` (``[2, 4]``: layers 0-1, 2-3, 4-)."""
-        bounds = [0, *split, len(model)]
-        if any(b <= a for a, b in itertools.pairwise(bounds)):
-            raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
-        stages = [model[a:b] for a, b in itertools.pairwise(bounds)]  # slices keep the model's layer names
-        options.setdefault("names", ModelNames.of_model(tuple(model.state_dict()), ()))
+        stages = sequential_stages(model, split, cast(dict[str, Any], options))
         return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     # -- one step ---------------------------------------------------------------
@@ -316,13 +311,7 @@ class Pipeline:
             PeerFailure: a neighbour failed or vanished.
             NonFiniteLoss: a loss was NaN or infinite (``on_nonfinite="raise"``).
         """
-        if self._closed:
-            raise RuntimeError("this Pipeline is closed")
-        try:
-            return self._step(inputs, target, loss_divisor, broadcast_loss)
-        except Exception as exc:
-            self._abort(exc)
-            raise
+        return self._guarded(lambda: self._step(inputs, target, loss_divisor, broadcast_loss))
 
     def _step(
         self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
@@ -349,17 +338,26 @@ class Pipeline:
         Raises:
             WatchdogTimeout, PeerFailure: as :meth:`step`.
         """
+        return self._guarded(lambda: self._evaluate(inputs, target, loss_divisor, broadcast_loss))
+
+    def _evaluate(
+        self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
+    ) -> torch.Tensor | None:
+        with evaluating(self.parts.modules.values()):
+            state = evaluation_state(self.parts, self.step_count, inputs, target, loss_divisor)
+            state.round = self._next_round()
+            loss = run_evaluation(self.parts, state, self._stash)
+        return broadcast(self.parts, loss, f"evaluation {self.step_count}") if broadcast_loss else loss
+
+    def _guarded(self, run: Callable[[], T]) -> T:
+        """``run()`` (a step or an evaluation); on an error, the neighbours hear at once and it is raised."""
         if self._closed:
             raise RuntimeError("this Pipeline is closed")
         try:
-            with evaluating(self.parts.modules.values()):
-                state = evaluation_state(self.parts, self.step_count, inputs, target, loss_divisor)
-                state.round = self._next_round()
-                loss = run_evaluation(self.parts, state, self._stash)
+            return run()
         except Exception as exc:
             self._abort(exc)
             raise
-        return broadcast(self.parts, loss, f"evaluation {self.step_count}") if broadcast_loss else loss
 
     def _next_round(self) -> int:
         """The next exchange of messages (a step or an evaluation); the first starts with every rank."""

@@ -4,6 +4,7 @@ plan (with the options the plan implies), checked against every other rank's."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,20 @@ def stages_of_this_rank(
         )
     options["hint"] = hint
     return {s: modules[s] for s in hint.placement.stages_of(layout.position_of(dist.get_rank()))}
+
+
+def sequential_stages(model: nn.Sequential, split: Sequence[int], options: dict[str, Any]) -> list[nn.Module]:
+    """``model`` cut before each index in ``split``; its slices keep the model's layer names, which
+    ``options["names"]`` gets (unless given).
+
+    Raises:
+        ValueError: split points that do not increase strictly within the model.
+    """
+    bounds = [0, *split, len(model)]
+    if any(b <= a for a, b in itertools.pairwise(bounds)):
+        raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
+    options.setdefault("names", ModelNames.of_model(tuple(model.state_dict()), ()))
+    return [model[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def planned_stages(plan: Plan, options: dict[str, Any]) -> tuple[dict[int, nn.Module], bool]:
