@@ -21,7 +21,7 @@ repeat and lists each repeat's ratio.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/shape-tax/shape_tax.py [--tree after=src --tree before=/tmp/before/src]
+    .venv/bin/python benchmarks/shape-tax/shape_tax.py [--tree after=src --tree before=OTHER/src]
         [--repeats 3] [--steps 10] [--json FILE]
 """
 
