@@ -19,7 +19,7 @@ from hintpipe.cli.common import (
     room,
     stdout,
 )
-from hintpipe.cli.train_checks import check_config, check_memory, check_run_options
+from hintpipe.cli.train_checks import check_config, check_memory, check_model_flags, check_run_options
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
@@ -182,20 +182,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     dp, tp = values.get("dp", 1), values.get("tp", 1)
     injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
     injection.check(args.ranks * dp * tp, hint.num_stages, args.microbatches, tp)
-    if injection.steps and max(injection.steps) >= values["steps"]:
-        raise ValueError(
-            f"--faults names step {max(injection.steps)}, the run has steps 0..{values['steps'] - 1}: it would never "
-            "fire"
-        )
-    if tp > 1 and model.heads % tp:
-        raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
-    if data == "stdlib" and model.name == "mlp":
-        raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
     forming = values.get("forming", Forming.CROP)
-    if forming is not Forming.CROP and data != "stdlib":
-        raise ValueError(f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib")
-    if forming is Forming.PACKED and model.name != "gpt-mini":
-        raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.name}")
+    check_model_flags(model, data, tp, forming, injection, values["steps"])
     planned = None
     if plan_file is not None:
         model, planned = _planned_model(args, args.plan, plan_file)

@@ -7,7 +7,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hintpipe.apps.model_config import ModelConfig
 from hintpipe.cli.common import check_writable
+from hintpipe.forming.form import Forming
 from hintpipe.runtime.injection import Injection
 from hintpipe.units import format_size
 
@@ -51,6 +53,25 @@ def available_memory() -> float | None:
     except OSError:
         return None
     return None
+
+
+def check_model_flags(
+    model: ModelConfig, data: str, tp: int, forming: Forming, injection: Injection, steps: int
+) -> None:
+    """Refuse flags the model, the data or the run cannot honour: faults in steps the run never reaches, a
+    tensor-parallel size that does not divide the heads, text for the MLP, forming without documents."""
+    if injection.steps and max(injection.steps) >= steps:
+        raise ValueError(
+            f"--faults names step {max(injection.steps)}, the run has steps 0..{steps - 1}: it would never fire"
+        )
+    if tp > 1 and model.heads % tp:
+        raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
+    if data == "stdlib" and model.name == "mlp":
+        raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
+    if forming is not Forming.CROP and data != "stdlib":
+        raise ValueError(f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib")
+    if forming is Forming.PACKED and model.name != "gpt-mini":
+        raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.name}")
 
 
 def check_memory(values: dict[str, Any], length: int) -> None:

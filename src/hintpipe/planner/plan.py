@@ -243,11 +243,9 @@ def plan(
     total = hint_obj.num_stages
     tables = node_tables(profiles, graph)
     size = microbatch_size or profiled
-    if host_bandwidth is None:
-        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-        host_bandwidth = 0.0 if on_cpu else 10e9
+    bandwidth = host_bandwidth if host_bandwidth is not None else _host_bandwidth(model)
     budgets = parse_sizes(stage_memory, total, "stage_memory")
-    memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=size / profiled)
+    memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, bandwidth, scale=size / profiled)
     cuts = search(tables, memory, total) if split_points is None else forced_cuts(graph, tables, split_points, total)
     partition = _partition(tables, memory, cuts, profiled, savings=True)
     if split_points is not None:
@@ -267,6 +265,12 @@ def plan(
         profiles=tuple(profiles),
         spec=spec,
     )
+
+
+def _host_bandwidth(model: nn.Module) -> float:
+    """Bytes/s to host memory for offloading, by default: none for a model on the CPU (the host is the
+    device), else 10e9."""
+    return 0.0 if all(p.device.type == "cpu" for p in model.parameters()) else 10e9
 
 
 def forced_cuts(graph: CapturedGraph, tables: NodeTables, names: Sequence[str], stages: int) -> tuple[int, ...]:

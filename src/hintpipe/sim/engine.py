@@ -109,8 +109,7 @@ def drive(
     # (time, rank, pos): pos >= 0 a task finishes, -1 a patience wake-up,
     # -2 - p a message making position p ready.
     events: list[tuple[float, int, int]] = []
-    push = heapq.heappush
-    pop = heapq.heappop
+    push, pop = heapq.heappush, heapq.heappop
     now = 0.0
     dirty = set(range(num_ranks))
     while True:

@@ -306,27 +306,7 @@ class Simulator:
             starts, ends = timeline
             peaks = tuple(g.peak for g in graphs)
         else:  # the event loop (also for a fixed order that deadlocks: its dump)
-            boards = [
-                Scoreboard(
-                    graph,
-                    policy,
-                    budget=room[r],
-                    plan=None if plans is None else plans[r],
-                    notices=notices,
-                    sizes=sizes,
-                )
-                for r, graph in enumerate(graphs)
-            ]
-            notify = notices and policy is Policy.READY
-            starts, ends, now = drive(boards, cost, delay, layout.link_rank, layout.link_pos, notify)
-            peaks = tuple(sb.peak for sb in boards)
-            if any(not sb.done for sb in boards):
-                dump = "\n".join(sb.pending_report() for sb in boards)
-                fitted = " (as fitted to its budget by size)" if hint is not self.hint else ""
-                raise DeadlockError(
-                    f"deadlock at t={now:g} in hint {hint.name!r}{fitted} under policy {policy.value}: "
-                    f"nothing is ready and nothing is running\n{dump}"
-                )
+            starts, ends, peaks = self._event_loop(layout, policy, room, plans, sizes, notices, cost, delay)
         makespan = max((max(e) for e in ends if e), default=0.0)
         busy = tuple(sum(c) for c in cost)
         result_starts = tuple(tuple(s) for s in starts)
@@ -346,3 +326,41 @@ class Simulator:
             sim_seconds=seconds,
             memory_bound=max(bound, memory_bound(layout, sample, room)),
         )
+
+    def _event_loop(
+        self,
+        layout: Layout,
+        policy: Policy,
+        room: list[float],
+        plans: list[RankPlan] | None,
+        sizes: list[float] | None,
+        notices: bool,
+        cost: list[list[float]],
+        delay: list[list[float]],
+    ) -> tuple[list[list[float]], list[list[float]], tuple[float, ...]]:
+        """Every rank's task starts and ends, and its peak, from one scoreboard per rank driven by the events.
+
+        Raises:
+            DeadlockError: with every rank's pending tasks, if the step cannot complete.
+        """
+        boards = [
+            Scoreboard(
+                graph,
+                policy,
+                budget=room[r],
+                plan=None if plans is None else plans[r],
+                notices=notices,
+                sizes=sizes,
+            )
+            for r, graph in enumerate(layout.graphs)
+        ]
+        notify = notices and policy is Policy.READY
+        starts, ends, now = drive(boards, cost, delay, layout.link_rank, layout.link_pos, notify)
+        if any(not sb.done for sb in boards):
+            dump = "\n".join(sb.pending_report() for sb in boards)
+            fitted = " (as fitted to its budget by size)" if layout.hint is not self.hint else ""
+            raise DeadlockError(
+                f"deadlock at t={now:g} in hint {layout.hint.name!r}{fitted} under policy {policy.value}: "
+                f"nothing is ready and nothing is running\n{dump}"
+            )
+        return starts, ends, tuple(sb.peak for sb in boards)
