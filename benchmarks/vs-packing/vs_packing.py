@@ -21,17 +21,25 @@ one cropped to fit), on 2 real ranks (gloo, one thread each):
   ``device_budget=0``). Also hintpipe fixed 1F1B on torch's packed rows (the
   runtimes on identical work).
 
-Tokens per second count the step's 1,024 tokens for every variant; a step
+``--row R --rows N`` packs torch's rows ``R`` tokens long, ``N`` a
+micro-batch (default 64 x 2: rows of the documents' mean length); the step
+then holds ``8 x N x R`` tokens, the same for every variant. Rows of the
+model's context length (``--row 512 --rows 1``) are what packing for
+language-model training usually does.
+
+Tokens per second count the step's tokens for every variant; a step
 is timed on every rank from a barrier to the end of its call (the slowest
 rank's time is the step's); the first step warms up. Peak memory: each
 rank's peak resident set over the measured steps (``VmHWM``, reset after the
-first step). Variants alternate (repeat ``i`` runs them in turn, reversed on
-odd repeats), each run spawning its own 2 ranks; ratios compare pooled
-tokens per second of runs side by side.
+first step). CPU: each rank's CPU time a measured step, the calling
+(computing) thread's and the whole process's. Variants alternate (repeat
+``i`` runs them in turn, reversed on odd repeats), each run spawning its
+own 2 ranks; ratios compare pooled tokens per second of runs side by side.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/vs-packing/vs_packing.py [--repeats 3] [--steps 10] [--ranks 2] [--json FILE]
+    .venv/bin/python benchmarks/vs-packing/vs_packing.py [--repeats 3] [--steps 10] [--ranks 2]
+        [--row 64 --rows 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -61,10 +69,20 @@ from hintpipe.sim.variability import mean_one_lognormal
 
 CONFIG = ModelConfig("gpt-mini", layers=8, hidden=128, heads=4, vocab=512, max_seq_len=512)
 MICROBATCHES = 8
-ROWS = 2  # packed rows per micro-batch
-ROW = 64  # tokens per packed row: the documents' mean length
-TOKENS = MICROBATCHES * ROWS * ROW
+MEAN = 64  # the documents' mean length in tokens
 SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """torch's packed rows: ``rows`` rows of ``row`` tokens a micro-batch (the step's tokens for every variant)."""
+
+    rows: int = 2
+    row: int = MEAN
+
+    @property
+    def tokens(self) -> int:
+        return MICROBATCHES * self.rows * self.row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +112,15 @@ VARIANTS = [
 ]
 
 
-def documents(step: int) -> list[torch.Tensor]:
-    """Step ``step``'s documents (``n + 1`` ids for ``n`` tokens each), ``TOKENS`` tokens in all."""
+def documents(step: int, tokens: int) -> list[torch.Tensor]:
+    """Step ``step``'s documents (``n + 1`` ids for ``n`` tokens each), ``tokens`` tokens in all."""
     rng = np.random.default_rng([SEED, step])
     generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
     docs, total = [], 0
-    while total < TOKENS:
-        n = int(np.clip(np.round(ROW * mean_one_lognormal(rng, 0.5, (1,))[0]), 8, CONFIG.max_seq_len - 1))
-        n = min(n, TOKENS - total)
-        if TOKENS - total - n == 1:  # never leave a single token for a last document
+    while total < tokens:
+        n = int(np.clip(np.round(MEAN * mean_one_lognormal(rng, 0.5, (1,))[0]), 8, CONFIG.max_seq_len - 1))
+        n = min(n, tokens - total)
+        if tokens - total - n == 1:  # never leave a single token for a last document
             n += 1
         start = torch.randint(0, CONFIG.vocab, (1, 1), generator=generator)
         docs.append(counting_text(start, n, CONFIG.vocab, generator)[0])
@@ -110,10 +128,10 @@ def documents(step: int) -> list[torch.Tensor]:
     return docs
 
 
-def packed(docs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The documents back to back in rows of ``ROW`` tokens, ``ROWS`` rows a micro-batch."""
-    inputs = torch.cat([d[:-1] for d in docs]).view(MICROBATCHES, ROWS, ROW)
-    targets = torch.cat([d[1:] for d in docs]).view(MICROBATCHES, ROWS, ROW)
+def packed(docs: list[torch.Tensor], rows: Rows) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The documents back to back in rows of ``rows.row`` tokens, ``rows.rows`` rows a micro-batch."""
+    inputs = torch.cat([d[:-1] for d in docs]).view(MICROBATCHES, rows.rows, rows.row)
+    targets = torch.cat([d[1:] for d in docs]).view(MICROBATCHES, rows.rows, rows.row)
     return list(inputs), list(targets)
 
 
@@ -130,16 +148,19 @@ def padded_to(batch: FormedBatch, shape: tuple[int, int]) -> tuple[list[torch.Te
     return inputs, targets
 
 
-def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_loss(tokens: int) -> Any:
     """torch's schedules average the micro-batches' losses: each one's summed loss over the step's mean tokens
-    per micro-batch makes that average the mean over the step's tokens, as hintpipe's ``loss_divisor`` does."""
-    return lm_loss_sum(logits, targets) * MICROBATCHES / TOKENS
+    per micro-batch makes that average the mean over the step's ``tokens``, as hintpipe's ``loss_divisor``
+    does."""
+    return lambda logits, targets: lm_loss_sum(logits, targets) * MICROBATCHES / tokens
 
 
-def step_data(v: Variant, step: int, cost: SequenceCost, pad_shape: tuple[int, int]) -> tuple[list[Any], list[Any]]:
-    docs = documents(step)
+def step_data(
+    v: Variant, step: int, cost: SequenceCost, pad_shape: tuple[int, int], rows: Rows
+) -> tuple[list[Any], list[Any]]:
+    docs = documents(step, rows.tokens)
     if v.data == "packed":
-        return packed(docs)
+        return packed(docs, rows)
     batch = formed(docs, cost, step, pack=v.data == "masked")
     if v.runtime == "torch":
         return padded_to(batch, pad_shape)
@@ -147,7 +168,7 @@ def step_data(v: Variant, step: int, cost: SequenceCost, pad_shape: tuple[int, i
 
 
 def rank_main(
-    rank: int, world: int, v: Variant, steps: int, cost: SequenceCost, pad: tuple[int, int]
+    rank: int, world: int, v: Variant, steps: int, cost: SequenceCost, pad: tuple[int, int], rows: Rows
 ) -> dict[str, Any]:
     chunks = v.chunks
     modules = split_layers(build_layers(CONFIG), world * chunks)
@@ -156,7 +177,7 @@ def rank_main(
     first, last = rank == 0, rank == world - 1
     pipe: hintpipe.Pipeline | None = None
     if v.runtime == "torch":
-        x0, _ = step_data(v, 0, cost, pad)
+        x0, _ = step_data(v, 0, cost, pad, rows)
         stages: list[Any] = []
         for s, module in sorted(mine.items()):
             example = x0[0]
@@ -166,9 +187,9 @@ def rank_main(
             out = module(example)
             stages.append(PipelineStage(module, s, world * chunks, torch.device("cpu"), example, out))
         schedule: Any = (
-            Schedule1F1B(stages[0], MICROBATCHES, loss_fn=token_loss)
+            Schedule1F1B(stages[0], MICROBATCHES, loss_fn=token_loss(rows.tokens))
             if v.schedule == "1f1b"
-            else ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=token_loss)
+            else ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=token_loss(rows.tokens))
         )
 
         def run(inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float | None:
@@ -192,19 +213,21 @@ def rank_main(
 
         def run(inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float | None:
             assert pipe is not None
-            loss = pipe.step(inputs if first else None, targets if last else None, loss_divisor=TOKENS)
+            loss = pipe.step(inputs if first else None, targets if last else None, loss_divisor=rows.tokens)
             return None if loss is None else float(loss)
 
-    times, losses = [], []
+    times, losses, caller_cpu, process_cpu = [], [], [], []
     try:
         for step in range(steps):
-            inputs, targets = step_data(v, step, cost, pad)
+            inputs, targets = step_data(v, step, cost, pad, rows)
             if step == 1:
                 Path("/proc/self/clear_refs").write_text("5")  # the peak resident set from here on
             dist.barrier()
-            began = time.perf_counter()
+            began, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
             loss = run(inputs, targets)
             times.append(time.perf_counter() - began)
+            caller_cpu.append(time.thread_time() - thread0)
+            process_cpu.append(time.process_time() - process0)
             if loss is not None:
                 losses.append(loss)
             optimizer.step()
@@ -213,7 +236,13 @@ def rank_main(
         if pipe is not None:
             pipe.close()
     peak = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if "VmHWM" in line)
-    return {"times": times, "losses": losses, "peak_kib": peak}
+    return {
+        "times": times,
+        "losses": losses,
+        "peak_kib": peak,
+        "caller_cpu": caller_cpu[1:],
+        "process_cpu": process_cpu[1:],
+    }
 
 
 def other_load(fn: Any) -> tuple[Any, float]:
@@ -238,12 +267,15 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--only", nargs="*", type=int, help="variant numbers (0-based) to run")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--row", type=int, default=MEAN, help="torch's packed rows' tokens (default: the mean length)")
+    parser.add_argument("--rows", type=int, default=2, help="packed rows a micro-batch")
     args = parser.parse_args()
+    rows = Rows(args.rows, args.row)
     torch.set_num_threads(1)
     whole, _ = whole_model(CONFIG)
-    cost = profile_sequence_cost(whole, lambda t: torch.zeros(ROWS, t, dtype=torch.int64), (16, 64, 256), repeats=3)
+    cost = profile_sequence_cost(whole, lambda t: torch.zeros(2, t, dtype=torch.int64), (16, 64, 256), repeats=3)
     print(f"sequence cost: a = {cost.a:.3e} s/token, b = {cost.b:.3e} s/token^2 (per row)", flush=True)
-    shapes = [formed(documents(s), cost, s, pack=False) for s in range(args.steps)]
+    shapes = [formed(documents(s, rows.tokens), cost, s, pack=False) for s in range(args.steps)]
     pad = (
         max(b.formation.shape(mb)[0] for b in shapes for mb in range(MICROBATCHES)),
         max(b.formation.shape(mb)[1] for b in shapes for mb in range(MICROBATCHES)),
@@ -254,32 +286,53 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     for repeat in range(args.repeats):
         for v in variants if repeat % 2 == 0 else list(reversed(variants)):
-            ranks, load = other_load(lambda v=v: hintpipe.run_ranks(rank_main, args.ranks, v, args.steps, cost, pad))
+            ranks, load = other_load(
+                lambda v=v: hintpipe.run_ranks(rank_main, args.ranks, v, args.steps, cost, pad, rows)
+            )
             times = [max(t) for t in zip(*(r["times"] for r in ranks), strict=True)][1:]
             run = {
-                "tokens_per_s": TOKENS * len(times) / sum(times),
+                "tokens_per_s": rows.tokens * len(times) / sum(times),
                 "peak_mib": [r["peak_kib"] / 1024 for r in ranks],
                 "loss0": next(r["losses"][0] for r in ranks if r["losses"]),
                 "load": load,
+                # per rank, CPU ms a measured step: the calling thread's (the computing one), the whole process's
+                "caller_cpu_ms": [1e3 * statistics.mean(r["caller_cpu"]) for r in ranks],
+                "process_cpu_ms": [1e3 * statistics.mean(r["process_cpu"]) for r in ranks],
             }
             runs[v.label].append(run)
             print(f"repeat {repeat}: {v.label}: {run['tokens_per_s']:,.0f} tokens/s (other work {load:.2f} cores)")
     pooled = {label: statistics.mean(r["tokens_per_s"] for r in rs) for label, rs in runs.items()}
     torch_best = max((pooled[v.label] for v in variants if v.runtime == "torch" and v.data == "packed"), default=1.0)
-    print(f"\n{args.ranks} ranks, {args.steps} steps ({args.steps - 1} measured) x {args.repeats} runs each\n")
-    print("| variant | tokens/s | vs the faster torch on packed rows | each run | peak MiB per rank | first loss |")
-    print("|---|---:|---:|---|---|---:|")
+    print(
+        f"\n{args.ranks} ranks, {args.steps} steps ({args.steps - 1} measured) x {args.repeats} runs each; "
+        f"{rows.tokens:,} tokens a step, torch's packed rows {rows.rows} x {rows.row} a micro-batch\n"
+    )
+    print(
+        "| variant | tokens/s | vs the faster torch on packed rows | each run | peak MiB per rank | "
+        "CPU ms a step per rank: caller / process | first loss |"
+    )
+    print("|---|---:|---:|---|---|---|---:|")
     for v in variants:
         rs = runs[v.label]
         each = " ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
         peak = " ".join(f"{max(r['peak_mib'][i] for r in rs):.0f}" for i in range(args.ranks))
+        caller = [statistics.mean(r["caller_cpu_ms"][i] for r in rs) for i in range(args.ranks)]
+        process = [statistics.mean(r["process_cpu_ms"][i] for r in rs) for i in range(args.ranks)]
+        cpu = " ".join(f"{c:.0f}/{p:.0f}" for c, p in zip(caller, process, strict=True))
         print(
-            f"| {v.label} | {pooled[v.label]:,.0f} | {pooled[v.label] / torch_best:.2f}x | {each} | {peak} | "
+            f"| {v.label} | {pooled[v.label]:,.0f} | {pooled[v.label] / torch_best:.2f}x | {each} | {peak} | {cpu} | "
             f"{rs[0]['loss0']:.5f} |"
         )
     print(f"\nother work: up to {max(r['load'] for rs in runs.values() for r in rs):.2f} cores during a run")
     if args.json:
-        payload = {"cost": cost.to_json(), "pad": pad, "runs": runs, "padding": padding, "ranks": args.ranks}
+        payload = {
+            "cost": cost.to_json(),
+            "pad": pad,
+            "runs": runs,
+            "padding": padding,
+            "ranks": args.ranks,
+            "rows": dataclasses.asdict(rows),
+        }
         Path(args.json).write_text(json.dumps(payload, indent=1))
 
 
