@@ -65,3 +65,20 @@ def test_the_public_api_is_importable_from_the_package() -> None:
     assert hintpipe.Checkpointer.__module__ == "hintpipe.runtime.checkpoint.checkpointer"
     with pytest.raises(AttributeError, match=r"^module 'hintpipe' has no attribute 'Pipe'$"):
         hintpipe.Pipe  # noqa: B018
+
+
+#: torch packages of a second or more to import each (DTensor, dynamo) that a rank needs only for what it uses:
+#: a split backward, FSDP2, tensor parallelism, a checkpoint. Every rank process pays its imports at start-up.
+HEAVY = ["torch.distributed.tensor", "torch.distributed.checkpoint", "torch.distributed.pipelining", "torch._dynamo"]
+
+
+def test_a_rank_that_trains_imports_only_what_it_uses() -> None:
+    # The pipeline, the training command's path and the launcher; then a CPU pipeline with a plain backward.
+    code = (
+        "import sys\n"
+        "import hintpipe.runtime.pipeline, hintpipe.apps.training, hintpipe.runtime.launch, hintpipe.cli.train\n"
+        f"print([name for name in {HEAVY!r} if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[]"

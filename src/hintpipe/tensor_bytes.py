@@ -8,17 +8,24 @@ the two count the same bytes the same way.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+
+
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor, without importing ``torch.distributed.tensor``: that package takes about
+    0.5 s to import, which every rank would pay at start-up, and no tensor can be a DTensor before it is loaded."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor whose storage holds the bytes: a DTensor's local shard, else the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from hintpipe.apps.models import Chain, loss_fn_for
 from hintpipe.device import to_device
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.tensor_bytes import is_dtensor
 
 #: The relative difference ``--check-grads`` accepts (float32; sums over micro-batches, replicas and
 #: tensor-parallel shards run in another order than the unsplit model's).
@@ -63,7 +63,7 @@ def compare_gradients(
         for name, param in modules[s].named_parameters():
             if param.grad is None:
                 continue
-            grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+            grad = param.grad.full_tensor() if is_dtensor(param.grad) else param.grad  # type: ignore[attr-defined]
             local[(s, name)] = grad.detach().cpu().clone()
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)

@@ -15,19 +15,12 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from hintpipe.apps.models import Block
 
-#: The plan of one :class:`~hintpipe.apps.models.Block` (after :meth:`Block.unfuse_qkv`).
-BLOCK_PLAN = {
-    "q": ColwiseParallel(),
-    "k": ColwiseParallel(),
-    "v": ColwiseParallel(),
-    "proj": RowwiseParallel(),
-    "mlp.0": ColwiseParallel(),
-    "mlp.2": RowwiseParallel(),
-}
+#: How each linear layer of one :class:`~hintpipe.apps.models.Block` (after :meth:`Block.unfuse_qkv`) is split:
+#: by output columns or by input rows (torch's ``ColwiseParallel`` and ``RowwiseParallel``).
+BLOCK_PLAN = {"q": "colwise", "k": "colwise", "v": "colwise", "proj": "rowwise", "mlp.0": "colwise", "mlp.2": "rowwise"}
 
 
 def parallelize_stage(stage: nn.Module, mesh: DeviceMesh, heads: int) -> nn.Module:
@@ -36,10 +29,14 @@ def parallelize_stage(stage: nn.Module, mesh: DeviceMesh, heads: int) -> nn.Modu
     Raises:
         ValueError: if the heads do not divide among the ranks.
     """
+    # Imported here: torch.distributed.tensor takes about 0.5 s to import, which every rank would pay.
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     size = mesh.size()
     if heads % size:
         raise ValueError(f"{heads} attention heads do not divide among {size} tensor-parallel ranks")
     for block in [m for m in stage.modules() if isinstance(m, Block)]:
         block.unfuse_qkv()
-        parallelize_module(block, mesh, dict(BLOCK_PLAN))
+        parallelize_module(block, mesh, {name: styles[style]() for name, style in BLOCK_PLAN.items()})
     return stage

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate
 
 from hintpipe.runtime.parallel.tied import TiedGradients
+from hintpipe.tensor_bytes import is_dtensor, local
 
 if TYPE_CHECKING:
     from hintpipe.runtime.assembly import Parts
@@ -29,11 +29,13 @@ if TYPE_CHECKING:
 
 def _stands_for(grad: torch.Tensor, replica: int, tensor_position: int) -> bool:
     """Whether this rank's share of ``grad`` is counted here (copies are counted at coordinate 0 only)."""
-    if isinstance(grad, DTensor):
-        mesh = grad.device_mesh
+    if is_dtensor(grad):
+        from torch.distributed.tensor import Replicate
+
+        mesh = grad.device_mesh  # type: ignore[attr-defined]
         return all(
             mesh.get_local_rank(dim) == 0
-            for dim, placement in enumerate(grad.placements)
+            for dim, placement in enumerate(grad.placements)  # type: ignore[attr-defined]
             if isinstance(placement, Replicate)
         )
     return replica == 0 and tensor_position == 0
@@ -64,7 +66,7 @@ def clip_grad_norm(parts: Parts, max_norm: float, norm_type: float = 2.0) -> tor
     infinite = math.isinf(norm_type)
     total = torch.zeros((), dtype=torch.float64)
     for grad in counted:
-        share = (grad.to_local() if isinstance(grad, DTensor) else grad).detach().to(torch.float64)
+        share = local(grad).detach().to(torch.float64)
         if share.numel() == 0:
             continue
         if infinite:

@@ -30,10 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future
 
 from hintpipe.runtime.checkpoint.manifest import step_of
 from hintpipe.runtime.injection import CostFactors, Injection
@@ -45,6 +41,8 @@ from hintpipe.schedule.task import Kind
 from hintpipe.sim.variability import CommDelay
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
     from hintpipe.runtime.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -213,19 +211,26 @@ def inject(pipe: Pipeline, injection: Injection) -> None:
         pipe.messages = DelayedTransport(pipe.messages, comm, injection.seed)
 
 
-class _FullDisk(FileSystemWriter):
-    """A checkpoint writer whose writing fails as a full disk would (``ENOSPC``), inside the writer."""
+def _writers() -> tuple[type[FileSystemWriter], type[FileSystemWriter], type[FileSystemWriter]]:
+    """torch.distributed.checkpoint's file-system writer, and two that fail: one as a full disk would
+    (``ENOSPC``, inside the writer), one by stopping its process (SIGSTOP) as it starts writing, as a frozen
+    machine would. Made on first use: that package takes about 0.6 s to import (see
+    :mod:`hintpipe.runtime.checkpoint.saving`)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.path))
+    class FullDisk(FileSystemWriter):
+        def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.path))
 
+    class Frozen(FileSystemWriter):
+        def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return super().write_data(plan, planner)
 
-class _Frozen(FileSystemWriter):
-    """A checkpoint writer whose process stops (SIGSTOP) as it starts writing, as a frozen machine would."""
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        os.kill(os.getpid(), signal.SIGSTOP)
-        return super().write_data(plan, planner)
+    return FileSystemWriter, FullDisk, Frozen
 
 
 def failing_writer(injection: Injection, rank: int) -> Callable[[str], FileSystemWriter]:
@@ -237,9 +242,10 @@ def failing_writer(injection: Injection, rank: int) -> Callable[[str], FileSyste
     first_attempt = attempt() == 0
 
     def writer(path: str) -> FileSystemWriter:
+        plain, full_disk, frozen = _writers()
         done = step_of(Path(path).with_suffix(""))
         if first_attempt and done in failing:
-            return _FullDisk(path)
-        return _Frozen(path) if first_attempt and done in stopping else FileSystemWriter(path)
+            return full_disk(path)
+        return frozen(path) if first_attempt and done in stopping else plain(path)
 
     return writer

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from hintpipe.runtime.model_names import ModelNames
+from hintpipe.tensor_bytes import is_dtensor
 
 if TYPE_CHECKING:
     from hintpipe.runtime.assembly import Parts
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """A detached CPU copy of the whole tensor (a DTensor's shards put together: call on every rank of its mesh)."""
     value = tensor.detach()
-    if isinstance(value, DTensor):
-        value = value.full_tensor()
+    if is_dtensor(value):
+        value = value.full_tensor()  # type: ignore[attr-defined]
     return value.to("cpu", copy=True)
 
 

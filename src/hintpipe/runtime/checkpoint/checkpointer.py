@@ -9,7 +9,6 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from hintpipe.runtime.checkpoint.collective import together
 from hintpipe.runtime.checkpoint.liveness import phase_group
@@ -62,7 +61,7 @@ class Checkpointer:
         state: Stateful | None = None,
         hint: str = "",
         group: dist.ProcessGroup | None = None,
-        storage_writer: WriterFactory = FileSystemWriter,
+        storage_writer: WriterFactory | None = None,
     ) -> None:
         if every < 0 or keep < 1:
             raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")

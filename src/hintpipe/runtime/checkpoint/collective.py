@@ -11,22 +11,33 @@ same one-line error naming it.
 torch.distributed.checkpoint raises ``CheckpointException``, which derives from
 ``BaseException``; it is caught here with ``Exception`` so that a failed save
 is reported like any other failure. KeyboardInterrupt and SystemExit are never
-caught: a signal must stop the process.
+caught: a signal must stop the process. The class is looked up where
+torch.distributed.checkpoint was loaded (:func:`_checkpoint_errors`), not
+imported here: that package pulls in DTensor and takes about 0.6 s to import,
+which every rank would pay at start-up for a run that never saves.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from hintpipe.runtime.checkpoint import liveness
 
 T = TypeVar("T")
 _RANK = re.compile(r"^rank \d+: ")
+
+
+def _checkpoint_errors() -> tuple[type[BaseException], ...]:
+    """torch.distributed.checkpoint's ``CheckpointException``, if that package was loaded (nothing can have
+    raised it otherwise)."""
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    found = getattr(api, "CheckpointException", None)
+    return (found,) if isinstance(found, type) and issubclass(found, BaseException) else ()
 
 
 class PhaseError(RuntimeError):
@@ -35,9 +46,9 @@ class PhaseError(RuntimeError):
 
 def one_line(exc: BaseException) -> str:
     """An error as one line: torch's checkpoint errors carry each rank's traceback, which is not for users."""
-    if isinstance(exc, CheckpointException) and exc.failures:
+    if isinstance(exc, _checkpoint_errors()) and getattr(exc, "failures", None):
         # torch gathers every rank's failure to every rank: {rank: (exception, its stack)}; name the first.
-        rank, failure = next(iter(sorted(exc.failures.items())))
+        rank, failure = next(iter(sorted(exc.failures.items())))  # type: ignore[attr-defined]
         inner = failure[0] if isinstance(failure, tuple) and failure else failure
         said = one_line(inner) if isinstance(inner, BaseException) else str(inner).splitlines()[0]
         return f"rank {rank}: {_strip_rank(said, rank)}"
@@ -63,7 +74,9 @@ def together(
     outcome: tuple[bool, Any]
     try:
         outcome = (True, action())
-    except (Exception, CheckpointException) as exc:
+    except BaseException as exc:
+        if not isinstance(exc, (Exception, *_checkpoint_errors())):
+            raise  # KeyboardInterrupt, SystemExit: a signal must stop the process
         outcome = (False, one_line(exc))
         silent = liveness.silent_ranks()
         if silent:  # a rank stopped: it will not come to the meeting either (see [Note: naming a frozen rank])

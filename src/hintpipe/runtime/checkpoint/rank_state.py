@@ -26,12 +26,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hintpipe.runtime.model_names import ModelNames, view
 
 #: Optimizer state by parameter name rather than by position in param_groups (which differ between ranks).
-_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 @runtime_checkable
@@ -82,7 +80,11 @@ class RankState:
     def entries(self, step: int, rank: int) -> dict[str, Any]:
         """What DCP saves, or fills in when it loads."""
         if self.optimizer is not None:
-            model, optim = get_state_dict(self.holder, self.optimizer, options=_OPTIONS)
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            model, optim = get_state_dict(
+                self.holder, self.optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True)
+            )
         else:
             model, optim = self.holder.state_dict(), {}
         out: dict[str, Any] = {"model": model, "optim": optim, "step": torch.tensor(step)}
@@ -94,12 +96,14 @@ class RankState:
         """Put what DCP loaded into ``entries`` back into the tensors, the optimizer and the caller's state;
         returns the step."""
         if self.optimizer is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
             set_state_dict(
                 self.holder,
                 self.optimizer,
                 model_state_dict=loaded["model"],
                 optim_state_dict=loaded["optim"],
-                options=_OPTIONS,
+                options=StateDictOptions(flatten_optimizer_state_dict=True),
             )
         else:
             self.holder.load_state_dict(loaded["model"])

@@ -33,15 +33,11 @@ import tempfile
 from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from hintpipe.runtime.checkpoint.collective import together
 from hintpipe.runtime.checkpoint.liveness import phase_group
@@ -62,6 +58,11 @@ from hintpipe.runtime.checkpoint.run_folder import LATEST
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.tensor_bytes import local
 
+if TYPE_CHECKING:
+    # torch.distributed.checkpoint is imported where a checkpoint is written or read: it pulls in DTensor,
+    # about 0.6 s of every rank's start-up, which a run that never saves should not pay.
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
 __all__ = [
     "CheckpointError",
     "DamagedCheckpoint",
@@ -76,7 +77,7 @@ __all__ = [
 ]
 
 #: Makes torch.distributed.checkpoint's writer for a checkpoint folder.
-WriterFactory: TypeAlias = Callable[[str], FileSystemWriter]
+WriterFactory: TypeAlias = "Callable[[str], FileSystemWriter]"
 log = logging.getLogger(__name__)
 
 
@@ -140,7 +141,7 @@ def save_checkpoint(
     *,
     hint: str = "",
     group: dist.ProcessGroup | None = None,
-    storage_writer: WriterFactory = FileSystemWriter,
+    storage_writer: WriterFactory | None = None,
     run: str = "",
     names: ModelNames | None = None,
     extra: Mapping[str, Stateful] | None = None,
@@ -149,7 +150,7 @@ def save_checkpoint(
 
     ``names``: the model's names for the stages' tensors (default ``<stage>.<name>``); ``extra``: the
     caller's state saved with them (an LR scheduler). ``storage_writer`` makes torch.distributed.checkpoint's
-    writer for a folder: its :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (the
+    writer for a folder: its :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (None; the
     manifest's digests and the atomic rename need files). Old checkpoints are not removed here: see
     :func:`prune_checkpoints`.
 
@@ -193,13 +194,17 @@ def _write(
     final: Path,
     what: str,
     group: dist.ProcessGroup | None,
-    storage_writer: WriterFactory,
+    storage_writer: WriterFactory | None,
 ) -> Path:
     """Write ``state`` into ``tmp``, vouch for its files and rename it to ``final`` (rank 0)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    writer = storage_writer if storage_writer is not None else FileSystemWriter
     root = final.parent
     step = int(state["step"])
     together(
-        lambda: dcp_save(state, storage_writer=storage_writer(str(tmp)), process_group=group),
+        lambda: dcp_save(state, storage_writer=writer(str(tmp)), process_group=group),
         what,
         group=group,
         error=CheckpointError,
@@ -324,6 +329,9 @@ def load_checkpoint(
 
 def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tuple[int, list[str]]:
     """Load ``path`` into ``state``; returns the step and what the caller should be told."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     group = group if group is not None else phase_group()
     rank = dist.get_rank(group)
     entries = state.entries(0, rank)
@@ -404,6 +412,8 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
     manifest.verify(folder)
     with tempfile.TemporaryDirectory(prefix="hintpipe-merge-") as scratch:
         target = Path(scratch) / "merged.pt"
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
         dcp_to_torch_save(str(folder), str(target))
         state = torch.load(target, weights_only=True)  # tensors and plain values only: a file runs no code
     model = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from torch.autograd.profiler import record_function
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from hintpipe.schedule.task import Kind
 from hintpipe.tensor_bytes import SavedCounter, count_saved, parameter_storages
@@ -257,6 +256,8 @@ class StageExecutor:
             self._deferred[(stage, mb)] = (outputs, grads)
             result: Tensors = [None] * len(inputs)
         elif self.split:
+            from torch.distributed.pipelining._backward import stage_backward_input  # see [Note: a lazy import]
+
             dinputs, groups = stage_backward_input(
                 outputs,
                 None if grads is None else list(grads),  # type: ignore[arg-type]
@@ -278,6 +279,8 @@ class StageExecutor:
             if deferred is not None:
                 _full_backward(*deferred)
             else:
+                from torch.distributed.pipelining._backward import stage_backward_weight
+
                 stage_backward_weight(self.modules[stage].parameters(), self._groups.pop((stage, mb)))
         self._release(stage, mb)
 

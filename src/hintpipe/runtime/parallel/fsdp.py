@@ -40,11 +40,14 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from hintpipe.runtime.loop.hooks import Hook
 
 if TYPE_CHECKING:
+    # Imported where FSDP2 is used, not here: torch.distributed.fsdp pulls in DTensor, about 0.5 s of every
+    # rank's start-up whether or not it shards.
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+
     from hintpipe.runtime.loop.step_loop import StepState
 
 
@@ -82,6 +85,8 @@ def shard_stages(modules: Mapping[int, nn.Module], mesh: DeviceMesh, options: Fs
     """Shard every stage module over ``mesh`` (the data-parallel mesh: 1-D, or 2-D for HSDP, see
     :func:`~hintpipe.runtime.parallel.mesh.dp_mesh`), in place, with FSDP2's ``options``; a stage the caller
     sharded already keeps its own."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
     keywords: FsdpOptions = {"reshard_after_forward": False}
     keywords.update(options or {})
     # FSDP2 warns when a module returns a view, in case the caller writes into it in place and so skips
@@ -104,6 +109,8 @@ class ShardedReduction(Hook):
     """
 
     def __init__(self, modules: Mapping[int, nn.Module], rank: int) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
         self.modules = {s: m for s, m in modules.items() if isinstance(m, FSDPModule)}
         self.rank = rank
         #: Per stage, when its reduction started in the step (perf_counter seconds).
@@ -141,6 +148,8 @@ class ShardedReduction(Hook):
 
 def _reduce(module: FSDPModule) -> None:
     """Reduce-scatter ``module``'s accumulated gradients over its replicas and reshard it (see the class)."""
+    from torch.distributed.fsdp import fully_shard
+
     module.set_is_last_backward(True)
     module.set_requires_gradient_sync(True)
     module.set_reshard_after_backward(True)
