@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import itertools
 import json
 import statistics
 import sys
@@ -40,13 +41,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
 from hintpipe.apps.training import TrainConfig, TrainResult, train
 from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
+from hintpipe.runtime.loop.reports import StepReport
+from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import microbatch_order
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.schedule.task import Kind
+from hintpipe.scoreboard import Policy
+from hintpipe.sim.expected import cost_model_of, stage_medians
+from hintpipe.sim.simulator import Sample, Simulator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +101,30 @@ def config_for(name: str, ranks: int, microbatches: int, steps: int, setup: Setu
     )
 
 
+#: Profiles, once per benchmark run: (model, ranks, split backward) -> the stages' profiled costs.
+_PROFILES: dict[tuple[str, int, bool], EmulatedCosts] = {}
+
+
+def profiled(config: TrainConfig) -> EmulatedCosts:
+    """The stages' profiled costs for ``config``, measured once and kept for every later setup and repeat.
+
+    Why kept: a profile measured afresh for each setup (as this benchmark did) carries the machine's noise
+    into the emulated work itself; on 2 shared cores two profiles of the same stages differed by up to 2x,
+    so setups and repeats slept different amounts of work and their ratios moved by as much (this was the
+    "same configuration moves 2.7x between runs" the emulated tables showed). Only the split of ``B``
+    into ``B`` and ``W`` differs between hints: one profile each.
+    """
+    split = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks).split_backward
+    key = (config.model.name, config.ranks, split)
+    if key not in _PROFILES:
+        _PROFILES[key] = profile_costs(config, repeats=3)
+    return _PROFILES[key]
+
+
 def scaled_costs(config: TrainConfig, unit_ms: float, reference: EmulatedCosts | None) -> EmulatedCosts:
     """The profiled costs, scaled so that the 1F1B baseline's mean stage forward costs ``unit_ms``
     (``reference``: the baseline's own profile; every setup scales by the same factor)."""
-    costs = profile_costs(config, repeats=3)
+    costs = profiled(config)
     base = reference if reference is not None else costs
     factor = unit_ms * 1e-3 / statistics.mean(base.forward)
     return dataclasses.replace(
@@ -134,17 +162,44 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
     return peaks
 
 
-def emulated(name: str, ranks: int, steps: int, unit_ms: float) -> list[dict[str, Any]]:
+def work_ms(reports: Sequence[StepReport], ranks: int) -> list[float]:
+    """Per rank, its tasks' time a step (ms; emulated tasks sleep their cost), from rank 0's timelines."""
+    busy = [0.0] * ranks
+    for report in reports:
+        for rank, _, start, end in report.records:
+            busy[rank] += end - start
+    return [1e3 * b / max(1, len(reports)) for b in busy]
+
+
+def predicted(hint: Hint, report: StepReport, setup: Setup) -> float:
+    """The simulator's step time for a measured step: its measured task times as the sample, ``ready``
+    planning with the costs the runtime planned with, under the setup's per-device budget (producer
+    notices on, as in the runtime)."""
+    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    for _, task, start, end in report.records:
+        durations[task.stage, task.mb, task.kind] = end - start
+    costs = report.plan_costs if report.plan_costs is not None else stage_medians(durations).tolist()
+    sim = Simulator(hint, cost_model_of(costs))
+    budgets = sim.device_budgets(setup.device_budget) if setup.device_budget is not None else None
+    sample = Sample(durations, np.zeros_like(durations), 0.0)
+    return sim.run(Policy(setup.policy), sample, budgets=budgets, notices=True).makespan
+
+
+def emulated(
+    name: str, ranks: int, steps: int, unit_ms: float, setups: Sequence[Setup] = tuple(SETUPS)
+) -> list[dict[str, Any]]:
     microbatches = 2 * ranks
-    reference = profile_costs(config_for(name, ranks, microbatches, steps, BASELINE), repeats=3)
+    reference = profiled(config_for(name, ranks, microbatches, steps, BASELINE))
     rows: list[dict[str, Any]] = []
-    for setup in SETUPS:
+    for setup in setups:
         config = config_for(name, ranks, microbatches, steps, setup)
         config = dataclasses.replace(config, emulate=scaled_costs(config, unit_ms, reference))
         began = time.perf_counter()
         result = train(config)
         assert result is not None
-        times = [r.step_time for r in result.reports[2:]]
+        measured = result.reports[2:]
+        times = [r.step_time for r in measured]
+        hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
         rows.append(
             {
                 "model": name,
@@ -155,6 +210,10 @@ def emulated(name: str, ranks: int, steps: int, unit_ms: float) -> list[dict[str
                 "step_ms_each": [1e3 * t for t in times],
                 "peak_tokens": peak_tokens(result, config),
                 "wall_s": time.perf_counter() - began,
+                # per rank, the runtime's own CPU and the tasks' (slept) work, ms a step
+                "runtime_cpu_ms": list(result.runtime_cpu_ms or ()),
+                "work_ms": work_ms(measured, hint.num_ranks),
+                "predicted_ms": [1e3 * predicted(hint, r, setup) for r in measured],
             }
         )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
@@ -221,6 +280,52 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def decidability(rows: Sequence[dict[str, Any]]) -> str:
+    """Per configuration over repeated, interleaved runs: the step time of each run, the runtime's own CPU
+    beside the work, the simulator's prediction, and ``ready`` against ``fixed`` on the same hint (each
+    repeat's ratio: their spread says whether a difference is decided)."""
+    lines = [
+        "| model | ranks | configuration | step ms (each run) | runtime CPU ms a rank-step: mean, max "
+        "| of the work | simulator / measured | vs fixed, same hint (each run) |",
+        "|---|---:|---|---|---|---:|---:|---|",
+    ]
+    key = lambda r: (r["model"], r["ranks"], r["setup"])  # noqa: E731
+    groups = {k: list(g) for k, g in itertools.groupby(sorted(rows, key=key), key=key)}
+    by_label = {s.label: s for s in SETUPS}
+    for (model, ranks, label), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        setup = by_label[label]
+        steps = [r["step_ms"] for r in runs]
+        cpu = [c for r in runs for c in r["runtime_cpu_ms"]]
+        work = statistics.mean(w for r in runs for w in r["work_ms"])
+        ratio = [
+            statistics.median(p / m for p, m in zip(r["predicted_ms"], r["step_ms_each"], strict=True)) for r in runs
+        ]
+        same = ""
+        fixed = groups.get(
+            (
+                model,
+                ranks,
+                next(
+                    (
+                        s.label
+                        for s in SETUPS
+                        if s.hint == setup.hint and s.policy == "fixed" and s.order == setup.order
+                    ),
+                    "",
+                ),
+            )
+        )
+        if setup.policy != "fixed" and fixed:
+            each = [f["step_ms"] / r["step_ms"] for f, r in zip(fixed, runs, strict=False)]
+            same = f"{statistics.median(each):.2f}x ({' '.join(f'{x:.2f}' for x in each)})"
+        lines.append(
+            f"| {model} | {ranks} | {label} | {statistics.median(steps):,.0f} ({' '.join(f'{x:,.0f}' for x in steps)}) "
+            f"| {statistics.mean(cpu):.1f}, {max(cpu):.1f} | {statistics.mean(cpu) / work:.1%} "
+            f"| {statistics.median(ratio):.2f} | {same} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="*", default=[16, 32], help="emulated rank counts (none: skip)")
@@ -230,12 +335,24 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=8, help="steps of the real 2-rank part (0: skip it)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each real configuration")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--emulated-repeats", type=int, default=1, help="interleaved runs of each emulated setup")
+    parser.add_argument("--setups", type=int, nargs="+", help="emulated setups to run (0-based; default: all)")
     args = parser.parse_args()
-    rows = [
-        row for ranks in args.ranks for name in args.models for row in emulated(name, ranks, args.steps, args.unit_ms)
-    ]
+    setups = [SETUPS[i] for i in args.setups] if args.setups else list(SETUPS)
+    if args.setups and BASELINE not in setups:
+        setups.insert(0, BASELINE)  # the table's speedups are over it
+    rows = []
+    for repeat in range(args.emulated_repeats):
+        order = setups if repeat % 2 == 0 else list(reversed(setups))
+        for ranks in args.ranks:
+            for name in args.models:
+                rows += emulated(name, ranks, args.steps, args.unit_ms, order)
     if rows:
-        print(table(rows), flush=True)
+        first = [r for i, r in enumerate(rows) if i < len(args.ranks) * len(args.models) * len(setups)]
+        print(table(first), flush=True)
+        if args.emulated_repeats > 1 or args.setups:
+            print()
+            print(decidability(rows), flush=True)
     real_table = real(args.real_steps, args.repeats) if args.real_steps else ""
     print(real_table)
     if args.json:
