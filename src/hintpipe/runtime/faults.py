@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import heapq
 import logging
 import os
@@ -211,6 +212,7 @@ def inject(pipe: Pipeline, injection: Injection) -> None:
         pipe.messages = DelayedTransport(pipe.messages, comm, injection.seed)
 
 
+@functools.cache
 def _writers() -> tuple[type[FileSystemWriter], type[FileSystemWriter], type[FileSystemWriter]]:
     """torch.distributed.checkpoint's file-system writer, and two that fail: one as a full disk would
     (``ENOSPC``, inside the writer), one by stopping its process (SIGSTOP) as it starts writing, as a frozen

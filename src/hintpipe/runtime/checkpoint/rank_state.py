@@ -29,8 +29,6 @@ from torch import nn
 
 from hintpipe.runtime.model_names import ModelNames, view
 
-#: Optimizer state by parameter name rather than by position in param_groups (which differ between ranks).
-
 
 @runtime_checkable
 class Stateful(Protocol):
@@ -82,6 +80,8 @@ class RankState:
         if self.optimizer is not None:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+            # Optimizer state by parameter name rather than by position in param_groups (which differ between
+            # ranks); torch.distributed.checkpoint is imported here, not at start-up (see saving's module).
             model, optim = get_state_dict(
                 self.holder, self.optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True)
             )
