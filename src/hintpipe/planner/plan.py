@@ -243,13 +243,9 @@ def plan(
     total = hint_obj.num_stages
     tables = node_tables(profiles, graph)
     size = microbatch_size or profiled
-    bandwidth = host_bandwidth if host_bandwidth is not None else _host_bandwidth(model)
-    budgets = parse_sizes(stage_memory, total, "stage_memory")
-    memory = MemoryModel(hint_obj.stage_peaks, budgets, optimizer_factor, bandwidth, scale=size / profiled)
-    cuts = search(tables, memory, total) if split_points is None else forced_cuts(graph, tables, split_points, total)
+    memory = _memory_model(model, hint_obj, stage_memory, optimizer_factor, host_bandwidth, scale=size / profiled)
+    cuts = _stage_cuts(graph, tables, memory, total, split_points)
     partition = _partition(tables, memory, cuts, profiled, savings=True)
-    if split_points is not None:
-        _check_fits(tables, memory, cuts, split_points)
     tied = _tied(graph, cuts)
     return Plan(
         hint=hint_obj.name,
@@ -267,10 +263,21 @@ def plan(
     )
 
 
-def _host_bandwidth(model: nn.Module) -> float:
-    """Bytes/s to host memory for offloading, by default: none for a model on the CPU (the host is the
-    device), else 10e9."""
-    return 0.0 if all(p.device.type == "cpu" for p in model.parameters()) else 10e9
+def _memory_model(
+    model: nn.Module,
+    hint: Hint,
+    stage_memory: float | str | Sequence[float | str],
+    optimizer_factor: float,
+    host_bandwidth: float | None,
+    *,
+    scale: float,
+) -> MemoryModel:
+    """What each of the hint's stages may hold and what offloading costs there. The host bandwidth defaults
+    to none for a model on the CPU (the host is the device), else 10e9 bytes/s."""
+    if host_bandwidth is None:
+        host_bandwidth = 0.0 if all(p.device.type == "cpu" for p in model.parameters()) else 10e9
+    budgets = parse_sizes(stage_memory, hint.num_stages, "stage_memory")
+    return MemoryModel(hint.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=scale)
 
 
 def forced_cuts(graph: CapturedGraph, tables: NodeTables, names: Sequence[str], stages: int) -> tuple[int, ...]:
@@ -321,6 +328,18 @@ def _uses(node: Any, module: str) -> bool:
     if node.op == "call_module" and (str(node.target) == module or str(node.target).startswith(prefix)):
         return True
     return any(arg.op == "get_attr" and str(arg.target).startswith(prefix) for arg in node.all_input_nodes)
+
+
+def _stage_cuts(
+    graph: CapturedGraph, tables: NodeTables, memory: MemoryModel, total: int, split_points: Sequence[str] | None
+) -> tuple[int, ...]:
+    """Where the ``total`` stages begin and end: searched for the smallest bottleneck within the budgets, or
+    the caller's ``split_points`` kept as given, once they are shown to fit."""
+    if split_points is None:
+        return search(tables, memory, total)
+    cuts = forced_cuts(graph, tables, split_points, total)
+    _check_fits(tables, memory, cuts, split_points)
+    return cuts
 
 
 def _check_fits(tables: NodeTables, memory: MemoryModel, cuts: Sequence[int], names: Sequence[str]) -> None:
