@@ -256,7 +256,9 @@ class StageExecutor:
             self._deferred[(stage, mb)] = (outputs, grads)
             result: Tensors = [None] * len(inputs)
         elif self.split:
-            from torch.distributed.pipelining._backward import stage_backward_input  # see [Note: a lazy import]
+            # Imported on first use: torch.distributed.pipelining loads dynamo and DTensor, over a second of
+            # start-up that a rank without a split backward should not pay.
+            from torch.distributed.pipelining._backward import stage_backward_input
 
             dinputs, groups = stage_backward_input(
                 outputs,
