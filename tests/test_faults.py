@@ -67,28 +67,36 @@ def test_delayed_messages_arrive_no_earlier_than_the_latency_and_in_order_per_pe
 
 
 class _Timed:
-    """An executor whose every task computes (sleeps) for a fixed time."""
+    """An executor whose every task computes for ``seconds`` of CPU time, then waits ``waits`` seconds without
+    computing (as a tensor-parallel task waits in a collective for the other members)."""
 
     live_bytes = 0
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, waits: float = 0.0) -> None:
         self.seconds = seconds
+        self.waits = waits
 
     def begin_step(self, step: int) -> None:
         pass
 
+    def _task(self) -> None:
+        began = time.thread_time()
+        while time.thread_time() - began < self.seconds:
+            pass
+        time.sleep(self.waits)
+
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        time.sleep(self.seconds)
+        self._task()
         return [], None
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
-        time.sleep(self.seconds)
+        self._task()
         return []
 
     def weight(self, stage: int, mb: int) -> None:
-        time.sleep(self.seconds)
+        self._task()
 
     def evaluate(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
@@ -108,6 +116,17 @@ def test_real_compute_is_slowed_by_the_factor_and_never_sped_up() -> None:
     plain = time.perf_counter() - began
     assert slowed >= 0.08
     assert plain < slowed
+
+
+def test_real_compute_is_padded_by_its_computation_not_its_wait_for_other_ranks() -> None:
+    # A task that computed 10 ms and then waited 200 ms for its tensor-parallel partner costs 4 x 10 ms under
+    # straggler:4: it sleeps 30 ms more, not 3 x 210 ms (which fed every partner's padding into the next task).
+    factors = Injection.parse(["straggler:4:0:0:0"]).factors(stages=2, microbatches=2)
+    executor = VariedExecutor(_Timed(0.01, waits=0.2), factors)
+    began = time.perf_counter()
+    executor.forward(0, 0, [], None, 1.0)
+    elapsed = time.perf_counter() - began
+    assert 0.24 <= elapsed < 0.6  # 10 + 200 + 30 ms, with room for a loaded machine; padded by 210 ms: 0.84 s
 
 
 def test_emulated_compute_takes_the_factor_exactly() -> None:

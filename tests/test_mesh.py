@@ -429,6 +429,49 @@ def test_tensor_parallel_members_need_one_decision_for_readiness(four_ranks: dic
         assert leader[0] < 1e-6 and follower[0] < 1e-6
 
 
+def _batched_decisions(rank: int, world: int) -> tuple[list[list[tuple[int, int, int]]], int, int]:
+    """Emulated TP 2 x PP 2 under ``ready`` with room for 2 more micro-batches, 4 steps; stage 0's leader gets
+    its gradients 60 ms late (forced: several tasks), so it runs forwards ahead of its hint. Returns this rank's
+    order of tasks per step and its decisions and their messages (the leader's; 0 on a follower)."""
+    mesh = build_mesh(world, tp=2)
+    costs = EmulatedCosts((0.004, 0.004), (0.008, 0.008), (0.0, 0.0), reference_size=1)
+    position = rank // 2
+    pipe = Pipeline(
+        {position: nn.Identity()},
+        loss_fn=lm_loss,
+        microbatches=8,
+        policy="ready",
+        mesh=mesh,
+        emulate=costs,
+        memory_slack=2,
+        timeout=TIMEOUT,
+    )
+    inject(pipe, Injection.parse(["tp:2:0.3", f"comm:{60 if rank == 0 else 0}ms"], seed=rank))
+    orders = []
+    with pipe:
+        for _ in range(4):
+            pipe.step()
+            records = pipe.reports[-1].records
+            orders.append([(task.stage, int(task.kind), task.mb) for r, task, _, _ in records if r == position])
+        assert pipe.coordination is not None
+        return orders, pipe.coordination.decisions, pipe.coordination.messages
+
+
+def test_tensor_parallel_leaders_announce_what_they_will_certainly_run_in_one_message(
+    four_ranks: dict[str, list[Any]],
+) -> None:
+    results = succeeded(four_ranks["batched decisions"])
+    hint = [(t.stage, int(t.kind), t.mb) for t in generate_hint("1f1b", 2, 8).ranks[0]]
+    leader_orders = results[0][0]
+    assert any(order != hint for order in leader_orders)  # forced: stage 0's leader ran ahead of its hint
+    for leader, follower in [(results[0], results[1]), (results[2], results[3])]:
+        orders, decisions, messages = leader
+        assert follower[0] == orders  # every step, the same sequence on both members
+        assert decisions == 4 * 16  # one decision per task of every step (8 micro-batches, F and B) ...
+        assert messages < decisions  # ... fewer messages: the tasks certain to follow travel together
+        assert follower[1:] == (0, 0)  # followers decide nothing
+
+
 def _crash(rank: int, world: int, victim: int) -> None:
     mesh = build_mesh(world, tp=2)
     stages = [parallelize_stage(s, mesh["tp"], MODEL.heads) for s in split_layers(build_layers(MODEL), 2)]
@@ -663,6 +706,7 @@ def four_ranks() -> dict[str, list[Any]]:
     }
     cases["uncoordinated orders"] = Case(_uncoordinated_orders)
     cases["tp greedy coordinated, delayed"] = Case(_tensor_parallel, ("greedy", 1, 2, True, True))
+    cases["batched decisions"] = Case(_batched_decisions)
     cases |= {f"coupled {p}": Case(_coupled, (p,)) for p in ("fixed", "ready")}
     cases["mesh device"] = Case(_mesh_device)
     return run_cases(4, cases, timeout_s=TIMEOUT)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.task import B, F
 from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard, device_budgets
 
@@ -230,3 +232,37 @@ def test_runtime_device_budget_gives_every_rank_the_busiest_ranks_slots() -> Non
     ):
         check_options({"memory_slack": 1.0, "device_budget": 0.0})
     check_options({"memory_slack": 0.0, "device_budget": 0.0})  # no slack is no room given
+
+
+@pytest.mark.parametrize("name", [h.value for h in HintName])
+@pytest.mark.parametrize("policy", [Policy.READY, Policy.GREEDY])
+def test_certain_decisions_are_the_next_ones_taken_whatever_arrives(name: str, policy: Policy) -> None:
+    # Inputs arrive in random orders (any order: a superset of what neighbours can send); after every take,
+    # the positions `certain` names must be exactly the next ones taken, and never one whose input is awaited.
+    hint = generate_hint(name, 4, 8)
+    for rank in range(4):
+        for seed in range(5):
+            rng = random.Random(seed)
+            board = Scoreboard(RankGraph(hint, rank), policy, budget=RankGraph(hint, rank).peak + 2)
+            awaited = [board.tasks[p] for p in range(len(board.tasks)) if board.graph.fed_remotely[p]]
+            rng.shuffle(awaited)
+            promised: list[int] = []
+            now = 0.0
+            while not board.done:
+                if awaited and rng.random() < 0.5:
+                    board.deliver(awaited.pop())
+                    continue
+                pos = board.take(now)
+                if pos < 0:
+                    assert awaited, f"{name} rank {rank}: stuck with every input delivered"
+                    assert not promised, f"{name} rank {rank}: waits where {promised[0]} was certain"
+                    board.deliver(awaited.pop())
+                    continue
+                if promised:
+                    assert pos == promised.pop(0), f"{name} rank {rank} seed {seed}"
+                ahead = board.certain(16)
+                assert ahead[: len(promised)] == promised
+                promised = ahead
+                now += 1.0
+                board.finish(pos, now)
+            assert not promised

@@ -245,6 +245,7 @@ class Scoreboard:
         #: Per position, when its remote input is expected (inf: its producer has not started).
         self.eta = [math.inf] * n
         self._taken = [False] * n
+        self._delivered: set[int] = set()  # positions whose remote input arrived (:meth:`certain`)
         self.finished = [False] * n
         self._end_time = [0.0] * n
         self._heap_f: list[int] = []
@@ -280,7 +281,9 @@ class Scoreboard:
 
     def deliver(self, task: Task) -> None:
         """A message for ``task`` arrived (activation for F, gradient for B)."""
-        self.satisfy(self.index[task])
+        pos = self.index[task]
+        self._delivered.add(pos)
+        self.satisfy(pos)
 
     def satisfy(self, pos: int) -> None:
         """One dependency of the task at ``pos`` is met."""
@@ -338,6 +341,30 @@ class Scoreboard:
         if best >= 0:
             self.start(best)
         return best
+
+    def certain(self, limit: int) -> list[int]:
+        """Up to ``limit`` positions that :meth:`take` will return next, in order, whatever arrives
+        meanwhile (remote inputs counted by :meth:`deliver`).
+
+        [Note: decisions that nothing can change]
+        :meth:`take` always returns the hint's next task when it is ready, before any arbitration.
+        The hint's next untaken task, once its remote input has arrived, is therefore the next
+        choice: its local inputs come earlier in the hint (a valid hint runs in order), so they are
+        finished by the time the task that is running now ends. The same holds for the untaken task
+        after it, and so on, up to the first whose remote input is still awaited. A tensor-parallel
+        leader announces these in one message, ahead of time (see
+        :mod:`hintpipe.runtime.parallel.coordination`).
+        """
+        taken, fed_remotely, delivered = self._taken, self.graph.fed_remotely, self._delivered
+        out: list[int] = []
+        pos, n = self.next, self._n
+        while pos < n and len(out) < limit:
+            if not taken[pos]:
+                if fed_remotely[pos] and pos not in delivered:
+                    break
+                out.append(pos)
+            pos += 1
+        return out
 
     def is_ready(self, pos: int) -> bool:
         """Whether the task at ``pos`` has all its inputs and has not been started (a follower's check)."""

@@ -45,7 +45,7 @@ from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer, inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import Layout, build_mesh
 from hintpipe.runtime.pipeline import Pipeline, PipelineOptions, StepReport
@@ -152,6 +152,11 @@ class TrainResult:
     notes: tuple[str, ...] = ()  # damaged checkpoints skipped when resuming, one line each
     coordination_ms: float | None = None  # mean cost of one tensor-parallel decision on rank 0 (the leader)
     decisions_per_step: float | None = None  # tensor-parallel decisions rank 0 announced per step
+    #: The messages that carried them per step (fewer than decisions: see [Note: decisions in batches]).
+    decision_messages_per_step: float | None = None
+    #: Emulated tensor parallelism: rank 0's wait per step in its group's all-reduce that ends each task (the
+    #: slowest member's own work, or a decision that reached a follower late), in milliseconds.
+    tp_wait_ms: float | None = None
     # Per pipeline position, with data parallelism (see StepReport.dp_overlap): the mean time its gradient
     # reductions had to overlap the rest of the step, and the mean time the rank waited on them.
     dp_overlap_ms: tuple[float, ...] | None = None
@@ -333,6 +338,10 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         notes=() if checkpoints is None else tuple(checkpoints.skipped),
         coordination_ms=_decision_ms(pipe),
         decisions_per_step=None if pipe.coordination is None else pipe.coordination.decisions / len(run.reports or [0]),
+        decision_messages_per_step=(
+            None if pipe.coordination is None else pipe.coordination.messages / len(run.reports or [0])
+        ),
+        tp_wait_ms=_tp_wait_ms(pipe, len(run.reports)),
         dp_overlap_ms=_per_rank_ms([r.dp_overlap for r in run.reports[1:] or run.reports]),
         dp_exposed_ms=_per_rank_ms([r.dp_exposed for r in run.reports[1:] or run.reports]),
         runtime_cpu_ms=_per_rank_ms([r.runtime_cpu for r in run.reports[1:] or run.reports]),
@@ -363,6 +372,13 @@ def _per_rank_ms(steps: list[tuple[float, ...]]) -> tuple[float, ...] | None:
     if not complete:
         return None
     return tuple(1e3 * statistics.mean(column) for column in zip(*complete, strict=True))
+
+
+def _tp_wait_ms(pipe: Pipeline, steps: int) -> float | None:
+    executor = pipe.parts.compute
+    if not isinstance(executor, EmulatedExecutor) or executor.couple is None or not steps:
+        return None
+    return 1e3 * executor.coupled_seconds / steps
 
 
 def _decision_ms(pipe: Pipeline) -> float | None:

@@ -13,6 +13,14 @@ that is exact (the task sleeps ``X t``). Real compute cannot be made faster:
 a task that computed for ``t`` sleeps ``(X - 1) t`` more when ``X > 1`` and
 runs as it is when ``X <= 1``, so its mean factor is ``E[max(X, 1)]`` (1.20
 for sigma 0.5), not 1. Use ``--emulate`` for the simulator's distribution.
+
+``t`` is the CPU time the computing thread spent in the task, not its wall
+time: a tensor-parallel task's wall time includes its wait in the group's
+collectives for the other members, which includes *their* padding; padding by
+it fed each member's delay into the next task's factor, and one step of
+``tp:2:0.3`` on 4 real ranks took 59 s where its neighbours took 0.6-2.7 s.
+(Ranks compute with one intra-op thread; on a GPU the thread's time is the
+host's, as the wall time around an asynchronous launch was.)
 """
 
 from __future__ import annotations
@@ -69,24 +77,24 @@ class VariedExecutor(StepAware):
     def _pad(self, began: float, stage: int, kind: Kind, mb: int) -> None:
         factor = self.factors(self.step, stage, kind, mb)
         if factor > 1.0:
-            time.sleep((factor - 1.0) * (time.perf_counter() - began))
+            time.sleep((factor - 1.0) * (time.thread_time() - began))
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        began = time.perf_counter()
+        began = time.thread_time()
         result = self.inner.forward(stage, mb, inputs, target, loss_scale)
         self._pad(began, stage, Kind.F, mb)
         return result
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
-        began = time.perf_counter()
+        began = time.thread_time()
         result = self.inner.backward(stage, mb, grads)
         self._pad(began, stage, Kind.B, mb)
         return result
 
     def weight(self, stage: int, mb: int) -> None:
-        began = time.perf_counter()
+        began = time.thread_time()
         self.inner.weight(stage, mb)
         self._pad(began, stage, Kind.W, mb)
 

@@ -173,6 +173,11 @@ class RankGraph:
         return self._links(self.source_rank, self.source_key)
 
     @functools.cached_property
+    def fed_remotely(self) -> tuple[bool, ...]:
+        """``fed_remotely[pos]``: whether the task at ``pos`` waits for an input from another rank."""
+        return tuple((self.source_rank >= 0).tolist())
+
+    @functools.cached_property
     def delta(self) -> tuple[float, ...]:
         return tuple(self.delta_array.tolist())
 

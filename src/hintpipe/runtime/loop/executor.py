@@ -375,6 +375,8 @@ class EmulatedExecutor:
         self.last_stage = last_stage
         self.factor = factor
         self.couple: Callable[[], None] | None = None
+        #: Seconds spent in ``couple``: waiting for the group's slowest member (its own work, or a late decision).
+        self.coupled_seconds = 0.0
         self.live_bytes = 0
         self.step = 0
         self._sizes: dict[tuple[int, int], list[float]] = {}
@@ -392,7 +394,9 @@ class EmulatedExecutor:
         with task_span(kind, stage, mb):
             time.sleep(self.duration(stage, kind, mb, size))
             if self.couple is not None:
+                began = time.perf_counter()
                 self.couple()
+                self.coupled_seconds += time.perf_counter() - began
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float

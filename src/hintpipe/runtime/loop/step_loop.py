@@ -24,7 +24,7 @@ from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, Watch
 from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.executor import Executor, Tensors, as_input
 from hintpipe.runtime.loop.timing import DeviceTimer
-from hintpipe.runtime.parallel.coordination import Coordination
+from hintpipe.runtime.parallel.coordination import LOOKAHEAD, Coordination
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule import rules
@@ -143,6 +143,7 @@ class StepLoop:
         self.hooks = hooks
         self._last_kind = rules.releaser(self.hint.split_backward)  # a stage's last gradient task per micro-batch
         self._gradients_left = {s: self.hint.num_microbatches for s in self.hint.placement.stages_of(rank)}
+        self._announced: collections.deque[int] = collections.deque()  # a leader's decisions told ahead
 
     def run(self, state: StepState) -> float:
         """Run every task of the step; returns the time from the start to the last task's end.
@@ -174,7 +175,7 @@ class StepLoop:
             now = time.perf_counter()
             pos = self._follow(state) if self.follower else board.take(now - t0)
             if pos >= 0 and self.coordination is not None and not self.follower:
-                self.coordination.announce(state.round, pos)
+                self._announce(pos, state)
             if pos < 0:
                 if self._wait(now - t0, last_progress, state):
                     last_progress = time.perf_counter()
@@ -211,6 +212,26 @@ class StepLoop:
         if left == 0:
             for hook in self.hooks:
                 hook.stage_done(stage)
+
+    def _announce(self, pos: int, state: StepState) -> None:
+        """A leader tells its followers that it runs ``pos``, unless it already has, and the choices that will
+        certainly follow (see [Note: decisions in batches] in :mod:`hintpipe.runtime.parallel.coordination`)."""
+        assert self.coordination is not None
+        announced = self._announced
+        fresh = []
+        if announced:
+            told = announced.popleft()
+            if told != pos:  # the scoreboard broke [Note: decisions that nothing can change]
+                raise RuntimeError(
+                    f"rank {self.rank}: took task {self.board.tasks[pos]} where it had told its tensor-parallel "
+                    f"followers it would run {self.board.tasks[told]} ({state.label})"
+                )
+        else:
+            fresh.append(pos)
+        ahead = self.board.certain(LOOKAHEAD)[len(announced) :]
+        announced.extend(ahead)
+        if fresh or ahead:
+            self.coordination.announce(state.round, fresh + ahead)
 
     def _follow(self, state: StepState) -> int:
         """A follower runs the leader's next decision once its own inputs are here; -1 to wait."""

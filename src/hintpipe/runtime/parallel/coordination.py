@@ -15,6 +15,18 @@ its pipeline messages; the step loop runs the decided task as soon as its own
 inputs have arrived, and never chooses by itself. Admission needs no
 agreement: the followers' memory follows the leader's sequence.
 
+[Note: decisions in batches]
+A decision that reaches a follower after its previous task ended holds the
+whole group (the leader's next collective waits for it): one message's
+latency and hand-over per task. But most of a leader's choices are known
+before it makes them: the hint's next tasks whose inputs have arrived are
+what the scoreboard will take next, whatever arrives meanwhile (see [Note:
+decisions that nothing can change] in :mod:`hintpipe.scoreboard`). So with
+each choice the leader announces, in the same message, the tasks it will
+certainly run after it (up to :data:`LOOKAHEAD`), and later only the ones it
+has not announced yet: the followers hold their next decisions before they
+need them, and one message carries several.
+
 [Note: no coordination under fixed]
 With ``fixed`` every member runs the hint's order, which is the same on every
 member of the group: :func:`needed` is False, no group is created, no
@@ -32,6 +44,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +55,9 @@ from hintpipe.scoreboard import Policy
 log = logging.getLogger(__name__)
 
 _STOP = -2  # a decision's step that tells followers the leader is done
+#: The most decisions a leader announces ahead of the task it runs (see [Note: decisions in batches]).
+LOOKAHEAD = 16
+_WIDTH = 2 + 1 + LOOKAHEAD  # a message: step, count, then the positions
 
 
 def needed(policy: Policy, tp: int) -> bool:
@@ -66,35 +82,45 @@ class Coordination:
         self.is_leader = self.member == 0
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
         self._thread: threading.Thread | None = None
-        #: Seconds spent announcing decisions (leader), and how many.
+        #: Seconds spent announcing decisions (leader), how many, and in how many messages.
         self.announce_seconds = 0.0
         self.decisions = 0
+        self.messages = 0
         if not self.is_leader:
             self._thread = threading.Thread(target=self._receive, args=(inbox,), name="tp-decisions", daemon=True)
             self._thread.start()
 
-    def announce(self, step: int, pos: int) -> None:
-        """The leader chose the task at ``pos`` in step ``step``: tell every follower."""
+    def announce(self, step: int, positions: Sequence[int]) -> None:
+        """The leader's next choices in step ``step``, in the order it runs them (at most
+        :data:`LOOKAHEAD` + 1): tell every follower, in one message."""
+        if not 0 < len(positions) <= _WIDTH - 2:
+            raise ValueError(f"{len(positions)} decisions in one message: 1 to {_WIDTH - 2}")
         began = time.perf_counter()
-        decision = torch.tensor([step, pos], dtype=torch.int64)
+        padding = [-1] * (_WIDTH - 2 - len(positions))
+        self._send(torch.tensor([step, len(positions), *positions, *padding], dtype=torch.int64))
+        self.announce_seconds += time.perf_counter() - began
+        self.decisions += len(positions)
+        self.messages += 1
+
+    def _send(self, decision: torch.Tensor) -> None:
         for follower in range(1, self.size):
             work = dist.isend(decision, group=self.group, group_dst=follower)
             if work is not None:
                 self._pending.append((work, decision))
         while len(self._pending) > 64:  # gloo learns that a send finished only when waited on
             self._pending.pop(0)[0].wait()
-        self.announce_seconds += time.perf_counter() - began
-        self.decisions += 1
 
     def _receive(self, inbox: queue.Queue[Message]) -> None:
-        decision = torch.zeros(2, dtype=torch.int64)
+        decision = torch.zeros(_WIDTH, dtype=torch.int64)
         try:
             while True:
                 dist.recv(decision, group=self.group, group_src=0)
-                step, pos = (int(v) for v in decision.tolist())
+                step, count, *positions = decision.tolist()
                 if step == _STOP:
                     return
-                inbox.put(Message(MessageKind.DECISION, step, -1, pos, [], self.leader, time.perf_counter()))
+                arrived = time.perf_counter()
+                for pos in positions[:count]:
+                    inbox.put(Message(MessageKind.DECISION, step, -1, pos, [], self.leader, arrived))
         except Exception as exc:  # the leader died or the group was torn down
             inbox.put(
                 Message(
@@ -114,7 +140,7 @@ class Coordination:
         limit = datetime.timedelta(seconds=timeout)
         try:
             if self.is_leader:
-                self.announce(_STOP, -1)
+                self._send(torch.tensor([_STOP] + [-1] * (_WIDTH - 1), dtype=torch.int64))
             for work, _ in self._pending:
                 work.wait(limit)
         except Exception as exc:  # a follower may already be gone
