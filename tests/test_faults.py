@@ -140,6 +140,13 @@ def test_emulated_compute_takes_the_factor_exactly() -> None:
     assert outputs[0].tolist() == [12.0]
 
 
+def test_emulated_costs_scale_every_task_and_keep_their_sizes() -> None:
+    costs = EmulatedCosts((0.01, 0.02), (0.03, 0.04), (0.0, 0.05), reference_size=4, sized_by=(0, 0), references=(4,))
+    scaled = costs.scaled(2.0)
+    assert (scaled.forward, scaled.backward, scaled.weight) == ((0.02, 0.04), (0.06, 0.08), (0.0, 0.1))
+    assert (scaled.reference_size, scaled.sized_by, scaled.references) == (4, (0, 0), (4,))
+
+
 def test_a_fault_wrapper_passes_the_step_on_to_the_executor_it_wraps() -> None:
     # Emulated compute draws each task's factor by step: under a fault wrapper it must still see the step.
     costs = EmulatedCosts((0.01,), (0.01,), (0.0,), reference_size=4)

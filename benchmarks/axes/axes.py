@@ -61,13 +61,7 @@ def scaled(costs: EmulatedCosts, unit_ms: float) -> EmulatedCosts:
     """The profiled costs scaled so that the mean stage forward costs ``unit_ms``: the real ones (about 1 ms
     at this size) are shorter than what 16-32 processes sharing 2 cores take to pass a message, so emulated
     steps would measure the machine, not the policies (see the README)."""
-    factor = unit_ms * 1e-3 / statistics.mean(costs.forward)
-    return dataclasses.replace(
-        costs,
-        forward=tuple(c * factor for c in costs.forward),
-        backward=tuple(c * factor for c in costs.backward),
-        weight=tuple(c * factor for c in costs.weight),
-    )
+    return costs.scaled(unit_ms * 1e-3 / statistics.mean(costs.forward))
 
 
 def run(config: TrainConfig, emulate: EmulatedCosts | None) -> TrainResult:

@@ -126,13 +126,7 @@ def scaled_costs(config: TrainConfig, unit_ms: float, reference: EmulatedCosts |
     (``reference``: the baseline's own profile; every setup scales by the same factor)."""
     costs = profiled(config)
     base = reference if reference is not None else costs
-    factor = unit_ms * 1e-3 / statistics.mean(base.forward)
-    return dataclasses.replace(
-        costs,
-        forward=tuple(c * factor for c in costs.forward),
-        backward=tuple(c * factor for c in costs.backward),
-        weight=tuple(c * factor for c in costs.weight),
-    )
+    return costs.scaled(unit_ms * 1e-3 / statistics.mean(base.forward))
 
 
 def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:

@@ -333,6 +333,15 @@ class EmulatedCosts:
         if any(not 0 <= i < max(1, len(self.references)) for i in self.sized_by):
             raise ValueError(f"sized_by {self.sized_by} names inputs beyond the {len(self.references)} references")
 
+    def scaled(self, factor: float) -> EmulatedCosts:
+        """These costs, every task's times ``factor`` (an emulated unit longer than the profiled one)."""
+        return dataclasses.replace(
+            self,
+            forward=tuple(c * factor for c in self.forward),
+            backward=tuple(c * factor for c in self.backward),
+            weight=tuple(c * factor for c in self.weight),
+        )
+
     def cost(self, stage: int, kind: Kind, size: float | Sequence[float]) -> float:
         """The cost of a task on a micro-batch of ``size`` elements (one per input of the first stage)."""
         base = (self.forward, self.backward, self.weight)[kind][stage]
