@@ -115,10 +115,11 @@ def _eta_plan(expected: tuple[float, ...], lead: float, latency: float = 0.0, du
     return RankPlan((0.5,) * n, (due,) * n, expected, (lead - latency,) * n, latency)
 
 
-def _zb_rank1_waiting_for_f1(plan: RankPlan) -> Scoreboard:
+def _zb_rank1_waiting_for_f1(plan: RankPlan, notices_travel: bool = False) -> Scoreboard:
     # zb-h1, rank 1: 1F0 1B0 1F1 1B1 1W0 ...; after 1F0 and 1B0 the next task 1F1 waits
     # for rank 0's activation and 1W0 is ready.
-    rank1 = Scoreboard(RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True)
+    graph = RankGraph(generate_hint("zb-h1", 2, 4), 1)
+    rank1 = Scoreboard(graph, Policy.READY, plan=plan, notices=True, notices_travel=notices_travel)
     rank1.deliver(F(1, 0))
     for now in range(2):
         pos = rank1.take(float(now))
@@ -148,10 +149,11 @@ def test_eta_rule_never_lets_a_weight_pass_overtake_a_late_input() -> None:
     assert str(rank1.tasks[rank1.take(3.0)]) == "1W0"  # 3 + 1 <= 4
 
 
-def _1f1b_rank0_waiting_for_b0(plan: RankPlan) -> Scoreboard:
+def _1f1b_rank0_waiting_for_b0(plan: RankPlan, notices_travel: bool = False) -> Scoreboard:
     # 1f1b, rank 0: 0F0 0F1 0B0 0F2 ...; room for one more micro-batch, so 0F2 is admitted while
     # 0B0 waits for rank 1's gradient.
-    rank0 = Scoreboard(RankGraph(generate_hint("1f1b", 2, 4), 0), Policy.READY, budget=3, plan=plan, notices=True)
+    graph = RankGraph(generate_hint("1f1b", 2, 4), 0)
+    rank0 = Scoreboard(graph, Policy.READY, budget=3, plan=plan, notices=True, notices_travel=notices_travel)
     for now in range(2):
         pos = rank0.take(float(now))
         rank0.finish(pos, now + 1.0)
@@ -163,8 +165,10 @@ def test_eta_rule_starts_a_forward_once_the_input_is_late() -> None:
     rank0 = _1f1b_rank0_waiting_for_b0(_eta_plan(expected, lead=2.0))
     rank0.producer_started(2, 1.0)  # 1B0 started at 1: its gradient is expected at 3
     assert rank0.take(2.0) == -1  # 0F2 would end at 5, after 3
-    assert rank0.wake_at == 3.0
-    assert str(rank0.tasks[rank0.take(3.0)]) == "0F2"  # the gradient is late: the forward goes
+    # Late means past the ETA by a quarter of 0B0's expected cost (2): at 3.5, not at 3.
+    assert rank0.wake_at == 3.5
+    assert rank0.take(3.0) == -1 and rank0.wake_at == 3.5  # on time is not late (a tie in the plan)
+    assert str(rank0.tasks[rank0.take(3.5)]) == "0F2"  # the gradient is late: the forward goes
 
 
 def test_eta_rule_starts_a_forward_once_the_next_task_is_overdue() -> None:
@@ -174,6 +178,38 @@ def test_eta_rule_starts_a_forward_once_the_next_task_is_overdue() -> None:
     assert rank0.take(2.0) == -1
     assert rank0.wake_at == 2.5
     assert str(rank0.tasks[rank0.take(2.5)]) == "0F2"
+
+
+# -- the same rule where notices travel (the runtime: see [Note: ETAs in the runtime]) ----------------------------
+
+
+@pytest.mark.parametrize("travel", [False, True])
+def test_where_notices_travel_a_task_that_fits_only_just_is_a_tie_and_the_hint_keeps_it(travel: bool) -> None:
+    expected = (1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0)  # 0F2 (position 3) costs 3, 0B0 2: a tie is 0.5
+    rank0 = _1f1b_rank0_waiting_for_b0(_eta_plan(expected, lead=2.0), notices_travel=travel)
+    rank0.producer_started(2, 3.0)  # 1B0 started at 3: its gradient is expected at 5
+    if not travel:  # the simulator: 0F2 ends at 5, exactly when the gradient comes, so it fits
+        assert str(rank0.tasks[rank0.take(2.0)]) == "0F2"
+        return
+    assert rank0.take(2.0) == -1  # ends within a tie of the ETA: the hint's order stands
+    assert rank0.wake_at == 5.5  # and the gradient is late only past 5 + 0.5
+    assert str(rank0.tasks[rank0.take(5.5)]) == "0F2"
+
+
+def test_where_notices_travel_a_producer_not_heard_of_is_expected_by_the_next_tasks_due_time() -> None:
+    expected = (1.0, 1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 2.0)
+    rank0 = _1f1b_rank0_waiting_for_b0(_eta_plan(expected, lead=2.0, due=2.5), notices_travel=True)
+    # No notice of 1B0: it may have started with its notice on the way, so 0B0's gradient may come by
+    # 0B0's due time, 2.5; 0F2 (cost 3) does not fit before it.
+    assert rank0.take(2.0) == -1 and rank0.wake_at == 2.5
+    # Due, and still not heard of: 1B0 is late, read as not started, and the forward goes.
+    assert str(rank0.tasks[rank0.take(2.5)]) == "0F2"
+
+
+def test_where_notices_travel_a_weight_pass_waits_for_an_unheard_producer_only_until_the_due_time() -> None:
+    rank1 = _zb_rank1_waiting_for_f1(_eta_plan((1.0,) * 12, lead=1.0, due=2.5), notices_travel=True)
+    assert rank1.take(2.0) == -1 and rank1.wake_at == 2.5  # 1W0 would end at 3, after 1F1's due time
+    assert str(rank1.tasks[rank1.take(2.5)]) == "1W0"  # never heard of by then: not started, anything fits
 
 
 def test_without_notices_ready_keeps_patience() -> None:

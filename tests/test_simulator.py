@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import simulate
+from hintpipe import scoreboard
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import chrome_trace
 from hintpipe.runtime.injection import Injection
@@ -305,6 +306,10 @@ def _digest(name: str, chunks: int, ranks: int, microbatches: int, activation: b
 
 @pytest.mark.parametrize("case", list(BEFORE_THE_REWRITE))
 def test_seeded_runs_are_bitwise_those_of_the_simulator_before_its_rewrite(
-    case: tuple[str, int, int, int, bool],
+    case: tuple[str, int, int, int, bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The digests were recorded before the ETA rule's lateness margin: an input counted as late
+    # as soon as it was past its ETA. With the margin at 0 the rule is that one, so the digests
+    # still pin the engine's arithmetic; the margin's own behaviour is tested in test_scoreboard.
+    monkeypatch.setattr(scoreboard, "LATENESS_TOLERANCE", 0.0)
     assert _digest(*case) == BEFORE_THE_REWRITE[case]

@@ -56,9 +56,12 @@ class Policy(Choice):
       it is expected to end before ``k``'s input is expected (ETA: the
       producer's end, or its start plus its expected cost, plus the latency;
       infinity while the producer has not started); an ``F`` may also go
-      once that input is late (past its ETA) or ``k`` is overdue by the plan;
+      once that input is late (past its ETA by a quarter of ``k``'s cost: a
+      tie in the plan is not lateness) or ``k`` is overdue by the plan;
       a ``B`` or ``W`` never overtakes a late input, because the downstream
-      ranks wait on it. Without notices (a driver that cannot tell) it is the
+      ranks wait on it. Where notices travel (the runtime), ties within that
+      quarter go to the hint and a producer not heard of is expected by
+      ``k``'s due time (see [Note: ETAs in the runtime]). Without notices (a driver that cannot tell) it is the
       older *patience* rule: ``best`` runs if it fits before ``k`` is due by
       the plan (its planned gap after its predecessor plus a quarter of its
       cost, never before its planned start), or once ``k`` is overdue.
@@ -75,6 +78,10 @@ class Policy(Choice):
 #: The share of a task's expected cost the ``ready`` policy waits beyond its
 #: planned arrival before it calls the task overdue.
 PATIENCE_TOLERANCE = 0.25
+
+#: The share of the hint's next task's expected cost by which its input must be past its ETA
+#: before the ETA rule calls it late and lets an ``F`` overtake it (see :meth:`Scoreboard._eta_choice`).
+LATENESS_TOLERANCE = PATIENCE_TOLERANCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +185,10 @@ class Scoreboard:
         notices: whether the driver reports each remote producer's start and
             end (:meth:`producer_started`, :meth:`producer_finished`); then
             ``ready`` arbitrates by the ETA rule, else by patience.
+        notices_travel: whether a notice takes time to arrive (the runtime; the simulator's are
+            instant): then the ETA rule counts a quarter of the next task's cost either side of an
+            ETA as a tie, and a producer not heard of as one that may have started until the next
+            task is due (see [Note: ETAs in the runtime]).
         sizes: each micro-batch's known size relative to the plan's (sequence
             length over the typical one; ``None``: all 1). The ETA rule scales
             expected costs by it: a long micro-batch's weight pass is not a
@@ -206,6 +217,7 @@ class Scoreboard:
         budget: float | None = None,
         plan: RankPlan | None = None,
         notices: bool = False,
+        notices_travel: bool = False,
         sizes: Sequence[float] | None = None,
     ) -> None:
         self.graph = graph
@@ -226,6 +238,7 @@ class Scoreboard:
         self._plan = plan if policy is Policy.READY else None
         self.notices = notices
         self._eta_rule = notices and self._plan is not None
+        self._notices_travel = notices_travel
         #: Per position, how long after its remote producer starts its input is expected
         #: (zeros when the ETA rule is off: nothing reads ``eta`` then).
         self.lead: Sequence[float] = (0.0,) * n
@@ -439,15 +452,39 @@ class Scoreboard:
         """Steps (4)-(6) of the ETA rule: ``best`` if it ends before ``k``'s input is
         expected; an ``F`` also once that input is late or ``k`` is overdue; else wait."""
         eta = self.eta[k]
-        if now + self._expected[best] <= eta:
+        due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+        tie = LATENESS_TOLERANCE * self._expected[k]
+        travel = self._notices_travel  # [Note: ETAs in the runtime]
+        unheard = travel and eta == math.inf and now < due
+        if unheard:
+            eta = due
+        if now + self._expected[best] + (tie if travel else 0.0) <= eta:
             return best
         if not self._is_f[best]:
-            return -1  # a B or W never overtakes a late input: the ranks downstream wait on it
-        due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
-        if now >= eta or now >= due:
+            # A B or W never overtakes a late input: the ranks downstream wait on it. A producer not
+            # heard of by its due time is taken as not started, and then anything fits.
+            self.wake_at = due if unheard else math.inf
+            return -1
+        late = eta + tie  # on time by less is a tie in the plan
+        if now >= late or now >= due:
             return best
-        self.wake_at = min(eta, due)
+        self.wake_at = min(late, due)
         return -1
+
+    # [Note: ETAs in the runtime]
+    # In the simulator an ETA is exact where costs are known: notices are instant, and a producer not
+    # heard of has not started. In the runtime neither holds. A notice travels, so a producer the plan
+    # starts at about the moment this rank decides (a tie in the plan: zbv's V, the last stage's first
+    # backward) may have started with its notice still on the way; and ETAs carry the noise of measured
+    # costs, sleeps and message times, a millisecond or more. Read exactly, that noise reorders a step
+    # that had nothing to gain: a task "fits" by a fraction of a millisecond, or an input is "late" by
+    # one, and the order then differs from run to run. So where notices travel, a quarter of the next
+    # task's cost either side of its ETA is a tie, and ties go to the hint (lateness has that margin
+    # everywhere); and a producer not heard of is expected no later than the hint's next task is due by
+    # the plan (its planned gap and a quarter of its cost). Once that has passed with no notice the
+    # producer is late, and the rule reads it as not started, as the simulator does; the wait this adds
+    # is bounded by that allowance. Measured with benchmarks/readiness-at-scale/kept_order.py (the
+    # README's "Kept order") and held by tests/test_runtime.py's kept-order test.
 
     def _best_ready(self) -> int:
         taken = self._taken

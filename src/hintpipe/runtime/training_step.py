@@ -62,6 +62,7 @@ def scoreboard(parts: Parts, state: StepState) -> Scoreboard:
         budget=budget,
         plan=planner.plan if ready else None,
         notices=ready,
+        notices_travel=True,
         sizes=relative_sizes(state.elements) if ready else None,
     )
 
