@@ -96,14 +96,16 @@ def run_identity(
     group: dist.ProcessGroup | None = None,
     run: str = "",
     names: ModelNames | None = None,
+    what: str = "comparing the ranks' stages",
 ) -> RunIdentity:
     """What this run's checkpoints belong to (call on every rank): the run, and the model's tensors by name
-    with their shapes (the stages' placement and the hint are recorded beside them)."""
+    with their shapes (the stages' placement and the hint are recorded beside them). ``what``: the phase
+    a failure names (a save's or a resume's own words, so that a rank lost here is reported as lost in it)."""
     group = group if group is not None else phase_group()
     names = names if names is not None else ModelNames()
     own = {name: list(t.shape) for name, t in names.named_tensors(modules).items()}
     stages = sorted(modules)
-    shares = together(lambda: (own, stages), "comparing the ranks' stages", group=group, error=CheckpointError)
+    shares = together(lambda: (own, stages), what, group=group, error=CheckpointError)
     stage_rank: dict[int, int] = {s: rank for rank, (_, held) in enumerate(shares) for s in held}
     placement = [stage_rank.get(s, -1) for s in range(max(stage_rank, default=-1) + 1)]
     found = {name: shape for share, _ in shares for name, shape in share.items()}
@@ -164,7 +166,7 @@ def save_checkpoint(
     tmp = root / f"step-{step:08d}.tmp"
     what = f"saving checkpoint step {step} in {root}"
     names = names if names is not None else ModelNames()
-    identity = run_identity(modules, hint=hint, group=group, run=run, names=names)
+    identity = run_identity(modules, hint=hint, group=group, run=run, names=names, what=what)
     state = RankState(modules, names, optimizer, extra)
 
     def prepare() -> None:
@@ -376,7 +378,7 @@ def resume(
     """
     group = group if group is not None else phase_group()
     names = names if names is not None else ModelNames()
-    identity = run_identity(modules, hint=hint, group=group, run=run, names=names)
+    identity = run_identity(modules, hint=hint, group=group, run=run, names=names, what=f"resuming from {directory}")
     rank = dist.get_rank(group)
     chosen = together(
         lambda: find_checkpoint(directory, identity) if rank == 0 else None,
