@@ -17,7 +17,6 @@ This module is torch-free.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
@@ -26,8 +25,10 @@ import numpy as np
 
 from hintpipe.choice import Choice
 from hintpipe.schedule import rules
+from hintpipe.schedule.budgets import device_budgets, rank_budget
 from hintpipe.schedule.fit import BudgetError
 from hintpipe.schedule.rank_graph import RankGraph
+from hintpipe.schedule.rank_plan import PATIENCE_TOLERANCE, RankPlan
 from hintpipe.schedule.task import Kind, Task
 
 __all__ = [
@@ -77,101 +78,9 @@ class Policy(Choice):
     READY = "ready"
 
 
-#: The share of a task's expected cost the ``ready`` policy waits beyond its
-#: planned arrival before it calls the task overdue.
-PATIENCE_TOLERANCE = 0.25
-
 #: The share of the hint's next task's expected cost by which its input must be past its ETA
 #: before the ETA rule calls it late and lets an ``F`` overtake it (see :meth:`Scoreboard._eta_choice`).
 LATENESS_TOLERANCE = PATIENCE_TOLERANCE
-
-
-@dataclasses.dataclass(frozen=True)
-class RankPlan:
-    """What the ``ready`` policy expects of one rank's hint, by position.
-
-    Attributes:
-        allowance: how long after its hint predecessor ends a task may take
-            to become ready (its planned gap plus the tolerance).
-        due: the planned start plus the tolerance: a task is never due
-            earlier than this, even when the rank runs ahead of its plan.
-        expected: expected cost, for backfilling.
-        producer_cost: for the ETA rule, the expected cost of the remote task
-            that feeds each position (0 where there is none; empty: all 0).
-        latency: the expected message latency, added to a producer's end.
-    """
-
-    allowance: tuple[float, ...]
-    due: tuple[float, ...]
-    expected: tuple[float, ...]
-    producer_cost: tuple[float, ...] = ()
-    latency: float = 0.0
-
-    @classmethod
-    def from_timeline(
-        cls,
-        starts: Sequence[float],
-        ends: Sequence[float],
-        expected: Sequence[float],
-        producer_cost: Sequence[float] | None = None,
-        latency: float = 0.0,
-    ) -> RankPlan:
-        """Build from a fixed-order timeline (planned or measured) of the hint;
-        ``producer_cost[i]``: the expected cost of the remote task feeding position ``i``."""
-        if not len(starts) == len(ends) == len(expected):
-            raise ValueError(f"{len(starts)} starts, {len(ends)} ends and {len(expected)} costs: one each per task")
-        begin = np.asarray(starts, dtype=float)
-        cost = np.asarray(expected, dtype=float)
-        slack = PATIENCE_TOLERANCE * cost
-        before = np.concatenate(([0.0], np.asarray(ends, dtype=float)[:-1]))
-        gaps = np.maximum(0.0, begin - before)
-        return cls(
-            tuple((gaps + slack).tolist()),
-            tuple((begin + slack).tolist()),
-            tuple(cost.tolist()),
-            () if producer_cost is None else tuple(float(c) for c in producer_cost),
-            float(latency),
-        )
-
-
-def device_budgets(peaks: Sequence[float], device_budget: float = 0.0) -> list[float]:
-    """Per-device budgets: every rank may hold what the hint's busiest rank holds.
-
-    A hint's own peaks differ by rank (1F1B: rank ``r`` of ``p`` holds ``p - r``
-    micro-batches), so with equal devices the later ranks' memory sits idle;
-    this budget lends it to running ahead, and no device ever holds more than
-    the fixed-order pipeline's busiest one (times ``1 + device_budget``:
-    0.25 for 25% more).
-
-    Args:
-        peaks: each rank's own fixed-order peak (slots or bytes).
-        device_budget: extra share of the largest peak, >= 0.
-
-    Raises:
-        ValueError: for a negative or infinite ``device_budget``.
-    """
-    if device_budget < 0 or not math.isfinite(device_budget):
-        raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25 for 25% more), got {device_budget!r}")
-    room = max(peaks, default=0.0) * (1.0 + device_budget)
-    return [room] * len(peaks)
-
-
-def rank_budget(graph: RankGraph, budget: float | None) -> float:
-    """A rank's budget: ``budget``, or the hint's own peak when ``None``.
-
-    Raises:
-        BudgetError: if ``budget`` is below the hint's own peak on the rank.
-    """
-    if budget is None:
-        return graph.peak
-    # A peak summed in another order than the budget may differ from it in its last bits: that is not short.
-    if budget < graph.peak - abs(graph.peak) * 1e-12:
-        raise BudgetError(
-            f"memory budget {budget:g} on rank {graph.rank} is below the hint's own peak "
-            f"{graph.peak:g}; raise the budget or choose a hint that holds fewer "
-            "micro-batches in flight"
-        )
-    return max(float(budget), graph.peak)
 
 
 class Scoreboard:
@@ -442,9 +351,14 @@ class Scoreboard:
 
     # -- decision -----------------------------------------------------------
 
+    def _due(self, k: int, plan: RankPlan) -> float:
+        """When the hint's next task ``k`` is overdue: its allowance after its predecessor ended, never
+        before its planned start plus the tolerance."""
+        return max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+
     def _patience(self, now: float, k: int, best: int, plan: RankPlan) -> int:
         """Without notices: ``best`` if ``k`` is overdue or ``best`` fits before ``k`` is due; else wait."""
-        due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+        due = self._due(k, plan)
         if now >= due or now + plan.expected[best] <= due:
             return best
         self.wake_at = due
@@ -454,7 +368,7 @@ class Scoreboard:
         """Steps (4)-(6) of the ETA rule: ``best`` if it ends before ``k``'s input is
         expected; an ``F`` also once that input is late or ``k`` is overdue; else wait."""
         eta = self.eta[k]
-        due = max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+        due = self._due(k, plan)
         tie = LATENESS_TOLERANCE * self._expected[k]
         travel = self._notices_travel  # [Note: ETAs in the runtime]
         unheard = travel and eta == math.inf and now < due
