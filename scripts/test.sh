@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv, then run the linters, the type checker, the import graph's rules and the test suite.
-# pytest prints the 25 slowest tests and the seconds each test file took (the suite's time budget).
+# pytest runs the test files on two workers (pytest-xdist; each file on one worker, so a file's spawned rank
+# groups are shared by its tests as in a serial run) and prints the 25 slowest tests and the seconds each test
+# file took (the suite's time budget; summed over both workers). Pass -n 0 to run serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,4 +10,4 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
-.venv/bin/python -m pytest -q --durations=25 "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25 "$@"

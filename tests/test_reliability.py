@@ -170,7 +170,8 @@ def _bad_input_worker(rank: int, world: int, case: str) -> None:
     pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy=policy, timeout=10)
     batch = 6 if case == "divisible" else 8
     with pipe:
-        pipe.step(torch.randn(batch, 4), torch.randn(4 if case == "targets" else batch, 4))
+        target = None if case == "no target" else torch.randn(4 if case == "targets" else batch, 4)
+        pipe.step(torch.randn(batch, 4), target)
 
 
 BAD_INPUT = {
@@ -179,6 +180,10 @@ BAD_INPUT = {
     "shape": "rank 1: TaskError: rank 1: task 1F0 (stage 1, micro-batch 0) failed in step 0: RuntimeError: mat1 and "
     "mat2 shapes",
     "options": "ranks disagree on pipeline options (policy: 'fixed' here, 'greedy' on rank 1)",
+    # The rank that refuses its input fails the first step; its neighbour, already past the start of the
+    # step, hears why (not a wait at the start that ends when the refusing rank's connection closes).
+    "no target": "rank 0: PeerFailure: rank 0: rank 1 failed in step 0; it said: rank 1 hosts the last stage and "
+    "needs the target\nrank 1: ValueError: rank 1 hosts the last stage and needs the target",
     # The unsplit model refuses 8 inputs with 4 targets; split apart, the loss would broadcast them.
     "targets": "ranks 0, 1: ValueError: inputs of 8 samples (shape (8, 4)) and a target of 4 (shape (4, 4)): give "
     "one target per input sample",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 import torch
 
 from hintpipe.runtime.loop.step_loop import StepLoop, StepState
@@ -161,3 +163,36 @@ def test_the_runtimes_own_cpu_time_leaves_out_the_tasks_and_counts_every_other_t
     loop.run(state)
     # The helper's 50 ms are in; the tasks' 80 ms are not (the loop's own bookkeeping adds a little).
     assert 0.05 <= state.measured["runtime_cpu"] < 0.05 + 0.03, state.measured
+
+
+def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(monkeypatch: Any) -> None:
+    # The first step's barrier fails at once when a rank exits (its connection resets): that is a lost rank,
+    # named from the heartbeats; only a barrier that ran for the whole timeout is the watchdog's.
+    import torch.distributed as dist
+
+    from hintpipe.runtime import training_step
+    from hintpipe.runtime.errors import PeerFailure, WatchdogTimeout
+
+    parts = cast(Any, SimpleNamespace(coll=None, timeout=30.0, rank=0))
+    clock = [0.0]
+
+    def barrier(**_: Any) -> None:
+        clock[0] += spent
+        raise RuntimeError("Rank 1 failed to pass monitoredBarrier in 30000 ms\n Original exception: closed")
+
+    monkeypatch.setattr(dist, "monitored_barrier", barrier)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(training_step.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(training_step.liveness, "wait_for_silence", lambda: {1: 3.2})
+    spent = 2.0
+    with pytest.raises(PeerFailure) as lost:
+        training_step.meet(parts, 0)
+    assert (
+        str(lost.value)
+        == "rank 0: rank 1 failed in the start of step 0 (rank 1 stopped answering (no sign of life for 3 s))"
+    )
+    spent = 30.0
+    with pytest.raises(
+        WatchdogTimeout, match=r"^rank 0: waited 30 s for the other ranks to start step 0: Rank 1 failed"
+    ):
+        training_step.meet(parts, 0)

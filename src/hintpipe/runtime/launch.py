@@ -30,8 +30,10 @@ under its own key prefix (``TORCHELASTIC_RESTART_COUNT``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import datetime
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import shutil
@@ -45,7 +47,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -137,16 +139,25 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, d
         path.write_bytes(pickle.dumps(("error", text, traceback.format_exc())))
         # Leave at once: tearing the process group down would wait on peers
         # that may be dead or stuck, which is exactly what must not hang us.
-        sys.stderr.flush()
-        os._exit(1)
+        _leave(1)
     liveness.stop()
     dist.destroy_process_group()
     # The result is written and the group is down: leave without the interpreter's finalisation, in which
     # a transport thread still returning from a C++ call would abort the process (exit code -6) for
     # nothing.
+    _leave(0)
+
+
+def _leave(code: int) -> NoReturn:
+    """End a spawned rank now, without the interpreter's finalisation, but with multiprocessing's own
+    finalizers: a lock the rank made (tqdm makes one whenever torch.fx's interpreter runs, as the planner's
+    capture does) is then removed here, not reported as leaked by the launcher's resource tracker when the
+    launcher exits (a warning users would read as the library's leak)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    with contextlib.suppress(Exception):  # nothing at exit may keep a rank from ending
+        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]  # what a normal exit runs first
+    os._exit(code)
 
 
 def under_torchrun() -> bool:

@@ -22,6 +22,7 @@ ahead into the next step only fills its neighbours' inboxes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast, overload
 
@@ -316,8 +317,9 @@ class Pipeline:
     def _step(
         self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
     ) -> torch.Tensor | None:
+        round_ = self._next_round()  # first: a rank refusing its inputs then reaches its neighbours' step
         state = prepare_step(self.step_count, self.parts, inputs, target, loss_divisor)
-        state.round = self._next_round()
+        state.round = round_
         order_step(state, self.parts, self._options["microbatch_order"])
         loss = run_step(self.parts, state, self._stash)
         self.step_count += 1
@@ -344,8 +346,9 @@ class Pipeline:
         self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
     ) -> torch.Tensor | None:
         with evaluating(self.parts.modules.values()):
+            round_ = self._next_round()
             state = evaluation_state(self.parts, self.step_count, inputs, target, loss_divisor)
-            state.round = self._next_round()
+            state.round = round_
             loss = run_evaluation(self.parts, state, self._stash)
         return broadcast(self.parts, loss, f"evaluation {self.step_count}") if broadcast_loss else loss
 
@@ -395,7 +398,7 @@ class Pipeline:
     def _abort(self, exc: BaseException) -> None:
         if not self._closed:
             self._closed = True
-            text = str(exc) if str(exc).startswith(f"rank {self.rank}:") else f"rank {self.rank}: {exc}"
+            text = str(exc) if re.match(rf"rank {self.rank}\b", str(exc)) else f"rank {self.rank}: {exc}"
             self.parts.transport.close(timeout=5.0, error=text)
             if self.parts.coordination is not None and not self.parts.coordination.is_leader:
                 self.parts.coordination.close(timeout=5.0)

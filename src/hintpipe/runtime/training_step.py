@@ -9,6 +9,7 @@ the step's scoreboard, then ``end_step`` (see :mod:`hintpipe.runtime.loop.hooks`
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -80,10 +81,14 @@ def broadcast(parts: Parts, loss: torch.Tensor | None, label: str) -> torch.Tens
 
 def meet(parts: Parts, step: int) -> None:
     """Start the first step together (one clock for the timeline), but never wait on a missing rank longer
-    than the watchdog timeout."""
+    than the watchdog timeout. A barrier that fails sooner lost a rank (one that failed on its own inputs
+    and exited resets its connections at once): that rank is named, not a wait that did not happen."""
+    began = time.monotonic()
     try:
         dist.monitored_barrier(group=parts.coll, timeout=datetime.timedelta(seconds=parts.timeout))
     except RuntimeError as exc:
+        if time.monotonic() - began < parts.timeout:
+            raise liveness.lost_peer(dist.get_rank(), f"the start of step {step}", exc) from None
         raise WatchdogTimeout(
             f"rank {parts.rank}: waited {parts.timeout:g} s for the other ranks to start step {step}: {exc}"
         ) from None
