@@ -171,6 +171,7 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
     import torch.distributed as dist
 
     from hintpipe.runtime import training_step
+    from hintpipe.runtime.checkpoint import liveness
     from hintpipe.runtime.errors import PeerFailure, WatchdogTimeout
 
     parts = cast(Any, SimpleNamespace(coll=None, timeout=30.0, rank=0))
@@ -182,8 +183,8 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
 
     monkeypatch.setattr(dist, "monitored_barrier", barrier)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
-    monkeypatch.setattr(training_step.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(training_step.liveness, "wait_for_silence", lambda: {1: 3.2})
+    monkeypatch.setattr("hintpipe.runtime.training_step.time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(liveness, "wait_for_silence", lambda: {1: 3.2})
     spent = 2.0
     with pytest.raises(PeerFailure) as lost:
         training_step.meet(parts, 0)

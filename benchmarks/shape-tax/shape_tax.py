@@ -19,7 +19,8 @@ tokens (``equal``) or lognormal(64, 0.5) per micro-batch (``variable``):
   costs, apart from the runtime and from the second process.
 
 ``--lengths formed`` forms the ``variable`` step's sequences into
-micro-batches by cost (:func:`hintpipe.form_batch`).
+micro-batches by cost (:func:`hintpipe.form_batch`); ``--lengths sorted``
+runs ``variable``'s micro-batches longest-first (``microbatch_order``).
 
 A ratio of 1.00 means a task costs in the pipeline what the model costs on
 its shapes. Every measurement is a process of its own with ``PYTHONPATH``
@@ -52,6 +53,8 @@ CONFIG = {"name": "gpt-mini", "layers": 8, "hidden": HIDDEN, "heads": 4, "vocab"
 MICROBATCHES = 8
 SEQUENCES = 2  # per micro-batch
 LENGTHS = {"equal": (64, 0.0), "variable": (64, 0.5)}  # and "formed": variable's sequences formed by cost
+#: Lengths whose data are another's: ``formed`` and ``sorted`` run ``variable``'s sequences.
+SAME_DATA = {"formed": "variable", "sorted": "variable"}
 
 #: (stage, kind, micro-batch, wall seconds, CPU seconds) of one computation.
 Timing = tuple[int, str, int, float, float]
@@ -63,7 +66,7 @@ def batch(lengths: str, step: int) -> tuple[list[Any], list[Any], list[int]]:
     proportional to tokens), padded to each micro-batch's longest."""
     from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
 
-    mean, sigma = LENGTHS["variable" if lengths == "formed" else lengths]
+    mean, sigma = LENGTHS[SAME_DATA.get(lengths, lengths)]
     config = ModelConfig(**CONFIG)  # type: ignore[arg-type]
     drawn = make_batch(config, MICROBATCHES, SEQUENCES, SeqLenDist(mean, sigma), step, data_seed=0)
     if lengths != "formed":
@@ -99,8 +102,9 @@ def inside_rank(rank: int, world: int, lengths: str, steps: int) -> dict[str, An
 
     computations: list[list[Timing]] = []
     step_times, tokens = [], []
+    order = "longest-first" if lengths == "sorted" else "given"
     with hintpipe.Pipeline.from_modules(
-        stages(), loss_fn=lm_loss, microbatches=MICROBATCHES, hint="1f1b", policy="fixed"
+        stages(), loss_fn=lm_loss, microbatches=MICROBATCHES, hint="1f1b", policy="fixed", microbatch_order=order
     ) as pipe:
         executor: Any = pipe.executor
         log: list[Timing] = []
@@ -309,9 +313,10 @@ def main() -> None:
     parser.add_argument(
         "--lengths",
         nargs="+",
-        choices=["equal", "variable", "formed"],
+        choices=["equal", "variable", "formed", "sorted"],
         default=["equal", "variable"],
-        help="formed: the variable step's sequences formed into micro-batches by cost",
+        help="formed: the variable step's sequences formed into micro-batches by cost; sorted: variable's "
+        "micro-batches run longest-first (the pipeline's microbatch_order)",
     )
     parser.add_argument("--measure", nargs=2, metavar=("WHERE", "LENGTHS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
