@@ -6,6 +6,7 @@ CUDA branches are exercised by benchmarks/gpu where a GPU is available.
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from typing import Any, ClassVar
@@ -17,6 +18,7 @@ from torch._C._distributed_c10d import HashStore
 
 from hintpipe.device import ReceivedBytes, gpu_identity, own_gpu, rank_device, to_device
 from hintpipe.runtime.assembly import Seams
+from hintpipe.runtime.errors import PeerFailure
 from hintpipe.runtime.launch import gather_over_store, run_ranks
 from hintpipe.runtime.loop.executor import StageExecutor
 from hintpipe.runtime.loop.timing import DeviceTimer
@@ -65,6 +67,20 @@ def test_every_ranks_gpu_is_gathered_through_the_rendezvous_store() -> None:
     store.set("hintpipe/gpu/1", "node-a/GPU-2")  # rank 1 said its GPU first
     assert gather_over_store(store, 0, 2, "hintpipe/gpu", "node-a/GPU-1") == ["node-a/GPU-1", "node-a/GPU-2"]
     assert gather_over_store(store, 1, 2, "hintpipe/gpu", "node-a/GPU-2") == ["node-a/GPU-1", "node-a/GPU-2"]
+
+
+def test_a_rank_that_never_reaches_the_start_is_named() -> None:
+    # A rank stopped or killed while it starts (importing torch) never says its device: the others name it
+    # when the store's wait runs out, not the store's keys.
+    store = HashStore()
+    store.set_timeout(datetime.timedelta(seconds=0.2))
+    store.set("hintpipe/gpu/1", "")
+    with pytest.raises(PeerFailure) as never:
+        gather_over_store(store, 0, 4, "hintpipe/gpu", "")
+    assert str(never.value) == (
+        "rank 0: rank 2, rank 3 never joined the run (waited 0.2 s for them at the start: stopped, killed, or "
+        "still starting)"
+    )
 
 
 def test_an_unknown_device_is_refused_before_any_rank_starts() -> None:

@@ -192,8 +192,16 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
         str(lost.value)
         == "rank 0: rank 1 failed in the start of step 0 (rank 1 stopped answering (no sign of life for 3 s))"
     )
-    spent = 30.0
-    with pytest.raises(
-        WatchdogTimeout, match=r"^rank 0: waited 30 s for the other ranks to start step 0: Rank 1 failed"
-    ):
+    spent = 30.0  # a barrier that ran for the whole timeout: a wait, naming the rank whose heartbeat stopped
+    monkeypatch.setattr(liveness, "silent_ranks", lambda: {1: 31.0})
+    with pytest.raises(WatchdogTimeout) as waited:
         training_step.meet(parts, 0)
+    assert str(waited.value) == (
+        "rank 0: waited 30 s for the other ranks to start step 0: rank 1 stopped answering (no sign of life for 31 s)"
+    )
+    monkeypatch.setattr(liveness, "silent_ranks", dict)  # every heartbeat fresh: the barrier's own first line
+    with pytest.raises(WatchdogTimeout) as waited:
+        training_step.meet(parts, 0)
+    assert str(waited.value) == (
+        "rank 0: waited 30 s for the other ranks to start step 0: Rank 1 failed to pass monitoredBarrier in 30000 ms"
+    )

@@ -59,7 +59,7 @@ from hintpipe.device import gpu_identity, own_gpu, rank_device
 from hintpipe.options import DeviceChoice
 from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
-from hintpipe.runtime.errors import Interrupted, RankFailure
+from hintpipe.runtime.errors import Interrupted, PeerFailure, RankFailure
 from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
@@ -107,9 +107,25 @@ def init_rank(
 
 def gather_over_store(store: Any, rank: int, world: int, key: str, value: str) -> list[str]:
     """Every rank's ``value``, in rank order, through the rendezvous ``store`` (before any process group
-    exists: the default group's backend depends on what the ranks say)."""
+    exists: the default group's backend depends on what the ranks say).
+
+    Raises:
+        PeerFailure: naming the ranks that never said theirs within the store's timeout (stopped or killed
+            while they started), instead of the store's list of keys.
+    """
     store.set(f"{key}/{rank}", value)
-    return [v.decode() for v in store.multi_get([f"{key}/{r}" for r in range(world)])]
+    keys = [f"{key}/{r}" for r in range(world)]
+    try:
+        return [v.decode() for v in store.multi_get(keys)]
+    except RuntimeError:  # torch.distributed.DistStoreError: the wait timed out
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        if not missing:
+            raise
+        names = ", ".join(f"rank {r}" for r in missing)
+        raise PeerFailure(
+            f"rank {rank}: {names} never joined the run (waited {store.timeout.total_seconds():g} s for "
+            f"{'it' if len(missing) == 1 else 'them'} at the start: stopped, killed, or still starting)"
+        ) from None
 
 
 def attempt() -> int:

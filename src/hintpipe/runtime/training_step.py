@@ -89,6 +89,8 @@ def meet(parts: Parts, step: int) -> None:
     except RuntimeError as exc:
         if time.monotonic() - began < parts.timeout:
             raise liveness.lost_peer(dist.get_rank(), f"the start of step {step}", exc) from None
+        silent = liveness.silent_ranks()  # a rank stopped (SIGSTOP, a debugger) still holds its connections
+        said = liveness.describe(silent) if silent else str(exc).strip().split("\n", 1)[0]
         raise WatchdogTimeout(
-            f"rank {parts.rank}: waited {parts.timeout:g} s for the other ranks to start step {step}: {exc}"
+            f"rank {parts.rank}: waited {parts.timeout:g} s for the other ranks to start step {step}: {said}"
         ) from None
