@@ -141,6 +141,10 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
         (["--faults", "crash:1:99"], "--faults names step 99, the run has steps 0..0: it would never fire"),
         (["--trace", "/no/such/folder/t.json"], "--trace /no/such/folder/t.json: the folder /no/such/folder does not"),
         (["--checkpoint-dir", "pyproject.toml"], "--checkpoint-dir pyproject.toml is a file, not a folder"),
+        (
+            ["--checkpoint-dir", "pyproject.toml/ck"],
+            "--checkpoint-dir pyproject.toml/ck: its parent pyproject.toml is a file, not a folder",
+        ),
         (["--checkpoint-keep", "0"], "--checkpoint-keep must be at least 1, got 0"),
         (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
         (["--resume", "--replace-checkpoints"], "--resume and --replace-checkpoints need --checkpoint-dir"),

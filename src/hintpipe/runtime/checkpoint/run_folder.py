@@ -83,6 +83,8 @@ def check_writable(folder: Path, flag: str = "--checkpoint-dir") -> None:
     """
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{flag} {folder} is a file, not a folder")
+    if folder.parent.exists() and not folder.parent.is_dir():
+        raise ValueError(f"{flag} {folder}: its parent {folder.parent} is a file, not a folder")
     if not folder.parent.is_dir():
         raise ValueError(f"{flag} {folder}: its parent {folder.parent} does not exist (a typo?); create it first")
     probe = folder / f".hintpipe-write-test-{uuid.uuid4().hex[:8]}"
