@@ -8,8 +8,9 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -164,10 +165,15 @@ def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((out - target) ** 2).mean()
 
 
+def _float_mse(out: torch.Tensor, target: torch.Tensor) -> float:
+    return float(_mse(out, target))  # a common slip: .item() on the loss
+
+
 def _bad_input_worker(rank: int, world: int, case: str) -> None:
     modules: list[nn.Module] = [nn.Linear(4, 4), nn.Linear(5, 4)] if case == "shape" else [nn.Linear(4, 4)] * 2
     policy = "greedy" if (case == "options" and rank == 1) else "fixed"
-    pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy=policy, timeout=10)
+    loss_fn = cast(Callable[[Any, Any], torch.Tensor], _float_mse if case == "float loss" else _mse)
+    pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=4, hint="1f1b", policy=policy, timeout=10)
     batch = 6 if case == "divisible" else 8
     with pipe:
         target = None if case == "no target" else torch.randn(4 if case == "targets" else batch, 4)
@@ -180,6 +186,8 @@ BAD_INPUT = {
     "shape": "rank 1: TaskError: rank 1: task 1F0 (stage 1, micro-batch 0) failed in step 0: RuntimeError: mat1 and "
     "mat2 shapes",
     "options": "ranks disagree on pipeline options (policy: 'fixed' here, 'greedy' on rank 1)",
+    "float loss": "rank 1: TaskError: rank 1: task 1F0 (stage 1, micro-batch 0) failed in step 0: TypeError: "
+    "loss_fn must return a scalar tensor, got a float",
     # The rank that refuses its input fails the first step; its neighbour, already past the start of the
     # step, hears why (not a wait at the start that ends when the refusing rank's connection closes).
     "no target": "rank 0: PeerFailure: rank 0: rank 1 failed in step 0; it said: rank 1 hosts the last stage and "

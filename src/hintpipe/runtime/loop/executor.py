@@ -123,6 +123,16 @@ def as_tensors(value: Any) -> list[torch.Tensor]:
     )
 
 
+def scaled_loss(loss: Any, scale: float) -> torch.Tensor:
+    """The loss ``loss_fn`` returned, times ``scale``; refused in words unless it is a scalar tensor (a Python
+    number has no gradient to run backward from, a tensor of several values no one loss)."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"loss_fn must return a scalar tensor, got a {type(loss).__name__}")
+    if loss.dim() != 0:
+        raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+    return loss * scale
+
+
 def as_input(tensor: torch.Tensor) -> torch.Tensor:
     """A received activation as a leaf input: floating tensors require grad."""
     leaf = tensor.detach()
@@ -215,9 +225,7 @@ class StageExecutor:
             out = self.modules[stage](*inputs)
             loss = None
             if stage == self.last_stage:
-                loss = self.loss_fn(out, target) * loss_scale
-                if loss.dim() != 0:
-                    raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+                loss = scaled_loss(self.loss_fn(out, target), loss_scale)
                 outputs = [loss]
             else:
                 outputs = as_tensors(out)
@@ -298,9 +306,7 @@ class StageExecutor:
             out = self.modules[stage](*inputs)
             if stage != self.last_stage:
                 return as_tensors(out), None
-            loss = self.loss_fn(out, target) * loss_scale
-        if loss.dim() != 0:
-            raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+            loss = scaled_loss(self.loss_fn(out, target), loss_scale)
         return [], loss
 
 
