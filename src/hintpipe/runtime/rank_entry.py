@@ -9,10 +9,23 @@ launcher killed during them is gone before a watch started after the import
 could see it (the rank is re-parented, and a watch that reads its parent
 then reads the wrong one). So this module imports nothing slow, and a rank
 starts here: it asks the kernel to kill it when its parent dies
-(``prctl(PR_SET_PDEATHSIG)``, Linux), then checks that its parent is still
-the launcher whose pid the launcher put in the environment (it may have died
-before the request), and only then imports torch and runs. A thread that
-watches the parent covers systems without ``prctl``.
+(``prctl(PR_SET_PDEATHSIG)``, Linux), imports torch (a launcher killed
+meanwhile takes the rank with it), then checks that its parent is still the
+launcher whose pid the launcher put in the environment (it may have died
+before the request, or during the import where there is no ``prctl``), and
+only then runs. A thread that watches the parent covers systems without
+``prctl``; it starts after torch's import (see [Note: torch before threads]).
+
+[Note: torch before threads]
+A rank that imported torch while the watching thread already ran computed
+the last stage's forward on variable-length micro-batches 1.5-1.9x as long
+as the same computation alone (CPU time), against 1.2-1.4x when torch came
+first; equal lengths and the other tasks were the same either way
+(``benchmarks/shape-tax``, "The last stage's forward, rerun", interleaved
+repeats). Why the import's order matters is not known (oneDNN
+off around the tasks changed nothing); the import is placed first because it
+is measured, and because it costs nothing: the parent check after it still
+ends a rank whose launcher died at any moment of start-up.
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ def tie_to_launcher() -> None:
         return
     launcher = int(expected)
     _die_with_parent()
+    import torch  # noqa: F401  # before this process's first thread (see [Note: torch before threads])
+
     if os.getppid() != launcher:  # it died while this rank started: stop before anything is written
         os._exit(1)
 
