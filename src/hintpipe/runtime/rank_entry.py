@@ -5,16 +5,17 @@ A rank spawned by :func:`hintpipe.runtime.launch.run_ranks` must end when its
 launcher does, even when the launcher is killed with SIGKILL and cannot stop
 it: otherwise the rank trains the whole job on its own and writes checkpoints
 into a folder a restarted job will use. Importing torch takes seconds, and a
-launcher killed during them is gone before a watch started after the import
-could see it (the rank is re-parented, and a watch that reads its parent
-then reads the wrong one). So this module imports nothing slow, and a rank
-starts here: it asks the kernel to kill it when its parent dies
-(``prctl(PR_SET_PDEATHSIG)``, Linux), imports torch (a launcher killed
-meanwhile takes the rank with it), then checks that its parent is still the
-launcher whose pid the launcher put in the environment (it may have died
-before the request, or during the import where there is no ``prctl``), and
-only then runs. A thread that watches the parent covers systems without
-``prctl``; it starts after torch's import (see [Note: torch before threads]).
+launcher killed during them is gone before any check after the import could
+run. So this module imports nothing slow at its top, and a rank starts here:
+it asks the kernel to kill it when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, Linux), so that a launcher killed during the
+import takes the rank with it; imports torch; then checks that its parent is
+still the launcher whose pid the launcher put in the environment (it may
+have died before the request, or during the import where there is no
+``prctl``: the rank was re-parented), and only then runs. A thread that
+compares the parent with that pid every half second covers systems without
+``prctl`` from then on; it starts after torch's import (see [Note: torch
+before threads]).
 
 [Note: torch before threads]
 A rank that imported torch while the watching thread already ran computed
@@ -22,9 +23,9 @@ the last stage's forward on variable-length micro-batches 1.5-1.9x as long
 as the same computation alone (CPU time), against 1.2-1.4x when torch came
 first; equal lengths and the other tasks were the same either way
 (``benchmarks/shape-tax``, "The last stage's forward, rerun", interleaved
-repeats). Why the import's order matters is not known (oneDNN
-off around the tasks changed nothing); the import is placed first because it
-is measured, and because it costs nothing: the parent check after it still
+repeats). Why the import's order matters is not known (oneDNN off around
+the tasks changed nothing); the import comes before the thread because that
+is what was measured, and it costs nothing: the parent check after it still
 ends a rank whose launcher died at any moment of start-up.
 """
 
@@ -52,7 +53,8 @@ def _die_with_parent() -> None:
 
 
 def tie_to_launcher() -> None:
-    """End this process at once if its launcher is gone, now or later (see the module's Note)."""
+    """End this process at once if its launcher is gone, now or later; import torch on the way, before this
+    process's first thread (see the module's Notes). Nothing where no launcher of ours started the process."""
     expected = os.environ.get(LAUNCHER_ENV)
     if expected is None:
         return
@@ -72,8 +74,9 @@ def tie_to_launcher() -> None:
 
 
 def start_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
-    """A spawned rank's entry point: tied to its launcher first, then :func:`hintpipe.runtime.launch.run_rank`
-    (which imports torch) on the function and arguments ``packed`` holds, on ``device`` (a choice)."""
+    """A spawned rank's entry point: tied to its launcher first (torch imported meanwhile), then
+    :func:`hintpipe.runtime.launch.run_rank` on the function and arguments ``packed`` holds, on ``device``
+    (a choice)."""
     tie_to_launcher()
     from hintpipe.runtime.launch import run_rank
 
