@@ -34,9 +34,10 @@ from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import TrainConfig, TrainResult, profile_costs, train
 from hintpipe.runtime.loop.executor import EmulatedCosts
 
-# (dp, pp, tp, data parallelism): 4, 4 and 8 processes with real compute, then 16 and 32 emulated.
+# (dp, pp, tp, data parallelism): 4, 4 and 8 processes with real compute, then 8, 16 and 32 emulated (8 real
+# processes on 2 cores measure the machine: DP2 x PP2 x TP2 runs both ways).
 REAL = [(2, 2, 1, "replicate"), (2, 2, 1, "fsdp"), (1, 2, 2, "replicate"), (2, 2, 2, "fsdp")]
-EMULATED = [(2, 4, 2, "replicate"), (2, 8, 2, "replicate")]
+EMULATED = [(2, 2, 2, "replicate"), (2, 4, 2, "replicate"), (2, 8, 2, "replicate")]
 
 
 def configure(dp: int, pp: int, tp: int, mode: str, policy: str, steps: int) -> TrainConfig:
