@@ -65,6 +65,17 @@ def test_every_python_block_of_the_readme_runs_as_pasted(index: int, tmp_path: P
         assert all(0 < loss < 10 for loss in spawned + under_torchrun)
 
 
+def test_the_training_block_run_again_in_its_folder_says_there_is_nothing_left(tmp_path: Path) -> None:
+    block = next(b for b in python_blocks() if "Checkpointer" in b)
+    first = _run(block, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert len(_numbers(first.stdout)) == 2  # each rank's loss
+    again = _run(block, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = "ckpt holds all 4 steps of its run: nothing left to train (delete it to start again)"
+    assert again.stdout.strip() == repr([said, said])
+
+
 def test_the_training_block_without_its_main_guard_is_refused_in_one_line(tmp_path: Path) -> None:
     block = next(b for b in python_blocks() if "Checkpointer" in b)
     head, _, guarded = block.partition('if __name__ == "__main__":')
