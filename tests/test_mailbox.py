@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.transport.mailbox import PostOffice
-from hintpipe.runtime.transport.wire import MessageKind
+from hintpipe.runtime.transport.wire import MessageKind, lost_connection, what_the_peer_said
 
 
 def _messages() -> list[list[torch.Tensor | None]]:
@@ -94,3 +94,18 @@ def test_notices_travel_on_their_own_channel_and_close_ends_both_threads() -> No
         (1, mb, int(MessageKind.ACTIVATION if mb % 2 == 0 else MessageKind.GRADIENT)) for mb in range(count)
     ]
     assert not alive  # the peer's close reached the notice thread too
+
+
+def test_a_lost_connection_is_worded_as_one_and_a_peers_abort_as_its_words() -> None:
+    # A crashed peer says nothing: its connection closes under the receiving thread, and the error names the
+    # backend's reason without gloo's source path and advice.
+    gloo = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:5506. This is typically caused by a remote worker crashing. Check the logs of the remote "
+        "worker before reporting an error. GLHF!"
+    )
+    lost = lost_connection(1, RuntimeError(gloo))
+    assert (lost.kind, lost.peer) == (MessageKind.ABORT, 1)
+    assert what_the_peer_said(lost.error) == "its connection closed (Connection closed by peer [127.0.0.1]:5506)"
+    assert what_the_peer_said(lost_connection(1, RuntimeError("")).error) == "its connection closed (no reason given)"
+    assert what_the_peer_said("rank 1: out of memory") == "it said: rank 1: out of memory"

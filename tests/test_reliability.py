@@ -151,7 +151,7 @@ def test_a_crashed_rank_ends_the_command_naming_it() -> None:
     lines = run.stderr.strip().splitlines()
     failed = lines[lines.index("hintpipe train: failed:") :]  # after the crashing rank's own log line
     assert failed[1].startswith("rank 0: PeerFailure: rank 0: rank 1 failed in step 3") or failed[1].startswith(
-        "rank 0: PeerFailure: rank 0: rank 1 failed in step -1; it said: connection lost"
+        "rank 0: PeerFailure: rank 0: rank 1 failed in step -1; its connection closed (Connection closed by peer"
     ), run.stderr
     assert failed[2:] == [
         "rank 1: exited without a result (exit status 3 before it could report; its error is on stderr above)"

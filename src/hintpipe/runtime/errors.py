@@ -7,6 +7,8 @@ for or what failed, and the step.
 
 from __future__ import annotations
 
+import re
+
 
 class WatchdogTimeout(RuntimeError):
     """A rank waited longer than the timeout with nothing ready (or for a collective)."""
@@ -46,3 +48,12 @@ class CheckpointError(RuntimeError):
 
 class DamagedCheckpoint(CheckpointError):
     """A checkpoint whose files are missing, incomplete or altered."""
+
+
+def backend_reason(text: str) -> str:
+    """The first line of a communication backend's error without what only its developers need: gloo's
+    ``[/__w/.../pair.cc:553] Connection closed by peer [127.0.0.1]:5506. This is typically caused by a remote
+    worker crashing. ...`` is ``Connection closed by peer [127.0.0.1]:5506``."""
+    lines = text.strip().splitlines()
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0] if lines else "")
+    return first.split(". This is typically")[0].rstrip(".")

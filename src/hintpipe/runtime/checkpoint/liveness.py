@@ -23,7 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hintpipe.runtime.errors import PeerFailure
+from hintpipe.runtime.errors import PeerFailure, backend_reason
 
 #: Seconds without a heartbeat after which a rank counts as stopped (heartbeats come every second).
 SILENT_AFTER = 3.0
@@ -127,5 +127,4 @@ def lost_peer(rank: int, where: str, exc: BaseException) -> PeerFailure:
     if silent:
         ranks = ", ".join(f"rank {r}" for r in silent)
         return PeerFailure(f"rank {rank}: {ranks} failed in {where} ({describe(silent)})")
-    lines = str(exc).strip().splitlines()
-    return PeerFailure(f"rank {rank}: {where} failed: {type(exc).__name__}: {lines[0] if lines else ''}")
+    return PeerFailure(f"rank {rank}: {where} failed: {type(exc).__name__}: {backend_reason(str(exc))}")

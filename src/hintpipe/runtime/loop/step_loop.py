@@ -26,7 +26,7 @@ from hintpipe.runtime.loop.executor import Executor, Tensors, as_input
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.parallel.coordination import LOOKAHEAD, Coordination
 from hintpipe.runtime.transport.protocol import Transport
-from hintpipe.runtime.transport.wire import Message, MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind, what_the_peer_said
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, Scoreboard
@@ -272,7 +272,8 @@ class StepLoop:
         if msg.kind is MessageKind.STOP:
             return
         if msg.kind is MessageKind.ABORT:
-            raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in {state.label}; it said: {msg.error}")
+            said = what_the_peer_said(msg.error)
+            raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in {state.label}; {said}")
         if msg.step > state.round:
             self.stash.append(msg)
             return

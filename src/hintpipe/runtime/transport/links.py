@@ -73,7 +73,7 @@ import torch.distributed as dist
 from hintpipe.device import EventArrival, ReceivedBytes, new_event, new_stream
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.sender import Outgoing
-from hintpipe.runtime.transport.wire import HEADER, Message, MessageKind, decode_meta, encode_header
+from hintpipe.runtime.transport.wire import HEADER, Message, MessageKind, decode_meta, encode_header, lost_connection
 
 #: Link sends kept before the oldest is waited on (NCCL's are dropped once complete; gloo's only when waited).
 _MAX_LINK_SENDS = 64
@@ -141,9 +141,7 @@ class LinkPostOffice(PostOffice):
                 message = Message(MessageKind(kind), step, stage, mb, tensors, peer, ready=ready)
                 deliver_when_arrived(self.inbox, message)
         except Exception as exc:  # the peer died or the group was torn down
-            self.inbox.put(
-                Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
-            )
+            self.inbox.put(lost_connection(peer, exc))
 
     def _receive_payload(
         self,

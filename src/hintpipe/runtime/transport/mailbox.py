@@ -61,6 +61,7 @@ from hintpipe.runtime.transport.wire import (
     decode_meta,
     encode_header,
     encode_meta,
+    lost_connection,
     pack,
     unpack,
 )
@@ -146,9 +147,7 @@ class PostOffice:
                 arrived = time.perf_counter()
                 self.inbox.put(Message(MessageKind(kind), step, stage, mb, tensors, peer, arrived, ready=ready))
         except Exception as exc:  # the peer died or the group was torn down
-            self.inbox.put(
-                Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), f"connection lost: {exc}")
-            )
+            self.inbox.put(lost_connection(peer, exc))
 
     def _payload(
         self, peer: int, first: torch.Tensor, capacity: int, nbytes: int

@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from hintpipe.runtime.errors import backend_reason
 
 
 class MessageKind(enum.IntEnum):
@@ -61,6 +64,24 @@ class Message:
     #: The tensors' transfer to the device (a :class:`hintpipe.device.Arrival`; None: usable now): the step
     #: loop lets the compute stream use them only after it, right before the task that consumes them.
     ready: Any = None
+
+
+def lost_connection(peer: int, exc: BaseException) -> Message:
+    """What a receiving thread puts in the inbox when its connection to ``peer`` fails: an ABORT that the peer
+    did not send (it crashed, was killed, or the group was torn down), worded by :func:`what_the_peer_said`."""
+    return Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), _LOST + str(exc))
+
+
+def what_the_peer_said(error: str | None) -> str:
+    """An ABORT's text for an error message: the peer's own words (``it said: ...``), or, for a connection
+    that failed under it, the backend's reason without its source path and advice (gloo's
+    ``[.../pair.cc:553] Connection closed by peer [127.0.0.1]:5506. This is typically caused by ...``)."""
+    if error is None or not error.startswith(_LOST):
+        return f"it said: {error}"
+    return f"its connection closed ({backend_reason(error[len(_LOST) :]) or 'no reason given'})"
+
+
+_LOST = "connection lost: "
 
 
 def encode_header(
