@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.transport.mailbox import PostOffice
-from hintpipe.runtime.transport.wire import MessageKind, lost_connection, what_the_peer_said
+from hintpipe.runtime.transport.wire import Message, MessageKind, lost_connection, what_the_peer_said
 
 
 def _messages() -> list[list[torch.Tensor | None]]:
@@ -105,7 +105,8 @@ def test_a_lost_connection_is_worded_as_one_and_a_peers_abort_as_its_words() -> 
         "worker before reporting an error. GLHF!"
     )
     lost = lost_connection(1, RuntimeError(gloo))
-    assert (lost.kind, lost.peer) == (MessageKind.ABORT, 1)
-    assert what_the_peer_said(lost.error) == "its connection closed (Connection closed by peer [127.0.0.1]:5506)"
-    assert what_the_peer_said(lost_connection(1, RuntimeError("")).error) == "its connection closed (no reason given)"
-    assert what_the_peer_said("rank 1: out of memory") == "it said: rank 1: out of memory"
+    assert (lost.kind, lost.peer, lost.lost) == (MessageKind.ABORT, 1, True)
+    assert what_the_peer_said(lost) == "its connection closed (Connection closed by peer [127.0.0.1]:5506)"
+    assert what_the_peer_said(lost_connection(1, RuntimeError(""))) == "its connection closed (no reason given)"
+    said = Message(MessageKind.ABORT, -1, -1, -1, [], 1, 0.0, "rank 1: out of memory")
+    assert what_the_peer_said(said) == "it said: rank 1: out of memory"

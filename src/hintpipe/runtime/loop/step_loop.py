@@ -272,7 +272,7 @@ class StepLoop:
         if msg.kind is MessageKind.STOP:
             return
         if msg.kind is MessageKind.ABORT:
-            said = what_the_peer_said(msg.error)
+            said = what_the_peer_said(msg)
             raise PeerFailure(f"rank {self.rank}: rank {msg.peer} failed in {state.label}; {said}")
         if msg.step > state.round:
             self.stash.append(msg)

@@ -64,24 +64,24 @@ class Message:
     #: The tensors' transfer to the device (a :class:`hintpipe.device.Arrival`; None: usable now): the step
     #: loop lets the compute stream use them only after it, right before the task that consumes them.
     ready: Any = None
+    #: An ABORT the peer did not send: the connection to it failed under the receiving thread (``error``: the
+    #: backend's text).
+    lost: bool = False
 
 
 def lost_connection(peer: int, exc: BaseException) -> Message:
     """What a receiving thread puts in the inbox when its connection to ``peer`` fails: an ABORT that the peer
     did not send (it crashed, was killed, or the group was torn down), worded by :func:`what_the_peer_said`."""
-    return Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), _LOST + str(exc))
+    return Message(MessageKind.ABORT, -1, -1, -1, [], peer, time.perf_counter(), str(exc), lost=True)
 
 
-def what_the_peer_said(error: str | None) -> str:
+def what_the_peer_said(abort: Message) -> str:
     """An ABORT's text for an error message: the peer's own words (``it said: ...``), or, for a connection
     that failed under it, the backend's reason without its source path and advice (gloo's
     ``[.../pair.cc:553] Connection closed by peer [127.0.0.1]:5506. This is typically caused by ...``)."""
-    if error is None or not error.startswith(_LOST):
-        return f"it said: {error}"
-    return f"its connection closed ({backend_reason(error[len(_LOST) :]) or 'no reason given'})"
-
-
-_LOST = "connection lost: "
+    if not abort.lost:
+        return f"it said: {abort.error}"
+    return f"its connection closed ({backend_reason(abort.error or '') or 'no reason given'})"
 
 
 def encode_header(
