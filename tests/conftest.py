@@ -6,6 +6,7 @@ import collections
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import torch
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.schedule.generators import generate_hint
@@ -16,6 +17,10 @@ from hintpipe.sim.simulator import SimResult, Simulator
 
 if TYPE_CHECKING:
     from hintpipe.apps.training import TrainConfig
+
+# One intra-op thread, as every CPU rank runs: two test workers share the machine's two cores, and the planner
+# times nodes by the thread's CPU time only then (see [Note: a CPU's clock] in hintpipe.device).
+torch.set_num_threads(1)
 
 
 def simulate(

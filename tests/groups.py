@@ -56,10 +56,11 @@ def run_cases(world: int, cases: Mapping[str, Case], *, timeout_s: float = 120.0
 
 
 def succeeded(results: list[Any]) -> list[Any]:
-    """A case's per-rank results, or the test fails with the first rank's error and traceback."""
-    for rank, result in enumerate(results):
-        if isinstance(result, CaseFailed):
-            raise AssertionError(f"rank {rank}: {result.error}\n{result.details}")
+    """A case's per-rank results, or the test fails with every failed rank's error and traceback (the first to
+    fail is often a neighbour of the one that caused it)."""
+    failed = [f"rank {rank}: {r.error}\n{r.details}" for rank, r in enumerate(results) if isinstance(r, CaseFailed)]
+    if failed:
+        raise AssertionError("\n".join(failed))
     return results
 
 

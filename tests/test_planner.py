@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from torch import nn
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
 from hintpipe.cli import main
-from hintpipe.device import DeviceClock, HostClock, clock_for
+from hintpipe.device import DeviceClock, HostClock, ThreadClock, clock_for
 from hintpipe.planner.capture import CaptureError, capture, split_point
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
@@ -563,7 +564,21 @@ def test_a_device_clock_waits_for_the_device_before_each_reading() -> None:
     before = clock.now()
     after = clock.now()
     assert calls == ["synchronize", "synchronize"] and after >= before
-    assert isinstance(clock_for(torch.device("cpu")), HostClock)
+
+
+def test_a_cpu_computing_in_one_thread_is_timed_by_that_threads_cpu_time() -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        clock = clock_for(torch.device("cpu"))
+        assert isinstance(clock, ThreadClock)
+        began = clock.now()
+        time.sleep(0.2)  # a thread paused (asleep, or by the scheduler) spends no CPU time
+        assert clock.now() - began < 0.05
+        torch.set_num_threads(2)
+        assert isinstance(clock_for(torch.device("cpu")), HostClock)  # other threads' work: the wall clock
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_profiler_waits_for_the_device_before_every_reading() -> None:

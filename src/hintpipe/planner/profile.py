@@ -7,9 +7,19 @@ that waits for the device's work (:func:`hintpipe.device.clock_for`: a GPU's
 calls return before their kernels ran), and the tensors autograd saves for
 that backward are counted through
 ``torch.autograd.graph.saved_tensors_hooks``: exact bytes, each storage once,
-parameters excluded (they are not activations). Repeats after a warm-up, the
-median kept. Profiles are cached on disk by a signature of the graph, the
-parameter shapes, the input shapes and the device.
+parameters excluded (they are not activations). Each node runs once to warm
+up and ``repeats`` times more; the fastest run is kept (see [Note: the fastest
+run]). Profiles are cached on disk by a signature of the graph, the parameter
+shapes, the input shapes and the device.
+
+[Note: the fastest run]
+Noise only adds to a measured time: a run that the scheduler paused, or that
+another process's work slowed, took longer than the node costs, never less.
+So the minimum over every run, the warm-up's included, is kept, not the
+median: one clean run of a node is enough. On a CPU shared with other work
+that is seldom enough with the wall clock (every run may be paused), which
+is why a CPU computing in one thread is timed by its CPU time (see [Note: a
+CPU's clock] in :mod:`hintpipe.device`).
 """
 
 from __future__ import annotations
@@ -17,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,7 +89,7 @@ def profile(
     Args:
         graph: the captured model.
         inputs: example inputs, one per placeholder.
-        repeats: timed runs per node after one warm-up; the median is kept.
+        repeats: timed runs per node after one warm-up; the fastest of all is kept ([Note: the fastest run]).
         cache_dir: where to keep profiles (by signature); ``None``: no cache.
         clock: what times the nodes; default: the one of the model's device (:func:`hintpipe.device.clock_for`).
     """
@@ -147,8 +156,8 @@ def _profile_node(
         owner.setdefault(k, node.name)
     return NodeProfile(
         name=node.name,
-        forward_s=statistics.median(forward[1:]),
-        backward_s=statistics.median(backward[1:]),
+        forward_s=min(forward),  # [Note: the fastest run]
+        backward_s=min(backward),
         saved_bytes=counted.total,
         param_bytes=_param_bytes(root, node, env),
         output_bytes=nbytes(out),
