@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from hintpipe.runtime.assembly import Parts
 from hintpipe.runtime.checkpoint import liveness
-from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
 from hintpipe.runtime.loop.microbatch import relative_sizes
 from hintpipe.runtime.loop.step_loop import StepLoop, StepState
 from hintpipe.runtime.transport.wire import Message
@@ -90,7 +90,7 @@ def meet(parts: Parts, step: int) -> None:
         if time.monotonic() - began < parts.timeout:
             raise liveness.lost_peer(dist.get_rank(), f"the start of step {step}", exc) from None
         silent = liveness.silent_ranks()  # a rank stopped (SIGSTOP, a debugger) still holds its connections
-        said = liveness.describe(silent) if silent else str(exc).strip().split("\n", 1)[0]
+        said = liveness.describe(silent) if silent else backend_reason(str(exc))
         raise WatchdogTimeout(
             f"rank {parts.rank}: waited {parts.timeout:g} s for the other ranks to start step {step}: {said}"
         ) from None
