@@ -88,7 +88,7 @@ class Rows:
 @dataclasses.dataclass(frozen=True)
 class Variant:
     label: str
-    runtime: str  # "torch" or "hintpipe"
+    runtime: str  # "torch", "hintpipe", or "unsplit" (the whole model in one process: the shapes' own cost)
     data: str  # "packed" (rows of 64, documents cut), "padded" (formed, one document a row), "masked" (packed whole)
     schedule: str = "1f1b"  # torch: "1f1b" or "interleaved"; hintpipe: its hint
     chunks: int = 1  # stages per rank
@@ -109,6 +109,9 @@ VARIANTS = [
     Variant("hintpipe recommended, formed", "hintpipe", "padded", "bfw", 1, "ready", 0.0),
     Variant("hintpipe recommended, formed, masks", "hintpipe", "masked", "bfw", 1, "ready", 0.0),
     Variant("hintpipe recommended x2, formed, masks", "hintpipe", "masked", "bfw", 2, "ready", 0.0),
+    Variant("unsplit model, one process, packed rows", "unsplit", "packed"),
+    Variant("unsplit model, one process, formed", "unsplit", "padded"),
+    Variant("unsplit model, one process, formed, masks", "unsplit", "masked"),
 ]
 
 
@@ -164,11 +167,13 @@ def step_data(
     batch = formed(docs, cost, step, pack=v.data == "masked")
     if v.runtime == "torch":
         return padded_to(batch, pad_shape)
+    if v.runtime == "unsplit":
+        return batch.inputs, batch.targets
     return batch.inputs, batch.targets
 
 
 def rank_main(
-    rank: int, world: int, v: Variant, steps: int, cost: SequenceCost, pad: tuple[int, int], rows: Rows
+    rank: int, world: int, v: Variant, steps: int, cost: SequenceCost, pad: tuple[int, int], rows: Rows, warmup: int
 ) -> dict[str, Any]:
     chunks = v.chunks
     modules = split_layers(build_layers(CONFIG), world * chunks)
@@ -176,7 +181,18 @@ def rank_main(
     optimizer = torch.optim.AdamW([p for m in mine.values() for p in m.parameters()], lr=1e-3)
     first, last = rank == 0, rank == world - 1
     pipe: hintpipe.Pipeline | None = None
-    if v.runtime == "torch":
+    if v.runtime == "unsplit":
+        (model,) = mine.values()
+
+        def run(inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float | None:
+            total = torch.zeros(())
+            for x, y in zip(inputs, targets, strict=True):  # each micro-batch's forward and backward in turn
+                loss = lm_loss_sum(model(*x) if isinstance(x, tuple) else model(x), y) / rows.tokens
+                loss.backward()
+                total += loss.detach()
+            return float(total)
+
+    elif v.runtime == "torch":
         x0, _ = step_data(v, 0, cost, pad, rows)
         stages: list[Any] = []
         for s, module in sorted(mine.items()):
@@ -216,18 +232,22 @@ def rank_main(
             loss = pipe.step(inputs if first else None, targets if last else None, loss_divisor=rows.tokens)
             return None if loss is None else float(loss)
 
-    times, losses, caller_cpu, process_cpu = [], [], [], []
+    times, losses, caller_cpu, process_cpu, system, faults = [], [], [], [], [], []
     try:
         for step in range(steps):
             inputs, targets = step_data(v, step, cost, pad, rows)
-            if step == 1:
+            if step == warmup:
                 Path("/proc/self/clear_refs").write_text("5")  # the peak resident set from here on
             dist.barrier()
+            usage0 = resource.getrusage(resource.RUSAGE_SELF)
             began, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
             loss = run(inputs, targets)
             times.append(time.perf_counter() - began)
             caller_cpu.append(time.thread_time() - thread0)
             process_cpu.append(time.process_time() - process0)
+            usage1 = resource.getrusage(resource.RUSAGE_SELF)
+            system.append(usage1.ru_stime - usage0.ru_stime)
+            faults.append(usage1.ru_minflt - usage0.ru_minflt)
             if loss is not None:
                 losses.append(loss)
             optimizer.step()
@@ -240,8 +260,10 @@ def rank_main(
         "times": times,
         "losses": losses,
         "peak_kib": peak,
-        "caller_cpu": caller_cpu[1:],
-        "process_cpu": process_cpu[1:],
+        "caller_cpu": caller_cpu[warmup:],
+        "process_cpu": process_cpu[warmup:],
+        "system_cpu": system[warmup:],
+        "faults": faults[warmup:],
     }
 
 
@@ -269,6 +291,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--row", type=int, default=MEAN, help="torch's packed rows' tokens (default: the mean length)")
     parser.add_argument("--rows", type=int, default=2, help="packed rows a micro-batch")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run before the measured ones (default 1)")
     args = parser.parse_args()
     rows = Rows(args.rows, args.row)
     torch.set_num_threads(1)
@@ -286,10 +309,10 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     for repeat in range(args.repeats):
         for v in variants if repeat % 2 == 0 else list(reversed(variants)):
-            ranks, load = other_load(
-                lambda v=v: hintpipe.run_ranks(rank_main, args.ranks, v, args.steps, cost, pad, rows)
-            )
-            times = [max(t) for t in zip(*(r["times"] for r in ranks), strict=True)][1:]
+            world = 1 if v.runtime == "unsplit" else args.ranks
+            spawn = (rank_main, world, v, args.steps, cost, pad, rows, args.warmup)
+            ranks, load = other_load(lambda spawn=spawn: hintpipe.run_ranks(*spawn))
+            times = [max(t) for t in zip(*(r["times"] for r in ranks), strict=True)][args.warmup :]
             run = {
                 "tokens_per_s": rows.tokens * len(times) / sum(times),
                 "peak_mib": [r["peak_kib"] / 1024 for r in ranks],
@@ -298,31 +321,46 @@ def main() -> None:
                 # per rank, CPU ms a measured step: the calling thread's (the computing one), the whole process's
                 "caller_cpu_ms": [1e3 * statistics.mean(r["caller_cpu"]) for r in ranks],
                 "process_cpu_ms": [1e3 * statistics.mean(r["process_cpu"]) for r in ranks],
+                # per rank, the process's system CPU ms and page faults a measured step (see the README's "Memory
+                # the machine has not lent yet")
+                "system_cpu_ms": [1e3 * statistics.mean(r["system_cpu"]) for r in ranks],
+                "faults": [statistics.mean(r["faults"]) for r in ranks],
             }
             runs[v.label].append(run)
             print(f"repeat {repeat}: {v.label}: {run['tokens_per_s']:,.0f} tokens/s (other work {load:.2f} cores)")
     pooled = {label: statistics.mean(r["tokens_per_s"] for r in rs) for label, rs in runs.items()}
     torch_best = max((pooled[v.label] for v in variants if v.runtime == "torch" and v.data == "packed"), default=1.0)
     print(
-        f"\n{args.ranks} ranks, {args.steps} steps ({args.steps - 1} measured) x {args.repeats} runs each; "
+        f"\n{args.ranks} ranks, {args.steps} steps ({args.steps - args.warmup} measured) x {args.repeats} runs each; "
         f"{rows.tokens:,} tokens a step, torch's packed rows {rows.rows} x {rows.row} a micro-batch\n"
     )
     print(
         "| variant | tokens/s | vs the faster torch on packed rows | each run | peak MiB per rank | "
-        "CPU ms a step per rank: caller / process | first loss |"
+        "CPU ms a step per rank: caller / process | system CPU ms a step per rank | first loss |"
     )
-    print("|---|---:|---:|---|---|---|---:|")
+    print("|---|---:|---:|---|---|---|---|---:|")
     for v in variants:
         rs = runs[v.label]
         each = " ".join(f"{r['tokens_per_s']:,.0f}" for r in rs)
-        peak = " ".join(f"{max(r['peak_mib'][i] for r in rs):.0f}" for i in range(args.ranks))
-        caller = [statistics.mean(r["caller_cpu_ms"][i] for r in rs) for i in range(args.ranks)]
-        process = [statistics.mean(r["process_cpu_ms"][i] for r in rs) for i in range(args.ranks)]
+        world = len(rs[0]["peak_mib"])
+        peak = " ".join(f"{max(r['peak_mib'][i] for r in rs):.0f}" for i in range(world))
+        caller = [statistics.mean(r["caller_cpu_ms"][i] for r in rs) for i in range(world)]
+        process = [statistics.mean(r["process_cpu_ms"][i] for r in rs) for i in range(world)]
         cpu = " ".join(f"{c:.0f}/{p:.0f}" for c, p in zip(caller, process, strict=True))
+        system = " ".join(f"{statistics.mean(r['system_cpu_ms'][i] for r in rs):.1f}" for i in range(world))
+        versus = "(one process)" if v.runtime == "unsplit" else f"{pooled[v.label] / torch_best:.2f}x"
         print(
-            f"| {v.label} | {pooled[v.label]:,.0f} | {pooled[v.label] / torch_best:.2f}x | {each} | {peak} | {cpu} | "
+            f"| {v.label} | {pooled[v.label]:,.0f} | {versus} | {each} | {peak} | {cpu} | {system} | "
             f"{rs[0]['loss0']:.5f} |"
         )
+    unsplit = {v.data: pooled[v.label] for v in variants if v.runtime == "unsplit"}
+    for data in ("padded", "masked"):
+        if "packed" in unsplit and data in unsplit:
+            name = "formed, masks" if data == "masked" else "formed"
+            print(
+                f"\nthe unsplit model, one process: {name} / packed rows {unsplit[data] / unsplit['packed']:.2f}x "
+                "(what those shapes cost the model itself, against packed rows)"
+            )
     print(f"\nother work: up to {max(r['load'] for rs in runs.values() for r in rs):.2f} cores during a run")
     if args.json:
         payload = {
