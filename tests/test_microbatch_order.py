@@ -65,3 +65,47 @@ def test_longest_first_beats_the_given_order_under_microbatch_noise() -> None:
         hint, [Policy.FIXED], variability=[parse_variability("mb:0.5")], trials=8, order="longest-first"
     )
     assert given_order[Policy.FIXED].makespan / longest[Policy.FIXED].makespan > 1.1
+
+
+def test_front_then_back_orders_by_the_heavier_end() -> None:
+    """A micro-batch is heavier at the front when its first-stage work ranks at least as high among the step's
+    as its last-stage work does (ranks: the two ends may be counted in different units); those first, the
+    lightest front first, then the others, the heaviest back first; equal values keep their given order."""
+    front = [2.0, 0.5, 3.0, 1.0, 0.2, 1.0]  # ranks 4 1 5 2 0 3
+    back = [1.0, 2.0, 0.5, 1.0, 4.0, 1.5]  # ranks 1 4 0 2 5 3
+    # heavier at the front: 0, 2, 3, 5 -> by front rising: 3, 5, 0, 2; at the back: 1, 4 -> by back falling: 4, 1
+    assert microbatch_order([1.0] * 6, "front-then-back", ends=(front, back)) == [3, 5, 0, 2, 4, 1]
+    # the units of either end do not matter
+    scaled = [1000.0 * v for v in back]
+    assert microbatch_order([1.0] * 6, "front-then-back", ends=(front, scaled)) == [3, 5, 0, 2, 4, 1]
+    # without ends each micro-batch's size stands for both: shortest-first
+    sizes = [3.0, 1.0, 4.0, 1.0, 5.0]
+    assert microbatch_order(sizes, "front-then-back") == microbatch_order(sizes, "shortest-first")
+
+
+def test_front_then_back_refuses_ends_that_do_not_fit() -> None:
+    with pytest.raises(ValueError, match=r"^ends must give the first and the last stage's work of each of the 3 "):
+        microbatch_order([1.0, 2.0, 3.0], "front-then-back", ends=([1.0, 2.0], [1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"^micro-batch sizes must be finite numbers, got nan$"):
+        microbatch_order([1.0, 2.0], "front-then-back", ends=([1.0, float("nan")], [1.0, 2.0]))
+
+
+def test_samples_order_front_then_back_by_their_encoder_and_decoder_factors() -> None:
+    """A multimodal sample knows each micro-batch's encoder factor (the first stage's) and decoder factor
+    (the last stage's); front-then-back orders by them, and reordering keeps each micro-batch's own."""
+    hint = generate_hint("1f1b", 8, 32)
+    model = CostModel.uniform(8)
+    sample = Sample.draw(hint, model, [parse_variability("mm:1.0:0.5")], np.random.default_rng(3))
+    assert sample.known is not None
+    encoder, decoder = sample.known[0], sample.known[-1]
+    np.testing.assert_array_equal(encoder, sample.costs[0, :, 0] / model.forward[0])
+    np.testing.assert_array_equal(decoder, sample.costs[-1, :, 0] / model.forward[-1])
+    ordered = sample.ordered("front-then-back")
+    assert ordered.known is not None
+    front, back = ordered.known[0], ordered.known[-1]
+    heavier = np.argsort(np.argsort(front)) >= np.argsort(np.argsort(back))  # by rank (no ties: drawn floats)
+    count = int(heavier.sum())
+    assert 0 < count < 32 and heavier[:count].all() and not heavier[count:].any()
+    assert np.all(np.diff(front[:count]) >= 0) and np.all(np.diff(back[count:]) <= 0)
+    # the costs moved with their micro-batches
+    np.testing.assert_array_equal(ordered.costs[0, :, 0], front * model.forward[0])

@@ -16,7 +16,7 @@ from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
-from hintpipe.sim.variability import CommDelay, IidNoise, MicrobatchNoise, Straggler
+from hintpipe.sim.variability import CommDelay, IidNoise, MicrobatchNoise, Multimodal, Straggler
 
 
 @st.composite
@@ -49,6 +49,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Hint, CostModel, Sample, Policy, float]:
                 st.builds(MicrobatchNoise, st.floats(0.0, 1.0)),
                 st.builds(Straggler, st.floats(1.0, 4.0)),
                 st.builds(CommDelay, st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+                st.builds(Multimodal, st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
             ),
             max_size=3,
         )
@@ -141,7 +142,7 @@ def held_by_size(result: SimResult, sample: Sample, costs: CostModel) -> list[fl
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scenarios(),
-    st.sampled_from(["given", "shortest-first", "longest-first", "balanced"]),
+    st.sampled_from(["given", "shortest-first", "longest-first", "balanced", "front-then-back"]),
     st.sampled_from([None, 0.0, 0.25]),
 )
 def test_admission_by_size_never_exceeds_its_budget(

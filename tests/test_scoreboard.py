@@ -253,6 +253,28 @@ def test_eta_rule_scales_expected_costs_by_known_sizes() -> None:
         Scoreboard(RankGraph(generate_hint("zb-h1", 2, 4), 1), Policy.READY, plan=plan, notices=True, sizes=[1.0] * 3)
 
 
+def test_eta_rule_scales_by_each_stages_known_size() -> None:
+    # The same with sizes per stage and micro-batch: rank 1 hosts stage 1, where micro-batch 0 is three
+    # times as long (its weight pass no longer fits); on stage 0 (the producer of 1F1) all are 1, so 1F1's
+    # input is still expected at 7. Where only stage 0 knows micro-batch 0 as long, 1W0 fits again.
+    plan = _eta_plan((1.0,) * 12, lead=1.0)
+    graph = RankGraph(generate_hint("zb-h1", 2, 4), 1)
+
+    def board(sizes: list[list[float]]) -> Scoreboard:
+        rank1 = Scoreboard(graph, Policy.READY, plan=plan, notices=True, sizes=sizes)
+        rank1.deliver(F(1, 0))
+        for now in (0.0, 3.0):
+            rank1.finish(rank1.take(now), now + 3.0)
+        rank1.producer_started(2, 6.0)
+        return rank1
+
+    assert board([[1.0] * 4, [3.0, 1.0, 1.0, 1.0]]).take(6.0) == -1
+    rank1 = board([[3.0, 1.0, 1.0, 1.0], [1.0] * 4])
+    assert str(rank1.tasks[rank1.take(6.0)]) == "1W0"
+    with pytest.raises(ValueError, match=r"^sizes of shape \(3, 4\) for 2 stages x 4 micro-batches$"):
+        Scoreboard(graph, Policy.READY, plan=plan, notices=True, sizes=[[1.0] * 4] * 3)
+
+
 def test_runtime_device_budget_gives_every_rank_the_busiest_ranks_slots() -> None:
     from hintpipe.options import check_options
     from hintpipe.runtime.loop.admission import Admission

@@ -291,7 +291,10 @@ def _digest(name: str, chunks: int, ranks: int, microbatches: int, activation: b
     sim = Simulator(hint, costs)
     digest = hashlib.sha256()
     for trial, spec in enumerate(["iid:0.3", "mb:0.5", "mm:1.0:0.5", "straggler:3", "comm:0.2:0.2", "tp:2:0.2:0.05"]):
-        sample = Sample.draw(hint, costs, [parse_variability(spec)], np.random.default_rng(trial))
+        # Without each stage's known factor (``known``, newer than the digests), ``ready`` plans with one size
+        # per micro-batch, as the simulator of the digests did under mm.
+        drawn = Sample.draw(hint, costs, [parse_variability(spec)], np.random.default_rng(trial))
+        sample = dataclasses.replace(drawn, known=None)
         for policy in Policy:
             for room in ({}, {"slack": 2.0}, {"budgets": sim.device_budgets(0.0)}):
                 for notices in (True, False):
@@ -313,3 +316,30 @@ def test_seeded_runs_are_bitwise_those_of_the_simulator_before_its_rewrite(
     # still pin the engine's arithmetic; the margin's own behaviour is tested in test_scoreboard.
     monkeypatch.setattr(scoreboard, "LATENESS_TOLERANCE", 0.0)
     assert _digest(*case) == BEFORE_THE_REWRITE[case]
+
+
+def test_ready_plans_with_each_stages_known_factor_where_the_stages_differ() -> None:
+    # mm: the encoder's stages know the image factor, the decoder's the text factor; ready's ETAs scale each
+    # stage's expected costs by its own. mb: one factor for every stage, the micro-batch's size.
+    hint = generate_hint("1f1b", 8, 16)
+    costs = CostModel.uniform(8)
+    mm = Sample.draw(hint, costs, [parse_variability("mm:1.0:0.5")], np.random.default_rng(0))
+    assert mm.known is not None and mm.sizes is not None
+    assert Simulator._plan_sizes(mm) is mm.known
+    assert mm.known[0].tolist() != mm.known[-1].tolist()
+    mb = Sample.draw(hint, costs, [parse_variability("mb:0.5")], np.random.default_rng(0))
+    assert mb.sizes is not None
+    assert Simulator._plan_sizes(mb) is mb.sizes
+
+
+def test_a_policy_by_name_runs_as_the_policy_itself() -> None:
+    # "ready" == Policy.READY, but it is not Policy.READY: a name once ran without ready's plan (as greedy).
+    hint = generate_hint("bfw", 8, 32)
+    costs = CostModel.uniform(8)
+    sim = Simulator(hint, costs)
+    sample = Sample.draw(hint, costs, [parse_variability("mm:1.0:0.5")], np.random.default_rng(0))
+    for policy in Policy:
+        assert sim.run(policy.value, sample).makespan == sim.run(policy, sample).makespan
+    assert sim.run("ready", sample).makespan != sim.run("greedy", sample).makespan
+    with pytest.raises(ValueError, match=r"^unknown policy 'eager': choose one of fixed, greedy, ready"):
+        sim.run("eager", sample)

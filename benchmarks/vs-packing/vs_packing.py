@@ -188,7 +188,7 @@ def rank_main(
             total = torch.zeros(())
             for x, y in zip(inputs, targets, strict=True):  # each micro-batch's forward and backward in turn
                 loss = lm_loss_sum(model(*x) if isinstance(x, tuple) else model(x), y) / rows.tokens
-                loss.backward()
+                torch.autograd.backward(loss)
                 total += loss.detach()
             return float(total)
 

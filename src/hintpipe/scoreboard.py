@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from hintpipe.choice import Choice
 from hintpipe.schedule import rules
@@ -30,6 +31,8 @@ from hintpipe.schedule.fit import BudgetError
 from hintpipe.schedule.rank_graph import RankGraph
 from hintpipe.schedule.rank_plan import PATIENCE_TOLERANCE, RankPlan
 from hintpipe.schedule.task import Kind, Task
+
+FloatArray = npt.NDArray[np.float64]
 
 __all__ = [
     "PATIENCE_TOLERANCE",
@@ -101,9 +104,11 @@ class Scoreboard:
             ETA as a tie, and a producer not heard of as one that may have started until the next
             task is due (see [Note: ETAs in the runtime]).
         sizes: each micro-batch's known size relative to the plan's (sequence
-            length over the typical one; ``None``: all 1). The ETA rule scales
-            expected costs by it: a long micro-batch's weight pass is not a
-            short filler.
+            length over the typical one; ``None``: all 1), or per stage and
+            micro-batch (``sizes[stage][mb]``: a vision-language model's encoder
+            stages scale with its images, its decoder stages with its text). The
+            ETA rule scales expected costs by it: a long micro-batch's weight pass
+            is not a short filler.
 
     Raises:
         BudgetError: if ``budget`` is below the hint's own peak on this rank.
@@ -129,7 +134,7 @@ class Scoreboard:
         plan: RankPlan | None = None,
         notices: bool = False,
         notices_travel: bool = False,
-        sizes: Sequence[float] | None = None,
+        sizes: Sequence[float] | Sequence[Sequence[float]] | FloatArray | None = None,
     ) -> None:
         self.graph = graph
         self.hint = graph.hint
@@ -161,11 +166,9 @@ class Scoreboard:
                 self._expected = plan.expected
                 self.lead = (np.asarray(producer, dtype=float) + plan.latency).tolist()
             else:
-                if len(sizes) != self.hint.num_microbatches:
-                    raise ValueError(f"{len(sizes)} sizes for {self.hint.num_microbatches} micro-batches")
-                scale = np.asarray(sizes, dtype=float)[graph.mbs]
+                scale, producer_scale = self._scales(sizes)
                 self._expected = (np.asarray(plan.expected) * scale).tolist()
-                self.lead = (np.asarray(producer) * scale + plan.latency).tolist()
+                self.lead = (np.asarray(producer) * producer_scale + plan.latency).tolist()
         #: Per position, when its remote input is expected (inf: its producer has not started).
         self.eta = [math.inf] * n
         self._taken = [False] * n
@@ -190,6 +193,23 @@ class Scoreboard:
             forward = graph.tasks.kind == Kind.F
             self._heap_f = np.flatnonzero(ready & forward).tolist()
             self._heap_bw = np.flatnonzero(ready & ~forward).tolist()
+
+    def _scales(self, sizes: Sequence[float] | Sequence[Sequence[float]] | FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Per position, the known size of its own task and of its remote producer (an ``F``'s on the
+        stage before, a ``B``'s on the stage after; its own where sizes are per micro-batch)."""
+        values = np.asarray(sizes, dtype=float)
+        mbs, stages = self.hint.num_microbatches, self.hint.num_stages
+        tasks = self.graph.tasks
+        if values.ndim == 1:
+            if len(values) != mbs:
+                raise ValueError(f"{len(values)} sizes for {mbs} micro-batches")
+            scale = values[self.graph.mbs]
+            return scale, scale
+        if values.shape != (stages, mbs):
+            raise ValueError(f"sizes of shape {values.shape} for {stages} stages x {mbs} micro-batches")
+        step = np.where(tasks.kind == Kind.F, -1, np.where(tasks.kind == Kind.B, 1, 0))
+        producer_stage = np.clip(tasks.stage + step, 0, stages - 1)
+        return values[tasks.stage, self.graph.mbs], values[producer_stage, self.graph.mbs]
 
     @property
     def index(self) -> dict[Task, int]:

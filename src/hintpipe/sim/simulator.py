@@ -46,15 +46,17 @@ class DeadlockError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """One trial's drawn work: ``costs[stage, mb, kind]``, the delay of the
-    message a task sends when it finishes, ``delays[stage, mb, kind]``, and each
+    message a task sends when it finishes, ``delays[stage, mb, kind]``, each
     micro-batch's size as known before the step (``sizes[mb]``, relative work;
-    ``None``: all equal)."""
+    ``None``: all equal), and its known factor on each stage (``known[stage, mb]``,
+    relative; ``None``: its size on every stage)."""
 
     costs: npt.NDArray[np.float64]
     delays: npt.NDArray[np.float64]
     latency: float
     decision: float = 0.0  # added to every task under greedy and ready (tensor-parallel coordination)
     sizes: npt.NDArray[np.float64] | None = None
+    known: npt.NDArray[np.float64] | None = None
 
     @classmethod
     def draw(
@@ -68,10 +70,10 @@ class Sample:
         cost_model.check_fits(hint.num_stages, hint.num_microbatches)
         rng = rng if rng is not None else np.random.default_rng(0)
         expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
-        costs, sizes = sample_work(expected, list(models), rng)
+        costs, sizes, known = sample_work(expected, list(models), rng)
         comm = comm_delay(list(models))
         delays = sample_message_delays(comm, costs.size, rng).reshape(costs.shape)
-        return cls(costs, delays, comm.latency, decision_latency(list(models)), sizes)
+        return cls(costs, delays, comm.latency, decision_latency(list(models)), sizes, known)
 
     def reordered(self, perm: Sequence[int]) -> Sample:
         """The same work with slot ``i`` running drawn micro-batch ``perm[i]``."""
@@ -79,13 +81,17 @@ class Sample:
         if sorted(index.tolist()) != list(range(self.costs.shape[1])):
             raise ValueError(f"not a permutation of the {self.costs.shape[1]} micro-batches: {list(perm)}")
         sizes = None if self.sizes is None else self.sizes[index]
-        return dataclasses.replace(self, costs=self.costs[:, index], delays=self.delays[:, index], sizes=sizes)
+        known = None if self.known is None else self.known[:, index]
+        return dataclasses.replace(
+            self, costs=self.costs[:, index], delays=self.delays[:, index], sizes=sizes, known=known
+        )
 
     def ordered(self, order: MicrobatchOrder | str) -> Sample:
         """The same work, micro-batches run in ``order`` of their known sizes
         (see :func:`~hintpipe.schedule.microbatch_order.microbatch_order`)."""
         sizes = self.sizes if self.sizes is not None else np.ones(self.costs.shape[1])
-        return self.reordered(microbatch_order(sizes.tolist(), order))
+        ends = None if self.known is None else (self.known[0].tolist(), self.known[-1].tolist())
+        return self.reordered(microbatch_order(sizes.tolist(), order, ends=ends))
 
     @classmethod
     def expected(cls, hint: Hint, cost_model: CostModel, comm: CommDelay | None = None) -> Sample:
@@ -250,7 +256,7 @@ class Simulator:
 
     def run(
         self,
-        policy: Policy,
+        policy: Policy | str,
         sample: Sample | None = None,
         *,
         budgets: Sequence[float] | None = None,
@@ -261,7 +267,7 @@ class Simulator:
         """Simulate one step.
 
         Args:
-            policy: the dispatch policy.
+            policy: the dispatch policy (or its name).
             sample: the work to run (default: expected costs).
             budgets: per-rank activation budget; default: hint peak + ``slack``.
             slack: extra micro-batches of room when ``budgets`` is not given.
@@ -280,6 +286,7 @@ class Simulator:
                 one of its micro-batches (size).
         """
         began = time.perf_counter()
+        policy = Policy.parse(policy)  # a plain "ready" is not Policy.READY to the checks below
         if sample is None:
             sample = Sample.expected(self.hint, self.cost_model)
         if AdmissionUnit.parse(admission) is AdmissionUnit.SIZE:
@@ -293,7 +300,7 @@ class Simulator:
         hint = layout.hint
         ranks = range(hint.num_ranks)
         plans = layout.plans(self._expected, sample.latency) if policy is Policy.READY else None
-        sizes = None if sample.sizes is None or policy is not Policy.READY else sample.sizes.tolist()
+        sizes = None if policy is not Policy.READY else self._plan_sizes(sample)
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
         # hintpipe.runtime.parallel.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
@@ -327,13 +334,22 @@ class Simulator:
             memory_bound=max(bound, memory_bound(layout, sample, room)),
         )
 
+    @staticmethod
+    def _plan_sizes(sample: Sample) -> npt.NDArray[np.float64] | None:
+        """What ``ready``'s plan scales its expected costs by: each micro-batch's known size, or, where the
+        known factors differ between stages (``mm``: encoder and decoder), the factor of each stage."""
+        known = sample.known
+        if known is not None and len(known) > 1 and not np.all(known == known[:1]):
+            return known
+        return sample.sizes
+
     def _event_loop(
         self,
         layout: Layout,
         policy: Policy,
         room: list[float],
         plans: list[RankPlan] | None,
-        sizes: list[float] | None,
+        sizes: npt.NDArray[np.float64] | None,
         notices: bool,
         cost: list[list[float]],
         delay: list[list[float]],

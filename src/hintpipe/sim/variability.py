@@ -218,12 +218,15 @@ def sample_work(
     expected: npt.NDArray[np.float64],
     models: list[Variability],
     rng: np.random.Generator,
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Costs ``[stage, mb, kind]`` drawn around ``expected`` under ``models``, and each
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Costs ``[stage, mb, kind]`` drawn around ``expected`` under ``models``, each
     micro-batch's *known size*: its expected work under the factors that are known when
     the batch is loaded (``mb`` and ``mm``: sequence lengths, image counts), relative to
-    the work without them. Task noise, stragglers and tensor-parallel members are not
-    known in advance and leave the sizes alone. Micro-batch order uses the sizes.
+    the work without them, and those known factors per stage and micro-batch (``known[stage,
+    mb]``: an ``mm`` micro-batch's encoder factor on the encoder's stages, its decoder factor
+    on the rest). Task noise, stragglers and tensor-parallel members are not known in advance
+    and leave the sizes alone. Micro-batch order uses the sizes (``front-then-back``: the
+    known factors at the first and the last stage), ``ready``'s plan the known factors.
 
     Raises:
         SpecError: if a straggler names a stage or micro-batch that does not exist.
@@ -250,7 +253,7 @@ def sample_work(
     work = expected.sum(axis=2)  # [stage, mb]
     base = work.sum(axis=0)
     sizes = np.divide((work * known).sum(axis=0), base, out=np.ones(mbs), where=base > 0)
-    return costs, sizes
+    return costs, sizes, known
 
 
 def straggler_window(model: Straggler, stages: int, mbs: int, rng: np.random.Generator) -> tuple[int, int, int]:
