@@ -282,7 +282,7 @@ def per_task(run: dict[str, Any], lengths: str) -> dict[tuple[int, str], list[fl
     sums: dict[tuple[int, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
     for rank_steps in run["computations"]:
         for step, log in enumerate(rank_steps):
-            if step == 0:
+            if step < SETTINGS["warmup"]:
                 continue
             counts = batch(lengths, step)[2]
             for stage, kind, mb, wall, cpu in log:
@@ -293,8 +293,13 @@ def per_task(run: dict[str, Any], lengths: str) -> dict[tuple[int, str], list[fl
     return sums
 
 
+#: Set from the command line: the steps every figure leaves out (the first, by default).
+SETTINGS = {"warmup": 1}
+
+
 def throughput(run: dict[str, Any]) -> float:
-    return float(sum(run["tokens"][1:]) / sum(run["step_times"][1:]))
+    warmup = SETTINGS["warmup"]
+    return float(sum(run["tokens"][warmup:]) / sum(run["step_times"][warmup:]))
 
 
 def main() -> None:
@@ -302,6 +307,7 @@ def main() -> None:
     parser.add_argument("--tree", action="append", metavar="LABEL=SRC", help="a source tree (default: this=src)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=1, help="steps left out of every figure (default 1)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument(
         "--where",
@@ -320,6 +326,7 @@ def main() -> None:
     )
     parser.add_argument("--measure", nargs=2, metavar=("WHERE", "LENGTHS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    SETTINGS["warmup"] = args.warmup
     if args.measure:
         where, lengths = args.measure
         print(json.dumps(WHERE[where](lengths, args.steps)))
