@@ -27,7 +27,9 @@ from groups import failure_text, run_cases, succeeded
 from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.forming.collate import IGNORE_INDEX, form_batch
 from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.loop.microbatch import check_ends
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -172,6 +174,43 @@ def _ordered_worker(rank: int, world: int, order: str) -> list[int]:
         pipe.step(*_batches(True, 5))  # sizes 1, 4, 2, 5, 3
     seen: list[int] = modules[rank].seen  # type: ignore[assignment]
     return seen
+
+
+def _front_then_back_worker(rank: int, world: int, ends: tuple[list[float], list[float]] | None) -> list[int]:
+    torch.manual_seed(0)
+    modules: list[nn.Module] = [_Recorder(), _Recorder()]
+    pipe = Pipeline.from_modules(
+        modules, loss_fn=_mse, microbatches=5, policy="fixed", microbatch_order="front-then-back"
+    )
+    with pipe:
+        pipe.step(*_batches(True, 5), ends=ends if rank == 0 else None)  # sizes 1, 4, 2, 5, 3; ends read on rank 0
+    seen: list[int] = modules[rank].seen  # type: ignore[assignment]
+    return seen
+
+
+#: Micro-batches 0-4's first- and last-stage work. Ranks at the front 0 3 1 2 4, at the back 3 1 2 4 0: heavier at
+#: the front 1 and 4 (by front rising: 1, 4), then 3, 0, 2 (by back falling): sizes 4, 3, 5, 1, 2.
+FRONT_THEN_BACK_ENDS = ([0.5, 3.0, 1.0, 2.0, 9.0], [4.0, 1.0, 2.0, 8.0, 0.1])
+
+
+def test_front_then_back_runs_by_the_ends_the_caller_gives(two_ranks: dict[str, list[Any]]) -> None:
+    assert succeeded(two_ranks["front-then-back"]) == [[4, 3, 5, 1, 2]] * 2
+    # without ends each micro-batch's input elements stand for both: shortest-first
+    assert succeeded(two_ranks["front-then-back, no ends"]) == [[1, 2, 3, 4, 5]] * 2
+
+
+def test_ends_that_do_not_fit_are_refused_in_words() -> None:
+    front_then_back = MicrobatchOrder.FRONT_THEN_BACK
+    other = r"^ends are read only under microbatch_order='front-then-back'; this pipeline's is 'given'$"
+    with pytest.raises(ValueError, match=other):
+        check_ends(([1.0], [1.0]), MicrobatchOrder.GIVEN, 1)
+    last = r"^ends: the last stage's work must be 2 finite numbers, one per micro-batch, got \[1.0, nan\]$"
+    with pytest.raises(ValueError, match=last):
+        check_ends(([1.0, 2.0], [1.0, float("nan")]), front_then_back, 2)
+    first = r"^ends: the first stage's work must be 2 finite numbers, one per micro-batch, got \[1.0\]$"
+    with pytest.raises(ValueError, match=first):
+        check_ends(([1.0], [1.0, 2.0]), front_then_back, 2)
+    check_ends(([1.0, 2.0], [3, 4]), front_then_back, 2)  # any numbers, any unit
 
 
 @pytest.mark.parametrize(
@@ -498,6 +537,8 @@ def two_ranks() -> dict[str, list[Any]]:
     cases = {
         "matrix": GroupCase(_matrix_worker, (_matrix_cases(), 4)),
         **{f"order {o}": GroupCase(_ordered_worker, (o,)) for o in ("given", "longest-first", "balanced")},
+        "front-then-back": GroupCase(_front_then_back_worker, (FRONT_THEN_BACK_ENDS,)),
+        "front-then-back, no ends": GroupCase(_front_then_back_worker, (None,)),
         "gpt greedy": GroupCase(_gpt_worker, ("greedy",)),
         "byte budget": GroupCase(_byte_budget_case),
         "caller's batch": GroupCase(_batch_views_worker),

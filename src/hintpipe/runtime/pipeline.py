@@ -37,7 +37,7 @@ from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
 from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
 from hintpipe.runtime.loop.executor import EmulatedCosts, Executor, LossFn
-from hintpipe.runtime.loop.microbatch import Batch, order_step, prepare_step
+from hintpipe.runtime.loop.microbatch import Batch, check_ends, order_step, prepare_step
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.coordination import Coordination
@@ -292,6 +292,7 @@ class Pipeline:
         *,
         loss_divisor: float | None = None,
         broadcast_loss: bool = False,
+        ends: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> torch.Tensor | None:
         """Run forward and backward of every micro-batch; gradients land in ``.grad``.
 
@@ -302,6 +303,10 @@ class Pipeline:
             loss_divisor: each micro-batch loss is divided by this (default:
                 the number of micro-batches).
             broadcast_loss: return the loss on every rank, not just the last stage's.
+            ends: under ``microbatch_order="front-then-back"``, each micro-batch's known
+                work at the first stage and at the last, in any unit each (a vision-language
+                model: its images and its tokens); read on the rank of stage 0. Without it
+                each micro-batch's input elements stand for both ends (shortest-first).
 
         Returns:
             The step's loss (sum of the scaled micro-batch losses) on the rank
@@ -312,15 +317,22 @@ class Pipeline:
             PeerFailure: a neighbour failed or vanished.
             NonFiniteLoss: a loss was NaN or infinite (``on_nonfinite="raise"``).
         """
-        return self._guarded(lambda: self._step(inputs, target, loss_divisor, broadcast_loss))
+        return self._guarded(lambda: self._step(inputs, target, loss_divisor, broadcast_loss, ends))
 
     def _step(
-        self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
+        self,
+        inputs: Batch | None,
+        target: Batch | None,
+        loss_divisor: float | None,
+        broadcast_loss: bool,
+        ends: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> torch.Tensor | None:
         round_ = self._next_round()  # first: a rank refusing its inputs then reaches its neighbours' step
         state = prepare_step(self.step_count, self.parts, inputs, target, loss_divisor)
         state.round = round_
-        order_step(state, self.parts, self._options["microbatch_order"])
+        order = self._options["microbatch_order"]
+        check_ends(ends, order, self.parts.microbatches)
+        order_step(state, self.parts, order, ends)
         loss = run_step(self.parts, state, self._stash)
         self.step_count += 1
         return broadcast(self.parts, loss, f"step {state.step}") if broadcast_loss else loss

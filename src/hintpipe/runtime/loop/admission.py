@@ -149,18 +149,27 @@ def broadcast_sizes(
     rank: int,
     step: int,
     timeout: float,
-) -> list[int]:
-    """Each micro-batch's size in input elements, from the rank of stage 0 (``source``) to every rank.
+    ends: tuple[Sequence[float], Sequence[float]] | None = None,
+    with_ends: bool = False,
+) -> tuple[list[int], tuple[list[float], list[float]] | None]:
+    """Each micro-batch's size in input elements, from the rank of stage 0 (``source``) to every rank; with
+    ``with_ends`` (the same on every rank) also each micro-batch's known work at the first and the last stage
+    (``ends``, given on ``source``; its size at both where not given).
 
     ``first_inputs`` maps micro-batch to stage 0's inputs (empty on other ranks).
     """
-    sizes = torch.zeros(microbatches, dtype=torch.int64)
+    rows = 3 if with_ends else 1
+    values = torch.zeros(rows, microbatches, dtype=torch.float64)
     for mb, inputs in first_inputs.items():
-        sizes[mb] = sum(t.numel() for t in inputs)
+        values[:, mb] = float(sum(t.numel() for t in inputs))
+    if with_ends and ends is not None and rank == source:
+        values[1] = torch.tensor([float(v) for v in ends[0]], dtype=torch.float64)
+        values[2] = torch.tensor([float(v) for v in ends[1]], dtype=torch.float64)
     try:
-        dist.broadcast(sizes, group=group, group_src=source)
+        dist.broadcast(values, group=group, group_src=source)
     except RuntimeError as exc:
         raise WatchdogTimeout(
             f"rank {rank}: waited {timeout:g} s for the micro-batch sizes from rank {source} in step {step}: {exc}"
         ) from None
-    return [int(v) for v in sizes.tolist()]
+    sizes = [int(v) for v in values[0].tolist()]
+    return sizes, ((values[1].tolist(), values[2].tolist()) if with_ends else None)

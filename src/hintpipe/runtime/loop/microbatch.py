@@ -116,7 +116,35 @@ def prepare_step(
     return state
 
 
-def order_step(state: StepState, parts: Parts, order: MicrobatchOrder) -> None:
+def check_ends(ends: tuple[Sequence[float], Sequence[float]] | None, order: MicrobatchOrder, microbatches: int) -> None:
+    """Refuse, in words, ``ends`` that ``order`` would not use or that do not fit the step.
+
+    Raises:
+        ValueError: ``ends`` under another order, or not two sequences of one finite number per micro-batch.
+    """
+    if ends is None:
+        return
+    if order is not MicrobatchOrder.FRONT_THEN_BACK:
+        raise ValueError(
+            f"ends are read only under microbatch_order='front-then-back'; this pipeline's is {order.value!r}"
+        )
+    if len(ends) != 2:
+        raise ValueError(f"ends must be two sequences (the first stage's work, the last stage's), got {len(ends)}")
+    for name, values in zip(("first", "last"), ends, strict=True):
+        numbers = [float(v) for v in values]
+        if len(numbers) != microbatches or not all(np.isfinite(numbers)):
+            raise ValueError(
+                f"ends: the {name} stage's work must be {microbatches} finite numbers, one per micro-batch, got "
+                f"{list(values)!r}"
+            )
+
+
+def order_step(
+    state: StepState,
+    parts: Parts,
+    order: MicrobatchOrder,
+    ends: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> None:
     """The step's micro-batch sizes where needed (byte admission, an order by size), and its order
     (``state.order``: slot -> given micro-batch).
 
@@ -127,7 +155,10 @@ def order_step(state: StepState, parts: Parts, order: MicrobatchOrder) -> None:
     step runs slot ``i`` on given micro-batch ``order[i]``: stage 0 takes
     its inputs, the last stage its targets, in that order. Every other rank
     only sees slots. The step's gradient is a sum over micro-batches, so
-    the order changes no maths; errors name given micro-batches.
+    the order changes no maths; errors name given micro-batches. Under
+    ``front-then-back`` it also sends each micro-batch's known work at the
+    first and at the last stage (``Pipeline.step(ends=...)``, given on that
+    rank; its input elements at both ends where not given).
     """
     given = list(range(parts.microbatches))
     state.order = given
@@ -135,7 +166,7 @@ def order_step(state: StepState, parts: Parts, order: MicrobatchOrder) -> None:
     if not (by_bytes or order is not MicrobatchOrder.GIVEN):
         return
     first = {mb: state.activations[(0, mb)] for mb in given} if 0 in parts.stages else {}
-    sizes = broadcast_sizes(
+    sizes, both_ends = broadcast_sizes(
         first,
         parts.microbatches,
         parts.hint.placement.stage_rank[0],
@@ -143,8 +174,10 @@ def order_step(state: StepState, parts: Parts, order: MicrobatchOrder) -> None:
         rank=parts.rank,
         step=state.step,
         timeout=parts.timeout,
+        ends=ends,
+        with_ends=order is MicrobatchOrder.FRONT_THEN_BACK,
     )
-    state.order = microbatch_order(sizes, order)  # the identity for given
+    state.order = microbatch_order(sizes, order, ends=both_ends)  # the identity for given
     if 0 in parts.stages:
         state.activations.update({(0, slot): first[mb] for slot, mb in enumerate(state.order)})
     if state.targets:
