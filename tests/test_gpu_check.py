@@ -25,6 +25,10 @@ TITLES = [
     "A plan that offloads, trained",
     "Throughput against torch's Schedule1F1B",
     "Memory: planned against measured",
+    "Hugging Face models planned on either device, trained here",
+    "Predicted against measured stage times",
+    "Throughput of GPT-2 against the unsplit model",
+    "The largest micro-batch under a memory cap",
 ]
 
 
@@ -54,7 +58,18 @@ def test_the_gpu_check_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert by_number[3]["data"]["max_grad_rel_diff"] <= 1e-5
     assert gpu_check.NAN_WORDS in by_number[4]["data"]["stderr"]
     assert sum(by_number[5]["data"]["offloaded"]) > 0 and by_number[5]["data"]["max_abs_diff"] == 0.0
-    assert done.stdout.splitlines()[-2].startswith("7 of 7 checks passed in ")
+    assert by_number[7]["data"]["bounds"] == list(gpu_check.MEMORY_BOUNDS)
+    hf_rows = by_number[8]["rows"]
+    assert [row[:4] for row in hf_rows[:5]] == [
+        ["gpt2", "cpu", "fixed", "fp32"],
+        ["gpt2", "cpu", "ready", "fp32"],
+        ["gpt2", "cpu (host)", "fixed", "fp32"],
+        ["gpt2", "cpu (host)", "ready", "fp32"],
+        ["gpt2", "cpu", "ready", "bf16"],
+    ]
+    assert all(row[-1] == "yes" for row in hf_rows) and len(hf_rows) == 10
+    assert [row[:2] for row in by_number[9]["rows"]] == [["gpt2", "2"], ["gpt2", "4"], ["llama", "2"], ["llama", "4"]]
+    assert done.stdout.splitlines()[-2].startswith("11 of 11 checks passed in ")
 
 
 def _fails(setup: Any, result: Any) -> None:

@@ -37,10 +37,10 @@ KWARGS = {"use_cache": False}
 EPS = 1e-4
 
 
-def _gpt2() -> nn.Module:
+def _gpt2(dropout: float = 0.0) -> nn.Module:
     config = transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
     )  # fmt: skip
     model: nn.Module = transformers.GPT2LMHeadModel(config)
     return model
@@ -185,12 +185,50 @@ def test_a_tensor_keyword_input_becomes_a_first_stage_input() -> None:
     torch.testing.assert_close(values[0], expected, rtol=1e-5, atol=1e-5)
 
 
+def _dropout_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> dict[str, list[float]]:
+    """Two evaluations and two training steps (no optimizer step between them) of one batch."""
+    pipe = Pipeline.from_plan(planned, loss_fn=causal_lm_loss, policy="ready")
+    xs, ys = steps[0]
+    evaluations = [float(pipe.eval_step(xs, ys, broadcast_loss=True)) for _ in range(2)]  # type: ignore[arg-type]
+    trainings = []
+    for _ in range(2):
+        trainings.append(float(pipe.step(xs, ys, broadcast_loss=True)))  # type: ignore[arg-type]
+        for module in pipe.modules.values():
+            module.zero_grad(set_to_none=True)
+    pipe.close()
+    return {"eval": evaluations, "train": trainings}
+
+
+def _planned_in_eval_mode() -> tuple[nn.Module, Plan]:
+    """GPT-2 with dropout 0.1 planned in eval mode, as after ``from_pretrained``."""
+    torch.manual_seed(0)
+    model = _gpt2(dropout=0.1).eval()
+    return model, plan(model, torch.randint(0, VOCAB, (2, 9)), ranks=2, microbatches=4, repeats=1, kwargs=KWARGS)
+
+
+def test_dropout_trains_and_evaluation_does_not_whatever_mode_the_model_was_planned_in(
+    two_ranks: dict[str, list[Any]],
+) -> None:
+    """Planned in eval mode, the pipeline still trains with dropout (two steps on one batch give two losses);
+    ``eval_step`` runs without it (twice the same loss, the unsplit model's in eval mode)."""
+    model, _ = _planned_in_eval_mode()
+    xs, ys = _steps(2)[0]
+    with torch.no_grad():
+        loss = sum(causal_lm_loss(model(x, **KWARGS).logits, y) / len(xs) for x, y in zip(xs, ys, strict=True))
+    result = succeeded(two_ranks["dropout"])[0]
+    first, second = result["eval"]
+    assert first == second == pytest.approx(float(loss), rel=1e-5)
+    a, b = result["train"]
+    assert a != b and first not in (a, b)
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     """The 2-rank trainings of this module on one spawned group."""
     cases = {f"{n} on 2": Case(_train_worker, (_planned(n, 2)[1], _steps(2))) for n in BUILDERS}
     cases |= {f"train {n}": Case(_train_rank, (_cli_run(n),)) for n in ("hf-gpt2", "hf-llama")}
     cases["train hf-gpt2 plan file"] = Case(_train_rank, (_from_plan_file(tmp_path_factory),))
+    cases["dropout"] = Case(_dropout_worker, (_planned_in_eval_mode()[1], _steps(2)))
     return run_cases(2, cases, timeout_s=300)
 
 

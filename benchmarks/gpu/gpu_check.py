@@ -11,7 +11,11 @@
 5. **A plan that offloads, trained**: a plan under a budget that makes it offload, trained on the GPU by two
    ranks, gradients against the unsplit model.
 6. **Throughput** against torch's ``Schedule1F1B`` (:mod:`tables`).
-7. **Memory**: the planner's activation bytes against the allocator's, offload on and off (:mod:`tables`).
+7. **Memory**: the planner's activation bytes against the allocator's, offload on and off (:mod:`tables`);
+   every stage within ``MEMORY_BOUNDS``.
+8-11. **Hugging Face models** (:mod:`hf_checks`): planned on either device and trained here against the
+   unsplit model (float32 and bf16), predicted against measured stage times, GPT-2's throughput against the
+   unsplit model in one process and torch's schedule, the largest micro-batch under a memory cap.
 
 Every check runs, whatever the ones before did; each writes its result to the output folder as it ends
 (``NN-name.md`` and ``.json``, and ``results.md`` / ``results.json`` so far), and the exit status is 1 if any
@@ -38,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import hf_checks
 import torch
 from tables import (
     SLACK,
@@ -68,6 +73,8 @@ COMMAND_TIMEOUT_S = 180.0
 #: Per-element gradient tolerance (rtol, atol), float32: the micro-batch gradients may be summed in another
 #: order, and on CUDA (TF32 off) embedding and attention backward kernels reduce with atomics.
 GRAD_TOLERANCE = {"cpu": (1e-5, 1e-6), "cuda": (1e-4, 1e-5)}
+#: Check 7: what each stage's forward held over the planner's activation bytes, at least and at most.
+MEMORY_BOUNDS = (0.8, 1.25)
 #: ``train --check-grads``'s largest relative difference allowed (tests/test_train.py's on CPU).
 CHECK_GRADS_REL = {"cpu": 1e-5, "cuda": 1e-4}
 
@@ -449,8 +456,32 @@ def check_memory(setup: Setup, result: Result) -> None:
     inputs, targets, _ = make_batch(sizes.plan_model, 1, sizes.microbatch_size, SeqLenDist(sizes.plan_seq_len), 0)
     table = memory_table(model, inputs[0].to(device), targets[0].to(device), sizes.microbatches, sizes.repeats)
     result.table(table)
-    result.passed = True
-    result.summary = "The planner's activation bytes per stage against what each forward held."
+    low, high = MEMORY_BOUNDS
+    ratios = [float(row[5]) for row in table.rows]
+    result.passed = bool(ratios) and all(low <= r <= high for r in ratios)
+    result.data["bounds"] = MEMORY_BOUNDS
+    result.summary = (
+        f"Every stage held {low:g}-{high:g}x the activation bytes the planner predicted (held / predicted: "
+        f"{min(ratios, default=0):.3f}-{max(ratios, default=0):.3f})."
+        if result.passed
+        else f"A stage held outside {low:g}-{high:g}x the planner's activation bytes (rows: held / predicted)."
+    )
+
+
+def check_hf_training(setup: Setup, result: Result) -> None:
+    hf_checks.check_hf_training(setup.device, result, GROUP_TIMEOUT_S)
+
+
+def check_stage_times(setup: Setup, result: Result) -> None:
+    hf_checks.check_stage_times(setup.device, result)
+
+
+def check_hf_throughput(setup: Setup, result: Result) -> None:
+    hf_checks.check_hf_throughput(setup.device, result, GROUP_TIMEOUT_S)
+
+
+def check_memory_cap(setup: Setup, result: Result) -> None:
+    hf_checks.check_memory_cap(setup.device, result)
 
 
 CHECKS: list[tuple[str, Check]] = [
@@ -461,6 +492,10 @@ CHECKS: list[tuple[str, Check]] = [
     ("A plan that offloads, trained", check_offload_training),
     ("Throughput against torch's Schedule1F1B", check_throughput),
     ("Memory: planned against measured", check_memory),
+    ("Hugging Face models planned on either device, trained here", check_hf_training),
+    ("Predicted against measured stage times", check_stage_times),
+    ("Throughput of GPT-2 against the unsplit model", check_hf_throughput),
+    ("The largest micro-batch under a memory cap", check_memory_cap),
 ]
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from hintpipe.planner.capture import CaptureError, split_point
     from hintpipe.planner.plan import Plan, plan, share_plan
     from hintpipe.planner.plan_file import load_plan, save_plan
+    from hintpipe.planner.stage_timing import measure_stages
     from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
     from hintpipe.runtime.checkpoint.saving import load_merged
     from hintpipe.runtime.checkpoint.stopping import StopRequest
@@ -61,6 +62,7 @@ _LAZY = {
     "CaptureError": "hintpipe.planner.capture",
     "load_plan": "hintpipe.planner.plan_file",
     "save_plan": "hintpipe.planner.plan_file",
+    "measure_stages": "hintpipe.planner.stage_timing",
     "Checkpointer": "hintpipe.runtime.checkpoint.checkpointer",
     "load_merged": "hintpipe.runtime.checkpoint.saving",
     "StopRequest": "hintpipe.runtime.checkpoint.stopping",
@@ -123,6 +125,7 @@ __all__ = [
     "generate_hint",
     "load_merged",
     "load_plan",
+    "measure_stages",
     "plan",
     "profile_sequence_cost",
     "run_ranks",

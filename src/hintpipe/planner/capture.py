@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch import nn
 
 from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.portable import make_portable
 from hintpipe.planner.tables import ValueUse
 
 
@@ -73,8 +74,10 @@ class CapturedGraph:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Nodes do not pickle; the GraphModule does (it re-traces its own code,
         # which yields the same nodes in the same order), so rebuild from it.
+        # Parameters travel on the host: a plan made on a GPU unpickles on a rank without one, and each rank
+        # moves its stages to its own device.
         sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
-        return (_captured_with_sizes, (self.module, sizes, self.aliases, self.scalars, self.state_keys))
+        return (_captured_with_sizes, (_on_host(self.module), sizes, self.aliases, self.scalars, self.state_keys))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +116,11 @@ class CaptureSpec:
         )
 
     def recapture(self, model: nn.Module) -> CapturedGraph:
-        """``model`` captured as this spec says, on zeros of the recorded shapes."""
-        example = tuple(torch.zeros(shape, dtype=_dtype(name)) for shape, name in self.inputs)
+        """``model`` captured as this spec says, on zeros of the recorded shapes on the model's device."""
+        device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+        example = tuple(torch.zeros(shape, dtype=_dtype(name), device=device) for shape, name in self.inputs)
         kwargs: dict[str, Any] = dict(self.kwargs)
-        kwargs |= {k: torch.zeros(shape, dtype=_dtype(name)) for k, shape, name in self.tensor_kwargs}
+        kwargs |= {k: torch.zeros(shape, dtype=_dtype(name), device=device) for k, shape, name in self.tensor_kwargs}
         graph = capture(model, modules=self.modules, example=example or None, kwargs=kwargs or None)
         inputs = (*example, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
         for node, value in zip(graph.inputs, inputs, strict=False):
@@ -171,6 +175,9 @@ def capture(
         CaptureError: naming what could not be captured and the fallback.
     """
     root = copy.deepcopy(model)
+    # Captured in train mode whatever the model's mode: that is what a pipeline trains, and the flags the
+    # capture records follow each stage's own mode afterwards ([Note: operators that follow their module]).
+    root.train()
     keys = tuple(root.state_dict())
     if modules is not None:
         sequence = _sequence_of(root, list(modules))
@@ -180,7 +187,9 @@ def capture(
     if not kwargs:
         try:
             graph = _Tracer(set()).trace(root)
-            traced = _with_aliases(_captured(fx.GraphModule(root, graph)), root)
+            module = fx.GraphModule(root, graph)
+            make_portable(module)
+            traced = _with_aliases(_captured(module), root)
             traced.state_keys = keys
             return traced
         except Exception as exc:  # torch.fx raises several types for untraceable code
@@ -265,10 +274,12 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     if isinstance(flat, (tuple, list)):
         output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
     graph.lint()
+    module = fx.GraphModule(module, graph)
+    make_portable(module)
     # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
     # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
     # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
-    retraced: fx.GraphModule = pickle.loads(pickle.dumps(fx.GraphModule(module, graph)))
+    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
     return retraced
 
 
@@ -324,6 +335,13 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
     if output is None or not nodes:
         raise CaptureError("the traced graph has no operations to place")
     return CapturedGraph(module, nodes, inputs, output, marked)
+
+
+def _on_host(module: fx.GraphModule) -> fx.GraphModule:
+    """``module``, or a copy of it on the CPU where any of its tensors is elsewhere."""
+    if all(t.device.type == "cpu" for t in [*module.parameters(), *module.buffers()]):
+        return module
+    return copy.deepcopy(module).cpu()
 
 
 def _captured_with_sizes(

@@ -66,7 +66,8 @@ def save_plan(plan: Plan, path: str | Path, *, model: dict[str, Any] | None = No
         "code": plan.graph.module.code,
         "shapes": _shapes(plan.graph.module),
         "fingerprint": plan.fingerprint,
-        "weights": {name: t.detach().clone() for name, t in plan.graph.module.state_dict().items()},
+        # On the host: a plan made on a GPU loads where there is none.
+        "weights": {name: t.detach().to("cpu", copy=True) for name, t in plan.graph.module.state_dict().items()},
     }
     with open(tmp, "wb") as handle:
         torch.save(payload, handle)
@@ -83,7 +84,7 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
         PlanFileError: unreadable, or not a plan file of this format.
     """
     try:
-        payload = torch.load(path, weights_only=True)
+        payload = torch.load(path, weights_only=True, map_location="cpu")
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         # torch's refusal of anything but tensors and plain values says what it found on one line of many

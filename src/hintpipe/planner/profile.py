@@ -36,6 +36,7 @@ import torch.fx as fx
 
 from hintpipe.device import Clock, clock_for
 from hintpipe.planner.capture import CapturedGraph, attribute
+from hintpipe.planner.graph_timing import ClockMarks, graph_times, marks_for, run_seconds
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 
@@ -83,6 +84,7 @@ def profile(
     repeats: int = 5,
     cache_dir: str | Path | None = None,
     clock: Clock | None = None,
+    whole_graph: bool | None = None,
 ) -> list[NodeProfile]:
     """Profile every compute node of ``graph`` on ``inputs`` (one micro-batch).
 
@@ -91,11 +93,18 @@ def profile(
         inputs: example inputs, one per placeholder.
         repeats: timed runs per node after one warm-up; the fastest of all is kept ([Note: the fastest run]).
         cache_dir: where to keep profiles (by signature); ``None``: no cache.
-        clock: what times the nodes; default: the one of the model's device (:func:`hintpipe.device.clock_for`).
+        clock: what times the nodes and the whole graph's run that scales them; default: the one of the model's
+            device (:func:`hintpipe.device.clock_for`).
+        whole_graph: time the nodes in runs of the whole graph instead, on the device's own clock ([Note: a
+            GPU's node times] in :mod:`~hintpipe.planner.graph_timing`); default: on a GPU. Memory is counted
+            node by node either way.
     """
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"the model takes {len(graph.inputs)} inputs, got {len(inputs)}")
-    cache = None if cache_dir is None else Path(cache_dir) / f"{signature(graph, inputs)}-{repeats}.json"
+    device = _device_of(graph, inputs)
+    whole = device.type == "cuda" and clock is None if whole_graph is None else whole_graph
+    key = f"{signature(graph, inputs)}-{repeats}{'-graph' if whole else ''}"
+    cache = None if cache_dir is None else Path(cache_dir) / f"{key}.json"
     if cache is not None and cache.exists():
         return [NodeProfile(**row) for row in json.loads(cache.read_text())]
     root = graph.module
@@ -108,17 +117,42 @@ def profile(
             env[node] = run_node(root, node, env)
     # Each storage's first owner: an output living in an earlier value's storage is a view of it.
     owner = {t.untyped_storage().data_ptr(): n.name for n, v in env.items() for t in tensors_in(v)}
-    timing = clock if clock is not None else clock_for(_device_of(graph, inputs))
+    timing = clock if clock is not None else clock_for(device)
     profiles = [
         _profile_node(root, node, env, owner, params, repeats, i in graph.scalars, timing)
         for i, node in enumerate(graph.nodes)
     ]
+    marks = marks_for(device) if clock is None else ClockMarks(clock)
+    if whole:
+        times = graph_times(graph, inputs, run_node, repeats=repeats, marks=marks)
+        profiles = [
+            dataclasses.replace(p, forward_s=f, backward_s=b) for p, (f, b) in zip(profiles, times, strict=True)
+        ]
+    profiles = _to_scale(profiles, run_seconds(graph, inputs, repeats=repeats, marks=marks))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
         tmp.write_text(json.dumps([dataclasses.asdict(p) for p in profiles]))
         tmp.replace(cache)
     return profiles
+
+
+def _to_scale(profiles: list[NodeProfile], whole_s: float) -> list[NodeProfile]:
+    """``profiles`` with every time scaled by one factor, so that they add up to the whole graph's run.
+
+    [Note: the profile's scale]
+    Timing a node costs something of its own, a node alone or between recorded marks: on a 2-core CPU the
+    nodes of a Hugging Face GPT-2 added up to 1.06-1.20x what its built stages took, on a GPU several
+    times ([Note: a GPU's node times]). The cost is much the same for every node, so it moves the
+    balance of a cut little, but every predicted stage time by that much. One run of the whole graph, as a
+    stage runs (:func:`~hintpipe.planner.graph_timing.run_seconds`), sets the scale; the nodes' shares of it
+    stay as measured, so the cuts are those of the unscaled profile.
+    """
+    total = sum(p.forward_s + p.backward_s for p in profiles)
+    if not (total > 0 and 0 < whole_s < float("inf")):
+        return profiles  # nothing measurable (nodes that sleep, on a thread's clock)
+    factor = whole_s / total
+    return [dataclasses.replace(p, forward_s=p.forward_s * factor, backward_s=p.backward_s * factor) for p in profiles]
 
 
 def _profile_node(

@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hintpipe.device import new_event, new_stream
 from hintpipe.planner.capture import CapturedGraph, attribute
+from hintpipe.planner.portable import FollowingOp
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:
@@ -184,7 +185,12 @@ class _Copy:
     def boxed(self, value: fx.Node) -> fx.Node:
         """``value`` as a stage sends it: a number becomes a 0-d tensor."""
         node = self.lookup(value)
-        return self.new.call_function(_box, (node,)) if self.scalar(value) else node
+        if not self.scalar(value):
+            return node
+        # A 0-d tensor on the stage's device, wherever the stage was moved ([Note: operators that follow
+        # their module]): a number boxed on the CPU beside a GPU stage's tensors breaks what sends them.
+        self.owned.setdefault(BOX, FollowingOp(_box, None, device=True))
+        return self.new.call_module(BOX, (node,))
 
     def lookup(self, value: fx.Node) -> fx.Node:
         if value not in self.env:
@@ -246,13 +252,19 @@ def _place(module: torch.nn.Module, target: str, value: Any) -> None:
         module.add_module(name, value)
     elif isinstance(value, torch.nn.Parameter):
         module.register_parameter(name, value)
+    elif isinstance(value, torch.Tensor):
+        module.register_buffer(name, value)  # a buffer, so that it follows .to(device) as the model's did
     else:
         setattr(module, name, value)
 
 
-def _box(value: Any) -> torch.Tensor:
-    """A number as a 0-d tensor, to cross a cut."""
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+def _box(value: Any, device: torch.device | None = None) -> torch.Tensor:
+    """A number as a 0-d tensor on ``device``, to cross a cut."""
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value, device=device)
+
+
+#: The sub-module of a stage that boxes the numbers it sends (:func:`_box` on the stage's device).
+BOX = "box_numbers"
 
 
 def _unbox(value: Any) -> Any:

@@ -285,8 +285,9 @@ def _place(
 ) -> dict[int, nn.Module]:
     """This rank's stages on its device and, given a mesh, sharded by FSDP2 (with ``fsdp``'s options) over its
     data-parallel dimensions (``dp``, or torchtitan's ``dp_replicate`` x ``dp_shard``: HSDP); emulated stages
-    never run: they stay where they are."""
-    if device.type != "cpu" and not emulated:
+    never run: they stay where they are. A stage is moved whatever device it was built on (a plan made on a GPU
+    trains on CPU ranks)."""
+    if not emulated:
         for module in modules.values():
             module.to(device)
     placed = dict(modules)

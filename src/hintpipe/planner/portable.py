@@ -1,0 +1,184 @@
+"""A captured graph made free of the capture's device and mode.
+
+torch.export records what ``forward`` did on the example it ran: a position
+index made with ``arange(..., device=input.device)`` becomes
+``aten.arange(n, device=cpu)``, and a dropout becomes ``aten.dropout(x, 0.1,
+True)``, the training flag of the moment. A stage cut from such a graph keeps
+the capture's device and mode for good: planned on a CPU, it fails on a GPU;
+planned in train mode, it drops out in evaluation; planned after
+``from_pretrained`` (eval mode), it trains without dropout, silently.
+
+[Note: operators that follow their module]
+Every operator call that names a device (a ``device=`` keyword), a training
+flag (an argument named ``train`` or ``training``) or an attention's dropout
+probability (``dropout_p``, which the model's code passes as ``p if
+self.training else 0.0``) is replaced by a call of a :class:`FollowingOp`
+sub-module: the same operator, its device read from an empty buffer of the
+module (which ``.to(device)`` moves like any buffer), its training flag from
+the module's own ``training`` (which ``.train()`` and ``.eval()`` set like any
+module's), its dropout probability 0 in eval mode. The node keeps its place
+(a re-trace names it after its module, ``following_dropout_3``), so the
+planner's positions do not change; the buffer is not persistent, so no state
+dict sees it. The graph's code then names no device: a plan made on one
+device captures to the same code on another, which is what a plan file checks.
+torch's own ``move_to_device_pass`` writes another fixed device instead, and
+its train/eval rewrites recognise dropout and batch norm patterns only; one
+rule by argument names covers every operator with such an argument.
+
+Every ``device=`` is taken to mean "where the model runs": a model that puts
+a tensor on the CPU on purpose inside ``forward`` gets it on the stage's device.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+#: The sub-module under which the graph keeps its following operators (one child per node).
+CONTAINER = "following"
+
+#: Argument names that carry an operator's training flag.
+_TRAINING_NAMES = ("train", "training")
+
+#: Argument names of a dropout probability that the model's code passes only in training
+#: (``dropout_p=self.p if self.training else 0.0``, as attention layers call ``scaled_dot_product_attention``).
+_PROBABILITY_NAMES = ("dropout_p",)
+
+
+class FollowingOp(nn.Module):
+    """One operator call whose device follows the module's device and whose training flag follows its mode.
+
+    Args:
+        op: the operator (an ``OpOverload`` such as ``aten.arange.default``, or a function such as
+            ``torch.arange``).
+        training_at: where the training flag is: a positional index, a keyword's name, or None.
+        device: whether the call has a ``device=`` keyword to fill in.
+        probability_at: where a dropout probability is that holds in training and is 0 in eval mode.
+    """
+
+    def __init__(
+        self, op: Any, training_at: int | str | None, device: bool, probability_at: int | str | None = None
+    ) -> None:
+        super().__init__()
+        self.op_name, self._op = _op_name(op), op
+        self.training_at = training_at
+        self.device = device
+        self.probability_at = probability_at
+        # Empty, not persistent: it moves with .to() and stays out of every state dict.
+        self.register_buffer("anchor", torch.empty(0), persistent=False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.device:
+            kwargs["device"] = self.anchor.device
+        if self.training_at is not None:
+            args = _replaced(args, kwargs, self.training_at, self.training)
+        if self.probability_at is not None and not self.training:
+            args = _replaced(args, kwargs, self.probability_at, 0.0)
+        return self.op(*args, **kwargs)
+
+    @property
+    def op(self) -> Any:
+        if self._op is None:
+            self._op = _resolve(self.op_name)
+        return self._op
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.op_name}, training_at={self.training_at!r}, device={self.device}, "
+            f"probability_at={self.probability_at!r}"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An OpOverload does not pickle (a plan travels to every rank pickled): keep its name.
+        state = dict(self.__dict__)
+        state["_op"] = None if isinstance(self._op, torch._ops.OpOverload) else self._op
+        return state
+
+
+def _replaced(args: tuple[Any, ...], kwargs: dict[str, Any], at: int | str, value: Any) -> tuple[Any, ...]:
+    """``args`` with ``value`` at position ``at``, or ``kwargs[at] = value`` (in place) for a keyword."""
+    if isinstance(at, str):
+        kwargs[at] = value
+        return args
+    return (*args[:at], value, *args[at + 1 :])
+
+
+def _op_name(op: Any) -> str:
+    if isinstance(op, torch._ops.OpOverload):
+        return f"torch.ops.{op.namespace}.{op._opname}.{op._overloadname}"
+    return f"{getattr(op, '__module__', '')}.{getattr(op, '__qualname__', repr(op))}"
+
+
+def _resolve(name: str) -> Any:
+    """The operator ``torch.ops.NS.NAME.OVERLOAD`` named by :func:`_op_name`."""
+    value: Any = torch
+    for part in name.removeprefix("torch.").split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _argument_at(node: fx.Node, names: tuple[str, ...]) -> int | str | None:
+    """Where ``node``'s call passes an argument of one of these names (a positional index or a keyword) as a
+    constant, or None: a graph value there (``training=self.training`` that tracing kept) follows already."""
+    at: int | str | None = next((name for name in names if name in node.kwargs), None)
+    if at is None:
+        positions = [i for i, name in enumerate(_positional_names(node.target)) if name in names]
+        at = next((i for i in positions if i < len(node.args)), None)
+    if at is None or isinstance(node.kwargs[at] if isinstance(at, str) else node.args[at], fx.Node):
+        return None
+    return at
+
+
+def _positional_names(target: Any) -> list[str]:
+    """The names of the arguments ``target`` takes by position: from an operator's schema, or a Python
+    function's signature (``F.dropout(x, 0.1, True)`` as torch.fx records it); none where neither tells."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return [a.name for a in schema.arguments if not a.kwarg_only]
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _names_device(node: fx.Node) -> bool:
+    value = node.kwargs.get("device")
+    return isinstance(value, (torch.device, str))
+
+
+def make_portable(module: fx.GraphModule) -> int:
+    """Replace, in place, every call in ``module``'s graph that names a device, a training flag or an
+    attention's dropout probability by a
+    :class:`FollowingOp` (see [Note: operators that follow their module]); the number replaced.
+
+    A flag given as a graph value (``training=self.training`` that tracing kept symbolic) follows already
+    and stays as it is.
+    """
+    container = nn.Module()
+    where = next((t.device for t in [*module.parameters(), *module.buffers()]), torch.device("cpu"))
+    for node in module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        training_at = _argument_at(node, _TRAINING_NAMES)
+        probability_at = _argument_at(node, _PROBABILITY_NAMES)
+        device = _names_device(node)
+        if training_at is None and probability_at is None and not device:
+            continue
+        # The node's own name (a re-traced graph names the node after it); ``to`` or ``eval`` must not meet
+        # nn.Module's own attributes.
+        child = f"{node.name}_" if hasattr(container, node.name) else node.name
+        container.add_module(child, FollowingOp(node.target, training_at, device, probability_at))
+        if device:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+        node.op, node.target = "call_module", f"{CONTAINER}.{child}"
+    if not container._modules:
+        return 0
+    module.add_module(CONTAINER, container.to(where))  # where the captured model is
+    module.graph.lint()
+    module.recompile()
+    return len(container._modules)
