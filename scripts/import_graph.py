@@ -1,14 +1,24 @@
 """Print the import graph between hintpipe's parts, and fail on an arrow that must not exist.
 
 The parts are the folders (``schedule/``, ``sim/``, ``planner/``, ``runtime/``,
-``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, and the base modules
-below all of them (``choice``, ``spec``, ``units``, ``options``, ``device``,
-``tensor_bytes``). Every ``import`` of a hintpipe module counts, wherever it
-stands (at the top, in a function, under ``TYPE_CHECKING``): a dependency is a
-dependency, even when it is deferred.
+``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, the options
+table (``options``: a top floor that only refers to the enums their owners
+define) and the foundation below all of them (``choice``, ``spec``, ``units``,
+``option``, ``device``, ``device_choice``, ``tensor_bytes``, ``sampler``). Every
+``import`` of a hintpipe module counts, wherever it stands (at the top, in a
+function, under ``TYPE_CHECKING``): a dependency is a dependency, even when it
+is deferred.
+
+Three rules, each failing the script:
+
+- **forbidden arrows** between parts (:data:`FORBIDDEN`), and the foundation imports only the foundation;
+- **the runtime's floors** (:data:`RUNTIME_FLOORS`): a runtime module imports runtime modules of its own
+  floor or below, never above;
+- **no cycle** between modules: two modules that import each other (through any chain) are one concept
+  split in two, or one that should name a protocol instead.
 
 Usage: ``python scripts/import_graph.py [SRC]`` (``SRC``: another tree's ``src/hintpipe``, to compare;
-exit status 1 when a forbidden arrow exists).
+exit status 1 when a rule is broken).
 """
 
 from __future__ import annotations
@@ -24,6 +34,17 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "hintpipe"
 FORBIDDEN = {("planner", "runtime"), ("sim", "runtime"), ("runtime", "apps"), ("runtime", "cli")}
 FORBIDDEN |= {("forming", "runtime"), ("runtime", "forming")}
 FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "apps", "cli", "observe")
+#: The foundation: modules every part may use, which use none of them.
+FOUNDATION = "base"
+#: The runtime's floors, lowest first: a floor's modules are its base modules (``runtime/errors.py``) or
+#: subpackages (``runtime/loop/``); everything else in the runtime is the top floor (assembly, the facade,
+#: the launcher, faults).
+RUNTIME_FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "modes", "model_names", "liveness"}),
+    frozenset({"transport", "checkpoint"}),
+    frozenset({"loop"}),
+    frozenset({"parallel"}),
+)
 
 
 def part(module: str) -> str:
@@ -33,7 +54,20 @@ def part(module: str) -> str:
         return "hintpipe"
     if pieces[1] == "__main__":
         return "cli"
-    return pieces[1] if pieces[1] in FOLDERS or pieces[1] == "scoreboard" else "base"
+    if pieces[1] in FOLDERS or pieces[1] in ("scoreboard", "options"):
+        return pieces[1]
+    return FOUNDATION
+
+
+def runtime_floor(module: str) -> int | None:
+    """The floor of a runtime module (0 lowest), or None outside the runtime (and for the package itself)."""
+    pieces = module.split(".")
+    if len(pieces) < 3 or pieces[1] != "runtime":
+        return None
+    for floor, names in enumerate(RUNTIME_FLOORS):
+        if pieces[2] in names:
+            return floor
+    return len(RUNTIME_FLOORS)
 
 
 def module_name(path: Path) -> str:
@@ -74,6 +108,61 @@ def graph() -> dict[tuple[str, str], list[tuple[str, str]]]:
     return arrows
 
 
+def module_imports() -> dict[str, set[str]]:
+    """Module -> the hintpipe modules it imports (each an existing module or package)."""
+    found = {module_name(path): imports(path) for path in sorted(SOURCE.rglob("*.py"))}
+    return {source: {t for t in targets if t in found and t != source} for source, targets in found.items()}
+
+
+def floor_breaches(edges: dict[str, set[str]]) -> list[str]:
+    """Runtime modules that import a runtime module of a higher floor."""
+    out = []
+    for source, targets in sorted(edges.items()):
+        here = runtime_floor(source)
+        for target in sorted(targets):
+            there = runtime_floor(target)
+            if here is not None and there is not None and there > here:
+                out.append(f"floor: {source} (floor {here}) imports {target} (floor {there})")
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other through some chain (Tarjan's strongly connected
+    components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(edges)))
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
 def main() -> int:
     global SOURCE
     if len(sys.argv) > 1:
@@ -81,13 +170,24 @@ def main() -> int:
     arrows = graph()
     width = max(len(f"{a} -> {b}") for a, b in arrows)
     for (a, b), pairs in sorted(arrows.items()):
-        mark = "  FORBIDDEN" if (a, b) in FORBIDDEN else ""
+        mark = "  FORBIDDEN" if (a, b) in FORBIDDEN or (a == FOUNDATION and b != FOUNDATION) else ""
         print(f"{f'{a} -> {b}':<{width}}  {len(pairs):3d} imports{mark}")
-    bad = [(arrow, pairs) for arrow, pairs in sorted(arrows.items()) if arrow in FORBIDDEN]
+    bad = [
+        (arrow, pairs)
+        for arrow, pairs in sorted(arrows.items())
+        if arrow in FORBIDDEN or (arrow[0] == FOUNDATION and arrow[1] != FOUNDATION)
+    ]
     for (a, b), pairs in bad:
         for source, target in pairs:
             print(f"forbidden: {source} imports {target} ({a} -> {b})", file=sys.stderr)
-    return 1 if bad else 0
+    edges = module_imports()
+    breaches = floor_breaches(edges)
+    for line in breaches:
+        print(line, file=sys.stderr)
+    looped = cycles(edges)
+    for group in looped:
+        print(f"cycle: {' <-> '.join(group)}", file=sys.stderr)
+    return 1 if bad or breaches or looped else 0
 
 
 if __name__ == "__main__":

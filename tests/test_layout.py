@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,9 @@ TORCH_FREE = [
     "hintpipe.observe.trace",
     "hintpipe.runtime",
     "hintpipe.runtime.errors",
+    "hintpipe.runtime.modes",
+    "hintpipe.device_choice",
+    "hintpipe.sim.sample",
     "hintpipe.runtime.injection",
     "hintpipe.runtime.checkpoint",
     "hintpipe.runtime.checkpoint.manifest",
@@ -82,3 +86,36 @@ def test_a_rank_that_trains_imports_only_what_it_uses() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == "[]"
+
+
+def _import_graph() -> Any:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import import_graph
+    finally:
+        sys.path.pop(0)
+    return import_graph
+
+
+def test_the_import_rules_find_a_cycle_and_a_floor_breached() -> None:
+    rules = _import_graph()
+    edges = {
+        "hintpipe.runtime.loop.a": {"hintpipe.runtime.parallel.b"},  # the loop (floor 2) above the axes (3)
+        "hintpipe.runtime.parallel.b": {"hintpipe.runtime.loop.a", "hintpipe.runtime.errors"},
+        "hintpipe.runtime.errors": set(),
+        "hintpipe.sim.x": {"hintpipe.sim.y"},
+        "hintpipe.sim.y": {"hintpipe.sim.z"},
+        "hintpipe.sim.z": {"hintpipe.sim.x"},
+    }
+    assert rules.cycles(edges) == [
+        ["hintpipe.runtime.loop.a", "hintpipe.runtime.parallel.b"],
+        ["hintpipe.sim.x", "hintpipe.sim.y", "hintpipe.sim.z"],
+    ]
+    assert rules.floor_breaches(edges) == [
+        "floor: hintpipe.runtime.loop.a (floor 2) imports hintpipe.runtime.parallel.b (floor 3)"
+    ]
+    assert [rules.part(m) for m in ("hintpipe.options", "hintpipe.device", "hintpipe.runtime.modes")] == [
+        "options",
+        "base",
+        "runtime",
+    ]

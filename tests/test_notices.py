@@ -8,7 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.loop.step_loop import StepLoop
+from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import B, F

@@ -15,7 +15,8 @@ from typing import Any, cast
 import pytest
 import torch
 
-from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.loop.step_loop import StepLoop
+from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.scoreboard import Policy, RankGraph, Scoreboard
@@ -170,8 +171,7 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
     # named from the heartbeats; only a barrier that ran for the whole timeout is the watchdog's.
     import torch.distributed as dist
 
-    from hintpipe.runtime import training_step
-    from hintpipe.runtime.checkpoint import liveness
+    from hintpipe.runtime import liveness, training_step
     from hintpipe.runtime.errors import PeerFailure, WatchdogTimeout
 
     parts = cast(Any, SimpleNamespace(coll=None, timeout=30.0, rank=0))

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hintpipe.options import DeviceChoice
+from hintpipe.device_choice import DeviceChoice
 
 
 def rank_device(choice: str | DeviceChoice | torch.device | None = None, rank: int = 0) -> torch.device:

@@ -20,75 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hintpipe.choice import Choice
+from hintpipe.device_choice import DeviceChoice
 from hintpipe.forming.form import Forming
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, Option
+from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
-
-
-class OnNonFinite(Choice):
-    """What a NaN or infinite loss does: ``raise`` stops the step with
-    :class:`~hintpipe.runtime.errors.NonFiniteLoss`; ``skip`` finishes it, zeroes every rank's gradients and
-    lists it in :attr:`Pipeline.nonfinite_steps <hintpipe.runtime.pipeline.Pipeline.nonfinite_steps>`."""
-
-    RAISE = "raise"
-    SKIP = "skip"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "on_nonfinite"
-
-
-class DataParallel(Choice):
-    """How data-parallel replicas keep their stages equal: ``replicate`` (every replica holds the whole
-    stage; gradients all-reduced) or ``fsdp`` (parameters sharded over the replicas by FSDP2)."""
-
-    REPLICATE = "replicate"
-    FSDP = "fsdp"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "data_parallel"
-
-
-class DeviceChoice(Choice):
-    """``auto``: the rank's GPU where CUDA is available, else the CPU; ``cpu``; ``cuda``."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "device"
-
-
-class Precision(Choice):
-    """``fp32``: every task in float32; ``bf16``: forwards (and the loss) under ``torch.autocast`` to bfloat16,
-    parameters, gradients and optimizer state staying float32, as autocast does for the unsplit model."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "precision"
-
-
-class TransportChoice(Choice):
-    """``auto``: ``nccl`` where every rank has a GPU of its own, else ``gloo``; ``gloo``; ``nccl``."""
-
-    AUTO = "auto"
-    GLOO = "gloo"
-    NCCL = "nccl"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "transport"
-
 
 _TRAIN = frozenset({"train"})
 _RUN = frozenset({"train", "simulate"})

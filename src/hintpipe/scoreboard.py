@@ -297,7 +297,7 @@ class Scoreboard:
         finished by the time the task that is running now ends. The same holds for the untaken task
         after it, and so on, up to the first whose remote input is still awaited. A tensor-parallel
         leader announces these in one message, ahead of time (see
-        :mod:`hintpipe.runtime.parallel.coordination`).
+        :mod:`hintpipe.runtime.loop.coordination`).
         """
         taken, fed_remotely, delivered = self._taken, self.graph.fed_remotely, self._delivered
         out: list[int] = []

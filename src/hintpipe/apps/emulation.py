@@ -4,19 +4,42 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import SeqLenDist, build_layers, make_batch, split_layers
+from hintpipe.apps.multimodal import sized_by_input
 from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
+from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 
-if TYPE_CHECKING:
-    from hintpipe.apps.training import TrainConfig
+
+class EmulatedRun(Protocol):
+    """What :func:`profile_costs` reads of a run (a :class:`~hintpipe.apps.training.TrainConfig` has it)."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def hint(self) -> str | Hint: ...
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def chunks(self) -> int | None: ...
+    @property
+    def microbatch_size(self) -> int: ...
+    @property
+    def seq_len_dist(self) -> SeqLenDist: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def split_backward(self) -> bool: ...
 
 
-def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
+def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
     """Measure each stage's forward and backward on one reference micro-batch in
     this process (median of ``repeats`` after a warm-up): the costs ``--emulate`` sleeps.
 
@@ -51,8 +74,6 @@ def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
     references = tuple(t.numel() for t in as_tensors(inputs[0]))
     sized_by: tuple[int, ...] = ()
     if config.model.name == "mm-mini":
-        from hintpipe.apps.multimodal import sized_by_input
-
         sized_by = tuple(sized_by_input(module) for module in modules)
     if config.split_backward:
         half = tuple(b / 2 for b in backward)

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from hintpipe.apps.gpt_layers import Block, Head, counting_text
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.models import Block, Head, counting_text
 
 #: Values per image patch, and patches per image.
 PATCH = 12

@@ -2,15 +2,20 @@
 
 - :mod:`~hintpipe.runtime.pipeline`: the public :class:`Pipeline`, a facade that checks options and runs steps;
 - :mod:`~hintpipe.runtime.assembly`: what a rank's pipeline is made of, built once;
-- :mod:`~hintpipe.runtime.loop`: one step: the step loop, the executor, admission, the ``ready`` plan, the
-  step hooks (agreement, reports);
+- :mod:`~hintpipe.runtime.loop`: one step: the step loop, the executor, admission, the ``ready`` plan,
+  tensor-parallel coordination, the step hooks (agreement, reports);
 - :mod:`~hintpipe.runtime.transport`: messages between ranks: the wire format, the gloo mailboxes, staging
   through host memory, NCCL links;
-- :mod:`~hintpipe.runtime.parallel`: the other axes: the mesh, data parallelism (replicas, FSDP2),
-  tensor-parallel coordination, tied weights;
+- :mod:`~hintpipe.runtime.parallel`: the other axes: the mesh, data parallelism (replicas, FSDP2), tied
+  weights;
 - :mod:`~hintpipe.runtime.checkpoint`: checkpoints, collective phases, stopping on a signal;
 - :mod:`~hintpipe.runtime.launch`, :mod:`~hintpipe.runtime.faults` (with
-  :mod:`~hintpipe.runtime.injection`) and :mod:`~hintpipe.runtime.errors`.
+  :mod:`~hintpipe.runtime.injection`), and below them all :mod:`~hintpipe.runtime.errors`,
+  :mod:`~hintpipe.runtime.modes` (the runtime's choices), :mod:`~hintpipe.runtime.model_names` and
+  :mod:`~hintpipe.runtime.liveness` (which peer stopped answering).
+
+The floors (``scripts/import_graph.py`` holds them): those base modules; then the transport and the
+checkpoints; then the loop; then the other axes (step hooks); then the rest, which assembles and runs it.
 
 Importing this package imports no torch; its modules do.
 """

@@ -28,19 +28,19 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
-from hintpipe.options import DataParallel, Precision, TransportChoice
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import OptionMismatch, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.agreement import Agreement
+from hintpipe.runtime.loop.coordination import Coordination, needed
 from hintpipe.runtime.loop.device_memory import DeviceMemory
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
 from hintpipe.runtime.loop.hooks import Hook, StepHook
 from hintpipe.runtime.loop.ready_plan import ReadyPlanner
 from hintpipe.runtime.loop.reports import Reporting
-from hintpipe.runtime.loop.step_loop import StepState
+from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer, Event
-from hintpipe.runtime.parallel.coordination import Coordination, needed
+from hintpipe.runtime.modes import DataParallel, Precision, TransportChoice
 from hintpipe.runtime.parallel.data_parallel import GradientAverage
 from hintpipe.runtime.parallel.fsdp import FsdpOptions, ShardedReduction, check_sharding, shard_stages
 from hintpipe.runtime.parallel.mesh import Layout, dp_mesh
@@ -60,7 +60,7 @@ class Seams:
 
     Attributes:
         coordinate_tp: tensor-parallel members share one decision per task (see
-            :mod:`hintpipe.runtime.parallel.coordination`); tests turn it off to show what goes wrong without.
+            :mod:`hintpipe.runtime.loop.coordination`); tests turn it off to show what goes wrong without.
         link_backend: ``"gloo"`` runs the NCCL transport's code path with its payload links on gloo, on CPU
             ranks (see :mod:`hintpipe.runtime.transport.links`).
         timing_events: timing events for a CPU rank, to run the GPU's task timing (see

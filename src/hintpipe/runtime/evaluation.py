@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from hintpipe.runtime.loop.microbatch import Batch, prepare_step
-from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.loop.step_loop import StepLoop
+from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.rank_graph import RankGraph

@@ -56,8 +56,8 @@ from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 
 from hintpipe.device import gpu_identity, own_gpu, rank_device
-from hintpipe.options import DeviceChoice
-from hintpipe.runtime.checkpoint import liveness
+from hintpipe.device_choice import DeviceChoice
+from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
 from hintpipe.runtime.errors import Interrupted, PeerFailure, RankFailure
 from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank

@@ -31,16 +31,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from hintpipe.options import DataParallel, OnNonFinite, Precision, TransportChoice, check_options
+from hintpipe.options import check_options
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
 from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
+from hintpipe.runtime.loop.coordination import Coordination
 from hintpipe.runtime.loop.executor import EmulatedCosts, Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch, check_ends, order_step, prepare_step
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.model_names import ModelNames
-from hintpipe.runtime.parallel.coordination import Coordination
+from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.runtime.parallel.fsdp import FsdpOptions
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parallel.tied import TiedParameter

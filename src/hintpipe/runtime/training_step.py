@@ -14,11 +14,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from hintpipe.runtime import liveness
 from hintpipe.runtime.assembly import Parts
-from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
 from hintpipe.runtime.loop.microbatch import relative_sizes
-from hintpipe.runtime.loop.step_loop import StepLoop, StepState
+from hintpipe.runtime.loop.step_loop import StepLoop
+from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.scoreboard import Policy, Scoreboard
 

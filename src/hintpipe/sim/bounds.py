@@ -27,7 +27,7 @@ from hintpipe.schedule.task import Kind
 
 if TYPE_CHECKING:
     from hintpipe.sim.layout import Layout
-    from hintpipe.sim.simulator import Sample
+    from hintpipe.sim.sample import Sample
 
 FloatArray = npt.NDArray[np.float64]
 

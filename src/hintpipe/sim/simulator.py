@@ -20,86 +20,19 @@ import numpy.typing as npt
 
 from hintpipe.schedule.fit import AdmissionUnit, fit_hint
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
 from hintpipe.sim.bounds import lower_bound, memory_bound
 from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.engine import drive, fixed_order
 from hintpipe.sim.layout import Layout
-from hintpipe.sim.variability import (
-    CommDelay,
-    Variability,
-    comm_delay,
-    decision_latency,
-    sample_message_delays,
-    sample_work,
-)
+from hintpipe.sim.sample import Sample
 
 __all__ = ["DeadlockError", "Sample", "SimResult", "Simulator", "fixed_order", "lower_bound"]
 
 
 class DeadlockError(RuntimeError):
     """Tasks remain but nothing is ready and nothing is running."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One trial's drawn work: ``costs[stage, mb, kind]``, the delay of the
-    message a task sends when it finishes, ``delays[stage, mb, kind]``, each
-    micro-batch's size as known before the step (``sizes[mb]``, relative work;
-    ``None``: all equal), and its known factor on each stage (``known[stage, mb]``,
-    relative; ``None``: its size on every stage)."""
-
-    costs: npt.NDArray[np.float64]
-    delays: npt.NDArray[np.float64]
-    latency: float
-    decision: float = 0.0  # added to every task under greedy and ready (tensor-parallel coordination)
-    sizes: npt.NDArray[np.float64] | None = None
-    known: npt.NDArray[np.float64] | None = None
-
-    @classmethod
-    def draw(
-        cls,
-        hint: Hint,
-        cost_model: CostModel,
-        models: Sequence[Variability] = (),
-        rng: np.random.Generator | None = None,
-    ) -> Sample:
-        """Sample costs and message delays for ``hint`` under ``models``."""
-        cost_model.check_fits(hint.num_stages, hint.num_microbatches)
-        rng = rng if rng is not None else np.random.default_rng(0)
-        expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
-        costs, sizes, known = sample_work(expected, list(models), rng)
-        comm = comm_delay(list(models))
-        delays = sample_message_delays(comm, costs.size, rng).reshape(costs.shape)
-        return cls(costs, delays, comm.latency, decision_latency(list(models)), sizes, known)
-
-    def reordered(self, perm: Sequence[int]) -> Sample:
-        """The same work with slot ``i`` running drawn micro-batch ``perm[i]``."""
-        index = np.asarray(perm, dtype=np.int64)
-        if sorted(index.tolist()) != list(range(self.costs.shape[1])):
-            raise ValueError(f"not a permutation of the {self.costs.shape[1]} micro-batches: {list(perm)}")
-        sizes = None if self.sizes is None else self.sizes[index]
-        known = None if self.known is None else self.known[:, index]
-        return dataclasses.replace(
-            self, costs=self.costs[:, index], delays=self.delays[:, index], sizes=sizes, known=known
-        )
-
-    def ordered(self, order: MicrobatchOrder | str) -> Sample:
-        """The same work, micro-batches run in ``order`` of their known sizes
-        (see :func:`~hintpipe.schedule.microbatch_order.microbatch_order`)."""
-        sizes = self.sizes if self.sizes is not None else np.ones(self.costs.shape[1])
-        ends = None if self.known is None else (self.known[0].tolist(), self.known[-1].tolist())
-        return self.reordered(microbatch_order(sizes.tolist(), order, ends=ends))
-
-    @classmethod
-    def expected(cls, hint: Hint, cost_model: CostModel, comm: CommDelay | None = None) -> Sample:
-        """The expected work: no noise, messages take exactly the latency."""
-        cost_model.check_fits(hint.num_stages, hint.num_microbatches)
-        costs = cost_model.expected(hint.num_microbatches, hint.split_backward)
-        latency = comm.latency if comm is not None else 0.0
-        return cls(costs, np.full(costs.shape, latency), latency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +235,7 @@ class Simulator:
         plans = layout.plans(self._expected, sample.latency) if policy is Policy.READY else None
         sizes = None if policy is not Policy.READY else self._plan_sizes(sample)
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
-        # hintpipe.runtime.parallel.coordination); fixed order needs no announcement.
+        # hintpipe.runtime.loop.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
         cost = [(layout.gather(sample.costs, r) + extra).tolist() for r in ranks]
         delay = [layout.gather(sample.delays, r).tolist() for r in ranks]

@@ -11,12 +11,12 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.checkpoint.collective import together
-from hintpipe.runtime.checkpoint.liveness import phase_group
 from hintpipe.runtime.checkpoint.manifest import step_folders
 from hintpipe.runtime.checkpoint.rank_state import Stateful
 from hintpipe.runtime.checkpoint.run_folder import claim, read_run
 from hintpipe.runtime.checkpoint.saving import WriterFactory, prune_checkpoints, resume, save_checkpoint
 from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.liveness import phase_group
 from hintpipe.runtime.model_names import ModelNames
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from hintpipe.runtime.checkpoint import liveness
+from hintpipe.runtime import liveness
 
 T = TypeVar("T")
 _RANK = re.compile(r"^rank \d+: ")

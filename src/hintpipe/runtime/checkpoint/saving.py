@@ -40,7 +40,6 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.checkpoint.collective import together
-from hintpipe.runtime.checkpoint.liveness import phase_group
 from hintpipe.runtime.checkpoint.manifest import (
     MANIFEST,
     CheckpointError,
@@ -55,6 +54,7 @@ from hintpipe.runtime.checkpoint.manifest import (
 )
 from hintpipe.runtime.checkpoint.rank_state import RankState, Stateful, rng_key
 from hintpipe.runtime.checkpoint.run_folder import LATEST
+from hintpipe.runtime.liveness import phase_group
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.tensor_bytes import local
 

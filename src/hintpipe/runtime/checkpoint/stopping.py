@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hintpipe.runtime.checkpoint import liveness
+from hintpipe.runtime import liveness
 
 STOP_FILE_ENV = "HINTPIPE_STOP_FILE"
 #: What asks a job to stop: Ctrl-C, a preemption, and a dropped terminal or SSH session (SIGHUP reaches the

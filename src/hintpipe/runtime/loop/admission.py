@@ -33,7 +33,7 @@ from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import BudgetError, RankGraph, device_budgets
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)

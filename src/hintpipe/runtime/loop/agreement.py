@@ -15,25 +15,38 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from hintpipe.options import OnNonFinite
 from hintpipe.runtime.errors import NonFiniteLoss, WatchdogTimeout
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.runtime.loop.ready_plan import ReadyPlanner
 from hintpipe.runtime.loop.reports import RankSummary, durations_array
+from hintpipe.runtime.modes import OnNonFinite
+from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import stage_medians
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.assembly import Parts
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 
 log = logging.getLogger(__name__)
+
+
+class AgreeingRank(Protocol):
+    """What the agreement reads of a rank's pipeline (the assembled parts have it), read when used: the
+    policy may change between steps."""
+
+    rank: int
+    hint: Hint
+    policy: Policy
+    timeout: float
+    modules: dict[int, nn.Module]
+    coll: dist.ProcessGroup
 
 
 class Agreement(Hook):
@@ -45,7 +58,7 @@ class Agreement(Hook):
         on_nonfinite: what a non-finite loss does.
     """
 
-    def __init__(self, parts: Parts, planner: ReadyPlanner, on_nonfinite: OnNonFinite) -> None:
+    def __init__(self, parts: AgreeingRank, planner: ReadyPlanner, on_nonfinite: OnNonFinite) -> None:
         self.parts = parts
         self.planner = planner
         self.on_nonfinite = on_nonfinite

@@ -16,7 +16,7 @@ from hintpipe.runtime.loop.executor import Executor, StageExecutor
 from hintpipe.runtime.loop.hooks import Hook
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 
 
 class DeviceMemory(Hook):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 
 
 class StepHook(Protocol):

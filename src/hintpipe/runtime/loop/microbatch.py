@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import Protocol, TypeAlias
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from hintpipe.device import to_device
-from hintpipe.runtime.loop.admission import broadcast_sizes
-from hintpipe.runtime.loop.executor import EmulatedExecutor
-from hintpipe.runtime.loop.step_loop import StepState
+from hintpipe.runtime.loop.admission import Admission, broadcast_sizes
+from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor
+from hintpipe.runtime.loop.step_state import StepState
+from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 
-if TYPE_CHECKING:
-    from hintpipe.runtime.assembly import Parts
+
+class StepParts(Protocol):
+    """What a step's micro-batches need of the rank's pipeline (the assembled parts have it)."""
+
+    rank: int
+    hint: Hint
+    microbatches: int
+    timeout: float
+    device: torch.device
+    coll: dist.ProcessGroup
+    compute: Executor
+    admission: Admission
+
+    @property
+    def stages(self) -> tuple[int, ...]: ...
+
 
 #: One micro-batch: a tensor, or a tuple of tensors (several stage inputs).
 Microbatch: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...]
@@ -91,7 +107,7 @@ def as_inputs(microbatch: Microbatch) -> list[torch.Tensor]:
 
 def prepare_step(
     step: int,
-    parts: Parts,
+    parts: StepParts,
     inputs: Batch | None,
     target: Batch | None,
     loss_divisor: float | None,
@@ -141,7 +157,7 @@ def check_ends(ends: tuple[Sequence[float], Sequence[float]] | None, order: Micr
 
 def order_step(
     state: StepState,
-    parts: Parts,
+    parts: StepParts,
     order: MicrobatchOrder,
     ends: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch.distributed as dist
 
 from hintpipe.observe.trace import Record
-from hintpipe.runtime.checkpoint import liveness
+from hintpipe.runtime import liveness
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
@@ -31,7 +31,7 @@ from hintpipe.scoreboard import Policy
 from hintpipe.sim.simulator import Sample, lower_bound
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,81 +10,28 @@ policy's patience runs out, or the watchdog fires.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from hintpipe.device import Arrival, use_when_ready
-from hintpipe.observe.trace import Record
+from hintpipe.device import use_when_ready
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
-from hintpipe.runtime.loop.executor import Executor, Tensors, as_input
+from hintpipe.runtime.loop.coordination import LOOKAHEAD, Coordination
+from hintpipe.runtime.loop.executor import Executor
+from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer
-from hintpipe.runtime.parallel.coordination import LOOKAHEAD, Coordination
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message, MessageKind, what_the_peer_said
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy, Scoreboard
+from hintpipe.scoreboard import Scoreboard
 
 if TYPE_CHECKING:
     from hintpipe.runtime.loop.hooks import StepHook
-
-
-@dataclasses.dataclass
-class StepState:
-    """What one step of one rank holds: inputs that arrived, targets, and what it produced."""
-
-    step: int
-    activations: dict[tuple[int, int], list[torch.Tensor]]  # (stage, mb) -> inputs of F
-    gradients: dict[tuple[int, int], Tensors] = dataclasses.field(default_factory=dict)  # -> output grads for B
-    #: The transfers of received inputs still to be waited on by the stream that computes, by the task they
-    #: are an input of (see :meth:`StepLoop._run`).
-    arrivals: dict[Task, Arrival] = dataclasses.field(default_factory=dict)
-    targets: Sequence[Any] = ()
-    loss_scale: float = 1.0
-    elements: Sequence[int] | None = None  # per micro-batch input elements (byte admission)
-    losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    loss_slots: list[int] = dataclasses.field(default_factory=list)  # the slot of each of ``losses``
-    records: list[Record] = dataclasses.field(default_factory=list)
-    peak_bytes: int = 0
-    started: float = 0.0  # wall clock (time.time) at the loop's start: the ranks' common clock
-    decisions: collections.deque[int] = dataclasses.field(default_factory=collections.deque)  # the TP leader's
-    order: list[int] = dataclasses.field(default_factory=list)  # slot -> the given micro-batch it runs
-    loop_time: float = 0.0  # from the loop's start to its last task's end
-    policy: Policy = Policy.FIXED  # the policy the step ran (``ready`` runs fixed until it has a plan)
-    plan_costs: tuple[tuple[float, ...], ...] | None = None  # the per-stage costs ``ready`` planned with
-    loss: torch.Tensor | None = None  # the sum of the scaled micro-batch losses (the last stage's rank)
-    #: Figures the step's hooks measured for its report (see :class:`~hintpipe.runtime.loop.reports.RankSummary`).
-    measured: dict[str, float] = dataclasses.field(default_factory=dict)
-    #: Which exchange of messages this is (training steps and evaluations share one count, so that a
-    #: neighbour's early message is never taken for this one's); messages carry it as their step.
-    round: int = -1  # -1: the step's number
-    #: An evaluation: forwards only, no gradients (:meth:`Pipeline.eval_step
-    #: <hintpipe.runtime.pipeline.Pipeline.eval_step>`).
-    evaluating: bool = False
-
-    def __post_init__(self) -> None:
-        if self.round < 0:
-            self.round = self.step
-
-    @property
-    def label(self) -> str:
-        """How an error names it: ``step 3``, or ``the evaluation after step 3``."""
-        return f"the evaluation after step {self.step}" if self.evaluating else f"step {self.step}"
-
-    def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]) -> Task:
-        """Keep what arrived for ``stage`` (from a neighbour, or this rank's previous stage); returns the
-        task it is an input of. Activations become leaf inputs; gradients are kept as they are."""
-        if kind is MessageKind.ACTIVATION:
-            self.activations[(stage, mb)] = [as_input(t) for t in tensors if t is not None]
-            return Task(stage, Kind.F, mb)
-        self.gradients[(stage, mb)] = list(tensors)
-        return Task(stage, Kind.B, mb)
 
 
 class StepLoop:
@@ -102,7 +49,7 @@ class StepLoop:
             computed (raises on a non-finite one; see [Note: one look at the losses per step] in
             :mod:`hintpipe.runtime.loop.agreement`).
         coordination: this rank's part in its tensor-parallel group's decisions, when needed
-            (see :mod:`hintpipe.runtime.parallel.coordination`).
+            (see :mod:`hintpipe.runtime.loop.coordination`).
         notices: tell each neighbour when a task whose result it awaits starts (the ``ready``
             policy's ETA rule; see [Note: producer notices] in :mod:`hintpipe.runtime.transport.protocol`).
         timer: on a GPU, times tasks with events on the device (see :mod:`hintpipe.runtime.loop.timing`);
@@ -215,7 +162,7 @@ class StepLoop:
 
     def _announce(self, pos: int, state: StepState) -> None:
         """A leader tells its followers that it runs ``pos``, unless it already has, and the choices that will
-        certainly follow (see [Note: decisions in batches] in :mod:`hintpipe.runtime.parallel.coordination`)."""
+        certainly follow (see [Note: decisions in batches] in :mod:`hintpipe.runtime.loop.coordination`)."""
         assert self.coordination is not None
         announced = self._announced
         fresh = []

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     # rank's start-up whether or not it shards.
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 
 
 def check_sharding(device: torch.device, own_gpu: bool) -> None:

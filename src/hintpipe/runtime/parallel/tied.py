@@ -32,7 +32,7 @@ from hintpipe.runtime.errors import WatchdogTimeout
 from hintpipe.runtime.loop.hooks import Hook
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.loop.step_loop import StepState
+    from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.tensor_bytes import local
 
 

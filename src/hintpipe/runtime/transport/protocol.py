@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from hintpipe.options import TransportChoice
+from hintpipe.runtime.modes import TransportChoice
 from hintpipe.runtime.transport.wire import Message, MessageKind
 
 __all__ = ["Transport", "TransportChoice", "choose_transport"]
