@@ -123,7 +123,13 @@ def four_steps(first_runs: dict[str, Any]) -> Path:
     """A run of 4 of the 6 steps, saved after steps 2 and 4 (the pristine copy; tests work on copies)."""
     succeeded(first_runs["results"]["four"])
     folder: Path = first_runs["folders"]["four"]
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000002", "step-00000004"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "latest",
+        "run.json",
+        "run.lock",
+        "step-00000002",
+        "step-00000004",
+    ]
     return folder
 
 
@@ -229,6 +235,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     assert sorted(p.name for p in folder.iterdir()) == [
         "latest",
         "run.json",
+        "run.lock",
         "step-00000002",
         "step-00000004",
         "step-00000006",
@@ -347,7 +354,7 @@ def test_resuming_an_empty_folder_starts_a_run_there_and_says_so(resumed: dict[s
         0,
         (f"{folder} holds no checkpoint to resume: a new run starts there",),
     )
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000002"]
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000002"]
 
 
 def test_the_command_line_refuses_another_runs_folder_before_starting_ranks(four_steps: Path) -> None:
@@ -417,13 +424,19 @@ def test_a_full_disk_ends_every_rank_in_one_line_and_frees_what_it_wrote(first_r
         "File too large)"
     )
     assert max(r.elapsed for r in results) < 120  # it ended before the 120 s timeout could have fired
-    assert sorted(p.name for p in folder.iterdir()) == ["run.json"]  # the partial step-00000002.tmp is gone
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json", "run.lock"]  # the partial step-00000002.tmp is gone
 
 
 def test_the_last_step_is_saved_whatever_the_interval(first_runs: dict[str, Any]) -> None:
     result = succeeded(first_runs["results"]["final"])[0]
     folder = first_runs["folders"]["final"]
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000003", "step-00000005"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "latest",
+        "run.json",
+        "run.lock",
+        "step-00000003",
+        "step-00000005",
+    ]
     assert _equal(load_merged(folder / "step-00000005"), result.state)
     # A folder, or its latest pointer, is its newest verified checkpoint.
     assert _equal(load_merged(folder), result.state) and _equal(load_merged(folder / "latest"), result.state)
@@ -464,6 +477,7 @@ def test_a_run_keeps_the_proven_checkpoints(first_runs: dict[str, Any]) -> None:
     assert sorted(p.name for p in folder.iterdir()) == [
         "latest",
         "run.json",
+        "run.lock",
         "step-00000003",
         "step-00000004",
         "step-00000005",
@@ -673,7 +687,7 @@ def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Pa
         saving + rf"\(rank {frozen} stopped answering \(no sign of life for [567] s\)\)", said[1 + other]
     )
     assert elapsed < 60, elapsed  # start-up, a step, 5 s of silence: seconds, not the default 300 s timeout
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000001"]
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000001"]
     Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")
     assert _all_gone(_group(process.pid))  # the ranks (and multiprocessing's resource tracker, a moment later)
 

@@ -94,7 +94,13 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(runs: dict[str, Any]
     (latest, resumed), _ = succeeded(runs["results"]["interrupted, resumed"])
     assert latest == checkpoints / "step-00000002"
     assert resumed is not None and resumed.resumed_from == 2
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "run.json", "step-00000002", "step-00000004"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest",
+        "run.json",
+        "run.lock",
+        "step-00000002",
+        "step-00000004",
+    ]
 
 
 # -- injected faults (a hung rank: test_runtime's stuck-rank test) -------------------------------------------

@@ -374,9 +374,13 @@ def _stopped(result: TrainResult) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
+    from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
 
     config = config_from(args, args.policy)
-    result = train(config)
+    try:
+        result = train(config)
+    except FolderInUse as exc:  # refused before any rank started
+        raise ValueError(f"--checkpoint-dir {exc}") from None
     if result is None:  # a non-zero rank under torchrun: rank 0 reports
         return 0
     for note in result.notes:
