@@ -380,6 +380,7 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     if fresh:
         who = f"rank {fresh[0]}" if len(fresh) == 1 else f"ranks {', '.join(map(str, fresh))}"
         notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
+
     def load_here() -> None:
         try:
             dcp_load(entries, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner(), process_group=group)
