@@ -3,7 +3,7 @@
 ``hintpipe train`` calls :func:`run_ranks`. Under ``torchrun`` (the
 environment has ``RANK`` and ``WORLD_SIZE``) this process *is* one rank and the
 function runs once, in place; otherwise it spawns one process per rank on this
-machine with a free loopback port. Either way each rank initialises
+machine, meeting in a file store in the launcher's private folder. Either way each rank initialises
 torch.distributed (gloo on CPU, NCCL when the rank has a GPU), uses one CPU
 thread, runs ``fn(rank, world_size, *args)``, and its return value comes back
 to the caller (rank 0's under torchrun).
@@ -19,6 +19,19 @@ every rank's :class:`~hintpipe.runtime.checkpoint.stopping.StopRequest` watches:
 finish their step, save and return. A second signal, SIGQUIT (or ranks still
 running ``timeout_s + 10`` seconds later) kills them at once and raises
 :class:`Interrupted`. The temporary folder is removed either way.
+
+[Note: no listening socket beyond loopback]
+A rendezvous store is an unauthenticated key-value server: anyone who can
+reach it reads and writes every key (the ranks' addresses, heartbeats, error
+reports). The launcher's TCPStore listened on every interface for the whole
+run, though ranks spawned on one machine need no network to meet. So they
+meet in a ``torch.distributed.FileStore`` in the launcher's temporary folder
+(made by :func:`tempfile.mkdtemp`: mode 0700, this user's alone); only
+gloo's own connections between the ranks remain, on the loopback interface
+(``GLOO_SOCKET_IFNAME``, and NCCL's, unless the caller set them; ``tests/test_sockets.py`` lists every listening
+socket of a run and finds none elsewhere). Heartbeats append to the file
+(about 60 bytes per rank per second); it goes with the folder. Under
+``torchrun`` the store is torchrun's (see the README's "Under torchrun").
 
 [Note: elastic restarts]
 Under ``torchrun --max-restarts N`` a restarted attempt meets in the same
@@ -51,7 +64,7 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
+from torch._C._distributed_c10d import FileStore
 from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 
@@ -75,10 +88,15 @@ def free_port() -> int:
 
 
 def init_rank(
-    rank: int, world: int, timeout_s: float = 300.0, device: str | DeviceChoice = DeviceChoice.AUTO
+    rank: int,
+    world: int,
+    timeout_s: float = 300.0,
+    device: str | DeviceChoice = DeviceChoice.AUTO,
+    store_file: str | None = None,
 ) -> torch.device:
-    """Join the process group (already in the environment: MASTER_ADDR/PORT) on ``device`` (a choice: the
-    rank's GPU where there is one with ``auto``); returns the rank's device.
+    """Join the process group on ``device`` (a choice: the rank's GPU where there is one with ``auto``); returns
+    the rank's device. The ranks meet in the file store ``store_file`` (spawned by :func:`run_ranks`, see [Note:
+    no listening socket beyond loopback]), or where the environment says (MASTER_ADDR/PORT: torchrun's store).
 
     On CUDA, the default group takes CPU tensors over gloo and CUDA tensors over
     NCCL, and gloo alone where ranks share a GPU (NCCL refuses two ranks on one
@@ -91,7 +109,12 @@ def init_rank(
     sys.setswitchinterval(0.0005)
     chosen = rank_device(device, rank)  # the rank's GPU where asked and present, set current
     timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
-    store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
+    store: Any
+    if store_file is not None:
+        store = FileStore(store_file, world)
+        store.set_timeout(timeout)
+    else:
+        store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
     prefixed = PrefixStore(f"hintpipe/attempt-{attempt()}", store)
     gpus = gather_over_store(prefixed, rank, world, "hintpipe/gpu", gpu_identity(chosen))
     dist.init_process_group(
@@ -142,9 +165,13 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, d
     os.environ["WORLD_SIZE"] = str(world)
     os.environ["LOCAL_WORLD_SIZE"] = str(world)
     os.environ[STOP_FILE_ENV] = str(Path(out) / "stop")
+    loopback = loopback_interface()
+    if loopback is not None:  # gloo's and NCCL's own listening sockets on loopback, whatever the hostname says
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
     path = Path(out) / f"rank{rank}.pkl"
     try:
-        init_rank(rank, world, timeout_s, device)
+        init_rank(rank, world, timeout_s, device, store_file=str(Path(out) / STORE_FILE))
         fn, args = pickle.loads(packed)
         result = fn(rank, world, *args)
         path.write_bytes(pickle.dumps(("ok", result)))
@@ -162,6 +189,15 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, d
     # a transport thread still returning from a C++ call would abort the process (exit code -6) for
     # nothing.
     _leave(0)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` elsewhere), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((name for name in names if name in ("lo", "lo0")), None)
 
 
 def _leave(code: int) -> NoReturn:
@@ -251,14 +287,9 @@ def run_ranks(
             f"{path}, line {line}: run_ranks starts processes that import this script again; put the code that "
             'calls it under `if __name__ == "__main__":`'
         )
-    # The launcher holds the rendezvous store, not rank 0: a rank stopped by SIGSTOP (or a debugger) would
-    # stop the store with it, and every other rank's heartbeat and error report would wait on it.
-    store = TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=max(timeout_s, 30.0))
-    )
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(store.port)
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = str(True)  # the ranks connect to it as torchrun's do
+    # The ranks meet in a file in this launcher's private folder, served by no one: no port is open, and a rank
+    # stopped by SIGSTOP (or a debugger) stops no store with it (see [Note: no listening socket beyond
+    # loopback]).
     remove_stale_folders()
     with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as out, _Signals(Path(out) / "stop") as signals:
         (Path(out) / LAUNCHER_FILE).write_text(str(os.getpid()))
@@ -279,14 +310,14 @@ def run_ranks(
         for process in processes:
             process.start()
         killed, stopped_here = _watch(processes, signals, timeout_s)
-        del os.environ["TORCHELASTIC_USE_AGENT_STORE"]
-        del store  # the ranks are gone
         return _collect(Path(out), processes, signals, killed, stopped_here)
 
 
 #: The launcher's temporary folder (results, the stop file) and the file in it that names the launcher.
 FOLDER_PREFIX = "hintpipe-"
 LAUNCHER_FILE = "launcher.pid"
+#: The spawned ranks' rendezvous store, in that folder.
+STORE_FILE = "store"
 
 
 def remove_stale_folders() -> list[Path]:
