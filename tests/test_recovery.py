@@ -795,3 +795,33 @@ def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> No
     )
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert _equal(load_merged(restarted / "step-00000006"), load_merged(reference / "step-00000006"))
+
+
+def test_ranks_never_outlive_a_killed_torchrun_agent(tmp_path: Path) -> None:
+    # SIGKILL to torchrun's agent once its ranks train (saving every step): both ranks end within seconds, no
+    # checkpoint appears afterwards, and the folder is free again (rank 0 held it).
+    folder = tmp_path / "ck"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv = [*torchrun, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "100000", "--json"]
+    agent = subprocess.Popen(
+        [*argv, "--checkpoint-dir", str(folder), "--checkpoint-every", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ranks = _wait_training(agent, folder)
+    assert len(ranks) == 2
+    agent.kill()
+    agent.communicate()
+    killed = time.monotonic()
+    assert _all_gone(ranks, within=15.0), "ranks left training after their agent died"
+    ended_within = time.monotonic() - killed
+    listing = sorted(p.name for p in folder.iterdir())
+    time.sleep(2)
+    assert sorted(p.name for p in folder.iterdir()) == listing
+    assert ended_within < 15.0
+    from hintpipe.runtime.checkpoint.folder_lock import FolderLock
+
+    with FolderLock(folder) as lock:
+        assert lock.held

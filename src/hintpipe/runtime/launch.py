@@ -73,7 +73,7 @@ from hintpipe.options import DeviceChoice
 from hintpipe.runtime.checkpoint import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
 from hintpipe.runtime.errors import Interrupted, PeerFailure, RankFailure
-from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank
+from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank, tie_to_agent
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 
@@ -274,6 +274,7 @@ def run_ranks(
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if size != world:
             raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
+        tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
         init_rank(rank, size, timeout_s, device)
         try:
             return [fn(rank, size, *args)]
