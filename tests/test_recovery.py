@@ -629,12 +629,20 @@ def test_a_rank_killed_mid_run_is_named_by_every_rank(tmp_path: Path) -> None:
     # Mid-step its peer's mailbox (or the step's loss broadcast, or the stop check after it) sees the
     # connection drop; during a save, the phase sees its heartbeat stop.
     mid_step = f"rank {1 - dead}: PeerFailure: rank {1 - dead}: rank {dead} failed in "
-    saving = rf"rank {1 - dead}: CheckpointError: saving checkpoint step \d+ in {re.escape(str(folder))} failed "
+    saving = rf"rank {1 - dead}: CheckpointError: saving checkpoint step (\d+) in {re.escape(str(folder))} failed "
     saving += rf"\(rank {dead} stopped answering \(no sign of life for \d s\)\)"
-    assert other.startswith(mid_step) or re.fullmatch(saving, other), err
     assert _folders_of(process.pid) == []
     latest = (folder / "latest").read_text()
     Manifest.read(folder / latest).verify(folder / latest)
+    # Which of the two it said is where the kill landed, and the folder says where that was (a checkpoint after
+    # every step): in the save of the step after the newest checkpoint, or in the step that checkpoint began.
+    newest = int(latest.removeprefix("step-"))
+    in_save = re.fullmatch(saving, other)
+    if in_save is not None:
+        assert int(in_save.group(1)) == newest + 1, err
+    else:
+        assert other.startswith(mid_step), err
+        assert int(re.search(r"step (-?\d+)", other.removeprefix(mid_step)).group(1)) == newest, err  # type: ignore[union-attr]
 
 
 def test_sigquit_stops_at_once_and_leaves_nothing_behind(tmp_path: Path) -> None:
