@@ -40,7 +40,7 @@ FOUNDATION = "base"
 #: subpackages (``runtime/loop/``); everything else in the runtime is the top floor (assembly, the facade,
 #: the launcher, faults).
 RUNTIME_FLOORS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "modes", "model_names", "liveness"}),
+    frozenset({"errors", "modes", "model_names", "liveness", "launcher_env"}),
     frozenset({"transport", "checkpoint"}),
     frozenset({"loop"}),
     frozenset({"parallel"}),

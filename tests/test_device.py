@@ -19,10 +19,11 @@ from torch._C._distributed_c10d import HashStore
 from hintpipe.device import ReceivedBytes, gpu_identity, own_gpu, rank_device, to_device
 from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.errors import PeerFailure
-from hintpipe.runtime.launch import gather_over_store, run_ranks
+from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.executor import StageExecutor
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.rank_process import gather_over_store
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.task import Kind, Task
 

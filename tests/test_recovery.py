@@ -123,7 +123,13 @@ def four_steps(first_runs: dict[str, Any]) -> Path:
     """A run of 4 of the 6 steps, saved after steps 2 and 4 (the pristine copy; tests work on copies)."""
     succeeded(first_runs["results"]["four"])
     folder: Path = first_runs["folders"]["four"]
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000002", "step-00000004"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "latest",
+        "run.json",
+        "run.lock",
+        "step-00000002",
+        "step-00000004",
+    ]
     return folder
 
 
@@ -229,6 +235,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     assert sorted(p.name for p in folder.iterdir()) == [
         "latest",
         "run.json",
+        "run.lock",
         "step-00000002",
         "step-00000004",
         "step-00000006",
@@ -347,7 +354,7 @@ def test_resuming_an_empty_folder_starts_a_run_there_and_says_so(resumed: dict[s
         0,
         (f"{folder} holds no checkpoint to resume: a new run starts there",),
     )
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000002"]
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000002"]
 
 
 def test_the_command_line_refuses_another_runs_folder_before_starting_ranks(four_steps: Path) -> None:
@@ -417,13 +424,19 @@ def test_a_full_disk_ends_every_rank_in_one_line_and_frees_what_it_wrote(first_r
         "File too large)"
     )
     assert max(r.elapsed for r in results) < 120  # it ended before the 120 s timeout could have fired
-    assert sorted(p.name for p in folder.iterdir()) == ["run.json"]  # the partial step-00000002.tmp is gone
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json", "run.lock"]  # the partial step-00000002.tmp is gone
 
 
 def test_the_last_step_is_saved_whatever_the_interval(first_runs: dict[str, Any]) -> None:
     result = succeeded(first_runs["results"]["final"])[0]
     folder = first_runs["folders"]["final"]
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000003", "step-00000005"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "latest",
+        "run.json",
+        "run.lock",
+        "step-00000003",
+        "step-00000005",
+    ]
     assert _equal(load_merged(folder / "step-00000005"), result.state)
     # A folder, or its latest pointer, is its newest verified checkpoint.
     assert _equal(load_merged(folder), result.state) and _equal(load_merged(folder / "latest"), result.state)
@@ -464,6 +477,7 @@ def test_a_run_keeps_the_proven_checkpoints(first_runs: dict[str, Any]) -> None:
     assert sorted(p.name for p in folder.iterdir()) == [
         "latest",
         "run.json",
+        "run.lock",
         "step-00000003",
         "step-00000004",
         "step-00000005",
@@ -615,12 +629,20 @@ def test_a_rank_killed_mid_run_is_named_by_every_rank(tmp_path: Path) -> None:
     # Mid-step its peer's mailbox (or the step's loss broadcast, or the stop check after it) sees the
     # connection drop; during a save, the phase sees its heartbeat stop.
     mid_step = f"rank {1 - dead}: PeerFailure: rank {1 - dead}: rank {dead} failed in "
-    saving = rf"rank {1 - dead}: CheckpointError: saving checkpoint step \d+ in {re.escape(str(folder))} failed "
+    saving = rf"rank {1 - dead}: CheckpointError: saving checkpoint step (\d+) in {re.escape(str(folder))} failed "
     saving += rf"\(rank {dead} stopped answering \(no sign of life for \d s\)\)"
-    assert other.startswith(mid_step) or re.fullmatch(saving, other), err
     assert _folders_of(process.pid) == []
     latest = (folder / "latest").read_text()
     Manifest.read(folder / latest).verify(folder / latest)
+    # Which of the two it said is where the kill landed, and the folder says where that was (a checkpoint after
+    # every step): in the save of the step after the newest checkpoint, or in the step that checkpoint began.
+    newest = int(latest.removeprefix("step-"))
+    in_save = re.fullmatch(saving, other)
+    if in_save is not None:
+        assert int(in_save.group(1)) == newest + 1, err
+    else:
+        assert other.startswith(mid_step), err
+        assert int(re.search(r"step (-?\d+)", other.removeprefix(mid_step)).group(1)) == newest, err  # type: ignore[union-attr]
 
 
 def test_sigquit_stops_at_once_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -673,7 +695,7 @@ def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Pa
         saving + rf"\(rank {frozen} stopped answering \(no sign of life for [567] s\)\)", said[1 + other]
     )
     assert elapsed < 60, elapsed  # start-up, a step, 5 s of silence: seconds, not the default 300 s timeout
-    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "step-00000001"]
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000001"]
     Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")
     assert _all_gone(_group(process.pid))  # the ranks (and multiprocessing's resource tracker, a moment later)
 
@@ -781,3 +803,33 @@ def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> No
     )
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert _equal(load_merged(restarted / "step-00000006"), load_merged(reference / "step-00000006"))
+
+
+def test_ranks_never_outlive_a_killed_torchrun_agent(tmp_path: Path) -> None:
+    # SIGKILL to torchrun's agent once its ranks train (saving every step): both ranks end within seconds, no
+    # checkpoint appears afterwards, and the folder is free again (rank 0 held it).
+    folder = tmp_path / "ck"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv = [*torchrun, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "100000", "--json"]
+    agent = subprocess.Popen(
+        [*argv, "--checkpoint-dir", str(folder), "--checkpoint-every", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ranks = _wait_training(agent, folder)
+    assert len(ranks) == 2
+    agent.kill()
+    agent.communicate()
+    killed = time.monotonic()
+    assert _all_gone(ranks, within=15.0), "ranks left training after their agent died"
+    ended_within = time.monotonic() - killed
+    listing = sorted(p.name for p in folder.iterdir())
+    time.sleep(2)
+    assert sorted(p.name for p in folder.iterdir()) == listing
+    assert ended_within < 15.0
+    from hintpipe.runtime.checkpoint.folder_lock import FolderLock
+
+    with FolderLock(folder) as lock:
+        assert lock.held

@@ -94,7 +94,13 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(runs: dict[str, Any]
     (latest, resumed), _ = succeeded(runs["results"]["interrupted, resumed"])
     assert latest == checkpoints / "step-00000002"
     assert resumed is not None and resumed.resumed_from == 2
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "run.json", "step-00000002", "step-00000004"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest",
+        "run.json",
+        "run.lock",
+        "step-00000002",
+        "step-00000004",
+    ]
 
 
 # -- injected faults (a hung rank: test_runtime's stuck-rank test) -------------------------------------------
@@ -155,6 +161,25 @@ def test_a_crashed_rank_ends_the_command_naming_it() -> None:
     ), run.stderr
     assert failed[2:] == [
         "rank 1: exited without a result (exit status 3 before it could report; its error is on stderr above)"
+    ], run.stderr
+
+
+def test_an_injected_hang_is_named_by_the_watchdog_and_the_hung_rank_stopped() -> None:
+    # hang:1:1: rank 1 sleeps forever at its second task of step 1 (fixed 1F1B: after 1F1, before 1B0). Rank 0
+    # waits for 1B0's gradient, its watchdog names it after --timeout, and the launcher stops rank 1, which never
+    # notices anything.
+    argv = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "2", "--hidden", "16"]
+    argv += ["--ranks", "2", "--microbatches", "4", "--steps", "3", "--policy", "fixed", "--faults", "hang:1:1"]
+    began = time.monotonic()
+    run = subprocess.run([*argv, "--timeout", "5"], capture_output=True, text=True, timeout=2 * hang_bound(5))
+    assert run.returncode == 1, run.stderr
+    assert time.monotonic() - began < hang_bound(5)
+    lines = run.stderr.strip().splitlines()
+    assert lines[lines.index("hintpipe train: failed:") :] == [
+        "hintpipe train: failed:",
+        "rank 0: WatchdogTimeout: rank 0: waited 5 s with nothing ready in step 1; rank 0: 6 tasks pending; next in "
+        "hint 0B0 (position 2) waits for gradient of stage 1 from rank 1",
+        "rank 1: exited without a result (stopped by the launcher)",
     ], run.stderr
 
 

@@ -126,7 +126,21 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
         (["--variability", "straggler:2:5"], "straggler stage 5 does not exist: the pipeline has 2 stages"),
         (["--seq-len-dist", "normal:3"], "bad sequence length distribution 'normal:3'"),
         (["--hint", "zbv", "--chunks", "3"], "zbv runs exactly two chunks per rank in V shape, got --chunks 3"),
-        (["--layers", "1", "--model", "mlp"], "1 layers cannot fill 2 stages"),
+        (
+            ["--layers", "1", "--model", "mlp"],
+            "--layers 1 makes 1 layers, too few for 2 stages; use --layers 2 or more, or fewer stages",
+        ),
+        (
+            ["--activation-budget", "1B"],
+            "--activation-budget 1 is below one micro-batch's hidden states, 64KiB (4 x 64 tokens x 64 values of 4 "
+            "bytes), which every stage keeps while a micro-batch is in flight; give several times that (the hint "
+            "holds several micro-batches), or leave it out",
+        ),
+        (
+            ["--layers", "2", "--ranks", "5"],
+            "--layers 2 makes 4 layers (2 and 2 more of gpt-mini's own), too few for 5 stages; use --layers 3 or more, "
+            "or fewer stages",
+        ),
         (["--timeout", "0"], "--timeout must be between 1 and 604800, got 0 (1 s: a busy machine delays messages"),
         (["--timeout", "nan"], "--timeout must be finite, got nan"),
         (["--timeout", "1e15"], "--timeout must be between 1 and 604800, got 1e+15"),
@@ -561,3 +575,39 @@ def test_a_log_line_goes_above_the_progress_bar() -> None:
         bar.add_task("training", total=2)
         log_line(bar, "step 1/2: loss 0.5000, 10.0 ms, 800 samples/s")
     assert "step 1/2: loss 0.5000, 10.0 ms, 800 samples/s\n" in screen.getvalue()
+
+
+def test_a_hand_made_plan_file_with_wrong_fields_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from hintpipe.planner import plan_file
+
+    missing, unknown = tmp_path / "missing.pt", tmp_path / "unknown.pt"
+    torch.save({"format": plan_file._FORMAT, "model": {"config": {"name": "gpt-mini"}}, "plan": {}}, missing)
+    config = {"name": "gpt-mini", "layers": 2, "hidden": 16, "bogus": 1}
+    plan = {"ranks": 2, "microbatches": 4, "hint": "1f1b", "chunks": 1}
+    torch.save({"format": plan_file._FORMAT, "model": {"config": config}, "plan": plan}, unknown)
+    for path, what in [
+        (missing, "no field 'ranks'"),
+        (unknown, "TypeError: ModelConfig.__init__() got an unexpected keyword argument 'bogus'"),
+    ]:
+        assert main(["train", "--plan", str(path), "--steps", "1"]) == 2
+        assert capsys.readouterr().err == (
+            f"hintpipe train: error: {path} says it is a hintpipe plan file but its fields are not a plan's ({what}); "
+            "write it again with `hintpipe plan ... --save FILE`\n"
+        )
+
+
+def test_a_simulation_too_large_for_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from hintpipe.cli import simulate
+
+    def no_memory(args: object) -> int:
+        raise MemoryError
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulate, "run", no_memory)
+        assert main(["simulate", "--ranks", "20000", "--microbatches", "20000"]) == 2
+    assert capsys.readouterr().err == (
+        "hintpipe simulate: error: --ranks 20000 --microbatches 20000 does not fit in this process's memory; use "
+        "fewer ranks or micro-batches\n"
+    )

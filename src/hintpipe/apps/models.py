@@ -73,7 +73,7 @@ def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
     """
     if stages > len(layers):
         raise ValueError(
-            f"{len(layers)} layers cannot fill {stages} stages; use --layers {stages} or more, or fewer stages"
+            f"{len(layers)} layers cannot fill {stages} stages: give at least {stages} layers, or fewer stages"
         )
     bounds = layer_bounds(len(layers), stages)
     return [Chain(*layers[a:b]) for a, b in itertools.pairwise(bounds)]

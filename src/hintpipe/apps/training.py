@@ -9,6 +9,7 @@ same for every policy, so runs compare like for like.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -41,10 +42,11 @@ from hintpipe.observe.trace import Record
 from hintpipe.options import OPTIONS, check_options
 from hintpipe.planner.plan import Plan
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer, inject
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.launch import run_ranks, under_torchrun
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import Layout, build_mesh
@@ -208,10 +210,18 @@ def train(config: TrainConfig) -> TrainResult | None:
     """Start the ranks, train, and return rank 0's result (``None`` on the
     other ranks of a ``torchrun`` launch).
 
+    With a checkpoint folder, this process holds it (see [Note: one run per folder at a time] in
+    :mod:`hintpipe.runtime.checkpoint.folder_lock`) from before the ranks start until they have all ended;
+    under ``torchrun`` rank 0 holds it instead.
+
     Raises:
         hintpipe.launch.RankFailure: with each failed rank's error.
+        hintpipe.runtime.checkpoint.folder_lock.FolderInUse: another run holds the checkpoint folder (before any
+            rank started).
     """
-    results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=config.device)
+    hold = config.checkpoint_dir is not None and not under_torchrun()
+    with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
+        results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=config.device)
     result = results[0]
     assert result is None or isinstance(result, TrainResult)
     return result
@@ -320,6 +330,8 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     finally:
         if bar is not None:
             bar.stop()
+        if checkpoints is not None:
+            checkpoints.close()
     state = pipe.state_dict() if config.return_state else None
     if rank != 0:
         return None

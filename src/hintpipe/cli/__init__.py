@@ -61,6 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:  # numpy's or the interpreter's: the sizes asked for do not fit this process's memory
+        sizes = " ".join(f"--{k} {getattr(args, k)}" for k in ("ranks", "microbatches") if hasattr(args, k))
+        print(
+            f"hintpipe {args.command}: error: {sizes or 'this run'} does not fit in this process's memory; use fewer "
+            "ranks or micro-batches",
+            file=sys.stderr,
+        )
+        return 2
     except Interrupted as exc:
         print(f"hintpipe {args.command}: {exc}", file=sys.stderr)
         return 128 + exc.signum

@@ -141,6 +141,21 @@ def _answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
             raise ValueError(f"{' and '.join(missing)} must be given (or --plan FILE, which says them)")
         return None
     payload = read_plan_file(path)
+    try:
+        return _fill_from_plan(args, path, payload)
+    except (KeyError, TypeError, AttributeError) as exc:  # a file of the right format with wrong fields
+        raise _bad_fields(path, exc) from None
+
+
+def _bad_fields(path: str, exc: BaseException) -> ValueError:
+    what = f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+    return ValueError(
+        f"{path} says it is a hintpipe plan file but its fields are not a plan's ({what}); write it again with "
+        "`hintpipe plan ... --save FILE`"
+    )
+
+
+def _fill_from_plan(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> dict[str, Any]:
     config = payload["model"].get("config")
     if config is None:
         raise ValueError(f"{path} does not say which built-in model it was planned for: plan it with `hintpipe plan`")
@@ -162,7 +177,6 @@ def _answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
-    from hintpipe.apps.models import build_layers, split_layers
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = _answered_by_plan(args)
@@ -186,12 +200,17 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     check_model_flags(model, data, tp, forming, injection, values["steps"])
     planned = None
     if plan_file is not None:
-        model, planned = _planned_model(args, args.plan, plan_file)
+        try:
+            model, planned = _planned_model(args, args.plan, plan_file)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise _bad_fields(args.plan, exc) from None
     elif model.name in PLANNED_MODELS:
         planned = _plan_hf(args, model, hint)
     else:
-        split_layers(build_layers(model), hint.num_stages)  # refuses too few layers here, not in every rank
+        _check_layers(model, hint.num_stages)  # refuses too few layers here, not in every rank
     slack, budgets, device_budget = room(args, args.ranks)
+    if budgets is not None:
+        _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
     config = TrainConfig(
         model=model,
         ranks=args.ranks,
@@ -236,6 +255,39 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.emulate:
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
+
+
+def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: float, precision: str) -> None:
+    """Refuse, before any rank starts, an ``--activation-budget`` below one micro-batch's hidden states: what
+    any stage keeps of a micro-batch in flight at the least (the hint holds several), so that no rank could
+    ever run."""
+    per_value = 4 if precision == "fp32" else 2
+    length = 1 if model.name == "mlp" else tokens
+    floor = rows * length * model.hidden * per_value
+    low = min(budgets)
+    if low < floor:
+        shape = f"{rows} x {model.hidden}" if model.name == "mlp" else f"{rows} x {tokens:g} tokens x {model.hidden}"
+        raise ValueError(
+            f"--activation-budget {format_size(low)} is below one micro-batch's hidden states, {format_size(floor)} "
+            f"({shape} values of {per_value} bytes), which every stage keeps while a micro-batch is in flight; give "
+            "several times that (the hint holds several micro-batches), or leave it out"
+        )
+
+
+def _check_layers(model: ModelConfig, stages: int) -> None:
+    """Refuse a model with fewer layers than stages, advising the ``--layers`` that fills them (gpt-mini has an
+    embedding and a head beside its ``--layers`` blocks)."""
+    from hintpipe.apps.models import build_layers
+
+    layers = len(build_layers(model))
+    if layers >= stages:
+        return
+    extra = layers - model.layers
+    beside = f" ({model.layers} and {extra} more of {model.name}'s own)" if extra else ""
+    raise ValueError(
+        f"--layers {model.layers} makes {layers} layers{beside}, too few for {stages} stages; use --layers "
+        f"{stages - extra} or more, or fewer stages"
+    )
 
 
 def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:
@@ -374,9 +426,13 @@ def _stopped(result: TrainResult) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
+    from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
 
     config = config_from(args, args.policy)
-    result = train(config)
+    try:
+        result = train(config)
+    except FolderInUse as exc:  # refused before any rank started
+        raise ValueError(f"--checkpoint-dir {exc}") from None
     if result is None:  # a non-zero rank under torchrun: rank 0 reports
         return 0
     for note in result.notes:

@@ -9,10 +9,13 @@
 - :mod:`~hintpipe.runtime.parallel`: the other axes: the mesh, data parallelism (replicas, FSDP2), tied
   weights;
 - :mod:`~hintpipe.runtime.checkpoint`: checkpoints, collective phases, stopping on a signal;
-- :mod:`~hintpipe.runtime.launch`, :mod:`~hintpipe.runtime.faults` (with
+- :mod:`~hintpipe.runtime.launch` (the launcher's side; a spawned rank starts in
+  :mod:`~hintpipe.runtime.rank_entry` and runs :mod:`~hintpipe.runtime.rank_process`),
+  :mod:`~hintpipe.runtime.faults` (with
   :mod:`~hintpipe.runtime.injection`), and below them all :mod:`~hintpipe.runtime.errors`,
-  :mod:`~hintpipe.runtime.modes` (the runtime's choices), :mod:`~hintpipe.runtime.model_names` and
-  :mod:`~hintpipe.runtime.liveness` (which peer stopped answering).
+  :mod:`~hintpipe.runtime.modes` (the runtime's choices), :mod:`~hintpipe.runtime.model_names`,
+  :mod:`~hintpipe.runtime.liveness` (which peer stopped answering) and
+  :mod:`~hintpipe.runtime.launcher_env` (what a launcher tells its ranks).
 
 The floors (``scripts/import_graph.py`` holds them): those base modules; then the transport and the
 checkpoints; then the loop; then the other axes (step hooks); then the rest, which assembles and runs it.

@@ -42,8 +42,8 @@ import torch
 
 from hintpipe.runtime.checkpoint.manifest import step_of
 from hintpipe.runtime.injection import CostFactors, Injection
-from hintpipe.runtime.launch import attempt
 from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor, ExecutorWrapper, Tensors
+from hintpipe.runtime.rank_process import attempt
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.task import Kind

@@ -3,7 +3,7 @@
 ``hintpipe train`` calls :func:`run_ranks`. Under ``torchrun`` (the
 environment has ``RANK`` and ``WORLD_SIZE``) this process *is* one rank and the
 function runs once, in place; otherwise it spawns one process per rank on this
-machine with a free loopback port. Either way each rank initialises
+machine, meeting in a file store in the launcher's private folder. Either way each rank initialises
 torch.distributed (gloo on CPU, NCCL when the rank has a GPU), uses one CPU
 thread, runs ``fn(rank, world_size, *args)``, and its return value comes back
 to the caller (rank 0's under torchrun).
@@ -20,6 +20,19 @@ finish their step, save and return. A second signal, SIGQUIT (or ranks still
 running ``timeout_s + 10`` seconds later) kills them at once and raises
 :class:`Interrupted`. The temporary folder is removed either way.
 
+[Note: no listening socket beyond loopback]
+A rendezvous store is an unauthenticated key-value server: anyone who can
+reach it reads and writes every key (the ranks' addresses, heartbeats, error
+reports). The launcher's TCPStore listened on every interface for the whole
+run, though ranks spawned on one machine need no network to meet. So they
+meet in a ``torch.distributed.FileStore`` in the launcher's temporary folder
+(made by :func:`tempfile.mkdtemp`: mode 0700, this user's alone); only
+gloo's own connections between the ranks remain, on the loopback interface
+(``GLOO_SOCKET_IFNAME``, and NCCL's, unless the caller set them; ``tests/test_sockets.py`` lists every listening
+socket of a run and finds none elsewhere). Heartbeats append to the file
+(about 60 bytes per rank per second); it goes with the folder. Under
+``torchrun`` the store is torchrun's (see the README's "Under torchrun").
+
 [Note: elastic restarts]
 Under ``torchrun --max-restarts N`` a restarted attempt meets in the same
 rendezvous store as the failed one, where the failed attempt's keys (gloo's
@@ -30,154 +43,35 @@ under its own key prefix (``TORCHELASTIC_RESTART_COUNT``).
 from __future__ import annotations
 
 import ast
-import contextlib
-import datetime
 import multiprocessing
 import multiprocessing.util
 import os
 import pickle
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
-import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
-from torch.distributed.distributed_c10d import PrefixStore
-from torch.distributed.rendezvous import rendezvous
 
-from hintpipe.device import gpu_identity, own_gpu, rank_device
 from hintpipe.device_choice import DeviceChoice
 from hintpipe.runtime import liveness
-from hintpipe.runtime.checkpoint.stopping import SIGNALS, STOP_FILE_ENV
-from hintpipe.runtime.errors import Interrupted, PeerFailure, RankFailure
-from hintpipe.runtime.rank_entry import LAUNCHER_ENV, start_rank
+from hintpipe.runtime.checkpoint.stopping import SIGNALS
+from hintpipe.runtime.errors import Interrupted, RankFailure
+from hintpipe.runtime.launcher_env import LAUNCHER_ENV
+from hintpipe.runtime.rank_entry import start_rank, tie_to_agent
+from hintpipe.runtime.rank_process import attempt, free_port, init_rank, under_torchrun
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 
 #: Seconds the surviving ranks get, after one failed, to report what they saw.
 FAILURE_GRACE_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def init_rank(
-    rank: int, world: int, timeout_s: float = 300.0, device: str | DeviceChoice = DeviceChoice.AUTO
-) -> torch.device:
-    """Join the process group (already in the environment: MASTER_ADDR/PORT) on ``device`` (a choice: the
-    rank's GPU where there is one with ``auto``); returns the rank's device.
-
-    On CUDA, the default group takes CPU tensors over gloo and CUDA tensors over
-    NCCL, and gloo alone where ranks share a GPU (NCCL refuses two ranks on one
-    device; see [Note: who shares a GPU] in :mod:`hintpipe.device`). With ``cpu``
-    no CUDA call is made: a rank that computes on the host makes no CUDA context.
-    """
-    torch.set_num_threads(1)
-    # The mailbox threads must get the interpreter promptly while the main
-    # thread computes: hand it over every 0.5 ms instead of every 5 ms.
-    sys.setswitchinterval(0.0005)
-    chosen = rank_device(device, rank)  # the rank's GPU where asked and present, set current
-    timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
-    store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
-    prefixed = PrefixStore(f"hintpipe/attempt-{attempt()}", store)
-    gpus = gather_over_store(prefixed, rank, world, "hintpipe/gpu", gpu_identity(chosen))
-    dist.init_process_group(
-        backend="cpu:gloo,cuda:nccl" if own_gpu(gpus) else "gloo",
-        store=prefixed,
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
-    )
-    liveness.start(prefixed, rank, world, timeout_s)  # see [Note: naming a frozen rank]
-    return chosen
-
-
-def gather_over_store(store: Any, rank: int, world: int, key: str, value: str) -> list[str]:
-    """Every rank's ``value``, in rank order, through the rendezvous ``store`` (before any process group
-    exists: the default group's backend depends on what the ranks say).
-
-    Raises:
-        PeerFailure: naming the ranks that never said theirs within the store's timeout (stopped or killed
-            while they started), instead of the store's list of keys.
-    """
-    store.set(f"{key}/{rank}", value)
-    keys = [f"{key}/{r}" for r in range(world)]
-    try:
-        return [v.decode() for v in store.multi_get(keys)]
-    except RuntimeError:  # torch.distributed.DistStoreError: the wait timed out
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        if not missing:
-            raise
-        names = ", ".join(f"rank {r}" for r in missing)
-        raise PeerFailure(
-            f"rank {rank}: {names} never joined the run (waited {store.timeout.total_seconds():g} s for "
-            f"{'it' if len(missing) == 1 else 'them'} at the start: stopped, killed, or still starting)"
-        ) from None
-
-
-def attempt() -> int:
-    """Which attempt of an elastic job this is (0 unless torchrun restarted it)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-
-
-def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
-    """One spawned rank (started by :func:`hintpipe.runtime.rank_entry.start_rank`, already tied to its
-    launcher): join the group on ``device``, run the function ``packed`` holds, and leave its result in
-    ``out``."""
-    os.environ["RANK"] = str(rank)
-    os.environ["LOCAL_RANK"] = str(rank)
-    os.environ["WORLD_SIZE"] = str(world)
-    os.environ["LOCAL_WORLD_SIZE"] = str(world)
-    os.environ[STOP_FILE_ENV] = str(Path(out) / "stop")
-    path = Path(out) / f"rank{rank}.pkl"
-    try:
-        init_rank(rank, world, timeout_s, device)
-        fn, args = pickle.loads(packed)
-        result = fn(rank, world, *args)
-        path.write_bytes(pickle.dumps(("ok", result)))
-    except BaseException as exc:
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        if type(exc).__module__.startswith("hintpipe."):  # our errors by their name alone
-            text = f"{type(exc).__name__}: {exc}"
-        path.write_bytes(pickle.dumps(("error", text, traceback.format_exc())))
-        # Leave at once: tearing the process group down would wait on peers
-        # that may be dead or stuck, which is exactly what must not hang us.
-        _leave(1)
-    liveness.stop()
-    dist.destroy_process_group()
-    # The result is written and the group is down: leave without the interpreter's finalisation, in which
-    # a transport thread still returning from a C++ call would abort the process (exit code -6) for
-    # nothing.
-    _leave(0)
-
-
-def _leave(code: int) -> NoReturn:
-    """End a spawned rank now, without the interpreter's finalisation, but with multiprocessing's own
-    finalizers: a lock the rank made (tqdm makes one whenever torch.fx's interpreter runs, as the planner's
-    capture does) is then removed here, not reported as leaked by the launcher's resource tracker when the
-    launcher exits (a warning users would read as the library's leak)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with contextlib.suppress(Exception):  # nothing at exit may keep a rank from ending
-        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]  # what a normal exit runs first
-    os._exit(code)
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
 #: Signals that stop the ranks at once (SIGQUIT, Ctrl-\\: "quit now"); the launcher still ends every rank,
@@ -238,6 +132,7 @@ def run_ranks(
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if size != world:
             raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
+        tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
         init_rank(rank, size, timeout_s, device)
         try:
             return [fn(rank, size, *args)]
@@ -251,14 +146,9 @@ def run_ranks(
             f"{path}, line {line}: run_ranks starts processes that import this script again; put the code that "
             'calls it under `if __name__ == "__main__":`'
         )
-    # The launcher holds the rendezvous store, not rank 0: a rank stopped by SIGSTOP (or a debugger) would
-    # stop the store with it, and every other rank's heartbeat and error report would wait on it.
-    store = TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=max(timeout_s, 30.0))
-    )
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(store.port)
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = str(True)  # the ranks connect to it as torchrun's do
+    # The ranks meet in a file in this launcher's private folder, served by no one: no port is open, and a rank
+    # stopped by SIGSTOP (or a debugger) stops no store with it (see [Note: no listening socket beyond
+    # loopback]).
     remove_stale_folders()
     with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as out, _Signals(Path(out) / "stop") as signals:
         (Path(out) / LAUNCHER_FILE).write_text(str(os.getpid()))
@@ -279,8 +169,6 @@ def run_ranks(
         for process in processes:
             process.start()
         killed, stopped_here = _watch(processes, signals, timeout_s)
-        del os.environ["TORCHELASTIC_USE_AGENT_STORE"]
-        del store  # the ranks are gone
         return _collect(Path(out), processes, signals, killed, stopped_here)
 
 

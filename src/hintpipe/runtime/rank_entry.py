@@ -17,6 +17,18 @@ compares the parent with that pid every half second covers systems without
 ``prctl`` from then on; it starts after torch's import (see [Note: torch
 before threads]).
 
+[Note: ranks never outlive torchrun's agent]
+Under ``torchrun`` the ranks are the agent's children: when the agent is
+killed (SIGKILL, the out-of-memory killer) nobody stops them, and they trained
+on and wrote checkpoints into the folder a restarted job would use. So a rank
+that torchrun started (``TORCHELASTIC_RUN_ID`` is set) takes its parent at
+start as its agent and ends (exit status 1, nothing more written) once its
+parent changes: the same watching thread, every half second. No
+``PR_SET_PDEATHSIG`` here: it fires when the *thread* that started the
+process ends, and the agent's threads are not ours to know. A rank started
+through a wrapper (``torchrun ... sh -c 'python train.py'``) has the wrapper
+as parent: it is watched instead, and must itself end with the agent.
+
 [Note: torch before threads]
 A rank that imported torch while the watching thread already ran computed
 the last stage's forward on variable-length micro-batches 1.5-1.9x as long
@@ -38,8 +50,8 @@ import signal
 import threading
 import time
 
-#: The environment variable in which the launcher gives its ranks its pid.
-LAUNCHER_ENV = "HINTPIPE_LAUNCHER_PID"
+from hintpipe.runtime.launcher_env import LAUNCHER_ENV, TORCHRUN_ENV
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -64,9 +76,23 @@ def tie_to_launcher() -> None:
 
     if os.getppid() != launcher:  # it died while this rank started: stop before anything is written
         os._exit(1)
+    _watch(launcher)
 
+
+def tie_to_agent() -> None:
+    """Under torchrun, end this process within a second of its agent's death (see [Note: ranks never outlive
+    torchrun's agent]); nothing elsewhere. Call once torch is imported."""
+    if TORCHRUN_ENV not in os.environ:
+        return
+    agent = os.getppid()
+    if agent == 1:  # already orphaned
+        os._exit(1)
+    _watch(agent)
+
+
+def _watch(parent: int) -> None:
     def watch() -> None:
-        while os.getppid() == launcher:
+        while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(1)
 
@@ -75,9 +101,9 @@ def tie_to_launcher() -> None:
 
 def start_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
     """A spawned rank's entry point: tied to its launcher first (torch imported meanwhile), then
-    :func:`hintpipe.runtime.launch.run_rank` on the function and arguments ``packed`` holds, on ``device``
+    :func:`hintpipe.runtime.rank_process.run_rank` on the function and arguments ``packed`` holds, on ``device``
     (a choice)."""
     tie_to_launcher()
-    from hintpipe.runtime.launch import run_rank
+    from hintpipe.runtime.rank_process import run_rank
 
     run_rank(rank, world, packed, out, timeout_s, device)

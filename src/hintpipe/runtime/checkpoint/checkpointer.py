@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -11,13 +13,24 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.manifest import step_folders
 from hintpipe.runtime.checkpoint.rank_state import Stateful
-from hintpipe.runtime.checkpoint.run_folder import claim, read_run
-from hintpipe.runtime.checkpoint.saving import WriterFactory, prune_checkpoints, resume, save_checkpoint
+from hintpipe.runtime.checkpoint.run_folder import adopt, check_layout, claim, read_run
+from hintpipe.runtime.checkpoint.saving import (
+    WriterFactory,
+    foreign_owner,
+    prune_checkpoints,
+    resume,
+    save_checkpoint,
+    step_name,
+)
 from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.launcher_env import LAUNCHER_ENV
 from hintpipe.runtime.liveness import phase_group
 from hintpipe.runtime.model_names import ModelNames
+
+log = logging.getLogger(__name__)
 
 
 class Staged(Protocol):
@@ -46,7 +59,9 @@ class Checkpointer:
     It saves every ``every`` steps, after the loop's last step and when the loop is stopping, and prunes to
     ``keep`` verified checkpoints of its run one step after a save (so the newest has been verified and a step
     after it completed before anything older goes). A folder belongs to one run (see
-    :mod:`hintpipe.runtime.checkpoint.run_folder`).
+    :mod:`hintpipe.runtime.checkpoint.run_folder`), and one run at a time holds it: rank 0 locks it in
+    :meth:`start` or :meth:`resume` unless its launcher holds it already, until :meth:`close` or the process
+    ends (see [Note: one run per folder at a time] in :mod:`hintpipe.runtime.checkpoint.folder_lock`).
     """
 
     def __init__(
@@ -88,6 +103,23 @@ class Checkpointer:
         self.run: str | None = None
         self._prune_due = False
         self._saved_at = -1
+        self._lock = FolderLock(self.directory)
+
+    def _hold(self) -> None:
+        """Rank 0: hold the folder for this run (a launcher of ours may hold it already)."""
+        launcher = os.environ.get(LAUNCHER_ENV)
+        self._lock.acquire(ours=int(launcher) if launcher else None)
+        check_layout(self.directory)
+
+    def close(self) -> None:
+        """Give the folder back (rank 0; the process's end does it too). Call when the run is over."""
+        self._lock.release()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def start(self, *, replace: bool = False) -> int:
         """Start a new run in the folder; returns 0 (the step to start from).
@@ -96,8 +128,15 @@ class Checkpointer:
             CheckpointError: on every rank, when the folder holds another run's checkpoints and ``replace`` is
                 False (``replace`` deletes them).
         """
+
+        def claimed_here() -> str | None:
+            if not self._rank0:
+                return None
+            self._hold()
+            return claim(self.directory, replace=replace)
+
         claimed = together(
-            lambda: claim(self.directory, replace=replace) if self._rank0 else None,
+            claimed_here,
             f"starting a run in {self.directory}",
             group=self.group,
             error=CheckpointError,
@@ -108,8 +147,16 @@ class Checkpointer:
     def resume(self) -> int:
         """Continue the folder's own run from its newest verified checkpoint; returns the step to continue
         from. A folder with no checkpoint starts a new run there (0), saying so in :attr:`skipped`."""
+
+        def owner_here() -> str | None:
+            if not self._rank0:
+                return None
+            self._hold()
+            owner = read_run(self.directory)
+            return adopt(self.directory) if owner == "" else owner  # run.json lost: its checkpoints' run
+
         owner = together(
-            lambda: read_run(self.directory) if self._rank0 else None,
+            owner_here,
             f"resuming from {self.directory}",
             group=self.group,
             error=CheckpointError,
@@ -145,6 +192,21 @@ class Checkpointer:
         self._prune_due = False
         due = stopping or last or (self.every and done % self.every == 0)
         if not due or done == self._saved_at:
+            return None
+        run = self.run
+        foreign = together(
+            lambda: foreign_owner(self.directory, done, run) if self._rank0 else None,
+            f"saving checkpoint step {done} in {self.directory}",
+            group=self.group,
+            error=CheckpointError,
+        )[0]
+        if foreign is not None:  # another run's folder of this step: kept, and this step is not saved
+            note = (
+                f"step {done} was not saved: {self.directory / step_name(done)} belongs to another run "
+                f"({foreign}) and is kept; move it elsewhere to save this run's checkpoints at that step"
+            )
+            log.warning("%s", note)
+            self.skipped.append(note)
             return None
         self.last = save_checkpoint(
             self.directory,

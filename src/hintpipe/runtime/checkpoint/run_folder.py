@@ -9,6 +9,15 @@ the folder's run. Without this, a second run in the same folder overwrote the
 first one's checkpoints step by step, pruned its own as older than the other
 run's, and a later resume went on from the other run's newest.
 
+Claiming is atomic: ``run.json`` is written whole beside it and linked into
+place, which fails if another process linked its own first, so two runs never
+both think they own the folder (the folder's lock, see
+:mod:`hintpipe.runtime.checkpoint.folder_lock`, keeps a second run out
+altogether; the link keeps a process of an older hintpipe out of a claim too).
+A folder whose ``run.json`` was lost resumes the run its verified checkpoints
+belong to (and gets ``run.json`` back); when they belong to several runs, the
+refusal says which file to write.
+
 This module is torch-free.
 """
 
@@ -16,12 +25,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import uuid
 from pathlib import Path
 
-from hintpipe.runtime.checkpoint.manifest import step_folders, write_synced
-from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.checkpoint.manifest import Manifest, step_folders, sync_folder
+from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 RUN_FILE = "run.json"
 LATEST = "latest"
@@ -50,18 +60,94 @@ def claim(folder: Path, *, replace: bool = False) -> str:
 
     Raises:
         CheckpointError: the folder holds another run's checkpoints and ``replace`` is False: one line naming
-            them, with what to do instead.
+            them, with what to do instead; ``latest`` is not a file; another process claimed the folder at the
+            same moment.
     """
     folder.mkdir(parents=True, exist_ok=True)
+    check_layout(folder)
     found = step_folders(folder)
     if found and not replace:
         raise CheckpointError(another_run(folder, found))
     for old in [*found, *folder.glob("step-*.tmp")]:
         shutil.rmtree(old, ignore_errors=True)
     (folder / LATEST).unlink(missing_ok=True)
+    (folder / RUN_FILE).unlink(missing_ok=True)  # no checkpoint of it is left: nothing of that run to keep
     run = uuid.uuid4().hex[:16]
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    write_synced(folder / RUN_FILE, json.dumps({"run": run, "created": created}))
+    write_run(folder, run, created)
+    return run
+
+
+def write_run(folder: Path, run: str, created: str) -> None:
+    """Write ``run.json`` naming ``run``, atomically and only where there is none (see the module's doc).
+
+    Raises:
+        CheckpointError: another process wrote one first (naming its run).
+    """
+    path = folder / RUN_FILE
+    temporary = folder / f".{RUN_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with temporary.open("x") as f:
+            f.write(json.dumps({"run": run, "created": created}))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            other = read_run(folder)
+            raise CheckpointError(
+                f"{folder} was claimed by another run ({other}) at the same moment; only one run can use a "
+                "checkpoint folder: use another one"
+            ) from None
+    finally:
+        temporary.unlink(missing_ok=True)
+    sync_folder(folder)
+
+
+def check_layout(folder: Path) -> None:
+    """Refuse a folder where hintpipe's own names are taken by something else: ``latest`` (a pointer file) or
+    ``run.json`` made folders.
+
+    Raises:
+        CheckpointError: one line naming the path and what to do.
+    """
+    for name, what in ((LATEST, "the pointer to the newest checkpoint"), (RUN_FILE, "the folder's run")):
+        path = folder / name
+        if path.exists() and not path.is_file():
+            raise CheckpointError(
+                f"{path} is a folder; hintpipe writes {what} there as a file: move it elsewhere (nothing was changed)"
+            )
+
+
+def adopt(folder: Path) -> str:
+    """The run of a folder without ``run.json``: the one run its verified checkpoints belong to, written back
+    into ``run.json`` (``""``: checkpoints of hintpipe 0.5 or earlier, or none that verifies; the resume then
+    says what it found).
+
+    Raises:
+        CheckpointError: the verified checkpoints belong to several runs: one line naming them and the file to
+            write.
+    """
+    runs: dict[str, list[str]] = {}
+    for step in step_folders(folder):
+        try:
+            manifest = Manifest.read(step)
+            manifest.verify(step)
+        except DamagedCheckpoint:
+            continue
+        runs.setdefault(manifest.identity.run, []).append(step.name)
+    if len(runs) > 1:
+        named = "; ".join(f"run {run or '(before 0.6)'}: {', '.join(steps)}" for run, steps in runs.items())
+        newest = next(iter(runs))
+        raise CheckpointError(
+            f"{folder} has no {RUN_FILE} and holds the checkpoints of {len(runs)} runs ({named}); write the run to "
+            f'resume into {folder / RUN_FILE}, e.g. {{"run": "{newest}"}}, or move the other runs\' step folders '
+            "elsewhere"
+        )
+    run = next(iter(runs), "")
+    if run:
+        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        write_run(folder, run, created)
     return run
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -53,7 +52,7 @@ from hintpipe.runtime.checkpoint.manifest import (
     write_synced,
 )
 from hintpipe.runtime.checkpoint.rank_state import RankState, Stateful, rng_key
-from hintpipe.runtime.checkpoint.run_folder import LATEST
+from hintpipe.runtime.checkpoint.run_folder import LATEST, check_layout
 from hintpipe.runtime.liveness import phase_group
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.tensor_bytes import local
@@ -74,6 +73,7 @@ __all__ = [
     "resume",
     "run_identity",
     "save_checkpoint",
+    "step_name",
 ]
 
 #: Makes torch.distributed.checkpoint's writer for a checkpoint folder.
@@ -162,8 +162,8 @@ def save_checkpoint(
     group = group if group is not None else phase_group()
     root = Path(directory)
     rank = dist.get_rank(group)
-    final = root / f"step-{step:08d}"
-    tmp = root / f"step-{step:08d}.tmp"
+    final = root / step_name(step)
+    tmp = root / f"{step_name(step)}.tmp"
     what = f"saving checkpoint step {step} in {root}"
     names = names if names is not None else ModelNames()
     identity = run_identity(modules, hint=hint, group=group, run=run, names=names, what=what)
@@ -175,6 +175,12 @@ def save_checkpoint(
             raise CheckpointError(f"{bad} is not finite; nothing was saved, the earlier checkpoints are kept")
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
+            check_layout(root)
+            foreign = foreign_owner(root, step, run)
+            if foreign is not None:
+                raise CheckpointError(
+                    f"{final} belongs to another run ({foreign}); nothing was saved and it is kept: move it elsewhere"
+                )
             for stale in root.glob("step-*.tmp"):
                 shutil.rmtree(stale)
 
@@ -186,6 +192,25 @@ def save_checkpoint(
         # the one that stopped answering), so that a full disk gets its space back.
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def step_name(step: int) -> str:
+    """The folder of step ``step``'s checkpoint: ``step-00000012``."""
+    return f"step-{step:08d}"
+
+
+def foreign_owner(root: Path, step: int, run: str) -> str | None:
+    """The run of an existing checkpoint of step ``step`` in ``root`` when it is not ``run`` (named as its
+    manifest says; ``before 0.6`` for an unnamed one), or None (no such folder, one of ``run``, or one whose
+    manifest is unreadable: a damaged folder that any save may replace)."""
+    folder = root / step_name(step)
+    if not folder.is_dir():
+        return None
+    try:
+        owner = Manifest.read(folder).identity.run
+    except DamagedCheckpoint:
+        return None
+    return None if owner == run else owner or "before 0.6"
 
 
 def _write(
@@ -331,13 +356,22 @@ def load_checkpoint(
 
 def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tuple[int, list[str]]:
     """Load ``path`` into ``state``; returns the step and what the caller should be told."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    from hintpipe.runtime.checkpoint.reading import SafeLoadPlanner, SafeReader, read_metadata, unsafe_in
 
     group = group if group is not None else phase_group()
     rank = dist.get_rank(group)
     entries = state.entries(0, rank)
-    saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    # Every rank reads the same file: a refusal is the same on every rank, said once (see [Note: nothing from
+    # disk runs code] in hintpipe.runtime.checkpoint.reading).
+    saved = together(
+        lambda: read_metadata(path).state_dict_metadata if rank == 0 else None,
+        f"loading {path}",
+        group=group,
+        error=CheckpointError,
+    )[0]
+    assert saved is not None
     world = dist.get_world_size(group)
     fresh = [r for r in range(world) if rng_key(r) not in saved]  # the same list on every rank
     if rank in fresh:
@@ -346,8 +380,18 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     if fresh:
         who = f"rank {fresh[0]}" if len(fresh) == 1 else f"ranks {', '.join(map(str, fresh))}"
         notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
+
+    def load_here() -> None:
+        try:
+            dcp_load(entries, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner(), process_group=group)
+        except BaseException as exc:
+            refused = unsafe_in(exc)
+            if refused is not None:
+                raise refused from None
+            raise
+
     together(
-        lambda: dcp_load(entries, checkpoint_id=str(path), process_group=group),
+        load_here,
         f"loading {path} (stages {state.stages} on rank {rank})",
         group=group,
         error=CheckpointError,
@@ -401,6 +445,7 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
 
     Raises:
         DamagedCheckpoint: if the checkpoint does not verify.
+        UnsafeCheckpoint: its files would run code when read (see [Note: nothing from disk runs code]).
         CheckpointError: a folder with no usable checkpoint.
     """
     folder = Path(path)
@@ -412,12 +457,21 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
         folder = found
     manifest = Manifest.read(folder)
     manifest.verify(folder)
-    with tempfile.TemporaryDirectory(prefix="hintpipe-merge-") as scratch:
-        target = Path(scratch) / "merged.pt"
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-        dcp_to_torch_save(str(folder), str(target))
-        state = torch.load(target, weights_only=True)  # tensors and plain values only: a file runs no code
+    from hintpipe.runtime.checkpoint.reading import SafeEmptyPlanner, SafeReader, read_metadata, unsafe_in
+
+    state: dict[str, Any] = {}
+    # What torch's dcp_to_torch_save does, with its reader and planner made safe: tensors and plain values only,
+    # a file runs no code (see [Note: nothing from disk runs code]).
+    read_metadata(folder)  # refused here in its own words, before torch's loader wraps them
+    try:
+        _load_state_dict(state, storage_reader=SafeReader(str(folder)), planner=SafeEmptyPlanner(), no_dist=True)
+    except BaseException as exc:
+        refused = unsafe_in(exc)
+        if refused is not None:
+            raise refused from None
+        raise
     model = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
     identity = manifest.identity
     names = ModelNames(keys=tuple(identity.keys), aliases=tuple(tuple(g) for g in identity.aliases))

@@ -1,0 +1,134 @@
+"""A run holds its checkpoint folder while it runs.
+
+[Note: one run per folder at a time]
+Two runs writing one folder destroy each other's work: two fresh runs started
+at once both claimed it, one failed mid-save and ``run.json`` kept the loser's
+id, so the winner's own checkpoints were later refused; a ``--resume`` of a run
+still going wrote the same step folders as the run until one failed. So a run
+takes an exclusive lock (``flock``) on ``run.lock`` in the folder before any
+rank starts and holds it for its whole life. The kernel releases it when the
+holder dies, however it dies (SIGKILL included): no stale lock is ever left to
+clear by hand. The file names the holder (pid, host, start time), so a second
+run is refused in one line that says who has the folder.
+
+Who holds it:
+
+- ``hintpipe train`` and :func:`hintpipe.apps.training.train` on one machine:
+  the launcher, before it spawns the ranks, until they have all ended.
+- Under ``torchrun`` (or any process group the caller made): global rank 0,
+  the rank that writes ``run.json`` and the manifests, from
+  :meth:`~hintpipe.runtime.checkpoint.checkpointer.Checkpointer.start` or
+  :meth:`~hintpipe.runtime.checkpoint.checkpointer.Checkpointer.resume` until
+  :meth:`~hintpipe.runtime.checkpoint.checkpointer.Checkpointer.close` or its
+  process ends. The other ranks write only inside ``step-<n>.tmp`` folders that
+  rank 0 prepared, so one holder per run is enough; a refusal reaches them
+  through the phase's collective. A rank 0 whose launcher holds the lock (its
+  pid is the one in ``run.lock`` and in the environment) goes on without it.
+
+Across machines the folder must be on a file system whose ``flock`` is seen by
+every machine (local disks, NFSv4 and Lustre with ``flock`` mounted are; some
+network file systems only pretend).
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from types import TracebackType
+
+from hintpipe.runtime.errors import CheckpointError
+
+LOCK_FILE = "run.lock"
+
+
+class FolderInUse(CheckpointError):
+    """Another process holds the checkpoint folder (one line naming it)."""
+
+
+class FolderLock:
+    """The exclusive hold of one checkpoint folder (see [Note: one run per folder at a time]).
+
+    ``acquire`` takes it or raises :class:`FolderInUse`; ``release`` (or the holder's death) gives it back.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, *, ours: int | None = None) -> FolderLock:
+        """Take the folder (created, with its parents, if needed). ``ours``: the pid of a launcher that may
+        hold it on this process's behalf; then a hold by that pid is no refusal (nothing is taken here).
+
+        Raises:
+            FolderInUse: another process holds it: one line naming the holder and what to do.
+        """
+        if self._fd is not None:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # No O_TRUNC: the file names the holder, which must stay readable until this process holds it.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            if ours is not None and holder.get("pid") == ours and holder.get("host") == socket.gethostname():
+                return self  # our launcher holds it for us
+            raise FolderInUse(
+                f"{self.folder} is in use by another run ({describe(holder)}, holding {self.path}); wait for it to "
+                "end or stop it, or use another checkpoint folder"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            raise CheckpointError(f"{self.path} cannot be locked: {exc.strerror or exc}") from None
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Give the folder back. The file stays (removing it would let a waiting process lock a file no one else
+        opens), emptied: a folder no run holds names no one."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _holder(fd: int) -> dict[str, object]:
+    """What the holder wrote into the lock file; empty while it has not written yet."""
+    try:
+        found = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (ValueError, OSError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def describe(holder: dict[str, object]) -> str:
+    """``pid 123 on host h, started 2025-01-01T10:00:00+00:00``, or what is known of it."""
+    if not holder:
+        return "a process that has not yet written its name"
+    return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started {holder.get('started', '?')}"

@@ -1,0 +1,299 @@
+"""One run per checkpoint folder at a time, and nothing read from a checkpoint runs code.
+
+Each test reproduces a row of issue 38's fault campaign: two runs in one folder (at once, or a ``--resume`` of a
+running one), a lost ``run.json``, ``latest`` made a folder, another run's step folder in the way, a forged
+``.metadata`` or value. Asserted: the exact one-line refusal, who holds the folder, what is left on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import hang_bound, small_run
+from hintpipe.apps.training import train
+from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderInUse, FolderLock
+from hintpipe.runtime.checkpoint.manifest import Manifest, digests
+from hintpipe.runtime.checkpoint.reading import UnsafeCheckpoint
+from hintpipe.runtime.checkpoint.run_folder import adopt, claim, write_run
+from hintpipe.runtime.checkpoint.saving import load_merged
+from hintpipe.runtime.errors import CheckpointError
+
+TIMEOUT = 20.0
+CLI = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "2", "--hidden", "16"]
+CLI += ["--ranks", "2", "--microbatches", "4", "--microbatch-size", "2", "--policy", "fixed", "--json"]
+CLI += ["--timeout", str(TIMEOUT)]
+
+
+def _holder(folder: Path) -> str:
+    record = json.loads((folder / LOCK_FILE).read_text())
+    return f"pid {record['pid']} on host {socket.gethostname()}, started {record['started']}"
+
+
+def _in_use(folder: Path) -> str:
+    return (
+        f"{folder} is in use by another run ({_holder(folder)}, holding {folder / LOCK_FILE}); wait for it to end "
+        "or stop it, or use another checkpoint folder"
+    )
+
+
+def _hold_elsewhere(folder: Path) -> subprocess.Popen[str]:
+    """Another process that holds ``folder`` until it is killed."""
+    code = (
+        "import sys, time\nfrom hintpipe.runtime.checkpoint.folder_lock import FolderLock\n"
+        f"FolderLock({str(folder)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(600)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+# -- the lock ----------------------------------------------------------------------------------------------------
+
+
+def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_path: Path) -> None:
+    holder = _hold_elsewhere(tmp_path)
+    try:
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == holder.pid
+        with pytest.raises(FolderInUse) as refused:
+            FolderLock(tmp_path).acquire()
+        assert str(refused.value) == _in_use(tmp_path)
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases the lock
+        holder.wait()
+    with FolderLock(tmp_path) as lock:
+        assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released: it names no one
+
+
+def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(tmp_path: Path) -> None:
+    with FolderLock(tmp_path):
+        began = time.monotonic()
+        with pytest.raises(FolderInUse) as refused:
+            train(small_run(checkpoint_dir=str(tmp_path)))
+        assert str(refused.value) == _in_use(tmp_path)
+        assert time.monotonic() - began < 5.0  # no rank was spawned (a spawn alone takes seconds)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
+
+
+def _refused(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    argv = [*CLI, "--steps", "100000", "--checkpoint-dir", str(folder), "--checkpoint-every", "2"]
+    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + hang_bound(TIMEOUT)
+        while not (folder / "latest").is_file():
+            assert running.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        assert json.loads((folder / LOCK_FILE).read_text())["pid"] == running.pid  # the launcher holds it
+        said = f"hintpipe train: error: --checkpoint-dir {_in_use(folder)}"
+        assert _refused([*CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--replace-checkpoints"]) == said
+        assert _refused([*CLI, "--steps", "100000", "--checkpoint-dir", str(folder), "--resume"]) == said
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)
+        running.communicate()
+    # Killed: the folder is free again, and its own newest checkpoint resumes.
+    step = int((folder / "latest").read_text().removeprefix("step-"))
+    resumed = subprocess.run(
+        [*CLI, "--steps", str(step + 1), "--checkpoint-dir", str(folder), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["resumed_from"] == step
+
+
+def test_two_fresh_runs_started_at_once_one_trains_the_other_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    argv = [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"]
+    runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outcomes = [(run.pid, *run.communicate(timeout=hang_bound(TIMEOUT)), run.returncode) for run in runs]
+    codes = sorted(code for *_, code in outcomes)
+    assert codes == [0, 2], outcomes
+    winner = next(pid for pid, _, _, code in outcomes if code == 0)
+    loser_err = next(err for _, _, err, code in outcomes if code == 2)
+    # The refusal named the winner (its record is gone now that it released the folder).
+    assert (
+        loser_err.strip()
+        .splitlines()[-1]
+        .startswith(f"hintpipe train: error: --checkpoint-dir {folder} is in use by another run (pid {winner} on host ")
+    ), loser_err
+    run = json.loads((folder / "run.json").read_text())["run"]
+    assert {Manifest.read(p).identity.run for p in folder.glob("step-*")} == {run}
+
+
+# -- claiming, a lost run.json, hintpipe's names taken -----------------------------------------------------------
+
+
+def test_claiming_is_atomic_a_second_claim_is_refused(tmp_path: Path) -> None:
+    write_run(tmp_path, "aaaa", "now")
+    with pytest.raises(CheckpointError) as refused:
+        write_run(tmp_path, "bbbb", "now")
+    assert str(refused.value) == (
+        f"{tmp_path} was claimed by another run (aaaa) at the same moment; only one run can use a checkpoint "
+        "folder: use another one"
+    )
+    assert json.loads((tmp_path / "run.json").read_text())["run"] == "aaaa"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no temporary file left
+
+
+def test_latest_made_a_folder_is_refused_with_nothing_changed(tmp_path: Path) -> None:
+    (tmp_path / "latest").mkdir()
+    with pytest.raises(CheckpointError) as refused:
+        claim(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path / 'latest'} is a folder; hintpipe writes the pointer to the newest checkpoint there as a file: "
+        "move it elsewhere (nothing was changed)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+    said = _refused([*CLI, "--steps", "2", "--checkpoint-dir", str(tmp_path)])
+    assert said == f"hintpipe train: error: {refused.value}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-step run's folder, a checkpoint after each step (the command line's, as a user's)."""
+    folder = tmp_path_factory.mktemp("saved") / "ck"
+    argv = [*CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_bound(TIMEOUT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "ck"
+    shutil.copytree(saved, folder)
+    return folder
+
+
+def test_a_folder_that_lost_run_json_resumes_its_own_checkpoints(saved: Path, tmp_path: Path) -> None:
+    folder = _copy(saved, tmp_path)
+    run = json.loads((folder / "run.json").read_text())["run"]
+    (folder / "run.json").unlink()
+    resumed = subprocess.run(
+        [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["resumed_from"] == 2
+    assert json.loads((folder / "run.json").read_text())["run"] == run  # written back
+    assert Manifest.read(folder / "step-00000003").identity.run == run
+
+
+def _as_other_run(step: Path, run: str) -> None:
+    manifest = Manifest.read(step)
+    Manifest(manifest.step, dataclasses.replace(manifest.identity, run=run), manifest.files).write(step)
+
+
+def test_a_folder_without_run_json_and_two_runs_says_which_file_to_write(saved: Path, tmp_path: Path) -> None:
+    folder = _copy(saved, tmp_path)
+    run = json.loads((folder / "run.json").read_text())["run"]
+    (folder / "run.json").unlink()
+    _as_other_run(folder / "step-00000001", "other")
+    with pytest.raises(CheckpointError) as refused:
+        adopt(folder)
+    assert str(refused.value) == (
+        f"{folder} has no run.json and holds the checkpoints of 2 runs (run {run}: step-00000002; run other: "
+        f'step-00000001); write the run to resume into {folder / "run.json"}, e.g. {{"run": "{run}"}}, or move the '
+        "other runs' step folders elsewhere"
+    )
+    assert not (folder / "run.json").exists()
+
+
+def test_another_runs_step_folder_is_never_overwritten(saved: Path, tmp_path: Path) -> None:
+    folder = _copy(saved, tmp_path)
+    _as_other_run(folder / "step-00000002", "other")  # as if copied in from another run
+    foreign = {p.name: p.read_bytes() for p in (folder / "step-00000002").iterdir()}
+    resumed = subprocess.run(
+        [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["resumed_from"] == 1  # its own newest; step-2 is the other run's
+    assert (
+        f"hintpipe train: step 2 was not saved: {folder / 'step-00000002'} belongs to another run (other) and is "
+        "kept; move it elsewhere to save this run's checkpoints at that step"
+    ) in resumed.stderr.splitlines()
+    assert {p.name: p.read_bytes() for p in (folder / "step-00000002").iterdir()} == foreign
+    assert (folder / "latest").read_text() == "step-00000003"
+
+
+# -- nothing from disk runs code ---------------------------------------------------------------------------------
+
+
+class _Planted:
+    """A pickle that runs a command when loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _forge_metadata(step: Path, marker: Path) -> None:
+    (step / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+    manifest = Manifest.read(step)
+    files = {**manifest.files, ".metadata": digests([step / ".metadata"], step)[".metadata"]}
+    Manifest(manifest.step, manifest.identity, files).write(step)  # the digests recomputed: it verifies
+
+
+def test_a_forged_metadata_is_refused_by_load_merged_and_runs_nothing(saved: Path, tmp_path: Path) -> None:
+    folder = _copy(saved, tmp_path)
+    marker = tmp_path / "ran"
+    _forge_metadata(folder / "step-00000002", marker)
+    Manifest.read(folder / "step-00000002").verify(folder / "step-00000002")
+    with pytest.raises(UnsafeCheckpoint) as refused:
+        load_merged(folder)
+    assert str(refused.value) == (
+        f"{folder / 'step-00000002' / '.metadata'} names posix.system, which is not torch.distributed.checkpoint "
+        "metadata: refused unread (a forged or foreign file); resume from another checkpoint or start fresh"
+    )
+    assert not marker.exists()
+    assert sorted(load_merged(folder / "step-00000001")) == sorted(load_merged(saved))  # the others still load
+
+
+def test_a_forged_metadata_is_refused_on_resume_and_runs_nothing(saved: Path, tmp_path: Path) -> None:
+    folder = _copy(saved, tmp_path)
+    marker = tmp_path / "ran"
+    _forge_metadata(folder / "step-00000002", marker)
+    done = subprocess.run(
+        [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert done.returncode == 1
+    step = folder / "step-00000002"
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"hintpipe train: failed: ranks 0, 1: CheckpointError: loading {step} failed (rank 0: "
+        f"{step / '.metadata'} names posix.system, which is not torch.distributed.checkpoint metadata: refused "
+        "unread (a forged or foreign file); resume from another checkpoint or start fresh)"
+    ), done.stderr
+    assert not marker.exists()
