@@ -145,3 +145,15 @@ def test_split_points_by_module_name_are_kept(captured: tuple[str, nn.Module, An
     for names, message in cases.items():
         with pytest.raises(PlanError, match=message):
             forced_cuts(planned.graph, tables, names, 3 if len(names) == 2 or names == (points[0],) else 2)
+
+
+def test_a_hugging_face_model_captured_with_its_cache_on_is_told_the_keyword() -> None:
+    from hintpipe.planner.capture import CaptureError
+
+    with pytest.raises(CaptureError) as caught:
+        capture(_gpt2(), example=(IDS,))
+    assert str(caught.value) == (
+        "neither torch.fx nor torch.export can capture GPT2LMHeadModel: RuntimeError: Found <class "
+        "'transformers.cache_utils.DynamicCache'> in output, which is not a known type. Fix: pass "
+        "kwargs={'use_cache': False} (to hintpipe.plan or capture) so that it returns no cache"
+    )

@@ -13,9 +13,11 @@ import pytest
 
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import build_parser
-from hintpipe.options import OPTIONS, check_options
+from hintpipe.options import OPTIONS, PipelineConfig, check_options
 from hintpipe.planner.plan import plan
-from hintpipe.runtime.pipeline import Pipeline, PipelineOptions
+from hintpipe.runtime.modes import Precision
+from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.scoreboard import Policy
 
 #: Flags that are not options of the pipeline or the run: what a command does with its results, and the model.
 COMMAND_ONLY = {
@@ -61,20 +63,33 @@ def test_every_flag_is_an_option_of_the_same_name_default_and_choices(command: s
             assert name in flags, f"{option.flag} is missing from {command}"
 
 
-def test_the_pipeline_takes_every_pipeline_option_with_its_default() -> None:
-    signature = inspect.signature(Pipeline.__init__).parameters
-    for name, option in OPTIONS.items():
-        if not option.pipeline:
-            assert name not in signature, name
-            continue
-        assert name in signature, name
-        parameter = signature[name]
+def test_the_pipeline_config_is_the_table_s_pipeline_rows_with_their_defaults() -> None:
+    fields = {f.name: f for f in dataclasses.fields(PipelineConfig)}
+    assert list(fields) == [name for name, option in OPTIONS.items() if option.pipeline]
+    for name, field in fields.items():
+        option = OPTIONS[name]
+        assert field.metadata["option"] == dataclasses.replace(option, name=""), name  # the one definition
         if option.required:
-            assert parameter.default is inspect.Parameter.empty, name
+            assert field.default is dataclasses.MISSING, name
         else:
-            assert parameter.default == option.default, name
-    keywords = {n for n, o in OPTIONS.items() if o.pipeline and not o.required}
-    assert set(PipelineOptions.__annotations__) == keywords | {"seams", "names"}
+            assert field.default == option.default, name
+    # The Pipeline takes the config, or its fields as keywords (checked by the config, not restated).
+    signature = inspect.signature(Pipeline.__init__).parameters
+    assert [n for n in signature if n not in ("self", "modules")] == [
+        "loss_fn", "microbatches", "config", "seams", "names", "options"
+    ]  # fmt: skip
+
+
+def test_a_pipeline_config_converts_and_checks_its_values_once() -> None:
+    config = PipelineConfig(microbatches=8, policy="fixed", precision="bf16")  # type: ignore[arg-type]
+    assert (config.policy, config.precision, config.hint) == (Policy.FIXED, Precision.BF16, "1f1b")
+    assert dataclasses.replace(config, policy="ready").policy is Policy.READY  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^give one of memory_slack, activation_budget, device_budget, got "):
+        PipelineConfig(microbatches=8, memory_slack=1.0, device_budget=0.5)
+    with pytest.raises(ValueError, match=r"^microbatches must be at least 1, got 0$"):
+        PipelineConfig(microbatches=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.policy = Policy.READY  # type: ignore[misc]
 
 
 def test_the_run_config_has_every_train_option_with_its_default() -> None:

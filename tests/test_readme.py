@@ -58,10 +58,10 @@ def test_every_python_block_of_the_readme_runs_as_pasted(index: int, tmp_path: P
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         again = _run(block, tmp_path, *torchrun)
         assert again.returncode == 0, again.stderr[-3000:]
-        # Each rank prints a list of its own loss under torchrun (broadcast: one value); the spawned run printed
-        # both in one list. (The runs differ: GPT-2's dropout draws afresh.)
+        # run_ranks returns every rank's loss however the ranks started: the launcher prints the list once; under
+        # torchrun every rank prints it (broadcast: one value). (The runs differ: GPT-2's dropout draws afresh.)
         spawned, under_torchrun = _numbers(done.stdout), _numbers(again.stdout)
-        assert len(spawned) == len(under_torchrun) == 2 and len(set(under_torchrun)) == 1
+        assert len(spawned) == 2 and len(under_torchrun) == 4 and len(set(under_torchrun)) == 1
         assert all(0 < loss < 10 for loss in spawned + under_torchrun)
 
 
@@ -87,3 +87,13 @@ def test_the_training_block_without_its_main_guard_is_refused_in_one_line(tmp_pa
         f"hintpipe.runtime.errors.RankFailure: {tmp_path / 'script.py'}, line {line}: run_ranks starts processes "
         'that import this script again; put the code that calls it under `if __name__ == "__main__":`'
     )
+
+
+def test_the_readme_s_checkpointing_scripts_pasted_in_order_into_one_folder_both_run(tmp_path: Path) -> None:
+    # Each keeps its own checkpoint folder: the second is not refused as "written for another model".
+    scripts = [b for b in python_blocks() if "Checkpointer(" in b]
+    assert len(scripts) == 2
+    for block in scripts:
+        done = _run(block, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt", "ckpt-loop"]

@@ -29,6 +29,7 @@ from conftest import SMALL_GPT, hang_bound, small_run
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import _train_rank
+from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.manifest import DamagedCheckpoint, Manifest, RunIdentity
 from hintpipe.runtime.checkpoint.saving import (
     CheckpointError,
@@ -689,11 +690,14 @@ def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Pa
     said = err.strip().splitlines()[-3:]
     assert said[0] == "hintpipe train: failed:", err
     assert said[1 + frozen] == f"rank {frozen}: exited without a result (stopped by the launcher)", err
-    # Silent for the timeout, give or take the heartbeat's second on a busy machine.
+    # The cause, asserted: the frozen rank is named, and the silence it reports is at least what makes a rank
+    # count as stopped (liveness.SILENT_AFTER) and at most the run's whole time (not a figure of the clock).
     saving = rf"rank {other}: CheckpointError: saving checkpoint step 2 in {re.escape(str(folder))} failed "
-    assert re.fullmatch(
-        saving + rf"\(rank {frozen} stopped answering \(no sign of life for [567] s\)\)", said[1 + other]
+    found = re.fullmatch(
+        saving + rf"\(rank {frozen} stopped answering \(no sign of life for (\d+) s\)\)", said[1 + other]
     )
+    assert found is not None, said[1 + other]
+    assert liveness.SILENT_AFTER <= int(found.group(1)) <= elapsed
     assert elapsed < 60, elapsed  # start-up, a step, 5 s of silence: seconds, not the default 300 s timeout
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000001"]
     Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")

@@ -63,6 +63,25 @@ def _hold_elsewhere(folder: Path) -> subprocess.Popen[str]:
 # -- the lock ----------------------------------------------------------------------------------------------------
 
 
+def test_one_process_holds_a_folder_once_however_many_take_it(tmp_path: Path) -> None:
+    # A training function called twice in one interpreter (a notebook cell run again, a suite's shared ranks):
+    # its second checkpointer is not refused by the first one's lock, and the folder is free when both let go.
+    first, second = FolderLock(tmp_path).acquire(), FolderLock(tmp_path).acquire()
+    assert first.held and second.held
+    first.release()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()  # the second still holds it
+    holder = subprocess.run(
+        [sys.executable, "-c", f"from hintpipe.runtime.checkpoint.folder_lock import FolderLock\n"
+         f"FolderLock({str(tmp_path)!r}).acquire()"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert holder.returncode == 1 and holder.stderr.strip().splitlines()[-1].endswith(
+        f"{tmp_path} is in use by another run ({_holder(tmp_path)}, holding {tmp_path / LOCK_FILE}); wait for it "
+        "to end or stop it, or use another checkpoint folder"
+    )
+    second.release()
+    assert (tmp_path / LOCK_FILE).read_text() == ""
+
+
 def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_path: Path) -> None:
     holder = _hold_elsewhere(tmp_path)
     try:
@@ -79,12 +98,16 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_p
 
 
 def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(tmp_path: Path) -> None:
-    with FolderLock(tmp_path):
+    holder = _hold_elsewhere(tmp_path)  # another run's process
+    try:
         began = time.monotonic()
         with pytest.raises(FolderInUse) as refused:
             train(small_run(checkpoint_dir=str(tmp_path)))
         assert str(refused.value) == _in_use(tmp_path)
         assert time.monotonic() - began < 5.0  # no rank was spawned (a spawn alone takes seconds)
+    finally:
+        holder.kill()
+        holder.wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
 
 

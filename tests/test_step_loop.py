@@ -205,3 +205,34 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
     assert str(waited.value) == (
         "rank 0: waited 30 s for the other ranks to start step 0: Rank 1 failed to pass monitoredBarrier in 30000 ms"
     )
+
+
+def test_a_first_stage_given_more_tensors_than_it_takes_is_refused_before_it_runs() -> None:
+    from torch import nn
+
+    from hintpipe.runtime.loop.microbatch import check_arity
+
+    class TakesIds(nn.Module):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return ids
+
+    class TakesMask(nn.Module):
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            return ids
+
+    with pytest.raises(ValueError) as packed:
+        check_arity(TakesIds(), 2, 0)
+    assert str(packed.value) == (
+        "stage 0 takes 1 input(s) (ids); micro-batch 0 has 2 tensor(s): packed rows come as (ids, documents); form "
+        "them without pack=True for a model that takes the ids alone, or give the model a forward that takes the "
+        "documents"
+    )
+    with pytest.raises(ValueError) as few:
+        check_arity(TakesIds(), 0, 3)
+    assert str(few.value) == (
+        "stage 0 takes 1 input(s) (ids); micro-batch 3 has 0 tensor(s): give each micro-batch as a tuple of the "
+        "stage's inputs, in order"
+    )
+    check_arity(TakesMask(), 1, 0)  # the optional one may be left out
+    check_arity(TakesMask(), 2, 0)
+    check_arity(nn.Sequential(nn.Identity()), 1, 0)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from hintpipe.forming.cost import SequenceCost
     from hintpipe.forming.form import Formation, form_microbatches
     from hintpipe.forming.profiled import profile_sequence_cost
+    from hintpipe.options import PipelineConfig
     from hintpipe.planner.capture import CaptureError, split_point
     from hintpipe.planner.plan import Plan, plan, share_plan
     from hintpipe.planner.plan_file import load_plan, save_plan
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 #: Public name -> the module defining it (imported on first use: most of them need torch).
 _LAZY = {
     "Pipeline": "hintpipe.runtime.pipeline",
+    "PipelineConfig": "hintpipe.options",
     "StepReport": "hintpipe.runtime.loop.reports",
     "EmulatedCosts": "hintpipe.runtime.loop.executor",
     "TiedParameter": "hintpipe.runtime.parallel.tied",
@@ -107,6 +109,7 @@ __all__ = [
     "OptionMismatch",
     "PeerFailure",
     "Pipeline",
+    "PipelineConfig",
     "Placement",
     "Plan",
     "Policy",

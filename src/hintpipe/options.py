@@ -17,24 +17,206 @@ This module is torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hintpipe.device_choice import DeviceChoice
 from hintpipe.forming.form import Forming
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, Option
 from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.schedule.fit import AdmissionUnit
-from hintpipe.schedule.hint import HintName
+from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from hintpipe.runtime.loop.executor import EmulatedCosts
+    from hintpipe.runtime.parallel.fsdp import FsdpOptions
+    from hintpipe.runtime.parallel.tied import TiedParameter
 
 _TRAIN = frozenset({"train"})
 _RUN = frozenset({"train", "simulate"})
 _ALL = frozenset({"train", "simulate", "plan"})
 _PLAN = frozenset({"plan"})
 
-#: Every option, by name. The order is the order of ``--help``.
+
+def _option(kind: str, default: Any, help: str, **more: Any) -> Any:
+    """A field of :class:`PipelineConfig`: the option (named once the class exists) in its metadata, its
+    default as the field's (none for a required option)."""
+    option = Option("", kind, default, help, **more)
+    if option.required:
+        return dataclasses.field(metadata={"option": option})
+    return dataclasses.field(default=default, metadata={"option": option})
+
+
+def _named(option: Option, name: str) -> Option:
+    return dataclasses.replace(option, name=name)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """Every option a :class:`~hintpipe.runtime.pipeline.Pipeline` takes, checked once, here: the options table's
+    pipeline rows are this class's fields (each field's metadata is its :class:`~hintpipe.option.Option`:
+    kind, default, range, help, the commands that take it as a flag). Values are converted as they come in
+    (``"ready"`` becomes :attr:`Policy.READY <hintpipe.scoreboard.Policy.READY>`); a value out of range, or
+    two of the room options together, is refused naming the option.
+
+    ``Pipeline(modules, loss_fn=..., config=PipelineConfig(microbatches=8, policy="ready"))`` or the same as
+    keywords (``Pipeline(modules, loss_fn=..., microbatches=8, policy="ready")``) build the same pipeline;
+    ``dataclasses.replace(config, policy="fixed")`` makes another.
+    """
+
+    microbatches: int = _option(
+        "int", None, "micro-batches per step", minimum=1, required=True, metavar="M", commands=_ALL
+    )
+    hint: str | Hint = _option(
+        "object",
+        "1f1b",
+        f"the schedule that ranks each rank's work: {', '.join(h.value for h in HintName)}, or a CSV file in "
+        "torch.distributed.pipelining's compute-only format",
+        metavar="H",
+        commands=_ALL,
+    )
+    policy: Policy = _option(
+        "choice",
+        Policy.READY,
+        "fixed: the hint's order; greedy: the best-ranked ready task; ready: deviates from the hint only where "
+        "the hint's next task cannot be delayed by it",
+        choices=Policy,
+        commands=_RUN,
+    )
+    chunks: int | None = _option(
+        "int",
+        None,
+        "stages per rank (interleaved-1f1b, gpipe, bf, bfw; zbv always 2); default: the hint's own (1)",
+        minimum=1,
+        optional=True,
+        metavar="V",
+        commands=_ALL,
+    )
+    memory_slack: float = _option(
+        "float",
+        0.0,
+        "room for this many more in-flight micro-batches of activations than the hint's own peak",
+        minimum=0.0,
+        metavar="K",
+        commands=_RUN,
+    )
+    activation_budget: float | None = _option(
+        "size",
+        None,
+        "activation bytes a rank may hold, each micro-batch counted by its own size (instead of memory_slack)",
+        minimum=0.0,
+        optional=True,
+        metavar="SIZE",
+        commands=_RUN,
+    )
+    device_budget: float | None = _option(
+        "float",
+        None,
+        "every rank may hold as many micro-batches as the hint's busiest rank, times 1 + this fraction "
+        "(0: as many; 0.25: a quarter more): equal devices lend the later ranks' idle memory to running ahead",
+        minimum=0.0,
+        optional=True,
+        metavar="FRACTION",
+        commands=_RUN,
+    )
+    timeout: float = _option(
+        "float",
+        300.0,
+        "seconds a rank may wait with nothing ready (or for a collective) before every rank ends with an error "
+        "naming what was awaited",
+        minimum=MIN_TIMEOUT,
+        maximum=MAX_TIMEOUT,
+        metavar="S",
+        commands=_TRAIN,
+    )
+    emulate: EmulatedCosts | None = _option("object", None, "sleep these costs instead of computing", optional=True)
+    on_nonfinite: OnNonFinite = _option(
+        "choice",
+        OnNonFinite.RAISE,
+        "a NaN or infinite loss stops the run (raise) or skips that step's update (skip)",
+        choices=OnNonFinite,
+        commands=_TRAIN,
+    )
+    precision: Precision = _option(
+        "choice",
+        Precision.FP32,
+        "fp32, or bf16: forwards and the loss under torch.autocast to bfloat16 (parameters, gradients and "
+        "optimizer state stay float32)",
+        choices=Precision,
+        commands=_TRAIN,
+    )
+    history: int = _option("int", 100, "how many steps' reports to keep", minimum=1)
+    timelines: bool = _option("bool", False, "gather every rank's task timeline to rank 0 each step")
+    report_every: int = _option(
+        "int",
+        1,
+        "gather every rank's summary to rank 0 every this many steps (0: never)",
+        minimum=0,
+    )
+    tied: Sequence[TiedParameter] = _option("object", (), "parameters shared by stages on different ranks, kept equal")
+    mesh: DeviceMesh | None = _option(
+        "object",
+        None,
+        "a DeviceMesh with dimensions named from dp, pp and tp (or torchtitan's dp_replicate and dp_shard for dp)",
+        optional=True,
+    )
+    fsdp: FsdpOptions | None = _option(
+        "object",
+        None,
+        "FSDP2's options for each stage (mp_policy, offload_policy, reshard_after_forward), with data_parallel='fsdp'",
+        optional=True,
+    )
+    data_parallel: DataParallel = _option(
+        "choice",
+        DataParallel.REPLICATE,
+        "data-parallel replicas hold whole stages and all-reduce gradients (replicate), or FSDP2 shards them",
+        choices=DataParallel,
+        commands=_TRAIN,
+    )
+    microbatch_order: MicrobatchOrder = _option(
+        "choice",
+        MicrobatchOrder.parse(DEFAULT_ORDER),
+        "the order each step runs its micro-batches in, by their known sizes; sorted orders are faster but "
+        "hold more activation memory (benchmarks/readiness-at-scale)",
+        choices=MicrobatchOrder,
+        commands=_RUN,
+    )
+    device: DeviceChoice | torch.device = _option(
+        "choice",
+        DeviceChoice.CPU,
+        "where each rank computes: cpu, cuda (its GPU: LOCAL_RANK modulo the GPUs) or auto (cuda where available)",
+        choices=DeviceChoice,
+        commands=_TRAIN,
+    )
+    transport: TransportChoice = _option(
+        "choice",
+        TransportChoice.AUTO,
+        "how tensors travel between ranks: gloo (through host memory; ranks may share a GPU), nccl (GPU to GPU; "
+        "a GPU per rank) or auto (nccl where every rank has its own GPU)",
+        choices=TransportChoice,
+        commands=_TRAIN,
+    )
+
+    def __post_init__(self) -> None:
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not isinstance(given["device"], str):  # a torch.device, as it is
+            given.pop("device")
+        for name, value in check_options(given).items():
+            object.__setattr__(self, name, value)
+
+    def values(self) -> dict[str, Any]:
+        """Option name -> value (the values themselves, not copies: a mesh or tied parameters stay what they are)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+#: Every option, by name. The order is the order of ``--help``: the pipeline's run's count of ranks, the
+#: pipeline's own (:class:`PipelineConfig`), then the simulator's, the run's and the planner's.
 OPTIONS: Mapping[str, Option] = {
     o.name: o
     for o in (
@@ -49,138 +231,7 @@ OPTIONS: Mapping[str, Option] = {
             commands=_ALL,
             pipeline=False,
         ),
-        Option(
-            "microbatches", "int", None, "micro-batches per step", minimum=1, required=True, metavar="M", commands=_ALL
-        ),
-        Option(
-            "hint",
-            "object",
-            "1f1b",
-            f"the schedule that ranks each rank's work: {', '.join(h.value for h in HintName)}, or a CSV file in "
-            "torch.distributed.pipelining's compute-only format",
-            metavar="H",
-            commands=_ALL,
-        ),
-        Option(
-            "policy",
-            "choice",
-            Policy.READY,
-            "fixed: the hint's order; greedy: the best-ranked ready task; ready: deviates from the hint only where "
-            "the hint's next task cannot be delayed by it",
-            choices=Policy,
-            commands=_RUN,
-        ),
-        Option(
-            "chunks",
-            "int",
-            None,
-            "stages per rank (interleaved-1f1b, gpipe, bf, bfw; zbv always 2); default: the hint's own (1)",
-            minimum=1,
-            optional=True,
-            metavar="V",
-            commands=_ALL,
-        ),
-        Option(
-            "memory_slack",
-            "float",
-            0.0,
-            "room for this many more in-flight micro-batches of activations than the hint's own peak",
-            minimum=0.0,
-            metavar="K",
-            commands=_RUN,
-        ),
-        Option(
-            "activation_budget",
-            "size",
-            None,
-            "activation bytes a rank may hold, each micro-batch counted by its own size (instead of memory_slack)",
-            minimum=0.0,
-            optional=True,
-            metavar="SIZE",
-            commands=_RUN,
-        ),
-        Option(
-            "device_budget",
-            "float",
-            None,
-            "every rank may hold as many micro-batches as the hint's busiest rank, times 1 + this fraction "
-            "(0: as many; 0.25: a quarter more): equal devices lend the later ranks' idle memory to running ahead",
-            minimum=0.0,
-            optional=True,
-            metavar="FRACTION",
-            commands=_RUN,
-        ),
-        Option(
-            "timeout",
-            "float",
-            300.0,
-            "seconds a rank may wait with nothing ready (or for a collective) before every rank ends with an error "
-            "naming what was awaited",
-            minimum=MIN_TIMEOUT,
-            maximum=MAX_TIMEOUT,
-            metavar="S",
-            commands=_TRAIN,
-        ),
-        Option("emulate", "object", None, "sleep these costs instead of computing", optional=True),
-        Option(
-            "on_nonfinite",
-            "choice",
-            OnNonFinite.RAISE,
-            "a NaN or infinite loss stops the run (raise) or skips that step's update (skip)",
-            choices=OnNonFinite,
-            commands=_TRAIN,
-        ),
-        Option(
-            "precision",
-            "choice",
-            Precision.FP32,
-            "fp32, or bf16: forwards and the loss under torch.autocast to bfloat16 (parameters, gradients and "
-            "optimizer state stay float32)",
-            choices=Precision,
-            commands=_TRAIN,
-        ),
-        Option("history", "int", 100, "how many steps' reports to keep", minimum=1),
-        Option("timelines", "bool", False, "gather every rank's task timeline to rank 0 each step"),
-        Option(
-            "report_every",
-            "int",
-            1,
-            "gather every rank's summary to rank 0 every this many steps (0: never)",
-            minimum=0,
-        ),
-        Option("tied", "object", (), "parameters shared by stages on different ranks, kept equal"),
-        Option(
-            "mesh",
-            "object",
-            None,
-            "a DeviceMesh with dimensions named from dp, pp and tp (or torchtitan's dp_replicate and dp_shard for dp)",
-            optional=True,
-        ),
-        Option(
-            "fsdp",
-            "object",
-            None,
-            "FSDP2's options for each stage (mp_policy, offload_policy, reshard_after_forward), with "
-            "data_parallel='fsdp'",
-            optional=True,
-        ),
-        Option(
-            "data_parallel",
-            "choice",
-            DataParallel.REPLICATE,
-            "data-parallel replicas hold whole stages and all-reduce gradients (replicate), or FSDP2 shards them",
-            choices=DataParallel,
-            commands=_TRAIN,
-        ),
-        Option(
-            "microbatch_order",
-            "choice",
-            MicrobatchOrder.parse(DEFAULT_ORDER),
-            "the order each step runs its micro-batches in, by their known sizes; sorted orders are faster but "
-            "hold more activation memory (benchmarks/readiness-at-scale)",
-            choices=MicrobatchOrder,
-            commands=_RUN,
-        ),
+        *(_named(f.metadata["option"], f.name) for f in dataclasses.fields(PipelineConfig)),
         Option(
             "admission",
             "choice",
@@ -190,23 +241,6 @@ OPTIONS: Mapping[str, Option] = {
             choices=AdmissionUnit,
             commands=frozenset({"simulate"}),
             pipeline=False,
-        ),
-        Option(
-            "device",
-            "choice",
-            DeviceChoice.CPU,
-            "where each rank computes: cpu, cuda (its GPU: LOCAL_RANK modulo the GPUs) or auto (cuda where available)",
-            choices=DeviceChoice,
-            commands=_TRAIN,
-        ),
-        Option(
-            "transport",
-            "choice",
-            TransportChoice.AUTO,
-            "how tensors travel between ranks: gloo (through host memory; ranks may share a GPU), nccl (GPU to GPU; "
-            "a GPU per rank) or auto (nccl where every rank has its own GPU)",
-            choices=TransportChoice,
-            commands=_TRAIN,
         ),
         # -- the run around the pipeline: ``hintpipe train`` and TrainConfig ------------------------------
         Option("steps", "int", 4, "training steps", minimum=1, metavar="N", commands=_TRAIN, pipeline=False),

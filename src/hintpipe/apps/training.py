@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import statistics
 from typing import Any
 
@@ -50,7 +51,7 @@ from hintpipe.runtime.launch import run_ranks, under_torchrun
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import Layout, build_mesh
-from hintpipe.runtime.pipeline import Pipeline, PipelineOptions, StepReport
+from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
 from hintpipe.schedule.resolve import resolve_hint
@@ -222,7 +223,9 @@ def train(config: TrainConfig) -> TrainResult | None:
     hold = config.checkpoint_dir is not None and not under_torchrun()
     with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
         results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=config.device)
-    result = results[0]
+    # Rank 0's result (every rank's is None but its): in the launcher, or on rank 0 under torchrun, where each
+    # rank returns its own so that one prints.
+    result = results[int(os.environ.get("RANK", "0"))] if under_torchrun() else results[0]
     assert result is None or isinstance(result, TrainResult)
     return result
 
@@ -238,7 +241,7 @@ def _build_pipeline(
     in place, and a copy taken after would be half there and half on the host.
     """
     hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
-    options: PipelineOptions = {
+    options: dict[str, Any] = {
         "hint": hint,
         "policy": config.policy,
         "timeout": config.timeout,

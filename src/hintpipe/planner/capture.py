@@ -251,10 +251,10 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
             root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False
         )
     except Exception as exc:  # export raises many kinds, each naming the construct
+        first = str(exc).splitlines()[0] if str(exc) else ""
         raise CaptureError(
             f"neither torch.fx nor torch.export can capture {type(root).__name__}: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}. Fix: pass modules=[...] naming the submodules "
-            "to run in sequence"
+            f"{_shortened(first)}. Fix: {_fix_for(root, first, kwargs)}"
         ) from None
     module = program.module()
     graph = module.graph
@@ -281,6 +281,29 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
     retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
     return retraced
+
+
+def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:
+    """What to do about torch.export's ``error``: a model that returns something other than tensors (a Hugging
+    Face model's key-value cache) takes a keyword that turns it off; otherwise name submodules to run."""
+    import inspect
+    import re
+
+    returned = re.search(r"Found <class '([\w.]+)'> in output", error)
+    if returned is None:
+        return "pass modules=[...] naming the submodules to run in sequence"
+    parameters = inspect.signature(root.forward).parameters
+    if "use_cache" in parameters and "use_cache" not in kwargs:
+        return "pass kwargs={'use_cache': False} (to hintpipe.plan or capture) so that it returns no cache"
+    return (
+        f"make forward return tensors only (it returns a {returned.group(1).rsplit('.', 1)[-1]}): a keyword input "
+        "that turns it off (kwargs={...}), or a wrapper module whose forward returns the tensors"
+    )
+
+
+def _shortened(error: str) -> str:
+    """torch.export's first line without its advice on pytrees and links (the fix comes after)."""
+    return error.split(" If this type holds tensors")[0].rstrip(".")
 
 
 def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:

@@ -117,7 +117,13 @@ class _Signals:
 def run_ranks(
     fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 300.0, device: str | DeviceChoice = "auto"
 ) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on every rank; returns the per-rank results.
+    """Run ``fn(rank, world, *args)`` on every rank; returns every rank's result, in rank order, however the
+    ranks were started.
+
+    Where the code after it runs: spawned here (``python train.py``), the ranks are other processes and the
+    list comes back in this one, the launcher, alone: what follows runs once. Under ``torchrun`` this process
+    is one of the ranks and every rank gets the whole list (gathered once ``fn`` returned everywhere): what
+    follows runs on every rank, so write files from one of them (``int(os.environ["RANK"]) == 0``).
 
     ``device`` (``auto``, ``cpu``, ``cuda``) is where the ranks compute: it sets each rank's GPU current and
     the default group's backends (see :func:`init_rank`); ``cpu`` makes no CUDA call.
@@ -135,7 +141,9 @@ def run_ranks(
         tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
         init_rank(rank, size, timeout_s, device)
         try:
-            return [fn(rank, size, *args)]
+            results: list[Any] = [None] * size
+            dist.all_gather_object(results, fn(rank, size, *args))
+            return results
         finally:
             liveness.stop()
             dist.destroy_process_group()

@@ -22,71 +22,60 @@ ahead into the next step only fills its neighbours' inboxes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
-from hintpipe.options import check_options
+from hintpipe.options import PipelineConfig
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
 from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
 from hintpipe.runtime.loop.coordination import Coordination
-from hintpipe.runtime.loop.executor import EmulatedCosts, Executor, LossFn
+from hintpipe.runtime.loop.executor import Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch, check_ends, order_step, prepare_step
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.model_names import ModelNames
-from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
-from hintpipe.runtime.parallel.fsdp import FsdpOptions
+from hintpipe.runtime.modes import DataParallel, OnNonFinite, TransportChoice
 from hintpipe.runtime.parallel.mesh import Layout
-from hintpipe.runtime.parallel.tied import TiedParameter
 from hintpipe.runtime.planned_stages import planned_stages, sequential_stages, stages_of_this_rank
 from hintpipe.runtime.training_step import broadcast, meet, run_step
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import BudgetError, Policy
 
 if TYPE_CHECKING:
     from hintpipe.planner.plan import Plan
 
-__all__ = ["BudgetError", "DataParallel", "NonFiniteLoss", "OnNonFinite", "Pipeline", "PipelineOptions", "StepReport"]
+__all__ = ["BudgetError", "DataParallel", "NonFiniteLoss", "OnNonFinite", "Pipeline", "PipelineConfig", "StepReport"]
 
 
-class PipelineOptions(TypedDict, total=False):
-    """The optional keyword arguments of :class:`Pipeline` (and of its ``from_*`` constructors): the
-    options of :data:`hintpipe.options.OPTIONS` that the pipeline takes, and the test seams."""
+def configured(config: PipelineConfig | None, microbatches: int | None, options: dict[str, Any]) -> PipelineConfig:
+    """The pipeline's config: ``config`` with the keywords given beside it, or the keywords alone.
 
-    hint: str | Hint
-    policy: str | Policy
-    chunks: int | None
-    memory_slack: float
-    activation_budget: float | None
-    device_budget: float | None
-    timeout: float
-    emulate: EmulatedCosts | None
-    on_nonfinite: str | OnNonFinite
-    precision: str | Precision
-    history: int
-    timelines: bool
-    report_every: int
-    tied: Sequence[TiedParameter]
-    mesh: DeviceMesh | None
-    fsdp: FsdpOptions | None
-    data_parallel: str | DataParallel
-    microbatch_order: str | MicrobatchOrder
-    device: str | torch.device
-    transport: str | TransportChoice
-    seams: Seams
-    names: ModelNames
+    Raises:
+        TypeError: an option the pipeline does not take, or no ``microbatches``.
+        ValueError: as :class:`~hintpipe.options.PipelineConfig` refuses a value.
+    """
+    known = {f.name for f in dataclasses.fields(PipelineConfig)}
+    unknown = next((name for name in options if name not in known), None)
+    if unknown is not None:  # as Python says it of a keyword the signature lacks
+        raise TypeError(f"Pipeline.__init__() got an unexpected keyword argument {unknown!r}")
+    if microbatches is not None:
+        options = {**options, "microbatches": microbatches}
+    if config is not None:
+        return dataclasses.replace(config, **options)
+    if "microbatches" not in options:
+        raise TypeError("a Pipeline needs microbatches= (or a config= that says them)")
+    return PipelineConfig(**options)
 
 
 T = TypeVar("T")
@@ -114,34 +103,31 @@ class _Part(Generic[T]):
 class Pipeline:
     """Pipeline-parallel training of one model across the ranks of a process group.
 
-    Call on every rank after ``torch.distributed.init_process_group``. Every option is described once, in
-    :data:`hintpipe.options.OPTIONS` (the command line's ``--help`` reads the same text).
+    Call on every rank after ``torch.distributed.init_process_group``. Every option is a field of
+    :class:`~hintpipe.options.PipelineConfig`, described once there (the command line's ``--help`` reads the
+    same text): give a config, its fields as keywords, or both (the keywords then replace the config's).
 
     Args:
         modules: this rank's stages, global stage id -> module (:meth:`from_modules` takes the whole list,
             :meth:`from_plan` a plan).
         loss_fn: ``loss_fn(output, target)`` of one micro-batch, a scalar.
-        microbatches: micro-batches per step.
-        hint: a generator name (``1f1b``, ``bfw``, ...), a CSV file, or a :class:`~hintpipe.schedule.hint.Hint`.
-        policy: ``fixed``, ``greedy`` or ``ready`` (see :class:`~hintpipe.scoreboard.Policy`).
-        memory_slack, activation_budget, device_budget: the room a rank has for in-flight activations, at most
-            one of them: micro-batches beyond the hint's own peak; bytes, each micro-batch counted by its size
-            (see [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`); or what the hint's busiest
-            rank holds, times ``1 + device_budget``.
-        tied: parameters shared by stages on different ranks, kept equal; :meth:`from_plan` fills it in.
-        mesh: a DeviceMesh with dimensions named from ``dp``, ``pp`` and ``tp``, or torchtitan's
-            ``dp_replicate`` and ``dp_shard`` for the data-parallel ones (:mod:`hintpipe.runtime.parallel.mesh`);
-            default: the whole world is one pipeline.
-        fsdp: FSDP2's options for each stage under ``data_parallel="fsdp"``
-            (:class:`~hintpipe.runtime.parallel.fsdp.FsdpOptions`: ``mp_policy``, ``offload_policy``,
-            ``reshard_after_forward``).
+        microbatches: micro-batches per step (or the config's).
+        config: the options, checked (:class:`~hintpipe.options.PipelineConfig`).
         seams: for tests only (see :class:`~hintpipe.runtime.assembly.Seams`).
-        chunks, timeout, emulate, on_nonfinite, precision, history, timelines, report_every, data_parallel,
-            microbatch_order, device, transport: see :data:`hintpipe.options.OPTIONS`.
         names: the model's names for the stages' tensors (:meth:`from_plan` and :meth:`from_sequential` fill it
             in; stages given as modules are named ``<stage>.<name>``).
+        options: any field of :class:`~hintpipe.options.PipelineConfig` by name: ``hint`` (a generator name,
+            a CSV file, or a :class:`~hintpipe.schedule.hint.Hint`), ``policy``, ``memory_slack``,
+            ``activation_budget`` or ``device_budget`` (the room a rank has for in-flight activations, at most
+            one: see [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`), ``tied`` (parameters
+            shared by stages on different ranks; :meth:`from_plan` fills it in), ``mesh`` (a DeviceMesh with
+            dimensions named from ``dp``, ``pp`` and ``tp``, or torchtitan's ``dp_replicate`` and ``dp_shard``),
+            ``fsdp`` (FSDP2's options under ``data_parallel="fsdp"``), ``chunks``, ``timeout``, ``emulate``,
+            ``on_nonfinite``, ``precision``, ``history``, ``timelines``, ``report_every``, ``data_parallel``,
+            ``microbatch_order``, ``device``, ``transport``.
 
     Raises:
+        TypeError: an option the pipeline does not take, or no ``microbatches``.
         ValueError: for options out of range or that contradict each other or the group.
         OptionMismatch: when ranks were started with different options.
     """
@@ -151,46 +137,24 @@ class Pipeline:
         modules: Mapping[int, nn.Module],
         *,
         loss_fn: LossFn,
-        microbatches: int,
-        hint: str | Hint = "1f1b",
-        policy: str | Policy = Policy.READY,
-        chunks: int | None = None,
-        memory_slack: float = 0.0,
-        activation_budget: float | None = None,
-        device_budget: float | None = None,
-        timeout: float = 300.0,
-        emulate: EmulatedCosts | None = None,
-        on_nonfinite: str | OnNonFinite = OnNonFinite.RAISE,
-        precision: str | Precision = Precision.FP32,
-        history: int = 100,
-        timelines: bool = False,
-        report_every: int = 1,
-        tied: Sequence[TiedParameter] = (),
-        mesh: DeviceMesh | None = None,
-        fsdp: FsdpOptions | None = None,
-        data_parallel: str | DataParallel = DataParallel.REPLICATE,
-        microbatch_order: str | MicrobatchOrder = MicrobatchOrder.GIVEN,
-        device: str | torch.device = "cpu",
-        transport: str | TransportChoice = TransportChoice.AUTO,
+        microbatches: int | None = None,
+        config: PipelineConfig | None = None,
         seams: Seams | None = None,
         names: ModelNames | None = None,
+        **options: Any,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
-        given = dict(locals())
-        named = [
-            k
-            for k in PipelineOptions.__annotations__
-            if k not in ("seams", "names") and not (k == "device" and _is_device(device))
-        ]
-        options = check_options({"microbatches": microbatches, **{k: given[k] for k in named}})
-        options.setdefault("device", device)
+        config = configured(config, microbatches, options)
+        #: The pipeline's options, checked (a frozen :class:`~hintpipe.options.PipelineConfig`).
+        self.config = config
+        options = config.values()
+        mesh, microbatches = config.mesh, config.microbatches
         layout = layout_of(mesh)
-        resolved = resolve_hint(hint, layout.stages_ranks, microbatches, chunks)
+        resolved = resolve_hint(config.hint, layout.stages_ranks, microbatches, config.chunks)
         self.parts: Parts = assemble(
             modules, resolved, loss_fn=loss_fn, microbatches=microbatches, options=options, seams=seams or Seams()
         )
-        self._options = options
         #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
         self.names = names if names is not None else ModelNames()
         self._stash: list[Message] = []
@@ -244,16 +208,14 @@ class Pipeline:
 
     @classmethod
     def from_modules(
-        cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int, **options: Unpack[PipelineOptions]
+        cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int, **options: Any
     ) -> Pipeline:
         """Build from the list of *all* stage modules (global order); each rank keeps its own."""
-        mine = stages_of_this_rank(modules, microbatches, cast(dict[str, Any], options))
+        mine = stages_of_this_rank(modules, microbatches, options)
         return cls(mine, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     @classmethod
-    def from_plan(
-        cls, plan: Plan, *, loss_fn: LossFn, microbatches: int | None = None, **options: Unpack[PipelineOptions]
-    ) -> Pipeline:
+    def from_plan(cls, plan: Plan, *, loss_fn: LossFn, microbatches: int | None = None, **options: Any) -> Pipeline:
         """Build from a :class:`~hintpipe.planner.plan.Plan`: each rank builds its planned stages.
 
         Unless ``memory_slack``, ``activation_budget`` or ``device_budget`` is given, a plan made under
@@ -264,7 +226,7 @@ class Pipeline:
         the plan found tied across stages are kept equal (``tied``). The stages train parameters of their
         own (copies of the plan's), so one plan object can build several pipelines.
         """
-        stages, from_budget = planned_stages(plan, cast(dict[str, Any], options))
+        stages, from_budget = planned_stages(plan, options)
         microbatches = microbatches if microbatches is not None else plan.microbatches
         pipe = cls(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
         pipe.parts.admission.strict = not from_budget
@@ -278,10 +240,10 @@ class Pipeline:
         *,
         loss_fn: LossFn,
         microbatches: int,
-        **options: Unpack[PipelineOptions],
+        **options: Any,
     ) -> Pipeline:
         """Cut ``model`` before each index in ``split`` (``[2, 4]``: layers 0-1, 2-3, 4-)."""
-        stages = sequential_stages(model, split, cast(dict[str, Any], options))
+        stages = sequential_stages(model, split, options)
         return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
 
     # -- one step ---------------------------------------------------------------
@@ -331,7 +293,7 @@ class Pipeline:
         round_ = self._next_round()  # first: a rank refusing its inputs then reaches its neighbours' step
         state = prepare_step(self.step_count, self.parts, inputs, target, loss_divisor)
         state.round = round_
-        order = self._options["microbatch_order"]
+        order = self.config.microbatch_order
         check_ends(ends, order, self.parts.microbatches)
         order_step(state, self.parts, order, ends)
         loss = run_step(self.parts, state, self._stash)

@@ -46,6 +46,12 @@ from hintpipe.runtime.errors import CheckpointError
 
 LOCK_FILE = "run.lock"
 
+#: The folders this process holds: the lock file's path -> [its descriptor, how many holders in this process].
+#: An flock belongs to an open file description, so a second open of the same file in one process would be
+#: refused by the first: a process holds a folder once, however many checkpointers in it take it (a training
+#: function called twice in one interpreter, a notebook cell run again), until the last gives it back.
+_HELD: dict[Path, list[int]] = {}
+
 
 class FolderInUse(CheckpointError):
     """Another process holds the checkpoint folder (one line naming it)."""
@@ -76,6 +82,11 @@ class FolderLock:
         if self._fd is not None:
             return self
         self.folder.mkdir(parents=True, exist_ok=True)
+        held = _HELD.get(self.path.resolve())
+        if held is not None:  # this process holds it already
+            held[1] += 1
+            self._fd = held[0]
+            return self
         # No O_TRUNC: the file names the holder, which must stay readable until this process holds it.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -97,6 +108,7 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, record.encode(), 0)
         self._fd = fd
+        _HELD[self.path.resolve()] = [fd, 1]
         return self
 
     def release(self) -> None:
@@ -105,6 +117,13 @@ class FolderLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        key = self.path.resolve()
+        held = _HELD.get(key)
+        if held is not None:
+            held[1] -= 1
+            if held[1] > 0:  # another holder in this process keeps it
+                return
+            del _HELD[key]
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Protocol, TypeAlias
 
@@ -28,6 +29,7 @@ class StepParts(Protocol):
     coll: dist.ProcessGroup
     compute: Executor
     admission: Admission
+    modules: dict[int, torch.nn.Module]
 
     @property
     def stages(self) -> tuple[int, ...]: ...
@@ -105,6 +107,35 @@ def as_inputs(microbatch: Microbatch) -> list[torch.Tensor]:
     return list(microbatch) if isinstance(microbatch, tuple) else [microbatch]
 
 
+def check_arity(stage: torch.nn.Module, given: int, mb: int) -> None:
+    """Refuse, before anything runs, a first-stage micro-batch of more or fewer tensors than the stage's
+    ``forward`` takes (a packed micro-batch is ``(ids, documents)``: a model that takes ids alone failed in its
+    first forward, after whatever came before the step).
+
+    Raises:
+        ValueError: naming the stage's inputs, the micro-batch and the fix.
+    """
+    try:
+        parameters = list(inspect.signature(stage.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a signature: nothing to check
+        return
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+        return
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    if required <= given <= len(positional):
+        return
+    names = ", ".join(p.name for p in positional)
+    takes = f"{required}" if required == len(positional) else f"{required} to {len(positional)}"
+    fix = (
+        ": packed rows come as (ids, documents); form them without pack=True for a model that takes the ids "
+        "alone, or give the model a forward that takes the documents"
+        if given == 2 and len(positional) == 1
+        else ": give each micro-batch as a tuple of the stage's inputs, in order"
+    )
+    raise ValueError(f"stage 0 takes {takes} input(s) ({names}); micro-batch {mb} has {given} tensor(s){fix}")
+
+
 def prepare_step(
     step: int,
     parts: StepParts,
@@ -124,7 +155,10 @@ def prepare_step(
         if inputs is None:
             raise ValueError(f"rank {parts.rank} hosts stage 0 and needs the inputs")
         for mb, batch in enumerate(split_microbatches(inputs, m, "inputs")):
-            state.activations[(0, mb)] = to_device(as_inputs(batch), parts.device)
+            given = as_inputs(batch)
+            if not emulated:
+                check_arity(parts.modules[0], len(given), mb)
+            state.activations[(0, mb)] = to_device(given, parts.device)
     if parts.hint.num_stages - 1 in parts.stages and not emulated:
         if target is None:
             raise ValueError(f"rank {parts.rank} hosts the last stage and needs the target")
