@@ -81,9 +81,9 @@ def test_the_pipeline_config_is_the_table_s_pipeline_rows_with_their_defaults() 
 
 
 def test_a_pipeline_config_converts_and_checks_its_values_once() -> None:
-    config = PipelineConfig(microbatches=8, policy="fixed", precision="bf16")  # type: ignore[arg-type]
+    config = PipelineConfig(microbatches=8, policy="fixed", precision="bf16")
     assert (config.policy, config.precision, config.hint) == (Policy.FIXED, Precision.BF16, "1f1b")
-    assert dataclasses.replace(config, policy="ready").policy is Policy.READY  # type: ignore[arg-type]
+    assert dataclasses.replace(config, policy="ready").policy is Policy.READY
     with pytest.raises(ValueError, match=r"^give one of memory_slack, activation_budget, device_budget, got "):
         PipelineConfig(microbatches=8, memory_slack=1.0, device_budget=0.5)
     with pytest.raises(ValueError, match=r"^microbatches must be at least 1, got 0$"):

@@ -81,7 +81,7 @@ class PipelineConfig:
         metavar="H",
         commands=_ALL,
     )
-    policy: Policy = _option(
+    policy: str | Policy = _option(
         "choice",
         Policy.READY,
         "fixed: the hint's order; greedy: the best-ranked ready task; ready: deviates from the hint only where "
@@ -106,7 +106,7 @@ class PipelineConfig:
         metavar="K",
         commands=_RUN,
     )
-    activation_budget: float | None = _option(
+    activation_budget: float | tuple[float, ...] | None = _option(
         "size",
         None,
         "activation bytes a rank may hold, each micro-batch counted by its own size (instead of memory_slack)",
@@ -136,14 +136,14 @@ class PipelineConfig:
         commands=_TRAIN,
     )
     emulate: EmulatedCosts | None = _option("object", None, "sleep these costs instead of computing", optional=True)
-    on_nonfinite: OnNonFinite = _option(
+    on_nonfinite: str | OnNonFinite = _option(
         "choice",
         OnNonFinite.RAISE,
         "a NaN or infinite loss stops the run (raise) or skips that step's update (skip)",
         choices=OnNonFinite,
         commands=_TRAIN,
     )
-    precision: Precision = _option(
+    precision: str | Precision = _option(
         "choice",
         Precision.FP32,
         "fp32, or bf16: forwards and the loss under torch.autocast to bfloat16 (parameters, gradients and "
@@ -172,14 +172,14 @@ class PipelineConfig:
         "FSDP2's options for each stage (mp_policy, offload_policy, reshard_after_forward), with data_parallel='fsdp'",
         optional=True,
     )
-    data_parallel: DataParallel = _option(
+    data_parallel: str | DataParallel = _option(
         "choice",
         DataParallel.REPLICATE,
         "data-parallel replicas hold whole stages and all-reduce gradients (replicate), or FSDP2 shards them",
         choices=DataParallel,
         commands=_TRAIN,
     )
-    microbatch_order: MicrobatchOrder = _option(
+    microbatch_order: str | MicrobatchOrder = _option(
         "choice",
         MicrobatchOrder.parse(DEFAULT_ORDER),
         "the order each step runs its micro-batches in, by their known sizes; sorted orders are faster but "
@@ -187,14 +187,14 @@ class PipelineConfig:
         choices=MicrobatchOrder,
         commands=_RUN,
     )
-    device: DeviceChoice | torch.device = _option(
+    device: str | DeviceChoice | torch.device = _option(
         "choice",
         DeviceChoice.CPU,
         "where each rank computes: cpu, cuda (its GPU: LOCAL_RANK modulo the GPUs) or auto (cuda where available)",
         choices=DeviceChoice,
         commands=_TRAIN,
     )
-    transport: TransportChoice = _option(
+    transport: str | TransportChoice = _option(
         "choice",
         TransportChoice.AUTO,
         "how tensors travel between ranks: gloo (through host memory; ranks may share a GPU), nccl (GPU to GPU; "
@@ -204,15 +204,23 @@ class PipelineConfig:
     )
 
     def __post_init__(self) -> None:
-        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        given = PipelineConfig.values(self)
         if not isinstance(given["device"], str):  # a torch.device, as it is
             given.pop("device")
-        for name, value in check_options(given).items():
+        budget = given.pop("activation_budget")
+        per_rank = isinstance(budget, (tuple, list))  # one per pipeline rank (the rank takes its own)
+        # The room options are checked together: budgets per rank count as one budget given.
+        given["activation_budget"] = (budget[0] if budget else None) if per_rank else budget
+        checked = check_options(given)
+        if per_rank:
+            checked["activation_budget"] = tuple(OPTIONS["activation_budget"].check(b) for b in budget) or None
+        for name, value in checked.items():
             object.__setattr__(self, name, value)
 
     def values(self) -> dict[str, Any]:
-        """Option name -> value (the values themselves, not copies: a mesh or tied parameters stay what they are)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The pipeline's options, name -> value (the values themselves, not copies: a mesh or tied parameters
+        stay what they are); a config that adds options of its own (the run's) keeps them out."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(PipelineConfig)}
 
 
 #: Every option, by name. The order is the order of ``--help``: the pipeline's run's count of ranks, the

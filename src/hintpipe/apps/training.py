@@ -40,7 +40,7 @@ from hintpipe.forming.collate import form_batch
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.trace import Record
-from hintpipe.options import OPTIONS, check_options
+from hintpipe.options import OPTIONS, PipelineConfig, check_options
 from hintpipe.planner.plan import Plan
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
@@ -50,70 +50,52 @@ from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks, under_torchrun
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
-from hintpipe.runtime.parallel.mesh import Layout, build_mesh
+from hintpipe.runtime.parallel.mesh import build_mesh
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Everything a rank needs to train (picklable: it crosses process boundaries).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig(PipelineConfig):
+    """Everything a rank needs to train (picklable: it crosses process boundaries): the pipeline's options
+    (:class:`~hintpipe.options.PipelineConfig`, whose fields it has) and the run's own.
 
     The fields that are options (:data:`hintpipe.options.OPTIONS`) have the option's name, default and range,
-    and are checked when the config is made.
+    and are checked when the config is made; ``activation_budget`` may give one budget per pipeline rank.
     """
 
     model: ModelConfig
     ranks: int  # pipeline ranks (one pipeline's length)
-    microbatches: int
     microbatch_size: int = 4
-    hint: str = "1f1b"
-    chunks: int | None = None
-    policy: str = "ready"
     steps: int = 4
-    memory_slack: float = 0.0
-    activation_budget: tuple[float, ...] | None = None  # activation bytes, per pipeline rank
-    device_budget: float | None = None  # the hint's busiest rank's micro-batches, times 1 + this, on every rank
     seq_len_dist: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
     variability: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()
     seed: int = 0
     lr: float = 1e-3
     log_every: int = 0  # rank 0 prints step, loss, step time and throughput to stderr every this many steps
-    timeout: float = 300.0
     check_grads: bool = False
-    emulate: EmulatedCosts | None = None
     progress: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     checkpoint_keep: int = 2  # verified checkpoints kept (one more while the newest is unproven)
     replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
     resume: bool = False
-    on_nonfinite: str = "raise"
-    precision: str = "fp32"
     return_state: bool = False
-    timelines: bool = False  # every rank's timeline of every step to rank 0 (traces, pictures, predictions)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
     data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
     forming: str = "crop"  # stdlib: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
     sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
-    data_parallel: str = "replicate"  # or "fsdp"
-    microbatch_order: str = DEFAULT_ORDER  # see hintpipe.schedule.microbatch_order
-    device: str = "cpu"  # or "auto", "cuda": see hintpipe.device
-    transport: str = "auto"  # or "gloo", "nccl": see hintpipe.runtime.transport.protocol
 
     def __post_init__(self) -> None:
-        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
-        options.pop("activation_budget")
-        for budget in self.activation_budget or ():
-            OPTIONS["activation_budget"].check(budget)
-        check_options(options)
+        super().__post_init__()  # the pipeline's options
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
+        check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
 
     @property
@@ -222,7 +204,7 @@ def train(config: TrainConfig) -> TrainResult | None:
     """
     hold = config.checkpoint_dir is not None and not under_torchrun()
     with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
-        results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=config.device)
+        results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=str(config.device))
     # Rank 0's result (every rank's is None but its): in the launcher, or on rank 0 under torchrun, where each
     # rank returns its own so that one prints.
     result = results[int(os.environ.get("RANK", "0"))] if under_torchrun() else results[0]
@@ -241,30 +223,17 @@ def _build_pipeline(
     in place, and a copy taken after would be half there and half on the host.
     """
     hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
-    options: dict[str, Any] = {
-        "hint": hint,
-        "policy": config.policy,
-        "timeout": config.timeout,
-        "emulate": config.emulate,
-        "on_nonfinite": config.on_nonfinite,
-        "precision": config.precision,
-        "timelines": config.timelines,
-        "microbatch_order": config.microbatch_order,
-        "device": config.device,
-        "transport": config.transport,
-    }
-    if config.memory_slack:
-        options["memory_slack"] = config.memory_slack
-    if config.device_budget is not None:
-        options["device_budget"] = config.device_budget
+    # The config's pipeline options as the pipeline takes them: the room and the tied parameters only where
+    # given (from_plan fills in the plan's), the hint resolved, the mesh this rank builds.
+    given = config.values()
+    options = {name: given[name] for name in _PASSED}
+    options["hint"] = hint
+    options |= {name: given[name] for name in ("memory_slack", "activation_budget", "device_budget") if given[name]}
     device = rank_device(config.device, rank)
     mesh = build_mesh(world, dp=config.dp, tp=config.tp, device=device) if config.dp * config.tp > 1 else None
-    position = rank if mesh is None else Layout.of(mesh).position_of(rank)
     if mesh is not None:
         options["mesh"] = mesh
         options["data_parallel"] = config.data_parallel
-    if config.activation_budget is not None:
-        options["activation_budget"] = config.activation_budget[position]
     loss_fn = lm_loss_sum if config.formed else loss_fn_for(config.model.name)
     modules: list[torch.nn.Module] | None = None
     reference: list[torch.nn.Module] | None = None
@@ -286,6 +255,13 @@ def _build_pipeline(
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     inject(pipe, config.injection)
     return pipe, modules, reference
+
+
+#: The pipeline options a run passes on as its config holds them.
+_PASSED = (
+    "policy", "timeout", "emulate", "on_nonfinite", "precision", "history", "timelines", "report_every",
+    "microbatch_order", "device", "transport",
+)  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from hintpipe.cli import demo, plan, simulate, train
+from hintpipe.cli.config_file import apply_config, config_text
 from hintpipe.runtime.errors import Interrupted, RankFailure
 
 
@@ -52,10 +53,19 @@ def _installed(package: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        apply_config(parser, words)
+    except ValueError as exc:
+        print(f"hintpipe: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        args = parser.parse_args(words)
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "print_config", False):
+        print(config_text(args), end="")
+        return 0
     try:
         code: int = args.run(args)
     except ValueError as exc:

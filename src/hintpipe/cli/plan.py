@@ -10,6 +10,7 @@ from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
 from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
+from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.schedule.hint import HintName
 from hintpipe.units import format_size
 
@@ -18,6 +19,7 @@ HELP = "plan stage cuts that minimise the slowest stage under per-device memory 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("plan", help=HELP, description=HELP)
+    add_config_arguments(parser)
     parser.add_argument("--model", default="gpt-mini", choices=MODELS)
     parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")

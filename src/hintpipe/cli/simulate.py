@@ -18,6 +18,7 @@ from hintpipe.cli.common import (
     room,
     stdout,
 )
+from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.schedule.fit import AdmissionUnit
@@ -31,6 +32,7 @@ HELP = "simulate a schedule and policy on a virtual clock"
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("simulate", help=HELP, description=HELP)
+    add_config_arguments(parser)
     for name in ("ranks", "microbatches", "hint", "chunks", "policy"):
         add_option(parser, name)
     parser.add_argument("--compare", action="store_true", help="run fixed, greedy and ready on the same samples")

@@ -19,15 +19,15 @@ from hintpipe.cli.common import (
     room,
     stdout,
 )
+from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.train_checks import check_config, check_memory, check_model_flags, check_run_options
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
-from hintpipe.options import OPTIONS
+from hintpipe.options import OPTIONS, ROOM
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import DEFAULT_ORDER
 from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
@@ -68,37 +68,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-#: The pipeline's and the run's options that ``train`` takes as flags, in ``--help``'s order.
-TRAIN_OPTIONS = (
-    "ranks",
-    "dp",
-    "tp",
-    "data_parallel",
-    "microbatches",
-    "hint",
-    "chunks",
-    "policy",
-    "microbatch_order",
-    "forming",
-    "device",
-    "transport",
-    "steps",
-    "variability",
-    "faults",
-    "seed",
-    "lr",
-    "log_every",
-    "timeout",
-    "on_nonfinite",
-    "precision",
-    "checkpoint_every",
-    "checkpoint_keep",
-    "replace_checkpoints",
+#: The pipeline's and the run's options that ``train`` takes as flags (the table says which), in the table's
+#: order; the room options come as a group of their own, the micro-batch size with the model's flags.
+TRAIN_OPTIONS = tuple(
+    name for name, option in OPTIONS.items() if "train" in option.commands and name not in (*ROOM, "microbatch_size")
 )
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("train", help=HELP, description=HELP)
+    add_config_arguments(parser)
     for name in TRAIN_OPTIONS:
         if name in FROM_PLAN:  # a plan file may say them: None until resolved (see _answered_by_plan)
             default = FROM_PLAN[name]
@@ -211,46 +190,36 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     slack, budgets, device_budget = room(args, args.ranks)
     if budgets is not None:
         _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
-    config = TrainConfig(
-        model=model,
-        ranks=args.ranks,
-        microbatches=args.microbatches,
-        microbatch_size=args.microbatch_size,
-        hint=args.hint,
-        chunks=args.chunks,
-        policy=policy,
-        steps=values["steps"],
-        memory_slack=slack,
-        device_budget=device_budget,
-        activation_budget=None if budgets is None else tuple(budgets),
-        seq_len_dist=seq_len,
-        variability=tuple(values.get("variability", ())),
-        faults=tuple(values.get("faults", ())),
-        seed=values["seed"],
-        lr=values.get("lr", 1e-3),
-        log_every=values.get("log_every", 0),
-        timeout=values["timeout"],
-        check_grads=getattr(args, "check_grads", False),
-        progress=not getattr(args, "json", False),
-        checkpoint_dir=getattr(args, "checkpoint_dir", None),
-        checkpoint_every=values.get("checkpoint_every", 0),
-        checkpoint_keep=values.get("checkpoint_keep", 2),
-        replace_checkpoints=bool(values.get("replace_checkpoints", False)),
-        resume=getattr(args, "resume", False),
-        on_nonfinite=values.get("on_nonfinite", "raise"),
-        precision=str(values.get("precision", "fp32")),
-        timelines=bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
-        plan=planned,
-        data=data,
-        forming=forming.value,
-        sequence_cost=None if forming is Forming.CROP else _sequence_cost(model, args.microbatch_size),
-        dp=dp,
-        tp=tp,
-        data_parallel=values.get("data_parallel", "replicate"),
-        microbatch_order=values.get("microbatch_order", DEFAULT_ORDER),
-        device=values.get("device", "cpu"),
-        transport=values.get("transport", "auto"),
-    )
+    # Every option given as a flag, checked above, fills the field of its name; then what the command line
+    # resolves itself (the model, the room, the plan file's answers, the data).
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    resolved: dict[str, Any] = {
+        "model": model,
+        "ranks": args.ranks,
+        "microbatches": args.microbatches,
+        "microbatch_size": args.microbatch_size,
+        "hint": args.hint,
+        "chunks": args.chunks,
+        "policy": policy,
+        "memory_slack": slack,
+        "device_budget": device_budget,
+        "activation_budget": None if budgets is None else tuple(budgets),
+        "seq_len_dist": seq_len,
+        "variability": tuple(values.get("variability", ())),
+        "faults": tuple(values.get("faults", ())),
+        "check_grads": getattr(args, "check_grads", False),
+        "progress": not getattr(args, "json", False),
+        "checkpoint_dir": getattr(args, "checkpoint_dir", None),
+        "resume": getattr(args, "resume", False),
+        "timelines": bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
+        "plan": planned,
+        "data": data,
+        "forming": forming.value,
+        "sequence_cost": None if forming is Forming.CROP else _sequence_cost(model, args.microbatch_size),
+        "dp": dp,
+        "tp": tp,
+    }
+    config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
     check_config(config, injection)
     if args.emulate:
         config = dataclasses.replace(config, emulate=profile_costs(config))

@@ -159,7 +159,7 @@ def assemble(
         hint,
         rank,
         options["memory_slack"],
-        options["activation_budget"],
+        rank_budget(options["activation_budget"], rank, layout.stages_ranks),
         device_budget=options["device_budget"],
     )
     parts = Parts(
@@ -194,6 +194,19 @@ def assemble(
         _tear_down(parts, exc)
         raise
     return parts
+
+
+def rank_budget(budget: float | tuple[float, ...] | None, rank: int, ranks: int) -> float | None:
+    """This rank's activation budget: the one given, or its own of one per pipeline rank.
+
+    Raises:
+        ValueError: budgets for another number of ranks than the pipeline's.
+    """
+    if not isinstance(budget, tuple):
+        return budget
+    if len(budget) != ranks:
+        raise ValueError(f"activation_budget gives {len(budget)} budgets, one per rank; the pipeline has {ranks} ranks")
+    return budget[rank]
 
 
 def _sharded(layout: Layout, options: Mapping[str, Any], hint: Hint, device: torch.device, own: bool) -> bool:

@@ -49,6 +49,7 @@ from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import BudgetError, Policy
 
@@ -293,7 +294,7 @@ class Pipeline:
         round_ = self._next_round()  # first: a rank refusing its inputs then reaches its neighbours' step
         state = prepare_step(self.step_count, self.parts, inputs, target, loss_divisor)
         state.round = round_
-        order = self.config.microbatch_order
+        order = MicrobatchOrder.parse(self.config.microbatch_order)
         check_ends(ends, order, self.parts.microbatches)
         order_step(state, self.parts, order, ends)
         loss = run_step(self.parts, state, self._stash)
