@@ -11,6 +11,7 @@ since starting processes dominates the time on a small machine.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -500,6 +501,36 @@ def test_a_misspelt_or_bad_option_is_refused_by_name(two_ranks: dict[str, list[A
     ]
 
 
+def _config_worker(rank: int, world: int) -> list[float]:
+    """One step of one model built four ways: keywords, a config, a config with a keyword beside it, and
+    from_sequential with a config."""
+    from hintpipe.options import PipelineConfig
+
+    x, y = torch.randn(8, 2, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 2)
+    config = PipelineConfig(microbatches=4, policy="greedy", memory_slack=1.0)
+    losses = []
+    builders: list[Callable[[list[nn.Module]], Pipeline]] = [
+        lambda m: Pipeline.from_modules(m, loss_fn=_mse, microbatches=4, policy="fixed", memory_slack=1.0),
+        lambda m: Pipeline.from_modules(m, loss_fn=_mse, config=config, policy="fixed"),
+        lambda m: Pipeline({rank: m[rank]}, loss_fn=_mse, config=dataclasses.replace(config, policy="fixed")),
+        lambda m: Pipeline.from_sequential(nn.Sequential(*m), [1], loss_fn=_mse, config=config, policy="fixed"),
+    ]
+    for build in builders:
+        torch.manual_seed(0)
+        modules: list[nn.Module] = [nn.Linear(2, 2), nn.Linear(2, 2)]
+        with build(modules) as pipe:
+            assert (pipe.config.policy, pipe.config.memory_slack, pipe.config.microbatches) == ("fixed", 1.0, 4)
+            loss = pipe.step(x, y, broadcast_loss=True)
+            assert loss is not None
+            losses.append(float(loss))
+    return losses
+
+
+def test_a_config_builds_the_pipeline_its_keywords_build(two_ranks: dict[str, list[Any]]) -> None:
+    losses = succeeded(two_ranks["config"])[0]
+    assert len(losses) == 4 and len(set(losses)) == 1
+
+
 def _own_copy_worker(rank: int, world: int, weights: torch.Tensor) -> float:
     weights += rank + 1  # what an optimizer step does to a parameter, in place
     torch.distributed.barrier()
@@ -544,6 +575,7 @@ def two_ranks() -> dict[str, list[Any]]:
         "caller's batch": GroupCase(_batch_views_worker),
         "wrong module count": GroupCase(_wrong_modules_worker),
         "misspelt options": GroupCase(_misspelt_option_worker),
+        "config": GroupCase(_config_worker),
         "own copy": GroupCase(_own_copy_worker, (torch.zeros(4),)),
         "profiled": GroupCase(_profiled_worker),
         "formed": GroupCase(_formed_worker),

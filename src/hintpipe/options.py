@@ -217,6 +217,17 @@ class PipelineConfig:
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
+    def given(self) -> dict[str, Any]:
+        """The pipeline's options that differ from their defaults (a constructor that fills in what the caller
+        left, as :meth:`Pipeline.from_plan <hintpipe.runtime.pipeline.Pipeline.from_plan>` does, sees these as
+        given)."""
+        out = {}
+        for f in dataclasses.fields(PipelineConfig):
+            value = getattr(self, f.name)
+            if f.default is dataclasses.MISSING or (value is not f.default and value != f.default):
+                out[f.name] = value
+        return out
+
     def values(self) -> dict[str, Any]:
         """The pipeline's options, name -> value (the values themselves, not copies: a mesh or tied parameters
         stay what they are); a config that adds options of its own (the run's) keeps them out."""

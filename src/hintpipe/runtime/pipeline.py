@@ -79,6 +79,18 @@ def configured(config: PipelineConfig | None, microbatches: int | None, options:
     return PipelineConfig(**options)
 
 
+def unfolded(options: dict[str, Any], microbatches: int | None) -> dict[str, Any]:
+    """A constructor's keywords with a ``config=`` among them spread out: the config's options that differ
+    from their defaults (see :meth:`~hintpipe.options.PipelineConfig.given`), under the keywords given beside
+    it, so that the ``from_*`` constructors see what the caller gave either way."""
+    config = options.pop("config", None)
+    spread = {} if config is None else config.given()
+    spread |= options
+    if microbatches is not None:
+        spread["microbatches"] = microbatches
+    return spread
+
+
 T = TypeVar("T")
 
 
@@ -209,11 +221,15 @@ class Pipeline:
 
     @classmethod
     def from_modules(
-        cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int, **options: Any
+        cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int | None = None, **options: Any
     ) -> Pipeline:
-        """Build from the list of *all* stage modules (global order); each rank keeps its own."""
-        mine = stages_of_this_rank(modules, microbatches, options)
-        return cls(mine, loss_fn=loss_fn, microbatches=microbatches, **options)
+        """Build from the list of *all* stage modules (global order); each rank keeps its own. Takes what
+        the constructor takes (``config=``, keywords)."""
+        options = unfolded(options, microbatches)
+        if "microbatches" not in options:
+            raise TypeError("a Pipeline needs microbatches= (or a config= that says them)")
+        mine = stages_of_this_rank(modules, options["microbatches"], options)
+        return cls(mine, loss_fn=loss_fn, **options)
 
     @classmethod
     def from_plan(cls, plan: Plan, *, loss_fn: LossFn, microbatches: int | None = None, **options: Any) -> Pipeline:
@@ -227,9 +243,10 @@ class Pipeline:
         the plan found tied across stages are kept equal (``tied``). The stages train parameters of their
         own (copies of the plan's), so one plan object can build several pipelines.
         """
+        options = unfolded(options, microbatches)
         stages, from_budget = planned_stages(plan, options)
-        microbatches = microbatches if microbatches is not None else plan.microbatches
-        pipe = cls(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
+        options.setdefault("microbatches", plan.microbatches)
+        pipe = cls(stages, loss_fn=loss_fn, **options)
         pipe.parts.admission.strict = not from_budget
         return pipe
 
@@ -240,12 +257,13 @@ class Pipeline:
         split: Sequence[int],
         *,
         loss_fn: LossFn,
-        microbatches: int,
+        microbatches: int | None = None,
         **options: Any,
     ) -> Pipeline:
         """Cut ``model`` before each index in ``split`` (``[2, 4]``: layers 0-1, 2-3, 4-)."""
+        options = unfolded(options, microbatches)
         stages = sequential_stages(model, split, options)
-        return cls.from_modules(stages, loss_fn=loss_fn, microbatches=microbatches, **options)
+        return cls.from_modules(stages, loss_fn=loss_fn, **options)
 
     # -- one step ---------------------------------------------------------------
 
