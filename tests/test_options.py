@@ -27,6 +27,8 @@ COMMAND_ONLY = {
                  "device_budget"},
     "plan": {"json", "save", "model", "layers", "hidden", "seq_len"},
 }  # fmt: skip
+for _flags_of_a_command in COMMAND_ONLY.values():
+    _flags_of_a_command |= {"config", "print_config"}  # --config FILE and --print-config, in every command
 #: The room options are flags of both commands, in a group of their own (at most one of them).
 ROOM_FLAGS = {"memory_slack", "activation_budget", "device_budget"}
 #: ``train --plan FILE`` takes these from the file: their flags default to None (resolved after parsing).

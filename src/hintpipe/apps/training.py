@@ -228,7 +228,10 @@ def _build_pipeline(
     given = config.values()
     options = {name: given[name] for name in _PASSED}
     options["hint"] = hint
-    options |= {name: given[name] for name in ("memory_slack", "activation_budget", "device_budget") if given[name]}
+    # A room option is given when it says something: a slack above 0, a budget at all (device_budget=0.0 is one).
+    options |= {name: given[name] for name in ("activation_budget", "device_budget") if given[name] is not None}
+    if given["memory_slack"]:
+        options["memory_slack"] = given["memory_slack"]
     device = rank_device(config.device, rank)
     mesh = build_mesh(world, dp=config.dp, tp=config.tp, device=device) if config.dp * config.tp > 1 else None
     if mesh is not None:
