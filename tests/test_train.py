@@ -21,7 +21,7 @@ from rich.progress import Progress
 from torch import nn
 
 from groups import Case, failure_text, run_cases, succeeded
-from hintpipe.apps.models import ModelConfig, SeqLenDist, loss_fn_for, make_batch, whole_model
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, whole_model
 from hintpipe.apps.progress import log_line
 from hintpipe.apps.training import EmulatedCosts, TrainConfig, _train_rank, predict_step_time
 from hintpipe.cli import build_parser, main
@@ -394,7 +394,7 @@ def _from_plan_worker(rank: int, world: int, path: str, steps: int) -> list[floa
         inputs, targets, _ = make_batch(config, 4, 4, SeqLenDist(64), step, 0)
         loss = pipe.step(inputs, targets, broadcast_loss=True)
         assert loss is not None
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     pipe.close()
@@ -494,6 +494,63 @@ def _from_cli(argv: list[str]) -> TrainConfig:
     return config_from(args, args.policy)
 
 
+LOOP = ["train", "--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
+LOOP += ["--steps", "6", "--lr", "0.01", "--lr-schedule", "warmup-cosine", "--warmup-steps", "2"]
+LOOP += ["--clip-grad-norm", "0.05", "--eval-every", "4", "--seq-len-dist", "lognormal:12:0.5", "--policy", "fixed"]
+
+
+def test_a_real_loop_from_the_command_line_is_the_unsplit_model_s_loop(two_ranks: dict[str, list[Any]]) -> None:
+    """Warm-up and cosine decay, clipping and held-out evaluations from flags: the same losses, rates, norms
+    and held-out losses as the unsplit model trained by torch's own AdamW, LambdaLR and clip_grad_norm_."""
+    from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
+    from hintpipe.apps.training import HELD_OUT_STEP, step_batch
+
+    result = succeeded(two_ranks["loop"])[0]
+    config = result.config
+    model = nn.Sequential(*build_layers(config.model))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(LrSchedule.WARMUP_COSINE, step, 6, 2)
+    )
+    loss_fn = loss_fn_for("gpt-mini")
+
+    def batch_loss(step: int) -> torch.Tensor:
+        xs, ys, _ = step_batch(config, step)
+        total = sum(loss_fn(model(x), y) / len(xs) for x, y in zip(xs, ys, strict=True))
+        assert isinstance(total, torch.Tensor)
+        return total
+
+    losses, rates, norms, evals = [], [], [], []
+    for step in range(6):
+        loss = batch_loss(step)
+        torch.autograd.backward(loss)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % 4 == 0 or step == 5:
+            with torch.no_grad():
+                evals.append((step + 1, float(batch_loss(HELD_OUT_STEP))))
+    assert result.learning_rates == pytest.approx(rates, rel=1e-12)
+    assert rates[:3] == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])  # warm-up, then the cosine's top
+    assert result.losses == pytest.approx(losses, rel=1e-5)
+    assert result.grad_norms == pytest.approx(norms, rel=1e-4) and max(norms) > 0.05  # clipping bit
+    assert [s for s, _ in result.eval_losses] == [4, 6]
+    assert [v for _, v in result.eval_losses] == pytest.approx([v for _, v in evals], rel=1e-5)
+
+
+def test_the_lr_factor_warms_up_then_decays_to_zero() -> None:
+    from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
+
+    cosine = [lr_factor(LrSchedule.WARMUP_COSINE, s, 6, 2) for s in range(7)]
+    assert cosine == pytest.approx([1 / 3, 2 / 3, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0])
+    linear = [lr_factor(LrSchedule.WARMUP_LINEAR, s, 6, 2) for s in range(7)]
+    assert linear == pytest.approx([1 / 3, 2 / 3, 1.0, 0.75, 0.5, 0.25, 0.0])
+    assert {lr_factor(LrSchedule.CONSTANT, s, 6, 2) for s in range(7)} == {1.0}
+
+
 @pytest.fixture(scope="module")
 def csv_hint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("csv") / "zb.csv"
@@ -522,6 +579,7 @@ def two_ranks(csv_hint: Path, plan_file: str) -> dict[str, list[Any]]:
         "csv hint": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", str(csv_hint)]),)),
         "zb-h1 by name": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", "zb-h1"]),)),
         "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file]),)),
+        "loop": Case(_train_rank, (_from_cli(LOOP),)),
         "plan from python": Case(_from_plan_worker, (plan_file, 3)),
     }
     return run_cases(2, cases, timeout_s=120)

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.device_choice import DeviceChoice
 from hintpipe.forming.form import Forming
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, Option
@@ -337,6 +338,49 @@ OPTIONS: Mapping[str, Option] = {
             pipeline=False,
         ),
         Option("lr", "float", 1e-3, "AdamW's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
+        Option(
+            "lr_schedule",
+            "choice",
+            LrSchedule.CONSTANT,
+            "the learning rate over the run: constant, or --warmup-steps of linear warm-up, then a cosine or "
+            "linear decay to 0 at the last step (kept in the checkpoints)",
+            choices=LrSchedule,
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "warmup_steps",
+            "int",
+            0,
+            "steps of linear warm-up before the schedule's decay",
+            minimum=0,
+            metavar="N",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "clip_grad_norm",
+            "float",
+            None,
+            "clip the whole model's gradient norm to this before each optimizer step (torch's clip_grad_norm_ "
+            "over every rank)",
+            minimum=0.0,
+            optional=True,
+            metavar="MAX_NORM",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "eval_every",
+            "int",
+            0,
+            "every this many steps (and after the last), the loss on a held-out batch, forwards only in eval "
+            "mode (0: none)",
+            minimum=0,
+            metavar="N",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
         Option(
             "log_every",
             "int",

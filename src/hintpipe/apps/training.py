@@ -23,6 +23,7 @@ from torch import nn
 from hintpipe.apps.corpus import stdlib_batch, stdlib_sequences
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
+from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.models import (
     ModelConfig,
     SeqLenDist,
@@ -76,6 +77,10 @@ class TrainConfig(PipelineConfig):
     faults: tuple[str, ...] = ()
     seed: int = 0
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # or "warmup-cosine", "warmup-linear" (see hintpipe.apps.lr_schedule)
+    warmup_steps: int = 0
+    clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
+    eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
     log_every: int = 0  # rank 0 prints step, loss, step time and throughput to stderr every this many steps
     check_grads: bool = False
     progress: bool = False
@@ -149,6 +154,11 @@ class TrainResult:
     #: Per pipeline position: the mean CPU time the runtime itself took per step (StepReport.runtime_cpu).
     runtime_cpu_ms: tuple[float, ...] | None = None
     transport: str = ""  # the transport the pipeline chose ("gloo", "nccl"; ``auto`` resolved)
+    #: Per step run: the learning rate it stepped with, and the gradient norm before clipping (with clipping).
+    learning_rates: tuple[float, ...] = ()
+    grad_norms: tuple[float, ...] = ()
+    #: ``eval_every``: (the number of steps run, the held-out loss then).
+    eval_losses: tuple[tuple[int, float], ...] = ()
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
@@ -275,6 +285,9 @@ class _Run:
     tokens: list[int] = dataclasses.field(default_factory=list)
     reports: list[StepReport] = dataclasses.field(default_factory=list)
     grad_diffs: tuple[float, float] | None = None
+    learning_rates: list[float] = dataclasses.field(default_factory=list)
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    evals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
 
 
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
@@ -284,7 +297,8 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
-    checkpoints = _checkpointer(config, pipe, optimizer)
+    scheduler = _scheduler(config, optimizer)
+    checkpoints = _checkpointer(config, pipe, optimizer, scheduler)
     first = 0
     run = _Run()
     bar = None
@@ -300,8 +314,14 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
             with StopRequest() as stop:
                 for step in range(first, config.steps):
                     _step(config, pipe, modules, reference, optimizer, step, run)
+                    if scheduler is not None:
+                        scheduler.step()
                     if rank == 0 and config.log_every and (step + 1) % config.log_every == 0:
                         log_line(bar, _step_line(config, step, run))
+                    if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
+                        run.evals.append((step + 1, _held_out_loss(config, pipe)))
+                        if rank == 0 and config.log_every:
+                            log_line(bar, f"step {step + 1}/{config.steps}: held-out loss {run.evals[-1][1]:.4f}")
                     stopping = stop.agreed()
                     if checkpoints is not None:
                         checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
@@ -340,6 +360,9 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         dp_exposed_ms=_per_rank_ms([r.dp_exposed for r in run.reports[1:] or run.reports]),
         runtime_cpu_ms=_per_rank_ms([r.runtime_cpu for r in run.reports[1:] or run.reports]),
         transport=pipe.transport.value,
+        learning_rates=tuple(run.learning_rates),
+        grad_norms=tuple(run.grad_norms),
+        eval_losses=tuple(run.evals),
     )
 
 
@@ -382,13 +405,42 @@ def _decision_ms(pipe: Pipeline) -> float | None:
     return 1e3 * coordination.announce_seconds / coordination.decisions
 
 
-def _checkpointer(config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Optimizer | None) -> Checkpointer | None:
+def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> Any:
+    """The run's learning-rate schedule on ``optimizer`` (None: a constant rate, or no parameters here)."""
+    schedule = LrSchedule.parse(config.lr_schedule)
+    if optimizer is None or schedule is LrSchedule.CONSTANT:
+        return None
+    steps, warmup = config.steps, config.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(schedule, step, steps, warmup))
+
+
+def _held_out_loss(config: TrainConfig, pipe: Pipeline) -> float:
+    """The loss on the held-out batch (every rank): the data of a step no run reaches, forwards only."""
+    inputs, targets, counts = step_batch(config, HELD_OUT_STEP, pipe.layout.replica_of(pipe.global_rank))
+    divisor = float(sum(counts)) if config.formed else None
+    loss = pipe.eval_step(inputs, targets, broadcast_loss=True, loss_divisor=divisor)
+    assert loss is not None
+    if pipe.replica_group is not None:  # the mean over the replicas' held-out batches
+        mean = torch.tensor([float(loss) / config.dp], dtype=torch.float64)
+        dist.all_reduce(mean, group=pipe.replica_group)
+        return float(mean[0])
+    return float(loss)
+
+
+#: The step whose data is the held-out batch (``eval_every``): none the run trains on.
+HELD_OUT_STEP = 10**9
+
+
+def _checkpointer(
+    config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Optimizer | None, scheduler: Any = None
+) -> Checkpointer | None:
     if config.checkpoint_dir is None:
         return None
     checkpoints = Checkpointer(
         config.checkpoint_dir,
         pipe,
         optimizer,
+        scheduler=scheduler,
         every=config.checkpoint_every,
         keep=config.checkpoint_keep,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
@@ -431,6 +483,10 @@ def _step(
             lm_loss_sum if config.formed else None,
             [float(sum(c)) for _, _, c in every] if config.formed else None,
         )
+    if config.clip_grad_norm is not None:  # every rank: the norm is the whole model's
+        run.grad_norms.append(float(pipe.clip_grad_norm(config.clip_grad_norm)))
+    if optimizer is not None:
+        run.learning_rates.append(float(optimizer.param_groups[0]["lr"]))
     if optimizer is not None and math.isfinite(float(loss)):
         optimizer.step()
     if optimizer is not None:

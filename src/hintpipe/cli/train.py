@@ -353,6 +353,9 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "grad_rel_tolerance": None if result.max_grad_rel_diff is None else RELATIVE_TOLERANCE,
         "resumed_from": result.resumed_from,
         "nonfinite_steps": list(result.nonfinite_steps),
+        "learning_rates": list(result.learning_rates),
+        "grad_norms": list(result.grad_norms),
+        "eval_losses": [{"steps": steps, "loss": loss} for steps, loss in result.eval_losses],
     }
 
 
