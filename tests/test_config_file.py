@@ -41,7 +41,7 @@ def _sample(option: Option) -> Any:
         return int(option.minimum or 0) + 3
     if option.kind == "float":
         return (option.minimum or 0.0) + 2.5
-    return {"hint": "gpipe"}[option.name]
+    return {"hint": "gpipe", "tensorboard": "runs/tb"}[option.name]
 
 
 def _flags(name: str, value: Any) -> list[str]:

@@ -499,9 +499,14 @@ LOOP += ["--steps", "6", "--lr", "0.01", "--lr-schedule", "warmup-cosine", "--wa
 LOOP += ["--clip-grad-norm", "0.05", "--eval-every", "4", "--seq-len-dist", "lognormal:12:0.5", "--policy", "fixed"]
 
 
-def test_a_real_loop_from_the_command_line_is_the_unsplit_model_s_loop(two_ranks: dict[str, list[Any]]) -> None:
+def test_a_real_loop_from_the_command_line_is_the_unsplit_model_s_loop(
+    two_ranks: dict[str, list[Any]], tensorboard_dir: Path
+) -> None:
     """Warm-up and cosine decay, clipping and held-out evaluations from flags: the same losses, rates, norms
-    and held-out losses as the unsplit model trained by torch's own AdamW, LambdaLR and clip_grad_norm_."""
+    and held-out losses as the unsplit model trained by torch's own AdamW, LambdaLR and clip_grad_norm_; the
+    TensorBoard scalars, read back with tensorboard's own reader, are the run's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
     from hintpipe.apps.training import HELD_OUT_STEP, step_batch
 
@@ -539,6 +544,21 @@ def test_a_real_loop_from_the_command_line_is_the_unsplit_model_s_loop(two_ranks
     assert result.grad_norms == pytest.approx(norms, rel=1e-4) and max(norms) > 0.05  # clipping bit
     assert [s for s, _ in result.eval_losses] == [4, 6]
     assert [v for _, v in result.eval_losses] == pytest.approx([v for _, v in evals], rel=1e-5)
+    events = EventAccumulator(str(tensorboard_dir))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) >= {
+        "loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time_s", "bubble", "peak_activation_bytes",
+        "held_out_loss",
+    }  # fmt: skip
+
+    def scalars(tag: str) -> list[tuple[int, float]]:
+        return [(e.step, e.value) for e in events.Scalars(tag)]
+
+    assert [s for s, _ in scalars("loss")] == [1, 2, 3, 4, 5, 6]  # steps run, as the log lines count them
+    assert [v for _, v in scalars("loss")] == pytest.approx(list(result.losses), rel=1e-6)  # float32 on disk
+    assert [v for _, v in scalars("learning_rate")] == pytest.approx(list(result.learning_rates), rel=1e-6)
+    assert [s for s, _ in scalars("held_out_loss")] == [s for s, _ in result.eval_losses]
+    assert [v for _, v in scalars("held_out_loss")] == pytest.approx([v for _, v in result.eval_losses], rel=1e-6)
 
 
 def test_the_lr_factor_warms_up_then_decays_to_zero() -> None:
@@ -549,6 +569,11 @@ def test_the_lr_factor_warms_up_then_decays_to_zero() -> None:
     linear = [lr_factor(LrSchedule.WARMUP_LINEAR, s, 6, 2) for s in range(7)]
     assert linear == pytest.approx([1 / 3, 2 / 3, 1.0, 0.75, 0.5, 0.25, 0.0])
     assert {lr_factor(LrSchedule.CONSTANT, s, 6, 2) for s in range(7)} == {1.0}
+
+
+@pytest.fixture(scope="module")
+def tensorboard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tensorboard")
 
 
 @pytest.fixture(scope="module")
@@ -566,7 +591,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(csv_hint: Path, plan_file: str) -> dict[str, list[Any]]:
+def two_ranks(csv_hint: Path, plan_file: str, tensorboard_dir: Path) -> dict[str, list[Any]]:
     """This module's 2-rank runs on one spawned group (the command-line ones parsed as the command line does)."""
     slow_last = ["--variability", "straggler:20:1"]
     cases = {
@@ -579,7 +604,7 @@ def two_ranks(csv_hint: Path, plan_file: str) -> dict[str, list[Any]]:
         "csv hint": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", str(csv_hint)]),)),
         "zb-h1 by name": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", "zb-h1"]),)),
         "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file]),)),
-        "loop": Case(_train_rank, (_from_cli(LOOP),)),
+        "loop": Case(_train_rank, (_from_cli([*LOOP, "--tensorboard", str(tensorboard_dir)]),)),
         "plan from python": Case(_from_plan_worker, (plan_file, 3)),
     }
     return run_cases(2, cases, timeout_s=120)

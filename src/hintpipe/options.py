@@ -371,6 +371,17 @@ OPTIONS: Mapping[str, Option] = {
             pipeline=False,
         ),
         Option(
+            "tensorboard",
+            "object",
+            None,
+            "write TensorBoard scalars to this folder every step: loss, learning rate, gradient norm, tokens/s, "
+            "step time, bubble, peak memory, held-out loss (needs the tensorboard extra)",
+            optional=True,
+            metavar="DIR",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
             "eval_every",
             "int",
             0,

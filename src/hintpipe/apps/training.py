@@ -24,6 +24,7 @@ from hintpipe.apps.corpus import stdlib_batch, stdlib_sequences
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
+from hintpipe.apps.metrics import tensorboard_writer, write_step
 from hintpipe.apps.models import (
     ModelConfig,
     SeqLenDist,
@@ -81,6 +82,7 @@ class TrainConfig(PipelineConfig):
     warmup_steps: int = 0
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
     eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
+    tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
     log_every: int = 0  # rank 0 prints step, loss, step time and throughput to stderr every this many steps
     check_grads: bool = False
     progress: bool = False
@@ -301,7 +303,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     checkpoints = _checkpointer(config, pipe, optimizer, scheduler)
     first = 0
     run = _Run()
-    bar = None
+    bar = writer = None
     # Leaving `with pipe` on an error tells the neighbours at once (a graceful close would wait a whole timeout
     # for a rank that stopped); otherwise it closes gracefully.
     try:
@@ -311,6 +313,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
                     checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
                 )
             bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
+            writer = tensorboard_writer(config.tensorboard) if config.tensorboard and rank == 0 else None
             with StopRequest() as stop:
                 for step in range(first, config.steps):
                     _step(config, pipe, modules, reference, optimizer, step, run)
@@ -318,10 +321,14 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
                         scheduler.step()
                     if rank == 0 and config.log_every and (step + 1) % config.log_every == 0:
                         log_line(bar, _step_line(config, step, run))
+                    if writer is not None:
+                        _write_metrics(writer, config, step, run)
                     if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
                         run.evals.append((step + 1, _held_out_loss(config, pipe)))
                         if rank == 0 and config.log_every:
                             log_line(bar, f"step {step + 1}/{config.steps}: held-out loss {run.evals[-1][1]:.4f}")
+                        if writer is not None:
+                            writer.add_scalar("held_out_loss", run.evals[-1][1], step + 1)
                     stopping = stop.agreed()
                     if checkpoints is not None:
                         checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
@@ -330,6 +337,8 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
                     if stopping:
                         break
     finally:
+        if writer is not None:
+            writer.close()
         if bar is not None:
             bar.stop()
         if checkpoints is not None:
@@ -403,6 +412,13 @@ def _decision_ms(pipe: Pipeline) -> float | None:
     if coordination is None or not coordination.decisions:
         return None
     return 1e3 * coordination.announce_seconds / coordination.decisions
+
+
+def _write_metrics(writer: Any, config: TrainConfig, step: int, run: _Run) -> None:
+    unit = "samples_per_s" if config.model.name == "mlp" else "tokens_per_s"
+    rate = run.learning_rates[-1] if run.learning_rates else None
+    norm = run.grad_norms[-1] if run.grad_norms else None
+    write_step(writer, step + 1, run.reports[-1], run.losses[-1], run.tokens[-1], unit, rate, norm)
 
 
 def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -220,6 +221,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "tp": tp,
     }
     config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
+    if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
     check_config(config, injection)
     if args.emulate:
         config = dataclasses.replace(config, emulate=profile_costs(config))
