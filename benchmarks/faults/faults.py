@@ -627,6 +627,8 @@ class Campaign:
         out["written_after"] = bool(appeared)  # a checkpoint appeared after the kill
         if appeared:
             out["appeared_s_after_kill"] = appeared
+        problems = [f"{name} appeared {s} s after the kill" for name, s in sorted(appeared.items())]
+        _expect(out, problems + (["a worker outlived the agent by 15 s"] if out["left"] else []))
         return watch.newest
 
     def badinput(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
