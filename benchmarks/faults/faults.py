@@ -21,7 +21,32 @@ Faults, one per trial, drawn from the trial's seed:
   and resumes;
 - ``savestop``: SIGSTOP of a random rank while a save is under way (a frozen disk or machine);
 - ``foreign``: the run stops at a random step; a fresh run (another seed)
-  is started in its folder by mistake; then the first run is resumed.
+  is started in its folder by mistake; then the first run is resumed;
+- ``tworuns``: two fresh runs started at once (0-0.3 s apart) into one empty
+  folder: one trains to the end, the other exits 2 in one line naming the
+  holder; ``run.json`` and every step folder carry the winner's run; a
+  ``--resume`` of the finished run is then accepted (nothing left, or it completes);
+- ``resumeinto``: ``--resume`` while the same run is still going: refused in
+  one line (exit 2); the running run ends equal to the uninterrupted one;
+- ``forged``: the run stops at a random step; the newest checkpoint's
+  ``.metadata`` is replaced by a pickle that would create a marker file
+  (``os.system`` through ``__reduce__``), ``manifest.json`` and its digest
+  recomputed so that it verifies: ``load_merged`` and ``--resume`` refuse it
+  (or the resume falls back), the marker never appears; the user then removes
+  that checkpoint and resumes;
+- ``latestdir``: the run stops at a random step; ``latest`` is made a folder:
+  the resume is refused at start in one line and nothing in the folder
+  changes; the user then removes it and resumes;
+- ``foreignstep``: the run stops at a random step; another run's step folder
+  (a later step where there is one) is copied into its folder: after the
+  resume to the end its files are unchanged;
+- ``norunjson``: the run stops at a random step; ``run.json`` is deleted: the
+  first ``--resume`` goes on from the newest verified checkpoint;
+- ``agent``: the run under torchrun (``--standalone --nproc-per-node 2``);
+  SIGKILL of torchrun's agent at a random moment: no rank left after 15 s, no
+  checkpoint appears after the kill; then resumed (spawned ranks);
+- ``badinput``: one of several bad command lines: exit 2, exactly one line on
+  stderr, no rank started, no checkpoint folder made.
 
 Per trial it records: whether a run hung (did not end within ``--hang-after``
 seconds; must never happen), whether the final parameters equal the
@@ -31,19 +56,23 @@ checkpoint that verifies afterwards is older than the newest one seen
 verified while the run ran; for ``corrupt``, the newest one not corrupted;
 for ``foreign``, any change to the folder), whether a process of the run was
 left once its launcher had gone, and the seconds from the fault to the end of
-every process of the run.
+every process of the run. The kinds of issue 38 also record whether their own
+expected outcome (above) held, whether code ran from disk (the ``forged``
+marker file appeared) and whether a bad input got other than one line.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/faults/faults.py [--trials 100] [--seed 0] [--kinds KIND ...] [--json FILE]
+    python benchmarks/faults/faults.py [--trials 100] [--seed 0] [--kinds KIND ...] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
+import pickle
 import random
 import resource
 import shutil
@@ -59,16 +88,20 @@ from typing import Any
 
 import torch
 
+from hintpipe.runtime.checkpoint.manifest import Manifest, digests
 from hintpipe.runtime.checkpoint.saving import find_checkpoint, load_merged
 from hintpipe.runtime.errors import CheckpointError
 
 STEPS = 30
 EVERY = 3
 TIMEOUT_S = 30
-KINDS = ("kill", "corrupt", "sigterm", "savefail", "launcher", "sighup", "fullfs", "savestop", "foreign")
-TRAIN = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "4", "--hidden", "128"]
-TRAIN += ["--ranks", "2", "--microbatches", "8", "--policy", "fixed", "--timeout", str(TIMEOUT_S), "--json"]
-TRAIN += ["--checkpoint-every", str(EVERY), "--checkpoint-keep", "2"]
+KINDS: tuple[str, ...] = ("kill", "corrupt", "sigterm", "savefail", "launcher", "sighup", "fullfs", "savestop")
+KINDS += ("foreign", "tworuns", "resumeinto", "forged", "latestdir", "foreignstep", "norunjson", "agent", "badinput")
+MODEL = ["--model", "gpt-mini", "--layers", "4", "--hidden", "128", "--ranks", "2", "--microbatches", "8"]
+OPTIONS = [*MODEL, "--policy", "fixed", "--timeout", str(TIMEOUT_S), "--json"]
+OPTIONS += ["--checkpoint-every", str(EVERY), "--checkpoint-keep", "2"]
+TRAIN = [sys.executable, "-m", "hintpipe", "train", *OPTIONS]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
 class Hang(Exception):
@@ -78,6 +111,11 @@ class Hang(Exception):
 def _children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return [int(p) for p in found]
+
+
+def _descendants(pid: int) -> list[int]:
+    found = _children(pid)
+    return found + [d for child in found for d in _descendants(child)]
 
 
 def _alive(pid: int) -> bool:
@@ -93,8 +131,10 @@ def _session(pid: int) -> list[int]:
     return [int(p) for p in found if _alive(int(p))]
 
 
-def _start(folder: Path, steps: int = STEPS, *extra: str, limit: int | None = None) -> subprocess.Popen[str]:
-    argv = [*TRAIN, "--steps", str(steps), "--checkpoint-dir", str(folder), *extra]
+def _start(
+    folder: Path, steps: int = STEPS, *extra: str, limit: int | None = None, command: list[str] = TRAIN
+) -> subprocess.Popen[str]:
+    argv = [*command, "--steps", str(steps), "--checkpoint-dir", str(folder), *extra]
 
     def limited() -> None:
         if limit is not None:
@@ -113,6 +153,12 @@ def _start(folder: Path, steps: int = STEPS, *extra: str, limit: int | None = No
 
 def _finish(process: subprocess.Popen[str], hang_after: float) -> tuple[int, str]:
     """The exit status and the last line of stderr."""
+    status, lines = _finish_lines(process, hang_after)
+    return status, lines[-1] if lines else ""
+
+
+def _finish_lines(process: subprocess.Popen[str], hang_after: float) -> tuple[int, list[str]]:
+    """The exit status and every line of stderr."""
     try:
         _, err = process.communicate(timeout=hang_after)
     except subprocess.TimeoutExpired:
@@ -120,8 +166,7 @@ def _finish(process: subprocess.Popen[str], hang_after: float) -> tuple[int, str
             os.kill(pid, signal.SIGKILL)
         process.communicate()
         raise Hang from None
-    lines = err.strip().splitlines()
-    return process.returncode, lines[-1] if lines else ""
+    return process.returncode, err.strip().splitlines()
 
 
 def _ranks(pid: int) -> list[int]:
@@ -190,6 +235,51 @@ def _ended_after(process: subprocess.Popen[str], since: float, hang_after: float
     return status, said, time.monotonic() - since, left
 
 
+def _ended_lines(process: subprocess.Popen[str], hang_after: float) -> tuple[int, list[str], bool]:
+    """Wait for the run; returns its exit status, every line of stderr, and whether a process of it was left."""
+    status, lines = _finish_lines(process, hang_after)
+    deadline = time.monotonic() + 10.0
+    while _session(process.pid):
+        if time.monotonic() > deadline:
+            for pid in _session(process.pid):
+                os.kill(pid, signal.SIGKILL)
+            return status, lines, True
+        time.sleep(0.02)
+    return status, lines, False
+
+
+def _expect(out: dict[str, Any], problems: list[str]) -> None:
+    """Record whether a trial's own expected outcome held (and what did not)."""
+    out["expected"] = not problems
+    if problems:
+        out["problems"] = problems
+
+
+class _Planted:
+    """A pickle that creates ``marker`` when loaded (``os.system`` through ``__reduce__``)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def step_folders_of(folder: Path) -> list[Path]:
+    """The finished step folders, newest first."""
+    found = [p for p in folder.glob("step-*") if p.is_dir() and "." not in p.name]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def _finished_steps(folder: Path) -> list[str]:
+    return [p.name for p in step_folders_of(folder)] if folder.is_dir() else []
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder``: a file's bytes, None for a folder."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
 def _corrupt(folder: Path, rng: random.Random) -> tuple[str, int]:
     """Damage one random thing; returns what and the step of the damaged checkpoint (0: only ``latest``)."""
     folders = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and "." not in p.name)
@@ -223,6 +313,7 @@ class Campaign:
         self.work, self.reference, self.run_s, self.hang_after = work, reference, run_s, hang_after
         some = next((work / "reference").glob("step-*"))
         self.checkpoint_bytes = sum(p.stat().st_size for p in some.iterdir())
+        self._foreign: tuple[Path, dict[str, bytes]] | None = None
         self.can_mount = _mount(work / "probe", 1 << 20)
         if self.can_mount:
             _unmount(work / "probe")
@@ -362,6 +453,216 @@ class Campaign:
         out["foreign_changed"] = _snapshot(folder) != before
         return _newest_verified(folder)
 
+    # -- one run per folder, nothing from disk runs code (issue 38) --------------------------------------------
+
+    def tworuns(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """Two fresh runs started at once into one empty folder: one trains, the other is refused in one line."""
+        gap = rng.uniform(0.0, 0.3)
+        first = _start(folder)
+        time.sleep(gap)
+        second = _start(folder)
+        out["fault"] = f"two fresh runs into one empty folder, {gap:.2f} s apart"
+        ended = [_ended_lines(p, self.hang_after) for p in (first, second)]
+        out["exit"] = [status for status, _, _ in ended]
+        out["left"] = any(left for _, _, left in ended)
+        problems = []
+        if sorted(out["exit"]) != [0, 2]:
+            problems.append(f"exit statuses {out['exit']}, not one 0 and one 2")
+        else:
+            refused = next(lines for status, lines, _ in ended if status == 2)
+            out["said"] = refused[-1] if refused else ""
+            if len(refused) != 1 or "is in use by another run" not in refused[0] or "pid" not in refused[0]:
+                problems.append(f"the refusal is not one line naming the holder: {refused}")
+        run = json.loads((folder / "run.json").read_text())["run"] if (folder / "run.json").is_file() else None
+        steps = sorted(p for p in folder.glob("step-*") if "." not in p.name)
+        others = [p.name for p in steps if Manifest.read(p).identity.run != run]
+        if run is None or others:
+            problems.append(f"run.json's run {run}, step folders of another run: {others}")
+        status, lines = _finish_lines(_start(folder, STEPS, "--resume"), self.hang_after)
+        if status != 0 and not (status == 2 and len(lines) == 1 and "nothing left" in lines[0]):
+            problems.append(f"--resume of the finished run: exit {status}, {lines[-1:] or 'nothing said'}")
+        _expect(out, problems)
+        return _newest_verified(folder)
+
+    def resumeinto(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """``--resume`` while the same run is still going: refused in one line; the run goes on undisturbed."""
+        process = _start(folder)
+        watch = Watch(folder)
+        while not (folder / "run.json").is_file() and process.poll() is None:  # the run holds its folder
+            watch.sleep(0.05)
+        delay = rng.uniform(0.0, self.run_s * 0.4)
+        watch.sleep(delay)
+        going = process.poll() is None
+        status, lines = _finish_lines(_start(folder, STEPS, "--resume"), self.hang_after)
+        out["fault"] = f"--resume {delay:.1f} s after the run claimed its folder" + ("" if going else " (it had ended)")
+        out["resume_exit"], out["said"] = status, lines[-1] if lines else ""
+        out["exit"], _, _, out["left"] = _ended_after(process, time.monotonic(), self.hang_after)
+        problems = []
+        refused = status == 2 and len(lines) == 1 and "is in use by another run" in lines[0]
+        if going and not refused and not (status in (0, 2) and process.poll() is not None):
+            problems.append(f"--resume of a running run: exit {status}, {lines[-3:]}")
+        if out["exit"] != 0:
+            problems.append(f"the running run ended with exit {out['exit']}")
+        _expect(out, problems)
+        return watch.newest
+
+    def forged(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """The newest checkpoint's ``.metadata`` replaced by a pickle that runs a command, its digests
+        recomputed: ``load_merged`` and ``--resume`` refuse it and nothing runs."""
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        newest = step_folders_of(folder)[0]
+        marker = folder.parent / "code-ran"
+        out["marker"] = str(marker)
+        (newest / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+        manifest = Manifest.read(newest)
+        files = {**manifest.files, ".metadata": digests([newest / ".metadata"], newest)[".metadata"]}
+        Manifest(manifest.step, manifest.identity, files).write(newest)  # it verifies
+        out["fault"] = f"forged {newest.name}/.metadata (run stopped after step {stop})"
+        problems = []
+        try:
+            load_merged(newest)
+            problems.append("load_merged read the forged checkpoint")
+        except CheckpointError as exc:
+            out["load_merged"] = str(exc)
+        status, lines = _finish_lines(_start(folder, STEPS, "--resume"), self.hang_after)
+        out["exit"], out["said"] = status, lines[-1] if lines else ""
+        if status == 0:
+            out["fell_back"] = True  # went on from an older checkpoint; the forged one must not be the final's
+        elif "refused unread" not in out["said"]:
+            problems.append(f"--resume: exit {status}, not refused by name: {out['said']}")
+        else:  # the user removes the forged checkpoint, and resumes from the one before
+            shutil.rmtree(newest)
+        out["code_ran"] = marker.exists()
+        _expect(out, problems)
+        return _newest_verified(folder)
+
+    def latestdir(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """``latest`` made a folder: the resume is refused at start in one line and nothing changes."""
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        newest = _newest_verified(folder)
+        (folder / "latest").unlink()
+        (folder / "latest").mkdir()
+        out["fault"] = f"latest made a folder (run stopped after step {stop})"
+        before = _tree(folder)
+        process = _start(folder, STEPS, "--resume")
+        status, lines, out["left"] = _ended_lines(process, self.hang_after)
+        out["exit"], out["said"] = status, lines[-1] if lines else ""
+        problems = []
+        if status != 2 or len(lines) != 1:
+            problems.append(f"exit {status}, {len(lines)} lines: {lines[-3:]}")
+        if _tree(folder) != before:
+            problems.append("the folder changed")
+        _expect(out, problems)
+        (folder / "latest").rmdir()  # what the refusal says to do
+        return newest
+
+    def foreignstep(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """Another run's step folder copied into the run's folder: never overwritten, never pruned."""
+        stop = rng.randrange(EVERY, STEPS - EVERY)
+        _finish(_start(folder, stop), self.hang_after)
+        newest = _newest_verified(folder)
+        other = self._other_run()
+        free = [s for s in range(EVERY, STEPS, EVERY) if not (folder / f"step-{s:08d}").exists()]
+        later = [s for s in free if s > stop]
+        at = rng.choice(later or free)
+        name = f"step-{at:08d}"
+        shutil.copytree(other / name, folder / name)
+        out["fault"] = f"another run's {name} copied in (run stopped after step {stop})"
+        out["foreign_step"] = at
+        self._foreign = (folder / name, _snapshot(other / name))
+        return newest
+
+    def _other_run(self) -> Path:
+        """Another run's folder (``--seed 1``) with every checkpoint kept; made once."""
+        other = self.work / "other-run"
+        if not other.is_dir():
+            keep = str(STEPS // EVERY)
+            _finish(_start(other, STEPS - EVERY, "--seed", "1", "--checkpoint-keep", keep), self.hang_after)
+        return other
+
+    def norunjson(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """``run.json`` deleted after a stop: ``--resume`` goes on from the newest verified checkpoint."""
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        (folder / "run.json").unlink()
+        out["fault"] = f"run.json deleted (run stopped after step {stop})"
+        out["first_resume_must_work"] = True
+        return _newest_verified(folder)
+
+    def agent(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """SIGKILL to torchrun's agent at a random moment: no rank goes on, no checkpoint appears after."""
+        if importlib.util.find_spec("torch.distributed.run") is None:
+            out["fault"] = "none (torchrun is not available)"
+            return 0
+        process = _start(folder, command=[*TORCHRUN, "-m", "hintpipe", "train", *OPTIONS])
+        watch = Watch(folder)
+        delay = rng.uniform(0.1, 0.8) * self.run_s  # torchrun starts sooner than the spawning launcher
+        watch.sleep(delay)
+        if process.poll() is not None:
+            out["fault"] = "none (the run had ended)"
+            out["exit"], out["said"] = _finish(process, self.hang_after)
+            return watch.newest
+        ranks = _descendants(process.pid)  # torchrun starts each worker in a session of its own
+        process.kill()
+        killed = time.monotonic()
+        process.wait()
+        out["fault"] = f"SIGKILL of torchrun's agent after {delay:.1f} s ({len(ranks)} workers)"
+        listing = _finished_steps(folder)
+        appeared: dict[str, float] = {}
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < killed + 15.0:
+            for name in set(_finished_steps(folder)) - set(listing) - set(appeared):
+                appeared[name] = round(time.monotonic() - killed, 2)
+            time.sleep(0.01)
+        out["end_s"] = round(time.monotonic() - killed, 2)
+        out["left"] = any(_alive(pid) for pid in ranks)
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        process.communicate()
+        time.sleep(1.0)
+        for name in set(_finished_steps(folder)) - set(listing) - set(appeared):
+            appeared[name] = -1.0  # after every worker had ended
+        out["written_after"] = bool(appeared)  # a checkpoint appeared after the kill
+        if appeared:
+            out["appeared_s_after_kill"] = appeared
+        problems = [f"{name} appeared {s} s after the kill" for name, s in sorted(appeared.items())]
+        _expect(out, problems + (["a worker outlived the agent by 15 s"] if out["left"] else []))
+        return watch.newest
+
+    def badinput(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """A bad command line: exit 2, exactly one line on stderr, no rank started, nothing written."""
+        plan = folder.parent / "plan.pt"
+        torch.save({"format": "hintpipe-plan/2", "model": {"config": {"name": "gpt-mini"}}, "plan": {}}, plan)
+        blocker = folder.parent / "a-file"
+        blocker.write_text("")
+        cases = {
+            "--activation-budget 1B": [*TRAIN, "--checkpoint-dir", str(folder), "--activation-budget", "1B"],
+            "--layers 2 --ranks 5": [*TRAIN, "--checkpoint-dir", str(folder), "--layers", "2", "--ranks", "5"],
+            "a plan file with wrong fields": [*TRAIN[:4], "--plan", str(plan), "--steps", "1"],
+            "--checkpoint-dir under a file": [*TRAIN, "--checkpoint-dir", str(blocker / "ck")],
+            "--checkpoint-keep 0": [*TRAIN, "--checkpoint-dir", str(folder), "--checkpoint-keep", "0"],
+            "--faults crash:1:99": [*TRAIN, "--checkpoint-dir", str(folder), "--steps", "5", "--faults", "crash:1:99"],
+            "--timeout 0": [*TRAIN, "--checkpoint-dir", str(folder), "--timeout", "0"],
+        }
+        what = rng.choice(sorted(cases))
+        out["fault"] = what
+        process = subprocess.Popen(
+            cases[what], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        started = False
+        while process.poll() is None:
+            started = started or bool(_ranks(process.pid))
+            time.sleep(0.01)
+        status, lines, out["left"] = _ended_lines(process, self.hang_after)
+        out["exit"], out["said"] = status, lines[-1] if lines else ""
+        out["one_line"] = status == 2 and len(lines) == 1 and not started and not folder.exists()
+        if not out["one_line"]:
+            out["lines"] = lines[-5:]
+            out["ranks_started"] = started
+        return 0
+
     # -- a trial ------------------------------------------------------------------------------------------------
 
     def trial(self, seed: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
@@ -376,18 +677,37 @@ class Campaign:
             "fullfs": self.fullfs,
             "savestop": self.savestop,
             "foreign": self.foreign,
+            "tworuns": self.tworuns,
+            "resumeinto": self.resumeinto,
+            "forged": self.forged,
+            "latestdir": self.latestdir,
+            "foreignstep": self.foreignstep,
+            "norunjson": self.norunjson,
+            "agent": self.agent,
+            "badinput": self.badinput,
         }
+        self._foreign = None
         try:
             before = faults.get(kind, functools.partial(self.signalled, kind))(folder, rng, out)
+            if kind == "badinput":
+                return out  # nothing ran: nothing to resume
             out["lost"] = _newest_verified(folder) < before or out.get("foreign_changed", False)
             out["resumes"] = self._resume(folder, out)
             final = folder / f"step-{STEPS:08d}"
             state = load_merged(final) if final.is_dir() else None
             out["completed"] = state is not None
             out["equal"] = state is not None and all(torch.equal(state[k], self.reference[k]) for k in self.reference)
+            if out.pop("first_resume_must_work", False):
+                _expect(out, [] if out["resume_exits"][:1] == [0] else [f"--resume: {out['resume_exits']}"])
+            if self._foreign is not None:
+                path, files = self._foreign
+                kept = path.is_dir() and _snapshot(path) == files
+                _expect(out, [] if kept else [f"{path.name} of another run was overwritten or removed"])
         except Hang:
             out["hung"] = True
         finally:
+            if "marker" in out:
+                out["code_ran"] = Path(out.pop("marker")).exists()
             if _mounted(folder.parent):
                 _unmount(folder.parent)
             shutil.rmtree(folder.parent, ignore_errors=True)
@@ -395,9 +715,11 @@ class Campaign:
 
     def _resume(self, folder: Path, out: dict[str, Any]) -> int:
         resumes = 0
+        out["resume_exits"] = []
         while not (folder / f"step-{STEPS:08d}").is_dir() and resumes < 3:
             resumes += 1
             status, said = _finish(_start(folder, STEPS, "--resume"), self.hang_after)
+            out["resume_exits"].append(status)
             if status != 0 and "no usable checkpoint" in said:
                 # Every checkpoint was damaged: refused in one line, as it must be; start afresh.
                 out["refused"] = said
@@ -422,13 +744,17 @@ def _unmount(folder: Path) -> None:
 def summarize(outcomes: list[dict[str, Any]], run_s: float) -> dict[str, Any]:
     kinds = Counter(o["kind"] for o in outcomes)
     ends = [o["end_s"] for o in outcomes if "end_s" in o]
+    trained = [o for o in outcomes if o["kind"] != "badinput"]
     return {
         "trials": len(outcomes),
         "by_kind": dict(kinds),
         "completed_equal": sum(o.get("equal", False) for o in outcomes),
         "hangs": sum(o["hung"] for o in outcomes),
         "silent_mismatches": sum(o.get("completed", False) and not o["equal"] for o in outcomes),
-        "not_completed": sum(not o.get("completed", False) for o in outcomes),
+        "not_completed": sum(not o.get("completed", False) for o in trained),
+        "expected_outcome_not_met": sum(o.get("expected") is False for o in outcomes),
+        "code_run_from_disk": sum(o.get("code_ran", False) for o in outcomes),
+        "bad_input_not_one_line": sum(o["kind"] == "badinput" and not o.get("one_line") for o in outcomes),
         "checkpoints_lost": sum(o["lost"] for o in outcomes),
         "processes_left": sum(o.get("left", False) for o in outcomes),
         "written_after_launcher_died": sum(o.get("written_after", False) for o in outcomes),
@@ -437,6 +763,34 @@ def summarize(outcomes: list[dict[str, Any]], run_s: float) -> dict[str, Any]:
         "resumes": sum(o.get("resumes", 0) for o in outcomes),
         "uninterrupted_run_s": round(run_s, 1),
     }
+
+
+def table(outcomes: list[dict[str, Any]]) -> str:
+    """The result as a markdown table, a row per fault kind and one for all."""
+    head = (
+        "| fault | trials | ended equal to the uninterrupted run | resumes | hangs | silent mismatches "
+        "| checkpoints lost | processes left | expected outcome not met | longest s from the fault to the end of "
+        "every process |"
+    )
+    rows = [head, "|---|" + "---:|" * 9]
+    kinds = [k for k in KINDS if any(o["kind"] == k for o in outcomes)]
+    for kind, some in [(k, [o for o in outcomes if o["kind"] == k]) for k in kinds] + [("all", outcomes)]:
+        trained = [o for o in some if o["kind"] != "badinput"]
+        ends = [o["end_s"] for o in some if "end_s" in o]
+        cells = [
+            len(some),
+            sum(o.get("equal", False) for o in trained) if trained else "-",
+            sum(o.get("resumes", 0) for o in trained) if trained else "-",
+            sum(o["hung"] for o in some),
+            sum(o.get("completed", False) and not o["equal"] for o in some),
+            sum(o.get("lost", False) for o in some),
+            sum(o.get("left", False) for o in some),
+            sum(o.get("expected") is False for o in some),
+            max(ends) if ends else "(ends by itself)",
+        ]
+        line = [kind, *map(str, cells)]
+        rows.append("| " + " | ".join(f"**{c}**" if kind == "all" else c for c in line) + " |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -462,6 +816,7 @@ def main() -> None:
             print(json.dumps(outcome), flush=True)
     summary = summarize(outcomes, run_s)
     print(json.dumps(summary, indent=1))
+    print(table(outcomes))
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "trials": outcomes}, indent=1))
 
