@@ -320,3 +320,16 @@ def test_a_forged_metadata_is_refused_on_resume_and_runs_nothing(saved: Path, tm
         "unread (a forged or foreign file); resume from another checkpoint or start fresh)"
     ), done.stderr
     assert not marker.exists()
+
+
+def test_a_rank_whose_launcher_is_gone_knows_it_before_it_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 0 asks right before it renames a checkpoint into place (see [Note: nothing published after the
+    # launcher died]): the launcher it was tied to is its parent no more.
+    from hintpipe.runtime import launcher_env
+
+    monkeypatch.setattr(launcher_env, "_tied_to", None)
+    assert not launcher_env.orphaned()  # a process group the caller made: tied to no one
+    launcher_env.tie(os.getppid())
+    assert not launcher_env.orphaned()
+    launcher_env.tie(os.getppid() + 1_000_000)  # no parent of ours
+    assert launcher_env.orphaned()

@@ -50,6 +50,7 @@ import signal
 import threading
 import time
 
+from hintpipe.runtime import launcher_env
 from hintpipe.runtime.launcher_env import LAUNCHER_ENV, TORCHRUN_ENV
 
 _PR_SET_PDEATHSIG = 1
@@ -91,6 +92,8 @@ def tie_to_agent() -> None:
 
 
 def _watch(parent: int) -> None:
+    launcher_env.tie(parent)  # and checked once more right before a checkpoint is published
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)

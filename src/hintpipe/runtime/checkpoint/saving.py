@@ -28,6 +28,7 @@ newest has been verified again and a step after it has completed.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -53,6 +54,7 @@ from hintpipe.runtime.checkpoint.manifest import (
 )
 from hintpipe.runtime.checkpoint.rank_state import RankState, Stateful, rng_key
 from hintpipe.runtime.checkpoint.run_folder import LATEST, check_layout
+from hintpipe.runtime.launcher_env import orphaned
 from hintpipe.runtime.liveness import phase_group
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.tensor_bytes import local
@@ -252,6 +254,8 @@ def _write(
         if rank != 0:
             return
         Manifest(step, identity, files).write(tmp)
+        if orphaned():  # see [Note: nothing published after the launcher died]
+            os._exit(1)
         if final.exists():
             shutil.rmtree(final)
         tmp.replace(final)
