@@ -88,6 +88,14 @@ def test_flags_override_the_file_and_a_run_s_config_equals_its_flags(tmp_path: P
     assert config_from(from_file, from_file.policy) == config_from(from_flags, from_flags.policy)
 
 
+def test_a_repeatable_flag_replaces_the_file_s_list(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nvariability = ["mb:0.3"]\n')
+    base = ["simulate", "--ranks", "2", "--microbatches", "4", "--config", str(path)]
+    assert _parse(base).variability == ["mb:0.3"]
+    assert _parse([*base, "--variability", "iid:0.1"]).variability == ["iid:0.1"]
+
+
 def test_print_config_writes_the_file_a_command_reads_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["train", "--ranks", "2", "--microbatches", "4", "--policy", "fixed", "--variability", "mb:0.3"]
     assert main([*argv, "--print-config"]) == 0

@@ -86,9 +86,11 @@ def apply_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     if path is None or command is None:
         return
     values = read_config(path)
-    given = {a for a in argv if a.startswith("--")}
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     if any(OPTIONS[name].flag in given for name in ROOM):  # the room the flags give replaces the file's
         values = {name: value for name, value in values.items() if name not in ROOM}
+    # A repeatable flag given replaces the file's list (argparse would append to it).
+    values = {name: value for name, value in values.items() if OPTIONS[name].flag not in given}
     for action in command._actions:
         if action.dest in values:
             action.default = values[action.dest]
