@@ -373,7 +373,7 @@ def step_table(result: TrainResult) -> Table:
     for report, tokens, loss in zip(result.reports, result.tokens, result.losses, strict=True):
         rates = [tokens / report.step_time] if dp == 1 else [tokens / report.step_time, tokens / dp / report.step_time]
         table.add_row(
-            str(report.step),
+            str(report.step + 1),  # steps run, as the log lines and TensorBoard count them
             f"{report.step_time * 1e3:.1f}",
             *(f"{rate:,.0f}" for rate in rates),
             f"{report.efficiency:.3f}",
