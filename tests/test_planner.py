@@ -624,3 +624,15 @@ def test_offload_leaves_parameters_and_buffers_where_they_are() -> None:
     layer(x).sum().backward()  # plain autograd: the same gradients
     assert all(torch.equal(offloaded[n], p.grad) for n, p in layer.named_parameters() if p.grad is not None)
     assert x_grad is not None and x.grad is not None and torch.equal(x_grad, x.grad)
+
+
+def test_plan_cli_without_a_stage_memory_plans_without_a_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    # As hintpipe.plan does by default: no budget, so no largest micro-batch to report.
+    argv = ["plan", "--model", "gpt-mini", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "4"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "4 micro-batches of 4, stage memory unlimited" in out
+    assert out.count("no limit") == 4  # the plan and its three baselines
+    assert main([*argv, "--repeats", "1", "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert [s["budget_bytes"] for s in stages] == [None, None]  # no budget (JSON has no infinity)

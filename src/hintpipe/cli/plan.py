@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Any
 
 from rich.table import Table
@@ -26,9 +27,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--seq-len", type=int, default=64, help="gpt-mini sequence length to profile (default 64)")
     for name in ("ranks", "microbatches"):
         add_option(parser, name)
-    add_option(parser, "hint", choices=[h.value for h in HintName], metavar=None)
+    names = [h.value for h in HintName]
+    add_option(parser, "hint", choices=names, metavar=None, help=f"the schedule the ranks will run: {', '.join(names)}")
     add_option(parser, "chunks")
-    add_option(parser, "stage_memory", required=True)
+    add_option(parser, "stage_memory")  # none: unlimited, as hintpipe.plan's default
     for name in ("microbatch_size", "optimizer_factor", "host_bandwidth", "repeats", "seed"):
         add_option(parser, name)
     parser.add_argument(
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         microbatches=values["microbatches"],
         hint=args.hint,
         chunks=values["chunks"],
-        stage_memory=args.stage_memory,
+        stage_memory=args.stage_memory if args.stage_memory is not None else math.inf,
         host_bandwidth=values["host_bandwidth"],
         optimizer_factor=values["optimizer_factor"],
         repeats=values["repeats"],
@@ -71,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
     if args.save is not None:
         save_plan(result, args.save, model={"config": dataclasses.asdict(config)})
     if args.json:
-        print_json(result.to_json())
+        print_json(_finite(result.to_json()))
         return 0
     stdout.print(f"{args.model} ({args.layers} layers, hidden {args.hidden}), {result.num_stages} stages, {args.hint}")
-    stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, stage memory {args.stage_memory}")
+    memory = "unlimited" if args.stage_memory is None else args.stage_memory
+    stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, stage memory {memory}")
     table = Table()
     for column in ("stage", "nodes", "from node", "time ms", "memory", "in flight", "recompute", "offload"):
         table.add_column(column, justify="left" if column == "from node" else "right", no_wrap=True)
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         compare.add_row(
             name,
             f"{part.bottleneck_ms:.3f}",
-            str(part.max_microbatch_size),
+            str(part.max_microbatch_size) if args.stage_memory is not None else "no limit",
             format_size(max(s.memory_bytes for s in part.stages)),
         )
     stdout.print(compare)
@@ -109,3 +112,12 @@ def run(args: argparse.Namespace) -> int:
     if args.save is not None:
         stdout.print(f"plan saved to {args.save}: hintpipe train --plan {args.save} --ranks {args.ranks} ...")
     return 0
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every infinite number (no budget) as None: JSON has no infinity."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return None if isinstance(value, float) and math.isinf(value) else value
