@@ -1,7 +1,7 @@
 """Training the built-in models with the runtime: what ``hintpipe train`` runs on each rank.
 
 The parent (``hintpipe train``) builds a :class:`TrainConfig`, starts the ranks
-(:func:`hintpipe.launch.run_ranks`) and gets rank 0's :class:`TrainResult`.
+(:func:`hintpipe.runtime.launch.run_ranks`) and gets rank 0's :class:`TrainResult`.
 Every rank builds the same model from the seed, keeps its stages, and trains
 with its own optimizer on its own parameters; the data of step ``k`` is the
 same for every policy, so runs compare like for like.
@@ -210,7 +210,7 @@ def train(config: TrainConfig) -> TrainResult | None:
     under ``torchrun`` rank 0 holds it instead.
 
     Raises:
-        hintpipe.launch.RankFailure: with each failed rank's error.
+        hintpipe.runtime.errors.RankFailure: with each failed rank's error.
         hintpipe.runtime.checkpoint.folder_lock.FolderInUse: another run holds the checkpoint folder (before any
             rank started).
     """
