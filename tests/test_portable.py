@@ -214,7 +214,10 @@ def test_whole_graph_timing_gives_each_node_its_own_forward_and_backward(monkeyp
     # The profile's whole-graph path, on the host's clock (a sleep spends no thread time).
     monkeypatch.setattr("hintpipe.planner.profile.marks_for", lambda device: HostMarks())
     profiled = profile(graph, [torch.ones(4)], repeats=1, whole_graph=True)
-    assert [p.forward_s >= f and p.backward_s >= b for p, (f, b) in zip(profiled, sleeps, strict=True)] == [True] * 3
+    # Scaled to one run of the whole graph ([Note: the profile's scale]): the times are the nodes' shares of
+    # it, so the longest sleeps are still where they were slept (a factor near 1 may take a node below its sleep).
+    forwards, backwards = [p.forward_s for p in profiled], [p.backward_s for p in profiled]
+    assert forwards.index(max(forwards)) == 1 and backwards.index(max(backwards)) == 0
 
 
 def test_measured_stage_times_are_each_built_stage_s_forward_and_backward(monkeypatch: pytest.MonkeyPatch) -> None:
