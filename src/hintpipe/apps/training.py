@@ -26,8 +26,6 @@ from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
 from hintpipe.apps.models import (
-    ModelConfig,
-    SeqLenDist,
     build_layers,
     layer_bounds,
     lm_loss_sum,
@@ -37,18 +35,15 @@ from hintpipe.apps.models import (
 )
 from hintpipe.apps.progress import log_line, progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
+from hintpipe.apps.train_config import TrainConfig as TrainConfig
+from hintpipe.apps.train_config import TrainResult as TrainResult
 from hintpipe.device import rank_device
 from hintpipe.forming.collate import form_batch
-from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
-from hintpipe.observe.trace import Record
-from hintpipe.options import OPTIONS, PipelineConfig, check_options
-from hintpipe.planner.plan import Plan
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer, inject
-from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks, under_torchrun
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
@@ -58,147 +53,6 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(PipelineConfig):
-    """Everything a rank needs to train (picklable: it crosses process boundaries): the pipeline's options
-    (:class:`~hintpipe.options.PipelineConfig`, whose fields it has) and the run's own.
-
-    The fields that are options (:data:`hintpipe.options.OPTIONS`) have the option's name, default and range,
-    and are checked when the config is made; ``activation_budget`` may give one budget per pipeline rank.
-    """
-
-    model: ModelConfig
-    ranks: int  # pipeline ranks (one pipeline's length)
-    microbatch_size: int = 4
-    steps: int = 4
-    seq_len_dist: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
-    variability: tuple[str, ...] = ()
-    faults: tuple[str, ...] = ()
-    seed: int = 0
-    lr: float = 1e-3
-    lr_schedule: str = "constant"  # or "warmup-cosine", "warmup-linear" (see hintpipe.apps.lr_schedule)
-    warmup_steps: int = 0
-    clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
-    eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
-    tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
-    log_every: int = 0  # rank 0 prints step, loss, step time and throughput to stderr every this many steps
-    check_grads: bool = False
-    progress: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 2  # verified checkpoints kept (one more while the newest is unproven)
-    replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
-    resume: bool = False
-    return_state: bool = False
-    plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
-    data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
-    forming: str = "crop"  # stdlib: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
-    sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
-    dp: int = 1  # data-parallel replicas of the pipeline
-    tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
-
-    def __post_init__(self) -> None:
-        super().__post_init__()  # the pipeline's options
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
-        check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
-        Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
-
-    @property
-    def world(self) -> int:
-        """Every process of the run: dp x ranks x tp."""
-        return self.dp * self.ranks * self.tp
-
-    @property
-    def injection(self) -> Injection:
-        """The run's ``variability`` and ``faults``, parsed."""
-        return Injection.parse(self.variability, self.faults, self.seed)
-
-    @property
-    def formed(self) -> bool:
-        """Whether the micro-batches are formed by cost (a summed loss over the step's tokens)."""
-        return Forming.parse(self.forming) is not Forming.CROP
-
-    @property
-    def split_backward(self) -> bool:
-        """Whether the run's hint splits weight gradients off (W tasks)."""
-        return resolve_hint(self.hint, self.ranks, self.microbatches, self.chunks).split_backward
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainResult:
-    """What a run did (from rank 0, with every rank's figures gathered)."""
-
-    config: TrainConfig
-    reports: tuple[StepReport, ...]
-    losses: tuple[float, ...]
-    tokens: tuple[int, ...]
-    max_grad_abs_diff: float | None = None
-    max_grad_rel_diff: float | None = None
-    resumed_from: int = 0
-    nonfinite_steps: tuple[int, ...] = ()
-    state: dict[str, torch.Tensor] | None = None
-    stopped_by: str = ""  # the signal that stopped the run early ("SIGTERM"), if any
-    checkpoint: str | None = None  # the last checkpoint this run saved
-    notes: tuple[str, ...] = ()  # damaged checkpoints skipped when resuming, one line each
-    coordination_ms: float | None = None  # mean cost of one tensor-parallel decision on rank 0 (the leader)
-    decisions_per_step: float | None = None  # tensor-parallel decisions rank 0 announced per step
-    #: The messages that carried them per step (fewer than decisions: see [Note: decisions in batches]).
-    decision_messages_per_step: float | None = None
-    #: Emulated tensor parallelism: rank 0's wait per step in its group's all-reduce that ends each task (the
-    #: slowest member's own work, or a decision that reached a follower late), in milliseconds.
-    tp_wait_ms: float | None = None
-    # Per pipeline position, with data parallelism (see StepReport.dp_overlap): the mean time its gradient
-    # reductions had to overlap the rest of the step, and the mean time the rank waited on them.
-    dp_overlap_ms: tuple[float, ...] | None = None
-    dp_exposed_ms: tuple[float, ...] | None = None
-    #: Per pipeline position: the mean CPU time the runtime itself took per step (StepReport.runtime_cpu).
-    runtime_cpu_ms: tuple[float, ...] | None = None
-    transport: str = ""  # the transport the pipeline chose ("gloo", "nccl"; ``auto`` resolved)
-    #: Per step run: the learning rate it stepped with, and the gradient norm before clipping (with clipping).
-    learning_rates: tuple[float, ...] = ()
-    grad_norms: tuple[float, ...] = ()
-    #: ``eval_every``: (the number of steps run, the held-out loss then).
-    eval_losses: tuple[tuple[int, float], ...] = ()
-
-    @property
-    def measured(self) -> tuple[StepReport, ...]:
-        """Steps after the first (the first warms up and, for ``ready``, has no plan yet)."""
-        return self.reports[1:] if len(self.reports) > 1 else self.reports
-
-    @property
-    def step_time_median(self) -> float:
-        """Seconds: the median over the measured steps."""
-        return statistics.median(r.step_time for r in self.measured)
-
-    @property
-    def throughput(self) -> float:
-        """Tokens (language models) or samples (mlp) per second over the measured steps."""
-        steps = self.measured
-        first = len(self.reports) - len(steps)
-        return sum(self.tokens[first:]) / sum(r.step_time for r in steps)
-
-    @property
-    def efficiency(self) -> float:
-        return statistics.median(r.efficiency for r in self.measured)
-
-    @property
-    def peak_live_bytes(self) -> list[int]:
-        return [max(r.peak_live_bytes[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
-
-    @property
-    def device_peak_bytes(self) -> list[int] | None:
-        """Per rank on GPUs, the allocator's peak over the run (``torch.cuda.max_memory_allocated``); None on CPU."""
-        peaks = [max(r.device_peak_bytes[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
-        return peaks if peaks and min(peaks) >= 0 else None
-
-    @property
-    def peak_live(self) -> list[float]:
-        return [max(r.peak_live[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
-
-    def records(self, step: int = -1) -> tuple[Record, ...]:
-        return self.reports[step].records
 
 
 def train(config: TrainConfig) -> TrainResult | None:
@@ -319,16 +173,7 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
                     _step(config, pipe, modules, reference, optimizer, step, run)
                     if scheduler is not None:
                         scheduler.step()
-                    if rank == 0 and config.log_every and (step + 1) % config.log_every == 0:
-                        log_line(bar, _step_line(config, step, run))
-                    if writer is not None:
-                        _write_metrics(writer, config, step, run)
-                    if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
-                        run.evals.append((step + 1, _held_out_loss(config, pipe)))
-                        if rank == 0 and config.log_every:
-                            log_line(bar, f"step {step + 1}/{config.steps}: held-out loss {run.evals[-1][1]:.4f}")
-                        if writer is not None:
-                            writer.add_scalar("held_out_loss", run.evals[-1][1], step + 1)
+                    _after_step(config, pipe, step, run, bar, writer)
                     stopping = stop.agreed()
                     if checkpoints is not None:
                         checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
@@ -412,6 +257,22 @@ def _decision_ms(pipe: Pipeline) -> float | None:
     if coordination is None or not coordination.decisions:
         return None
     return 1e3 * coordination.announce_seconds / coordination.decisions
+
+
+def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: _Run, bar: Any, writer: Any) -> None:
+    """What a user watches after a step: its log line, its TensorBoard points, and (every ``eval_every``
+    steps and after the last) the held-out loss, on every rank (an evaluation is collective)."""
+    rank0 = pipe.global_rank == 0
+    if rank0 and config.log_every and (step + 1) % config.log_every == 0:
+        log_line(bar, _step_line(config, step, run))
+    if writer is not None:
+        _write_metrics(writer, config, step, run)
+    if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
+        run.evals.append((step + 1, _held_out_loss(config, pipe)))
+        if rank0 and config.log_every:
+            log_line(bar, f"step {step + 1}/{config.steps}: held-out loss {run.evals[-1][1]:.4f}")
+        if writer is not None:
+            writer.add_scalar("held_out_loss", run.evals[-1][1], step + 1)
 
 
 def _write_metrics(writer: Any, config: TrainConfig, step: int, run: _Run) -> None:

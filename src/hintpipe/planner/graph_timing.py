@@ -131,7 +131,7 @@ def _one_run(
     root = graph.module
     env: dict[fx.Node, Any] = {}
     for node, value in zip(graph.inputs, inputs, strict=True):
-        env[node] = _leaf(value)
+        env[node] = leaf(value)
     for node in root.graph.nodes:
         if node.op == "get_attr":
             env[node] = run(root, node, env)
@@ -145,9 +145,7 @@ def _one_run(
                 if t.requires_grad:
                     t.register_hook(_starter(started, i, marks))  # type: ignore[no-untyped-call]
                     break  # one start per node: the first output whose gradient completes
-    outputs = [t for t in tensors_in(fx.node.map_arg(graph.output.args[0], lambda n: env[n])) if t.requires_grad]
-    if outputs:
-        torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+    backward_of_ones(fx.node.map_arg(graph.output.args[0], lambda n: env[n]))
     finished = marks.mark()
     forward = [marks.seconds(forward_marks[i], forward_marks[i + 1]) for i in range(len(graph.nodes))]
     backward = [0.0] * len(graph.nodes)
@@ -162,13 +160,11 @@ def run_seconds(graph: CapturedGraph, inputs: Sequence[Any], *, repeats: int, ma
     nodes): the fastest of ``repeats`` runs after one warm-up. See [Note: the profile's scale]."""
     best = float("inf")
     for attempt in range(repeats + 1):
-        leaves = [_leaf(v) for v in inputs]
+        leaves = [leaf(v) for v in inputs]
         start = marks.mark()
         with torch.enable_grad():
             out = graph.module(*leaves)
-        outputs = [t for t in tensors_in(out) if t.requires_grad]
-        if outputs:
-            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+        backward_of_ones(out)
         spent = marks.seconds(start, marks.mark())
         if attempt:
             best = min(best, spent)
@@ -183,10 +179,18 @@ def _starter(started: list[tuple[int, Any]], position: int, marks: Marks) -> Cal
     return hook
 
 
-def _leaf(value: Any) -> Any:
+def leaf(value: Any) -> Any:
     """An input as a leaf of the run's graph: a floating-point tensor requires grad (a later stage's input
     does), others stay as they are."""
     if isinstance(value, torch.Tensor):
         leaf = value.detach()
         return leaf.requires_grad_(True) if leaf.is_floating_point() else leaf
     return value
+
+
+def backward_of_ones(out: Any) -> None:
+    """Backward from every output tensor that requires grad, a gradient of ones into each (what a stage's
+    backward costs, whatever its loss)."""
+    outputs = [t for t in tensors_in(out) if t.requires_grad]
+    if outputs:
+        torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])

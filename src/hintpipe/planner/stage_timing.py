@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hintpipe.planner.graph_timing import marks_for
-from hintpipe.tensor_bytes import tensors_in
+from hintpipe.planner.graph_timing import backward_of_ones, leaf, marks_for
 
 if TYPE_CHECKING:
     from hintpipe.planner.plan import Plan
@@ -41,12 +40,10 @@ def measure_stages(plan: Plan, inputs: Sequence[Any], *, repeats: int = 5, devic
         stage = own.build_stage(index).to(where)
         best = float("inf")
         for attempt in range(repeats + 1):
-            leaves = tuple(_leaf(v) for v in values)
+            leaves = tuple(leaf(v) for v in values)
             start = marks.mark()
             out = stage(*leaves)
-            outputs = [t for t in tensors_in(out) if t.requires_grad]
-            if outputs:
-                torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+            backward_of_ones(out)
             spent = marks.seconds(start, marks.mark())
             if attempt:
                 best = min(best, spent)
@@ -63,13 +60,6 @@ def _device_of(plan: Plan) -> torch.device:
 
 def _moved(value: Any, device: torch.device) -> Any:
     return value.to(device) if isinstance(value, torch.Tensor) else value
-
-
-def _leaf(value: Any) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    leaf = value.detach()
-    return leaf.requires_grad_(True) if leaf.is_floating_point() else leaf
 
 
 def _flat(out: Any) -> tuple[Any, ...]:
