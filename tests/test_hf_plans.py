@@ -97,6 +97,21 @@ def test_every_block_boundary_is_an_allowed_cut(captured: tuple[str, nn.Module, 
         assert between, f"{name}: no allowed cut between block {b} (ends at node {last}) and block {b + 1}"
 
 
+def test_nodes_and_stages_are_named_by_the_module_that_made_them(captured: tuple[str, nn.Module, Any, Any]) -> None:
+    name, model, graph, profiles = captured
+    prefix = MODELS[name][1]
+    for block, (first, last) in enumerate(_blocks(graph, prefix)):
+        # every node between a block's first and last parameter read is the block's own code
+        paths = {p.module for p in profiles[first : last + 1]}
+        assert all(path.startswith(f"{prefix}.{block}.") or path == f"{prefix}.{block}" for path in paths), paths
+    modules = {path for path, _ in model.named_modules()}
+    assert {p.module for p in profiles} - {""} <= modules  # paths of the model's own modules, nothing else
+    planned: Plan = plan(model, IDS, ranks=4, microbatches=8, profiles=profiles, kwargs=KWARGS, captured=graph)
+    starts = planned.first_modules()
+    assert [s.startswith(prefix + ".") for s in starts[1:]] == [True] * 3, starts  # later stages start in a block
+    assert [stage["first_module"] for stage in planned.to_json()["stages"]] == list(starts)
+
+
 def _best(tables: Any, memory: MemoryModel, stages: int) -> float:
     """The best bottleneck over every placement of the allowed cuts (prefix sums: no budget, no savings)."""
     times = np.array([stage_cost(tables, memory, 0, i, i + 1).time for i in range(tables.size)])

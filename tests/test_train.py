@@ -640,15 +640,49 @@ def test_log_every_prints_step_lines_on_stderr_beside_pure_json(capfd: pytest.Ca
     captured = capfd.readouterr()  # rank 0's process writes the lines: file descriptors, not sys.stderr
     out = json.loads(captured.out)  # stdout: the JSON object alone
     lines = captured.err.splitlines()
-    pattern = re.compile(r"^step (\d)/4: loss (\d+\.\d{4}), (\d+\.\d) ms, ([\d,]+) samples/s$")
+    pattern = re.compile(r"^step (\d)/4: loss (\d+\.\d{4}), (\d+\.\d) ms, ([\d,]+) samples/s(, ETA \d:\d\d:\d\d)?$")
     matches = [pattern.match(line) for line in lines]
     assert [m.group(1) for m in matches if m] == ["2", "4"] and len(lines) == 2, lines
+    assert [bool(m.group(5)) for m in matches if m] == [True, False]  # the time left, until the last step
     for m in matches:
         assert m is not None
         step = int(m.group(1)) - 1
         assert m.group(2) == f"{out['losses'][step]:.4f}"
         assert m.group(3) == f"{out['step_times_s'][step] * 1e3:.1f}"
         assert int(m.group(4).replace(",", "")) == round(2 * 4 / out["step_times_s"][step])  # 2 x 4 samples
+
+
+def test_without_a_terminal_a_long_run_prints_a_tenth_of_its_steps_a_short_table_and_a_summary(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "2", "--steps", "25", "--lr", "0.05"]
+    assert main(argv) == 0
+    captured = capfd.readouterr()  # stderr is a pipe here: lines, not a bar
+    shown = [int(line.split("/")[0].removeprefix("step ")) for line in captured.err.splitlines()]
+    assert shown == [3, 6, 9, 12, 15, 18, 21, 24, 25]  # every ceil(25 / 10) steps, and the last
+    rows = [line for line in captured.out.splitlines() if re.match(r"^│ +(\d+|\.\.\.) +│", line)]
+    firsts = [row.split("│")[1].strip() for row in rows]
+    assert firsts == [str(s) for s in range(1, 11)] + ["..."] + [str(s) for s in range(16, 26)]
+    assert "5 steps between not shown (every step: --json)" in captured.out
+    summary = re.search(
+        r"^25 steps in (\d+\.\d) s: 200 samples, ([\d,]+) samples/s, final loss (\d+\.\d{4})$", captured.out, re.M
+    )
+    assert summary is not None, captured.out  # 25 steps x 2 micro-batches x 4 samples
+    last_row = rows[-1].split("│")
+    assert last_row[-2].strip() == summary.group(3)  # the table's last loss
+
+
+def test_eta_and_line_every() -> None:
+    from hintpipe.apps.progress import eta, line_every
+
+    assert eta(12.0, 3, 7) == "0:00:28"
+    assert eta(4000.0, 1, 1) == "1:06:40"
+    assert eta(0.0, 0, 5) == "0:00:00"
+    assert line_every(2, 100, shown=True, bar=None) == 2  # given: always
+    assert line_every(0, 100, shown=True, bar=None) == 10  # no terminal: a tenth of the run
+    assert line_every(0, 7, shown=True, bar=None) == 1
+    assert line_every(0, 100, shown=False, bar=None) == 0  # --json: none
+    assert line_every(0, 100, shown=True, bar=Progress()) == 0  # the bar says it
 
 
 def test_a_log_line_goes_above_the_progress_bar() -> None:

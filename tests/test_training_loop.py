@@ -280,9 +280,10 @@ class _DataPosition:
         self.position = int(state["position"])
 
 
-def _scheduled(rank: int, world: int, folder: str) -> tuple[int, list[float], int, float]:
+def _scheduled(rank: int, world: int, folder: str) -> tuple[int, list[float], int, float, int]:
     """Three steps with a StepLR and a data position saved every 2 steps and after the last; a new pipeline
-    resumes. Returns the step it resumes from, the learning rates before and after, and the data position."""
+    resumes and runs one more step. Returns the step it resumes from, the learning rates before and after, the
+    data position, the learning rate, and the step number of the resumed pipeline's first report."""
     steps = 3
 
     def build() -> tuple[Pipeline, torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR, _DataPosition]:
@@ -304,12 +305,16 @@ def _scheduled(rank: int, world: int, folder: str) -> tuple[int, list[float], in
     pipe, optimizer, scheduler, data = build()
     with pipe:
         first = Checkpointer(folder, pipe, optimizer, scheduler=scheduler, state=data).resume()
-    return first, [saved_lr, float(scheduler.get_last_lr()[0])], data.position, float(optimizer.param_groups[0]["lr"])
+        rates = [saved_lr, float(scheduler.get_last_lr()[0])]
+        lr = float(optimizer.param_groups[0]["lr"])
+        pipe.step(*_batch(first))
+    return first, rates, data.position, lr, pipe.reports[-1].step
 
 
 def test_a_scheduler_and_the_callers_state_resume(group: dict[str, list[Any]]) -> None:
-    for first, rates, position, lr in succeeded(group["scheduler"]):
+    for first, rates, position, lr, counted in succeeded(group["scheduler"]):
         assert first == 3
+        assert counted == 3  # the resumed pipeline's steps count on from the checkpoint's
         assert rates == [1e-3 * 0.5**3] * 2
         assert position == 24
         assert lr == 1e-3 * 0.5**3

@@ -396,8 +396,9 @@ OPTIONS: Mapping[str, Option] = {
             "log_every",
             "int",
             0,
-            "every this many steps, one line on stderr: the step, its loss, its time and tokens/s (0: none; the "
-            "table and --json come at the end)",
+            "every this many steps and after the last, one line on stderr: the step, its loss, its time, tokens/s "
+            "and the time left (0: every tenth of the run when stderr is not a terminal and --json is not given, "
+            "else none; the table and --json come at the end)",
             minimum=0,
             metavar="N",
             commands=_TRAIN,

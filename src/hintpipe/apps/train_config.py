@@ -42,7 +42,7 @@ class TrainConfig(PipelineConfig):
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
     eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
     tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
-    log_every: int = 0  # rank 0 prints step, loss, step time and throughput to stderr every this many steps
+    log_every: int = 0  # rank 0 prints step, loss, step time, throughput and ETA to stderr every this many steps
     check_grads: bool = False
     progress: bool = False
     checkpoint_dir: str | None = None
@@ -120,6 +120,9 @@ class TrainResult:
     grad_norms: tuple[float, ...] = ()
     #: ``eval_every``: (the number of steps run, the held-out loss then).
     eval_losses: tuple[tuple[int, float], ...] = ()
+    #: Seconds from the loop's start to its end on rank 0: every step's whole time (the optimizer, evaluations
+    #: and checkpoints too), where ``reports`` time the pipeline's steps alone.
+    wall_time: float = 0.0
 
     @property
     def measured(self) -> tuple[StepReport, ...]:

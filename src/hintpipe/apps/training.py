@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from hintpipe.apps.models import (
     make_batch,
     split_layers,
 )
-from hintpipe.apps.progress import log_line, progress_bar
+from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
@@ -144,6 +145,9 @@ class _Run:
     learning_rates: list[float] = dataclasses.field(default_factory=list)
     grad_norms: list[float] = dataclasses.field(default_factory=list)
     evals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    first: int = 0  # the step the loop started from (a resumed run's checkpoint)
+    started: float = 0.0  # time.perf_counter() when the loop started
+    every: int = 0  # a step line every this many steps (0: none; see hintpipe.apps.progress.line_every)
 
 
 def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
@@ -163,10 +167,10 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
     try:
         with pipe:
             if checkpoints is not None:
-                first = pipe.step_count = (
-                    checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
-                )
+                first = checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
             bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
+            run.first, run.started = first, time.perf_counter()
+            run.every = line_every(config.log_every, config.steps - first, shown=config.progress, bar=bar)
             writer = tensorboard_writer(config.tensorboard) if config.tensorboard and rank == 0 else None
             with StopRequest() as stop:
                 for step in range(first, config.steps):
@@ -217,16 +221,20 @@ def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | Non
         learning_rates=tuple(run.learning_rates),
         grad_norms=tuple(run.grad_norms),
         eval_losses=tuple(run.evals),
+        wall_time=time.perf_counter() - run.started if run.reports else 0.0,
     )
 
 
 def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
-    """``--log-every``'s line for the step just run: the global batch's loss and tokens, the step's time."""
+    """The step line for the step just run: the global batch's loss and tokens, the step's time, and (before
+    the last step) the time the rest of the run will take."""
     seconds = run.reports[-1].step_time
     unit = "samples/s" if config.model.name == "mlp" else "tokens/s"
+    left = config.steps - step - 1
+    remaining = f", ETA {eta(time.perf_counter() - run.started, step + 1 - run.first, left)}" if left else ""
     return (
         f"step {step + 1}/{config.steps}: loss {run.losses[-1]:.4f}, {seconds * 1e3:.1f} ms, "
-        f"{run.tokens[-1] / seconds:,.0f} {unit}"
+        f"{run.tokens[-1] / seconds:,.0f} {unit}{remaining}"
     )
 
 
@@ -263,13 +271,13 @@ def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: _Run, bar: 
     """What a user watches after a step: its log line, its TensorBoard points, and (every ``eval_every``
     steps and after the last) the held-out loss, on every rank (an evaluation is collective)."""
     rank0 = pipe.global_rank == 0
-    if rank0 and config.log_every and (step + 1) % config.log_every == 0:
+    if rank0 and run.every and ((step + 1) % run.every == 0 or step + 1 == config.steps):
         log_line(bar, _step_line(config, step, run))
     if writer is not None:
         _write_metrics(writer, config, step, run)
     if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
         run.evals.append((step + 1, _held_out_loss(config, pipe)))
-        if rank0 and config.log_every:
+        if rank0 and run.every:
             log_line(bar, f"step {step + 1}/{config.steps}: held-out loss {run.evals[-1][1]:.4f}")
         if writer is not None:
             writer.add_scalar("held_out_loss", run.evals[-1][1], step + 1)

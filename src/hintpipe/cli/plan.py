@@ -79,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
     memory = "unlimited" if args.stage_memory is None else args.stage_memory
     stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, stage memory {memory}")
     table = Table()
-    for column in ("stage", "nodes", "from node", "time ms", "memory", "in flight", "recompute", "offload"):
-        table.add_column(column, justify="left" if column == "from node" else "right", no_wrap=True)
-    for i, stage in enumerate(result.partition.stages):
+    for column in ("stage", "nodes", "from", "time ms", "memory", "in flight", "recompute", "offload"):
+        table.add_column(column, justify="left" if column == "from" else "right", no_wrap=True)
+    for i, (stage, module) in enumerate(zip(result.partition.stages, result.first_modules(), strict=True)):
         table.add_row(
             str(i),
             str(stage.nodes),
-            stage.first_node,
+            module,
             f"{stage.time_ms:.3f}",
             format_size(stage.memory_bytes),
             str(stage.inflight),

@@ -359,18 +359,33 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "learning_rates": list(result.learning_rates),
         "grad_norms": list(result.grad_norms),
         "eval_losses": [{"steps": steps, "loss": loss} for steps, loss in result.eval_losses],
+        "wall_time_s": result.wall_time,
+        "total_" + unit.removesuffix("_per_s"): sum(result.tokens),
     }
 
 
+#: Rows of the step table: a longer run shows its first and last steps (every step is in ``--json``).
+TABLE_ROWS = 20
+
+
 def step_table(result: TrainResult) -> Table:
-    """One row per step; with data parallelism, throughput in total and per replica (loss: the global batch's)."""
+    """One row per step (the first and last ``TABLE_ROWS / 2`` of a longer run); with data parallelism,
+    throughput in total and per replica (loss: the global batch's)."""
     table = Table()
     unit = "tokens/s" if result.config.model.name != "mlp" else "samples/s"
     dp = result.config.dp
     throughput = [unit] if dp == 1 else [f"{unit} total", f"{unit} per replica"]
     for column in ("step", "time ms", *throughput, "efficiency", "bubble per rank", "peak live per rank", "loss"):
         table.add_column(column, justify="right")
-    for report, tokens, loss in zip(result.reports, result.tokens, result.losses, strict=True):
+    rows = list(zip(result.reports, result.tokens, result.losses, strict=True))
+    half = TABLE_ROWS // 2
+    if len(rows) > TABLE_ROWS:
+        table.caption = f"{len(rows) - TABLE_ROWS} steps between not shown (every step: --json)"
+    for index, (report, tokens, loss) in enumerate(rows):
+        if len(rows) > TABLE_ROWS and half <= index < len(rows) - half:
+            if index == half:
+                table.add_row("...", *[""] * (len(table.columns) - 1))
+            continue
         rates = [tokens / report.step_time] if dp == 1 else [tokens / report.step_time, tokens / dp / report.step_time]
         table.add_row(
             str(report.step + 1),  # steps run, as the log lines and TensorBoard count them
@@ -382,6 +397,24 @@ def step_table(result: TrainResult) -> Table:
             f"{loss:.4f}",
         )
     return table
+
+
+def summary_line(result: TrainResult) -> str:
+    """The run in one line: the steps it ran, its tokens and time (the whole loop's: the optimizer, evaluations
+    and checkpoints too), their rate, the last loss and held-out loss."""
+    config = result.config
+    unit = "samples" if config.model.name == "mlp" else "tokens"
+    first, last = result.resumed_from + 1, result.resumed_from + len(result.reports)
+    steps = f"{len(result.reports)} steps" + (f" ({first}-{last} of {config.steps})" if result.resumed_from else "")
+    tokens = sum(result.tokens)
+    line = (
+        f"{steps} in {result.wall_time:.1f} s: {tokens:,} {unit}, {tokens / result.wall_time:,.0f} {unit}/s, "
+        f"final loss {result.losses[-1]:.4f}"
+    )
+    if result.eval_losses:
+        after, loss = result.eval_losses[-1]
+        line += f", held-out loss {loss:.4f} (after step {after})"
+    return line
 
 
 def _stopped(result: TrainResult) -> int:
@@ -437,6 +470,7 @@ def run(args: argparse.Namespace) -> int:
     )
     stdout.print(f"{config.model.name} on {ranks}, {config.hint}, {config.policy}{mode}")
     stdout.print(step_table(result))
+    stdout.print(summary_line(result))
     if result.max_grad_abs_diff is not None:
         from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
 

@@ -32,3 +32,6 @@ class NodeProfile:
     # saved views of one storage keep it once.
     storage_bytes: int = 0
     alias_of: str = ""
+    #: The innermost module whose code made the node (``transformer.h.0.attn``; "" for the model's own code):
+    #: how a plan names a stage's first node to a user.
+    module: str = ""

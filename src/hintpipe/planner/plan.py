@@ -79,8 +79,21 @@ class Plan:
         that made no plan calls :func:`share_plan` with None)."""
         return share_plan(self, src)
 
+    def first_modules(self) -> tuple[str, ...]:
+        """Per stage, the module path of its first node that has one (``transformer.h.2``), else that node's
+        name: where the stage starts, in the model's own words."""
+        by_name = {p.name: i for i, p in enumerate(self.profiles)}
+        out = []
+        for stage in self.partition.stages:
+            start = by_name.get(stage.first_node)
+            names = self.profiles[start : start + stage.nodes] if start is not None else ()
+            out.append(next((p.module for p in names if p.module), stage.first_node))
+        return tuple(out)
+
     def to_json(self) -> dict[str, Any]:
         out = summary(self.partition)
+        for stage, module in zip(out["stages"], self.first_modules(), strict=True):
+            stage["first_module"] = module
         out["baselines"] = {name: summary(p) for name, p in self.baselines.items()}
         out |= {
             "hint": self.hint,

@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 
 from hintpipe.device import Clock, clock_for
-from hintpipe.planner.capture import CapturedGraph, attribute
+from hintpipe.planner.capture import CapturedGraph, attribute, module_path
 from hintpipe.planner.graph_timing import ClockMarks, graph_times, marks_for, run_seconds
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
@@ -203,6 +203,7 @@ def _profile_node(
         internal_bytes=internal,
         saves_output=any(k in outputs for k in counted.sizes),
         saved_inputs=tuple(sorted({input_of[k] for k in counted.sizes if k in input_of})),
+        module=module_path(node),
     )
 
 

@@ -46,6 +46,10 @@ class Staged(Protocol):
     @property
     def hint_name(self) -> str: ...
 
+    #: The steps run so far: :meth:`Checkpointer.resume` sets it to the step it continues from, so that the
+    #: pipeline's :class:`~hintpipe.runtime.loop.reports.StepReport` steps go on counting from there.
+    step_count: int
+
 
 class Checkpointer:
     """A training loop's checkpoints (every rank): :meth:`start` a new run or :meth:`resume` the folder's own,
@@ -81,6 +85,7 @@ class Checkpointer:
         if every < 0 or keep < 1:
             raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")
         self.directory = Path(directory)
+        self.pipe = None if isinstance(pipe, Mapping) else pipe
         if isinstance(pipe, Mapping):  # stage modules alone: named ``<stage>.<name>``
             self.modules: Mapping[int, nn.Module] = pipe
             self.names = ModelNames()
@@ -146,7 +151,8 @@ class Checkpointer:
 
     def resume(self) -> int:
         """Continue the folder's own run from its newest verified checkpoint; returns the step to continue
-        from. A folder with no checkpoint starts a new run there (0), saying so in :attr:`skipped`."""
+        from (the pipeline's ``step_count`` is set to it, so its step reports count on from there). A folder with
+        no checkpoint starts a new run there (0), saying so in :attr:`skipped`."""
 
         def owner_here() -> str | None:
             if not self._rank0:
@@ -176,6 +182,8 @@ class Checkpointer:
             names=self.names,
             extra=self.extra,
         )
+        if self.pipe is not None:
+            self.pipe.step_count = step
         return step
 
     @property
