@@ -41,7 +41,9 @@ def _sample(option: Option) -> Any:
         return int(option.minimum or 0) + 3
     if option.kind == "float":
         return (option.minimum or 0.0) + 2.5
-    return {"hint": "gpipe", "tensorboard": "runs/tb"}[option.name]
+    return {"hint": "gpipe", "tensorboard": "runs/tb", "data": "corpus.jsonl", "data_field": "body"}.get(
+        option.name, "tokenizer-folder"
+    )
 
 
 def _flags(name: str, value: Any) -> list[str]:

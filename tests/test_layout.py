@@ -41,6 +41,7 @@ TORCH_FREE = [
     "hintpipe.sim.layout",
     "hintpipe.sim.bounds",
     "hintpipe.apps.model_config",
+    "hintpipe.apps.text_files",
     "hintpipe.cli",
     "hintpipe.forming.cost",
     "hintpipe.forming.form",

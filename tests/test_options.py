@@ -22,7 +22,7 @@ from hintpipe.scoreboard import Policy
 #: Flags that are not options of the pipeline or the run: what a command does with its results, and the model.
 COMMAND_ONLY = {
     "train": {"json", "trace", "timeline", "plan", "checkpoint_dir", "resume", "check_grads", "emulate", "model",
-              "layers", "hidden", "seq_len_dist", "data", "memory_slack", "activation_budget", "device_budget"},
+              "layers", "hidden", "seq_len_dist", "memory_slack", "activation_budget", "device_budget"},
     "simulate": {"json", "trace", "timeline", "compare", "costs", "trials", "memory_slack", "activation_budget",
                  "device_budget"},
     "plan": {"json", "save", "model", "layers", "hidden", "seq_len"},

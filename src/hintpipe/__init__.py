@@ -22,6 +22,8 @@ from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
+    from hintpipe.apps.corpus import token_sequences
+    from hintpipe.apps.text_files import TextCorpus, text_corpus
     from hintpipe.forming.collate import FormedBatch, form_batch
     from hintpipe.forming.cost import SequenceCost
     from hintpipe.forming.form import Formation, form_microbatches
@@ -83,6 +85,9 @@ _LAZY = {
     "FormedBatch": "hintpipe.forming.collate",
     "form_batch": "hintpipe.forming.collate",
     "profile_sequence_cost": "hintpipe.forming.profiled",
+    "TextCorpus": "hintpipe.apps.text_files",
+    "text_corpus": "hintpipe.apps.text_files",
+    "token_sequences": "hintpipe.apps.corpus",
 }
 
 
@@ -121,6 +126,7 @@ __all__ = [
     "StopRequest",
     "Task",
     "TaskError",
+    "TextCorpus",
     "TiedParameter",
     "WatchdogTimeout",
     "form_batch",
@@ -135,4 +141,6 @@ __all__ = [
     "save_plan",
     "share_plan",
     "split_point",
+    "text_corpus",
+    "token_sequences",
 ]

@@ -29,7 +29,8 @@ class Option:
 
     Attributes:
         name: the Python keyword and config field; the command line's flag is ``--`` + ``name`` with dashes.
-        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``) or ``object`` (Python only).
+        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``), ``str`` (a name or a path) or
+            ``object`` (Python only).
         default: the default value (as the Python API takes it).
         help: what the option does, for ``--help`` and the docstrings.
         choices: the enum of a ``choice`` option.
@@ -86,6 +87,8 @@ class Option:
             return self._number(value, label)
         if self.kind == "specs":
             return tuple(value)
+        if self.kind == "str" and not isinstance(value, str):
+            raise ValueError(f"{label} must be a string, got {value!r}")
         return value
 
     def _number(self, value: Any, label: str) -> float | int:

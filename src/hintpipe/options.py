@@ -275,12 +275,45 @@ OPTIONS: Mapping[str, Option] = {
             pipeline=False,
         ),
         Option(
+            "data",
+            "str",
+            "synthetic",
+            "synthetic: counting text with --seq-len-dist lengths; stdlib: the Python standard library's source "
+            "files as byte-level text (real, heavy-tailed lengths; vocabulary 256); or a PATH: a text file "
+            "(documents separated by blank lines), a .jsonl file (one JSON object per line, the document under "
+            "--data-field) or a folder of .txt and .jsonl files, tokenized by --tokenizer (every 20th document "
+            "held out for --eval-every)",
+            metavar="synthetic|stdlib|PATH",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "data_field",
+            "str",
+            "text",
+            "the field of each JSONL line that holds its document (--data FILE.jsonl or a folder)",
+            metavar="NAME",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
+            "tokenizer",
+            "str",
+            "bytes",
+            "how --data PATH becomes tokens: bytes (UTF-8 bytes, vocabulary 256) or a folder a Hugging Face "
+            "tokenizer was saved to (save_pretrained; local files only; needs the hf extra); the model's vocabulary "
+            "is the tokenizer's",
+            metavar="bytes|DIR",
+            commands=_TRAIN,
+            pipeline=False,
+        ),
+        Option(
             "forming",
             "choice",
             Forming.CROP,
-            "how --data stdlib makes micro-batches: crop (each micro-batch's documents cropped to its shortest), "
-            "padded (the step's whole documents formed by predicted cost into even micro-batches, padded rows) or "
-            "packed (the same, several documents per row with document masks; gpt-mini)",
+            "how --data stdlib or PATH makes micro-batches: crop (each micro-batch's documents cropped to its "
+            "shortest), padded (the step's whole documents formed by predicted cost into even micro-batches, padded "
+            "rows) or packed (the same, several documents per row with document masks; gpt-mini)",
             choices=Forming,
             commands=_TRAIN,
             pipeline=False,

@@ -1,4 +1,4 @@
-"""Real variable-length text on every machine: the Python standard library's own source files.
+"""Documents into micro-batches; and real variable-length text on every machine: the standard library's source.
 
 The ``.py`` files of the standard library (found through ``sysconfig``), cut
 into documents at their top-level definitions (``def``, ``class``, a
@@ -11,6 +11,12 @@ documents, median 440 bytes, 90th percentile 3.2 KB). A micro-batch takes
 one (at most ``max_len`` tokens) (:func:`stdlib_batch`); or a step draws its
 documents whole, each cropped to ``max_len`` tokens only, for micro-batches
 formed by cost (:func:`stdlib_sequences`, :mod:`hintpipe.forming`).
+
+The drawing itself is over any tuple of token sequences (:func:`document_batch`, :func:`document_sequences`):
+the standard library's documents (bytes, whose items are their byte ids) and a corpus of the user's files
+(:mod:`~hintpipe.apps.text_files`, token ids as arrays) make micro-batches the same way, from the same
+random streams. :func:`token_sequences` gives a file corpus's documents as tensors, for
+:func:`hintpipe.forming.collate.form_batch` in the user's own loop.
 """
 
 from __future__ import annotations
@@ -18,14 +24,21 @@ from __future__ import annotations
 import functools
 import re
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
-VOCAB = 256
+from hintpipe.apps.text_files import BYTES, BYTES_VOCAB, TokenIds, text_corpus
+
+VOCAB = BYTES_VOCAB
 _SHORTEST = 16  # bytes: shorter documents are left out (empty __init__.py files)
 _TOP_LEVEL = re.compile(rb"\n(?=(?:def |class |async def |@))")
+#: A document's token ids: the standard library's bytes (each byte its id), or a file corpus's array.
+Document: TypeAlias = bytes | TokenIds
 
 
 @functools.cache
@@ -45,27 +58,77 @@ def stdlib_documents() -> tuple[bytes, ...]:
     return tuple(documents)
 
 
-def stdlib_batch(
-    microbatches: int, size: int, step: int, seed: int, max_len: int
+def document_batch(
+    documents: Sequence[Document], microbatches: int, size: int, step: int, seed: int, max_len: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-    """One step's micro-batches of next-byte prediction: (inputs, targets, tokens per micro-batch)."""
-    documents = stdlib_documents()
+    """One step's micro-batches of next-token prediction from ``documents`` (each of 2 tokens or more):
+    (inputs, targets, tokens per micro-batch). A micro-batch's ``size`` documents are drawn from
+    ``(seed, step)`` and cropped to the shortest one (at most ``max_len`` tokens)."""
     rng = np.random.default_rng([seed, step, 7])
     inputs, targets, tokens = [], [], []
     for _ in range(microbatches):
         chosen = [documents[int(i)] for i in rng.integers(len(documents), size=size)]
         length = min(min(len(d) for d in chosen) - 1, max_len - 1)
-        rows = torch.tensor([list(d[: length + 1]) for d in chosen], dtype=torch.int64)
+        rows = torch.from_numpy(np.stack([_ids(d, length + 1) for d in chosen]))
         inputs.append(rows[:, :-1].contiguous())
         targets.append(rows[:, 1:].contiguous())
         tokens.append(size * length)
     return inputs, targets, tokens
 
 
-def stdlib_sequences(count: int, step: int, seed: int, max_len: int) -> list[torch.Tensor]:
-    """``count`` documents drawn from ``(seed, step)``, each as its byte ids, cropped to ``max_len`` tokens
+def document_sequences(
+    documents: Sequence[Document], count: int, step: int, seed: int, max_len: int
+) -> list[torch.Tensor]:
+    """``count`` of ``documents`` drawn from ``(seed, step)``, each as its token ids, cropped to ``max_len`` tokens
     (``max_len + 1`` ids: its inputs and, shifted by one, its targets)."""
-    documents = stdlib_documents()
     rng = np.random.default_rng([seed, step, 11])
     chosen = [documents[int(i)] for i in rng.integers(len(documents), size=count)]
-    return [torch.tensor(list(d[: max_len + 1]), dtype=torch.int64) for d in chosen]
+    return [torch.from_numpy(_ids(d, max_len + 1)) for d in chosen]
+
+
+def stdlib_batch(
+    microbatches: int, size: int, step: int, seed: int, max_len: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """One step's micro-batches of next-byte prediction from the standard library (:func:`document_batch`)."""
+    return document_batch(stdlib_documents(), microbatches, size, step, seed, max_len)
+
+
+def stdlib_sequences(count: int, step: int, seed: int, max_len: int) -> list[torch.Tensor]:
+    """``count`` standard-library documents as byte ids, cropped to ``max_len`` tokens (:func:`document_sequences`)."""
+    return document_sequences(stdlib_documents(), count, step, seed, max_len)
+
+
+def data_documents(
+    data: str, field: str = "text", tokenizer: str = BYTES, *, held_out: bool = False
+) -> Sequence[Document]:
+    """The documents a run on ``data`` (``stdlib``, or a file or folder) draws from: for a file corpus its training
+    documents, or with ``held_out`` its held-out ones (:func:`~hintpipe.apps.text_files.split_held_out`); the
+    standard library's are the same either way (its held-out batch is a step no run reaches)."""
+    if data == "stdlib":
+        return stdlib_documents()
+    corpus = text_corpus(data, field=field, tokenizer=tokenizer)
+    return corpus.held_out if held_out else corpus.training
+
+
+def token_sequences(
+    data: str, *, field: str = "text", tokenizer: str = BYTES, max_len: int | None = None
+) -> list[torch.Tensor]:
+    """Every document of the file or folder ``data`` (plain text or JSONL, see :mod:`~hintpipe.apps.text_files`)
+    as a 1-D tensor of its token ids (``int64``), in order, held-out ones included; each cropped to ``max_len``
+    tokens (``max_len + 1`` ids) if given. What :func:`hintpipe.forming.collate.form_batch` takes::
+
+        documents = hintpipe.token_sequences("corpus.jsonl", tokenizer="my-tokenizer", max_len=255)
+        batch = hintpipe.form_batch(documents[:32], 4, cost)
+
+    Raises:
+        ValueError: as :func:`~hintpipe.apps.text_files.text_corpus`.
+    """
+    corpus = text_corpus(data, field=field, tokenizer=tokenizer)
+    end = None if max_len is None else max_len + 1
+    return [torch.from_numpy(_ids(d, end)) for d in corpus.documents]
+
+
+def _ids(document: Document, end: int | None) -> npt.NDArray[np.int64]:
+    """A document's first ``end`` token ids (all with None) as a new ``int64`` array."""
+    ids = np.frombuffer(document, dtype=np.uint8) if isinstance(document, bytes) else document
+    return ids[:end].astype(np.int64)

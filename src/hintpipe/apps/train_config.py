@@ -9,6 +9,7 @@ import statistics
 import torch
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist
+from hintpipe.apps.text_files import data_vocab
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.trace import Record
@@ -52,8 +53,10 @@ class TrainConfig(PipelineConfig):
     resume: bool = False
     return_state: bool = False
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
-    data: str = "synthetic"  # or "stdlib": the standard library's source files, byte tokens
-    forming: str = "crop"  # stdlib: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
+    data: str = "synthetic"  # or "stdlib" (the standard library's source, byte tokens), or a file or folder's path
+    data_field: str = "text"  # a JSONL line's document (see hintpipe.apps.text_files)
+    tokenizer: str = "bytes"  # a file corpus's tokens: UTF-8 bytes, or a Hugging Face tokenizer's folder
+    forming: str = "crop"  # documents: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
     sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
@@ -63,6 +66,19 @@ class TrainConfig(PipelineConfig):
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
+        self._check_data()
+
+    def _check_data(self) -> None:
+        """Refuse data the model cannot take, here rather than in every rank: text for the MLP, token ids beyond
+        the model's vocabulary; a file corpus is loaded (once per process) and refused if bad."""
+        if self.data != "synthetic" and self.model.name == "mlp":
+            raise ValueError(f"data {self.data!r} is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
+        vocab = data_vocab(self.data, self.data_field, self.tokenizer)
+        if vocab is not None and self.model.vocab < vocab:
+            raise ValueError(
+                f"data {self.data!r} has token ids up to {vocab - 1} (tokenizer {self.tokenizer!r}); the model's vocab "
+                f"is {self.model.vocab}: use ModelConfig(vocab={vocab})"
+            )
 
     @property
     def world(self) -> int:

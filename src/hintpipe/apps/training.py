@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hintpipe.apps.corpus import stdlib_batch, stdlib_sequences
+from hintpipe.apps.corpus import data_documents, document_batch, document_sequences
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
@@ -300,7 +300,8 @@ def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def _held_out_loss(config: TrainConfig, pipe: Pipeline) -> float:
-    """The loss on the held-out batch (every rank): the data of a step no run reaches, forwards only."""
+    """The loss on the held-out batch (every rank): the data of a step no run reaches (a file corpus's held-out
+    documents), forwards only."""
     inputs, targets, counts = step_batch(config, HELD_OUT_STEP, pipe.layout.replica_of(pipe.global_rank))
     divisor = float(sum(counts)) if config.formed else None
     loss = pipe.eval_step(inputs, targets, broadcast_loss=True, loss_divisor=divisor)
@@ -312,7 +313,8 @@ def _held_out_loss(config: TrainConfig, pipe: Pipeline) -> float:
     return float(loss)
 
 
-#: The step whose data is the held-out batch (``eval_every``): none the run trains on.
+#: The step whose data is the held-out batch (``eval_every``): none the run trains on; with a file corpus, drawn
+#: from its held-out documents only.
 HELD_OUT_STEP = 10**9
 
 
@@ -381,19 +383,24 @@ def _step(
 def step_batch(config: TrainConfig, step: int, replica: int = 0) -> tuple[list[Any], list[torch.Tensor], list[int]]:
     """Step ``step``'s micro-batches of data-parallel replica ``replica`` (inputs, targets, tokens each): the
     same for every policy and rank; each replica draws its own. Formed micro-batches (``config.forming``) take
-    the step's ``microbatches x microbatch_size`` documents whole, formed by the run's sequence cost."""
+    the step's ``microbatches x microbatch_size`` documents whole, formed by the run's sequence cost.
+
+    Documents (``stdlib``, a file or folder) come from the run's training documents; step
+    :data:`HELD_OUT_STEP` (the held-out batch) from a file corpus's held-out ones
+    (:func:`~hintpipe.apps.text_files.split_held_out`)."""
     seed = config.seed + REPLICA_SEED_STRIDE * replica
-    if config.data == "stdlib" and config.formed:
+    if config.data == "synthetic":
+        return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
+    documents = data_documents(config.data, config.data_field, config.tokenizer, held_out=step == HELD_OUT_STEP)
+    if config.formed:
         count = config.microbatches * config.microbatch_size
-        sequences = stdlib_sequences(count, step, seed, config.model.max_seq_len - 1)
+        sequences = document_sequences(documents, count, step, seed, config.model.max_seq_len - 1)
         pack = Forming.parse(config.forming) is Forming.PACKED
         batch = form_batch(sequences, config.microbatches, config.sequence_cost, pack=pack, seed=seed + step)
         formation = batch.formation
         counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(config.microbatches)]
         return batch.inputs, batch.targets, counts
-    if config.data == "stdlib":
-        return stdlib_batch(config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
-    return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
+    return document_batch(documents, config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
 
 
 REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run

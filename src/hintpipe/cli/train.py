@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
+from hintpipe.apps.text_files import BYTES, data_vocab
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
@@ -44,6 +45,11 @@ FROM_PLAN = {"ranks": None, "microbatches": None, "hint": "1f1b", "chunks": None
 FROM_PLAN |= {"hidden": 64}
 
 
+#: The options of the model's data, whose flags come with the model's (options of the table: a config file
+#: gives them too).
+DATA_OPTIONS = ("data", "data_field", "tokenizer")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The built-in model and its data (shared with ``demo``)."""
     parser.add_argument(
@@ -60,19 +66,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="gpt-mini sequence lengths per micro-batch: fixed:T or lognormal:MEAN:SIGMA (default fixed:64)",
     )
-    parser.add_argument(
-        "--data",
-        default="synthetic",
-        choices=["synthetic", "stdlib"],
-        help="synthetic counting text with --seq-len-dist lengths (default), or the Python standard library's "
-        "source files as byte-level text (real, heavy-tailed lengths; vocabulary 256)",
-    )
+    for name in DATA_OPTIONS:
+        add_option(parser, name)
 
 
 #: The pipeline's and the run's options that ``train`` takes as flags (the table says which), in the table's
 #: order; the room options come as a group of their own, the micro-batch size with the model's flags.
 TRAIN_OPTIONS = tuple(
-    name for name, option in OPTIONS.items() if "train" in option.commands and name not in (*ROOM, "microbatch_size")
+    name
+    for name, option in OPTIONS.items()
+    if "train" in option.commands and name not in (*ROOM, "microbatch_size", *DATA_OPTIONS)
 )
 
 
@@ -160,10 +163,12 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = _answered_by_plan(args)
-    values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size") if hasattr(args, n)])
+    values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, n)])
     check_run_options(args, values)
-    data = getattr(args, "data", "synthetic")
-    vocab = 256 if data == "stdlib" else ModelConfig.vocab
+    data = values.get("data", "synthetic")
+    # The model's vocabulary is the data's: a file corpus is loaded (and refused if bad) here, once.
+    vocab = data_vocab(data, values.get("data_field", "text"), values.get("tokenizer", BYTES), cli=True)
+    vocab = ModelConfig.vocab if vocab is None else vocab
     model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=values["seed"], vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     if model.name != "mlp" and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
@@ -184,6 +189,11 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             model, planned = _planned_model(args, args.plan, plan_file)
         except (KeyError, TypeError, AttributeError) as exc:
             raise _bad_fields(args.plan, exc) from None
+        if model.vocab < vocab:
+            raise ValueError(
+                f"--plan {args.plan}'s model has a vocabulary of {model.vocab}; --data {data} has token ids up to "
+                f"{vocab - 1}"
+            )
     elif model.name in PLANNED_MODELS:
         planned = _plan_hf(args, model, hint)
     else:
@@ -214,7 +224,6 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "resume": getattr(args, "resume", False),
         "timelines": bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         "plan": planned,
-        "data": data,
         "forming": forming.value,
         "sequence_cost": None if forming is Forming.CROP else _sequence_cost(model, args.microbatch_size),
         "dp": dp,

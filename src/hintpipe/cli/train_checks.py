@@ -66,10 +66,12 @@ def check_model_flags(
         )
     if tp > 1 and model.heads % tp:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
-    if data == "stdlib" and model.name == "mlp":
-        raise ValueError("--data stdlib is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
-    if forming is not Forming.CROP and data != "stdlib":
-        raise ValueError(f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib")
+    if data != "synthetic" and model.name == "mlp":
+        raise ValueError(f"--data {data} is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
+    if forming is not Forming.CROP and data == "synthetic":
+        raise ValueError(
+            f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib or --data PATH"
+        )
     if forming is Forming.PACKED and model.name != "gpt-mini":
         raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.name}")
 

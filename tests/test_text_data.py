@@ -1,0 +1,269 @@
+"""The user's own text: plain-text, JSONL and folder corpora, tokenized by bytes or a Hugging Face tokenizer
+folder, every 20th document held out; from the command line, a config file and Python alike."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hintpipe
+from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.text_files import read_documents, split_held_out, text_corpus
+from hintpipe.apps.training import HELD_OUT_STEP, TrainConfig, step_batch
+from hintpipe.cli import build_parser, main
+from hintpipe.cli.config_file import apply_config
+from hintpipe.cli.train import config_from
+from hintpipe.forming.cost import SequenceCost
+
+RUN = ["train", "--ranks", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16"]
+
+
+def _ids(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def _lists(corpus_documents: Any) -> list[list[int]]:
+    return [d.tolist() for d in corpus_documents]
+
+
+def _jsonl(path: Path, records: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    apply_config(parser, argv)
+    args = parser.parse_args(argv)
+    del args.config
+    return args
+
+
+def _config(argv: list[str]) -> TrainConfig:
+    args = _parse(argv)
+    return config_from(args, args.policy)
+
+
+def test_a_text_file_s_documents_are_its_runs_of_lines_between_blank_ones(tmp_path: Path) -> None:
+    path = tmp_path / "notes.md"  # any name but .jsonl is plain text
+    path.write_bytes(b"first line\n  indented\r\n\n \t\n\nsecond\n\n\nx\n\ncaf\xc3\xa9")
+    assert read_documents(str(path)) == ("first line\n  indented", "second", "x", "café")
+    corpus = text_corpus(str(path))
+    # "x" is 1 token: left out; é is two bytes.
+    assert _lists(corpus.documents) == [_ids("first line\n  indented"), _ids("second"), [99, 97, 102, 195, 169]]
+    assert corpus.vocab == 256
+    assert text_corpus(str(path)) is corpus  # loaded once per process
+
+
+def test_a_jsonl_file_s_documents_are_its_lines_field(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "c.jsonl", [{"text": "alpha", "id": 1}, {"body": "b", "text": "beta\n\ngamma"}])
+    with path.open("a") as handle:
+        handle.write("\n   \n" + json.dumps({"text": "", "body": "delta"}) + "\n")  # blank lines are skipped
+    assert read_documents(str(path)) == ("alpha", "beta\n\ngamma", "")
+    assert _lists(text_corpus(str(path)).documents) == [_ids("alpha"), _ids("beta\n\ngamma")]  # "" left out
+    with pytest.raises(ValueError, match=r", line 1: no field 'body' \(its fields: 'text', 'id'\)$"):
+        read_documents(str(path), field="body")
+    _jsonl(path, [{"body": "one"}, {"body": "two"}])
+    assert read_documents(str(path), field="body") == ("one", "two")
+
+
+def test_a_folder_s_documents_are_its_text_files_sorted(tmp_path: Path) -> None:
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "z.txt").write_text("zed\n\nzulu")
+    (folder / "sub" / "c.txt").write_text("see")
+    _jsonl(folder / "a.jsonl", [{"text": "ay"}, {"text": "aye"}])
+    (folder / "b.md").write_text("not read")
+    (folder / "y.txt.bak").write_text("not read")
+    assert read_documents(str(folder)) == ("ay", "aye", "see", "zed", "zulu")
+    assert _lists(text_corpus(str(folder)).documents) == [_ids(t) for t in ("ay", "aye", "see", "zed", "zulu")]
+
+
+def test_every_20th_document_is_held_out_and_a_small_corpus_holds_none_out() -> None:
+    training, held_out = split_held_out(list(range(45)))
+    assert held_out == (19, 39)
+    assert training == tuple(i for i in range(45) if i not in (19, 39))
+    assert split_held_out(list(range(19))) == (tuple(range(19)), tuple(range(19)))  # none to hold out: all
+    assert split_held_out(list(range(20))) == (tuple(range(19)), (19,))
+
+
+def _numbered(path: Path, count: int) -> Path:
+    """``count`` documents, each starting with its own number ("d07:"), of different lengths."""
+    path.write_text("\n\n".join(f"d{i:02d}:" + "ab" * (i % 7 + 2) for i in range(count)))
+    return path
+
+
+def test_training_steps_draw_the_training_documents_and_the_held_out_batch_the_held_out_ones(
+    tmp_path: Path,
+) -> None:
+    path = str(_numbered(tmp_path / "numbered.txt", 40))
+    corpus = text_corpus(path)
+    assert [bytes(d[:4].tolist()) for d in corpus.held_out] == [b"d19:", b"d39:"]
+    config = TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=4, data=path)
+
+    def starts(step: int, formed: TrainConfig = config) -> set[bytes]:
+        inputs, _, _ = step_batch(formed, step)
+        rows = [row for x in inputs for row in (x[0] if isinstance(x, tuple) else x)]
+        return {bytes(row[:4].tolist()) for row in rows}
+
+    trained = {start for step in range(20) for start in starts(step)}
+    assert len(trained) > 20 and not trained & {b"d19:", b"d39:"}
+    assert starts(HELD_OUT_STEP) == {b"d19:", b"d39:"}
+    padded = TrainConfig(
+        model=ModelConfig(vocab=256),
+        ranks=2,
+        microbatches=4,
+        data=path,
+        forming="padded",
+        sequence_cost=SequenceCost(1.0),
+    )
+    assert starts(HELD_OUT_STEP, padded) == {b"d19:", b"d39:"}
+    assert not {start for step in range(5) for start in starts(step, padded)} & {b"d19:", b"d39:"}
+
+
+@pytest.mark.parametrize(
+    ("files", "data", "message"),
+    [
+        ({}, "missing.txt", "missing.txt: no such file or folder"),
+        ({"c.jsonl": b'{"text": "ok"}\n{"text": "cut\n'}, "c.jsonl",
+         "c.jsonl, line 2: not JSON (Unterminated string starting at, column 10)"),
+        ({"c.jsonl": b'{"text": "ok"}\n["text"]\n'}, "c.jsonl", "c.jsonl, line 2: a JSON array, not an object"),
+        ({"c.jsonl": b'{"text": "ok"}\n{"txt": "no", "n": 2}\n'}, "c.jsonl",
+         "c.jsonl, line 2: no field 'text' (its fields: 'txt', 'n')"),
+        ({"c.jsonl": b'{"text": 3}\n'}, "c.jsonl", "c.jsonl, line 1: field 'text' is a JSON number, not a string"),
+        ({"e.txt": b"\n\na\n \n\nb"}, "e.txt", "e.txt: no document of 2 tokens or more (an empty corpus)"),
+        ({"d/notes.md": b"text"}, "d", "d: a folder without a .txt or .jsonl file in it"),
+        ({"l.txt": b"caf\xe9 au lait"}, "l.txt", "l.txt: not UTF-8 text (byte 3: invalid continuation byte)"),
+    ],
+)  # fmt: skip
+def test_bad_data_is_refused_in_one_line_naming_the_path(
+    tmp_path: Path, files: dict[str, bytes], data: str, message: str
+) -> None:
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        text_corpus(str(tmp_path / data), cli=True)
+    assert str(info.value) == f"--data {tmp_path}/{message}"
+    with pytest.raises(ValueError) as info:
+        TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=str(tmp_path / data))
+    assert str(info.value) == f"data {tmp_path}/{message}"
+
+
+def test_bad_data_on_the_command_line_exits_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _jsonl(tmp_path / "c.jsonl", [{"text": "ok"}, {"body": "no"}])
+    assert main([*RUN, "--data", str(path)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"hintpipe train: error: --data {path}, line 2: no field 'text' (its fields: 'body')\n"
+    )
+    assert main([*RUN, "--data", str(path), "--data-field", "body"]) == 2
+    assert "line 1: no field 'body' (its fields: 'text')" in capsys.readouterr().err
+    assert main([*RUN, "--model", "mlp", "--data", str(_numbered(tmp_path / "n.txt", 3))]) == 2
+    assert f"--data {tmp_path}/n.txt is text: use a language model" in capsys.readouterr().err
+    assert main([*RUN, "--forming", "padded"]) == 2
+    assert "use it with --data stdlib or --data PATH" in capsys.readouterr().err
+
+
+def test_a_tokenizer_that_is_not_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = str(_numbered(tmp_path / "n.txt", 3))
+    missing = tmp_path / "no-tokenizer"
+    with pytest.raises(ValueError) as info:
+        text_corpus(data, tokenizer=str(missing), cli=True)
+    assert str(info.value) == (
+        f"--tokenizer {missing}: no such folder (the tokenizer is bytes, or a folder a Hugging Face tokenizer was "
+        "saved to)"
+    )
+    with pytest.raises(ValueError, match=r"^tokenizer bytes-ish tokenizes a data file or folder; data stdlib has "):
+        TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data="stdlib", tokenizer="bytes-ish")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # not installed
+    with pytest.raises(ValueError) as info:
+        text_corpus(data, tokenizer=str(empty), cli=True)
+    assert str(info.value) == f"--tokenizer {empty}: a tokenizer folder needs transformers: pip install -e '.[hf]'"
+    monkeypatch.undo()
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError) as info:
+        text_corpus(data, tokenizer=str(empty))
+    assert str(info.value).startswith(f"tokenizer {empty}: not a folder a Hugging Face tokenizer was saved to (")
+    assert "\n" not in str(info.value)
+
+
+SENTENCES = ["the cat sat on the mat", "a dog sat on a log", "the dog and the cat"]
+
+
+def _tokenizer_folder(path: Path) -> Any:
+    """A word-level tokenizer trained on a few sentences, saved as ``save_pretrained`` saves one (no network)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    words = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", pad_token="[PAD]")
+    tokenizer.save_pretrained(str(path))
+    return tokenizer
+
+
+def test_a_tokenizer_folder_gives_the_tokenizer_s_own_ids_and_vocabulary(tmp_path: Path) -> None:
+    tokenizer = _tokenizer_folder(tmp_path / "tokenizer")
+    texts = ["the cat sat on the mat", "a dog and a fish", "cat"]  # "cat" is 1 token: left out
+    data = str(_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts]))
+    corpus = text_corpus(data, tokenizer=str(tmp_path / "tokenizer"))
+    assert _lists(corpus.documents) == [tokenizer(t)["input_ids"] for t in texts[:2]]
+    assert corpus.vocab == len(tokenizer) and max(max(d) for d in _lists(corpus.documents)) < corpus.vocab
+    assert text_corpus(data) is not corpus  # keyed by the tokenizer too
+    sequences = hintpipe.token_sequences(data, tokenizer=str(tmp_path / "tokenizer"), max_len=3)
+    assert [s.tolist() for s in sequences] == [ids[:4] for ids in _lists(corpus.documents)]
+    config = _config([*RUN, "--data", data, "--tokenizer", str(tmp_path / "tokenizer")])
+    assert (config.data, config.tokenizer, config.model.vocab) == (data, str(tmp_path / "tokenizer"), len(tokenizer))
+    inputs, _, _ = step_batch(config, 0)
+    assert int(max(x.max() for x in inputs)) < len(tokenizer)
+
+
+def test_the_command_line_and_a_config_file_make_the_same_run(tmp_path: Path) -> None:
+    data = str(_jsonl(tmp_path / "c.jsonl", [{"body": "some text"}, {"body": "more text"}]))
+    config = _config([*RUN, "--data", data, "--data-field", "body"])
+    assert (config.data, config.data_field, config.tokenizer, config.model.vocab) == (data, "body", "bytes", 256)
+    assert _config([*RUN, "--data", "stdlib"]).model.vocab == 256
+    assert _config(RUN).model.vocab == ModelConfig.vocab and _config(RUN).data == "synthetic"
+    path = tmp_path / "run.toml"
+    path.write_text(f'[run]\ndata = "{data}"\ndata_field = "body"\ntokenizer = "bytes"\n')
+    assert _config([*RUN, "--config", str(path)]) == config
+    path.write_text("[run]\ndata = 3\n")
+    with pytest.raises(ValueError, match=r"^--data must be a string, got 3$"):
+        _config([*RUN, "--config", str(path)])
+
+
+def test_python_takes_the_same_data_and_refuses_a_model_too_small_for_it(tmp_path: Path) -> None:
+    data = str(_numbered(tmp_path / "n.txt", 3))
+    config = TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=data, tokenizer="bytes")
+    assert config.data == data
+    with pytest.raises(ValueError) as info:
+        TrainConfig(model=ModelConfig(), ranks=2, microbatches=2, data=data)
+    assert str(info.value) == (
+        f"data {data!r} has token ids up to 255 (tokenizer 'bytes'); the model's vocab is 128: use "
+        "ModelConfig(vocab=256)"
+    )
+    with pytest.raises(ValueError, match=r"^data 'stdlib' is text: use a language model"):
+        TrainConfig(model=ModelConfig("mlp"), ranks=2, microbatches=2, data="stdlib")
+    sequences = hintpipe.token_sequences(data)
+    assert all(s.dtype == torch.int64 and s.dim() == 1 for s in sequences)
+    batch = hintpipe.form_batch(sequences, 2, SequenceCost(1.0))
+    assert batch.tokens == sum(s.numel() - 1 for s in sequences)
+
+
+def test_training_on_a_jsonl_file_with_held_out_evaluations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = [{"text": f"document {i}: " + "lorem ipsum " * (i % 5 + 1)} for i in range(40)]
+    data = str(_jsonl(tmp_path / "corpus.jsonl", records))
+    argv = [*RUN, "--data", data, "--microbatch-size", "2", "--steps", "2", "--eval-every", "2", "--check-grads"]
+    assert main([*argv, "--timeout", "120", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["losses"]) == 2 and out["max_grad_rel_diff"] < 1e-4
+    assert [e["steps"] for e in out["eval_losses"]] == [2]
