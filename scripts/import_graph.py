@@ -2,7 +2,7 @@
 
 The parts are the folders (``schedule/``, ``sim/``, ``planner/``, ``runtime/``,
 ``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, the options
-table (``options``: a top floor that only refers to the enums their owners
+table (``options`` and ``run_options``: a top floor that only refers to the enums their owners
 define) and the foundation below all of them (``choice``, ``spec``, ``units``,
 ``option``, ``device``, ``device_choice``, ``tensor_bytes``, ``sampler``). Every
 ``import`` of a hintpipe module counts, wherever it stands (at the top, in a
@@ -54,8 +54,10 @@ def part(module: str) -> str:
         return "hintpipe"
     if pieces[1] == "__main__":
         return "cli"
-    if pieces[1] in FOLDERS or pieces[1] in ("scoreboard", "options"):
+    if pieces[1] in FOLDERS or pieces[1] == "scoreboard":
         return pieces[1]
+    if pieces[1] in ("options", "run_options"):  # the options table, in two modules
+        return "options"
     return FOUNDATION
 
 

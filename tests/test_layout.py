@@ -33,6 +33,7 @@ TORCH_FREE = [
     "hintpipe.runtime.checkpoint",
     "hintpipe.runtime.checkpoint.manifest",
     "hintpipe.options",
+    "hintpipe.run_options",
     "hintpipe.schedule.resolve",
     "hintpipe.schedule.rank_graph",
     "hintpipe.schedule.task_list",

@@ -8,8 +8,6 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
 from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
 from hintpipe.apps.text_files import BYTES, data_vocab
 from hintpipe.cli.common import (
@@ -23,6 +21,8 @@ from hintpipe.cli.common import (
 )
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.train_checks import check_config, check_memory, check_model_flags, check_run_options
+from hintpipe.cli.train_report import result_json as result_json
+from hintpipe.cli.train_report import step_table, summary_line
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
@@ -329,101 +329,6 @@ def _planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any])
     planned, _ = load_plan(path, whole_model(config)[0])
     check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
     return config, planned  # its sizes and weights are the plan's
-
-
-def result_json(result: TrainResult) -> dict[str, Any]:
-    """The run as ``--json`` prints it: every time key says its unit (``_s``, ``_ms``)."""
-    from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
-
-    config = result.config
-    unit = "tokens_per_s" if config.model.name != "mlp" else "samples_per_s"
-    return {
-        "policy": config.policy,
-        "hint": config.hint,
-        "ranks": config.ranks,
-        "dp": config.dp,
-        "tp": config.tp,
-        "coordination_ms": result.coordination_ms,
-        "dp_overlap_ms": None if result.dp_overlap_ms is None else list(result.dp_overlap_ms),
-        "dp_exposed_ms": None if result.dp_exposed_ms is None else list(result.dp_exposed_ms),
-        "runtime_cpu_ms": None if result.runtime_cpu_ms is None else list(result.runtime_cpu_ms),
-        "microbatches": config.microbatches,
-        "emulated": config.emulate is not None,
-        "step_time_median_s": result.step_time_median,
-        unit: result.throughput,
-        "efficiency": result.efficiency,
-        "losses": list(result.losses),
-        "peak_live_bytes": result.peak_live_bytes,
-        "peak_live_slots": result.peak_live,
-        "device": config.device,
-        "transport": result.transport,
-        "device_peak_bytes": result.device_peak_bytes,
-        "step_times_s": [r.step_time for r in result.reports],
-        "bubble": [list(r.bubble) for r in result.reports],
-        "max_grad_abs_diff": result.max_grad_abs_diff,
-        "max_grad_rel_diff": result.max_grad_rel_diff,
-        "grad_rel_tolerance": None if result.max_grad_rel_diff is None else RELATIVE_TOLERANCE,
-        "resumed_from": result.resumed_from,
-        "nonfinite_steps": list(result.nonfinite_steps),
-        "learning_rates": list(result.learning_rates),
-        "grad_norms": list(result.grad_norms),
-        "eval_losses": [{"steps": steps, "loss": loss} for steps, loss in result.eval_losses],
-        "wall_time_s": result.wall_time,
-        "total_" + unit.removesuffix("_per_s"): sum(result.tokens),
-    }
-
-
-#: Rows of the step table: a longer run shows its first and last steps (every step is in ``--json``).
-TABLE_ROWS = 20
-
-
-def step_table(result: TrainResult) -> Table:
-    """One row per step (the first and last ``TABLE_ROWS / 2`` of a longer run); with data parallelism,
-    throughput in total and per replica (loss: the global batch's)."""
-    table = Table()
-    unit = "tokens/s" if result.config.model.name != "mlp" else "samples/s"
-    dp = result.config.dp
-    throughput = [unit] if dp == 1 else [f"{unit} total", f"{unit} per replica"]
-    for column in ("step", "time ms", *throughput, "efficiency", "bubble per rank", "peak live per rank", "loss"):
-        table.add_column(column, justify="right")
-    rows = list(zip(result.reports, result.tokens, result.losses, strict=True))
-    half = TABLE_ROWS // 2
-    if len(rows) > TABLE_ROWS:
-        table.caption = f"{len(rows) - TABLE_ROWS} steps between not shown (every step: --json)"
-    for index, (report, tokens, loss) in enumerate(rows):
-        if len(rows) > TABLE_ROWS and half <= index < len(rows) - half:
-            if index == half:
-                table.add_row("...", *[""] * (len(table.columns) - 1))
-            continue
-        rates = [tokens / report.step_time] if dp == 1 else [tokens / report.step_time, tokens / dp / report.step_time]
-        table.add_row(
-            str(report.step + 1),  # steps run, as the log lines and TensorBoard count them
-            f"{report.step_time * 1e3:.1f}",
-            *(f"{rate:,.0f}" for rate in rates),
-            f"{report.efficiency:.3f}",
-            " ".join(f"{b:.2f}" for b in report.bubble),
-            " ".join(format_size(b) for b in report.peak_live_bytes),
-            f"{loss:.4f}",
-        )
-    return table
-
-
-def summary_line(result: TrainResult) -> str:
-    """The run in one line: the steps it ran, its tokens and time (the whole loop's: the optimizer, evaluations
-    and checkpoints too), their rate, the last loss and held-out loss."""
-    config = result.config
-    unit = "samples" if config.model.name == "mlp" else "tokens"
-    first, last = result.resumed_from + 1, result.resumed_from + len(result.reports)
-    steps = f"{len(result.reports)} steps" + (f" ({first}-{last} of {config.steps})" if result.resumed_from else "")
-    tokens = sum(result.tokens)
-    line = (
-        f"{steps} in {result.wall_time:.1f} s: {tokens:,} {unit}, {tokens / result.wall_time:,.0f} {unit}/s, "
-        f"final loss {result.losses[-1]:.4f}"
-    )
-    if result.eval_losses:
-        after, loss = result.eval_losses[-1]
-        line += f", held-out loss {loss:.4f} (after step {after})"
-    return line
 
 
 def _stopped(result: TrainResult) -> int:

@@ -20,8 +20,9 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.node_profile import NodeProfile
-from hintpipe.planner.portable import CONTAINER, make_portable
+from hintpipe.planner.portable import make_portable
 from hintpipe.planner.tables import ValueUse
 
 
@@ -281,38 +282,8 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
     paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
     retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
-    _carry_module_paths(paths, retraced)
+    carry_module_paths(paths, retraced)
     return retraced
-
-
-#: Where a node's module path is kept: the planner's tables name each stage by its first node's.
-MODULE_PATH = "module_path"
-
-
-def module_path(node: fx.Node) -> str:
-    """The path of the innermost module whose code made ``node`` (``transformer.h.0.attn``): what a user
-    recognises where a node's own name (``view_default_5``) says nothing; "" for the model's own code."""
-    if MODULE_PATH in node.meta:
-        return str(node.meta[MODULE_PATH])
-    stack = node.meta.get("nn_module_stack")  # a portable call (FollowingOp) keeps its call's
-    if stack:
-        path = str(list(stack.values())[-1][0])
-        return "" if path.startswith("_") else path  # export's placeholder for "no module"
-    if node.op == "call_module" and not str(node.target).startswith(f"{CONTAINER}."):
-        return str(node.target)
-    return ""
-
-
-def _carry_module_paths(paths: list[tuple[str, str, str]], retraced: fx.GraphModule) -> None:
-    """Keep each node's module path across the re-trace, which keeps no metadata: the re-traced graph has the
-    exported one's nodes in the same order, less some it ran at trace time, so each node takes the path of
-    the next exported node that calls the same target."""
-    at = 0
-    for node in retraced.graph.nodes:
-        found = next((i for i in range(at, len(paths)) if paths[i][:2] == (node.op, str(node.target))), None)
-        if found is not None:
-            node.meta[MODULE_PATH] = paths[found][2]
-            at = found + 1
 
 
 def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:

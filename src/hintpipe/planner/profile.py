@@ -35,8 +35,9 @@ import torch
 import torch.fx as fx
 
 from hintpipe.device import Clock, clock_for
-from hintpipe.planner.capture import CapturedGraph, attribute, module_path
+from hintpipe.planner.capture import CapturedGraph, attribute
 from hintpipe.planner.graph_timing import ClockMarks, graph_times, marks_for, run_seconds
+from hintpipe.planner.module_paths import module_path
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 

@@ -1,0 +1,282 @@
+"""The options that are not the pipeline's: the run's (``train``), the simulator's and the planner's, with the
+pipeline run's count of ranks; :data:`hintpipe.options.OPTIONS` puts them beside the pipeline's own.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+from hintpipe.apps.lr_schedule import LrSchedule
+from hintpipe.forming.form import Forming
+from hintpipe.option import Option
+from hintpipe.schedule.fit import AdmissionUnit
+
+_TRAIN = frozenset({"train"})
+_RUN = frozenset({"train", "simulate"})
+_ALL = frozenset({"train", "simulate", "plan"})
+_PLAN = frozenset({"plan"})
+
+#: The pipeline's length in ranks (``Hint.num_ranks``): the run's, the simulator's and the planner's.
+RANKS = Option(
+    "ranks",
+    "int",
+    None,
+    "pipeline ranks (one process each); each holds --chunks stages",
+    minimum=1,
+    required=True,
+    metavar="P",
+    commands=_ALL,
+    pipeline=False,
+)
+
+#: In ``--help``'s order: the simulator's, the run's and the planner's.
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "admission",
+        "choice",
+        AdmissionUnit.SLOTS,
+        "what admission counts a micro-batch as: one slot (slots), or its known size (size), so that a sorted "
+        "order runs within the memory the given order needs (the hint then runs fitted to that budget)",
+        choices=AdmissionUnit,
+        commands=frozenset({"simulate"}),
+        pipeline=False,
+    ),
+    # -- the run around the pipeline: ``hintpipe train`` and TrainConfig ------------------------------
+    Option("steps", "int", 4, "training steps", minimum=1, metavar="N", commands=_TRAIN, pipeline=False),
+    Option(
+        "microbatch_size",
+        "int",
+        4,
+        "samples per micro-batch",
+        minimum=1,
+        metavar="B",
+        commands=frozenset({"train", "plan"}),
+        pipeline=False,
+    ),
+    Option(
+        "data",
+        "str",
+        "synthetic",
+        "synthetic: counting text with --seq-len-dist lengths; stdlib: the Python standard library's source "
+        "files as byte-level text (real, heavy-tailed lengths; vocabulary 256); or a PATH: a text file "
+        "(documents separated by blank lines), a .jsonl file (one JSON object per line, the document under "
+        "--data-field) or a folder of .txt and .jsonl files, tokenized by --tokenizer (every 20th document "
+        "held out for --eval-every)",
+        metavar="synthetic|stdlib|PATH",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "data_field",
+        "str",
+        "text",
+        "the field of each JSONL line that holds its document (--data FILE.jsonl or a folder)",
+        metavar="NAME",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "tokenizer",
+        "str",
+        "bytes",
+        "how --data PATH becomes tokens: bytes (UTF-8 bytes, vocabulary 256) or a folder a Hugging Face "
+        "tokenizer was saved to (save_pretrained; local files only; needs the hf extra); the model's vocabulary "
+        "is the tokenizer's",
+        metavar="bytes|DIR",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "forming",
+        "choice",
+        Forming.CROP,
+        "how --data stdlib or PATH makes micro-batches: crop (each micro-batch's documents cropped to its "
+        "shortest), padded (the step's whole documents formed by predicted cost into even micro-batches, padded "
+        "rows) or packed (the same, several documents per row with document masks; gpt-mini)",
+        choices=Forming,
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "dp",
+        "int",
+        1,
+        "data-parallel replicas of the pipeline",
+        minimum=1,
+        metavar="D",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "tp",
+        "int",
+        1,
+        "tensor-parallel ranks per stage (gpt-mini): dp x ranks x tp processes",
+        minimum=1,
+        metavar="T",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "variability",
+        "specs",
+        (),
+        "iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
+        "comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA[:DECISION] (the simulator's DECISION only; times with a unit in "
+        "train: 2ms); one grammar for both commands; repeatable",
+        metavar="SPEC",
+        commands=_RUN,
+        pipeline=False,
+    ),
+    Option(
+        "faults",
+        "specs",
+        (),
+        "crash:RANK:STEP, hang:RANK:STEP, nan:STEP, savefail:RANK:STEP: faults to inject, for tests of failure "
+        "handling; repeatable",
+        metavar="SPEC",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "seed",
+        "int",
+        0,
+        "model, data, sampling and injection seed",
+        minimum=0,
+        maximum=2**32 - 1,
+        metavar="S",
+        commands=_ALL,
+        pipeline=False,
+    ),
+    Option("lr", "float", 1e-3, "AdamW's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
+    Option(
+        "lr_schedule",
+        "choice",
+        LrSchedule.CONSTANT,
+        "the learning rate over the run: constant, or --warmup-steps of linear warm-up, then a cosine or "
+        "linear decay to 0 at the last step (kept in the checkpoints)",
+        choices=LrSchedule,
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "warmup_steps",
+        "int",
+        0,
+        "steps of linear warm-up before the schedule's decay",
+        minimum=0,
+        metavar="N",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "clip_grad_norm",
+        "float",
+        None,
+        "clip the whole model's gradient norm to this before each optimizer step (torch's clip_grad_norm_ "
+        "over every rank)",
+        minimum=0.0,
+        optional=True,
+        metavar="MAX_NORM",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "tensorboard",
+        "object",
+        None,
+        "write TensorBoard scalars to this folder every step: loss, learning rate, gradient norm, tokens/s, "
+        "step time, bubble, peak memory, held-out loss (needs the tensorboard extra)",
+        optional=True,
+        metavar="DIR",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "eval_every",
+        "int",
+        0,
+        "every this many steps (and after the last), the loss on a held-out batch, forwards only in eval "
+        "mode (0: none)",
+        minimum=0,
+        metavar="N",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "log_every",
+        "int",
+        0,
+        "every this many steps and after the last, one line on stderr: the step, its loss, its time, tokens/s "
+        "and the time left (0: every tenth of the run when stderr is not a terminal and --json is not given, "
+        "else none; the table and --json come at the end)",
+        minimum=0,
+        metavar="N",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "checkpoint_every",
+        "int",
+        0,
+        "save a checkpoint after every this many steps (0: only after the last step and on a stop; needs "
+        "--checkpoint-dir)",
+        minimum=0,
+        metavar="K",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "replace_checkpoints",
+        "bool",
+        False,
+        "start a new run in a --checkpoint-dir that holds another run's checkpoints, deleting them (without it, "
+        "such a folder is refused: resume it with --resume, or use another folder)",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "checkpoint_keep",
+        "int",
+        2,
+        "verified checkpoints kept",
+        minimum=1,
+        metavar="K",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    # -- the planner: ``hintpipe plan`` and ``hintpipe.plan`` ---------------------------------------------
+    Option(
+        "stage_memory",
+        "size",
+        None,
+        "total memory of each stage's device (parameters, gradients, optimizer state and activations), "
+        "e.g. 512MiB or 2GiB; or one per stage, comma-separated",
+        optional=True,
+        metavar="SIZE",
+        commands=_PLAN,
+        pipeline=False,
+    ),
+    Option(
+        "optimizer_factor",
+        "float",
+        2.0,
+        "optimizer state bytes per parameter byte (Adam 2, SGD 0)",
+        minimum=0.0,
+        commands=_PLAN,
+        pipeline=False,
+    ),
+    Option(
+        "host_bandwidth",
+        "float",
+        None,
+        "bytes per second to host memory for offloading activations (default: 0, no offload, on a CPU)",
+        minimum=0.0,
+        optional=True,
+        metavar="BYTES_PER_S",
+        commands=_PLAN,
+        pipeline=False,
+    ),
+    Option("repeats", "int", 5, "profiling repeats per node", minimum=1, commands=_PLAN, pipeline=False),
+)
