@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from hintpipe.planner.plan_file import load_plan, save_plan
     from hintpipe.planner.stage_timing import measure_stages
     from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+    from hintpipe.runtime.checkpoint.description import hf_description
     from hintpipe.runtime.checkpoint.saving import load_merged
     from hintpipe.runtime.checkpoint.stopping import StopRequest
     from hintpipe.runtime.errors import (
@@ -69,6 +70,7 @@ _LAZY = {
     "measure_stages": "hintpipe.planner.stage_timing",
     "Checkpointer": "hintpipe.runtime.checkpoint.checkpointer",
     "load_merged": "hintpipe.runtime.checkpoint.saving",
+    "hf_description": "hintpipe.runtime.checkpoint.description",
     "StopRequest": "hintpipe.runtime.checkpoint.stopping",
     "run_ranks": "hintpipe.runtime.launch",
     "CheckpointError": "hintpipe.runtime.errors",
@@ -132,6 +134,7 @@ __all__ = [
     "form_batch",
     "form_microbatches",
     "generate_hint",
+    "hf_description",
     "load_merged",
     "load_plan",
     "measure_stages",

@@ -8,6 +8,8 @@ optional extra ``hf`` (``pip install -e .[hf]``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -15,6 +17,8 @@ from hintpipe.apps.model_config import ModelConfig
 
 #: The keyword inputs every capture and call of these models uses.
 CALL_KWARGS = {"use_cache": False}
+#: Each model's class in ``transformers``.
+ARCHITECTURES = {"hf-gpt2": "GPT2LMHeadModel", "hf-llama": "LlamaForCausalLM"}
 
 
 def build_hf_model(config: ModelConfig) -> nn.Module:
@@ -23,27 +27,34 @@ def build_hf_model(config: ModelConfig) -> nn.Module:
     Raises:
         ImportError: when transformers is not installed, naming the extra.
     """
+    import transformers  # hf_config said it is there
+
+    settings = hf_config(config)
+    torch.manual_seed(config.seed)
+    model: nn.Module = getattr(transformers, ARCHITECTURES[config.name])(settings)
+    return model
+
+
+def hf_config(config: ModelConfig) -> Any:
+    """The ``transformers`` config of the model ``config`` names (a ``PretrainedConfig``): what a checkpoint's
+    description keeps of it, so that the model is rebuilt without these lines.
+
+    Raises:
+        ImportError: when transformers is not installed, naming the extra.
+    """
     try:
         import transformers
     except ImportError as exc:
         raise ImportError(f"{config.name} needs transformers: pip install -e '.[hf]'") from exc
-    torch.manual_seed(config.seed)
-    model: nn.Module
     if config.name == "hf-gpt2":
-        model = transformers.GPT2LMHeadModel(
-            transformers.GPT2Config(
-                n_layer=config.layers, n_embd=config.hidden, n_head=config.heads, vocab_size=config.vocab,
-                n_positions=config.max_seq_len, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                eos_token_id=0,
-            )
+        return transformers.GPT2Config(
+            n_layer=config.layers, n_embd=config.hidden, n_head=config.heads, vocab_size=config.vocab,
+            n_positions=config.max_seq_len, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+            eos_token_id=0,
         )  # fmt: skip
-    else:
-        model = transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(
-                hidden_size=config.hidden, intermediate_size=4 * config.hidden, num_hidden_layers=config.layers,
-                num_attention_heads=config.heads, num_key_value_heads=config.heads, vocab_size=config.vocab,
-                max_position_embeddings=config.max_seq_len, tie_word_embeddings=True, pad_token_id=0, bos_token_id=0,
-                eos_token_id=0,
-            )
-        )  # fmt: skip
-    return model
+    return transformers.LlamaConfig(
+        hidden_size=config.hidden, intermediate_size=4 * config.hidden, num_hidden_layers=config.layers,
+        num_attention_heads=config.heads, num_key_value_heads=config.heads, vocab_size=config.vocab,
+        max_position_embeddings=config.max_seq_len, tie_word_embeddings=True, pad_token_id=0, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip

@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
+from hintpipe.apps.model_description import describe_model
 from hintpipe.apps.models import (
     build_layers,
     layer_bounds,
@@ -62,7 +64,9 @@ def train(config: TrainConfig) -> TrainResult | None:
 
     With a checkpoint folder, this process holds it (see [Note: one run per folder at a time] in
     :mod:`hintpipe.runtime.checkpoint.folder_lock`) from before the ranks start until they have all ended;
-    under ``torchrun`` rank 0 holds it instead.
+    under ``torchrun`` rank 0 holds it instead. Every checkpoint's manifest describes the model (see
+    :mod:`hintpipe.apps.model_description`), described here once rather than on every rank (a Hugging Face
+    model's description imports transformers, which the ranks otherwise never do).
 
     Raises:
         hintpipe.runtime.errors.RankFailure: with each failed rank's error.
@@ -70,8 +74,11 @@ def train(config: TrainConfig) -> TrainResult | None:
             rank started).
     """
     hold = config.checkpoint_dir is not None and not under_torchrun()
+    description = describe_model(config.model) if config.checkpoint_dir is not None else None
     with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
-        results = run_ranks(_train_rank, config.world, config, timeout_s=config.timeout, device=str(config.device))
+        results = run_ranks(
+            _train_rank, config.world, config, description, timeout_s=config.timeout, device=str(config.device)
+        )
     # Rank 0's result (every rank's is None but its): in the launcher, or on rank 0 under torchrun, where each
     # rank returns its own so that one prints.
     result = results[int(os.environ.get("RANK", "0"))] if under_torchrun() else results[0]
@@ -150,15 +157,18 @@ class _Run:
     every: int = 0  # a step line every this many steps (0: none; see hintpipe.apps.progress.line_every)
 
 
-def _train_rank(rank: int, world: int, config: TrainConfig) -> TrainResult | None:
+def _train_rank(
+    rank: int, world: int, config: TrainConfig, description: Mapping[str, Any] | None = None
+) -> TrainResult | None:
     """What ``train`` runs on each rank: the run of ``config``, closed whatever happens (its mailboxes and
-    threads stop, so that a process can go on to other work after a failed run)."""
+    threads stop, so that a process can go on to other work after a failed run). ``description``: the model's,
+    for its checkpoints (None: described here)."""
     pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
     scheduler = _scheduler(config, optimizer)
-    checkpoints = _checkpointer(config, pipe, optimizer, scheduler)
+    checkpoints = _checkpointer(config, pipe, optimizer, scheduler, description)
     first = 0
     run = _Run()
     bar = writer = None
@@ -319,8 +329,14 @@ HELD_OUT_STEP = 10**9
 
 
 def _checkpointer(
-    config: TrainConfig, pipe: Pipeline, optimizer: torch.optim.Optimizer | None, scheduler: Any = None
+    config: TrainConfig,
+    pipe: Pipeline,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any = None,
+    description: Mapping[str, Any] | None = None,
 ) -> Checkpointer | None:
+    """The run's checkpoints (None without a folder), each describing the built-in model (``description``, or
+    described here), so that ``hintpipe export`` rebuilds it from the checkpoint alone."""
     if config.checkpoint_dir is None:
         return None
     checkpoints = Checkpointer(
@@ -331,6 +347,7 @@ def _checkpointer(
         every=config.checkpoint_every,
         keep=config.checkpoint_keep,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
+        model_description=description if description is not None else describe_model(config.model),
     )
     return checkpoints
 

@@ -1,4 +1,4 @@
-"""The ``hintpipe`` command line: ``simulate``, ``train``, ``plan``, ``demo``.
+"""The ``hintpipe`` command line: ``simulate``, ``train``, ``plan``, ``export``, ``demo``.
 
 Every command prints a readable table by default and one JSON object with
 ``--json``. Errors in the user's input end the command with exit status 2 and
@@ -13,7 +13,7 @@ import platform
 import sys
 from collections.abc import Sequence
 
-from hintpipe.cli import demo, plan, simulate, train
+from hintpipe.cli import demo, export, plan, simulate, train
 from hintpipe.cli.config_file import apply_config, config_text
 from hintpipe.runtime.errors import Interrupted, RankFailure
 
@@ -27,13 +27,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hintpipe",
-        description="Readiness-driven pipeline-parallel training: simulate schedules, train, plan.",
+        description="Readiness-driven pipeline-parallel training: simulate schedules, train, plan, export.",
     )
     parser.add_argument("--version", action="version", version=version_line(), help="print the versions and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     simulate.register(commands)
     train.register(commands)
     plan.register(commands)
+    export.register(commands)
     demo.register(commands)
     return parser
 

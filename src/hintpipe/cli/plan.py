@@ -43,6 +43,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # here, not above: ``hintpipe simulate`` runs without torch
 
+    from hintpipe.apps.model_description import describe_model
     from hintpipe.apps.models import make_batch, whole_model
     from hintpipe.planner.plan import plan
     from hintpipe.planner.plan_file import save_plan
@@ -71,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
         kwargs=kwargs or None,
     )
     if args.save is not None:
-        save_plan(result, args.save, model={"config": dataclasses.asdict(config)})
+        # The config trains it again (train --plan); the description rebuilds it without hintpipe (an hf-* model's
+        # transformers class and config).
+        described = {"config": dataclasses.asdict(config), "description": describe_model(config)}
+        save_plan(result, args.save, model=described)
     if args.json:
         print_json(_finite(result.to_json()))
         return 0

@@ -4,6 +4,7 @@ collective phases whose failures reach every rank, and stopping on a signal.
 Modules: :mod:`~hintpipe.runtime.checkpoint.saving` (save, find, resume, prune, merge),
 :mod:`~hintpipe.runtime.checkpoint.checkpointer` (:class:`Checkpointer`, a training loop's checkpoints),
 :mod:`~hintpipe.runtime.checkpoint.manifest` (what a checkpoint belongs to; torch-free),
+:mod:`~hintpipe.runtime.checkpoint.description` (what rebuilds the model a checkpoint holds; torch-free),
 :mod:`~hintpipe.runtime.checkpoint.collective` and :mod:`~hintpipe.runtime.checkpoint.stopping`.
 Importing this package imports no torch; its modules do.
 """

@@ -6,13 +6,14 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.description import checked_description
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.manifest import step_folders
 from hintpipe.runtime.checkpoint.rank_state import Stateful
@@ -59,6 +60,10 @@ class Checkpointer:
     run resumes under another plan of the same model), or stage modules alone (``<stage>.<name>``).
     ``scheduler`` and ``state`` (anything with ``state_dict`` and ``load_state_dict``: a data position, a
     sampler) are saved with each checkpoint and restored by :meth:`resume`, once for all ranks.
+    ``model_description`` (plain JSON values; for a Hugging Face model
+    :func:`~hintpipe.runtime.checkpoint.description.hf_description`) is recorded in every checkpoint's manifest,
+    so that ``hintpipe export`` rebuilds the model from the checkpoint alone; without it a checkpoint is
+    exported by hand (``model.load_state_dict(load_merged(folder))``).
 
     It saves every ``every`` steps, after the loop's last step and when the loop is stopping, and prunes to
     ``keep`` verified checkpoints of its run one step after a save (so the newest has been verified and a step
@@ -81,9 +86,12 @@ class Checkpointer:
         hint: str = "",
         group: dist.ProcessGroup | None = None,
         storage_writer: WriterFactory | None = None,
+        model_description: Mapping[str, Any] | None = None,
     ) -> None:
         if every < 0 or keep < 1:
             raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")
+        #: What rebuilds the model, recorded in every manifest (checked here, not at the first save).
+        self.model_description = None if model_description is None else checked_description(model_description)
         self.directory = Path(directory)
         self.pipe = None if isinstance(pipe, Mapping) else pipe
         if isinstance(pipe, Mapping):  # stage modules alone: named ``<stage>.<name>``
@@ -227,6 +235,7 @@ class Checkpointer:
             run=self.run,
             names=self.names,
             extra=self.extra,
+            model_description=self.model_description,
         )
         self._saved_at = done
         self._prune_due = True

@@ -2,8 +2,9 @@
 
 A checkpoint folder holds torch.distributed.checkpoint's files and, written
 last, ``manifest.json``: the run's identity (:class:`RunIdentity`: the run it
-belongs to, and every tensor's name and shape) and a SHA-256 digest and size
-per file, then ``manifest.sha256``, the manifest's own digest. A folder
+belongs to, every tensor's name and shape, and the model's description where
+the run knew it) and a SHA-256 digest and size per file, then
+``manifest.sha256``, the manifest's own digest. A folder
 without a manifest was never finished; a file whose digest differs was
 damaged after it was written, and so was a manifest edited by hand. Both are
 told apart from a checkpoint of *another model* (other tensors), which is
@@ -30,7 +31,9 @@ __all__ = ["CheckpointError", "DamagedCheckpoint", "Manifest", "RunIdentity"]
 
 MANIFEST = "manifest.json"
 MANIFEST_DIGEST = "manifest.sha256"
-FORMAT = 2  # 1: hintpipe 0.5 and earlier (no run, no digest of its own)
+#: 1: hintpipe 0.5 and earlier (no run, no digest of its own). The identity's ``model`` (0.7) kept format 2: a
+#: reader before it ignores the key, and this one reads a manifest without it as None.
+FORMAT = 2
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -39,9 +42,11 @@ class RunIdentity:
     """What a checkpoint belongs to: its run, and every tensor's name and shape (what must be the same to
     resume it).
 
-    ``stage_ranks``, ``hint``, ``versions``, ``aliases`` and ``keys`` are recorded for the reader; a change in
-    them is allowed (a new torch, another hint, another plan of the same model: torch.distributed.checkpoint
-    loads tensors by name).
+    ``stage_ranks``, ``hint``, ``versions``, ``aliases``, ``keys`` and ``model`` are recorded for the reader; a
+    change in them is allowed (a new torch, another hint, another plan of the same model: torch.distributed.checkpoint
+    loads tensors by name). ``model`` is the model's description, where the run knew it (what rebuilds the
+    model without the code that trained it: see :mod:`hintpipe.runtime.checkpoint.description`); None in
+    manifests written before hintpipe 0.7 and by runs that gave none.
     """
 
     tensors: dict[str, list[int]]  # the model's name -> shape (one name per tensor), every rank's stages
@@ -51,6 +56,7 @@ class RunIdentity:
     run: str = ""  # the run's id (see :mod:`hintpipe.runtime.checkpoint.run_folder`); "" before hintpipe 0.6
     aliases: list[list[str]] = dataclasses.field(default_factory=list)  # names of each tensor stages share
     keys: list[str] = dataclasses.field(default_factory=list)  # the model's state-dict keys, in its order
+    model: dict[str, Any] | None = None  # the model's description (plain JSON values), or None
 
     def differences(self, saved: RunIdentity) -> list[str]:
         """What the run (``self``) changed from the checkpoint (``saved``), in words; empty if resumable."""
@@ -83,6 +89,7 @@ class RunIdentity:
             run=str(data.get("run", "")),
             aliases=[[str(n) for n in group] for group in data.get("aliases", [])],
             keys=[str(k) for k in data.get("keys", [])],
+            model=None if data.get("model") is None else dict(data["model"]),
         )
 
 

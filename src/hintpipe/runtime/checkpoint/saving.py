@@ -72,6 +72,8 @@ __all__ = [
     "load_checkpoint",
     "load_merged",
     "prune_checkpoints",
+    "read_merged",
+    "resolve_checkpoint",
     "resume",
     "run_identity",
     "save_checkpoint",
@@ -99,10 +101,12 @@ def run_identity(
     run: str = "",
     names: ModelNames | None = None,
     what: str = "comparing the ranks' stages",
+    model_description: Mapping[str, Any] | None = None,
 ) -> RunIdentity:
     """What this run's checkpoints belong to (call on every rank): the run, and the model's tensors by name
-    with their shapes (the stages' placement and the hint are recorded beside them). ``what``: the phase
-    a failure names (a save's or a resume's own words, so that a rank lost here is reported as lost in it)."""
+    with their shapes (the stages' placement, the hint and ``model_description`` are recorded beside them).
+    ``what``: the phase a failure names (a save's or a resume's own words, so that a rank lost here is
+    reported as lost in it)."""
     group = group if group is not None else phase_group()
     names = names if names is not None else ModelNames()
     own = {name: list(t.shape) for name, t in names.named_tensors(modules).items()}
@@ -120,6 +124,7 @@ def run_identity(
         run=run,
         aliases=[list(group) for group in names.aliases],
         keys=list(names.keys),
+        model=None if model_description is None else dict(model_description),
     )
 
 
@@ -149,11 +154,14 @@ def save_checkpoint(
     run: str = "",
     names: ModelNames | None = None,
     extra: Mapping[str, Stateful] | None = None,
+    model_description: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save this rank's share of step ``step`` of run ``run`` (call on every rank); returns the checkpoint folder.
 
     ``names``: the model's names for the stages' tensors (default ``<stage>.<name>``); ``extra``: the
-    caller's state saved with them (an LR scheduler). ``storage_writer`` makes torch.distributed.checkpoint's
+    caller's state saved with them (an LR scheduler); ``model_description``: what rebuilds the model, recorded
+    in the manifest (plain JSON values: see :mod:`hintpipe.runtime.checkpoint.description`).
+    ``storage_writer`` makes torch.distributed.checkpoint's
     writer for a folder: its :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (None; the
     manifest's digests and the atomic rename need files). Old checkpoints are not removed here: see
     :func:`prune_checkpoints`.
@@ -168,7 +176,9 @@ def save_checkpoint(
     tmp = root / f"{step_name(step)}.tmp"
     what = f"saving checkpoint step {step} in {root}"
     names = names if names is not None else ModelNames()
-    identity = run_identity(modules, hint=hint, group=group, run=run, names=names, what=what)
+    identity = run_identity(
+        modules, hint=hint, group=group, run=run, names=names, what=what, model_description=model_description
+    )
     state = RankState(modules, names, optimizer, extra)
 
     def prepare() -> None:
@@ -452,6 +462,17 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
         UnsafeCheckpoint: its files would run code when read (see [Note: nothing from disk runs code]).
         CheckpointError: a folder with no usable checkpoint.
     """
+    return read_merged(*resolve_checkpoint(path))
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Manifest]:
+    """The checkpoint ``path`` names (a ``step-N`` folder; a checkpoint folder or its ``latest``: the folder's
+    newest verified checkpoint) and its manifest, every file verified.
+
+    Raises:
+        DamagedCheckpoint: if the checkpoint does not verify.
+        CheckpointError: a folder with no usable checkpoint.
+    """
     folder = Path(path)
     if folder.name == LATEST and folder.is_file():
         folder = folder.parent
@@ -461,6 +482,15 @@ def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
         folder = found
     manifest = Manifest.read(folder)
     manifest.verify(folder)
+    return folder, manifest
+
+
+def read_merged(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """:func:`load_merged` of a checkpoint :func:`resolve_checkpoint` found (its files are not hashed again).
+
+    Raises:
+        UnsafeCheckpoint: its files would run code when read (see [Note: nothing from disk runs code]).
+    """
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from hintpipe.runtime.checkpoint.reading import SafeEmptyPlanner, SafeReader, read_metadata, unsafe_in

@@ -1,0 +1,287 @@
+"""A checkpoint out as a model others load: the description a manifest keeps, and ``hintpipe export``.
+
+The unit tests write manifests by hand (no tensors, no ranks): a description
+goes through a manifest and back, a manifest without one still reads, and each
+refusal is one exact line. The end-to-end tests train on 2 spawned ranks (one
+run each): ``hintpipe train --model hf-gpt2`` exported and loaded by
+``transformers`` alone, its parameters equal to ``load_merged``'s bit for bit
+and its loss on the run's held-out batch equal to the pipeline's (rel 1e-5:
+float32, the captured graph's kernels against the eager model's, in eval mode
+both); a gpt-mini exported and rebuilt with hintpipe's builder, its state
+equal to the run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from conftest import small_run
+from hintpipe import hf_description
+from hintpipe.apps.export import ExportError, export_checkpoint
+from hintpipe.apps.model_description import describe_model, rebuild_model
+from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch, whole_model
+from hintpipe.apps.training import HELD_OUT_STEP, train
+from hintpipe.cli import main
+from hintpipe.planner.plan_file import read_plan_file
+from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+from hintpipe.runtime.checkpoint.description import checked_description
+from hintpipe.runtime.checkpoint.manifest import MANIFEST, MANIFEST_DIGEST, Manifest, RunIdentity
+from hintpipe.runtime.checkpoint.saving import load_merged
+
+GPT_MINI = {"kind": "hintpipe", "hintpipe_model": dataclasses.asdict(ModelConfig("gpt-mini", layers=1, hidden=8))}
+
+
+def _identity(model: dict[str, Any] | None = None) -> RunIdentity:
+    return RunIdentity(tensors={"0.w": [2, 3]}, stage_ranks=[0, 1], hint="1f1b", versions={}, run="r1", model=model)
+
+
+def _fake_checkpoint(root: Path, model: dict[str, Any] | None, step: int = 3) -> Path:
+    """A checkpoint folder whose one step's manifest verifies (it vouches for no file)."""
+    folder = root / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    Manifest(step, _identity(model), {}).write(folder)
+    return folder
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(list(argv)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+# -- the description in a manifest -------------------------------------------------------------------------------
+
+
+def test_a_description_goes_through_a_manifest_and_back_and_is_never_compared(tmp_path: Path) -> None:
+    described = describe_model(ModelConfig("hf-gpt2", layers=2, hidden=32))
+    folder = _fake_checkpoint(tmp_path, described)
+    read = Manifest.read(folder).identity
+    assert read.model == described and read == _identity(described)
+    assert _identity().differences(read) == [] and read.differences(_identity()) == []  # resumable either way
+
+
+def test_a_manifest_without_a_description_reads_as_before(tmp_path: Path) -> None:
+    # As hintpipe 0.6 wrote it: format 2, no "model" key in the identity.
+    folder = tmp_path / "step-00000001"
+    folder.mkdir()
+    identity = {k: v for k, v in _identity().to_json().items() if k != "model"}
+    text = json.dumps({"format": 2, "step": 1, "identity": identity, "files": {}}, indent=1, sort_keys=True)
+    (folder / MANIFEST).write_text(text)
+    (folder / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest())
+    assert Manifest.read(folder).identity == _identity()
+    assert Manifest.read(folder).identity.model is None
+
+
+def test_a_built_in_hugging_face_model_is_described_by_its_transformers_config() -> None:
+    # The user's report: the config that loads a CLI checkpoint was only in hintpipe's code.
+    config = ModelConfig("hf-gpt2", layers=2, hidden=32, max_seq_len=17)
+    described = describe_model(config)
+    assert (described["kind"], described["architecture"]) == ("hf", "GPT2LMHeadModel")
+    assert described["hintpipe_model"] == dataclasses.asdict(config)
+    hf = described["config"]
+    sizes = {"model_type": "gpt2", "vocab_size": 128, "n_positions": 17, "n_layer": 2, "n_embd": 32}
+    plain = {"bos_token_id": 0, "eos_token_id": 0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    assert {k: hf[k] for k in {**sizes, **plain}} == {**sizes, **plain}
+    assert json.loads(json.dumps(described)) == described
+    built_in = {"kind": "hintpipe", "hintpipe_model": dataclasses.asdict(ModelConfig())}
+    assert describe_model(ModelConfig("gpt-mini")) == built_in
+
+
+def test_a_hugging_face_model_of_ones_own_is_rebuilt_from_its_description() -> None:
+    config = transformers.LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=40, max_position_embeddings=32, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    described = checked_description(hf_description(model))  # what a Checkpointer records
+    rebuilt = rebuild_model(described)
+    assert type(rebuilt) is transformers.LlamaForCausalLM and rebuilt.config.to_dict() == model.config.to_dict()
+    rebuilt.load_state_dict(model.state_dict(), strict=True)
+    assert rebuilt.lm_head.weight is rebuilt.model.embed_tokens.weight  # tied, as the original
+
+
+def test_a_description_that_is_not_plain_values_is_refused_when_the_checkpointer_is_made(tmp_path: Path) -> None:
+    stages = {0: torch.nn.Linear(1, 1)}
+    with pytest.raises(ValueError) as refused:
+        Checkpointer(tmp_path, stages, None, model_description={"kind": "x", "dtype": torch.float32})
+    assert str(refused.value) == (
+        "model_description must hold plain JSON values (dicts, lists, strings, numbers): Object of type dtype is not "
+        "JSON serializable"
+    )
+    with pytest.raises(ValueError) as refused:
+        Checkpointer(tmp_path, stages, None, model_description={"architecture": "GPT2LMHeadModel"})
+    assert str(refused.value) == (
+        "model_description is not a model's description: it has no 'kind' (a string: 'hf' or 'hintpipe'), it has None"
+    )
+    with pytest.raises(TypeError) as wrong:
+        hf_description(torch.nn.Linear(1, 1))
+    assert str(wrong.value) == "hf_description takes a transformers PreTrainedModel, not a Linear"
+
+
+def test_a_plan_file_of_a_hugging_face_model_keeps_its_transformers_config(tmp_path: Path) -> None:
+    path = tmp_path / "gpt2.plan"
+    planning = ["plan", "--model", "hf-gpt2", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "2"]
+    assert main([*planning, "--seq-len", "16", "--repeats", "1", "--save", str(path), "--json"]) == 0
+    model = read_plan_file(path)["model"]
+    assert model["config"]["max_seq_len"] == 17  # what `train --plan` reads, as before
+    assert model["description"] == describe_model(ModelConfig(**model["config"]))
+    assert model["description"]["config"]["n_positions"] == 17
+
+
+# -- refusals ----------------------------------------------------------------------------------------------------
+
+
+def test_what_is_not_a_checkpoint_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    said = _one_line(capsys, "export", str(tmp_path / "nowhere"), str(out))
+    assert said == (
+        f"hintpipe export: error: {tmp_path / 'nowhere'} does not exist; give a --checkpoint-dir folder or one of its "
+        "step-N folders"
+    )
+    (tmp_path / "empty").mkdir()
+    assert _one_line(capsys, "export", str(tmp_path / "empty"), str(out)) == (
+        f"hintpipe export: error: {tmp_path / 'empty'} is not a hintpipe checkpoint (no manifest.json in it, no step-N "
+        "folder under it); give a --checkpoint-dir folder or one of its step-N folders"
+    )
+    assert not out.exists()
+
+
+def test_a_checkpoint_without_a_description_is_refused_saying_how_to_export_it_by_hand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, out = tmp_path / "ck", tmp_path / "out"
+    folder = _fake_checkpoint(root, None)
+    assert _one_line(capsys, "export", str(root), str(out)) == (
+        f"hintpipe export: error: {folder} does not say which model it holds (written by hintpipe before 0.7, or by "
+        "a Checkpointer given no model_description=); export it by hand: build the model, then "
+        f"model.load_state_dict(hintpipe.load_merged('{root}'), strict=True) and model.save_pretrained('{out}')"
+    )
+    assert not out.exists()
+
+
+def test_a_non_empty_out_dir_is_refused_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _fake_checkpoint(tmp_path / "ck", GPT_MINI)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert _one_line(capsys, "export", str(folder), str(out)) == (
+        f"hintpipe export: error: {out} is not empty; export into a new or empty folder, or write over it with --force"
+    )
+    assert _one_line(capsys, "export", str(folder), str(folder.parent)) == (
+        f"hintpipe export: error: {folder.parent} is the checkpoint's own folder; export into another"
+    )
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]  # no staging folder left
+
+
+def test_a_description_this_hintpipe_cannot_build_is_refused(tmp_path: Path) -> None:
+    weird = _fake_checkpoint(tmp_path / "weird", {"kind": "onnx"})
+    with pytest.raises(ExportError) as refused:
+        export_checkpoint(weird, tmp_path / "out")
+    assert str(refused.value) == (
+        f"cannot export {weird}: its model is of kind 'onnx', which this hintpipe does not build (it builds 'hf' "
+        "and 'hintpipe')"
+    )
+    config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 16}
+    forged = _fake_checkpoint(tmp_path / "forged", {"kind": "hf", "architecture": "logging", "config": config})
+    with pytest.raises(ExportError) as refused:
+        export_checkpoint(forged, tmp_path / "out")
+    assert str(refused.value) == (
+        f"cannot export {forged}: 'logging' is not a model class of transformers {transformers.__version__}"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+# -- end to end --------------------------------------------------------------------------------------------------
+
+
+HF_RUN = ["--model", "hf-gpt2", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "2"]
+HF_RUN += ["--microbatch-size", "2", "--seq-len-dist", "fixed:16", "--steps", "2", "--seed", "0", "--eval-every", "2"]
+
+
+def test_hintpipe_export_writes_what_transformers_loads_as_the_run_trained_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoints, out = tmp_path / "ck", tmp_path / "gpt2"
+    assert main(["train", *HF_RUN, "--checkpoint-dir", str(checkpoints), "--json"]) == 0
+    held_out = json.loads(capsys.readouterr().out)["eval_losses"]
+    assert [entry["steps"] for entry in held_out] == [2]
+    assert main(["export", str(checkpoints), str(out), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    files = ["config.json", "generation_config.json", "model.safetensors"]
+    assert said == {"out_dir": str(out), "step": 2, "architecture": "GPT2LMHeadModel", "files": files}
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(out)
+    assert (model.config.vocab_size, model.config.n_positions) == (128, 256)  # the run's, not GPT-2's defaults
+    merged = load_merged(checkpoints)
+    state = model.state_dict()
+    assert state.keys() == merged.keys()
+    for name, tensor in merged.items():
+        assert torch.equal(state[name], tensor), name
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+    config = ModelConfig("hf-gpt2", layers=2, hidden=32)
+    inputs, targets, _ = make_batch(config, 2, 2, SeqLenDist(16), HELD_OUT_STEP, 0)
+    with torch.no_grad():
+        logits = [model(x, use_cache=False).logits for x in inputs]
+    losses = [float(F.cross_entropy(z.flatten(0, 1), y.flatten())) for z, y in zip(logits, targets, strict=True)]
+    assert sum(losses) / len(losses) == pytest.approx(held_out[0]["loss"], rel=1e-5)
+
+
+def test_a_built_in_model_exports_as_safetensors_that_hintpipe_s_builder_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    checkpoints, out = tmp_path / "ck", tmp_path / "gpt-mini"
+    result = train(small_run(steps=2, checkpoint_dir=str(checkpoints)))
+    assert result is not None and result.state is not None
+
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "safetensors.torch", None)  # as if not installed
+        with pytest.raises(ExportError) as refused:
+            export_checkpoint(checkpoints, out)
+        assert str(refused.value) == "exporting gpt-mini needs safetensors: pip install -e '.[export]'"
+    assert not out.exists()
+
+    done = export_checkpoint(checkpoints / "step-00000002", out)
+    assert (done.step, done.architecture, done.files) == (2, "gpt-mini", ("hintpipe_model.json", "model.safetensors"))
+    config = ModelConfig(**json.loads((out / "hintpipe_model.json").read_text()))
+    assert config == small_run().model
+    model = whole_model(config)[0]
+    model.load_state_dict(load_file(out / "model.safetensors"), strict=True)
+    rebuilt = model.state_dict()
+    assert rebuilt.keys() == result.state.keys() == load_merged(checkpoints).keys()
+    assert all(torch.equal(rebuilt[k], result.state[k]) for k in rebuilt)
+
+    # A manifest that describes another model than its tensors are (rewritten, with its digest) is refused.
+    other = tmp_path / "other" / "step-00000002"
+    shutil.copytree(checkpoints / "step-00000002", other)
+    manifest = Manifest.read(other)
+    described = describe_model(ModelConfig("hf-gpt2", layers=1, hidden=16))
+    Manifest(2, dataclasses.replace(manifest.identity, model=described), manifest.files).write(other)
+    with pytest.raises(ExportError) as refused:
+        export_checkpoint(other, tmp_path / "other-out")
+    assert str(refused.value).startswith(
+        f"{other}'s tensors do not load into the GPT2LMHeadModel its manifest describes: Error(s) in loading "
+        'state_dict for GPT2LMHeadModel: Missing key(s) in state_dict: "transformer.wte.weight"'
+    )
+    assert not (tmp_path / "other-out").exists()
+
+    (out / "notes.txt").write_text("mine")
+    (out / "config.json").write_text("{}")  # an earlier export's: contradicts this one, so it goes
+    again = export_checkpoint(checkpoints, out, force=True)
+    assert again.files == done.files
+    assert sorted(p.name for p in out.iterdir()) == ["hintpipe_model.json", "model.safetensors", "notes.txt"]
