@@ -3,8 +3,9 @@
 The unit tests write manifests by hand (no tensors, no ranks): a description
 goes through a manifest and back, a manifest without one still reads, and each
 refusal is one exact line. The end-to-end tests train on 2 spawned ranks (one
-run each): ``hintpipe train --model hf-gpt2`` exported and loaded by
-``transformers`` alone, its parameters equal to ``load_merged``'s bit for bit
+run each): ``hintpipe train --model hf-gpt2`` on a text file, from a config
+file, with TensorBoard (its scalars read back with tensorboard's own reader),
+exported and loaded by ``transformers`` alone, its parameters equal to ``load_merged``'s bit for bit
 and its loss on the run's held-out batch equal to the pipeline's (rel 1e-5:
 float32, the captured graph's kernels against the eager model's, in eval mode
 both); a gpt-mini exported and rebuilt with hintpipe's builder, its state
@@ -30,7 +31,7 @@ from conftest import small_run
 from hintpipe import hf_description
 from hintpipe.apps.export import ExportError, export_checkpoint
 from hintpipe.apps.model_description import describe_model, rebuild_model
-from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch, whole_model
+from hintpipe.apps.models import ModelConfig, whole_model
 from hintpipe.apps.training import HELD_OUT_STEP, train
 from hintpipe.cli import main
 from hintpipe.planner.plan_file import read_plan_file
@@ -207,24 +208,83 @@ def test_a_description_this_hintpipe_cannot_build_is_refused(tmp_path: Path) -> 
 # -- end to end --------------------------------------------------------------------------------------------------
 
 
-HF_RUN = ["--model", "hf-gpt2", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "2"]
-HF_RUN += ["--microbatch-size", "2", "--seq-len-dist", "fixed:16", "--steps", "2", "--seed", "0", "--eval-every", "2"]
+HF_RUN = ["--model", "hf-gpt2", "--layers", "2", "--hidden", "32"]
+#: The rest of the run, from a config file: keys are the options' names, in the table's sections.
+RUN_TOML = """
+[pipeline]
+ranks = 2
+microbatches = 2
+
+[run]
+microbatch_size = 2
+steps = 3
+seed = 0
+eval_every = 2
+lr_schedule = "warmup-cosine"
+warmup_steps = 1
+clip_grad_norm = 1.0
+data = "{data}"
+tensorboard = "{tensorboard}"
+"""
 
 
-def test_hintpipe_export_writes_what_transformers_loads_as_the_run_trained_it(
+def _text_file(path: Path) -> Path:
+    """40 paragraphs of made-up prose: 38 to train on, 2 held out (every 20th)."""
+    words = [
+        "the",
+        "pipeline",
+        "runs",
+        "ahead",
+        "while",
+        "a",
+        "stage",
+        "waits",
+        "for",
+        "its",
+        "neighbour",
+        "and",
+        "memory",
+        "stays",
+        "in",
+        "budget",
+    ]
+    paragraphs = [" ".join(words[(i + j) % len(words)] for j in range(8 + i % 5)) for i in range(40)]
+    path.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
+    return path
+
+
+def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transformers_loads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    checkpoints, out = tmp_path / "ck", tmp_path / "gpt2"
-    assert main(["train", *HF_RUN, "--checkpoint-dir", str(checkpoints), "--json"]) == 0
-    held_out = json.loads(capsys.readouterr().out)["eval_losses"]
-    assert [entry["steps"] for entry in held_out] == [2]
+    """The user's loop end to end: a text file, a config file, TensorBoard, a checkpoint, ``hintpipe export``,
+    ``from_pretrained``; the exported model's loss on the run's held-out batch is the run's last held-out loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hintpipe.apps.training import TrainConfig, step_batch
+
+    corpus, board = _text_file(tmp_path / "corpus.txt"), tmp_path / "tb"
+    checkpoints, out, toml = tmp_path / "ck", tmp_path / "gpt2", tmp_path / "run.toml"
+    toml.write_text(RUN_TOML.format(data=corpus, tensorboard=board))
+    assert main(["train", *HF_RUN, "--config", str(toml), "--checkpoint-dir", str(checkpoints), "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert [entry["steps"] for entry in run["eval_losses"]] == [2, 3]
+    held_out = run["eval_losses"][-1]["loss"]
+
+    events = EventAccumulator(str(board))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("held_out_loss")] == [
+        (entry["steps"], pytest.approx(entry["loss"], rel=1e-6)) for entry in run["eval_losses"]
+    ]  # float32 on disk
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx(run["losses"], rel=1e-6)
+    assert [e.value for e in events.Scalars("learning_rate")] == pytest.approx(run["learning_rates"], rel=1e-6)
+
     assert main(["export", str(checkpoints), str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
     files = ["config.json", "generation_config.json", "model.safetensors"]
-    assert said == {"out_dir": str(out), "step": 2, "architecture": "GPT2LMHeadModel", "files": files}
+    assert said == {"out_dir": str(out), "step": 3, "architecture": "GPT2LMHeadModel", "files": files}
 
     model = transformers.GPT2LMHeadModel.from_pretrained(out)
-    assert (model.config.vocab_size, model.config.n_positions) == (128, 256)  # the run's, not GPT-2's defaults
+    assert (model.config.vocab_size, model.config.n_positions) == (256, 256)  # bytes, not GPT-2's defaults
     merged = load_merged(checkpoints)
     state = model.state_dict()
     assert state.keys() == merged.keys()
@@ -232,12 +292,16 @@ def test_hintpipe_export_writes_what_transformers_loads_as_the_run_trained_it(
         assert torch.equal(state[name], tensor), name
     assert model.lm_head.weight is model.transformer.wte.weight
 
-    config = ModelConfig("hf-gpt2", layers=2, hidden=32)
-    inputs, targets, _ = make_batch(config, 2, 2, SeqLenDist(16), HELD_OUT_STEP, 0)
+    config = TrainConfig(
+        model=ModelConfig("hf-gpt2", layers=2, hidden=32, vocab=256), ranks=2, microbatches=2, microbatch_size=2,
+        data=str(corpus), seed=0,
+    )  # fmt: skip
+    inputs, targets, _ = step_batch(config, HELD_OUT_STEP)  # the held-out paragraphs, as the run drew them
+    model.eval()
     with torch.no_grad():
         logits = [model(x, use_cache=False).logits for x in inputs]
     losses = [float(F.cross_entropy(z.flatten(0, 1), y.flatten())) for z, y in zip(logits, targets, strict=True)]
-    assert sum(losses) / len(losses) == pytest.approx(held_out[0]["loss"], rel=1e-5)
+    assert sum(losses) / len(losses) == pytest.approx(held_out, rel=1e-5)
 
 
 def test_a_built_in_model_exports_as_safetensors_that_hintpipe_s_builder_loads(
