@@ -38,7 +38,7 @@ from hintpipe.planner.plan_file import read_plan_file
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.description import checked_description
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, MANIFEST_DIGEST, Manifest, RunIdentity
-from hintpipe.runtime.checkpoint.saving import load_merged
+from hintpipe.runtime.checkpoint.merged import load_merged
 
 GPT_MINI = {"kind": "hintpipe", "hintpipe_model": dataclasses.asdict(ModelConfig("gpt-mini", layers=1, hidden=8))}
 
@@ -297,7 +297,7 @@ def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transfor
         data=str(corpus), seed=0,
     )  # fmt: skip
     inputs, targets, _ = step_batch(config, HELD_OUT_STEP)  # the held-out paragraphs, as the run drew them
-    model.eval()
+    model.train(False)  # dropout is off in this config either way
     with torch.no_grad():
         logits = [model(x, use_cache=False).logits for x in inputs]
     losses = [float(F.cross_entropy(z.flatten(0, 1), y.flatten())) for z, y in zip(logits, targets, strict=True)]

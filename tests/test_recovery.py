@@ -31,10 +31,10 @@ from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import _train_rank
 from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.manifest import DamagedCheckpoint, Manifest, RunIdentity
+from hintpipe.runtime.checkpoint.merged import load_merged
 from hintpipe.runtime.checkpoint.saving import (
     CheckpointError,
     find_checkpoint,
-    load_merged,
     prune_checkpoints,
     save_checkpoint,
 )

@@ -22,7 +22,8 @@ from torch import nn
 from conftest import SMALL_GPT, hang_bound, small_run
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.training import TrainResult, _train_rank, train
-from hintpipe.runtime.checkpoint.saving import latest_checkpoint, load_merged
+from hintpipe.runtime.checkpoint.merged import load_merged
+from hintpipe.runtime.checkpoint.saving import latest_checkpoint
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.pipeline import Pipeline

@@ -26,9 +26,9 @@ from conftest import hang_bound, small_run
 from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderInUse, FolderLock
 from hintpipe.runtime.checkpoint.manifest import Manifest, digests
+from hintpipe.runtime.checkpoint.merged import load_merged
 from hintpipe.runtime.checkpoint.reading import UnsafeCheckpoint
 from hintpipe.runtime.checkpoint.run_folder import adopt, claim, write_run
-from hintpipe.runtime.checkpoint.saving import load_merged
 from hintpipe.runtime.errors import CheckpointError
 
 TIMEOUT = 20.0

@@ -89,7 +89,8 @@ from typing import Any
 import torch
 
 from hintpipe.runtime.checkpoint.manifest import Manifest, digests
-from hintpipe.runtime.checkpoint.saving import find_checkpoint, load_merged
+from hintpipe.runtime.checkpoint.merged import load_merged
+from hintpipe.runtime.checkpoint.saving import find_checkpoint
 from hintpipe.runtime.errors import CheckpointError
 
 STEPS = 30

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from hintpipe.planner.stage_timing import measure_stages
     from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
     from hintpipe.runtime.checkpoint.description import hf_description
-    from hintpipe.runtime.checkpoint.saving import load_merged
+    from hintpipe.runtime.checkpoint.merged import load_merged
     from hintpipe.runtime.checkpoint.stopping import StopRequest
     from hintpipe.runtime.errors import (
         CheckpointError,
@@ -69,7 +69,7 @@ _LAZY = {
     "save_plan": "hintpipe.planner.plan_file",
     "measure_stages": "hintpipe.planner.stage_timing",
     "Checkpointer": "hintpipe.runtime.checkpoint.checkpointer",
-    "load_merged": "hintpipe.runtime.checkpoint.saving",
+    "load_merged": "hintpipe.runtime.checkpoint.merged",
     "hf_description": "hintpipe.runtime.checkpoint.description",
     "StopRequest": "hintpipe.runtime.checkpoint.stopping",
     "run_ranks": "hintpipe.runtime.launch",

@@ -38,8 +38,8 @@ from torch import nn
 from hintpipe.apps.model_description import architecture_of, rebuild_model
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, step_folders
+from hintpipe.runtime.checkpoint.merged import read_merged, resolve_checkpoint
 from hintpipe.runtime.checkpoint.run_folder import LATEST
-from hintpipe.runtime.checkpoint.saving import read_merged, resolve_checkpoint
 
 #: A built-in model's files.
 WEIGHTS = "model.safetensors"
