@@ -50,9 +50,25 @@ def test_the_layers_are_an_encoder_quarter_then_a_decoder() -> None:
     assert logits.shape == (2, 10, CONFIG.vocab)  # one prediction per text token, none for the image prefix
 
 
+def test_front_then_back_ranks_mm_mini_by_its_images_first_and_its_text_last() -> None:
+    from hintpipe.apps.step_ends import microbatch_ends
+    from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
+
+    inputs, _, tokens = make_batch(CONFIG, 8, 2, SeqLenDist(24, 0.5), step=0)
+    first, last = microbatch_ends("mm-mini", inputs)
+    assert first == [2.0 * patches.shape[1] for patches, _ in inputs]  # rows x patches: the encoder's work
+    assert last == [float(n) for n in tokens]  # rows x text tokens: the decoder's
+    sizes = [float(sum(t.numel() for t in given)) for given in inputs]
+    ordered = microbatch_order(sizes, MicrobatchOrder.FRONT_THEN_BACK, ends=(first, last))
+    assert ordered != microbatch_order(sizes, MicrobatchOrder.SHORTEST_FIRST)  # not shortest-first in disguise
+    lm, _, lm_tokens = make_batch(ModelConfig("gpt-mini", layers=2, hidden=16), 4, 2, SeqLenDist(16, 0.5), step=0)
+    assert microbatch_ends("gpt-mini", lm) == ([float(n) for n in lm_tokens],) * 2  # one tower: both ends alike
+
+
 def test_mm_mini_trains_on_two_ranks_with_the_unsplit_gradients(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["train", "--model", "mm-mini", "--ranks", "2", "--microbatches", "4", "--steps", "1", "--layers", "4"]
     argv += ["--hidden", "16", "--seq-len-dist", "lognormal:16:0.5", "--check-grads", "--json"]
+    argv += ["--microbatch-order", "front-then-back"]  # each step passes its ends: the order changes no maths
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["max_grad_abs_diff"] < 1e-6  # float32 sums in another order at most

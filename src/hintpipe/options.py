@@ -182,7 +182,8 @@ class PipelineConfig:
         "choice",
         MicrobatchOrder.parse(DEFAULT_ORDER),
         "the order each step runs its micro-batches in, by their known sizes; sorted orders are faster but "
-        "hold more activation memory (benchmarks/readiness-at-scale)",
+        "hold more activation memory (benchmarks/readiness-at-scale); front-then-back ranks each micro-batch's "
+        "work at the first and last stages (train: the built-in models' own; Python: Pipeline.step(ends=...))",
         choices=MicrobatchOrder,
         commands=_RUN,
     )

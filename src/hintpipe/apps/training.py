@@ -37,6 +37,7 @@ from hintpipe.apps.models import (
     split_layers,
 )
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
+from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
@@ -53,6 +54,7 @@ from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import build_mesh
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
@@ -365,7 +367,9 @@ def _step(
     replica = pipe.layout.replica_of(pipe.global_rank)
     inputs, targets, counts = step_batch(config, step, replica)
     divisor = float(sum(counts)) if config.formed else None  # a summed loss over the step's own tokens
-    loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor)
+    front_then_back = MicrobatchOrder.parse(config.microbatch_order) is MicrobatchOrder.FRONT_THEN_BACK
+    ends = microbatch_ends(config.model.name, inputs) if front_then_back else None
+    loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor, ends=ends)
     assert loss is not None
     mlp = config.model.name == "mlp"
     tokens = config.microbatches * config.microbatch_size if mlp else sum(counts)
