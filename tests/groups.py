@@ -51,7 +51,7 @@ def _run_all(rank: int, world: int, cases: list[tuple[str, Case]]) -> dict[str, 
 
 def run_cases(world: int, cases: Mapping[str, Case], *, timeout_s: float = 120.0) -> dict[str, list[Any]]:
     """Run every case, in order, on one group of ``world`` spawned ranks; returns each case's per-rank results."""
-    results = run_ranks(_run_all, world, list(cases.items()), timeout_s=timeout_s)
+    results = run_ranks(_run_all, world, list(cases.items()), timeout=timeout_s)
     return {name: [per_rank[name] for per_rank in results] for name in cases}
 
 

@@ -139,7 +139,7 @@ def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str
 
 @pytest.mark.parametrize("links", [False, True], ids=["gloo", "links"])
 def test_every_parameter_and_every_delivered_tensor_is_on_the_ranks_device(links: bool) -> None:
-    for device, held, received, count in run_ranks(_device_worker, 2, "cpu", links, timeout_s=120):
+    for device, held, received, count in run_ranks(_device_worker, 2, "cpu", links, timeout=120):
         assert device == "cpu"
         assert held == ["cpu"]
         assert received == ["cpu"] and count == 3 * 4  # 4 activations a step to rank 1, 4 gradients to rank 0
@@ -231,7 +231,7 @@ def _timed_worker(rank: int, world: int) -> tuple[int, int, list[Any]]:
 
 
 def test_a_pipeline_given_timing_events_reports_the_times_they_measured() -> None:
-    for marks, tasks, [(records, times)] in run_ranks(_timed_worker, 2, timeout_s=60):
+    for marks, tasks, [(records, times)] in run_ranks(_timed_worker, 2, timeout=60):
         assert tasks == 8 and marks == 2 * tasks  # one origin, then an event before and after each task
         measured = [t for _, _, start, end in records for t in (start, end)]
         # The report's clock starts at the earliest rank's loop start, so the times are shifted alike (by a

@@ -46,7 +46,7 @@ def _mailbox_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Te
 
 
 def test_every_message_arrives_whole_and_in_order() -> None:
-    received = run_ranks(_mailbox_worker, 2, timeout_s=60)[1]
+    received = run_ranks(_mailbox_worker, 2, timeout=60)[1]
     sent = _messages()
     assert [mb for _, mb, _ in received] == list(range(len(sent)))
     assert all(kind == MessageKind.ACTIVATION for kind, _, _ in received)
@@ -87,7 +87,7 @@ def _notice_worker(rank: int, world: int) -> tuple[list[tuple[int, int, int]], l
 
 
 def test_notices_travel_on_their_own_channel_and_close_ends_both_threads() -> None:
-    notices, data, alive = run_ranks(_notice_worker, 2, timeout_s=60)[1]
+    notices, data, alive = run_ranks(_notice_worker, 2, timeout=60)[1]
     count = len(_messages())
     assert data == list(range(count))  # the data channel keeps its order whatever the notices do
     assert notices == [

@@ -488,7 +488,7 @@ def _crash(rank: int, world: int, victim: int) -> None:
 def test_a_crashed_tensor_parallel_member_ends_every_rank(victim: int, role: str) -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as failure:
-        run_ranks(_crash, 4, victim, timeout_s=5)
+        run_ranks(_crash, 4, victim, timeout=5)
     assert time.monotonic() - began < hang_bound(5)
     text = str(failure.value)
     assert f"rank {victim}: exited without a result" in text, text  # the {role} crashed

@@ -411,7 +411,7 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
         cases.append((planned, sx, sy, "mse"))
         references.append(_reference_grads(skip, sx, sy, "mse"))
         skip.zero_grad()
-    results = run_ranks(_planned_worker, 2, cases, timeout_s=120)
+    results = run_ranks(_planned_worker, 2, cases, timeout=120)
     for i, expected in enumerate(references):
         seen = set()
         for rank_result in results:
@@ -445,7 +445,7 @@ def test_predicted_memory_matches_a_real_run() -> None:
     model, config = _gpt(layers=4, hidden=128)
     xs, ys, _ = make_batch(config, 4, 4, SeqLenDist(128), 0)
     planned = plan(model, xs[0], ranks=2, microbatches=4, repeats=5)
-    reports = run_ranks(_accuracy_worker, 2, planned, xs, ys, timeout_s=120)[0]
+    reports = run_ranks(_accuracy_worker, 2, planned, xs, ys, timeout=120)[0]
     last = reports[-1]
     for s, stage in enumerate(planned.partition.stages):
         # Peak live activations: in-flight micro-batches x planned bytes per micro-batch, counted
@@ -515,7 +515,7 @@ def test_a_weight_tied_across_ranks_trains_like_the_unsplit_model(policy: str) -
     for _ in range(3):  # variable lengths per micro-batch
         ids = [torch.randint(0, 16, (2, n + 1), generator=g) for n in (3, 7, 5, 2)]
         steps.append(([x[:, :-1] for x in ids], [x[:, 1:] for x in ids]))
-    results = run_ranks(_tied_worker, 2, planned, policy, steps, timeout_s=120)
+    results = run_ranks(_tied_worker, 2, planned, policy, steps, timeout=120)
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(reference.parameters(), lr=0.05)
     for step, (xs, ys) in enumerate(steps):
@@ -550,11 +550,11 @@ def test_ranks_holding_different_plans_are_refused_and_a_shared_plan_is_one() ->
         planned, partition=dataclasses.replace(planned.partition, cuts=(0, other_cut, cuts[-1]))
     )
     assert other.fingerprint != planned.fingerprint
-    refused = run_ranks(_two_plans_worker, 2, [planned, other], False, timeout_s=60)
+    refused = run_ranks(_two_plans_worker, 2, [planned, other], False, timeout=60)
     assert refused[0].startswith("rank 0: ranks [1] hold another plan than this rank's (fingerprint ")
     assert refused[0].endswith("make the plan once and share it: plan.share(), or one plan file loaded on every rank")
     assert refused[1].startswith("rank 1: ranks [0] hold another plan")
-    shared = run_ranks(_two_plans_worker, 2, [planned, other], True, timeout_s=60)
+    shared = run_ranks(_two_plans_worker, 2, [planned, other], True, timeout=60)
     assert shared == [f"cuts {cuts}"] * 2  # rank 0's plan on both
 
 

@@ -397,7 +397,7 @@ def _save_nan(rank: int, world: int, folder: str) -> str:
 
 
 def test_a_parameter_that_is_not_finite_is_never_saved(tmp_path: Path) -> None:
-    (message,) = run_ranks(_save_nan, 1, str(tmp_path / "ck"), timeout_s=TIMEOUT)
+    (message,) = run_ranks(_save_nan, 1, str(tmp_path / "ck"), timeout=TIMEOUT)
     assert message == (
         f"saving checkpoint step 7 in {tmp_path / 'ck'} failed (rank 0: parameter 0.weight is not finite; "
         "nothing was saved, the earlier checkpoints are kept)"
@@ -775,11 +775,11 @@ def _readme_loop(rank: int, world: int, folder: str, stop_file: str, steps: int)
 def test_the_readme_loop_stops_saved_and_resumes(tmp_path: Path) -> None:
     folder, stop_file = str(tmp_path / "ck"), tmp_path / "stop"
     stop_file.write_text(str(int(signal.SIGTERM)))  # as the launcher writes it on a signal
-    first = run_ranks(_readme_loop, 2, folder, str(stop_file), 5, timeout_s=TIMEOUT)
+    first = run_ranks(_readme_loop, 2, folder, str(stop_file), 5, timeout=TIMEOUT)
     assert first == [(0, 1, "SIGTERM")] * 2  # every rank stopped after the same, first, step
     assert find_checkpoint(folder)[0] == tmp_path / "ck" / "step-00000001"
     stop_file.unlink()
-    assert run_ranks(_readme_loop, 2, folder, str(stop_file), 3, timeout_s=TIMEOUT) == [(1, 3, "")] * 2
+    assert run_ranks(_readme_loop, 2, folder, str(stop_file), 3, timeout=TIMEOUT) == [(1, 3, "")] * 2
 
 
 # -- elastic restarts under torchrun ----------------------------------------------------------------------------

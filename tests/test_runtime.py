@@ -150,7 +150,7 @@ def test_four_ranks_with_several_chunks() -> None:
         ("bfw", 2, "ready", True, "longest-first"),
         ("1f1b", 1, "fixed", True, "shortest-first"),
     ]
-    _check_matrix(4, 8, cases, run_ranks(_matrix_worker, 4, cases, 8, timeout_s=120))
+    _check_matrix(4, 8, cases, run_ranks(_matrix_worker, 4, cases, 8, timeout=120))
 
 
 class _Recorder(nn.Module):
@@ -432,7 +432,7 @@ def _crash_worker(rank: int, world: int) -> None:
 def test_a_killed_rank_ends_every_rank_with_an_error() -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_ranks(_crash_worker, 3, timeout_s=30)
+        run_ranks(_crash_worker, 3, timeout=30)
     elapsed = time.monotonic() - began
     message = str(info.value)
     assert "rank 1: exited without a result" in message
@@ -455,7 +455,7 @@ def _hang_worker(rank: int, world: int) -> None:
 def test_a_stuck_rank_trips_the_watchdog_with_what_was_awaited() -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_ranks(_hang_worker, 2, timeout_s=3)
+        run_ranks(_hang_worker, 2, timeout=3)
     # Rank 0 gives up after 3 s; the launcher stops the stuck rank 3 + 5 s after that.
     assert time.monotonic() - began < hang_bound(3)
     lines = str(info.value).splitlines()

@@ -170,7 +170,7 @@ def _reuse_worker(rank: int, world: int) -> tuple[int, int] | None:
 
 
 def test_the_gloo_mailbox_reposts_buffers_that_smaller_payloads_leave() -> None:
-    result = run_ranks(_reuse_worker, 2, timeout_s=60)[1]
+    result = run_ranks(_reuse_worker, 2, timeout=60)[1]
     assert result is not None
     allocated, full_size = result
     # A new buffer after each full-size message (whose tensors keep the buffer they came in); none after the
@@ -276,7 +276,7 @@ def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tenso
 
 
 def test_the_link_transport_delivers_every_message_whole_and_in_order_both_ways() -> None:
-    results = run_ranks(_link_worker, 2, timeout_s=60)
+    results = run_ranks(_link_worker, 2, timeout=60)
     for rank, received in enumerate(results):
         sent = _link_messages(1 - rank)
         kind = MessageKind.ACTIVATION if rank == 1 else MessageKind.GRADIENT
@@ -328,7 +328,7 @@ def _pipeline_worker(rank: int, world: int, hint: str, chunks: int, policy: str)
 @pytest.mark.parametrize(("hint", "chunks", "policy"), [("1f1b", 1, "ready"), ("interleaved-1f1b", 2, "fixed")])
 def test_a_pipeline_over_links_matches_the_unsplit_model(hint: str, chunks: int, policy: str) -> None:
     # Interleaved: the last rank's activations wrap around to rank 0, a link of its own.
-    results = run_ranks(_pipeline_worker, 2, hint, chunks, policy, timeout_s=120)
+    results = run_ranks(_pipeline_worker, 2, hint, chunks, policy, timeout=120)
     modules = _layers(2 * chunks)
     model = nn.Sequential(*modules)
     xs, ys = _batches(4)
@@ -368,7 +368,7 @@ def _crash_over_links_worker(rank: int, world: int) -> None:
 def test_a_killed_rank_ends_every_rank_over_links_too() -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_ranks(_crash_over_links_worker, 3, timeout_s=60)
+        run_ranks(_crash_over_links_worker, 3, timeout=60)
     message = str(info.value)
     assert "rank 1: exited without a result" in message
     for rank in (0, 2):  # both neighbours name the dead rank, through the header channel or the watchdog

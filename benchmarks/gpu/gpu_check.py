@@ -297,7 +297,7 @@ def check_shared_gpu(setup: Setup, result: Result) -> None:
     whole = nn.Sequential(*modules).to(device)
     unsplit(whole, inputs, targets, device)
     expected = {f"{s}.{n}": g for s, m in enumerate(modules) for n, g in gradients(m).items()}
-    per_rank = run_ranks(shared_gpu_rank, 2, setup, timeout_s=GROUP_TIMEOUT_S, device=setup.device)
+    per_rank = run_ranks(shared_gpu_rank, 2, setup, timeout=GROUP_TIMEOUT_S, device=setup.device)
     result.headers = ["policy", "ran as", "transport", "max abs diff", "within tolerance", "allocator peak MiB"]
     result.headers += ["allocated / counted"]
     result.left = 3
@@ -415,7 +415,7 @@ def check_offload_training(setup: Setup, result: Result) -> None:
     _, tight, chosen = offload_plans(model, inputs[0].to(device), 2, sizes.microbatches)
     unsplit(model, inputs, targets, device)
     expected = gradients(model)
-    per_rank = run_ranks(offload_rank, 2, setup, tight, timeout_s=GROUP_TIMEOUT_S, device=setup.device)
+    per_rank = run_ranks(offload_rank, 2, setup, tight, timeout=GROUP_TIMEOUT_S, device=setup.device)
     got = {k: v for r in per_rank for k, v in r["grads"].items()}
     ok, worst = within(got, expected, setup.device)
     offloaded = [len(s.offload) for s in tight.partition.stages]

@@ -218,7 +218,7 @@ def check_hf_training(device_name: str, result: Any, group_timeout_s: float) -> 
         expected = named_grads([reference])
         reference.zero_grad(set_to_none=True)
         loss16 = unsplit_step(reference, xs, ys, device, bf16=True)
-        per_rank = run_ranks(training_rank, 2, device_name, name, plans, timeout_s=group_timeout_s, device=device_name)
+        per_rank = run_ranks(training_rank, 2, device_name, name, plans, timeout=group_timeout_s, device=device_name)
         for label, run in per_rank[0].items():
             where, policy, precision = label.split()
             loss = run["loss"]
@@ -425,7 +425,7 @@ def check_hf_throughput(device_name: str, result: Any, group_timeout_s: float) -
     measured: dict[str, float | str] = {}
     try:
         per_rank = run_ranks(
-            throughput_rank, 2, device_name, planned, runs, timeout_s=group_timeout_s, device=device_name
+            throughput_rank, 2, device_name, planned, runs, timeout=group_timeout_s, device=device_name
         )
         for i, run in enumerate(runs):
             steps = [max(t) for t in zip(*(r[i] for r in per_rank), strict=True)][1:]
@@ -436,7 +436,7 @@ def check_hf_throughput(device_name: str, result: Any, group_timeout_s: float) -
     torch_run = "torch Schedule1F1B fp32" + (" (host-staged boundaries)" if device_name == "cuda" else "")
     try:
         per_rank = run_ranks(
-            throughput_rank, 2, device_name, planned, ["torch 1f1b fp32"], timeout_s=group_timeout_s, device=device_name
+            throughput_rank, 2, device_name, planned, ["torch 1f1b fp32"], timeout=group_timeout_s, device=device_name
         )
         measured[torch_run] = statistics.median([max(t) for t in zip(*(r[0] for r in per_rank), strict=True)][1:])
     except Exception as exc:  # torch's failing is a finding, not the check's failure

@@ -280,7 +280,7 @@ def throughput_table(sizes: Throughput, group_timeout_s: float) -> Table:
     failed = False
     for runs in throughput_runs(sizes.device):
         try:
-            per_rank = run_ranks(throughput_rank, 2, sizes, runs, timeout_s=group_timeout_s, device=sizes.device)
+            per_rank = run_ranks(throughput_rank, 2, sizes, runs, timeout=group_timeout_s, device=sizes.device)
         except Exception as exc:  # a group that fails: its rows say why, the other groups still run
             first_line = (str(exc).splitlines() or [""])[0][:300]
             for run in runs:

@@ -160,7 +160,7 @@ def main() -> None:
     planned = plan(model, example[0], ranks=2, microbatches=MICROBATCHES, repeats=3, kwargs=CALL_KWARGS)
     results: dict[str, Any] = {}
     for runtime in ("hintpipe fixed", "hintpipe ready", "torch padded", "torch packed"):
-        runs = run_ranks(rank_run, 2, planned, runtime, args.steps, timeout_s=600)
+        runs = run_ranks(rank_run, 2, planned, runtime, args.steps, timeout=600)
         rate, padding = throughput(runs)
         results[runtime] = {"tokens_per_s": rate, "sent_per_real_token": padding}
         print(f"{runtime:16s} {rate:10,.0f} real tokens/s   sent/real tokens {padding:.2f}", flush=True)

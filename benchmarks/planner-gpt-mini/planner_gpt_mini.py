@@ -763,7 +763,7 @@ def part3(quick: bool) -> tuple[dict[str, Any], list[str]]:
     # Two rounds, the second in reverse order, so that neither policy always runs first.
     schedule = cases + cases[::-1]
     console.print(f"[bold]part 3[/bold]: training {len(schedule)} runs of {work.steps} steps ...")
-    results, (train_s,) = timed(lambda: run_ranks(train_worker, ranks, schedule, work, timeout_s=600.0)[0])
+    results, (train_s,) = timed(lambda: run_ranks(train_worker, ranks, schedule, work, timeout=600.0)[0])
     runs: list[dict[str, Any]] = []
     for i, (case, res) in enumerate(zip(schedule, results, strict=True)):
         measured = res["step_times"][1:]

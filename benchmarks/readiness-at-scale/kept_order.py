@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     for run in range(args.runs):
-        per_rank: list[Orders] = run_ranks(orders, 4, args.unit_ms * 1e-3, timeout_s=600)
+        per_rank: list[Orders] = run_ranks(orders, 4, args.unit_ms * 1e-3, timeout=600)
         kept = {name: True for name in per_rank[0]}
         for rank, per_hint in enumerate(per_rank):
             for name, (fixed, ready, policy) in per_hint.items():

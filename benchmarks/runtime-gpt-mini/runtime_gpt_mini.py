@@ -580,7 +580,7 @@ def run_variants(variants: list[Variant], repeats: int) -> dict[str, VariantRuns
     out = {v.label: VariantRuns(v) for v in variants}
     for i in range(repeats):
         for v in variants if i % 2 == 0 else variants[::-1]:
-            per_rank, load = MONITOR.run(functools.partial(run_ranks, compare_rank, 2, v, timeout_s=120.0))
+            per_rank, load = MONITOR.run(functools.partial(run_ranks, compare_rank, 2, v, timeout=120.0))
             merged = {
                 "times": [r["times"] for r in per_rank],
                 "losses": next(r["losses"] for r in per_rank if r["losses"]),

@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1 or args.ranks < 1:
         parser.error("--steps and --ranks must be at least 1")
-    results = run_ranks(worker, args.ranks, args.steps, args.sigma, timeout_s=120)
+    results = run_ranks(worker, args.ranks, args.steps, args.sigma, timeout=120)
     mib = 2**20
     print(f"{args.steps} steps, {args.ranks} ranks, gpt-mini, lognormal lengths, {JITTER} jitter, ready + slack 2")
     warmup, half, last = checkpoints(args.steps)

@@ -86,7 +86,7 @@ def worker(
 
 
 def measure(ranks: int, microbatches: int, steps: int, baseline: bool, report_every: int) -> dict[str, float]:
-    results = _run_ranks()(worker, ranks, microbatches, steps, baseline, report_every, timeout_s=600)
+    results = _run_ranks()(worker, ranks, microbatches, steps, baseline, report_every, timeout=600)
     warm = 2  # the first steps build the plan and warm up
     rank0 = results[0]
     wall = statistics.median(rank0["wall"][warm:])

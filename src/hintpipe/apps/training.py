@@ -79,7 +79,7 @@ def train(config: TrainConfig) -> TrainResult | None:
     description = describe_model(config.model) if config.checkpoint_dir is not None else None
     with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
         results = run_ranks(
-            _train_rank, config.world, config, description, timeout_s=config.timeout, device=str(config.device)
+            _train_rank, config.world, config, description, timeout=config.timeout, device=str(config.device)
         )
     # Rank 0's result (every rank's is None but its): in the launcher, or on rank 0 under torchrun, where each
     # rank returns its own so that one prints.

@@ -17,7 +17,7 @@ never outlive their launcher] in :mod:`hintpipe.runtime.rank_entry`).
 The first SIGINT, SIGTERM or SIGHUP to the launcher writes the stop file that
 every rank's :class:`~hintpipe.runtime.checkpoint.stopping.StopRequest` watches: the ranks
 finish their step, save and return. A second signal, SIGQUIT (or ranks still
-running ``timeout_s + 10`` seconds later) kills them at once and raises
+running ``timeout + 10`` seconds later) kills them at once and raises
 :class:`Interrupted`. The temporary folder is removed either way.
 
 [Note: no listening socket beyond loopback]
@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -115,7 +116,12 @@ class _Signals:
 
 
 def run_ranks(
-    fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 300.0, device: str | DeviceChoice = "auto"
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    timeout: float = 300.0,
+    device: str | DeviceChoice = "auto",
+    timeout_s: float | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on every rank; returns every rank's result, in rank order, however the
     ranks were started.
@@ -126,20 +132,25 @@ def run_ranks(
     follows runs on every rank, so write files from one of them (``int(os.environ["RANK"]) == 0``).
 
     ``device`` (``auto``, ``cpu``, ``cuda``) is where the ranks compute: it sets each rank's GPU current and
-    the default group's backends (see :func:`init_rank`); ``cpu`` makes no CUDA call.
+    the default group's backends (see :func:`init_rank`); ``cpu`` makes no CUDA call. ``timeout``: seconds a
+    rank waits on a peer before it fails naming what it awaited, as ``Pipeline(timeout=...)``'s
+    (``timeout_s``: its name before 0.7, still taken, with a ``DeprecationWarning``).
 
     Raises:
         RankFailure: naming each rank that failed and its error.
         Interrupted: the ranks were killed after a second signal, or did not stop in time after the first.
         ValueError: an unknown ``device``.
     """
+    if timeout_s is not None:
+        warnings.warn("run_ranks(timeout_s=...) is now run_ranks(timeout=...)", DeprecationWarning, stacklevel=2)
+        timeout = timeout_s
     device = DeviceChoice.parse(device)
     if under_torchrun():
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if size != world:
             raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
         tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
-        init_rank(rank, size, timeout_s, device)
+        init_rank(rank, size, timeout, device)
         try:
             results: list[Any] = [None] * size
             dist.all_gather_object(results, fn(rank, size, *args))
@@ -170,13 +181,13 @@ def run_ranks(
         spawner = multiprocessing.get_context("spawn")
         processes = [
             spawner.Process(
-                target=start_rank, args=(rank, world, packed, out, timeout_s, device.value), name=f"rank {rank}"
+                target=start_rank, args=(rank, world, packed, out, timeout, device.value), name=f"rank {rank}"
             )
             for rank in range(world)
         ]
         for process in processes:
             process.start()
-        killed, stopped_here = _watch(processes, signals, timeout_s)
+        killed, stopped_here = _watch(processes, signals, timeout)
         return _collect(Path(out), processes, signals, killed, stopped_here)
 
 
