@@ -167,6 +167,7 @@ def test_padded_rows_ignore_the_padding() -> None:
     assert torch.equal(batch.targets[0], torch.tensor([[21, 22], [11, IGNORE_INDEX]]))
     assert torch.equal(batch.inputs[1], torch.tensor([[0, 1, 2]]))  # type: ignore[arg-type]
     assert torch.equal(batch.targets[1], torch.tensor([[1, 2, 3]]))
+    assert batch.ends == ([4.0, 3.0], [4.0, 3.0])  # front-then-back's two ends: each micro-batch's cost at both
 
 
 def test_packed_rows_carry_each_positions_document() -> None:

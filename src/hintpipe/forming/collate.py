@@ -43,6 +43,15 @@ class FormedBatch:
     tokens: int
     formation: Formation
 
+    @property
+    def ends(self) -> tuple[list[float], list[float]]:
+        """Each micro-batch's work at the pipeline's first stage and at its last, for
+        ``Pipeline.step(batch.inputs, batch.targets, ends=batch.ends)`` under ``microbatch_order="front-then-back"``:
+        its predicted cost at both, since a language model's stages are like blocks whose work all follows the
+        rows' tokens (a model whose ends differ, an encoder before a decoder, gives its own)."""
+        costs = list(self.formation.costs)
+        return costs, list(costs)
+
 
 def collate(
     sequences: Sequence[torch.Tensor], formation: Formation, *, pad: int = 0, ignore_index: int = IGNORE_INDEX
