@@ -38,6 +38,7 @@ from hintpipe.runtime.checkpoint.saving import (
     prune_checkpoints,
     save_checkpoint,
 )
+from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import FOLDER_PREFIX, LAUNCHER_FILE, remove_stale_folders, run_ranks
 
 MODEL = SMALL_GPT
@@ -405,6 +406,38 @@ def test_a_parameter_that_is_not_finite_is_never_saved(tmp_path: Path) -> None:
     assert not (tmp_path / "ck" / "step-00000007").exists()
 
 
+def _lost_after_publishing(rank: int, world: int, folder: str) -> str:
+    """Rank 1 dies in a save's last phase, after every rank vouched for its files (rank 0 then publishes)."""
+    from hintpipe.runtime.checkpoint import saving
+
+    vouching = saving.together  # type: ignore[attr-defined]
+
+    def together(action: Any, *args: Any, **kwargs: Any) -> Any:
+        if rank == 1 and getattr(action, "__name__", "") == "finish":
+            os._exit(1)
+        return vouching(action, *args, **kwargs)
+
+    saving.together = together  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    saving.save_checkpoint(folder, {rank: torch.nn.Linear(2, 2)}, None, 3)  # rank 0 raises, naming rank 1
+    return "saved"
+
+
+def test_a_rank_lost_after_its_checkpoint_was_published_says_it_is_whole(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    with pytest.raises(RankFailure) as failed:
+        run_ranks(_lost_after_publishing, 2, str(folder), timeout=TIMEOUT)
+    (said,) = [line for line in str(failed.value).splitlines() if line.startswith("rank 0: ")]
+    assert re.fullmatch(
+        rf"rank 0: CheckpointError: saving checkpoint step 3 in {re.escape(str(folder))} failed \(rank 1 stopped "
+        rf"answering \(no sign of life for \d+ s\)\); {re.escape(str(folder / 'step-00000003'))} was whole and "
+        r"published before that: --resume continues from it",
+        said,
+    ), said
+    Manifest.read(folder / "step-00000003").verify(folder / "step-00000003")  # whole, as it says
+    assert (folder / "latest").read_text() == "step-00000003"
+
+
 def test_a_failing_save_ends_both_ranks_at_once(first_runs: dict[str, Any]) -> None:
     folder = first_runs["folders"]["failing"]
     results = first_runs["results"]["failing"]
@@ -632,14 +665,19 @@ def test_a_rank_killed_mid_run_is_named_by_every_rank(tmp_path: Path) -> None:
     mid_step = f"rank {1 - dead}: PeerFailure: rank {1 - dead}: rank {dead} failed in "
     saving = rf"rank {1 - dead}: CheckpointError: saving checkpoint step (\d+) in {re.escape(str(folder))} failed "
     saving += rf"\(rank {dead} stopped answering \(no sign of life for \d s\)\)"
+    saving += rf"(; {re.escape(str(folder))}/step-\d+ was whole and published before that: --resume continues from it)?"
     assert _folders_of(process.pid) == []
     latest = (folder / "latest").read_text()
     Manifest.read(folder / latest).verify(folder / latest)
     # Which of the two it said is where the kill landed, and the folder says where that was (a checkpoint after
-    # every step): in the save of the step after the newest checkpoint, or in the step that checkpoint began.
+    # every step): in the save of the step after the newest checkpoint (or in that save's last phase, after rank 0
+    # published it), or in the step that checkpoint began.
     newest = int(latest.removeprefix("step-"))
     in_save = re.fullmatch(saving, other)
-    if in_save is not None:
+    if in_save is not None and in_save.group(2):  # lost after rank 0 published the step it was saving
+        assert int(in_save.group(1)) == newest, err
+        assert in_save.group(2).startswith(f"; {folder / latest} was whole"), err
+    elif in_save is not None:
         assert int(in_save.group(1)) == newest + 1, err
     else:
         assert other.startswith(mid_step), err

@@ -268,7 +268,16 @@ def _write(
         sync_folder(root)
         write_synced(root / LATEST, final.name)
 
-    together(finish, what, group=group, error=CheckpointError)
+    try:
+        together(finish, what, group=group, error=CheckpointError)
+    except CheckpointError as exc:
+        # Every rank had vouched for its files before rank 0 published them: a rank lost after that leaves a
+        # whole checkpoint, which the error says rather than calling the save failed.
+        if rank == 0 and final.is_dir() and (root / LATEST).is_file() and (root / LATEST).read_text() == final.name:
+            raise CheckpointError(
+                f"{exc}; {final} was whole and published before that: --resume continues from it"
+            ) from None
+        raise
     return final
 
 
