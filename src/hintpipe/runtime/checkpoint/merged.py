@@ -62,19 +62,14 @@ def read_merged(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
     """
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from hintpipe.runtime.checkpoint.reading import SafeEmptyPlanner, SafeReader, read_metadata, unsafe_in
+    from hintpipe.runtime.checkpoint.reading import SafeEmptyPlanner, SafeReader, read_metadata, refusals_said
 
     state: dict[str, Any] = {}
     # What torch's dcp_to_torch_save does, with its reader and planner made safe: tensors and plain values only,
     # a file runs no code (see [Note: nothing from disk runs code]).
     read_metadata(folder)  # refused here in its own words, before torch's loader wraps them
-    try:
+    with refusals_said():
         _load_state_dict(state, storage_reader=SafeReader(str(folder)), planner=SafeEmptyPlanner(), no_dist=True)
-    except BaseException as exc:
-        refused = unsafe_in(exc)
-        if refused is not None:
-            raise refused from None
-        raise
     model = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
     identity = manifest.identity
     names = ModelNames(keys=tuple(identity.keys), aliases=tuple(tuple(g) for g in identity.aliases))

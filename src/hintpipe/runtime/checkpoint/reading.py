@@ -20,8 +20,10 @@ with :func:`torch.serialization.add_safe_globals` to be resumed.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,15 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from hintpipe.runtime.errors import CheckpointError
 
-__all__ = ["SafeEmptyPlanner", "SafeLoadPlanner", "SafeReader", "UnsafeCheckpoint", "read_metadata", "unsafe_in"]
+__all__ = [
+    "SafeEmptyPlanner",
+    "SafeLoadPlanner",
+    "SafeReader",
+    "UnsafeCheckpoint",
+    "read_metadata",
+    "refusals_said",
+    "unsafe_in",
+]
 
 _METADATA = "torch.distributed.checkpoint.metadata"
 #: Everything a ``.metadata`` pickle may name (dtypes are admitted by type, see :func:`_admitted`).
@@ -141,6 +151,19 @@ def unsafe_in(exc: BaseException) -> UnsafeCheckpoint | None:
             todo += [pair[0] for pair in failures.values() if isinstance(pair, tuple) and pair]
         todo += [found.__cause__, found.__context__]
     return None
+
+
+@contextlib.contextmanager
+def refusals_said() -> Iterator[None]:
+    """Around a load by torch.distributed.checkpoint with :class:`SafeReader`: a refusal its planner raised
+    comes out as itself, in its own one line (:func:`unsafe_in`), not inside torch's wrapping of it."""
+    try:
+        yield
+    except BaseException as exc:
+        refused = unsafe_in(exc)
+        if refused is not None:
+            raise refused from None
+        raise
 
 
 def _plain(read_item: ReadItem, value: io.BytesIO) -> Any:

@@ -377,7 +377,7 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     """Load ``path`` into ``state``; returns the step and what the caller should be told."""
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    from hintpipe.runtime.checkpoint.reading import SafeLoadPlanner, SafeReader, read_metadata, unsafe_in
+    from hintpipe.runtime.checkpoint.reading import SafeLoadPlanner, SafeReader, read_metadata, refusals_said
 
     group = group if group is not None else phase_group()
     rank = dist.get_rank(group)
@@ -401,13 +401,8 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
         notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
 
     def load_here() -> None:
-        try:
+        with refusals_said():
             dcp_load(entries, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner(), process_group=group)
-        except BaseException as exc:
-            refused = unsafe_in(exc)
-            if refused is not None:
-                raise refused from None
-            raise
 
     together(
         load_here,
