@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import collections
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
+from hintpipe.cli import build_parser
+from hintpipe.cli.config_file import apply_config
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
@@ -43,6 +46,16 @@ def simulate(
 
 #: Seconds a test allows for ranks to start (spawn, import torch, join the group) on a loaded 2-core machine.
 STARTUP_ALLOWANCE = 60.0
+
+
+def parse_cli(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed as ``hintpipe`` parses it, its ``--config`` file applied (the path itself left out, so
+    that a run from a file and one from the same flags compare equal)."""
+    parser = build_parser()
+    apply_config(parser, argv)
+    args = parser.parse_args(argv)
+    del args.config
+    return args
 
 
 def hang_bound(watchdog: float, grace: float = 5.0) -> float:

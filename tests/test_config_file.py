@@ -3,7 +3,6 @@ override the file; one file drives ``train``, ``simulate`` and ``plan``; a bad f
 
 from __future__ import annotations
 
-import argparse
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from hintpipe.cli import build_parser, main
-from hintpipe.cli.config_file import apply_config, section_of
+from conftest import parse_cli
+from hintpipe.cli import main
+from hintpipe.cli.config_file import section_of
 from hintpipe.cli.train import config_from
 from hintpipe.option import Option
 from hintpipe.options import OPTIONS
@@ -55,14 +55,6 @@ def _flags(name: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = build_parser()
-    apply_config(parser, argv)
-    args = parser.parse_args(argv)
-    del args.config
-    return args
-
-
 def _cases() -> list[tuple[str, str]]:
     return [(command, name) for command in REQUIRED for name, o in OPTIONS.items() if command in o.commands]
 
@@ -77,14 +69,14 @@ def test_an_option_from_the_file_is_the_same_flag(tmp_path: Path, command: str, 
     for key, v in given.items():
         sections.setdefault(section_of(OPTIONS[key]), {})[key] = v
     path.write_text(tomli_w.dumps(sections))
-    assert vars(_parse(flags)) == vars(_parse([command, "--config", str(path)]))
+    assert vars(parse_cli(flags)) == vars(parse_cli([command, "--config", str(path)]))
 
 
 def test_flags_override_the_file_and_a_run_s_config_equals_its_flags(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text('[pipeline]\nmicrobatches = 8\npolicy = "fixed"\nmemory_slack = 1.0\n[run]\nranks = 2\nsteps = 3\n')
-    from_file = _parse(["train", "--config", str(path), "--policy", "greedy", "--device-budget", "0.5"])
-    from_flags = _parse(["train", "--ranks", "2", "--microbatches", "8", "--steps", "3", "--policy", "greedy"])
+    from_file = parse_cli(["train", "--config", str(path), "--policy", "greedy", "--device-budget", "0.5"])
+    from_flags = parse_cli(["train", "--ranks", "2", "--microbatches", "8", "--steps", "3", "--policy", "greedy"])
     from_flags.device_budget = 0.5  # the room the flags give replaces the file's memory_slack
     assert vars(from_file) == vars(from_flags)
     assert config_from(from_file, from_file.policy) == config_from(from_flags, from_flags.policy)
@@ -94,8 +86,8 @@ def test_a_repeatable_flag_replaces_the_file_s_list(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text('[run]\nvariability = ["mb:0.3"]\n')
     base = ["simulate", "--ranks", "2", "--microbatches", "4", "--config", str(path)]
-    assert _parse(base).variability == ["mb:0.3"]
-    assert _parse([*base, "--variability", "iid:0.1"]).variability == ["iid:0.1"]
+    assert parse_cli(base).variability == ["mb:0.3"]
+    assert parse_cli([*base, "--variability", "iid:0.1"]).variability == ["iid:0.1"]
 
 
 def test_print_config_writes_the_file_a_command_reads_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,7 +98,7 @@ def test_print_config_writes_the_file_a_command_reads_back(tmp_path: Path, capsy
     assert written["pipeline"]["policy"] == "fixed" and written["run"]["variability"] == ["mb:0.3"]
     path = tmp_path / "run.toml"
     path.write_text(text)
-    assert vars(_parse(["train", "--config", str(path)])) == vars(_parse(argv)) | {"print_config": False}
+    assert vars(parse_cli(["train", "--config", str(path)])) == vars(parse_cli(argv)) | {"print_config": False}
     # The same file drives the simulator: it takes the options it has flags for and leaves train's.
     assert main(["simulate", "--config", str(path), "--json"]) == 0
 

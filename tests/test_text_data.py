@@ -3,7 +3,6 @@ folder, every 20th document held out; from the command line, a config file and P
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -12,11 +11,11 @@ import pytest
 import torch
 
 import hintpipe
+from conftest import parse_cli
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.text_files import read_documents, split_held_out, text_corpus
 from hintpipe.apps.training import HELD_OUT_STEP, TrainConfig, step_batch
-from hintpipe.cli import build_parser, main
-from hintpipe.cli.config_file import apply_config
+from hintpipe.cli import main
 from hintpipe.cli.train import config_from
 from hintpipe.forming.cost import SequenceCost
 
@@ -36,16 +35,8 @@ def _jsonl(path: Path, records: list[Any]) -> Path:
     return path
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = build_parser()
-    apply_config(parser, argv)
-    args = parser.parse_args(argv)
-    del args.config
-    return args
-
-
 def _config(argv: list[str]) -> TrainConfig:
-    args = _parse(argv)
+    args = parse_cli(argv)
     return config_from(args, args.policy)
 
 

@@ -32,9 +32,12 @@ def module_path(node: fx.Node) -> str:
 def carry_module_paths(paths: list[tuple[str, str, str]], retraced: fx.GraphModule) -> None:
     """Keep each node's module path across the re-trace, which keeps no metadata: the re-traced graph has the
     exported one's nodes in the same order, less some it ran at trace time, so each node takes the path of
-    the next exported node that calls the same target."""
+    the next exported node that calls the same target. Only calls are matched: inputs and attributes are
+    named anew by the re-trace, so looking for them would scan the rest of the graph for each in vain."""
     at = 0
     for node in retraced.graph.nodes:
+        if not node.op.startswith("call_"):
+            continue
         found = next((i for i in range(at, len(paths)) if paths[i][:2] == (node.op, str(node.target))), None)
         if found is not None:
             node.meta[MODULE_PATH] = paths[found][2]
