@@ -170,6 +170,12 @@ def test_a_tokenizer_that_is_not_one_is_refused(tmp_path: Path, monkeypatch: pyt
         f"--tokenizer {missing}: no such folder (the tokenizer is bytes, or a folder a Hugging Face tokenizer was "
         "saved to)"
     )
+    for given in ("stdlib", data):  # a field only a JSONL file has, never silently ignored
+        with pytest.raises(ValueError) as info:
+            TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=given, data_field="body")
+        assert str(info.value) == (
+            f"data_field body names the field of a JSONL line's document; data {given} has no .jsonl file"
+        )
     with pytest.raises(ValueError, match=r"^tokenizer bytes-ish tokenizes a data file or folder; data stdlib has "):
         TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data="stdlib", tokenizer="bytes-ish")
     empty = tmp_path / "empty"

@@ -47,6 +47,8 @@ BYTES_VOCAB = 256
 HELD_OUT_EVERY = 20
 _SHORTEST = 2  # tokens: an input and its target
 _BATCH = 1024  # documents per call of a Hugging Face tokenizer
+#: The field of a JSONL line that holds its document, unless ``field`` says another.
+DEFAULT_FIELD = "text"
 
 TokenIds = npt.NDArray[np.integer[Any]]
 
@@ -124,6 +126,11 @@ def data_vocab(data: str, field: str = "text", tokenizer: str = BYTES, *, cli: b
     Raises:
         ValueError: as :func:`text_corpus`; a tokenizer folder for built-in data, whose tokens are their own.
     """
+    if field != DEFAULT_FIELD and not _reads_jsonl(data):  # an option that would change nothing
+        said, named = ("--data-field", "--data") if cli else ("data_field", "data")
+        raise ValueError(
+            f"{said} {field} names the field of a JSONL line's document; {named} {data} has no .jsonl file"
+        )
     if data not in BUILT_IN_DATA:
         return text_corpus(data, field=field, tokenizer=tokenizer, cli=cli).vocab
     if tokenizer != BYTES:
@@ -132,6 +139,16 @@ def data_vocab(data: str, field: str = "text", tokenizer: str = BYTES, *, cli: b
             f"{label}tokenizer {tokenizer} tokenizes a data file or folder; {label}data {data} has tokens of its own"
         )
     return None if data == "synthetic" else BYTES_VOCAB
+
+
+def _reads_jsonl(data: str) -> bool:
+    """Whether ``data`` is a ``.jsonl`` file or a folder with one under it (what ``field`` applies to)."""
+    if data in BUILT_IN_DATA:
+        return False
+    path = Path(data)
+    if path.is_dir():
+        return any(p.is_file() for p in path.rglob("*.jsonl"))
+    return path.suffix == ".jsonl"
 
 
 def read_documents(data: str, *, field: str = "text") -> tuple[str, ...]:
