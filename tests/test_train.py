@@ -383,6 +383,19 @@ def test_memory_budget_in_bytes(two_ranks: dict[str, list[Any]]) -> None:
     assert out["peak_live_bytes"][0] < 2**30
 
 
+SIZED = [*BUDGET, "--seq-len-dist", "lognormal:32:0.6", "--microbatch-order", "longest-first", "--admission", "size"]
+SIZED += ["--hint", "zb-h1", "--check-grads"]
+
+
+def test_train_admits_by_size_within_what_the_given_order_holds(two_ranks: dict[str, list[Any]]) -> None:
+    # Longest first puts the long sequences together; admitted by size, each rank holds at most what the hint
+    # holds in the order the micro-batches came (every step), and the gradients stay the unsplit model's.
+    out = result_json(succeeded(two_ranks["admission by size"])[0])
+    assert len(out["held_of_budget"]) == 2
+    assert all(0 < share <= 1.0 for share in out["held_of_budget"]), out["held_of_budget"]
+    assert out["max_grad_rel_diff"] <= out["grad_rel_tolerance"]
+
+
 def _from_plan_worker(rank: int, world: int, path: str, steps: int) -> list[float]:
     config = ModelConfig(**read_plan_file(path)["model"]["config"])
     planned, _ = load_plan(path, whole_model(config)[0])
@@ -601,6 +614,7 @@ def two_ranks(csv_hint: Path, plan_file: str, tensorboard_dir: Path) -> dict[str
         "budget 1GiB": Case(
             _train_rank, (_from_cli([*BUDGET, "--activation-budget", "1GiB", "--policy", "greedy", *slow_last]),)
         ),
+        "admission by size": Case(_train_rank, (_from_cli(SIZED),)),
         "csv hint": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", str(csv_hint)]),)),
         "zb-h1 by name": Case(_train_rank, (_from_cli([*CSV_RUN, "--hint", "zb-h1"]),)),
         "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file]),)),

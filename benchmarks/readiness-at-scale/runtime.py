@@ -41,11 +41,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
-from hintpipe.apps.training import TrainConfig, TrainResult, train
+from hintpipe.apps.training import TrainConfig, TrainResult, predict_step_time, train
 from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.schedule.hint import Hint
@@ -53,8 +51,6 @@ from hintpipe.schedule.microbatch_order import microbatch_order
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
-from hintpipe.sim.expected import cost_model_of, stage_medians
-from hintpipe.sim.simulator import Sample, Simulator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +62,7 @@ class Setup:
     order: str
     policy: str
     device_budget: float | None = None
+    admission: str = "slots"
 
 
 BASELINE = Setup("fixed 1F1B, given order", "1f1b", "given", "fixed")
@@ -76,6 +73,11 @@ SETUPS = [
     RECOMMENDED,
     Setup("ready bfw, balanced, device budget", "bfw", "balanced", "ready", 0.0),
     Setup("ready bfw, shortest-first, device budget", "bfw", "shortest-first", "ready", 0.0),
+    # The simulator's best at fixed 1F1B's bytes: admitted by size within what fixed 1F1B's busiest rank
+    # holds by size in the given order (device budget 0), the hint fitted to that room, as `simulate
+    # --admission size` runs it; fixed order on the same fitted hint beside it.
+    Setup("fixed zb-h1, front-then-back, by size, device budget", "zb-h1", "front-then-back", "fixed", 0.0, "size"),
+    Setup("ready zb-h1, front-then-back, by size, device budget", "zb-h1", "front-then-back", "ready", 0.0, "size"),
 ]
 
 
@@ -98,11 +100,12 @@ def config_for(name: str, ranks: int, microbatches: int, steps: int, setup: Setu
         timeout=600.0,
         timelines=True,
         microbatch_order=setup.order,
+        admission=setup.admission,
     )
 
 
-#: Profiles, once per benchmark run: (model, ranks, split backward) -> the stages' profiled costs.
-_PROFILES: dict[tuple[str, int, bool], EmulatedCosts] = {}
+#: Profiles, once per benchmark run: (model, ranks, stages) -> the stages' profiled costs (backward split).
+_PROFILES: dict[tuple[str, int, int], EmulatedCosts] = {}
 
 
 def profiled(config: TrainConfig) -> EmulatedCosts:
@@ -111,14 +114,22 @@ def profiled(config: TrainConfig) -> EmulatedCosts:
     Why kept: a profile measured afresh for each setup (as this benchmark did) carries the machine's noise
     into the emulated work itself; on 2 shared cores two profiles of the same stages differed by up to 2x,
     so setups and repeats slept different amounts of work and their ratios moved by as much (this was the
-    "same configuration moves 2.7x between runs" the emulated tables showed). Only the split of ``B``
-    into ``B`` and ``W`` differs between hints: one profile each.
+    "same configuration moves 2.7x between runs" the emulated tables showed). One profile with the
+    backward split (``B`` and ``W``) serves every hint: a hint that does not split it sleeps ``B + W`` as
+    its backward, so that hints compare on the same work (two profiles, one per split, made fixed bfw
+    against fixed 1F1B come out 0.75x in one run and 1.49x in another).
     """
-    split = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks).split_backward
-    key = (config.model.name, config.ranks, split)
+    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
+    key = (config.model.name, config.ranks, hint.num_stages)
     if key not in _PROFILES:
-        _PROFILES[key] = profile_costs(config, repeats=3)
-    return _PROFILES[key]
+        chunks = hint.num_stages // config.ranks
+        split = config if hint.split_backward else dataclasses.replace(config, hint="zb-h1" if chunks == 1 else "bfw")
+        _PROFILES[key] = profile_costs(split, repeats=3)
+    costs = _PROFILES[key]
+    if hint.split_backward:
+        return costs
+    whole = tuple(b + w for b, w in zip(costs.backward, costs.weight, strict=True))
+    return dataclasses.replace(costs, backward=whole, weight=(0.0,) * len(whole))
 
 
 def scaled_costs(config: TrainConfig, unit_ms: float, reference: EmulatedCosts | None) -> EmulatedCosts:
@@ -167,16 +178,9 @@ def work_ms(reports: Sequence[StepReport], ranks: int) -> list[float]:
 
 def predicted(hint: Hint, report: StepReport, setup: Setup) -> float:
     """The simulator's step time for a measured step: its measured task times as the sample, ``ready``
-    planning with the costs the runtime planned with, under the setup's per-device budget (producer
-    notices on, as in the runtime)."""
-    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
-    for _, task, start, end in report.records:
-        durations[task.stage, task.mb, task.kind] = end - start
-    costs = report.plan_costs if report.plan_costs is not None else stage_medians(durations).tolist()
-    sim = Simulator(hint, cost_model_of(costs))
-    budgets = sim.device_budgets(setup.device_budget) if setup.device_budget is not None else None
-    sample = Sample(durations, np.zeros_like(durations), 0.0)
-    return sim.run(Policy(setup.policy), sample, budgets=budgets, notices=True).makespan
+    planning with the costs the runtime planned with, within the budgets the step ran under (by size: the
+    hint fitted to them as the runtime fitted it), producer notices on, as in the runtime."""
+    return predict_step_time(hint, report, Policy(setup.policy), admission=setup.admission)
 
 
 def emulated(
@@ -303,7 +307,10 @@ def decidability(rows: Sequence[dict[str, Any]]) -> str:
                     (
                         s.label
                         for s in SETUPS
-                        if s.hint == setup.hint and s.policy == "fixed" and s.order == setup.order
+                        if s.hint == setup.hint
+                        and s.policy == "fixed"
+                        and s.order == setup.order
+                        and s.admission == setup.admission
                     ),
                     "",
                 ),

@@ -25,6 +25,7 @@ from hintpipe.device_choice import DeviceChoice
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, Option
 from hintpipe.run_options import RANKS, RUN_OPTIONS
 from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
 from hintpipe.scoreboard import Policy
@@ -122,6 +123,16 @@ class PipelineConfig:
         minimum=0.0,
         optional=True,
         metavar="FRACTION",
+        commands=_RUN,
+    )
+    admission: str | AdmissionUnit = _option(
+        "choice",
+        AdmissionUnit.SLOTS,
+        "what admission counts a micro-batch as: one slot (slots), or its known size in input elements (size), "
+        "so that a sorted microbatch_order runs within what the given order holds by size (the hint runs "
+        "fitted to that room; memory_slack and device_budget add to it); an activation_budget always counts "
+        "by size",
+        choices=AdmissionUnit,
         commands=_RUN,
     )
     timeout: float = _option(

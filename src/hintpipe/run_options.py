@@ -9,7 +9,6 @@ from __future__ import annotations
 from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.forming.form import Forming
 from hintpipe.option import Option
-from hintpipe.schedule.fit import AdmissionUnit
 
 _TRAIN = frozenset({"train"})
 _RUN = frozenset({"train", "simulate"})
@@ -31,16 +30,6 @@ RANKS = Option(
 
 #: In ``--help``'s order: the simulator's, the run's and the planner's.
 RUN_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "admission",
-        "choice",
-        AdmissionUnit.SLOTS,
-        "what admission counts a micro-batch as: one slot (slots), or its known size (size), so that a sorted "
-        "order runs within the memory the given order needs (the hint then runs fitted to that budget)",
-        choices=AdmissionUnit,
-        commands=frozenset({"simulate"}),
-        pipeline=False,
-    ),
     # -- the run around the pipeline: ``hintpipe train`` and TrainConfig ------------------------------
     Option("steps", "int", 4, "training steps", minimum=1, metavar="N", commands=_TRAIN, pipeline=False),
     Option(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 import torch
@@ -174,6 +175,17 @@ class TrainResult:
     @property
     def peak_live(self) -> list[float]:
         return [max(r.peak_live[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
+
+    @property
+    def held_of_budget(self) -> list[float]:
+        """Per rank, the largest share of its admission budget any step held (what its scoreboard admitted over
+        its budget, in admission's units: slots, input elements, bytes): at most 1.0, the budget being a hard
+        limit."""
+        ranks = range(len(self.reports[0].ranks))
+        shares = [
+            [r.admitted_peak[i] / r.admission_budget[i] for r in self.reports if r.admission_budget] for i in ranks
+        ]
+        return [max(s, default=math.nan) for s in shares]
 
     def records(self, step: int = -1) -> tuple[Record, ...]:
         return self.reports[step].records

@@ -37,6 +37,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "losses": list(result.losses),
         "peak_live_bytes": result.peak_live_bytes,
         "peak_live_slots": result.peak_live,
+        "held_of_budget": result.held_of_budget,
         "device": config.device,
         "transport": result.transport,
         "device_peak_bytes": result.device_peak_bytes,

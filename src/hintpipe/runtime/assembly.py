@@ -160,8 +160,9 @@ def assemble(
         hint,
         rank,
         options["memory_slack"],
-        rank_budget(options["activation_budget"], rank, layout.stages_ranks),
+        pipeline_budgets(options["activation_budget"], layout.stages_ranks),
         device_budget=options["device_budget"],
+        unit=options["admission"],
     )
     parts = Parts(
         layout=layout,
@@ -197,17 +198,16 @@ def assemble(
     return parts
 
 
-def rank_budget(budget: float | tuple[float, ...] | None, rank: int, ranks: int) -> float | None:
-    """This rank's activation budget: the one given, or its own of one per pipeline rank.
+def pipeline_budgets(budget: float | tuple[float, ...] | None, ranks: int) -> float | tuple[float, ...] | None:
+    """The activation budget given: one for every rank, or one per pipeline rank (every rank fits the hint to
+    all of them: see [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`).
 
     Raises:
         ValueError: budgets for another number of ranks than the pipeline's.
     """
-    if not isinstance(budget, tuple):
-        return budget
-    if len(budget) != ranks:
+    if isinstance(budget, tuple) and len(budget) != ranks:
         raise ValueError(f"activation_budget gives {len(budget)} budgets, one per rank; the pipeline has {ranks} ranks")
-    return budget[rank]
+    return budget
 
 
 def _sharded(layout: Layout, options: Mapping[str, Any], hint: Hint, device: torch.device, own: bool) -> bool:
@@ -408,9 +408,11 @@ def _hooks(parts: Parts, reductions: Sequence[StepHook]) -> list[StepHook]:
 def _agree_on_options(parts: Parts, options: Mapping[str, Any]) -> None:
     """Every rank must run the same pipeline: compare once, at start-up.
 
-    Memory slack and budgets are left out: they may differ per rank
-    (heterogeneous devices, a plan's spare memory per stage).
+    Byte budgets are left out: they may differ per rank (heterogeneous devices, a plan's spare memory per
+    stage); every rank learns every rank's own, since each fits the same hint to all of them. So is memory
+    slack, except under admission by size without a byte budget, where every rank computes every rank's room.
     """
+    admission = parts.admission
     mine = {
         "hint": parts.hint.name,
         "stages": parts.hint.num_stages,
@@ -426,10 +428,13 @@ def _agree_on_options(parts: Parts, options: Mapping[str, Any]) -> None:
         "data_parallel": options["data_parallel"].value,
         "microbatch_order": options["microbatch_order"].value,
         "transport": parts.transport_choice.value,
+        "admission": admission.unit.value,
     }
+    if admission.by_size and not admission.by_bytes:
+        mine |= {"memory_slack": admission.memory_slack, "device_budget": admission.device_budget}
     gathered: list[Any] = [None] * parts.layout.stages_ranks
-    dist.all_gather_object(gathered, mine, group=parts.coll)
-    for rank, theirs in enumerate(gathered):
+    dist.all_gather_object(gathered, (mine, admission.activation_budget), group=parts.coll)
+    for rank, (theirs, _) in enumerate(gathered):
         differing = {k: (mine[k], theirs.get(k)) for k in mine if theirs.get(k) != mine[k]}
         if differing:
             detail = ", ".join(f"{k}: {a!r} here, {b!r} on rank {rank}" for k, (a, b) in differing.items())
@@ -437,3 +442,5 @@ def _agree_on_options(parts: Parts, options: Mapping[str, Any]) -> None:
                 f"rank {parts.rank}: ranks disagree on pipeline options ({detail}); start every rank with the same "
                 "options"
             )
+    if admission.by_bytes:
+        admission.budgets = tuple(float(budget) for _, budget in gathered)

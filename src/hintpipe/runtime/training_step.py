@@ -57,12 +57,13 @@ def scoreboard(parts: Parts, state: StepState) -> Scoreboard:
     ready = parts.policy is Policy.READY and planner.plan is not None
     state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy
     state.plan_costs = planner.costs if ready else None
-    graph, budget = parts.admission.for_step(state.elements)
+    graph, budget = parts.admission.for_step(state.elements, state.given_elements, step=state.step)
+    fitted = parts.admission.fitted
     return Scoreboard(
         graph,
         state.policy,
         budget=budget,
-        plan=planner.plan if ready else None,
+        plan=planner.plan_for(fitted.hint if fitted is not None else None) if ready else None,
         notices=ready,
         notices_travel=True,
         sizes=relative_sizes(state.elements) if ready else None,

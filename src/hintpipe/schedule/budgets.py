@@ -15,6 +15,12 @@ from hintpipe.schedule.fit import BudgetError
 from hintpipe.schedule.rank_graph import RankGraph
 
 
+def slack_room(graph: RankGraph, memory_slack: float = 0.0) -> float:
+    """A rank's room: its hint's own peak plus ``memory_slack`` of its largest micro-batches (slots, or by
+    size: its largest micro-batch's weight). One formula for the simulator and the runtime."""
+    return graph.peak + memory_slack * graph.unit
+
+
 def device_budgets(peaks: Sequence[float], device_budget: float = 0.0) -> list[float]:
     """Per-device budgets: every rank may hold what the hint's busiest rank holds.
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankPlan
@@ -64,14 +65,31 @@ def predict_step_time(
     plan_costs: StageCosts | None,
     policy: Policy,
     slack: float = 0.0,
+    *,
+    budgets: Sequence[float] | None = None,
+    sizes: Sequence[float] | None = None,
+    admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
 ) -> float:
     """The simulator's makespan for a measured step: its measured task times are the
     sample, and ``ready`` plans with ``plan_costs``, the costs the runtime planned
-    that step with (the step's own medians when it had no plan)."""
+    that step with (the step's own medians when it had no plan).
+
+    ``budgets`` (per rank, in admission's units) and ``sizes`` (each slot's input elements) are the step's
+    own where the runtime reported them: under ``admission="size"`` the simulator fits the hint to those
+    budgets as the runtime did (:func:`hintpipe.schedule.by_size.fit_step`), and ``ready`` scales its plan
+    by the sizes relative to their median, as the runtime's does."""
     durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
     for _, task, start, end in records:
         durations[task.stage, task.mb, task.kind] = end - start
     costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
-    sample = Sample(durations, np.zeros_like(durations), 0.0)
+    relative = None
+    if sizes is not None:
+        typical = float(np.median(sizes)) or 1.0
+        relative = np.asarray(sizes, dtype=float) / typical
+        if budgets is not None and AdmissionUnit.parse(admission) is AdmissionUnit.SIZE:
+            budgets = [b / typical for b in budgets]
+    sample = Sample(durations, np.zeros_like(durations), 0.0, sizes=relative)
     # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
-    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack, notices=True).makespan
+    simulator = Simulator(hint, cost_model_of(costs))
+    result = simulator.run(policy, sample, slack=slack, budgets=budgets, notices=True, admission=admission)
+    return result.makespan

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.schedule.fit import AdmissionUnit, fit_hint
+from hintpipe.schedule.budgets import slack_room
+from hintpipe.schedule.by_size import fit_step, size_room, size_weights
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.task import Kind, Task
+from hintpipe.schedule.task import Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
 from hintpipe.sim.bounds import lower_bound, memory_bound
 from hintpipe.sim.cost_model import CostModel
@@ -129,7 +131,7 @@ class Simulator:
 
     def budgets(self, slack: float = 0.0) -> list[float]:
         """Per rank: the hint's own peak plus room for ``slack`` more micro-batches."""
-        return [g.peak + slack * g.unit for g in self.graphs]
+        return [slack_room(g, slack) for g in self.graphs]
 
     def device_budgets(self, device_budget: float = 0.0) -> list[float]:
         """Every rank: the hint's largest per-rank peak, times ``1 + device_budget``
@@ -147,13 +149,7 @@ class Simulator:
         micro-batch's known size (``sample.sizes``, in the sample's order) times the cost
         model's activation bytes when it has them; every other task 0."""
         mbs = self.hint.num_microbatches
-        sizes = sample.sizes if sample.sizes is not None else np.ones(mbs)
-        activation = self.cost_model.activation_sizes(mbs)
-        weights = []
-        for tasks in self.hint.ranks:
-            weight = sizes[tasks.mb] * (1.0 if activation is None else activation[tasks.stage, tasks.mb])
-            weights.append(np.where(tasks.kind == Kind.F, weight, 0.0))
-        return weights
+        return size_weights(self.hint, sample.sizes, self.cost_model.activation_sizes(mbs))
 
     def size_budgets(self, given: Sample, *, slack: float = 0.0, device_budget: float | None = None) -> list[float]:
         """The room under admission by size, measured on ``given``, the step's micro-batches
@@ -161,10 +157,7 @@ class Simulator:
         largest micro-batches, or with ``device_budget`` every rank the busiest rank's peak
         times ``1 + device_budget``. Run a sorted order of the same micro-batches within it,
         and it holds no more than the given order would."""
-        graphs = [RankGraph(self.hint, r, w) for r, w in enumerate(self.size_weights(given))]
-        if device_budget is not None:
-            return device_budgets([g.peak for g in graphs], device_budget)
-        return [g.peak + slack * g.unit for g in graphs]
+        return size_room(self.hint, self.size_weights(given), memory_slack=slack, device_budget=device_budget)
 
     def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[Layout, list[float]]:
         """The layout a run under admission by size runs, and its budgets: the hint fitted to them,
@@ -174,14 +167,10 @@ class Simulator:
         key = (b"".join(w.tobytes() for w in weights), given, slack)
         if self._fitted is not None and self._fitted[0] == key:
             return self._fitted[1], self._fitted[2]
-        graphs = [RankGraph(self.hint, r, w) for r, w in enumerate(weights)]
-        room = list(given) if given is not None else [g.peak + slack * g.unit for g in graphs]
-        fitted, orders = fit_hint(self.hint, graphs, room)
-        if fitted is self.hint:
-            layout = Layout(fitted, graphs, like=self.layout)
-        else:
-            pairs = enumerate(zip(weights, orders, strict=True))
-            layout = Layout(fitted, [RankGraph(fitted, r, weight[order]) for r, (weight, order) in pairs])
+        room = list(given) if given is not None else size_room(self.hint, weights, memory_slack=slack)
+        fitted = fit_step(self.hint, weights, room)
+        like = self.layout if fitted.hint is self.hint else None
+        layout = Layout(fitted.hint, list(fitted.graphs), like=like)
         self._fitted = (key, layout, room)
         return layout, room
 

@@ -1,19 +1,35 @@
-"""Admission: how much a rank may hold, in micro-batch slots or in bytes.
+"""Admission: how much a rank may hold, in micro-batch slots or by size.
 
 [Note: byte admission]
 With an ``activation_budget`` each micro-batch is admitted by its own size, so
 that micro-batches of different shapes (variable sequence lengths) cannot
 push a rank over its budget by running ahead. At the start of a step the
-rank of stage 0 broadcasts each micro-batch's size in input elements
-(tokens, rows); every rank estimates the activation bytes of ``F(s, mb)`` as
-that size times the most bytes per element stage ``s`` has kept so far
-(measured, as :attr:`StepReport.peak_live_bytes` is), and the scoreboard
-admits in those bytes. The first step runs the hint in order and measures;
-if it alone holds more than the budget, :class:`BudgetError`. A later step
-whose micro-batches are so large that the hint's own order needs more than
-the budget runs that order (no running ahead); a step whose measured peak
-still exceeds the budget (activations that grow faster than the input, as
-attention scores do) logs a warning and raises the estimates by the excess.
+rank of stage 0 sends each micro-batch's size in input elements (tokens,
+rows) to every rank, and every rank sends the most activation bytes per input
+element each of its stages has kept so far (measured, as
+:attr:`StepReport.peak_live_bytes` is); so every rank knows, for every stage,
+the bytes ``F(s, mb)`` will keep: that size times that stage's bytes per
+element. The first step runs the hint in order and measures; if it alone
+holds more than the budget, :class:`BudgetError`. Every later step runs the
+hint *fitted* to the budgets (:func:`hintpipe.schedule.by_size.fit_step`, the
+function the simulator's admission by size calls): where the hint's own order
+would hold more than a rank's budget (long micro-batches together), the fitted
+order lets a rank's ``F`` wait for room and runs what frees memory first, so
+no order ever exceeds the budget; every rank computes the same fitted hint
+from the same numbers. A step whose micro-batches cannot fit at all (one too
+large for the budget) is refused with :class:`BudgetError`. A step whose
+measured peak still exceeds the budget (activations that grow faster than the
+input, as attention scores do) logs a warning and raises the estimates by the
+excess.
+
+[Note: admission by size without a byte budget]
+``admission="size"`` weighs each forward by its micro-batch's input elements
+alone, and gives every rank what the hint holds by size in the step's *given*
+order (plus ``memory_slack`` of its largest micro-batches, or with
+``device_budget`` the busiest rank's, times ``1 + device_budget``): a sorted
+order (``microbatch_order``) of the same micro-batches then runs fitted to
+what the order they came in needs, the configuration the simulator's
+``--admission size`` studies (benchmarks/readiness-at-scale).
 """
 
 from __future__ import annotations
@@ -22,14 +38,17 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from hintpipe.runtime.errors import WatchdogTimeout
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
+from hintpipe.schedule.budgets import slack_room
+from hintpipe.schedule.by_size import FittedStep, fit_step, size_room, size_weights
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import BudgetError, RankGraph, device_budgets
 
 if TYPE_CHECKING:
@@ -40,19 +59,23 @@ log = logging.getLogger(__name__)
 
 
 class Admission(Hook):
-    """One rank's admission rule: the hint's own peak plus slack in slots, or a byte budget. As a step hook
-    it checks, after each step under a byte budget, what the step held (:meth:`end_step`).
+    """One rank's admission rule: the hint's own peak plus slack in slots, or by size (a byte budget, or the
+    given order's room by size). As a step hook it checks, after each step under a byte budget, what the step
+    held (:meth:`end_step`).
 
     Args:
         hint: the schedule.
         rank: this rank.
         memory_slack: room for this many more micro-batches than the hint's own peak.
-        activation_budget: activation bytes this rank may hold (byte admission), or None.
+        activation_budget: activation bytes a rank may hold (byte admission): one for every rank, or one
+            per pipeline rank; or None.
         strict: whether a first step over ``activation_budget`` is an error (a
             budget the user gave) or not (a plan's room to run ahead).
         device_budget: instead of ``memory_slack``, slots per device: every rank may
             hold what the hint's busiest rank holds, times ``1 + device_budget``
             (see :func:`hintpipe.scoreboard.device_budgets`).
+        unit: ``slots``, or ``size`` (see [Note: admission by size without a byte budget]); a byte budget
+            always counts by size.
 
     The caller checks that at most one of ``memory_slack``, ``activation_budget`` and ``device_budget``
     is given (:func:`hintpipe.options.check_options`).
@@ -63,49 +86,123 @@ class Admission(Hook):
         hint: Hint,
         rank: int,
         memory_slack: float = 0.0,
-        activation_budget: float | None = None,
+        activation_budget: float | Sequence[float] | None = None,
         *,
         strict: bool = True,
         device_budget: float | None = None,
+        unit: AdmissionUnit | str = AdmissionUnit.SLOTS,
     ) -> None:
         self.hint = hint
         self.rank = rank
         self.stages = hint.placement.stages_of(rank)
         self.graph = RankGraph(hint, rank)
         #: The rank's room in slots (no byte admission): its own peak plus the slack, or the device's.
-        self.slots = self.graph.peak + memory_slack * self.graph.unit
+        self.slots = slack_room(self.graph, memory_slack)
         if device_budget is not None:
             split = hint.split_backward
             peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.ranks]  # each rank's own peak
             self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
-        self.activation_budget = activation_budget
+        self.device_budget = device_budget
+        self.unit = AdmissionUnit.parse(unit)
+        #: Every pipeline rank's byte budget (every rank fits the same hint to all of them), or None.
+        self.budgets: tuple[float, ...] | None = None
+        if isinstance(activation_budget, (int, float)):
+            self.budgets = (float(activation_budget),) * hint.num_ranks
+        elif activation_budget is not None:
+            self.budgets = tuple(float(b) for b in activation_budget)
+        self.activation_budget = None if self.budgets is None else self.budgets[rank]
         self.strict = strict
-        #: The current step's dependency graph and budget (from :meth:`for_step`).
+        #: The current step's dependency graph and budget (from :meth:`for_step`), and the hint fitted to the
+        #: step's budgets (None: the hint itself ran).
         self.step_graph = self.graph
         self.step_budget = self.slots
+        self.fitted: FittedStep | None = None
         #: Per stage of this rank, the most activation bytes per input element seen.
         self.bytes_per_element: dict[int, float] = {}
+        #: Per stage of the pipeline, the bytes per input element every rank agreed on at the step's start
+        #: (None until every stage has measured one).
+        self.factors: np.ndarray[tuple[int], np.dtype[np.float64]] | None = None
+        self._last: tuple[tuple[int, ...], tuple[int, ...] | None, bytes, FittedStep | None] | None = None
 
     @property
     def by_bytes(self) -> bool:
         return self.activation_budget is not None
 
-    def for_step(self, elements: Sequence[int] | None) -> tuple[RankGraph, float]:
-        """The step's dependency graph and budget: slots, or bytes per micro-batch (kept for :meth:`end_step`)."""
+    @property
+    def by_size(self) -> bool:
+        """Whether the step needs every micro-batch's size: a byte budget, or ``admission="size"``."""
+        return self.by_bytes or self.unit is AdmissionUnit.SIZE
+
+    def measured_factors(self) -> list[float]:
+        """Per stage of the pipeline, this rank's bytes per input element (-inf for stages it does not host
+        or has not measured): what it contributes to the agreement at the next step's start."""
+        return [self.bytes_per_element.get(s, -np.inf) for s in range(self.hint.num_stages)]
+
+    def agree(self, factors: Sequence[float]) -> None:
+        """Every stage's bytes per input element, as every rank agreed on them (the largest measured)."""
+        values = np.asarray(factors, dtype=float)
+        self.factors = values if np.isfinite(values).all() else None
+
+    def for_step(
+        self, elements: Sequence[int] | None, given: Sequence[int] | None = None, *, step: int = 0
+    ) -> tuple[RankGraph, float]:
+        """The step's dependency graph and budget (kept for :meth:`end_step`): slots, or by size with the hint
+        fitted to the budgets (``elements``: each slot's input elements; ``given``: the same in the order
+        the micro-batches came, for the room by size).
+
+        Raises:
+            BudgetError: a byte budget the step's micro-batches cannot fit in, whatever the order.
+        """
         graph, budget = self.graph, self.slots
-        if self.activation_budget is not None and elements is not None:
-            if any(s not in self.bytes_per_element for s in self.stages):
+        self.fitted = None
+        if self.by_size and elements is not None:
+            if self.by_bytes and self.factors is None:
                 budget = self.graph.peak  # the first step: the hint in order, measuring
             else:
-                sizes = [
-                    self.bytes_per_element[t.stage] * elements[t.mb] if t.kind is Kind.F else 0.0
-                    for t in self.graph.tasks
-                ]
-                graph = RankGraph(self.hint, self.rank, sizes)
-                budget = max(self.activation_budget, graph.peak)
+                self.fitted = self._fit(elements, elements if given is None else given, step)
+                if self.fitted is not None:
+                    graph, budget = self.fitted.graphs[self.rank], self.fitted.budgets[self.rank]
+                else:  # a plan's room that the step cannot fit: the hint's order, said
+                    graph = RankGraph(self.hint, self.rank, size_weights(self.hint, elements, self.factors)[self.rank])
+                    budget = graph.peak
         self.step_graph, self.step_budget = graph, budget
         return graph, budget
+
+    def _fit(self, elements: Sequence[int], given: Sequence[int], step: int) -> FittedStep | None:
+        """The hint fitted to the step's budgets; a step with the same sizes as the last reuses its fit."""
+        factors = self.factors if self.by_bytes else None
+        key = (tuple(elements), None if self.by_bytes else tuple(given), b"" if factors is None else factors.tobytes())
+        if self._last is not None and self._last[:3] == key:
+            return self._last[3]
+        weights = size_weights(self.hint, elements, factors)
+        if self.budgets is not None:
+            room = list(self.budgets)
+        else:
+            room = size_room(
+                self.hint,
+                size_weights(self.hint, given),
+                memory_slack=self.memory_slack,
+                device_budget=self.device_budget,
+            )
+        fitted: FittedStep | None
+        try:
+            fitted = fit_step(self.hint, weights, room)
+        except BudgetError as exc:
+            if self.strict:
+                raise BudgetError(
+                    f"rank {self.rank}: step {step}'s micro-batches cannot run within the memory budget: {exc}; "
+                    "or use smaller micro-batches"
+                ) from None
+            log.warning(
+                "rank %d: step %d's micro-batches do not fit the plan's room (%s); the hint runs in its own order",
+                self.rank,
+                step,
+                exc,
+            )
+            fitted = None
+        self._last = (*key, fitted)
+        return fitted
 
     def end_step(self, state: StepState) -> None:
         """Under byte admission: what the step held against its budget (see :meth:`check`)."""
@@ -140,7 +237,7 @@ class Admission(Hook):
             self.bytes_per_element = {s: v * factor for s, v in self.bytes_per_element.items()}
 
 
-def broadcast_sizes(
+def exchange_sizes(
     first_inputs: Mapping[int, Sequence[torch.Tensor]],
     microbatches: int,
     source: int,
@@ -151,25 +248,35 @@ def broadcast_sizes(
     timeout: float,
     ends: tuple[Sequence[float], Sequence[float]] | None = None,
     with_ends: bool = False,
-) -> tuple[list[int], tuple[list[float], list[float]] | None]:
-    """Each micro-batch's size in input elements, from the rank of stage 0 (``source``) to every rank; with
-    ``with_ends`` (the same on every rank) also each micro-batch's known work at the first and the last stage
-    (``ends``, given on ``source``; its size at both where not given).
+    factors: Sequence[float] | None = None,
+) -> tuple[list[int], tuple[list[float], list[float]] | None, list[float] | None]:
+    """What every rank of the pipeline learns at a step's start, in one collective: each micro-batch's size
+    in input elements, from the rank of stage 0 (``source``); with ``with_ends`` (the same on every rank)
+    also each micro-batch's known work at the first and the last stage (``ends``, given on ``source``; its
+    size at both where not given); and with ``factors`` (every rank's :meth:`Admission.measured_factors`)
+    the largest each stage's ranks measured.
 
-    ``first_inputs`` maps micro-batch to stage 0's inputs (empty on other ranks).
+    ``first_inputs`` maps micro-batch to stage 0's inputs (empty on other ranks). Every value is sent as the
+    largest over the ranks (a rank that does not know one sends ``-inf``).
     """
     rows = 3 if with_ends else 1
-    values = torch.zeros(rows, microbatches, dtype=torch.float64)
+    values = torch.full(
+        (rows * microbatches + (len(factors) if factors is not None else 0),), -np.inf, dtype=torch.float64
+    )
+    table = values[: rows * microbatches].view(rows, microbatches)
     for mb, inputs in first_inputs.items():
-        values[:, mb] = float(sum(t.numel() for t in inputs))
+        table[:, mb] = float(sum(t.numel() for t in inputs))
     if with_ends and ends is not None and rank == source:
-        values[1] = torch.tensor([float(v) for v in ends[0]], dtype=torch.float64)
-        values[2] = torch.tensor([float(v) for v in ends[1]], dtype=torch.float64)
+        table[1] = torch.tensor([float(v) for v in ends[0]], dtype=torch.float64)
+        table[2] = torch.tensor([float(v) for v in ends[1]], dtype=torch.float64)
+    if factors is not None:
+        values[rows * microbatches :] = torch.tensor([float(v) for v in factors], dtype=torch.float64)
     try:
-        dist.broadcast(values, group=group, group_src=source)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
     except RuntimeError as exc:
         raise WatchdogTimeout(
             f"rank {rank}: waited {timeout:g} s for the micro-batch sizes from rank {source} in step {step}: {exc}"
         ) from None
-    sizes = [int(v) for v in values[0].tolist()]
-    return sizes, ((values[1].tolist(), values[2].tolist()) if with_ends else None)
+    sizes = [int(v) for v in table[0].tolist()]
+    both = (table[1].tolist(), table[2].tolist()) if with_ends else None
+    return sizes, both, (values[rows * microbatches :].tolist() if factors is not None else None)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.device import to_device
-from hintpipe.runtime.loop.admission import Admission, broadcast_sizes
+from hintpipe.runtime.loop.admission import Admission, exchange_sizes
 from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.schedule.hint import Hint
@@ -195,7 +195,7 @@ def order_step(
     order: MicrobatchOrder,
     ends: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> None:
-    """The step's micro-batch sizes where needed (byte admission, an order by size), and its order
+    """The step's micro-batch sizes where needed (admission by size, an order by size), and its order
     (``state.order``: slot -> given micro-batch).
 
     [Note: micro-batch order]
@@ -212,11 +212,11 @@ def order_step(
     """
     given = list(range(parts.microbatches))
     state.order = given
-    by_bytes = parts.admission.by_bytes
-    if not (by_bytes or order is not MicrobatchOrder.GIVEN):
+    admission = parts.admission
+    if not (admission.by_size or order is not MicrobatchOrder.GIVEN):
         return
     first = {mb: state.activations[(0, mb)] for mb in given} if 0 in parts.stages else {}
-    sizes, both_ends = broadcast_sizes(
+    sizes, both_ends, factors = exchange_sizes(
         first,
         parts.microbatches,
         parts.hint.placement.stage_rank[0],
@@ -226,14 +226,18 @@ def order_step(
         timeout=parts.timeout,
         ends=ends,
         with_ends=order is MicrobatchOrder.FRONT_THEN_BACK,
+        factors=admission.measured_factors() if admission.by_bytes else None,
     )
+    if factors is not None:
+        admission.agree(factors)
     state.order = microbatch_order(sizes, order, ends=both_ends)  # the identity for given
     if 0 in parts.stages:
         state.activations.update({(0, slot): first[mb] for slot, mb in enumerate(state.order)})
     if state.targets:
         state.targets = [state.targets[mb] for mb in state.order]
-    if by_bytes:
+    if admission.by_size:
         state.elements = [sizes[mb] for mb in state.order]
+        state.given_elements = sizes
 
 
 def relative_sizes(elements: Sequence[int] | None) -> list[float] | None:

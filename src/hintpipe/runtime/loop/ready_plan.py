@@ -45,6 +45,17 @@ class ReadyPlanner:
         self.rebuilds = 0
         self._interval = 1
         self._next = 0
+        self._fitted: tuple[Hint, tuple[tuple[float, ...], ...], RankPlan] | None = None
+
+    def plan_for(self, fitted: Hint | None) -> RankPlan | None:
+        """The plan for a step that runs ``fitted``, the hint fitted to the step's budgets by size (see
+        [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`; None: the hint itself): its
+        positions are another order's, so it is planned afresh on the same costs (once per fitted hint)."""
+        if fitted is None or fitted is self.hint or self.costs is None:
+            return self.plan
+        if self._fitted is None or self._fitted[0] is not fitted or self._fitted[1] != self.costs:
+            self._fitted = (fitted, self.costs, plans_for(fitted, self.costs)[self.rank])
+        return self._fitted[2]
 
     def due(self, step: int) -> bool:
         """Whether the step that just ended should share its measured costs."""

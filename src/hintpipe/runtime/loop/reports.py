@@ -76,6 +76,13 @@ class StepReport:
     #: but the computing thread's time inside tasks (messages, notices, scheduling; see [Note: the runtime's
     #: own CPU time] in :mod:`hintpipe.runtime.loop.step_loop`).
     runtime_cpu: tuple[float, ...] = ()
+    #: Per covered rank: the most its scoreboard counted as held at once, and its budget, in admission's
+    #: units (micro-batch slots; input elements under ``admission="size"``; bytes under an
+    #: ``activation_budget``); and each slot's input elements where the step knew them (admission by size,
+    #: an order by size), else empty.
+    admitted_peak: tuple[float, ...] = ()
+    admission_budget: tuple[float, ...] = ()
+    sizes: tuple[int, ...] = ()
 
     @property
     def efficiency(self) -> float:
@@ -104,6 +111,9 @@ class RankSummary:
     device_peak: int = -1
     allocated_over_counted: float = math.nan
     runtime_cpu: float = math.nan
+    admitted_peak: float = math.nan
+    admission_budget: float = math.nan
+    sizes: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, state: StepState, split: bool, rank: int) -> RankSummary:
@@ -124,6 +134,9 @@ class RankSummary:
             device_peak=int(measured.get("device_peak", -1)),
             allocated_over_counted=measured.get("allocated_over_counted", math.nan),
             runtime_cpu=measured.get("runtime_cpu", math.nan),
+            admitted_peak=measured.get("admitted_peak", math.nan),
+            admission_budget=measured.get("admission_budget", math.nan),
+            sizes=tuple(state.elements) if state.elements is not None else (),
         )
 
 
@@ -202,6 +215,9 @@ def gather_report(
         device_peak_bytes=tuple(s.device_peak for s in summaries),
         allocated_over_counted=tuple(s.allocated_over_counted for s in summaries),
         runtime_cpu=tuple(s.runtime_cpu for s in summaries),
+        admitted_peak=tuple(s.admitted_peak for s in summaries),
+        admission_budget=tuple(s.admission_budget for s in summaries),
+        sizes=mine.sizes,
     )
 
 

@@ -146,6 +146,7 @@ class StepLoop:
             last_progress = end
         loop_time = time.perf_counter() - t0
         state.measured["runtime_cpu"] = time.process_time() - cpu0 - task_cpu
+        state.measured["admitted_peak"], state.measured["admission_budget"] = board.peak, board.budget
         if timer is not None:  # the device's clock (see [Note: one clock for the ranks' timelines])
             state.records = timer.resolve(state.records)
             state.started = timer.started

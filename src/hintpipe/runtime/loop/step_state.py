@@ -33,7 +33,8 @@ class StepState:
     arrivals: dict[Task, Arrival] = dataclasses.field(default_factory=dict)
     targets: Sequence[Any] = ()
     loss_scale: float = 1.0
-    elements: Sequence[int] | None = None  # per micro-batch input elements (byte admission)
+    elements: Sequence[int] | None = None  # per slot, its micro-batch's input elements (admission by size)
+    given_elements: Sequence[int] | None = None  # the same in the order the micro-batches came
     losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
     loss_slots: list[int] = dataclasses.field(default_factory=list)  # the slot of each of ``losses``
     records: list[Record] = dataclasses.field(default_factory=list)
