@@ -391,6 +391,9 @@ def test_train_admits_by_size_within_what_the_given_order_holds(two_ranks: dict[
     # Longest first puts the long sequences together; admitted by size, each rank holds at most what the hint
     # holds in the order the micro-batches came (every step), and the gradients stay the unsplit model's.
     out = result_json(succeeded(two_ranks["admission by size"])[0])
+    assert out["admission"] == "size"
+    # Counted in tokens (8 micro-batches of 32 on average), not in micro-batches.
+    assert min(out["peak_live_size"]) > 8 * 2
     assert len(out["held_of_budget"]) == 2
     assert all(0 < share <= 1.0 for share in out["held_of_budget"]), out["held_of_budget"]
     assert out["max_grad_rel_diff"] <= out["grad_rel_tolerance"]

@@ -327,7 +327,7 @@ def main() -> None:
     parser.add_argument(
         "--budgets",
         default=",".join([*BUDGETS, SIZE]),
-        help=f"comma-separated budgets: {', '.join(BUDGETS)} (slots) and {SIZE} (default all)",
+        help=f"comma-separated budgets: {', '.join(BUDGETS)} (slots) and {SIZE} (default all)".replace("%", "%%"),
     )
     parser.add_argument("--best", default="shortest-first", help="the order the headline table shows as the best")
     parser.add_argument("--json", metavar="FILE", help="also write every cell as JSON")

@@ -78,6 +78,10 @@ SETUPS = [
     # --admission size` runs it; fixed order on the same fitted hint beside it.
     Setup("fixed zb-h1, front-then-back, by size, device budget", "zb-h1", "front-then-back", "fixed", 0.0, "size"),
     Setup("ready zb-h1, front-then-back, by size, device budget", "zb-h1", "front-then-back", "ready", 0.0, "size"),
+    # The same on 1F1B: its room by size is fixed 1F1B's busiest rank's exactly (zb-h1's own is more: a
+    # micro-batch counts as held until its deferred W).
+    Setup("fixed 1F1B, front-then-back, by size, device budget", "1f1b", "front-then-back", "fixed", 0.0, "size"),
+    Setup("ready 1F1B, front-then-back, by size, device budget", "1f1b", "front-then-back", "ready", 0.0, "size"),
 ]
 
 
@@ -132,12 +136,27 @@ def profiled(config: TrainConfig) -> EmulatedCosts:
     return dataclasses.replace(costs, backward=whole, weight=(0.0,) * len(whole))
 
 
-def scaled_costs(config: TrainConfig, unit_ms: float, reference: EmulatedCosts | None) -> EmulatedCosts:
+def scaled_costs(
+    config: TrainConfig, unit_ms: float, reference: EmulatedCosts | None, balanced: bool = False
+) -> EmulatedCosts:
     """The profiled costs, scaled so that the 1F1B baseline's mean stage forward costs ``unit_ms``
-    (``reference``: the baseline's own profile; every setup scales by the same factor)."""
+    (``reference``: the baseline's own profile; every setup scales by the same factor). ``balanced``: every
+    stage costs the stages' mean of each kind (as a planner's cuts would make them), still scaled per
+    micro-batch by the input that sizes it (images at the encoder's stages, text at the decoder's): the
+    profile's layer-by-layer split leaves one rank of mm-mini with most of the work, which bounds every
+    schedule alike."""
     costs = profiled(config)
     base = reference if reference is not None else costs
-    return costs.scaled(unit_ms * 1e-3 / statistics.mean(base.forward))
+    costs = costs.scaled(unit_ms * 1e-3 / statistics.mean(base.forward))
+    if not balanced:
+        return costs
+    stages = len(costs.forward)
+    return dataclasses.replace(
+        costs,
+        forward=(statistics.mean(costs.forward),) * stages,
+        backward=(statistics.mean(costs.backward),) * stages,
+        weight=(statistics.mean(costs.weight),) * stages,
+    )
 
 
 def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
@@ -151,8 +170,11 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
             config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, report.step, config.seed
         )
         elements = [sum(t.numel() for t in as_tensors(x)) for x in inputs]
-        slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]
-        size = [elements[m] for m in slots]
+        if report.sizes:  # the runtime's own (its order may use more than the sizes: front-then-back's ends)
+            size = list(report.sizes)
+        else:
+            slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]
+            size = [elements[m] for m in slots]
         events: list[list[tuple[float, int]]] = [[] for _ in range(hint.num_ranks)]
         for rank, task, start, end in report.records:
             if task.kind is Kind.F:
@@ -184,14 +206,14 @@ def predicted(hint: Hint, report: StepReport, setup: Setup) -> float:
 
 
 def emulated(
-    name: str, ranks: int, steps: int, unit_ms: float, setups: Sequence[Setup] = tuple(SETUPS)
+    name: str, ranks: int, steps: int, unit_ms: float, setups: Sequence[Setup] = tuple(SETUPS), balanced: bool = False
 ) -> list[dict[str, Any]]:
     microbatches = 2 * ranks
     reference = profiled(config_for(name, ranks, microbatches, steps, BASELINE))
     rows: list[dict[str, Any]] = []
     for setup in setups:
         config = config_for(name, ranks, microbatches, steps, setup)
-        config = dataclasses.replace(config, emulate=scaled_costs(config, unit_ms, reference))
+        config = dataclasses.replace(config, emulate=scaled_costs(config, unit_ms, reference, balanced))
         began = time.perf_counter()
         result = train(config)
         assert result is not None
@@ -203,6 +225,7 @@ def emulated(
                 "model": name,
                 "ranks": ranks,
                 "microbatches": microbatches,
+                "balanced": balanced,
                 "setup": setup.label,
                 "step_ms": 1e3 * statistics.median(times),
                 "step_ms_each": [1e3 * t for t in times],
@@ -338,6 +361,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--emulated-repeats", type=int, default=1, help="interleaved runs of each emulated setup")
     parser.add_argument("--setups", type=int, nargs="+", help="emulated setups to run (0-based; default: all)")
+    parser.add_argument("--balanced", action="store_true", help="every stage the stages' mean cost (see scaled_costs)")
     args = parser.parse_args()
     setups = [SETUPS[i] for i in args.setups] if args.setups else list(SETUPS)
     if args.setups and BASELINE not in setups:
@@ -347,7 +371,7 @@ def main() -> None:
         order = setups if repeat % 2 == 0 else list(reversed(setups))
         for ranks in args.ranks:
             for name in args.models:
-                rows += emulated(name, ranks, args.steps, args.unit_ms, order)
+                rows += emulated(name, ranks, args.steps, args.unit_ms, order, args.balanced)
     if rows:
         first = [r for i, r in enumerate(rows) if i < len(args.ranks) * len(args.models) * len(setups)]
         print(table(first), flush=True)

@@ -177,6 +177,12 @@ class TrainResult:
         return [max(r.peak_live[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
 
     @property
+    def peak_admitted(self) -> list[float]:
+        """Per rank, the most its scoreboard admitted at once over the run, in admission's units (slots; input
+        elements under ``admission="size"``; bytes under an ``activation_budget``)."""
+        return [max(r.admitted_peak[i] for r in self.reports) for i in range(len(self.reports[0].ranks))]
+
+    @property
     def held_of_budget(self) -> list[float]:
         """Per rank, the largest share of its admission budget any step held (what its scoreboard admitted over
         its budget, in admission's units: slots, input elements, bytes): at most 1.0, the budget being a hard

@@ -44,6 +44,7 @@ from hintpipe.apps.train_config import TrainResult as TrainResult
 from hintpipe.device import rank_device
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import Forming
+from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.stopping import StopRequest
@@ -137,11 +138,16 @@ def _build_pipeline(
     return pipe, modules, reference
 
 
-#: The pipeline options a run passes on as its config holds them.
-_PASSED = (
-    "policy", "timeout", "emulate", "on_nonfinite", "precision", "history", "timelines", "report_every",
-    "microbatch_order", "device", "transport",
-)  # fmt: skip
+#: The pipeline options a run passes on otherwise than as its config holds them: the hint (resolved, with its
+#: chunks), the room (only where given), the parallel axes (the mesh this rank builds), and those a run
+#: never sets.
+_NOT_AS_HELD = frozenset(
+    {"microbatches", "hint", "chunks", "memory_slack", "activation_budget", "device_budget", "tied", "mesh", "fsdp"}
+    | {"data_parallel"}
+)
+#: The pipeline options a run passes on as its config holds them: every other one (a new option of the table
+#: reaches the pipeline without a list to keep in step).
+_PASSED = tuple(f.name for f in dataclasses.fields(PipelineConfig) if f.name not in _NOT_AS_HELD)
 
 
 @dataclasses.dataclass

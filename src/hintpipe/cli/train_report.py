@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch
@@ -19,6 +20,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
 
     config = result.config
     unit = "tokens_per_s" if config.model.name != "mlp" else "samples_per_s"
+    by_size = AdmissionUnit.parse(config.admission) is AdmissionUnit.SIZE and config.activation_budget is None
     return {
         "policy": config.policy,
         "hint": config.hint,
@@ -37,6 +39,9 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "losses": list(result.losses),
         "peak_live_bytes": result.peak_live_bytes,
         "peak_live_slots": result.peak_live,
+        "admission": AdmissionUnit.parse(config.admission).value,
+        # Admitted by input elements (admission by size without a byte budget): per rank, the most it held.
+        "peak_live_size": result.peak_admitted if by_size else None,
         "held_of_budget": result.held_of_budget,
         "device": config.device,
         "transport": result.transport,
