@@ -23,8 +23,7 @@ ahead into the next step only fills its neighbours' inboxes.
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import torch
@@ -35,18 +34,16 @@ from hintpipe.options import PipelineConfig
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
-from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
+from hintpipe.runtime.exchanges import Exchanges
 from hintpipe.runtime.loop.coordination import Coordination
 from hintpipe.runtime.loop.executor import Executor, LossFn
-from hintpipe.runtime.loop.microbatch import Batch, check_ends, order_step, prepare_step
+from hintpipe.runtime.loop.microbatch import Batch
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.modes import DataParallel, OnNonFinite, TransportChoice
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.planned_stages import planned_stages, sequential_stages, stages_of_this_rank
-from hintpipe.runtime.training_step import broadcast, meet, run_step
 from hintpipe.runtime.transport.protocol import Transport
-from hintpipe.runtime.transport.wire import Message
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
@@ -129,15 +126,9 @@ class Pipeline:
         seams: for tests only (see :class:`~hintpipe.runtime.assembly.Seams`).
         names: the model's names for the stages' tensors (:meth:`from_plan` and :meth:`from_sequential` fill it
             in; stages given as modules are named ``<stage>.<name>``).
-        options: any field of :class:`~hintpipe.options.PipelineConfig` by name: ``hint`` (a generator name,
-            a CSV file, or a :class:`~hintpipe.schedule.hint.Hint`), ``policy``, ``memory_slack``,
-            ``activation_budget`` or ``device_budget`` (the room a rank has for in-flight activations, at most
-            one: see [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`), ``tied`` (parameters
-            shared by stages on different ranks; :meth:`from_plan` fills it in), ``mesh`` (a DeviceMesh with
-            dimensions named from ``dp``, ``pp`` and ``tp``, or torchtitan's ``dp_replicate`` and ``dp_shard``),
-            ``fsdp`` (FSDP2's options under ``data_parallel="fsdp"``), ``chunks``, ``timeout``, ``emulate``,
-            ``on_nonfinite``, ``precision``, ``history``, ``timelines``, ``report_every``, ``data_parallel``,
-            ``microbatch_order``, ``device``, ``transport``.
+        options: any field of :class:`~hintpipe.options.PipelineConfig` by name (``hint``, ``policy``, the room
+            a rank has for activations in flight: ``memory_slack``, ``activation_budget`` or ``device_budget``
+            with ``admission``, see :mod:`hintpipe.runtime.loop.admission`; ``mesh``, ``device``, ...).
 
     Raises:
         TypeError: an option the pipeline does not take, or no ``microbatches``.
@@ -170,10 +161,7 @@ class Pipeline:
         )
         #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
         self.names = names if names is not None else ModelNames()
-        self._stash: list[Message] = []
-        self.step_count = 0
-        self._closed = False
-        self._round = 0
+        self._exchanges = Exchanges(self.parts, MicrobatchOrder.parse(config.microbatch_order))
 
     # -- what the pipeline is (its parts, read through) -------------------------------------
 
@@ -195,6 +183,15 @@ class Pipeline:
     #: wraps them).
     executor: _Part[Executor] = _Part("executor")
     messages: _Part[Transport] = _Part("transport")
+
+    @property
+    def step_count(self) -> int:
+        """Training steps run so far (a resumed run's count on from its checkpoint's)."""
+        return self._exchanges.steps
+
+    @step_count.setter
+    def step_count(self, steps: int) -> None:
+        self._exchanges.steps = steps
 
     @property
     def ranks(self) -> int:
@@ -299,25 +296,7 @@ class Pipeline:
             PeerFailure: a neighbour failed or vanished.
             NonFiniteLoss: a loss was NaN or infinite (``on_nonfinite="raise"``).
         """
-        return self._guarded(lambda: self._step(inputs, target, loss_divisor, broadcast_loss, ends))
-
-    def _step(
-        self,
-        inputs: Batch | None,
-        target: Batch | None,
-        loss_divisor: float | None,
-        broadcast_loss: bool,
-        ends: tuple[Sequence[float], Sequence[float]] | None = None,
-    ) -> torch.Tensor | None:
-        round_ = self._next_round()  # first: a rank refusing its inputs then reaches its neighbours' step
-        state = prepare_step(self.step_count, self.parts, inputs, target, loss_divisor)
-        state.round = round_
-        order = MicrobatchOrder.parse(self.config.microbatch_order)
-        check_ends(ends, order, self.parts.microbatches)
-        order_step(state, self.parts, order, ends)
-        loss = run_step(self.parts, state, self._stash)
-        self.step_count += 1
-        return broadcast(self.parts, loss, f"step {state.step}") if broadcast_loss else loss
+        return self._exchanges.step(inputs, target, loss_divisor, broadcast_loss, ends)
 
     def eval_step(
         self,
@@ -334,34 +313,7 @@ class Pipeline:
         Raises:
             WatchdogTimeout, PeerFailure: as :meth:`step`.
         """
-        return self._guarded(lambda: self._evaluate(inputs, target, loss_divisor, broadcast_loss))
-
-    def _evaluate(
-        self, inputs: Batch | None, target: Batch | None, loss_divisor: float | None, broadcast_loss: bool
-    ) -> torch.Tensor | None:
-        with evaluating(self.parts.modules.values()):
-            round_ = self._next_round()
-            state = evaluation_state(self.parts, self.step_count, inputs, target, loss_divisor)
-            state.round = round_
-            loss = run_evaluation(self.parts, state, self._stash)
-        return broadcast(self.parts, loss, f"evaluation {self.step_count}") if broadcast_loss else loss
-
-    def _guarded(self, run: Callable[[], T]) -> T:
-        """``run()`` (a step or an evaluation); on an error, the neighbours hear at once and it is raised."""
-        if self._closed:
-            raise RuntimeError("this Pipeline is closed")
-        try:
-            return run()
-        except Exception as exc:
-            self._abort(exc)
-            raise
-
-    def _next_round(self) -> int:
-        """The next exchange of messages (a step or an evaluation); the first starts with every rank."""
-        if self._round == 0:  # later ones meet at the end of the one before
-            meet(self.parts, self.step_count)
-        self._round += 1
-        return self._round
+        return self._exchanges.evaluate(inputs, target, loss_divisor, broadcast_loss)
 
     def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` of the whole model, across every rank of every axis (call on every
@@ -389,21 +341,9 @@ class Pipeline:
 
     # -- shutdown ------------------------------------------------------------------
 
-    def _abort(self, exc: BaseException) -> None:
-        if not self._closed:
-            self._closed = True
-            text = str(exc) if re.match(rf"rank {self.rank}\b", str(exc)) else f"rank {self.rank}: {exc}"
-            self.parts.transport.close(timeout=5.0, error=text)
-            if self.parts.coordination is not None and not self.parts.coordination.is_leader:
-                self.parts.coordination.close(timeout=5.0)
-
     def close(self) -> None:
         """Tell the neighbours this rank is done and stop its mailboxes."""
-        if not self._closed:
-            self._closed = True
-            if self.parts.coordination is not None:
-                self.parts.coordination.close(self.parts.timeout)
-            self.parts.transport.close(timeout=self.parts.timeout)
+        self._exchanges.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -412,7 +352,7 @@ class Pipeline:
         # Leaving on an error (the caller's own, between steps) tells the neighbours at once, as a failed step
         # does: a graceful close would wait for them to close too, while they may wait for this rank.
         if error is not None:
-            self._abort(error)
+            self._exchanges.abort(error)
         else:
             self.close()
 
