@@ -36,6 +36,7 @@ from hintpipe.apps.models import (
     make_batch,
     split_layers,
 )
+from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
@@ -54,12 +55,9 @@ from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import build_mesh
 from hintpipe.runtime.pipeline import Pipeline, StepReport
-from hintpipe.schedule.fit import AdmissionUnit
-from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import Policy
-from hintpipe.sim.expected import predict_step_time as _predict
 
 
 def train(config: TrainConfig) -> TrainResult | None:
@@ -432,35 +430,6 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> tuple[list[A
 
 
 REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run
-
-
-def predict_step_time(
-    hint: Hint, report: StepReport, policy: Policy, slack: float = 0.0, *, admission: AdmissionUnit | str = "slots"
-) -> float:
-    """What the simulator predicts for a measured step (see :func:`hintpipe.sim.expected.predict_step_time`),
-    within the budgets the step ran under where its report has every rank's (rank 0's reports), and under
-    ``admission="size"`` with the hint fitted to them as the runtime fitted it.
-
-    Raises:
-        ValueError: if the step's timelines were not kept (``TrainConfig(timelines=True)``, on rank 0).
-    """
-    if len(report.records) != hint.num_tasks:
-        raise ValueError(
-            f"step {report.step}'s timelines were not kept; train with timelines=True (--trace or --timeline) "
-            "and predict from rank 0's reports"
-        )
-    budgets = report.admission_budget
-    whole = len(budgets) == hint.num_ranks and all(math.isfinite(b) for b in budgets)
-    return _predict(
-        hint,
-        report.records,
-        report.plan_costs,
-        policy,
-        slack,
-        budgets=budgets if whole else None,
-        sizes=report.sizes or None,
-        admission=admission,
-    )
 
 
 __all__ = ["EmulatedCosts", "Policy", "TrainConfig", "TrainResult", "predict_step_time", "profile_costs", "train"]

@@ -154,12 +154,10 @@ def save_checkpoint(
 ) -> Path:
     """Save this rank's share of step ``step`` of run ``run`` (call on every rank); returns the checkpoint folder.
 
-    ``names``: the model's names for the stages' tensors (default ``<stage>.<name>``); ``extra``: the
-    caller's state saved with them (an LR scheduler); ``model_description``: what rebuilds the model, recorded
-    in the manifest (plain JSON values: see :mod:`hintpipe.runtime.checkpoint.description`).
-    ``storage_writer`` makes torch.distributed.checkpoint's
-    writer for a folder: its :class:`~torch.distributed.checkpoint.FileSystemWriter` by default (None; the
-    manifest's digests and the atomic rename need files). Old checkpoints are not removed here: see
+    ``names``: the model's names for the stages' tensors (default ``<stage>.<name>``); ``extra``: the caller's
+    state saved with them (an LR scheduler); ``model_description``: what rebuilds the model, in the manifest
+    (see :mod:`hintpipe.runtime.checkpoint.description`). ``storage_writer`` makes DCP's writer for a folder
+    (None: its ``FileSystemWriter``; the digests and the atomic rename need files). Old checkpoints stay: see
     :func:`prune_checkpoints`.
 
     Raises:
