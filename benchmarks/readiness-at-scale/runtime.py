@@ -134,7 +134,7 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
     an ``F`` holds its micro-batch's elements until its stage's last backward task (``W`` when split)."""
     hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
     release = Kind.W if hint.split_backward else Kind.B
-    peaks = [0] * hint.num_ranks
+    peaks = [0] * hint.ranks
     for report in result.measured:
         inputs, _, _ = make_batch(
             config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, report.step, config.seed
@@ -142,7 +142,7 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
         elements = [sum(t.numel() for t in as_tensors(x)) for x in inputs]
         slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]
         size = [elements[m] for m in slots]
-        events: list[list[tuple[float, int]]] = [[] for _ in range(hint.num_ranks)]
+        events: list[list[tuple[float, int]]] = [[] for _ in range(hint.ranks)]
         for rank, task, start, end in report.records:
             if task.kind is Kind.F:
                 events[rank].append((start, size[task.mb]))
@@ -169,14 +169,14 @@ def predicted(hint: Hint, report: StepReport, setup: Setup) -> float:
     """The simulator's step time for a measured step: its measured task times as the sample, ``ready``
     planning with the costs the runtime planned with, under the setup's per-device budget (producer
     notices on, as in the runtime)."""
-    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
     for _, task, start, end in report.records:
         durations[task.stage, task.mb, task.kind] = end - start
     costs = report.plan_costs if report.plan_costs is not None else stage_medians(durations).tolist()
     sim = Simulator(hint, cost_model_of(costs))
     budgets = sim.device_budgets(setup.device_budget) if setup.device_budget is not None else None
     sample = Sample(durations, np.zeros_like(durations), 0.0)
-    return sim.run(Policy(setup.policy), sample, budgets=budgets, notices=True).makespan
+    return sim.run(Policy(setup.policy), sample, activation_budget=budgets, notices=True).makespan
 
 
 def emulated(
@@ -206,7 +206,7 @@ def emulated(
                 "wall_s": time.perf_counter() - began,
                 # per rank, the runtime's own CPU and the tasks' (slept) work, ms a step
                 "runtime_cpu_ms": list(result.runtime_cpu_ms or ()),
-                "work_ms": work_ms(measured, hint.num_ranks),
+                "work_ms": work_ms(measured, hint.ranks),
                 "predicted_ms": [1e3 * predicted(hint, r, setup) for r in measured],
             }
         )

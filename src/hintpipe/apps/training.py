@@ -44,6 +44,7 @@ from hintpipe.apps.train_config import TrainResult as TrainResult
 from hintpipe.device import rank_device
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import Forming
+from hintpipe.renamed import renamed
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.stopping import StopRequest
@@ -427,7 +428,8 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> tuple[list[A
 REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run
 
 
-def predict_step_time(hint: Hint, report: StepReport, policy: Policy, slack: float = 0.0) -> float:
+@renamed("predict_step_time", slack="memory_slack")
+def predict_step_time(hint: Hint, report: StepReport, policy: Policy, memory_slack: float = 0.0) -> float:
     """What the simulator predicts for a measured step (see :func:`hintpipe.sim.expected.predict_step_time`).
 
     Raises:
@@ -438,7 +440,7 @@ def predict_step_time(hint: Hint, report: StepReport, policy: Policy, slack: flo
             f"step {report.step}'s timelines were not kept; train with timelines=True (--trace or --timeline) "
             "and predict from rank 0's reports"
         )
-    return _predict(hint, report.records, report.plan_costs, policy, slack)
+    return _predict(hint, report.records, report.plan_costs, policy, memory_slack)
 
 
 __all__ = ["EmulatedCosts", "Policy", "TrainConfig", "TrainResult", "predict_step_time", "profile_costs", "train"]

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.options import PipelineConfig
+from hintpipe.renamed import retired_attribute
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
@@ -164,7 +165,7 @@ class Pipeline:
         options = config.values()
         mesh, microbatches = config.mesh, config.microbatches
         layout = layout_of(mesh)
-        resolved = resolve_hint(config.hint, layout.stages_ranks, microbatches, config.chunks)
+        resolved = resolve_hint(config.hint, layout.pp, microbatches, config.chunks)
         self.parts: Parts = assemble(
             modules, resolved, loss_fn=loss_fn, microbatches=microbatches, options=options, seams=seams or Seams()
         )
@@ -186,20 +187,32 @@ class Pipeline:
     microbatches: _Part[int] = _Part("microbatches")
     policy: _Part[Policy] = _Part("policy")
     device: _Part[torch.device] = _Part("device")
-    transport: _Part[TransportChoice] = _Part("transport_choice")  #: the transport chosen (``auto`` resolved)
+    #: The transport chosen (the ``transport`` option, ``auto`` resolved); :attr:`post_office` is the object.
+    transport: _Part[TransportChoice] = _Part("transport_choice")
     #: The ranks holding this rank's stages in the other data-parallel replicas (None without replicas).
     replica_group: _Part[dist.ProcessGroup | None] = _Part("replica_group")
     #: This rank's part in its tensor-parallel group's decisions (None where none are needed).
     coordination: _Part[Coordination | None] = _Part("coordination")
-    #: What runs this rank's tasks, and what carries its messages (:func:`hintpipe.runtime.faults.inject`
-    #: wraps them).
+    #: What runs this rank's tasks, and what carries its messages, the chosen :attr:`transport`'s post office
+    #: (:func:`hintpipe.runtime.faults.inject` wraps them).
     executor: _Part[Executor] = _Part("executor")
-    messages: _Part[Transport] = _Part("transport")
+    post_office: _Part[Transport] = _Part("post_office")
+
+    @property
+    def messages(self) -> Transport:
+        """Deprecated: :attr:`post_office` (its name before 0.7)."""
+        retired_attribute("Pipeline.messages", "Pipeline.post_office")
+        return self.post_office
+
+    @messages.setter
+    def messages(self, value: Transport) -> None:
+        retired_attribute("Pipeline.messages", "Pipeline.post_office")
+        self.post_office = value
 
     @property
     def ranks(self) -> int:
         """The pipeline's length: its ranks (one process each)."""
-        return self.parts.layout.stages_ranks
+        return self.parts.layout.pp
 
     @property
     def hint_name(self) -> str:
@@ -393,7 +406,7 @@ class Pipeline:
         if not self._closed:
             self._closed = True
             text = str(exc) if re.match(rf"rank {self.rank}\b", str(exc)) else f"rank {self.rank}: {exc}"
-            self.parts.transport.close(timeout=5.0, error=text)
+            self.parts.post_office.close(timeout=5.0, error=text)
             if self.parts.coordination is not None and not self.parts.coordination.is_leader:
                 self.parts.coordination.close(timeout=5.0)
 
@@ -403,7 +416,7 @@ class Pipeline:
             self._closed = True
             if self.parts.coordination is not None:
                 self.parts.coordination.close(self.parts.timeout)
-            self.parts.transport.close(timeout=self.parts.timeout)
+            self.parts.post_office.close(timeout=self.parts.timeout)
 
     def __enter__(self) -> Pipeline:
         return self

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.renamed import renamed
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankPlan
@@ -58,20 +59,21 @@ def moved(old: StageCosts | None, new: StageCosts, threshold: float) -> bool:
     return bool((np.abs(a - b) / scale > threshold).any())
 
 
+@renamed("predict_step_time", slack="memory_slack")
 def predict_step_time(
     hint: Hint,
     records: Sequence[tuple[int, Task, float, float]],
     plan_costs: StageCosts | None,
     policy: Policy,
-    slack: float = 0.0,
+    memory_slack: float = 0.0,
 ) -> float:
     """The simulator's makespan for a measured step: its measured task times are the
     sample, and ``ready`` plans with ``plan_costs``, the costs the runtime planned
     that step with (the step's own medians when it had no plan)."""
-    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
     for _, task, start, end in records:
         durations[task.stage, task.mb, task.kind] = end - start
     costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
     sample = Sample(durations, np.zeros_like(durations), 0.0)
     # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
-    return Simulator(hint, cost_model_of(costs)).run(policy, sample, slack=slack, notices=True).makespan
+    return Simulator(hint, cost_model_of(costs)).run(policy, sample, memory_slack=memory_slack, notices=True).makespan

@@ -76,7 +76,7 @@ class Admission(Hook):
         self.slots = self.graph.peak + memory_slack * self.graph.unit
         if device_budget is not None:
             split = hint.split_backward
-            peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.ranks]  # each rank's own peak
+            peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.lists]  # each rank's own peak
             self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
         self.activation_budget = activation_budget
