@@ -4,7 +4,7 @@ The parts are the folders (``schedule/``, ``sim/``, ``planner/``, ``runtime/``,
 ``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, the options
 table (``options`` and ``run_options``: a top floor that only refers to the enums their owners
 define) and the foundation below all of them (``choice``, ``spec``, ``units``,
-``option``, ``device``, ``device_choice``, ``policy``, ``tensor_bytes``, ``sampler``). Every
+``option``, ``device``, ``device_choice``, ``policy``, ``tensor_bytes``, ``sampler``, ``renamed``). Every
 ``import`` of a hintpipe module counts, wherever it stands (at the top, in a
 function, under ``TYPE_CHECKING``): a dependency is a dependency, even when it
 is deferred.

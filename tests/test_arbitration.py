@@ -48,7 +48,7 @@ def test_ready_never_loses_to_fixed_with_latency_and_no_jitter(name: HintName, p
         sample = Sample.expected(hint, sim.cost_model, CommDelay(latency))
         fixed = sim.run(Policy.FIXED, sample).makespan
         for slack in (0, 2):
-            ready = sim.run(Policy.READY, sample, slack=slack).makespan
+            ready = sim.run(Policy.READY, sample, memory_slack=slack).makespan
             if latency == 0.0:
                 assert ready == fixed
             else:
@@ -72,8 +72,8 @@ def test_the_fixed_order_sweep_times_every_task_as_the_event_loop_does(name: str
     sim = Simulator(hint, CostModel.uniform(hint.num_stages))
     models = [parse_variability("mb:0.5"), parse_variability("comm:0.2:0.2")]
     sample = Sample.draw(hint, sim.cost_model, models, np.random.default_rng(4))
-    cost = [sample.costs[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.ranks]
-    delay = [sample.delays[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.ranks]
+    cost = [sample.costs[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.lists]
+    delay = [sample.delays[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.lists]
     layout = sim.layout
     swept = fixed_order(cost, delay, layout.source_rank, layout.source_pos)
     assert swept is not None

@@ -124,8 +124,8 @@ def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str
     with Pipeline.from_modules(
         stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="ready", device=device, seams=seams
     ) as pipe:
-        spy = _Spy(pipe.messages)
-        pipe.messages = spy
+        spy = _Spy(pipe.post_office)
+        pipe.post_office = spy
         xs = [torch.randn(n, 4) for n in (1, 3, 2, 5)]
         ys = [torch.randn(n, 2) for n in (1, 3, 2, 5)]
         for _ in range(3):

@@ -39,27 +39,27 @@ def test_a_sorted_order_runs_within_what_the_given_order_holds() -> None:
     assert budgets == [3.0, 3.0]
     sample = given.ordered("shortest-first")
     by_slots = simulator.run(Policy.FIXED, sample)
-    by_size = simulator.run(Policy.FIXED, sample, budgets=budgets, admission="size")
-    assert " ".join(map(str, by_slots.hint.ranks[0])) == "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3"
-    assert " ".join(map(str, by_size.hint.ranks[0])) == "0F0 0F1 0B0 0F2 0B1 0B2 0F3 0B3"
-    assert by_size.hint.ranks[1] == by_slots.hint.ranks[1]  # rank 1 holds one at a time: it fits as it is
+    by_size = simulator.run(Policy.FIXED, sample, activation_budget=budgets, admission="size")
+    assert " ".join(map(str, by_slots.hint.lists[0])) == "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3"
+    assert " ".join(map(str, by_size.hint.lists[0])) == "0F0 0F1 0B0 0F2 0B1 0B2 0F3 0B3"
+    assert by_size.hint.lists[1] == by_slots.hint.lists[1]  # rank 1 holds one at a time: it fits as it is
     assert (by_slots.makespan, by_size.makespan) == (15.0, 18.0)  # the memory costs 3 units here
     assert by_size.peak_live == (3.0, 2.0)
-    assert simulator.run(Policy.READY, sample, budgets=budgets, admission="size").makespan == 18.0
+    assert simulator.run(Policy.READY, sample, activation_budget=budgets, admission="size").makespan == 18.0
 
 
 def test_a_hint_that_fits_is_left_as_it_is() -> None:
     hint = generate_hint("bfw", 4, 8)
-    graphs = [RankGraph(hint, r, [2.0] * len(tasks)) for r, tasks in enumerate(hint.ranks)]
+    graphs = [RankGraph(hint, r, [2.0] * len(tasks)) for r, tasks in enumerate(hint.lists)]
     fitted, orders = fit_hint(hint, graphs, [g.peak for g in graphs])
     assert fitted is hint
-    assert all(np.array_equal(order, np.arange(len(tasks))) for order, tasks in zip(orders, hint.ranks, strict=True))
+    assert all(np.array_equal(order, np.arange(len(tasks))) for order, tasks in zip(orders, hint.lists, strict=True))
 
 
 def test_a_budget_below_one_microbatch_is_refused_naming_the_rank_and_the_task() -> None:
     simulator, given = _sized([1.0, 2.0, 1.0, 2.0])
     with pytest.raises(BudgetError) as info:
-        simulator.run(Policy.FIXED, given, budgets=[1.5, 1.5], admission="size")
+        simulator.run(Policy.FIXED, given, activation_budget=[1.5, 1.5], admission="size")
     assert str(info.value) == (
         "the hint cannot run within its budgets: every rank waits; rank 0 cannot hold 0F1 (2) with the 0 it holds "
         "or has set aside within 1.5; rank 1 cannot hold 1F1 (2) with the 0 it holds or has set aside within 1.5; "
@@ -73,7 +73,9 @@ def test_ready_equals_fixed_without_variability_under_admission_by_size(name: Hi
     # Each rank's room: its own peak by size, measured on the given order (the default).
     hint = generate_hint(name, 4, 8, _chunks(name))
     models = [parse_variability("mb:0.0"), CommDelay(latency)]
-    study = run_study(hint, [Policy.FIXED, Policy.READY], variability=models, order="shortest-first", admission="size")
+    study = run_study(
+        hint, [Policy.FIXED, Policy.READY], variability=models, microbatch_order="shortest-first", admission="size"
+    )
     assert study[Policy.READY].makespan == study[Policy.FIXED].makespan
 
 
@@ -86,8 +88,8 @@ def test_a_hint_fitted_below_its_own_peak_holds_its_budget_and_ready_never_loses
     budgets = [max(_chunks(name), math.ceil(g.peak) - 1) for g in simulator.graphs]
     for latency in (0.0, 0.3):
         sample = Sample.expected(hint, simulator.cost_model, CommDelay(latency))
-        fixed = simulator.run(Policy.FIXED, sample, budgets=budgets, admission="size")
-        ready = simulator.run(Policy.READY, sample, budgets=budgets, admission="size")
+        fixed = simulator.run(Policy.FIXED, sample, activation_budget=budgets, admission="size")
+        ready = simulator.run(Policy.READY, sample, activation_budget=budgets, admission="size")
         assert fixed.hint is not hint
         assert all(peak <= budget for peak, budget in zip(fixed.peak_live, budgets, strict=True))
         assert all(peak <= budget for peak, budget in zip(ready.peak_live, budgets, strict=True))
@@ -105,7 +107,7 @@ def test_the_bound_at_a_budget_is_what_holding_each_microbatch_for_its_chain_tak
     sample = Sample.expected(hint, simulator.cost_model, CommDelay(0.5))
     result = simulator.run(Policy.FIXED, sample)
     assert (result.lower_bound, result.memory_bound, result.makespan) == (24.0, 28.0, 31.0)
-    roomy = simulator.run(Policy.READY, sample, slack=2)  # room for 4 and 3: the work bound again
+    roomy = simulator.run(Policy.READY, sample, memory_slack=2)  # room for 4 and 3: the work bound again
     assert (roomy.memory_bound, roomy.makespan) == (24.0, 28.0)
 
 

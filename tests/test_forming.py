@@ -85,7 +85,7 @@ def test_rows_of_one_sequence_cut_the_sorted_lengths_at_the_least_largest_cost()
     assert formed.costs == (10.0, 9.0, 8.0)
     assert [formed.shape(mb) for mb in range(3)] == [(2, 5), (3, 3), (1, 8)]
     assert formed.padding == pytest.approx(4 / 23)
-    assert form_microbatches([5, 1, 3, 4, 2, 8], 3, order="given").costs == (8.0, 10.0, 9.0)
+    assert form_microbatches([5, 1, 3, 4, 2, 8], 3, microbatch_order="given").costs == (8.0, 10.0, 9.0)
 
 
 def test_packed_rows_take_each_sequence_into_the_shortest_row_so_far() -> None:
@@ -110,7 +110,7 @@ def test_bad_batches_are_refused() -> None:
     with pytest.raises(ValueError, match=r"^sequence lengths must be positive integers, got 2\.5$"):
         form_microbatches([3, 2.5], 1)  # type: ignore[list-item]
     with pytest.raises(ValueError, match=r"^unknown micro-batch order 'random'"):
-        form_microbatches([3, 2], 1, order="random")
+        form_microbatches([3, 2], 1, microbatch_order="random")
 
 
 @functools.cache
@@ -136,8 +136,8 @@ def test_every_sequence_lands_in_exactly_one_micro_batch(
     lengths: list[int], m: int, pack: bool, seed: int, order: MicrobatchOrder
 ) -> None:
     m = min(m, len(lengths))
-    formed = form_microbatches(lengths, m, pack=pack, order=order, seed=seed)
-    assert formed == form_microbatches(list(lengths), m, pack=pack, order=order, seed=seed)  # deterministic
+    formed = form_microbatches(lengths, m, pack=pack, microbatch_order=order, seed=seed)
+    assert formed == form_microbatches(list(lengths), m, pack=pack, microbatch_order=order, seed=seed)  # deterministic
     assert len(formed.microbatches) == m
     assert all(formed.sequences(mb) for mb in range(m))  # none empty
     assert sorted(i for mb in range(m) for i in formed.sequences(mb)) == list(range(len(lengths)))

@@ -77,7 +77,7 @@ def test_every_generated_hint_is_valid(name: str, p: int, m: int) -> None:
 
 def test_1f1b_order_is_the_textbook_one() -> None:
     hint = generate_hint("1f1b", 4, 6)
-    assert [" ".join(f"{t.kind.name}{t.mb}" for t in tasks) for tasks in hint.ranks] == [
+    assert [" ".join(f"{t.kind.name}{t.mb}" for t in tasks) for tasks in hint.lists] == [
         "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5",
         "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
         "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
@@ -87,23 +87,23 @@ def test_1f1b_order_is_the_textbook_one() -> None:
 
 def test_bf_ranking_reproduces_1f1b() -> None:
     # B before F with 1F1B's admission is 1F1B itself.
-    assert generate_hint("bf", 5, 11).ranks == generate_hint("1f1b", 5, 11).ranks
+    assert generate_hint("bf", 5, 11).lists == generate_hint("1f1b", 5, 11).lists
 
 
 def test_bfw_runs_w_last_among_ready_work() -> None:
     hint = generate_hint("bfw", 4, 8)
-    last = hint.ranks[3]
+    last = hint.lists[3]
     # The last stage holds one micro-batch under 1F1B's admission, and W is
     # what releases it: F, its B at once (B ranks first), then W, then the next F.
     assert [str(t) for t in last[:6]] == ["3F0", "3B0", "3W0", "3F1", "3B1", "3W1"]
     # Rank 0 has room for four: it runs ahead on forwards and defers W behind B and F.
-    assert [str(t) for t in hint.ranks[0][:5]] == ["0F0", "0F1", "0F2", "0F3", "0B0"]
+    assert [str(t) for t in hint.lists[0][:5]] == ["0F0", "0F1", "0F2", "0F3", "0B0"]
 
 
 def test_zbv_places_two_chunks_in_v_shape() -> None:
     hint = generate_hint("zbv", 4, 8, 2)
     assert hint.placement.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)
-    assert {t.stage for t in hint.ranks[0]} == {0, 7}
+    assert {t.stage for t in hint.lists[0]} == {0, 7}
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_unknown_hint_name_lists_the_known_ones() -> None:
 def test_w_tasks_follow_their_b() -> None:
     for name, v in (("zb-h1", 1), ("zbv", 2), ("bfw", 1)):
         hint = generate_hint(name, 4, 8, v)
-        for tasks in hint.ranks:
+        for tasks in hint.lists:
             position = {t: i for i, t in enumerate(tasks)}
             for t in tasks:
                 if t.kind is Kind.W:

@@ -17,9 +17,9 @@ def test_round_trip(tmp_path: Path, name: str, v: int) -> None:
     path = tmp_path / "hint.csv"
     save_hint_csv(hint, path)
     loaded = load_hint_csv(path)
-    assert loaded.ranks == hint.ranks
+    assert loaded.lists == hint.lists
     assert loaded.placement == hint.placement
-    assert loaded.num_microbatches == 8
+    assert loaded.microbatches == 8
 
 
 def test_split_backward_is_written_as_torch_backward_input() -> None:
@@ -31,7 +31,7 @@ def test_split_backward_is_written_as_torch_backward_input() -> None:
 def test_torch_dump_with_idle_slots_loads() -> None:
     # PipelineScheduleMulti._dump_csv writes None as an empty cell.
     hint = parse_hint_csv("0F0,0F1,,0B0,0B1\n,1F0,1B0,1F1,1B1\n")
-    assert [str(t) for t in hint.ranks[0]] == ["0F0", "0F1", "0B0", "0B1"]
+    assert [str(t) for t in hint.lists[0]] == ["0F0", "0F1", "0B0", "0B1"]
     assert hint.placement.stage_rank == (0, 1)
 
 

@@ -81,7 +81,7 @@ def test_ready_runs_the_hint_exactly_without_variability(orders: dict[str, list[
     hint = generate_hint(name, RANKS, MICROBATCHES)
     for rank, per_hint in enumerate(succeeded(orders["ready"])):
         assert [policy for policy, _ in per_hint[name]] == ["ready", "ready"]
-        expected = [str(task) for task in hint.ranks[rank]]
+        expected = [str(task) for task in hint.lists[rank]]
         if name == "zb-h1" and rank == 1:
             # The hint's own gap: rank 1 waits for 1B0's gradient with 1F3 ready and the gradient due after it.
             expected = _moved(expected, "1F3", "1B0")

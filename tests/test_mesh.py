@@ -192,7 +192,7 @@ def test_a_layout_from_a_mesh_of_any_dimension_order() -> None:
     layout = Layout.of(FakeMesh(grid, ("dp", "pp", "tp")))  # type: ignore[arg-type]
     assert layout.pipelines == ((0, 2), (1, 3), (4, 6), (5, 7))
     assert layout.replicas == ((0, 4), (1, 5), (2, 6), (3, 7))
-    assert (layout.dp, layout.tp, layout.stages_ranks) == (2, 2, 2)
+    assert (layout.dp, layout.tp, layout.pp) == (2, 2, 2)
     swapped = Layout.of(FakeMesh(grid.permute(1, 0, 2), ("pp", "dp", "tp")))  # type: ignore[arg-type]
     assert swapped == layout
     only_pp = Layout.of(FakeMesh(torch.arange(4), ("pp",)))  # type: ignore[arg-type]
@@ -220,7 +220,7 @@ def test_torchtitans_mesh_names_are_one_data_parallel_axis_replicate_outer() -> 
     flat = Layout.of(FakeMesh(grid.reshape(2, 4, 2), ("pp", "dp", "tp")))  # type: ignore[arg-type]
     assert titan == flat
     assert titan.replicas[0] == (0, 2, 4, 6)  # pp 0, tp 0: replicate 0 shards 0, 1; replicate 1 shards 0, 1
-    assert (titan.dp, titan.tp, titan.stages_ranks) == (4, 2, 2)
+    assert (titan.dp, titan.tp, titan.pp) == (4, 2, 2)
     shard_only = Layout.of(FakeMesh(torch.arange(4).reshape(2, 2), ("dp_shard", "pp")))  # type: ignore[arg-type]
     assert shard_only == Layout.of(FakeMesh(torch.arange(4).reshape(2, 2), ("dp", "pp")))  # type: ignore[arg-type]
 
@@ -419,7 +419,7 @@ def test_tensor_parallel_members_need_one_decision_for_readiness(four_ranks: dic
     # Without coordination, stage 0's leader runs 1F1B (its budget allows nothing else: F0 F1 B0 F2 ...) while
     # its follower, whose gradients come 300 ms late (forced: far longer than a task), runs F2 and F3 ahead.
     orders = succeeded(four_ranks["uncoordinated orders"])
-    hint = generate_hint("1f1b", 2, MICROBATCHES).ranks[0]
+    hint = generate_hint("1f1b", 2, MICROBATCHES).lists[0]
     assert orders[0] == [(t.stage, int(t.kind), t.mb) for t in hint]
     assert orders[1][:4] == [(0, int(Kind.F), mb) for mb in range(4)]
     # With coordination, and real tensor-parallel collectives, every member runs its leader's order.
@@ -461,7 +461,7 @@ def test_tensor_parallel_leaders_announce_what_they_will_certainly_run_in_one_me
     four_ranks: dict[str, list[Any]],
 ) -> None:
     results = succeeded(four_ranks["batched decisions"])
-    hint = [(t.stage, int(t.kind), t.mb) for t in generate_hint("1f1b", 2, 8).ranks[0]]
+    hint = [(t.stage, int(t.kind), t.mb) for t in generate_hint("1f1b", 2, 8).lists[0]]
     leader_orders = results[0][0]
     assert any(order != hint for order in leader_orders)  # forced: stage 0's leader ran ahead of its hint
     for leader, follower in [(results[0], results[1]), (results[2], results[3])]:

@@ -62,7 +62,7 @@ def test_longest_first_beats_the_given_order_under_microbatch_noise() -> None:
     hint = generate_hint("1f1b", 8, 32)
     given_order = run_study(hint, [Policy.FIXED], variability=[parse_variability("mb:0.5")], trials=8)
     longest = run_study(
-        hint, [Policy.FIXED], variability=[parse_variability("mb:0.5")], trials=8, order="longest-first"
+        hint, [Policy.FIXED], variability=[parse_variability("mb:0.5")], trials=8, microbatch_order="longest-first"
     )
     assert given_order[Policy.FIXED].makespan / longest[Policy.FIXED].makespan > 1.1
 

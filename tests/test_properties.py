@@ -61,7 +61,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Hint, CostModel, Sample, Policy, float]:
 def _check(hint: Hint, sample: Sample, result: SimResult) -> None:
     stage_rank = hint.placement.stage_rank
     when: dict[Task, tuple[float, float]] = {}
-    for r, tasks in enumerate(hint.ranks):
+    for r, tasks in enumerate(hint.lists):
         spans = sorted(zip(result.starts[r], result.ends[r], strict=True))
         for (_s0, e0), (s1, _) in itertools.pairwise(spans):
             assert e0 <= s1 + 1e-9, "a rank ran two tasks at once"
@@ -95,7 +95,7 @@ def test_no_policy_deadlocks_runs_a_task_twice_breaks_a_dependency_or_the_budget
     scenario: tuple[Hint, CostModel, Sample, Policy, float],
 ) -> None:
     hint, costs, sample, policy, slack = scenario
-    result = Simulator(hint, costs).run(policy, sample, slack=slack)
+    result = Simulator(hint, costs).run(policy, sample, memory_slack=slack)
     _check(hint, sample, result)
     assert result.makespan >= result.lower_bound - 1e-9
 
@@ -109,8 +109,8 @@ def test_no_rank_exceeds_a_per_device_budget(
     simulator = Simulator(hint, costs)
     budgets = simulator.device_budgets(headroom)
     busiest = max(g.peak for g in simulator.graphs)
-    assert budgets == [busiest * (1 + headroom)] * hint.num_ranks
-    result = simulator.run(policy, sample, budgets=budgets)
+    assert budgets == [busiest * (1 + headroom)] * hint.ranks
+    result = simulator.run(policy, sample, activation_budget=budgets)
     _check(hint, sample, result)
     assert max(result.peak_live) <= busiest * (1 + headroom) + 1e-6
 
@@ -119,11 +119,11 @@ def held_by_size(result: SimResult, sample: Sample, costs: CostModel) -> list[fl
     """Each rank's most held at once, read off the timeline: a forward holds its micro-batch's known size (times
     the cost model's activation bytes) from its start until its releaser ends (releases first at a tie)."""
     hint = result.hint
-    sizes = sample.sizes if sample.sizes is not None else np.ones(hint.num_microbatches)
-    activation = costs.activation_sizes(hint.num_microbatches)
+    sizes = sample.sizes if sample.sizes is not None else np.ones(hint.microbatches)
+    activation = costs.activation_sizes(hint.microbatches)
     release = Kind.W if hint.split_backward else Kind.B
     held = []
-    for r, tasks in enumerate(hint.ranks):
+    for r, tasks in enumerate(hint.lists):
         events = []
         for i, t in enumerate(tasks):
             weight = float(sizes[t.mb]) * (1.0 if activation is None else float(activation[t.stage, t.mb]))
@@ -152,9 +152,9 @@ def test_admission_by_size_never_exceeds_its_budget(
     # on every rank, under every policy (fixed too: it runs the hint fitted to the budget).
     hint, costs, drawn, policy, slack = scenario
     simulator = Simulator(hint, costs)
-    budgets = simulator.size_budgets(drawn, slack=slack, device_budget=device_budget)
+    budgets = simulator.size_budgets(drawn, memory_slack=slack, device_budget=device_budget)
     sample = drawn.ordered(order)
-    result = simulator.run(policy, sample, budgets=budgets, admission="size")
+    result = simulator.run(policy, sample, activation_budget=budgets, admission="size")
     _check(result.hint, sample, result)
     for held, peak, budget in zip(held_by_size(result, sample, costs), result.peak_live, budgets, strict=True):
         assert held == pytest.approx(peak, rel=1e-9, abs=1e-9)

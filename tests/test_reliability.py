@@ -288,7 +288,7 @@ def test_scoreboards_complete_under_any_message_order(
     hint = generate_hint(name, ranks, microbatches)
     rng = random.Random(seed)
     boards = []
-    for r in range(hint.num_ranks):
+    for r in range(hint.ranks):
         graph = RankGraph(hint, r)
         n = len(graph.tasks)
         plan = RankPlan(tuple(rng.uniform(0, 2) for _ in range(n)), tuple(float(i) for i in range(n)), (1.0,) * n)

@@ -45,7 +45,7 @@ def test_the_scoreboard_graph_is_the_dependency_rule(name: HintName, ranks: int,
     hint = _hint(name, ranks, chunks)
     validate_hint(hint)  # the validator's dependency checks pass on every generated hint
     stage_rank = hint.placement.stage_rank
-    for r in range(hint.num_ranks):
+    for r in range(hint.ranks):
         graph = RankGraph(hint, r)
         for i, task in enumerate(graph.tasks):
             deps = rules.dependencies(task, hint.num_stages)
@@ -62,7 +62,7 @@ def test_the_scoreboard_graph_is_the_dependency_rule(name: HintName, ranks: int,
 @pytest.mark.parametrize(("name", "ranks", "chunks"), CASES)
 def test_successors_invert_dependencies(name: HintName, ranks: int, chunks: int) -> None:
     hint = _hint(name, ranks, chunks)
-    tasks = [t for per_rank in hint.ranks for t in per_rank]
+    tasks = [t for per_rank in hint.lists for t in per_rank]
     for a, b in itertools.product(tasks, repeat=2):
         if a.mb == b.mb:
             assert (a in rules.dependencies(b, hint.num_stages)) == (
@@ -75,8 +75,8 @@ def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) 
     hint = _hint(name, ranks, chunks)
     result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(Policy.FIXED)
     records = result.records()
-    for r in range(hint.num_ranks):
-        by_rule = rules.in_flight_peak(hint.ranks[r], hint.split_backward)
+    for r in range(hint.ranks):
+        by_rule = rules.in_flight_peak(hint.lists[r], hint.split_backward)
         assert RankGraph(hint, r).peak == by_rule  # the scoreboard's admission
         assert result.peak_live[r] == by_rule  # the simulator's accounting
         # The runtime measures its peak from the timeline (start of F to end of the releaser);
@@ -92,7 +92,7 @@ def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) 
 def test_the_simulator_respects_every_dependency(name: HintName, ranks: int, chunks: int) -> None:
     hint = _hint(name, ranks, chunks)
     for policy in Policy:
-        result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(policy, slack=1)
+        result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(policy, memory_slack=1)
         start = {task: begin for _, task, begin, _ in result.records()}
         end = {task: finish for _, task, _, finish in result.records()}
         for task in start:

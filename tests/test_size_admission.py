@@ -141,7 +141,7 @@ def _own_order_peak(hint: str, chunks: int, rank: int, sizes: list[int]) -> floa
     resolved = resolve_hint(hint, 2, MICROBATCHES, chunks=chunks)
     release = rules.releaser(resolved.split_backward)
     live = peak = 0
-    for task in resolved.ranks[rank]:
+    for task in resolved.lists[rank]:
         if task.kind is Kind.F:
             live += sizes[task.mb]
             peak = max(peak, live)

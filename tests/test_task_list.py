@@ -33,8 +33,8 @@ def test_the_arrays_are_read_only_and_of_one_length() -> None:
 
 def test_a_hint_keeps_its_lists_as_arrays_and_compares_with_tuples() -> None:
     hint = generate_hint("1f1b", 2, 2)
-    assert all(isinstance(tasks, TaskList) for tasks in hint.ranks)
-    same = Hint.from_lists("1f1b", Placement.loop(2), 2, [tuple(tasks) for tasks in hint.ranks])
-    assert same == hint and isinstance(same.ranks[0], TaskList)
-    assert [str(t) for t in hint.ranks[1]] == ["1F0", "1B0", "1F1", "1B1"]
-    assert isinstance(hint.ranks[0][0], Task) and hint.ranks[0][0].kind is Kind.F
+    assert all(isinstance(tasks, TaskList) for tasks in hint.lists)
+    same = Hint.from_lists("1f1b", Placement.loop(2), 2, [tuple(tasks) for tasks in hint.lists])
+    assert same == hint and isinstance(same.lists[0], TaskList)
+    assert [str(t) for t in hint.lists[1]] == ["1F0", "1B0", "1F1", "1B1"]
+    assert isinstance(hint.lists[0][0], Task) and hint.lists[0][0].kind is Kind.F

@@ -300,7 +300,7 @@ def test_simulator_predicts_emulated_steps_within_10_percent(two_ranks: dict[str
     result = succeeded(two_ranks[f"predict {policy}"])[0]
     hint = generate_hint("1f1b", 2, 4)
     for report in result.reports[1:]:
-        predicted = predict_step_time(hint, report, Policy(policy), slack=1)
+        predicted = predict_step_time(hint, report, Policy(policy), memory_slack=1)
         assert predicted == pytest.approx(report.step_time, rel=0.10)
 
 

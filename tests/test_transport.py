@@ -319,7 +319,7 @@ def _pipeline_worker(rank: int, world: int, hint: str, chunks: int, policy: str)
     with Pipeline.from_modules(
         modules, loss_fn=_mse, microbatches=4, hint=hint, chunks=chunks, policy=policy, timeout=60, seams=LINKS
     ) as pipe:
-        assert isinstance(pipe.messages, LinkPostOffice)
+        assert isinstance(pipe.post_office, LinkPostOffice)
         xs, ys = _batches(4)
         pipe.step(xs, ys)
         return {f"{s}.{n}": p.grad.clone() for s in pipe.stages for n, p in modules[s].named_parameters()}  # type: ignore[union-attr]

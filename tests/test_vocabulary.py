@@ -5,28 +5,78 @@ one (CHANGELOG: "Renamed")."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+import torch
 
+from hintpipe.apps import training
+from hintpipe.forming.collate import form_batch
+from hintpipe.forming.form import form_microbatches
 from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.parallel.mesh import Layout
+from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.hint import Hint, Placement
+from hintpipe.scoreboard import Policy
+from hintpipe.sim import expected
+from hintpipe.sim.compare import run_study
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import Sample, Simulator
+from hintpipe.sim.variability import parse_variability
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Retired spelling -> the pattern that finds it (a call of the public API with the old keyword).
+#: A call's arguments, up to the keyword (one level of parentheses inside).
+_ARGS = r"\((?:[^()]|\([^()]*\))*?"
+
+#: Retired spelling -> the pattern that finds it (a call of the public API with the old keyword, an attribute).
 RETIRED = {
-    "run_ranks(timeout_s=...), now run_ranks(timeout=...)": re.compile(
-        r"\brun_ranks\((?:[^()]|\([^()]*\))*?\btimeout_s=", re.S
+    "run_ranks(timeout_s=...), now run_ranks(timeout=...)": re.compile(r"\brun_ranks" + _ARGS + r"\btimeout_s=", re.S),
+    "Hint.num_ranks, Placement.num_ranks, now .ranks": re.compile(r"\.num_ranks\b"),
+    "Hint.num_microbatches, Hint(num_microbatches=...), now microbatches": re.compile(r"\bnum_microbatches\b"),
+    "Hint.ranks as the task lists, now Hint.lists": re.compile(
+        r"\b\w*hint\.ranks\s*\[|\bin\s+[\w.]*hint\.ranks\b|\b(?:enumerate|len|zip)\([\w.]*hint\.ranks\b"
+    ),
+    "Hint(ranks=...), Hint.from_lists(ranks=...), now lists=": re.compile(
+        r"\b(?:Hint|from_lists)" + _ARGS + r"\branks=", re.S
+    ),
+    "Layout.stages_ranks, now Layout.pp": re.compile(r"\.stages_ranks\b"),
+    "Pipeline.messages, now Pipeline.post_office": re.compile(r"\b(?:pipe|pipeline)\.messages\b"),
+    "Parts.transport (the object), now Parts.post_office": re.compile(r"\bparts\.transport\b"),
+    "Simulator.run(slack=, budgets=), now memory_slack=, activation_budget=": re.compile(
+        r"\.run" + _ARGS + r"\b(?:slack|budgets)=", re.S
+    ),
+    "Simulator.budgets(slack=), size_budgets(slack=), now memory_slack=": re.compile(
+        r"\b(?:size_)?budgets" + _ARGS + r"\bslack=", re.S
+    ),
+    "run_study(slack=, budgets=, order=), now memory_slack=, activation_budget=, microbatch_order=": re.compile(
+        r"\brun_study" + _ARGS + r"\b(?:slack|budgets|order)=", re.S
+    ),
+    "predict_step_time(slack=), now memory_slack=": re.compile(r"\bpredict_step_time" + _ARGS + r"\bslack=", re.S),
+    "form_microbatches(order=), form_batch(order=), now microbatch_order=": re.compile(
+        r"\bform_(?:microbatches|batch)" + _ARGS + r"\border=", re.S
     ),
 }
+
+#: A line that names a retired spelling on purpose: a shim's warning or decorator.
+_SHIM = re.compile(r"\bretired_attribute\(|@renamed\(")
 
 
 def _sources() -> list[Path]:
     found = [ROOT / "README.md"]
     for folder in ("src", "tests", "benchmarks", "scripts"):
         found += sorted((ROOT / folder).rglob("*.py"))
-    keeper = ROOT / "src/hintpipe/runtime/launch.py"  # takes the retired keyword and names it in its warning
-    return [path for path in found if path.name != Path(__file__).name and path != keeper]
+    # they take the retired keywords and attributes, and name them in their warnings and docstrings
+    keepers = {ROOT / "src/hintpipe" / name for name in ("runtime/launch.py", "schedule/hint.py", "renamed.py")}
+    return [path for path in found if path.name != Path(__file__).name and path not in keepers]
+
+
+def _text(path: Path) -> str:
+    return "\n".join(line for line in path.read_text(encoding="utf-8").splitlines() if not _SHIM.search(line))
 
 
 def test_retired_names_are_used_nowhere() -> None:
@@ -34,7 +84,7 @@ def test_retired_names_are_used_nowhere() -> None:
         f"{path.relative_to(ROOT)}: {what}"
         for path in _sources()
         for what, pattern in RETIRED.items()
-        if pattern.search(path.read_text(encoding="utf-8"))
+        if pattern.search(_text(path))
     ]
     assert used == []
 
@@ -46,3 +96,172 @@ def _rank(rank: int, world: int) -> int:
 def test_a_retired_keyword_still_works_and_says_its_new_name() -> None:
     with pytest.warns(DeprecationWarning, match=r"^run_ranks\(timeout_s=\.\.\.\) is now run_ranks\(timeout=\.\.\.\)$"):
         assert run_ranks(_rank, 1, timeout_s=60, device="cpu") == [1]
+
+
+def _loose(fn: Any) -> Any:
+    """``fn`` as mypy takes any keyword: the retired ones are not in the signatures."""
+    return fn
+
+
+def _hint() -> Hint:
+    return generate_hint("1f1b", 2, 4)
+
+
+def _simulator() -> Simulator:
+    return Simulator(_hint(), CostModel.uniform(2))
+
+
+def _run(**room: Any) -> tuple[float, Any]:
+    result = _simulator().run(Policy.READY, **room)
+    return result.makespan, result.starts
+
+
+def _study(**options: Any) -> list[float]:
+    mb = [parse_variability("mb:0.5")]
+    study = run_study(_hint(), list(Policy), variability=mb, trials=2, admission="size", **options)
+    return [study[p].makespan for p in Policy]
+
+
+def _predicted(module: Any, **room: Any) -> float:
+    hint = _hint()
+    records = Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED).records()
+    return float(module.predict_step_time(hint, records, None, Policy.READY, **room))
+
+
+#: (the warning's exact text, the call with the retired keyword, the same with the new one).
+KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+    (
+        "Hint(num_microbatches=...) is now Hint(microbatches=...)",
+        lambda: _loose(Hint)("h", Placement.loop(2), num_microbatches=4, lists=_hint().lists),
+        lambda: Hint("h", Placement.loop(2), microbatches=4, lists=_hint().lists),
+    ),
+    (
+        "Hint(ranks=...) is now Hint(lists=...)",
+        lambda: _loose(Hint)("h", Placement.loop(2), 4, ranks=_hint().lists),
+        lambda: Hint("h", Placement.loop(2), 4, lists=_hint().lists),
+    ),
+    (
+        "Hint.from_lists(num_microbatches=...) is now Hint.from_lists(microbatches=...)",
+        lambda: _loose(Hint.from_lists)(
+            "h", Placement.loop(2), num_microbatches=4, lists=[list(t) for t in _hint().lists]
+        ),
+        lambda: Hint.from_lists("h", Placement.loop(2), microbatches=4, lists=[list(t) for t in _hint().lists]),
+    ),
+    (
+        "Hint.from_lists(ranks=...) is now Hint.from_lists(lists=...)",
+        lambda: _loose(Hint.from_lists)("h", Placement.loop(2), 4, ranks=[list(t) for t in _hint().lists]),
+        lambda: Hint.from_lists("h", Placement.loop(2), 4, lists=[list(t) for t in _hint().lists]),
+    ),
+    (
+        "Simulator.run(slack=...) is now Simulator.run(memory_slack=...)",
+        lambda: _run(slack=1),
+        lambda: _run(memory_slack=1),
+    ),
+    (
+        "Simulator.run(budgets=...) is now Simulator.run(activation_budget=...)",
+        lambda: _run(budgets=[3.0, 3.0]),
+        lambda: _run(activation_budget=[3.0, 3.0]),
+    ),
+    (
+        "Simulator.budgets(slack=...) is now Simulator.budgets(memory_slack=...)",
+        lambda: _loose(_simulator().budgets)(slack=2),
+        lambda: _simulator().budgets(memory_slack=2),
+    ),
+    (
+        "Simulator.size_budgets(slack=...) is now Simulator.size_budgets(memory_slack=...)",
+        lambda: _loose(_simulator().size_budgets)(Sample.expected(_hint(), CostModel.uniform(2)), slack=2),
+        lambda: _simulator().size_budgets(Sample.expected(_hint(), CostModel.uniform(2)), memory_slack=2),
+    ),
+    (
+        "run_study(slack=...) is now run_study(memory_slack=...)",
+        lambda: _study(slack=1),
+        lambda: _study(memory_slack=1),
+    ),
+    (
+        "run_study(budgets=...) is now run_study(activation_budget=...)",
+        lambda: _study(budgets=[4.0, 4.0]),
+        lambda: _study(activation_budget=[4.0, 4.0]),
+    ),
+    (
+        "run_study(order=...) is now run_study(microbatch_order=...)",
+        lambda: _study(order="shortest-first"),
+        lambda: _study(microbatch_order="shortest-first"),
+    ),
+    (
+        "predict_step_time(slack=...) is now predict_step_time(memory_slack=...)",
+        lambda: _predicted(expected, slack=1),
+        lambda: _predicted(expected, memory_slack=1),
+    ),
+    (
+        "form_microbatches(order=...) is now form_microbatches(microbatch_order=...)",
+        lambda: _loose(form_microbatches)([5, 1, 3, 4, 2, 8], 3, order="given"),
+        lambda: form_microbatches([5, 1, 3, 4, 2, 8], 3, microbatch_order="given"),
+    ),
+    (
+        "form_batch(order=...) is now form_batch(microbatch_order=...)",
+        lambda: _loose(form_batch)([torch.arange(n) for n in (5, 3, 2, 7)], 2, order="shortest-first").inputs,
+        lambda: form_batch([torch.arange(n) for n in (5, 3, 2, 7)], 2, microbatch_order="shortest-first").inputs,
+    ),
+]
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+        return all(torch.equal(x, y) for x, y in zip(a, cast(list[torch.Tensor], b), strict=True))
+    return a == b
+
+
+@pytest.mark.parametrize(("message", "old", "new"), KEYWORDS, ids=[k[0].split(" is now")[0] for k in KEYWORDS])
+def test_each_retired_keyword_still_works_and_says_its_new_name(
+    message: str, old: Callable[[], object], new: Callable[[], object]
+) -> None:
+    with pytest.warns(DeprecationWarning, match=f"^{re.escape(message)}$") as caught:
+        before = old()
+    assert len(caught) == 1
+    assert _same(before, new())
+
+
+def test_the_applications_predict_step_time_takes_slack_too() -> None:
+    report = cast(Any, SimpleNamespace(records=[], step=3))
+    with (
+        pytest.warns(
+            DeprecationWarning,
+            match=r"^predict_step_time\(slack=\.\.\.\) is now predict_step_time\(memory_slack=\.\.\.\)$",
+        ),
+        pytest.raises(ValueError, match="step 3's timelines were not kept"),
+    ):
+        _loose(training.predict_step_time)(_hint(), report, Policy.READY, slack=1)
+
+
+def test_a_retired_keyword_beside_its_new_name_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"^Simulator.run\(\) takes memory_slack= \(before 0.7: slack=\), not both$"):
+        _loose(_simulator().run)(Policy.READY, slack=1, memory_slack=1)
+
+
+#: (the warning's exact text, the retired attribute read, the new one).
+ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+    ("Hint.num_microbatches is now Hint.microbatches", lambda: _hint().num_microbatches, lambda: _hint().microbatches),
+    ("Hint.num_ranks is now Hint.ranks", lambda: _hint().num_ranks, lambda: _hint().ranks),
+    ("Placement.num_ranks is now Placement.ranks", lambda: Placement.v_shape(3).num_ranks, lambda: 3),
+    ("Layout.stages_ranks is now Layout.pp", lambda: Layout.world(4).stages_ranks, lambda: Layout.world(4).pp),
+]
+
+
+@pytest.mark.parametrize(("message", "old", "new"), ATTRIBUTES, ids=[a[0].split(" is now")[0] for a in ATTRIBUTES])
+def test_each_retired_attribute_still_reads_and_says_its_new_name(
+    message: str, old: Callable[[], object], new: Callable[[], object]
+) -> None:
+    with pytest.warns(DeprecationWarning, match=f"^{re.escape(message)}$"):
+        assert old() == new()
+
+
+def test_pipeline_messages_is_the_post_office_read_and_written() -> None:
+    # The property's own code on a stand-in (a Pipeline needs a process group): it reads and writes post_office.
+    pipe = SimpleNamespace(post_office="the post office")
+    messages: property = Pipeline.__dict__["messages"]
+    assert messages.fget is not None and messages.fset is not None
+    with pytest.warns(DeprecationWarning, match=r"^Pipeline\.messages is now Pipeline\.post_office$"):
+        assert messages.fget(pipe) == "the post office"
+    with pytest.warns(DeprecationWarning, match=r"^Pipeline\.messages is now Pipeline\.post_office$"):
+        messages.fset(pipe, "another")
+    assert pipe.post_office == "another"

@@ -238,7 +238,7 @@ def hintpipe_stepper(sizes: Throughput, run: Run) -> tuple[Stepper, Pipeline]:
         return dict(zip(report.ranks, report.runtime_cpu, strict=True)).get(pipe.rank, math.nan)
 
     parameters = [p for module in pipe.modules.values() for p in module.parameters()]
-    return Stepper(step, parameters, runtime_cpu, len(pipe.hint.ranks[pipe.rank])), pipe
+    return Stepper(step, parameters, runtime_cpu, len(pipe.hint.lists[pipe.rank])), pipe
 
 
 def torch_stepper(

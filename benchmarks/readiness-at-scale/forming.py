@@ -156,7 +156,7 @@ def simulate(
     sample = Sample(expected * factor[None, :, None], np.zeros_like(expected), 0.0, sizes=factor).ordered(order)
     simulator = Simulator(hint, model)
     budgets = simulator.device_budgets() if device_budget else None
-    return simulator.run(policy, sample, budgets=budgets).makespan * mean
+    return simulator.run(policy, sample, activation_budget=budgets).makespan * mean
 
 
 def main() -> None:

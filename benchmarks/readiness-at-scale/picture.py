@@ -42,7 +42,7 @@ def main() -> None:
         simulator = Simulator(hint, CostModel.uniform(hint.num_stages))
         drawn = Sample.draw(hint, simulator.cost_model, models, np.random.default_rng((args.seed, 0)))
         budgets = simulator.device_budgets() if device else None
-        result = simulator.run(policy, drawn.ordered(order), budgets=budgets)
+        result = simulator.run(policy, drawn.ordered(order), activation_budget=budgets)
         budget = ", per-device budget" if device else ""
         title = f"{name}, {order} order, {policy.value}{budget}: makespan {result.makespan:.0f}"
         panels.append((title, result.records()))

@@ -68,7 +68,7 @@ def sized_peak(result: SimResult, sizes: np.ndarray[Any, Any]) -> float:
     hint = result.hint
     release = Kind.W if hint.split_backward else Kind.B
     best = 0.0
-    for rank, tasks in enumerate(hint.ranks):
+    for rank, tasks in enumerate(hint.lists):
         forward, freed = np.flatnonzero(tasks.kind == Kind.F), np.flatnonzero(tasks.kind == release)
         starts, ends = np.asarray(result.starts[rank]), np.asarray(result.ends[rank])
         times = np.concatenate([starts[forward], ends[freed]])
@@ -80,7 +80,7 @@ def sized_peak(result: SimResult, sizes: np.ndarray[Any, Any]) -> float:
 
 def _slots(result: SimResult) -> float:
     """The most micro-batches any rank held at once, read off the timeline."""
-    return sized_peak(result, np.ones(result.hint.num_microbatches))
+    return sized_peak(result, np.ones(result.hint.microbatches))
 
 
 def configurations(orders: list[str], budgets: list[str], hints: list[str]) -> list[tuple[str, str, str, str]]:
@@ -139,14 +139,18 @@ def study(
                     results = [("fixed", "rank", fixed)]
                     if SIZE in budget_names:
                         results.append(
-                            ("fixed", SIZE, sims[h].run(Policy.FIXED, sample, budgets=by_size, admission=SIZE))
+                            (
+                                "fixed",
+                                SIZE,
+                                sims[h].run(Policy.FIXED, sample, activation_budget=by_size, admission=SIZE),
+                            )
                         )
                     for policy in (Policy.GREEDY, Policy.READY):
                         for b in budget_names:
                             if b == SIZE:
-                                run = sims[h].run(policy, sample, budgets=by_size, admission=SIZE)
+                                run = sims[h].run(policy, sample, activation_budget=by_size, admission=SIZE)
                             else:
-                                run = sims[h].run(policy, sample, budgets=budgets[(h, b)])
+                                run = sims[h].run(policy, sample, activation_budget=budgets[(h, b)])
                             results.append((policy.value, b, run))
                     same_hint_fixed = {b: r.makespan for p, b, r in results if p == "fixed"}
                     for policy_name, b, result in results:

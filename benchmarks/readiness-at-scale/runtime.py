@@ -164,7 +164,7 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
     an ``F`` holds its micro-batch's elements until its stage's last backward task (``W`` when split)."""
     hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
     release = Kind.W if hint.split_backward else Kind.B
-    peaks = [0] * hint.num_ranks
+    peaks = [0] * hint.ranks
     for report in result.measured:
         inputs, _, _ = make_batch(
             config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, report.step, config.seed
@@ -175,7 +175,7 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
         else:
             slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]
             size = [elements[m] for m in slots]
-        events: list[list[tuple[float, int]]] = [[] for _ in range(hint.num_ranks)]
+        events: list[list[tuple[float, int]]] = [[] for _ in range(hint.ranks)]
         for rank, task, start, end in report.records:
             if task.kind is Kind.F:
                 events[rank].append((start, size[task.mb]))
@@ -233,7 +233,7 @@ def emulated(
                 "wall_s": time.perf_counter() - began,
                 # per rank, the runtime's own CPU and the tasks' (slept) work, ms a step
                 "runtime_cpu_ms": list(result.runtime_cpu_ms or ()),
-                "work_ms": work_ms(measured, hint.num_ranks),
+                "work_ms": work_ms(measured, hint.ranks),
                 "predicted_ms": [1e3 * predicted(hint, r, setup) for r in measured],
             }
         )

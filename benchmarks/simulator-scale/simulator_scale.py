@@ -83,10 +83,10 @@ def throughput(ranks: int, microbatches: int) -> list[dict[str, Any]]:
                 began = time.perf_counter()
                 sim = Simulator(hint, cost_model)
                 builds.append(time.perf_counter() - began)
-                seconds["ready (cold)"].append(sim.run(Policy.READY, sample, slack=SLACK).sim_seconds)
+                seconds["ready (cold)"].append(sim.run(Policy.READY, sample, memory_slack=SLACK).sim_seconds)
                 for policy in Policy:
                     key = "ready (warm)" if policy is Policy.READY else policy.value
-                    seconds[key].append(sim.run(policy, sample, slack=SLACK).sim_seconds)
+                    seconds[key].append(sim.run(policy, sample, memory_slack=SLACK).sim_seconds)
             for policy_label, values in seconds.items():
                 best, median = min(values), statistics.median(values)
                 records.append(
@@ -112,7 +112,9 @@ def study(ranks: int, microbatches: int, trials: int) -> list[dict[str, Any]]:
         n = 1 if spec == "iid:0.0" else trials  # no noise: every trial would be identical
         for slack in (0.0, SLACK):
             began = time.perf_counter()
-            res = run_study(hint, list(Policy), variability=[parse_variability(spec)], trials=n, seed=0, slack=slack)
+            res = run_study(
+                hint, list(Policy), variability=[parse_variability(spec)], trials=n, seed=0, memory_slack=slack
+            )
             fixed = res[Policy.FIXED].makespan
             rows.append(
                 {

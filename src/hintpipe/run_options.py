@@ -15,7 +15,7 @@ _RUN = frozenset({"train", "simulate"})
 _ALL = frozenset({"train", "simulate", "plan"})
 _PLAN = frozenset({"plan"})
 
-#: The pipeline's length in ranks (``Hint.num_ranks``): the run's, the simulator's and the planner's.
+#: The pipeline's length in ranks (``Hint.ranks``): the run's, the simulator's and the planner's.
 RANKS = Option(
     "ranks",
     "int",

@@ -163,7 +163,7 @@ class Scoreboard:
         """Per position, the known size of its own task and of its remote producer (an ``F``'s on the
         stage before, a ``B``'s on the stage after; its own where sizes are per micro-batch)."""
         values = np.asarray(sizes, dtype=float)
-        mbs, stages = self.hint.num_microbatches, self.hint.num_stages
+        mbs, stages = self.hint.microbatches, self.hint.num_stages
         tasks = self.graph.tasks
         if values.ndim == 1:
             if len(values) != mbs:

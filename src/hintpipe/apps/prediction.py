@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from hintpipe.renamed import renamed
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
@@ -16,8 +17,14 @@ from hintpipe.scoreboard import Policy
 from hintpipe.sim.expected import predict_step_time as _predict
 
 
+@renamed("predict_step_time", slack="memory_slack")
 def predict_step_time(
-    hint: Hint, report: StepReport, policy: Policy, slack: float = 0.0, *, admission: AdmissionUnit | str = "slots"
+    hint: Hint,
+    report: StepReport,
+    policy: Policy,
+    memory_slack: float = 0.0,
+    *,
+    admission: AdmissionUnit | str = "slots",
 ) -> float:
     """What the simulator predicts for a measured step (see :func:`hintpipe.sim.expected.predict_step_time`),
     within the budgets the step ran under where its report has every rank's (rank 0's reports), and under
@@ -32,13 +39,13 @@ def predict_step_time(
             "and predict from rank 0's reports"
         )
     budgets = report.admission_budget
-    whole = len(budgets) == hint.num_ranks and all(math.isfinite(b) for b in budgets)
+    whole = len(budgets) == hint.ranks and all(math.isfinite(b) for b in budgets)
     return _predict(
         hint,
         report.records,
         report.plan_costs,
         policy,
-        slack,
+        memory_slack,
         budgets=budgets if whole else None,
         sizes=report.sizes or None,
         admission=admission,

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
-    slack, budgets, device_budget = room(args, hint.num_ranks)
+    slack, budgets, device_budget = room(args, hint.ranks)
     by_size = values["admission"] is AdmissionUnit.SIZE
     in_bytes = cost_model is not None and cost_model.activation is not None
     unit = "bytes" if in_bytes else "size" if by_size else "slots"
@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
             variability=models,
             trials=args.trials,
             seed=values["seed"],
-            slack=slack,
-            budgets=budgets,
+            memory_slack=slack,
+            activation_budget=budgets,
             device_budget=device_budget,
-            order=values["microbatch_order"],
+            microbatch_order=values["microbatch_order"],
             admission=values["admission"],
             on_trial=lambda _: bar.advance(bar.task_ids[0]),
         )
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
         payload |= {
             "hint": hint.name,
             "stages": hint.num_stages,
-            "ranks": hint.num_ranks,
-            "microbatches": hint.num_microbatches,
+            "ranks": hint.ranks,
+            "microbatches": hint.microbatches,
             "variability": args.variability,
             "microbatch_order": args.microbatch_order,
             "admission": args.admission,
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(payload)
         return 0
     title = (
-        f"{hint.name}: {hint.num_ranks} ranks, {hint.num_stages} stages, {hint.num_microbatches} micro-batches"
+        f"{hint.name}: {hint.ranks} ranks, {hint.num_stages} stages, {hint.microbatches} micro-batches"
         + (f", variability {' '.join(args.variability)}" if args.variability else "")
         + f", {args.trials} trial{'s' if args.trials != 1 else ''}"
     )

@@ -21,6 +21,7 @@ import torch
 
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Formation, form_microbatches
+from hintpipe.renamed import renamed
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
 #: The targets a loss should ignore (``torch.nn.functional.cross_entropy``'s default ``ignore_index``).
@@ -90,13 +91,14 @@ def collate(
     return FormedBatch(inputs, targets, formation.tokens, formation)
 
 
+@renamed("form_batch", order="microbatch_order")
 def form_batch(
     sequences: Sequence[torch.Tensor],
     microbatches: int,
     cost: SequenceCost | None = None,
     *,
     pack: bool = False,
-    order: MicrobatchOrder | str = MicrobatchOrder.LONGEST_FIRST,
+    microbatch_order: MicrobatchOrder | str = MicrobatchOrder.LONGEST_FIRST,
     seed: int = 0,
     pad: int = 0,
     ignore_index: int = IGNORE_INDEX,
@@ -113,5 +115,5 @@ def form_batch(
         i = short[0]
         raise ValueError(f"sequence {i} has shape {tuple(sequences[i].shape)}: give 1-D sequences of 2 or more ids")
     lengths = [s.numel() - 1 for s in sequences]
-    formation = form_microbatches(lengths, microbatches, cost, pack=pack, order=order, seed=seed)
+    formation = form_microbatches(lengths, microbatches, cost, pack=pack, microbatch_order=microbatch_order, seed=seed)
     return collate(sequences, formation, pad=pad, ignore_index=ignore_index)

@@ -42,7 +42,9 @@ import numpy as np
 
 from hintpipe.choice import Choice
 from hintpipe.forming.cost import SequenceCost
-from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
+from hintpipe.renamed import renamed
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
+from hintpipe.schedule.microbatch_order import microbatch_order as ordering
 
 
 class Forming(Choice):
@@ -106,13 +108,14 @@ class Formation:
         return padded / self.tokens - 1.0
 
 
+@renamed("form_microbatches", order="microbatch_order")
 def form_microbatches(
     lengths: Sequence[int],
     microbatches: int,
     cost: SequenceCost | None = None,
     *,
     pack: bool = False,
-    order: MicrobatchOrder | str = MicrobatchOrder.LONGEST_FIRST,
+    microbatch_order: MicrobatchOrder | str = MicrobatchOrder.LONGEST_FIRST,
     seed: int = 0,
 ) -> Formation:
     """Form ``microbatches`` micro-batches of even predicted cost from sequences of ``lengths`` tokens.
@@ -123,7 +126,7 @@ def form_microbatches(
         cost: the model's cost per row (:func:`~hintpipe.forming.profiled.profile_sequence_cost`, or
             :meth:`SequenceCost.fit` on times of your own); default: proportional to tokens.
         pack: several sequences per row with document masks (the model must take them), else one per row.
-        order: the order to run the micro-batches in, by predicted cost (see
+        microbatch_order: the order to run the micro-batches in, by predicted cost (see
             :class:`~hintpipe.schedule.microbatch_order.MicrobatchOrder`).
         seed: breaks ties between sequences of equal length.
 
@@ -134,7 +137,7 @@ def form_microbatches(
         ValueError: a length that is not a positive integer, fewer sequences than micro-batches, or an
             unknown order.
     """
-    rule = MicrobatchOrder.parse(order)
+    rule = MicrobatchOrder.parse(microbatch_order)
     if microbatches < 1:
         raise ValueError(f"microbatches must be at least 1, got {microbatches}")
     bad = [n for n in lengths if int(n) != n or n < 1]
@@ -158,7 +161,7 @@ def form_microbatches(
         groups = _cut(ranked, values, microbatches, model)
         formed = [tuple((i,) for i in group) for group in groups]
         costs = [model.rows(len(group), values[group[0]]) for group in groups]
-    perm = microbatch_order(costs, rule)
+    perm = ordering(costs, rule)
     return Formation(
         lengths=tuple(values),
         microbatches=tuple(formed[p] for p in perm),

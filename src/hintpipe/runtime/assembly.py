@@ -90,7 +90,7 @@ class Parts:
     sharded: bool
     p2p: dist.ProcessGroup
     coll: dist.ProcessGroup
-    transport: Transport
+    post_office: Transport  # the chosen transport's object: what carries this rank's messages
     compute: Executor  # the stages, or the sleeps, before any wrapper (injected faults) goes round it
     executor: Executor  # what the step loop calls (wrappers included)
     timer: DeviceTimer | None
@@ -151,7 +151,7 @@ def assemble(
     assert p2p is not None and coll is not None
     policy: Policy = options["policy"]
     received = ReceivedBytes()  # what the receiving threads allocate on the device (see allocated_probe)
-    transport = _connect(
+    post_office = _connect(
         layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams, received
     )
     autocast = (device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
@@ -160,7 +160,7 @@ def assemble(
         hint,
         rank,
         options["memory_slack"],
-        pipeline_budgets(options["activation_budget"], layout.stages_ranks),
+        pipeline_budgets(options["activation_budget"], layout.pp),
         device_budget=options["device_budget"],
         unit=options["admission"],
     )
@@ -178,7 +178,7 @@ def assemble(
         sharded=sharded,
         p2p=p2p,
         coll=coll,
-        transport=transport,
+        post_office=post_office,
         compute=compute,
         executor=compute,
         timer=_device_timer(device, emulated=emulate is not None, seams=seams),
@@ -232,7 +232,7 @@ def _tear_down(parts: Parts, exc: BaseException) -> None:
     """Stop what a half-built pipeline started: its coordination and its transport's threads."""
     if parts.coordination is not None:
         parts.coordination.close(timeout=5.0)
-    parts.transport.close(timeout=5.0, error=f"rank {parts.rank}: {exc}")
+    parts.post_office.close(timeout=5.0, error=f"rank {parts.rank}: {exc}")
 
 
 def _check_modules(modules: Mapping[int, nn.Module], hint: Hint, rank: int) -> None:
@@ -340,8 +340,8 @@ def _connect_axes(parts: Parts, tied: Sequence[TiedParameter], seams: Seams) -> 
         group = layout.groups(layout.tensors)
         assert group is not None
         leader = layout.tensor_group_of(parts.global_rank)[0]
-        assert isinstance(parts.transport, PostOffice)
-        parts.coordination = Coordination(group, parts.transport.inbox, leader)
+        assert isinstance(parts.post_office, PostOffice)
+        parts.coordination = Coordination(group, parts.post_office.inbox, leader)
     if parts.emulated and layout.tp > 1:
         assert isinstance(parts.compute, EmulatedExecutor)
         parts.compute.couple = _tensor_parallel_coupling(parts)
@@ -387,7 +387,7 @@ class Housekeeping(Hook):
         self.parts.executor.begin_step(state.step)
 
     def end_step(self, state: StepState) -> None:
-        self.parts.transport.flush(self.parts.timeout)
+        self.parts.post_office.flush(self.parts.timeout)
 
 
 def _hooks(parts: Parts, reductions: Sequence[StepHook]) -> list[StepHook]:
@@ -432,7 +432,7 @@ def _agree_on_options(parts: Parts, options: Mapping[str, Any]) -> None:
     }
     if admission.by_size and not admission.by_bytes:
         mine |= {"memory_slack": admission.memory_slack, "device_budget": admission.device_budget}
-    gathered: list[Any] = [None] * parts.layout.stages_ranks
+    gathered: list[Any] = [None] * parts.layout.pp
     dist.all_gather_object(gathered, (mine, admission.activation_budget), group=parts.coll)
     for rank, (theirs, _) in enumerate(gathered):
         differing = {k: (mine[k], theirs.get(k)) for k in mine if theirs.get(k) != mine[k]}

@@ -66,7 +66,7 @@ def run_evaluation(parts: Parts, state: StepState, stash: list[Message]) -> torc
         rank=parts.rank,
         board=Scoreboard(_forwards(parts.hint, parts.rank), policy),
         executor=parts.executor,
-        transport=parts.transport,
+        transport=parts.post_office,
         admission=parts.admission,
         timeout=parts.timeout,
         stash=stash,

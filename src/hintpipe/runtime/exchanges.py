@@ -107,7 +107,7 @@ class Exchanges:
             self.closed = True
             rank = self.parts.rank
             text = str(exc) if re.match(rf"rank {rank}\b", str(exc)) else f"rank {rank}: {exc}"
-            self.parts.transport.close(timeout=5.0, error=text)
+            self.parts.post_office.close(timeout=5.0, error=text)
             if self.parts.coordination is not None and not self.parts.coordination.is_leader:
                 self.parts.coordination.close(timeout=5.0)
 
@@ -117,4 +117,4 @@ class Exchanges:
             self.closed = True
             if self.parts.coordination is not None:
                 self.parts.coordination.close(self.parts.timeout)
-            self.parts.transport.close(timeout=self.parts.timeout)
+            self.parts.post_office.close(timeout=self.parts.timeout)

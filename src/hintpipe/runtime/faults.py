@@ -217,7 +217,7 @@ def inject(pipe: Pipeline, injection: Injection) -> None:
     pipe.executor = executor
     comm = injection.comm
     if comm is not None:
-        pipe.messages = DelayedTransport(pipe.messages, comm, injection.seed)
+        pipe.post_office = DelayedTransport(pipe.post_office, comm, injection.seed)
 
 
 @functools.cache

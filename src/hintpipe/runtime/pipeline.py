@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.options import PipelineConfig
+from hintpipe.renamed import retired_attribute
 from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
@@ -155,7 +156,7 @@ class Pipeline:
         options = config.values()
         mesh, microbatches = config.mesh, config.microbatches
         layout = layout_of(mesh)
-        resolved = resolve_hint(config.hint, layout.stages_ranks, microbatches, config.chunks)
+        resolved = resolve_hint(config.hint, layout.pp, microbatches, config.chunks)
         self.parts: Parts = assemble(
             modules, resolved, loss_fn=loss_fn, microbatches=microbatches, options=options, seams=seams or Seams()
         )
@@ -174,7 +175,7 @@ class Pipeline:
     microbatches: _Part[int] = _Part("microbatches")
     policy: _Part[Policy] = _Part("policy")
     device: _Part[torch.device] = _Part("device")
-    transport: _Part[TransportChoice] = _Part("transport_choice")  #: the transport chosen (``auto`` resolved)
+    transport: _Part[TransportChoice] = _Part("transport_choice")  #: the option, resolved; the object: post_office
     #: The ranks holding this rank's stages in the other data-parallel replicas (None without replicas).
     replica_group: _Part[dist.ProcessGroup | None] = _Part("replica_group")
     #: This rank's part in its tensor-parallel group's decisions (None where none are needed).
@@ -182,7 +183,7 @@ class Pipeline:
     #: What runs this rank's tasks, and what carries its messages (:func:`hintpipe.runtime.faults.inject`
     #: wraps them).
     executor: _Part[Executor] = _Part("executor")
-    messages: _Part[Transport] = _Part("transport")
+    post_office: _Part[Transport] = _Part("post_office")
 
     @property
     def step_count(self) -> int:
@@ -196,7 +197,7 @@ class Pipeline:
     @property
     def ranks(self) -> int:
         """The pipeline's length: its ranks (one process each)."""
-        return self.parts.layout.stages_ranks
+        return self.parts.layout.pp
 
     @property
     def hint_name(self) -> str:
@@ -355,6 +356,20 @@ class Pipeline:
             self._exchanges.abort(error)
         else:
             self.close()
+
+
+def _messages(pipe: Pipeline) -> Transport:
+    """Deprecated: :attr:`Pipeline.post_office` (its name before 0.7)."""
+    retired_attribute("Pipeline.messages", "Pipeline.post_office")
+    return pipe.post_office
+
+
+def _set_messages(pipe: Pipeline, value: Transport) -> None:
+    retired_attribute("Pipeline.messages", "Pipeline.post_office")
+    pipe.post_office = value
+
+
+Pipeline.messages = property(_messages, _set_messages)  # type: ignore[attr-defined]
 
 
 def _is_device(value: object) -> bool:

@@ -32,11 +32,11 @@ def stages_of_this_rank(
         ValueError: a module count other than the hint's stage count.
     """
     layout = layout_of(options.get("mesh"))
-    hint = resolve_hint(options.get("hint", "1f1b"), layout.stages_ranks, microbatches, options.get("chunks"))
+    hint = resolve_hint(options.get("hint", "1f1b"), layout.pp, microbatches, options.get("chunks"))
     if len(modules) != hint.num_stages:
         raise ValueError(
-            f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.num_ranks} ranks needs "
-            f"{hint.num_stages} ({hint.num_stages // hint.num_ranks} per rank)"
+            f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.ranks} ranks needs "
+            f"{hint.num_stages} ({hint.num_stages // hint.ranks} per rank)"
         )
     options["hint"] = hint
     return {s: modules[s] for s in hint.placement.stages_of(layout.position_of(dist.get_rank()))}
@@ -66,8 +66,8 @@ def planned_stages(plan: Plan, options: dict[str, Any]) -> tuple[dict[int, nn.Mo
         OptionMismatch: ranks holding different plans.
     """
     layout = layout_of(options.get("mesh"))
-    if layout.stages_ranks != plan.ranks:
-        raise ValueError(f"the plan is for {plan.ranks} ranks, the pipeline has {layout.stages_ranks}")
+    if layout.pp != plan.ranks:
+        raise ValueError(f"the plan is for {plan.ranks} ranks, the pipeline has {layout.pp}")
     hint = resolve_hint(plan.hint, plan.ranks, plan.microbatches, plan.chunks)
     mine = hint.placement.stages_of(layout.position_of(dist.get_rank()))
     from_budget = not {"memory_slack", "activation_budget", "device_budget"} & set(options)

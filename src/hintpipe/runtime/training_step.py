@@ -34,7 +34,7 @@ def run_step(parts: Parts, state: StepState, stash: list[Message]) -> torch.Tens
         rank=parts.rank,
         board=scoreboard(parts, state),
         executor=parts.executor,
-        transport=parts.transport,
+        transport=parts.post_office,
         admission=parts.admission,
         timeout=parts.timeout,
         stash=stash,

@@ -39,9 +39,9 @@ def size_weights(
     """Per rank and hint position, what admission by size counts the task as: a forward its micro-batch's
     size (``sizes[mb]``; 1 each where None) times ``factors[stage]`` (one per stage) or
     ``factors[stage, mb]`` (per stage and micro-batch) where given; every other task 0."""
-    known = np.ones(hint.num_microbatches) if sizes is None else np.asarray(sizes, dtype=float)
+    known = np.ones(hint.microbatches) if sizes is None else np.asarray(sizes, dtype=float)
     weights = []
-    for tasks in hint.ranks:
+    for tasks in hint.lists:
         weight = known[tasks.mb]
         if factors is not None:
             weight = weight * (factors[tasks.stage] if factors.ndim == 1 else factors[tasks.stage, tasks.mb])

@@ -124,9 +124,9 @@ def fit_hint(hint: Hint, graphs: Sequence[RankGraph], budgets: Sequence[float]) 
     orders = [np.asarray(fit.order, dtype=np.int64) for fit in ranks]
     lists = tuple(
         TaskList(tasks.stage[order], tasks.kind[order], tasks.mb[order])
-        for tasks, order in zip(hint.ranks, orders, strict=True)
+        for tasks, order in zip(hint.lists, orders, strict=True)
     )
-    return Hint(hint.name, hint.placement, hint.num_microbatches, lists), orders
+    return Hint(hint.name, hint.placement, hint.microbatches, lists), orders
 
 
 class _RankFit:
@@ -148,7 +148,7 @@ class _RankFit:
         # every forward of the micro-batch on the rank (``whole``), which its later forwards use.
         forward = tasks.kind == Kind.F
         entering = forward & (tasks.stage == (tasks.stage.min() if n else 0))
-        mbs = graph.hint.num_microbatches
+        mbs = graph.hint.microbatches
         whole = np.bincount(tasks.mb[forward], weights=graph.delta_array[forward], minlength=mbs)
         self.entering: list[bool] = entering.tolist()
         self.whole: list[float] = np.where(entering, whole[tasks.mb], 0.0).tolist()

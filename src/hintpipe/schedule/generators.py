@@ -98,7 +98,7 @@ def _zb_h1(p: int, m: int, v: int) -> Hint:
 def _interleaved(p: int, m: int, v: int) -> Hint:
     if v == 1:
         hint = _one_f_one_b(p, m, v)
-        return Hint(HintName.INTERLEAVED_1F1B.value, hint.placement, m, hint.ranks)
+        return Hint(HintName.INTERLEAVED_1F1B.value, hint.placement, m, hint.lists)
     if m % p:
         raise HintError(
             f"interleaved-1f1b needs the micro-batch count ({m}) to be a multiple of "

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Sequence
 
 from hintpipe.choice import Choice
+from hintpipe.renamed import renamed, retired_attribute
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.schedule.task_list import TaskList, as_task_lists
@@ -64,7 +65,7 @@ class Placement:
     def __post_init__(self) -> None:
         if not self.stage_rank:
             raise ValueError("a placement needs at least one stage")
-        missing = set(range(self.num_ranks)) - set(self.stage_rank)
+        missing = set(range(self.ranks)) - set(self.stage_rank)
         if missing:
             raise ValueError(f"ranks {sorted(missing)} host no stage")
 
@@ -73,8 +74,15 @@ class Placement:
         return len(self.stage_rank)
 
     @property
-    def num_ranks(self) -> int:
+    def ranks(self) -> int:
+        """The ranks the stages are on."""
         return max(self.stage_rank) + 1
+
+    @property
+    def num_ranks(self) -> int:
+        """Deprecated: :attr:`ranks` (its name before 0.7)."""
+        retired_attribute("Placement.num_ranks", "Placement.ranks")
+        return self.ranks
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """Global stage ids hosted by ``rank``, in increasing order."""
@@ -99,30 +107,51 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be at least 1, got {value}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Hint:
     """Per-rank task order plus the layout it runs on.
 
     Attributes:
         name: where the hint came from (a generator name or a file).
         placement: the stage-to-rank map.
-        num_microbatches: micro-batches per step.
-        ranks: ``ranks[r]`` is rank ``r``'s tasks in hint order, a :class:`TaskList` (any
+        microbatches: micro-batches per step.
+        lists: ``lists[r]`` is rank ``r``'s tasks in hint order, a :class:`TaskList` (any
             sequences of tasks given are converted).
+
+    Before 0.7 ``microbatches`` was ``num_microbatches`` and ``lists`` was ``ranks``: both keywords are still
+    taken, with a ``DeprecationWarning``; :attr:`ranks` is now the number of ranks (``num_ranks`` before).
     """
 
     name: str
     placement: Placement
-    num_microbatches: int
-    ranks: tuple[TaskList, ...]
+    microbatches: int
+    lists: tuple[TaskList, ...]
 
-    def __post_init__(self) -> None:
-        if not all(isinstance(tasks, TaskList) for tasks in self.ranks):
-            object.__setattr__(self, "ranks", as_task_lists(self.ranks))
+    @renamed("Hint", num_microbatches="microbatches", ranks="lists")
+    def __init__(self, name: str, placement: Placement, microbatches: int, lists: tuple[TaskList, ...]) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "placement", placement)
+        object.__setattr__(self, "microbatches", microbatches)
+        if not all(isinstance(tasks, TaskList) for tasks in lists):
+            lists = as_task_lists(lists)
+        object.__setattr__(self, "lists", lists)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks the hint runs on (its placement's)."""
+        return self.placement.ranks
 
     @property
     def num_ranks(self) -> int:
-        return self.placement.num_ranks
+        """Deprecated: :attr:`ranks` (its name before 0.7)."""
+        retired_attribute("Hint.num_ranks", "Hint.ranks")
+        return self.ranks
+
+    @property
+    def num_microbatches(self) -> int:
+        """Deprecated: :attr:`microbatches` (its name before 0.7)."""
+        retired_attribute("Hint.num_microbatches", "Hint.microbatches")
+        return self.microbatches
 
     @property
     def num_stages(self) -> int:
@@ -131,46 +160,47 @@ class Hint:
     @functools.cached_property
     def split_backward(self) -> bool:
         """True when weight gradients are separate ``W`` tasks."""
-        return any(bool((tasks.kind == Kind.W).any()) for tasks in self.ranks)
+        return any(bool((tasks.kind == Kind.W).any()) for tasks in self.lists)
 
     @functools.cached_property
     def stage_peaks(self) -> tuple[int, ...]:
         """Per stage, the most micro-batches a fixed-order run holds at once (see :mod:`~hintpipe.schedule.rules`)."""
-        return tuple(rules.stage_peaks(self.ranks, self.num_stages, self.split_backward))
+        return tuple(rules.stage_peaks(self.lists, self.num_stages, self.split_backward))
 
     @property
     def num_tasks(self) -> int:
-        return sum(len(tasks) for tasks in self.ranks)
+        return sum(len(tasks) for tasks in self.lists)
 
     @functools.cached_property
     def forward_only(self) -> bool:
         """True for a hint of forwards alone (an evaluation step: no gradients, nothing held in flight)."""
-        return all(bool((tasks.kind == Kind.F).all()) for tasks in self.ranks)
+        return all(bool((tasks.kind == Kind.F).all()) for tasks in self.lists)
 
     def forwards(self) -> Hint:
         """The hint's forwards, in its order: an evaluation step on the same ranks (see :attr:`forward_only`)."""
-        keep = [tasks.kind == Kind.F for tasks in self.ranks]
-        lists = tuple(TaskList(t.stage[f], t.kind[f], t.mb[f]) for t, f in zip(self.ranks, keep, strict=True))
-        return Hint(f"{self.name} (forwards)", self.placement, self.num_microbatches, lists)
+        keep = [tasks.kind == Kind.F for tasks in self.lists]
+        lists = tuple(TaskList(t.stage[f], t.kind[f], t.mb[f]) for t, f in zip(self.lists, keep, strict=True))
+        return Hint(f"{self.name} (forwards)", self.placement, self.microbatches, lists)
 
     @classmethod
+    @renamed("Hint.from_lists", num_microbatches="microbatches", ranks="lists")
     def from_lists(
         cls,
         name: str,
         placement: Placement,
-        num_microbatches: int,
-        ranks: Sequence[Sequence[Task]],
+        microbatches: int,
+        lists: Sequence[Sequence[Task]],
     ) -> Hint:
-        return cls(name, placement, num_microbatches, as_task_lists(ranks))
+        return cls(name, placement, microbatches, as_task_lists(lists))
 
     def grid(self, mark: tuple[int, int] | None = None) -> str:
         """The step-by-rank table, one column per rank; ``mark=(rank, pos)`` flags a cell."""
-        width = max((len(str(t)) for tasks in self.ranks for t in tasks), default=3) + 2
-        depth = max((len(tasks) for tasks in self.ranks), default=0)
-        lines = ["step " + "".join(f"rank {r}".ljust(width + 2) for r in range(self.num_ranks))]
+        width = max((len(str(t)) for tasks in self.lists for t in tasks), default=3) + 2
+        depth = max((len(tasks) for tasks in self.lists), default=0)
+        lines = ["step " + "".join(f"rank {r}".ljust(width + 2) for r in range(self.ranks))]
         for i in range(depth):
             cells = []
-            for r, tasks in enumerate(self.ranks):
+            for r, tasks in enumerate(self.lists):
                 text = str(tasks[i]) if i < len(tasks) else ""
                 if mark == (r, i):
                     text = f">{text}<"

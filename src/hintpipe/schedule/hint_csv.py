@@ -30,7 +30,7 @@ def hint_to_csv(hint: Hint) -> str:
     letters = {Kind.F: "F", Kind.B: backward, Kind.W: "W"}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    for tasks in hint.ranks:
+    for tasks in hint.lists:
         writer.writerow(f"{t.stage}{letters[t.kind]}{t.mb}" for t in tasks)
     return out.getvalue()
 

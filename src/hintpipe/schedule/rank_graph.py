@@ -52,11 +52,11 @@ class RankGraph:
     def __init__(self, hint: Hint, rank: int, sizes: Sequence[float] | FloatArray | None = None) -> None:
         self.hint = hint
         self.rank = rank
-        self.tasks: TaskList = hint.ranks[rank]
+        self.tasks: TaskList = hint.lists[rank]
         n = len(self.tasks)
         if sizes is not None and len(sizes) != n:
             raise ValueError(f"sizes has {len(sizes)} entries, rank {rank} has {n} tasks")
-        stages, mbs = hint.num_stages, hint.num_microbatches
+        stages, mbs = hint.num_stages, hint.microbatches
         stage_rank = np.asarray(hint.placement.stage_rank, dtype=np.int64)
         stage, kind, mb = self.tasks.stage, self.tasks.kind, self.tasks.mb
         is_f, is_b = kind == Kind.F, kind == Kind.B
@@ -117,7 +117,7 @@ class RankGraph:
 
     def _at(self, stage: npt.ArrayLike, kind: Kind, mb: npt.ArrayLike) -> IntArray:
         """The positions of tasks ``(stage, kind, mb)`` on this rank."""
-        keys = (np.asarray(stage, dtype=np.int64) * 3 + int(kind)) * self.hint.num_microbatches + np.asarray(mb)
+        keys = (np.asarray(stage, dtype=np.int64) * 3 + int(kind)) * self.hint.microbatches + np.asarray(mb)
         return self.positions(keys)
 
     def positions(self, keys: IntArray) -> IntArray:
@@ -131,7 +131,7 @@ class RankGraph:
         present = found < len(self._keys)
         present[present] = self._keys[found[present]] == keys[present]
         if not present.all():
-            key, mbs = int(keys[~present][0]), self.hint.num_microbatches
+            key, mbs = int(keys[~present][0]), self.hint.microbatches
             task = Task(key // mbs // 3, Kind(key // mbs % 3), key % mbs)
             raise ValueError(f"rank {self.rank} of hint {self.hint.name!r} has no task {task}: validate the hint")
         return self._order[found]
@@ -191,7 +191,7 @@ class RankGraph:
 
     def _links(self, ranks: IntArray, keys: IntArray) -> tuple[tuple[int, Task] | None, ...]:
         out: list[tuple[int, Task] | None] = [None] * len(ranks)
-        mbs = self.hint.num_microbatches
+        mbs = self.hint.microbatches
         kinds = (Kind.F, Kind.B, Kind.W)
         for pos in np.flatnonzero(ranks >= 0).tolist():
             key = int(keys[pos])

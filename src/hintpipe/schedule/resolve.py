@@ -32,9 +32,9 @@ def resolve_hint(hint: str | Hint, ranks: int, microbatches: int, chunks: int | 
     if isinstance(hint, str) and not is_hint_file(hint):
         return generate_hint(HintName.parse(hint), ranks, microbatches, chunks)
     resolved = load_hint_csv(hint) if isinstance(hint, str) else hint
-    if resolved.num_ranks != ranks or resolved.num_microbatches != microbatches:
+    if resolved.ranks != ranks or resolved.microbatches != microbatches:
         raise HintError(
-            f"hint {resolved.name!r} is for {resolved.num_ranks} ranks and {resolved.num_microbatches} "
+            f"hint {resolved.name!r} is for {resolved.ranks} ranks and {resolved.microbatches} "
             f"micro-batches, the run has {ranks} ranks and {microbatches} micro-batches"
         )
     return resolved

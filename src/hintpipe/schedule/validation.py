@@ -31,14 +31,12 @@ def validate_hint(hint: Hint) -> None:
        B, B before its W, and stage order between stages of the same rank);
     5. a fixed-order run completes (no cross-rank deadlock).
     """
-    stages, mbs = hint.num_stages, hint.num_microbatches
+    stages, mbs = hint.num_stages, hint.microbatches
     stage_rank = hint.placement.stage_rank
-    if len(hint.ranks) != hint.num_ranks:
-        raise HintError(
-            f"hint {hint.name!r} has {len(hint.ranks)} rank lists, its placement has {hint.num_ranks} ranks"
-        )
+    if len(hint.lists) != hint.ranks:
+        raise HintError(f"hint {hint.name!r} has {len(hint.lists)} rank lists, its placement has {hint.ranks} ranks")
     seen: dict[Task, tuple[int, int]] = {}
-    for r, tasks in enumerate(hint.ranks):
+    for r, tasks in enumerate(hint.lists):
         for i, t in enumerate(tasks):
             if not 0 <= t.stage < stages:
                 raise _fail(hint, r, i, f"{t} names stage {t.stage}, the pipeline has stages 0..{stages - 1}")
@@ -56,8 +54,8 @@ def validate_hint(hint: Hint) -> None:
                 task = Task(s, kind, mb)
                 if task not in seen:
                     r = stage_rank[s]
-                    raise _fail(hint, r, len(hint.ranks[r]), f"{task} is missing from rank {r}")
-    for r, tasks in enumerate(hint.ranks):
+                    raise _fail(hint, r, len(hint.lists[r]), f"{task} is missing from rank {r}")
+    for r, tasks in enumerate(hint.lists):
         for i, t in enumerate(tasks):
             for before in rules.dependencies(t, stages):
                 where = seen[before]
@@ -73,11 +71,11 @@ def _fixed_order_stuck(hint: Hint) -> str:
     of the ranks left waiting (a cycle between ranks), or "" when all complete."""
     stages, stage_rank = hint.num_stages, hint.placement.stage_rank
     done: set[Task] = set()
-    position = [0] * hint.num_ranks
+    position = [0] * hint.ranks
     progress = True
     while progress:
         progress = False
-        for r, tasks in enumerate(hint.ranks):
+        for r, tasks in enumerate(hint.lists):
             i = position[r]
             while i < len(tasks) and all(d in done for d in rules.dependencies(tasks[i], stages)):
                 done.add(tasks[i])
@@ -87,7 +85,7 @@ def _fixed_order_stuck(hint: Hint) -> str:
     if len(done) == hint.num_tasks:
         return ""
     lines = []
-    for r, tasks in enumerate(hint.ranks):
+    for r, tasks in enumerate(hint.lists):
         i = position[r]
         if i == len(tasks):
             lines.append(rules.pending_report(r, 0, 0, None, i, []))

@@ -57,7 +57,7 @@ def lower_bound(hint: Hint, sample: Sample, busy: Sequence[float] | None = None)
 
 
 def _busy(hint: Hint, costs: FloatArray) -> list[float]:
-    return [float(costs[tasks.stage, tasks.mb, tasks.kind].sum()) for tasks in hint.ranks]
+    return [float(costs[tasks.stage, tasks.mb, tasks.kind].sum()) for tasks in hint.lists]
 
 
 def memory_bound(layout: Layout, sample: Sample, budgets: Sequence[float]) -> float:

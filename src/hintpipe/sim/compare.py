@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hintpipe.renamed import renamed
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
@@ -86,6 +87,7 @@ def _summarise(policy: Policy, results: Sequence[SimResult]) -> Summary:
     )
 
 
+@renamed("run_study", slack="memory_slack", budgets="activation_budget", order="microbatch_order")
 def run_study(
     hint: Hint,
     policies: Sequence[Policy],
@@ -94,10 +96,10 @@ def run_study(
     variability: Sequence[Variability] = (),
     trials: int = 1,
     seed: int = 0,
-    slack: float = 0.0,
-    budgets: Sequence[float] | None = None,
+    memory_slack: float = 0.0,
+    activation_budget: Sequence[float] | None = None,
     device_budget: float | None = None,
-    order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
+    microbatch_order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
     admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
     on_trial: Callable[[int], None] | None = None,
 ) -> dict[Policy, Summary]:
@@ -110,14 +112,14 @@ def run_study(
         variability: noise models (see :mod:`hintpipe.sim.variability`).
         trials: number of independent samples.
         seed: seeds the sampling.
-        slack: extra micro-batches of room over the hint's own peak.
-        budgets: explicit per-rank budgets (overrides ``slack`` and ``device_budget``).
+        memory_slack: extra micro-batches of room over the hint's own peak.
+        activation_budget: explicit per-rank budgets (overrides ``memory_slack`` and ``device_budget``).
         device_budget: every rank may hold the hint's busiest rank's peak times
-            ``1 + device_budget`` (instead of ``slack``).
-        order: the order in which each trial runs its micro-batches, by their
+            ``1 + device_budget`` (instead of ``memory_slack``).
+        microbatch_order: the order in which each trial runs its micro-batches, by their
             known sizes (see :mod:`hintpipe.schedule.microbatch_order`).
         admission: ``slots``, or ``size``: each micro-batch weighs its known size, and
-            unless ``budgets`` are given each trial's room is measured on its
+            unless ``activation_budget`` is given each trial's room is measured on its
             micro-batches in the given order (:meth:`Simulator.size_budgets`), so a
             sorted order runs within what the given order holds.
         on_trial: called after each trial with its index (progress bars).
@@ -125,25 +127,26 @@ def run_study(
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
     cost_model = cost_model or CostModel.uniform(hint.num_stages)
-    if MicrobatchOrder.parse(order) is not MicrobatchOrder.GIVEN and cost_model.microbatch_scale is not None:
+    if MicrobatchOrder.parse(microbatch_order) is not MicrobatchOrder.GIVEN and cost_model.microbatch_scale is not None:
         raise ValueError(
             "a micro-batch order with a cost model's microbatch_scale: the scales are fixed per micro-batch; "
             "list them in the order to run instead"
         )
     simulator = Simulator(hint, cost_model)
     by_size = AdmissionUnit.parse(admission) is AdmissionUnit.SIZE
+    budgets = activation_budget
     if budgets is None and device_budget is not None and not by_size:
         budgets = simulator.device_budgets(device_budget)
     rng = np.random.default_rng(seed)
     results: dict[Policy, list[SimResult]] = {p: [] for p in policies}
     for trial in range(trials):
         drawn = Sample.draw(hint, cost_model, variability, rng)
-        sample = drawn.ordered(order)
+        sample = drawn.ordered(microbatch_order)
         room = budgets
         if by_size and room is None:
-            room = simulator.size_budgets(drawn, slack=slack, device_budget=device_budget)
+            room = simulator.size_budgets(drawn, memory_slack=memory_slack, device_budget=device_budget)
         for policy in policies:
-            run = simulator.run(policy, sample, budgets=room, slack=slack, admission=admission)
+            run = simulator.run(policy, sample, activation_budget=room, memory_slack=memory_slack, admission=admission)
             results[policy].append(run)
         if on_trial is not None:
             on_trial(trial)

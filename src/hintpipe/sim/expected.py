@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.renamed import renamed
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind, Task
@@ -59,12 +60,13 @@ def moved(old: StageCosts | None, new: StageCosts, threshold: float) -> bool:
     return bool((np.abs(a - b) / scale > threshold).any())
 
 
+@renamed("predict_step_time", slack="memory_slack")
 def predict_step_time(
     hint: Hint,
     records: Sequence[tuple[int, Task, float, float]],
     plan_costs: StageCosts | None,
     policy: Policy,
-    slack: float = 0.0,
+    memory_slack: float = 0.0,
     *,
     budgets: Sequence[float] | None = None,
     sizes: Sequence[float] | None = None,
@@ -78,7 +80,7 @@ def predict_step_time(
     own where the runtime reported them: under ``admission="size"`` the simulator fits the hint to those
     budgets as the runtime did (:func:`hintpipe.schedule.by_size.fit_step`), and ``ready`` scales its plan
     by the sizes relative to their median, as the runtime's does."""
-    durations = np.zeros((hint.num_stages, hint.num_microbatches, 3))
+    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
     for _, task, start, end in records:
         durations[task.stage, task.mb, task.kind] = end - start
     costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
@@ -91,5 +93,7 @@ def predict_step_time(
     sample = Sample(durations, np.zeros_like(durations), 0.0, sizes=relative)
     # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
     simulator = Simulator(hint, cost_model_of(costs))
-    result = simulator.run(policy, sample, slack=slack, budgets=budgets, notices=True, admission=admission)
+    result = simulator.run(
+        policy, sample, memory_slack=memory_slack, activation_budget=budgets, notices=True, admission=admission
+    )
     return result.makespan

@@ -38,9 +38,9 @@ class Layout:
     def __init__(self, hint: Hint, graphs: Sequence[RankGraph], like: Layout | None = None) -> None:
         self.hint = hint
         self.graphs = list(graphs)
-        self.stage = [tasks.stage for tasks in hint.ranks]
-        self.mb = [tasks.mb for tasks in hint.ranks]
-        self.kind = [tasks.kind for tasks in hint.ranks]
+        self.stage = [tasks.stage for tasks in hint.lists]
+        self.mb = [tasks.mb for tasks in hint.lists]
+        self.kind = [tasks.kind for tasks in hint.lists]
         #: ``source_rank[r][pos]``, ``source_pos[r][pos]``: the remote task that feeds ``pos`` (rank -1: none).
         self.source_rank: list[IntArray]
         self.source_pos: list[IntArray]
@@ -76,7 +76,7 @@ class Layout:
         (cached per latency and costs)."""
         key = (latency, expected.tobytes())
         if key not in self._plans:
-            ranks = range(self.hint.num_ranks)
+            ranks = range(self.hint.ranks)
             costs = [self.gather(expected, r) for r in ranks]
             cost = [c.tolist() for c in costs]
             delay = [[latency] * len(c) for c in cost]

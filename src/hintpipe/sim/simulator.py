@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.renamed import renamed
 from hintpipe.schedule.budgets import slack_room
 from hintpipe.schedule.by_size import fit_step, size_room, size_weights
 from hintpipe.schedule.fit import AdmissionUnit
@@ -42,7 +43,7 @@ class SimResult:
     """What one simulated step did.
 
     ``starts[r][i]`` / ``ends[r][i]`` are the times of rank ``r``'s task at
-    hint position ``i`` (``hint.ranks[r][i]``). Under admission by size ``hint``
+    hint position ``i`` (``hint.lists[r][i]``). Under admission by size ``hint``
     is the hint as fitted to the budget (see :mod:`hintpipe.schedule.fit`),
     the order that ran. ``memory_bound`` is the lower bound at the run's
     budgets: the larger of ``lower_bound`` and what the budgets allow (see
@@ -85,7 +86,7 @@ class SimResult:
         """``(rank, task, start, end)`` for every task, in start order."""
         rows = [
             (r, task, self.starts[r][i], self.ends[r][i])
-            for r, tasks in enumerate(self.hint.ranks)
+            for r, tasks in enumerate(self.hint.lists)
             for i, task in enumerate(tasks)
         ]
         rows.sort(key=lambda row: (row[2], row[0]))
@@ -101,17 +102,17 @@ class Simulator:
     """
 
     def __init__(self, hint: Hint, cost_model: CostModel) -> None:
-        cost_model.check_fits(hint.num_stages, hint.num_microbatches)
+        cost_model.check_fits(hint.num_stages, hint.microbatches)
         self.hint = hint
         self.cost_model = cost_model
-        sizes = cost_model.activation_sizes(hint.num_microbatches)
+        sizes = cost_model.activation_sizes(hint.microbatches)
         graphs = [
             RankGraph(hint, r, None if sizes is None else sizes[tasks.stage, tasks.mb])
-            for r, tasks in enumerate(hint.ranks)
+            for r, tasks in enumerate(hint.lists)
         ]
         #: The hint's graphs and links; runs under admission by size may run a fitted hint's.
         self.layout = Layout(hint, graphs)
-        self._expected = cost_model.expected(hint.num_microbatches, hint.split_backward)
+        self._expected = cost_model.expected(hint.microbatches, hint.split_backward)
         self._fitted: tuple[tuple[bytes, tuple[float, ...] | None, float], Layout, list[float]] | None = None
 
     @property
@@ -129,9 +130,10 @@ class Simulator:
         """``sources[r][pos]``: (rank, position there) of the remote task that feeds ``pos``, or None."""
         return self.layout.sources
 
-    def budgets(self, slack: float = 0.0) -> list[float]:
-        """Per rank: the hint's own peak plus room for ``slack`` more micro-batches."""
-        return [slack_room(g, slack) for g in self.graphs]
+    @renamed("Simulator.budgets", slack="memory_slack")
+    def budgets(self, memory_slack: float = 0.0) -> list[float]:
+        """Per rank: the hint's own peak plus room for ``memory_slack`` more micro-batches."""
+        return [slack_room(g, memory_slack) for g in self.graphs]
 
     def device_budgets(self, device_budget: float = 0.0) -> list[float]:
         """Every rank: the hint's largest per-rank peak, times ``1 + device_budget``
@@ -148,16 +150,19 @@ class Simulator:
         """Per rank and position, what admission by size counts a task as: an ``F`` its
         micro-batch's known size (``sample.sizes``, in the sample's order) times the cost
         model's activation bytes when it has them; every other task 0."""
-        mbs = self.hint.num_microbatches
+        mbs = self.hint.microbatches
         return size_weights(self.hint, sample.sizes, self.cost_model.activation_sizes(mbs))
 
-    def size_budgets(self, given: Sample, *, slack: float = 0.0, device_budget: float | None = None) -> list[float]:
+    @renamed("Simulator.size_budgets", slack="memory_slack")
+    def size_budgets(
+        self, given: Sample, *, memory_slack: float = 0.0, device_budget: float | None = None
+    ) -> list[float]:
         """The room under admission by size, measured on ``given``, the step's micro-batches
-        in the order they came: each rank's own fixed-order peak by size plus ``slack`` of its
+        in the order they came: each rank's own fixed-order peak by size plus ``memory_slack`` of its
         largest micro-batches, or with ``device_budget`` every rank the busiest rank's peak
         times ``1 + device_budget``. Run a sorted order of the same micro-batches within it,
         and it holds no more than the given order would."""
-        return size_room(self.hint, self.size_weights(given), memory_slack=slack, device_budget=device_budget)
+        return size_room(self.hint, self.size_weights(given), memory_slack=memory_slack, device_budget=device_budget)
 
     def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[Layout, list[float]]:
         """The layout a run under admission by size runs, and its budgets: the hint fitted to them,
@@ -176,13 +181,14 @@ class Simulator:
 
     # -- a step ------------------------------------------------------------------------------
 
+    @renamed("Simulator.run", slack="memory_slack", budgets="activation_budget")
     def run(
         self,
         policy: Policy | str,
         sample: Sample | None = None,
         *,
-        budgets: Sequence[float] | None = None,
-        slack: float = 0.0,
+        activation_budget: Sequence[float] | None = None,
+        memory_slack: float = 0.0,
         notices: bool = True,
         admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
     ) -> SimResult:
@@ -191,13 +197,13 @@ class Simulator:
         Args:
             policy: the dispatch policy (or its name).
             sample: the work to run (default: expected costs).
-            budgets: per-rank activation budget; default: hint peak + ``slack``.
-            slack: extra micro-batches of room when ``budgets`` is not given.
+            activation_budget: per-rank activation budget; default: hint peak + ``memory_slack``.
+            memory_slack: extra micro-batches of room when ``activation_budget`` is not given.
             notices: whether ranks learn when their remote producers start and end
                 (``ready`` then arbitrates by the ETA rule; without, by patience, as
                 a runtime that sends no such notices does).
             admission: ``slots``, or ``size``: each forward weighs its micro-batch's known
-                size (:meth:`size_weights`), ``budgets`` are in those units (see
+                size (:meth:`size_weights`), ``activation_budget`` is in those units (see
                 :meth:`size_budgets`), and the hint runs fitted to them
                 (:mod:`hintpipe.schedule.fit`): every policy, ``fixed`` too, holds at most
                 its budget on every rank.
@@ -208,6 +214,7 @@ class Simulator:
                 one of its micro-batches (size).
         """
         began = time.perf_counter()
+        budgets, slack = activation_budget, memory_slack
         policy = Policy.parse(policy)  # a plain "ready" is not Policy.READY to the checks below
         if sample is None:
             sample = Sample.expected(self.hint, self.cost_model)
@@ -220,7 +227,7 @@ class Simulator:
         graphs = layout.graphs
         room = [rank_budget(g, None if budgets is None else budgets[r]) for r, g in enumerate(graphs)]
         hint = layout.hint
-        ranks = range(hint.num_ranks)
+        ranks = range(hint.ranks)
         plans = layout.plans(self._expected, sample.latency) if policy is Policy.READY else None
         sizes = None if policy is not Policy.READY else self._plan_sizes(sample)
         # Under greedy and ready a tensor-parallel group's leader announces each task (see

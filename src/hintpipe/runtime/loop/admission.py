@@ -100,7 +100,7 @@ class Admission(Hook):
         self.slots = slack_room(self.graph, memory_slack)
         if device_budget is not None:
             split = hint.split_backward
-            peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.ranks]  # each rank's own peak
+            peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.lists]  # each rank's own peak
             self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
         self.device_budget = device_budget
@@ -108,7 +108,7 @@ class Admission(Hook):
         #: Every pipeline rank's byte budget (every rank fits the same hint to all of them), or None.
         self.budgets: tuple[float, ...] | None = None
         if isinstance(activation_budget, (int, float)):
-            self.budgets = (float(activation_budget),) * hint.num_ranks
+            self.budgets = (float(activation_budget),) * hint.ranks
         elif activation_budget is not None:
             self.budgets = tuple(float(b) for b in activation_budget)
         self.activation_budget = None if self.budgets is None else self.budgets[rank]

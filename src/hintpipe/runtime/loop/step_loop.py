@@ -89,7 +89,7 @@ class StepLoop:
         self._t0 = 0.0  # the step's clock: perf_counter() at the loop's start
         self.hooks = hooks
         self._last_kind = rules.releaser(self.hint.split_backward)  # a stage's last gradient task per micro-batch
-        self._gradients_left = {s: self.hint.num_microbatches for s in self.hint.placement.stages_of(rank)}
+        self._gradients_left = {s: self.hint.microbatches for s in self.hint.placement.stages_of(rank)}
         self._announced: collections.deque[int] = collections.deque()  # a leader's decisions told ahead
 
     def run(self, state: StepState) -> float:
@@ -280,7 +280,7 @@ class StepLoop:
         if loss is not None:
             state.losses.append(loss)
             state.loss_slots.append(mb)
-            if len(state.losses) == self.hint.num_microbatches:
+            if len(state.losses) == self.hint.microbatches:
                 self.check_losses(state.losses, state.loss_slots)
         state.peak_bytes = max(state.peak_bytes, self.executor.live_bytes)
         if state.elements is not None:

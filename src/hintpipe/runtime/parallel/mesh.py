@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from hintpipe.renamed import retired_attribute
+
 AXES = ("dp", "pp", "tp")
 #: torchtitan's data-parallel dimensions, outer first: replicas of FSDP2 shards (HSDP).
 DP_AXES = ("dp_replicate", "dp_shard")
@@ -92,9 +94,15 @@ class Layout:
         return cls(pipelines=pipelines, replicas=replicas, tensors=tensors, dp=int(dp), tp=int(tp))
 
     @property
-    def stages_ranks(self) -> int:
-        """Ranks per pipeline."""
+    def pp(self) -> int:
+        """Ranks per pipeline (the mesh's ``pp``, beside :attr:`dp` and :attr:`tp`)."""
         return len(self.pipelines[0])
+
+    @property
+    def stages_ranks(self) -> int:
+        """Deprecated: :attr:`pp` (its name before 0.7)."""
+        retired_attribute("Layout.stages_ranks", "Layout.pp")
+        return self.pp
 
     def pipeline_of(self, rank: int) -> tuple[int, ...]:
         return next(p for p in self.pipelines if rank in p)
