@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.schedule.per_position import shared_ints
 from hintpipe.scoreboard import Scoreboard
 
 IntArray = npt.NDArray[np.int64]
@@ -49,14 +50,15 @@ def fixed_order(
     todo = list(range(num_ranks))
 
     def sweep(r: int) -> Iterator[None]:
+        # One rank runs at a time, so ``done[r]`` need only be right while this one is suspended.
         t = 0.0
         c, s_r, e_r, waits = cost[r], starts[r], ends[r], waiter[r]
-        src_rank, src_pos = source_rank[r].tolist(), source_pos[r].tolist()
-        for i in range(len(c)):
-            q = src_rank[i]
+        src_rank, src_pos = shared_ints(source_rank[r]), shared_ints(source_pos[r])
+        for i, q in enumerate(src_rank):
             if q >= 0:
                 j = src_pos[i]
                 if j >= done[q]:
+                    done[r] = i
                     waiter[q][j] = r
                     yield
                 e_q = ends[q][j] + delay[q][j]
@@ -65,11 +67,11 @@ def fixed_order(
             s_r[i] = t
             t += c[i]
             e_r[i] = t
-            done[r] = i + 1
             if waits:
                 woken = waits.pop(i, None)
                 if woken is not None:
                     todo.append(woken)
+        done[r] = len(src_rank)
 
     sweeps = [sweep(r) for r in range(num_ranks)]
     while todo:
@@ -100,8 +102,8 @@ def drive(
     takes = [sb.take for sb in boards]
     completes = [sb.complete for sb in boards]
     satisfies = [sb.satisfy for sb in boards]
-    to_rank = [q.tolist() for q in link_rank]
-    to_pos = [j.tolist() for j in link_pos]
+    to_rank = [shared_ints(q) for q in link_rank]
+    to_pos = [shared_ints(j) for j in link_pos]
     starts = [[math.nan] * len(c) for c in cost]
     ends = [[math.nan] * len(c) for c in cost]
     running = [False] * num_ranks
@@ -134,9 +136,8 @@ def drive(
         dirty.clear()
         if not events:
             return starts, ends, now
-        now = events[0][0]
-        while events and events[0][0] <= now:
-            _, r, pos = pop(events)
+        now, r, pos = pop(events)
+        while True:  # every event at ``now``
             dirty.add(r)
             if pos >= 0:
                 running[r] = False
@@ -159,3 +160,6 @@ def drive(
                     wake_pending[r] = math.inf
             else:
                 satisfies[r](-2 - pos)
+            if not events or events[0][0] > now:
+                break
+            _, r, pos = pop(events)

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from hintpipe.schedule.fit import AdmissionUnit, fit_hint
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.per_position import float_view
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
 from hintpipe.sim.bounds import lower_bound, memory_bound
@@ -237,8 +238,8 @@ class Simulator:
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
         # hintpipe.runtime.loop.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
-        cost = [(layout.gather(sample.costs, r) + extra).tolist() for r in ranks]
-        delay = [layout.gather(sample.delays, r).tolist() for r in ranks]
+        cost = [float_view(layout.gather(sample.costs, r) + extra) for r in ranks]
+        delay = [float_view(layout.gather(sample.delays, r)) for r in ranks]
         timeline = None
         if policy is Policy.FIXED:  # fixed order needs no scoreboard decisions: one sweep
             timeline = fixed_order(cost, delay, layout.source_rank, layout.source_pos)
@@ -284,8 +285,8 @@ class Simulator:
         plans: list[RankPlan] | None,
         sizes: npt.NDArray[np.float64] | None,
         notices: bool,
-        cost: list[list[float]],
-        delay: list[list[float]],
+        cost: Sequence[Sequence[float]],
+        delay: Sequence[Sequence[float]],
     ) -> tuple[list[list[float]], list[list[float]], tuple[float, ...]]:
         """Every rank's task starts and ends, and its peak, from one scoreboard per rank driven by the events.
 
