@@ -10,6 +10,7 @@ This module is torch-free.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections.abc import Iterator, Sequence
@@ -114,52 +115,60 @@ def drive(
     push, pop = heapq.heappush, heapq.heappop
     now = 0.0
     dirty = set(range(num_ranks))
-    while True:
-        for r in dirty:
-            if running[r]:
-                continue
-            pos = takes[r](now)
-            if pos >= 0:
-                running[r] = True
-                starts[r][pos] = now
-                push(events, (now + cost[r][pos], r, pos))
-                if notices:
+    # Each event is a new tuple, none of them in a cycle: the cyclic collector's passes over them, a
+    # gen-0 collection every few hundred tasks, cost 6% of the loop at 1024 ranks and find nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        while True:
+            for r in dirty:
+                if running[r]:
+                    continue
+                pos = takes[r](now)
+                if pos >= 0:
+                    running[r] = True
+                    starts[r][pos] = now
+                    push(events, (now + cost[r][pos], r, pos))
+                    if notices:
+                        q = to_rank[r][pos]
+                        if q >= 0:  # Scoreboard.producer_started, inline
+                            j = to_pos[r][pos]
+                            etas[q][j] = now + leads[q][j]
+                else:
+                    wake = boards[r].wake_at
+                    if wake < wake_pending[r]:
+                        wake_pending[r] = wake
+                        push(events, (wake, r, -1))
+            dirty.clear()
+            if not events:
+                return starts, ends, now
+            now, r, pos = pop(events)
+            while True:  # every event at ``now``
+                dirty.add(r)
+                if pos >= 0:
+                    running[r] = False
+                    ends[r][pos] = now
+                    completes[r](pos, now)
                     q = to_rank[r][pos]
-                    if q >= 0:  # Scoreboard.producer_started, inline
+                    if q >= 0:
                         j = to_pos[r][pos]
-                        etas[q][j] = now + leads[q][j]
-            else:
-                wake = boards[r].wake_at
-                if wake < wake_pending[r]:
-                    wake_pending[r] = wake
-                    push(events, (wake, r, -1))
-        dirty.clear()
-        if not events:
-            return starts, ends, now
-        now, r, pos = pop(events)
-        while True:  # every event at ``now``
-            dirty.add(r)
-            if pos >= 0:
-                running[r] = False
-                ends[r][pos] = now
-                completes[r](pos, now)
-                q = to_rank[r][pos]
-                if q >= 0:
-                    j = to_pos[r][pos]
-                    wait = delay[r][pos]
-                    if wait > 0.0:
-                        push(events, (now + wait, q, -2 - j))
-                        if notices:
-                            boards[q].producer_finished(j, now)
+                        wait = delay[r][pos]
+                        if wait > 0.0:
+                            push(events, (now + wait, q, -2 - j))
+                            if notices:
+                                boards[q].producer_finished(j, now)
+                                dirty.add(q)
+                        else:
+                            satisfies[q](j)
                             dirty.add(q)
-                    else:
-                        satisfies[q](j)
-                        dirty.add(q)
-            elif pos == -1:
-                if wake_pending[r] <= now:
-                    wake_pending[r] = math.inf
-            else:
-                satisfies[r](-2 - pos)
-            if not events or events[0][0] > now:
-                break
-            _, r, pos = pop(events)
+                elif pos == -1:
+                    if wake_pending[r] <= now:
+                        wake_pending[r] = math.inf
+                else:
+                    satisfies[r](-2 - pos)
+                if not events or events[0][0] > now:
+                    break
+                _, r, pos = pop(events)
+    finally:
+        if collecting:
+            gc.enable()
