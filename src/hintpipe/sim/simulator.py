@@ -305,7 +305,8 @@ class Simulator:
             for r, graph in enumerate(layout.graphs)
         ]
         notify = notices and policy is Policy.READY
-        starts, ends, now = drive(boards, cost, delay, layout.link_rank, layout.link_pos, notify)
+        delayed = any(np.asarray(d).max(initial=0.0) > 0.0 for d in delay)
+        starts, ends, now = drive(boards, cost, delay if delayed else None, layout.link_rank, layout.link_pos, notify)
         if any(not sb.done for sb in boards):
             dump = "\n".join(sb.pending_report() for sb in boards)
             fitted = " (as fitted to its budget by size)" if layout.hint is not self.hint else ""
