@@ -358,8 +358,7 @@ class Scoreboard:
         eta = self.eta[k]
         allowed = (self._end_time[k - 1] if k else 0.0) + plan.allowance[k]
         due = plan.due[k]
-        if allowed > due:  # self._due(k, plan), inline: the simulator's hot path
-            due = allowed
+        due = due if due > allowed else allowed  # self._due(k, plan), inline: the simulator's hot path
         expected = self._expected
         tie = LATENESS_TOLERANCE * expected[k]
         unheard = False
