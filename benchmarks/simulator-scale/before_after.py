@@ -9,7 +9,7 @@ bit (the simulator's results do not change, only its speed).
 Run from the repository root, with the older tree checked out beside it::
 
     git worktree add /tmp/before <commit>
-    .venv/bin/python benchmarks/simulator-scale/before_after.py --before /tmp/before/src [--big-repeats 1]
+    .venv/bin/python benchmarks/simulator-scale/before_after.py --before /tmp/before/src [--only ready]
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 #: (label, simulate arguments, repeats: "small" or "big").
 CASES: list[tuple[str, list[str], str]] = [
@@ -45,6 +47,11 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "1024 x 4096, 1f1b, fixed, mb:0.5",
         ["--ranks", "1024", "--microbatches", "4096", "--hint", "1f1b", "--policy", "fixed", "--variability", "mb:0.5"],
+        "big",
+    ),
+    (
+        "1024 x 4096, 1f1b, ready, mb:0.5",
+        ["--ranks", "1024", "--microbatches", "4096", "--hint", "1f1b", "--policy", "ready", "--variability", "mb:0.5"],
         "big",
     ),
 ]
@@ -74,15 +81,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per tree of the 128 x 1024 cases (default 5)")
     parser.add_argument("--big-repeats", type=int, default=2, help="runs per tree of 1024 x 4096 (default 2)")
     parser.add_argument("--json", metavar="FILE", help="also write every run as JSON")
+    parser.add_argument("--only", action="append", metavar="TEXT", help="only cases whose label has TEXT")
     args = parser.parse_args()
+    loads = [os.getloadavg()[0]]
     trees = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for label, arguments, size in CASES:
+        if args.only and not any(text in label for text in args.only):
+            continue
         runs[label] = {"before": [], "after": []}
         for i in range(args.repeats if size == "small" else args.big_repeats):
             for name, src in trees.items():
                 run = measure(src, arguments)
                 runs[label][name].append(run)
+                loads.append(os.getloadavg()[0])
                 print(f"{label} {name} #{i + 1}: {run}", file=sys.stderr, flush=True)
         makespans = {r["makespan"].hex() for name in trees for r in runs[label][name]}
         assert len(makespans) == 1, f"{label}: the trees disagree on the makespan: {makespans}"
@@ -106,7 +118,10 @@ def main() -> None:
         (sim_b, wall_b, rss_b), (sim_a, wall_a, rss_a) = medians["before"], medians["after"]
         ratios.append(f"| {label} | {sim_b / sim_a:.2f}x | {wall_b / wall_a:.2f}x faster | {rss_a / rss_b:.2f}x |")
     print("\nAfter over before (ratios of the medians above):\n\n" + "\n".join(ratios))
-    print(f"\nPython {platform.python_version()}, {os.cpu_count()} cores; the makespans agree to the bit")
+    print(
+        f"\nPython {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cores, load average "
+        f"(1 minute) {min(loads):.1f}-{max(loads):.1f} over the runs; the makespans agree to the bit"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"trees": trees, "runs": runs}, indent=1) + "\n")
 

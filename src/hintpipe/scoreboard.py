@@ -28,6 +28,8 @@ from hintpipe.policy import Policy
 from hintpipe.schedule import rules
 from hintpipe.schedule.budgets import device_budgets, rank_budget
 from hintpipe.schedule.fit import BudgetError
+from hintpipe.schedule.per_position import float_view
+from hintpipe.schedule.projected_live import ProjectedLive
 from hintpipe.schedule.rank_graph import RankGraph
 from hintpipe.schedule.rank_plan import PATIENCE_TOLERANCE, RankPlan
 from hintpipe.schedule.task import Kind, Task
@@ -107,11 +109,12 @@ class Scoreboard:
         self.policy = policy
         self.tasks = graph.tasks
         n = len(self.tasks)
-        need = list(graph.need)
-        self._need = need
+        # Per-position state at 8 bytes a task or less (see hintpipe.schedule.per_position): the
+        # simulator holds every rank's scoreboard at once.
+        self._need: list[int] = graph.need_array.tolist()
         self._first, self._second = graph.successor_lists
-        self._delta = graph.delta
-        self._projected = list(graph.projected)
+        self._delta = float_view(graph.delta_array)
+        self._projected = ProjectedLive(graph.projected_array)
         self.hint_peak = graph.peak
         self.budget = rank_budget(graph, budget)
         if plan is not None and len(plan.due) != n:
@@ -126,23 +129,23 @@ class Scoreboard:
         self._expected: Sequence[float] = ()
         if self._eta_rule:
             assert plan is not None
-            producer = plan.producer_cost if plan.producer_cost else (0.0,) * n
+            producer = np.asarray(plan.producer_cost if plan.producer_cost else np.zeros(n), dtype=float)
             if sizes is None:
                 self._expected = plan.expected
-                self.lead = (np.asarray(producer, dtype=float) + plan.latency).tolist()
+                self.lead = float_view(producer + plan.latency)
             else:
                 scale, producer_scale = self._scales(sizes)
-                self._expected = (np.asarray(plan.expected) * scale).tolist()
-                self.lead = (np.asarray(producer) * producer_scale + plan.latency).tolist()
+                self._expected = float_view(np.asarray(plan.expected, dtype=float) * scale)
+                self.lead = float_view(producer * producer_scale + plan.latency)
         #: Per position, when its remote input is expected (inf: its producer has not started).
-        self.eta = [math.inf] * n
+        self.eta = float_view(np.full(n, math.inf))
         self._taken = [False] * n
         self._delivered: set[int] = set()  # positions whose remote input arrived (:meth:`certain`)
-        self.finished = [False] * n
+        self.finished = bytearray(n)
         self._end_time = [0.0] * n
         self._heap_f: list[int] = []
         self._heap_bw: list[int] = []
-        self._is_f = graph.is_forward
+        self._is_f = (graph.tasks.kind == Kind.F).tobytes()
         self.next = 0
         self.live = 0.0
         self.peak = 0.0
@@ -292,9 +295,7 @@ class Scoreboard:
                 nxt += 1
             self.next = nxt
         elif d:
-            projected = self._projected
-            k = self.next
-            projected[k:pos] = [v + d for v in projected[k:pos]]
+            self._projected.ran_early(self.next, pos, d)
         if d > 0:
             live = self.live + d
             self.live = live
@@ -314,7 +315,7 @@ class Scoreboard:
     def complete(self, pos: int, now: float) -> None:
         """:meth:`finish` without its answer, for a driver that knows where each result goes by
         position (the simulator's links): it never builds the ``(rank, task)`` pairs."""
-        self.finished[pos] = True
+        self.finished[pos] = 1
         self._end_time[pos] = now
         self.remaining -= 1
         d = self._delta[pos]
@@ -339,7 +340,9 @@ class Scoreboard:
     def _due(self, k: int, plan: RankPlan) -> float:
         """When the hint's next task ``k`` is overdue: its allowance after its predecessor ended, never
         before its planned start plus the tolerance."""
-        return max((self._end_time[k - 1] if k else 0.0) + plan.allowance[k], plan.due[k])
+        allowed = (self._end_time[k - 1] if k else 0.0) + plan.allowance[k]
+        due = plan.due[k]
+        return due if due > allowed else allowed  # max(allowed, due), without the call
 
     def _patience(self, now: float, k: int, best: int, plan: RankPlan) -> int:
         """Without notices: ``best`` if ``k`` is overdue or ``best`` fits before ``k`` is due; else wait."""
@@ -353,13 +356,19 @@ class Scoreboard:
         """Steps (4)-(6) of the ETA rule: ``best`` if it ends before ``k``'s input is
         expected; an ``F`` also once that input is late or ``k`` is overdue; else wait."""
         eta = self.eta[k]
-        due = self._due(k, plan)
-        tie = LATENESS_TOLERANCE * self._expected[k]
-        travel = self._notices_travel  # [Note: ETAs in the runtime]
-        unheard = travel and eta == math.inf and now < due
-        if unheard:
-            eta = due
-        if now + self._expected[best] + (tie if travel else 0.0) <= eta:
+        allowed = (self._end_time[k - 1] if k else 0.0) + plan.allowance[k]
+        due = plan.due[k]
+        due = due if due > allowed else allowed  # self._due(k, plan), inline: the simulator's hot path
+        expected = self._expected
+        tie = LATENESS_TOLERANCE * expected[k]
+        unheard = False
+        if self._notices_travel:  # [Note: ETAs in the runtime]
+            unheard = eta == math.inf and now < due
+            if unheard:
+                eta = due
+            if now + expected[best] + tie <= eta:
+                return best
+        elif now + expected[best] <= eta:
             return best
         if not self._is_f[best]:
             # A B or W never overtakes a late input: the ranks downstream wait on it. A producer not
@@ -369,7 +378,7 @@ class Scoreboard:
         late = eta + tie  # on time by less is a tie in the plan
         if now >= late or now >= due:
             return best
-        self.wake_at = min(late, due)
+        self.wake_at = due if due < late else late  # min(late, due), without the call
         return -1
 
     # [Note: ETAs in the runtime]
@@ -409,7 +418,7 @@ class Scoreboard:
         if self.live > budget:
             return False
         k = self.next
-        return pos == k or max(self._projected[k:pos]) <= budget
+        return pos == k or self._projected.peak(k, pos) <= budget
 
     # -- introspection --------------------------------------------------------
 

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.per_position import shared_ints
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.schedule.task_list import TaskList, positions_of
 
@@ -158,9 +159,10 @@ class RankGraph:
 
     @functools.cached_property
     def successor_lists(self) -> tuple[list[int], list[int]]:
-        """:attr:`successor_positions` as lists, for the scoreboard's hot path."""
+        """:attr:`successor_positions` as lists, for the scoreboard's hot path (of shared ints: see
+        :func:`~hintpipe.schedule.per_position.shared_ints`)."""
         first, second = self.successor_positions
-        return first.tolist(), second.tolist()
+        return shared_ints(first), shared_ints(second)
 
     @functools.cached_property
     def remote(self) -> tuple[tuple[int, Task] | None, ...]:

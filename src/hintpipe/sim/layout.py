@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.per_position import float_view
 from hintpipe.schedule.rank_graph import RankGraph, linked_positions
 from hintpipe.scoreboard import RankPlan
 from hintpipe.sim.engine import fixed_order
@@ -78,19 +79,20 @@ class Layout:
         if key not in self._plans:
             ranks = range(self.hint.ranks)
             costs = [self.gather(expected, r) for r in ranks]
-            cost = [c.tolist() for c in costs]
-            delay = [[latency] * len(c) for c in cost]
+            cost = [float_view(c) for c in costs]
+            delay = [[latency] * len(c) for c in costs]
             timeline = fixed_order(cost, delay, self.source_rank, self.source_pos)
             assert timeline is not None, "a valid hint runs in its own order"
             starts, ends = timeline
             plans = []
             for r in ranks:
                 src_rank, src_pos = self.source_rank[r], self.source_pos[r]
-                producer = np.zeros(len(cost[r]))
+                producer = np.zeros(len(costs[r]))
                 for q in np.unique(src_rank[src_rank >= 0]).tolist():
                     where = src_rank == q
                     producer[where] = costs[q][src_pos[where]]
-                plans.append(RankPlan.from_timeline(starts[r], ends[r], cost[r], producer.tolist(), latency))
+                plans.append(RankPlan.from_timeline(starts[r], ends[r], costs[r], producer, latency))
+                starts[r] = ends[r] = []  # a rank's timeline at a time: its floats are 64 bytes a task
             self._plans[key] = plans
         return self._plans[key]
 

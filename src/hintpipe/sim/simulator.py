@@ -23,6 +23,7 @@ from hintpipe.schedule.budgets import slack_room
 from hintpipe.schedule.by_size import fit_step, size_room, size_weights
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.per_position import float_view
 from hintpipe.schedule.task import Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
 from hintpipe.sim.bounds import lower_bound, memory_bound
@@ -233,8 +234,8 @@ class Simulator:
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
         # hintpipe.runtime.loop.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
-        cost = [(layout.gather(sample.costs, r) + extra).tolist() for r in ranks]
-        delay = [layout.gather(sample.delays, r).tolist() for r in ranks]
+        cost = [float_view(layout.gather(sample.costs, r) + extra) for r in ranks]
+        delay = [float_view(layout.gather(sample.delays, r)) for r in ranks]
         timeline = None
         if policy is Policy.FIXED:  # fixed order needs no scoreboard decisions: one sweep
             timeline = fixed_order(cost, delay, layout.source_rank, layout.source_pos)
@@ -280,8 +281,8 @@ class Simulator:
         plans: list[RankPlan] | None,
         sizes: npt.NDArray[np.float64] | None,
         notices: bool,
-        cost: list[list[float]],
-        delay: list[list[float]],
+        cost: Sequence[Sequence[float]],
+        delay: Sequence[Sequence[float]],
     ) -> tuple[list[list[float]], list[list[float]], tuple[float, ...]]:
         """Every rank's task starts and ends, and its peak, from one scoreboard per rank driven by the events.
 
@@ -300,7 +301,8 @@ class Simulator:
             for r, graph in enumerate(layout.graphs)
         ]
         notify = notices and policy is Policy.READY
-        starts, ends, now = drive(boards, cost, delay, layout.link_rank, layout.link_pos, notify)
+        delayed = any(np.asarray(d).max(initial=0.0) > 0.0 for d in delay)
+        starts, ends, now = drive(boards, cost, delay if delayed else None, layout.link_rank, layout.link_pos, notify)
         if any(not sb.done for sb in boards):
             dump = "\n".join(sb.pending_report() for sb in boards)
             fitted = " (as fitted to its budget by size)" if layout.hint is not self.hint else ""
