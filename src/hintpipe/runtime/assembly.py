@@ -156,14 +156,6 @@ def assemble(
     )
     autocast = (device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
     compute = _computing(placed, hint, loss_fn, emulate, device, autocast, received)
-    admission = Admission(
-        hint,
-        rank,
-        options["memory_slack"],
-        pipeline_budgets(options["activation_budget"], layout.pp),
-        device_budget=options["device_budget"],
-        unit=options["admission"],
-    )
     parts = Parts(
         layout=layout,
         global_rank=global_rank,
@@ -182,7 +174,7 @@ def assemble(
         compute=compute,
         executor=compute,
         timer=_device_timer(device, emulated=emulate is not None, seams=seams),
-        admission=admission,
+        admission=_admission(hint, rank, layout, options),
     )
     try:
         axes = _connect_axes(parts, options["tied"], seams)
@@ -196,6 +188,18 @@ def assemble(
         _tear_down(parts, exc)
         raise
     return parts
+
+
+def _admission(hint: Hint, rank: int, layout: Layout, options: Mapping[str, Any]) -> Admission:
+    """This rank's admission rule, from the room options (at most one given) and ``admission``'s unit."""
+    return Admission(
+        hint,
+        rank,
+        options["memory_slack"],
+        pipeline_budgets(options["activation_budget"], layout.pp),
+        device_budget=options["device_budget"],
+        unit=options["admission"],
+    )
 
 
 def pipeline_budgets(budget: float | tuple[float, ...] | None, ranks: int) -> float | tuple[float, ...] | None:

@@ -98,6 +98,26 @@ def drive(
     remote producer starts and ends. Returns each task's start and end (NaN if it never ran)
     and the clock at the end. This is the simulator's hot path: one function, locals only.
     """
+    # Each event is a new tuple, none of them in a cycle: the cyclic collector's passes over them, a
+    # gen-0 collection every few hundred tasks, cost 6-14% of the loop (128 and 1024 ranks) and find nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_events(boards, cost, delay, link_rank, link_pos, notices)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run_events(
+    boards: Sequence[Scoreboard],
+    cost: Sequence[Sequence[float]],
+    delay: Sequence[Sequence[float]] | None,
+    link_rank: Sequence[IntArray],
+    link_pos: Sequence[IntArray],
+    notices: bool,
+) -> tuple[list[list[float]], list[list[float]], float]:
+    """:func:`drive`'s loop itself, with the collector off: locals only."""
     num_ranks = len(boards)
     etas = [sb.eta for sb in boards]
     leads = [sb.lead for sb in boards]
@@ -118,59 +138,51 @@ def drive(
     push, pop = heapq.heappush, heapq.heappop
     now = 0.0
     dirty = set(range(num_ranks))
-    # Each event is a new tuple, none of them in a cycle: the cyclic collector's passes over them, a
-    # gen-0 collection every few hundred tasks, cost 6-14% of the loop (128 and 1024 ranks) and find nothing.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        while True:
-            for r in dirty:
-                if running[r]:
-                    continue
-                pos = takes[r](now)
-                if pos >= 0:
-                    running[r] = True
-                    starts[r][pos] = now
-                    push(events, (now + cost[r][pos], r, pos))
-                    if notices:
-                        q = to_rank[r][pos]
-                        if q >= 0:  # Scoreboard.producer_started, inline
-                            j = to_pos[r][pos]
-                            etas[q][j] = now + leads[q][j]
-                else:
-                    wake = boards[r].wake_at
-                    if wake < wake_pending[r]:
-                        wake_pending[r] = wake
-                        push(events, (wake, r, -1))
-            dirty.clear()
-            if not events:
-                return starts, ends, now
-            now, r, pos = pop(events)
-            while True:  # every event at ``now``
-                dirty.add(r)
-                if pos >= 0:
-                    running[r] = False
-                    ends[r][pos] = now
-                    completes[r](pos, now)
+    while True:
+        for r in dirty:
+            if running[r]:
+                continue
+            pos = takes[r](now)
+            if pos >= 0:
+                running[r] = True
+                starts[r][pos] = now
+                push(events, (now + cost[r][pos], r, pos))
+                if notices:
                     q = to_rank[r][pos]
-                    if q >= 0:
+                    if q >= 0:  # Scoreboard.producer_started, inline
                         j = to_pos[r][pos]
-                        if delayed and delays[r][pos] > 0.0:
-                            push(events, (now + delays[r][pos], q, -2 - j))
-                            if notices:
-                                boards[q].producer_finished(j, now)
-                                dirty.add(q)
-                        else:
-                            satisfies[q](j)
+                        etas[q][j] = now + leads[q][j]
+            else:
+                wake = boards[r].wake_at
+                if wake < wake_pending[r]:
+                    wake_pending[r] = wake
+                    push(events, (wake, r, -1))
+        dirty.clear()
+        if not events:
+            return starts, ends, now
+        now, r, pos = pop(events)
+        while True:  # every event at ``now``
+            dirty.add(r)
+            if pos >= 0:
+                running[r] = False
+                ends[r][pos] = now
+                completes[r](pos, now)
+                q = to_rank[r][pos]
+                if q >= 0:
+                    j = to_pos[r][pos]
+                    if delayed and delays[r][pos] > 0.0:
+                        push(events, (now + delays[r][pos], q, -2 - j))
+                        if notices:
+                            boards[q].producer_finished(j, now)
                             dirty.add(q)
-                elif pos == -1:
-                    if wake_pending[r] <= now:
-                        wake_pending[r] = math.inf
-                else:
-                    satisfies[r](-2 - pos)
-                if not events or events[0][0] > now:
-                    break
-                _, r, pos = pop(events)
-    finally:
-        if collecting:
-            gc.enable()
+                    else:
+                        satisfies[q](j)
+                        dirty.add(q)
+            elif pos == -1:
+                if wake_pending[r] <= now:
+                    wake_pending[r] = math.inf
+            else:
+                satisfies[r](-2 - pos)
+            if not events or events[0][0] > now:
+                break
+            _, r, pos = pop(events)
