@@ -537,6 +537,11 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in found]
 
 
+def _descendants(pid: int) -> list[int]:
+    children = _children(pid)
+    return [d for child in children for d in (child, *_descendants(child))]
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -556,13 +561,14 @@ def _all_gone(pids: list[int], within: float = 10.0) -> bool:
 
 
 def _wait_training(process: subprocess.Popen[str], folder: Path) -> list[int]:
-    """The launcher's processes, once the first checkpoint is written (the ranks are mid-run)."""
+    """The launcher's processes (its children and theirs), once the first checkpoint is written (the ranks are
+    mid-run)."""
     deadline = time.monotonic() + hang_bound(TIMEOUT)
     while not (folder / "latest").exists():
         assert process.poll() is None, process.communicate()[1]
         assert time.monotonic() < deadline, "no checkpoint was ever written"
         time.sleep(0.1)
-    return _children(process.pid)
+    return _descendants(process.pid)
 
 
 def _signalled(folder: Path, signum: int, to_group: bool) -> tuple[subprocess.Popen[str], str, list[int], float]:
@@ -643,8 +649,16 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
 
 
 def _ranks_of(launcher: int) -> list[int]:
-    """The launcher's rank processes (its children but multiprocessing's resource tracker)."""
-    return [p for p in _children(launcher) if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    """The launcher's rank processes: its children but multiprocessing's resource tracker and fork server, and
+    the fork server's children (on Linux the ranks are forked from it)."""
+    ranks = []
+    for child in _children(launcher):
+        command = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"forkserver" in command:
+            ranks += _children(child)
+        elif b"resource_tracker" not in command:
+            ranks.append(child)
+    return ranks
 
 
 def test_a_rank_killed_mid_run_is_named_by_every_rank(tmp_path: Path) -> None:
@@ -756,12 +770,13 @@ def test_ranks_never_outlive_a_killed_launcher(tmp_path: Path) -> None:
     for delay, process in runs:
         time.sleep(max(0.0, began + delay - time.monotonic()))
         process.kill()
-        process.communicate()
+        process.wait()  # not communicate(): a rank left alive holds the pipes open, and it would wait for it
     for delay, process in runs:
         deadline = time.monotonic() + 15
         while _group(process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _group(process.pid) == [], f"killed after {delay} s: ranks left"
+        process.communicate(timeout=15)
     listings = {d: sorted(p.name for p in (tmp_path / f"ck{d}").glob("step-*")) for d, _ in runs}
     time.sleep(2)
     assert listings == {d: sorted(p.name for p in (tmp_path / f"ck{d}").glob("step-*")) for d, _ in runs}

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import ast
 import multiprocessing
-import multiprocessing.util
+import multiprocessing.context
 import os
 import pickle
 import shutil
@@ -178,10 +178,13 @@ def run_ranks(
         # once it is tied to this launcher (see [Note: ranks never outlive their launcher]).
         packed = pickle.dumps((fn, args))
         os.environ[LAUNCHER_ENV] = str(os.getpid())
-        spawner = multiprocessing.get_context("spawn")
+        spawner = rank_starter()
+        environment = dict(os.environ)  # the server's own is the one it started with (see fork_server)
         processes = [
             spawner.Process(
-                target=start_rank, args=(rank, world, packed, out, timeout, device.value), name=f"rank {rank}"
+                target=start_rank,
+                args=(rank, world, packed, out, timeout, device.value, environment),
+                name=f"rank {rank}",
             )
             for rank in range(world)
         ]
@@ -189,6 +192,16 @@ def run_ranks(
             process.start()
         killed, stopped_here = _watch(processes, signals, timeout)
         return _collect(Path(out), processes, signals, killed, stopped_here)
+
+
+def rank_starter() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
+    """How ranks start: forked from the fork server on Linux (torch imported once, see [Note: ranks forked from a
+    server that imported torch once] in :mod:`hintpipe.runtime.fork_server`), spawned elsewhere."""
+    if sys.platform != "linux":
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hintpipe.runtime.fork_server"])
+    return context
 
 
 #: The launcher's temporary folder (results, the stop file) and the file in it that names the launcher.
@@ -302,7 +315,13 @@ def _how_it_ended(exitcode: int | None) -> str:
     started: its traceback is on stderr)."""
     if exitcode is not None and exitcode < 0:
         return f"killed by {signal.Signals(-exitcode).name}"
+    if exitcode == FORK_SERVER_GONE:
+        return "its fork server ended (killed?), and it with it, or exit status 255 before it could report"
     return f"exit status {exitcode} before it could report; its error is on stderr above"
+
+
+#: What multiprocessing gives as the exit status of a process whose fork server is gone.
+FORK_SERVER_GONE = 255
 
 
 def _outside_main_guard() -> tuple[str, int] | None:

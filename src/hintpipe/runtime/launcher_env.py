@@ -14,16 +14,20 @@ TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"
 #: The process this rank must not outlive (hintpipe's launcher, or torchrun's agent), once the rank is tied to
 #: it (:mod:`hintpipe.runtime.rank_entry`); None where no one tied it (a process group the caller made).
 _tied_to: int | None = None
+#: Whether that process is this rank's parent's parent: a rank forked by the fork server (see
+#: :mod:`hintpipe.runtime.fork_server`), whose parent is the server.
+_through_server = False
 
 
-def tie(parent: int) -> None:
-    """Record the process this rank must not outlive."""
-    global _tied_to
-    _tied_to = parent
+def tie(process: int, *, through_server: bool = False) -> None:
+    """Record the process this rank must not outlive: its parent, or its parent's parent (``through_server``)."""
+    global _tied_to, _through_server
+    _tied_to, _through_server = process, through_server
 
 
 def orphaned() -> bool:
-    """Whether the process this rank is tied to has gone (the rank was re-parented).
+    """Whether the process this rank is tied to has gone (the rank, or the fork server it came from, was
+    re-parented).
 
     [Note: nothing published after the launcher died]
     A rank notices its launcher's death within half a second (its watching thread), but a save already under
@@ -31,4 +35,17 @@ def orphaned() -> bool:
     campaign's ``agent`` kind). So rank 0 asks right before it publishes a checkpoint (the rename of its
     folder, then ``latest``) and leaves instead, publishing nothing.
     """
-    return _tied_to is not None and os.getppid() != _tied_to
+    if _tied_to is None:
+        return False
+    parent = os.getppid()
+    return (parent_of(parent) if _through_server else parent) != _tied_to
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of process ``pid``, as /proc says; None where there is no /proc or no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read()
+    except OSError:
+        return None
+    return int(fields.rsplit(")", 1)[-1].split()[1])

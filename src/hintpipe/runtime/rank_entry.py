@@ -12,9 +12,14 @@ it asks the kernel to kill it when its parent dies
 import takes the rank with it; imports torch; then checks that its parent is
 still the launcher whose pid the launcher put in the environment (it may
 have died before the request, or during the import where there is no
-``prctl``: the rank was re-parented), and only then runs. A thread that
-compares the parent with that pid every half second covers systems without
-``prctl`` from then on; it starts after torch's import (see [Note: torch
+``prctl``: the rank was re-parented), and only then runs. A rank forked by
+the fork server (Linux; see :mod:`hintpipe.runtime.fork_server`) has the
+server as its parent and the launcher as its parent's parent, and the
+server outlives the launcher while any rank it forked lives (a forked process
+holds the server's pipe): the parent-death signal never reaches such a rank,
+and it checks its parent's parent instead. A thread that compares the parent
+(or the parent's parent) with that pid every half second covers the rest of
+the run, and systems without ``prctl``; it starts after torch's import (see [Note: torch
 before threads]).
 
 [Note: ranks never outlive torchrun's agent]
@@ -54,6 +59,8 @@ from hintpipe.runtime import launcher_env
 from hintpipe.runtime.launcher_env import LAUNCHER_ENV, TORCHRUN_ENV
 
 _PR_SET_PDEATHSIG = 1
+#: What :mod:`hintpipe.runtime.fork_server` ignores (not imported here: importing it makes a process ignore them).
+_SERVER_IGNORES = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _die_with_parent() -> None:
@@ -75,9 +82,11 @@ def tie_to_launcher() -> None:
     _die_with_parent()
     import torch  # noqa: F401  # before this process's first thread (see [Note: torch before threads])
 
-    if os.getppid() != launcher:  # it died while this rank started: stop before anything is written
-        os._exit(1)
-    _watch(launcher)
+    parent = os.getppid()
+    through_server = parent != launcher  # forked by the fork server: the launcher is the server's parent
+    if through_server and launcher_env.parent_of(parent) != launcher:
+        os._exit(1)  # it died while this rank started: stop before anything is written
+    _watch(launcher, through_server=through_server)
 
 
 def tie_to_agent() -> None:
@@ -91,21 +100,36 @@ def tie_to_agent() -> None:
     _watch(agent)
 
 
-def _watch(parent: int) -> None:
-    launcher_env.tie(parent)  # and checked once more right before a checkpoint is published
+def _watch(process: int, *, through_server: bool = False) -> None:
+    launcher_env.tie(process, through_server=through_server)  # checked again right before a checkpoint is published
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while not launcher_env.orphaned():
             time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def start_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
+def start_rank(
+    rank: int,
+    world: int,
+    packed: bytes,
+    out: str,
+    timeout_s: float,
+    device: str = "auto",
+    environment: dict[str, str] | None = None,
+) -> None:
     """A spawned rank's entry point: tied to its launcher first (torch imported meanwhile), then
     :func:`hintpipe.runtime.rank_process.run_rank` on the function and arguments ``packed`` holds, on ``device``
-    (a choice)."""
+    (a choice). ``environment``: the launcher's, which a rank forked by the fork server takes in place of the
+    server's (see :mod:`hintpipe.runtime.fork_server`); the server's ignored signals get their default actions
+    back."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
+    for sig in _SERVER_IGNORES:
+        signal.signal(sig, signal.SIG_DFL)
     tie_to_launcher()
     from hintpipe.runtime.rank_process import run_rank
 

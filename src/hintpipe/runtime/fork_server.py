@@ -1,0 +1,39 @@
+"""The fork server's preload: imported once, in multiprocessing's fork server, never elsewhere.
+
+[Note: ranks forked from a server that imported torch once]
+A spawned rank is a fresh interpreter that imports torch and the runtime
+before it can run: 1.5-2 s of CPU each, paid again by every rank of every
+launch, and a launcher's ranks import at once, so on a 2-core machine four
+ranks took several seconds to start. On Linux :func:`hintpipe.runtime.launch.run_ranks`
+starts its ranks from multiprocessing's fork server instead: one process,
+started by the launcher the first time it launches, imports torch and the
+rank's modules once (this module is its preload) and forks every rank from
+then on, for every later launch of the same launcher too. A forked rank
+still runs :func:`hintpipe.runtime.rank_entry.start_rank` first: it takes the
+launcher's environment as it is at this launch (the server's is the one it
+started with), and ties itself to the server, whose parent is the launcher
+(the server ends when the launcher does; see [Note: ranks never outlive their
+launcher]).
+
+The server must not end on a signal meant for the job: a terminal's SIGHUP,
+or a SIGTERM sent to the launcher's process group, reaches the server too, and
+its death would kill every rank (their parent-death signal) before they save.
+multiprocessing makes the server ignore SIGINT; this module makes it ignore
+SIGTERM and SIGHUP as well, and a rank puts their default actions back as it
+starts (:func:`~hintpipe.runtime.rank_entry.start_rank`). Torch's import
+starts no thread, so forking after it is safe; CUDA is not initialised here.
+"""
+
+from __future__ import annotations
+
+import signal
+
+#: The signals the server ignores and every rank it forks handles again.
+IGNORED = (signal.SIGTERM, signal.SIGHUP)
+
+for _sig in IGNORED:
+    signal.signal(_sig, signal.SIG_IGN)
+
+import torch  # noqa: E402, F401  (what the server is for: imported once, inherited by every rank)
+
+import hintpipe.runtime.rank_process  # noqa: E402, F401
