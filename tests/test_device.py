@@ -118,14 +118,21 @@ class _Spy:
 
 
 def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str, list[str], list[str], int]:
-    seams = Seams(link_backend="gloo" if links else None)  # the NCCL transport's path, its links on gloo
+    spies: list[_Spy] = []
+
+    def spied(transport: Any) -> _Spy:
+        spies.append(_Spy(transport))
+        return spies[-1]
+
+    # The NCCL transport's path, its links on gloo; the spy around what carries the messages.
+    seams = Seams(link_backend="gloo" if links else None, watch_transport=spied)
     torch.manual_seed(0)
     stages = [nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 2)]
     with Pipeline.from_modules(
         stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="ready", device=device, seams=seams
     ) as pipe:
-        spy = _Spy(pipe.post_office)
-        pipe.post_office = spy
+        (spy,) = spies
+        assert pipe.post_office is spy
         xs = [torch.randn(n, 4) for n in (1, 3, 2, 5)]
         ys = [torch.randn(n, 2) for n in (1, 3, 2, 5)]
         for _ in range(3):

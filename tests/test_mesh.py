@@ -24,7 +24,6 @@ from hintpipe.cli import main
 from hintpipe.cli.train import result_json
 from hintpipe.planner.plan import Plan, plan
 from hintpipe.runtime.assembly import Seams
-from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
@@ -328,10 +327,12 @@ def _tensor_parallel(
         timeout=TIMEOUT,
         memory_slack=2 if delays else 0,  # room to run ahead: choices that can differ
         data_parallel=mode,
-        seams=Seams(coordinate_tp=coordinate),
+        # With delays, the TP leader's messages arrive at once, its follower's 100 ms late (many tasks of this model).
+        seams=Seams(
+            coordinate_tp=coordinate,
+            injection=Injection.parse([f"comm:{100 * (rank % tp)}ms"] if delays else [], seed=rank),
+        ),
     )
-    if delays:  # the TP leader's messages arrive at once, its follower's 100 ms late (many tasks of this model)
-        inject(pipe, Injection.parse([f"comm:{100 * (rank % tp)}ms"], seed=rank))
     replica = pipe.layout.replica_of(rank)
     optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], eps=EPS)
     expected_optimizer = torch.optim.AdamW(reference.parameters(), eps=EPS)
@@ -407,9 +408,8 @@ def _uncoordinated_orders(rank: int, world: int) -> list[tuple[int, int, int]]:
         mesh=mesh,
         timeout=TIMEOUT,
         memory_slack=2 if follower else 0,
-        seams=Seams(coordinate_tp=False),
+        seams=Seams(coordinate_tp=False, injection=Injection.parse([f"comm:{300 if follower else 0}ms"], seed=rank)),
     )
-    inject(pipe, Injection.parse([f"comm:{300 if follower else 0}ms"], seed=rank))
     with pipe:
         pipe.step(*_batch(0, 0))
         return [(task.stage, int(task.kind), task.mb) for _, task, _, _ in pipe.reports[-1].records]
@@ -445,8 +445,8 @@ def _batched_decisions(rank: int, world: int) -> tuple[list[list[tuple[int, int,
         emulate=costs,
         memory_slack=2,
         timeout=TIMEOUT,
+        seams=Seams(injection=Injection.parse(["tp:2:0.3", f"comm:{60 if rank == 0 else 0}ms"], seed=rank)),
     )
-    inject(pipe, Injection.parse(["tp:2:0.3", f"comm:{60 if rank == 0 else 0}ms"], seed=rank))
     orders = []
     with pipe:
         for _ in range(4):
@@ -476,9 +476,14 @@ def _crash(rank: int, world: int, victim: int) -> None:
     mesh = build_mesh(world, tp=2)
     stages = [parallelize_stage(s, mesh["tp"], MODEL.heads) for s in split_layers(build_layers(MODEL), 2)]
     pipe = Pipeline.from_modules(
-        stages, loss_fn=lm_loss, microbatches=MICROBATCHES, policy="ready", mesh=mesh, timeout=5
+        stages,
+        loss_fn=lm_loss,
+        microbatches=MICROBATCHES,
+        policy="ready",
+        mesh=mesh,
+        timeout=5,
+        seams=Seams(injection=Injection.parse(faults=[f"crash:{victim}:1"])),
     )
-    inject(pipe, Injection.parse(faults=[f"crash:{victim}:1"]))
     with pipe:
         for step in range(3):
             pipe.step(*_batch(step, 0))
@@ -514,9 +519,14 @@ def _coupled(rank: int, world: int, policy: str) -> list[Timed]:
     mesh = build_mesh(world, tp=2)
     costs = EmulatedCosts((0.01, 0.01), (0.02, 0.02), (0.0, 0.0), reference_size=1)
     pipe = Pipeline(
-        {rank // 2: nn.Identity()}, loss_fn=lm_loss, microbatches=4, policy=policy, mesh=mesh, emulate=costs
+        {rank // 2: nn.Identity()},
+        loss_fn=lm_loss,
+        microbatches=4,
+        policy=policy,
+        mesh=mesh,
+        emulate=costs,
+        seams=Seams(injection=Injection.parse(["tp:2:0.5"], seed=7)),
     )
-    inject(pipe, Injection.parse(["tp:2:0.5"], seed=7))
     executor = pipe.executor
     assert isinstance(executor, EmulatedExecutor)
     timed: list[Timed] = []

@@ -27,8 +27,10 @@ from groups import Case as GroupCase
 from groups import failure_text, run_cases, succeeded
 from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.forming.collate import IGNORE_INDEX, form_batch
+from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
 from hintpipe.runtime.loop.microbatch import check_ends
+from hintpipe.runtime.parts import Seams
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
@@ -544,6 +546,41 @@ def test_every_rank_gets_its_own_copy_of_tensor_arguments(two_ranks: dict[str, l
     assert succeeded(two_ranks["own copy"]) == [1.0, 2.0]
 
 
+def _refused(assign: Callable[[], None]) -> str:
+    """The name of the error an assignment raised ("assigned" if none)."""
+    try:
+        assign()
+    except AttributeError as exc:  # dataclasses.FrozenInstanceError is one
+        return type(exc).__name__
+    return "assigned"
+
+
+def _built_once_worker(rank: int, world: int) -> tuple[list[int], str, bool, str, str]:
+    """Two steps of a pipeline built with a NaN injected in step 1 (given at construction, skipped): the
+    step's gradients are dropped, the executor the step loop calls is the faulty one, and neither the parts nor
+    the pipeline's view of them can be assigned afterwards."""
+    seams = Seams(injection=Injection.parse(faults=["nan:1"]))
+    pipe = Pipeline.from_modules(_mlp(world), loss_fn=_mse, microbatches=4, on_nonfinite="skip", seams=seams)
+    xs, ys = _batches(False, 4)
+    with pipe:
+        for _ in range(2):
+            pipe.step(xs, ys)
+        dropped = all(p.grad is None for m in pipe.modules.values() for p in m.parameters())
+        frozen = _refused(lambda: setattr(pipe.parts, "executor", pipe.parts.compute))
+        read_only = _refused(lambda: setattr(pipe, "executor", pipe.parts.compute))
+        return pipe.nonfinite_steps, type(pipe.executor).__name__, dropped, frozen, read_only
+
+
+def test_an_injection_given_at_construction_is_built_in_and_the_parts_are_frozen(
+    two_ranks: dict[str, list[Any]],
+) -> None:
+    for nonfinite, executor, dropped, frozen, read_only in succeeded(two_ranks["built once"]):
+        assert nonfinite == [1] and dropped  # the injected NaN reached the step, which was skipped on every rank
+        assert executor == "FaultyExecutor"
+        assert frozen == "FrozenInstanceError"
+        assert read_only == "AttributeError"
+
+
 def _profiled_worker(rank: int, world: int) -> list[str]:
     """zb-h1 on 2 ranks, 4 micro-batches; the second step under ``torch.profiler``: this rank's task ranges."""
     pipe = Pipeline.from_modules(_mlp(world), loss_fn=_mse, microbatches=4, hint="zb-h1", policy="ready")
@@ -578,6 +615,7 @@ def two_ranks() -> dict[str, list[Any]]:
         "config": GroupCase(_config_worker),
         "own copy": GroupCase(_own_copy_worker, (torch.zeros(4),)),
         "profiled": GroupCase(_profiled_worker),
+        "built once": GroupCase(_built_once_worker),
         "formed": GroupCase(_formed_worker),
     }
     return run_cases(2, cases, timeout_s=120)

@@ -106,7 +106,6 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
     from hintpipe.apps import training
 
     monkeypatch.setattr(training, "Pipeline", _PlacingPipeline)
-    monkeypatch.setattr(training, "inject", lambda pipe, injection: None)
     config = TrainConfig(model=ModelConfig("mlp", layers=2, hidden=8), ranks=2, microbatches=2, check_grads=True)
     _, modules, reference = training._build_pipeline(0, 2, config)
     assert modules is not None and reference is not None

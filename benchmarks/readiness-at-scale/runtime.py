@@ -48,7 +48,6 @@ from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import microbatch_order
-from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
 
@@ -123,7 +122,7 @@ def profiled(config: TrainConfig) -> EmulatedCosts:
     its backward, so that hints compare on the same work (two profiles, one per split, made fixed bfw
     against fixed 1F1B come out 0.75x in one run and 1.49x in another).
     """
-    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
+    hint = config.resolved_hint
     key = (config.model.name, config.ranks, hint.num_stages)
     if key not in _PROFILES:
         chunks = hint.num_stages // config.ranks
@@ -162,7 +161,7 @@ def scaled_costs(
 def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
     """Per rank, the most input elements whose activations it held at once, over the measured steps:
     an ``F`` holds its micro-batch's elements until its stage's last backward task (``W`` when split)."""
-    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
+    hint = config.resolved_hint
     release = Kind.W if hint.split_backward else Kind.B
     peaks = [0] * hint.ranks
     for report in result.measured:
@@ -219,7 +218,7 @@ def emulated(
         assert result is not None
         measured = result.reports[2:]
         times = [r.step_time for r in measured]
-        hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
+        hint = config.resolved_hint
         rows.append(
             {
                 "model": name,

@@ -49,7 +49,6 @@ from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.schedule.task import Kind
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.variability import MicrobatchNoise
@@ -314,7 +313,7 @@ def agreement_from_runs(runs: dict[str, dict[str, PolicyRuns]]) -> dict[str, Agr
     out = {}
     for label, by_policy in runs.items():
         c = by_policy["fixed"].results[0].config
-        hint = resolve_hint(c.hint, c.ranks, c.microbatches, c.chunks)
+        hint = c.resolved_hint
         out[label] = Agreement(
             hint,
             c.memory_slack,

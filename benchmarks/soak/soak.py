@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
-from hintpipe.runtime.faults import inject
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.parts import Seams
 from hintpipe.runtime.pipeline import Pipeline
 
 WARMUP = 20
@@ -59,8 +59,8 @@ def worker(rank: int, world: int, steps: int, sigma: float) -> dict[str, Any]:
         policy="ready",
         memory_slack=2,
         timeout=120,
+        seams=Seams(injection=Injection.parse([JITTER], seed=1)),
     )
-    inject(pipe, Injection.parse([JITTER], seed=1))
     optimizer = torch.optim.AdamW([p for s in pipe.stages for p in modules[s].parameters()], lr=1e-3)
     samples: dict[int, int] = {}
     step_times: list[float] = []

@@ -13,7 +13,6 @@ from hintpipe.apps.models import SeqLenDist, build_layers, make_batch, split_lay
 from hintpipe.apps.multimodal import sized_by_input
 from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.resolve import resolve_hint
 
 
 class EmulatedRun(Protocol):
@@ -22,13 +21,7 @@ class EmulatedRun(Protocol):
     @property
     def model(self) -> ModelConfig: ...
     @property
-    def hint(self) -> str | Hint: ...
-    @property
-    def ranks(self) -> int: ...
-    @property
-    def microbatches(self) -> int: ...
-    @property
-    def chunks(self) -> int | None: ...
+    def resolved_hint(self) -> Hint: ...
     @property
     def microbatch_size(self) -> int: ...
     @property
@@ -47,7 +40,7 @@ def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
     equally between B and W.
     """
     torch.set_num_threads(1)
-    stages = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks).num_stages
+    stages = config.resolved_hint.num_stages
     modules = split_layers(build_layers(config.model), stages)
     inputs, _, _ = make_batch(
         config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len_dist.mean), 0, config.seed

@@ -49,14 +49,14 @@ from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.stopping import StopRequest
-from hintpipe.runtime.faults import failing_writer, inject
+from hintpipe.runtime.faults import failing_writer
 from hintpipe.runtime.launch import run_ranks, under_torchrun
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import build_mesh
+from hintpipe.runtime.parts import Seams
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
-from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import Policy
 
 
@@ -92,18 +92,19 @@ def _build_pipeline(
     rank: int, world: int, config: TrainConfig
 ) -> tuple[Pipeline, list[torch.nn.Module] | None, list[torch.nn.Module] | None]:
     """This rank's pipeline over the built-in model (cut evenly, or as a saved plan says), with the run's
-    injection wrapped around it; every stage's module when the model was cut here; and, on rank 0 with
+    injection built in; every stage's module when the model was cut here; and, on rank 0 with
     ``check_grads``, an unsplit reference copy of them.
 
     The reference is copied before the pipeline exists: the pipeline moves this rank's stages to its device
     in place, and a copy taken after would be half there and half on the host.
     """
-    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
+    hint = config.resolved_hint
     # The config's pipeline options as the pipeline takes them: the room and the tied parameters only where
     # given (from_plan fills in the plan's), the hint resolved, the mesh this rank builds.
     given = config.values()
     options = {name: given[name] for name in _PASSED}
     options["hint"] = hint
+    options["seams"] = Seams(injection=config.injection)
     # A room option is given when it says something: a slack above 0, a budget at all (device_budget=0.0 is one).
     options |= {name: given[name] for name in ("activation_budget", "device_budget") if given[name] is not None}
     if given["memory_slack"]:
@@ -132,7 +133,6 @@ def _build_pipeline(
         # Before the pipeline places rank 0's stages: the unsplit model runs whole on one device.
         reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
-    inject(pipe, config.injection)
     return pipe, modules, reference
 
 
@@ -258,8 +258,7 @@ def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
 def unsplit_stages(config: TrainConfig) -> list[torch.nn.Module]:
     """The built-in model's stages as every rank builds them before any sharding or tensor parallelism: the
     reference ``--check-grads`` runs unsplit, on one process."""
-    hint = resolve_hint(config.hint, config.ranks, config.microbatches, config.chunks)
-    return split_layers(build_layers(config.model), hint.num_stages)
+    return split_layers(build_layers(config.model), config.resolved_hint.num_stages)
 
 
 def _per_rank_ms(steps: list[tuple[float, ...]]) -> tuple[float, ...] | None:

@@ -1,7 +1,9 @@
 """The runtime: one process per rank, driving the scoreboard with messages and compute.
 
 - :mod:`~hintpipe.runtime.pipeline`: the public :class:`Pipeline`, a facade that checks options and runs steps;
-- :mod:`~hintpipe.runtime.assembly`: what a rank's pipeline is made of, built once;
+- :mod:`~hintpipe.runtime.assembly`: what a rank's pipeline is made of, built once into the frozen
+  :mod:`~hintpipe.runtime.parts` (with the seams given beside the options; the ranks compare their options in
+  :mod:`~hintpipe.runtime.option_agreement`);
 - :mod:`~hintpipe.runtime.loop`: one step: the step loop, the executor, admission, the ``ready`` plan,
   tensor-parallel coordination, the step hooks (agreement, reports);
 - :mod:`~hintpipe.runtime.transport`: messages between ranks: the wire format, the gloo mailboxes, staging

@@ -2,17 +2,23 @@
 
 :class:`~hintpipe.runtime.pipeline.Pipeline` checks its options and runs
 steps; everything it is made of is built here, once, by :func:`assemble`, in
-an order every rank follows (process groups are created collectively):
+an order every rank follows (process groups are created collectively), into
+one frozen :class:`~hintpipe.runtime.parts.Parts`:
 
-1. the layout (which pipeline, which position) and the hint;
+1. the layout (which pipeline, which position) and the hint (an injection is checked against them);
 2. the device and the transport every rank agrees on;
 3. the stages on the device (sharded by FSDP2 over ``dp`` where asked);
-4. the pipeline's process groups and the transport to the neighbours;
-5. the executor (the stages, or sleeps when emulated) and the task timer;
-6. the axes: tensor-parallel coordination, the data-parallel reduction, tied weights;
-7. the step hooks, in the order the end of a step needs them
-   (see [Note: the order of the end of a step] in :mod:`hintpipe.runtime.loop.hooks`);
-8. the ranks compare their options (every rank must run the same pipeline).
+4. the pipeline's process groups, the transport to the neighbours (any injected delay around it) and the
+   tensor-parallel coordination: the rank's :class:`~hintpipe.runtime.parts.Wiring`;
+5. the other axes: the emulated tensor-parallel coupling, the data-parallel reduction, tied weights;
+6. the executor (the stages, or sleeps when emulated; any injected faults around it) and the task timer;
+7. the ranks compare their options (every rank must run the same pipeline) and learn each other's byte
+   budgets (see :mod:`hintpipe.runtime.option_agreement`);
+8. admission and the step hooks, in the order the end of a step needs them
+   (see [Note: the order of the end of a step] in :mod:`hintpipe.runtime.loop.hooks`).
+
+Everything a part needs is given to it when it is built (``Seams``: an injection, the strictness of a plan's
+budget), so nothing is set on a pipeline after it is built.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
 from hintpipe.runtime.checkpoint.collective import one_line
-from hintpipe.runtime.errors import OptionMismatch, WatchdogTimeout
+from hintpipe.runtime.errors import WatchdogTimeout
+from hintpipe.runtime.faults import cost_factors, injected_executor, injected_transport
+from hintpipe.runtime.injection import CostFactors
 from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.agreement import Agreement
 from hintpipe.runtime.loop.coordination import Coordination, needed
@@ -39,12 +47,14 @@ from hintpipe.runtime.loop.hooks import Hook, StepHook
 from hintpipe.runtime.loop.ready_plan import ReadyPlanner
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.step_state import StepState
-from hintpipe.runtime.loop.timing import DeviceTimer, Event
+from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.modes import DataParallel, Precision, TransportChoice
+from hintpipe.runtime.option_agreement import agree_on_options
 from hintpipe.runtime.parallel.data_parallel import GradientAverage
 from hintpipe.runtime.parallel.fsdp import FsdpOptions, ShardedReduction, check_sharding, shard_stages
 from hintpipe.runtime.parallel.mesh import Layout, dp_mesh
 from hintpipe.runtime.parallel.tied import TiedGradients, TiedParameter
+from hintpipe.runtime.parts import Parts, Seams, Wiring
 from hintpipe.runtime.private_storage import own_storage
 from hintpipe.runtime.transport.links import LinkPostOffice, make_links
 from hintpipe.runtime.transport.mailbox import PostOffice
@@ -52,62 +62,9 @@ from hintpipe.runtime.transport.protocol import Transport, choose_transport
 from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
 
+__all__ = ["Parts", "Seams", "Wiring", "assemble", "layout_of", "pipeline_budgets"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Seams:
-    """Where tests reach into the assembly (no option of the public API reaches these).
-
-    Attributes:
-        coordinate_tp: tensor-parallel members share one decision per task (see
-            :mod:`hintpipe.runtime.loop.coordination`); tests turn it off to show what goes wrong without.
-        link_backend: ``"gloo"`` runs the NCCL transport's code path with its payload links on gloo, on CPU
-            ranks (see :mod:`hintpipe.runtime.transport.links`).
-        timing_events: timing events for a CPU rank, to run the GPU's task timing (see
-            :mod:`hintpipe.runtime.loop.timing`) where there is no GPU.
-    """
-
-    coordinate_tp: bool = True
-    link_backend: str | None = None
-    timing_events: Callable[[], Event] | None = None
-
-
-@dataclasses.dataclass
-class Parts:
-    """What one rank's pipeline is made of (see the module's docstring for the order they are built in)."""
-
-    layout: Layout
-    global_rank: int
-    rank: int  # the rank's position in its pipeline (the hint's rank)
-    hint: Hint
-    microbatches: int
-    policy: Policy
-    timeout: float
-    device: torch.device
-    transport_choice: TransportChoice
-    modules: dict[int, nn.Module]
-    sharded: bool
-    p2p: dist.ProcessGroup
-    coll: dist.ProcessGroup
-    post_office: Transport  # the chosen transport's object: what carries this rank's messages
-    compute: Executor  # the stages, or the sleeps, before any wrapper (injected faults) goes round it
-    executor: Executor  # what the step loop calls (wrappers included)
-    timer: DeviceTimer | None
-    admission: Admission
-    coordination: Coordination | None = None
-    replica_group: dist.ProcessGroup | None = None
-    agreement: Agreement | None = None
-    reporting: Reporting | None = None
-    hooks: list[StepHook] = dataclasses.field(default_factory=list)
-
-    @property
-    def stages(self) -> tuple[int, ...]:
-        return self.hint.placement.stages_of(self.rank)
-
-    @property
-    def emulated(self) -> bool:
-        return isinstance(self.compute, EmulatedExecutor)
 
 
 def layout_of(mesh: DeviceMesh | None) -> Layout:
@@ -128,6 +85,7 @@ def assemble(
 
     Raises:
         ValueError: modules for other stages than the hint places here, or options that contradict each other.
+        SpecError: an injection for ranks, stages or micro-batches the pipeline does not have.
         OptionMismatch: when ranks were started with different options.
     """
     layout = layout_of(options["mesh"])
@@ -137,6 +95,7 @@ def assemble(
     _check_modules(modules, hint, rank)
     if emulate is not None and options["activation_budget"] is not None:
         raise ValueError("activation_budget needs real compute: emulated tasks hold no activations; use memory_slack")
+    seams.injection.check(layout.pp * layout.dp * layout.tp, hint.num_stages, microbatches, layout.tp)
     owned = own_storage(modules)
     if owned:
         log.info("rank %d: %d tensors arrived in shared memory; the rank trains copies of its own", global_rank, owned)
@@ -154,52 +113,112 @@ def assemble(
     post_office = _connect(
         layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams, received
     )
-    autocast = (device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
-    compute = _computing(placed, hint, loss_fn, emulate, device, autocast, received)
-    parts = Parts(
-        layout=layout,
-        global_rank=global_rank,
-        rank=rank,
-        hint=hint,
-        microbatches=microbatches,
-        policy=policy,
-        timeout=options["timeout"],
-        device=device,
-        transport_choice=chosen,
-        modules=placed,
-        sharded=sharded,
-        p2p=p2p,
-        coll=coll,
-        post_office=post_office,
-        compute=compute,
-        executor=compute,
-        timer=_device_timer(device, emulated=emulate is not None, seams=seams),
-        admission=_admission(hint, rank, layout, options),
-    )
-    try:
-        axes = _connect_axes(parts, options["tied"], seams)
-        parts.agreement = Agreement(parts, ReadyPlanner(hint, rank), options["on_nonfinite"])
-        parts.reporting = Reporting(
-            hint, rank, coll, timelines=options["timelines"], every=options["report_every"], history=options["history"]
+    coordination: Coordination | None = None
+    try:  # a pipeline that is never built must not leave its mailboxes receiving
+        coordination = _coordination(layout, global_rank, policy, post_office, seams)
+        wiring = Wiring(
+            layout=layout,
+            global_rank=global_rank,
+            rank=rank,
+            hint=hint,
+            microbatches=microbatches,
+            policy=policy,
+            timeout=options["timeout"],
+            device=device,
+            transport_choice=chosen,
+            modules=placed,
+            sharded=sharded,
+            p2p=p2p,
+            coll=coll,
+            post_office=_transport(post_office, seams),
+            coordination=coordination,
         )
-        parts.hooks = _hooks(parts, axes)
-        _agree_on_options(parts, options)
-    except BaseException as exc:  # a pipeline that is never built must not leave its mailboxes receiving
-        _tear_down(parts, exc)
+        return _parts_on(wiring, loss_fn, options, seams, received)
+    except BaseException as exc:
+        _tear_down(post_office, coordination, rank, exc)
         raise
-    return parts
 
 
-def _admission(hint: Hint, rank: int, layout: Layout, options: Mapping[str, Any]) -> Admission:
-    """This rank's admission rule, from the room options (at most one given) and ``admission``'s unit."""
-    return Admission(
+def _parts_on(
+    wiring: Wiring, loss_fn: LossFn, options: Mapping[str, Any], seams: Seams, received: ReceivedBytes
+) -> Parts:
+    """The rest of the rank's pipeline on its wiring: the axes, the executor (injected faults around it), the
+    ranks' agreement on their options, admission and the step hooks (steps 5-8 of the module's docstring)."""
+    emulate: EmulatedCosts | None = options["emulate"]
+    replica_group, reductions, couple = _connect_axes(wiring, options["tied"], emulated=emulate is not None)
+    layout, hint = wiring.layout, wiring.hint
+    member = layout.tensor_group_of(wiring.global_rank).index(wiring.global_rank)
+    factors = cost_factors(seams.injection, hint.num_stages, wiring.microbatches, member)
+    autocast = (wiring.device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
+    compute = _computing(wiring, loss_fn, emulate, autocast, received, factors, couple)
+    executor = injected_executor(compute, seams.injection, factors, wiring.global_rank)  # faults name world ranks
+    own_budget = _own_budget(options["activation_budget"], layout.pp, wiring.rank)
+    budgets = agree_on_options(wiring, options, own_budget)
+    admission = _admission(wiring, options, budgets, strict=not seams.budget_from_plan)
+    agreement = Agreement(
         hint,
-        rank,
+        wiring.rank,
+        wiring.policy,
+        coll=wiring.coll,
+        timeout=wiring.timeout,
+        modules=wiring.modules,
+        planner=ReadyPlanner(hint, wiring.rank),
+        on_nonfinite=options["on_nonfinite"],
+    )
+    reporting = Reporting(
+        hint,
+        wiring.rank,
+        wiring.coll,
+        timelines=options["timelines"],
+        every=options["report_every"],
+        history=options["history"],
+    )
+    # In the order the end of a step needs them (see [Note: the order of the end of a step] in
+    # hintpipe.runtime.loop.hooks): housekeeping, the gradient reductions, admission, device memory, agreement,
+    # reporting.
+    hooks = (
+        Housekeeping(executor, wiring.post_office, wiring.timeout),
+        *reductions,
+        admission,
+        DeviceMemory(wiring.device, compute),
+        agreement,
+        reporting,
+    )
+    return Parts(
+        **{f.name: getattr(wiring, f.name) for f in dataclasses.fields(Wiring)},
+        compute=compute,
+        executor=executor,
+        timer=_device_timer(wiring.device, emulated=emulate is not None, seams=seams),
+        admission=admission,
+        replica_group=replica_group,
+        agreement=agreement,
+        reporting=reporting,
+        hooks=hooks,
+    )
+
+
+def _admission(
+    wiring: Wiring, options: Mapping[str, Any], budgets: tuple[float, ...] | None, *, strict: bool
+) -> Admission:
+    """This rank's admission rule, from the room options (at most one given) and ``admission``'s unit: under a
+    byte budget, every pipeline rank's ``budgets`` (agreed at start-up)."""
+    return Admission(
+        wiring.hint,
+        wiring.rank,
         options["memory_slack"],
-        pipeline_budgets(options["activation_budget"], layout.pp),
+        budgets,
+        strict=strict,
         device_budget=options["device_budget"],
         unit=options["admission"],
     )
+
+
+def _own_budget(budget: float | tuple[float, ...] | None, ranks: int, rank: int) -> float | None:
+    """This rank's activation budget, from the one given for every rank or one per pipeline rank."""
+    budget = pipeline_budgets(budget, ranks)
+    if budget is None:
+        return None
+    return float(budget[rank] if isinstance(budget, tuple) else budget)
 
 
 def pipeline_budgets(budget: float | tuple[float, ...] | None, ranks: int) -> float | tuple[float, ...] | None:
@@ -232,11 +251,11 @@ def _sharded(layout: Layout, options: Mapping[str, Any], hint: Hint, device: tor
     return bool(sharded)
 
 
-def _tear_down(parts: Parts, exc: BaseException) -> None:
+def _tear_down(post_office: Transport, coordination: Coordination | None, rank: int, exc: BaseException) -> None:
     """Stop what a half-built pipeline started: its coordination and its transport's threads."""
-    if parts.coordination is not None:
-        parts.coordination.close(timeout=5.0)
-    parts.post_office.close(timeout=5.0, error=f"rank {parts.rank}: {exc}")
+    if coordination is not None:
+        coordination.close(timeout=5.0)
+    post_office.close(timeout=5.0, error=f"rank {rank}: {exc}")
 
 
 def _check_modules(modules: Mapping[int, nn.Module], hint: Hint, rank: int) -> None:
@@ -309,22 +328,31 @@ def _connect(
     return LinkPostOffice(peers, device, p2p, outgoing=outgoing, incoming=incoming, notices=notices, received=received)
 
 
+def _transport(post_office: Transport, seams: Seams) -> Transport:
+    """What carries the rank's messages: the chosen transport's object, delayed where the injection says, watched
+    where a test watches it."""
+    transport = injected_transport(post_office, seams.injection)
+    return transport if seams.watch_transport is None else seams.watch_transport(transport)
+
+
 def _computing(
-    modules: Mapping[int, nn.Module],
-    hint: Hint,
+    wiring: Wiring,
     loss_fn: LossFn,
     emulate: EmulatedCosts | None,
-    device: torch.device,
     autocast: tuple[str, torch.dtype] | None,
     received: ReceivedBytes,
+    factors: CostFactors | None,
+    couple: Callable[[], None] | None,
 ) -> Executor:
     """The executor of this rank's tasks: its stages (checked against the allocator on a GPU, less what the
-    receiving threads allocate), or sleeps."""
-    last = hint.num_stages - 1
+    receiving threads allocate), or sleeps (scaled by the injected ``factors``, ended by the tensor-parallel
+    group's ``couple``)."""
+    last = wiring.hint.num_stages - 1
     if emulate is not None:
-        return EmulatedExecutor(emulate, last)
-    probe = allocated_probe(device, received)
-    return StageExecutor(modules, last, loss_fn, hint.split_backward, allocated=probe, autocast=autocast)
+        return EmulatedExecutor(emulate, last, factors, couple=couple)
+    probe = allocated_probe(wiring.device, received)
+    split = wiring.hint.split_backward
+    return StageExecutor(wiring.modules, last, loss_fn, split, allocated=probe, autocast=autocast)
 
 
 def _device_timer(device: torch.device, *, emulated: bool, seams: Seams) -> DeviceTimer | None:
@@ -336,37 +364,44 @@ def _device_timer(device: torch.device, *, emulated: bool, seams: Seams) -> Devi
     return None
 
 
-def _connect_axes(parts: Parts, tied: Sequence[TiedParameter], seams: Seams) -> list[StepHook]:
-    """The tensor-parallel group's coordination, the data-parallel reduction and the tied weights' groups,
-    created on every rank in the same order (they are collective); returns the reductions' step hooks."""
-    layout = parts.layout
-    if needed(parts.policy, layout.tp) and seams.coordinate_tp:
-        group = layout.groups(layout.tensors)
-        assert group is not None
-        leader = layout.tensor_group_of(parts.global_rank)[0]
-        assert isinstance(parts.post_office, PostOffice)
-        parts.coordination = Coordination(group, parts.post_office.inbox, leader)
-    if parts.emulated and layout.tp > 1:
-        assert isinstance(parts.compute, EmulatedExecutor)
-        parts.compute.couple = _tensor_parallel_coupling(parts)
-    #: The ranks holding the same stages in the other data-parallel replicas (None without replicas).
-    parts.replica_group = layout.groups(layout.replicas, parts.timeout) if layout.dp > 1 else None
-    tied_hook = TiedGradients(tied, parts.modules, parts.hint.placement.stage_rank, parts.rank, layout.pipelines)
+def _coordination(
+    layout: Layout, global_rank: int, policy: Policy, post_office: Transport, seams: Seams
+) -> Coordination | None:
+    """The tensor-parallel group's coordination, where its members need one decision per task (a collective:
+    every rank creates its group, in the same order)."""
+    if not (needed(policy, layout.tp) and seams.coordinate_tp):
+        return None
+    group = layout.groups(layout.tensors)
+    assert group is not None
+    assert isinstance(post_office, PostOffice)
+    return Coordination(group, post_office.inbox, layout.tensor_group_of(global_rank)[0])
+
+
+def _connect_axes(
+    wiring: Wiring, tied: Sequence[TiedParameter], *, emulated: bool
+) -> tuple[dist.ProcessGroup | None, list[StepHook], Callable[[], None] | None]:
+    """The emulated tensor-parallel coupling, the data-parallel reduction and the tied weights' groups, created
+    on every rank in the same order (they are collective); returns the group of the replicas (None without),
+    the reductions' step hooks and the coupling (None but for emulated tensor-parallel stages)."""
+    layout = wiring.layout
+    couple = _tensor_parallel_coupling(wiring) if emulated and layout.tp > 1 else None
+    replica_group = layout.groups(layout.replicas, wiring.timeout) if layout.dp > 1 else None
+    tied_hook = TiedGradients(tied, wiring.modules, wiring.hint.placement.stage_rank, wiring.rank, layout.pipelines)
     reduction: StepHook | None = None
-    if parts.sharded:
-        reduction = ShardedReduction(parts.modules, parts.rank)
-    elif parts.replica_group is not None and not parts.emulated:
-        reduction = GradientAverage(parts.modules, parts.replica_group, layout.dp, parts.rank, parts.timeout)
-    return [h for h in (reduction, tied_hook) if h is not None]
+    if wiring.sharded:
+        reduction = ShardedReduction(wiring.modules, wiring.rank)
+    elif replica_group is not None and not emulated:
+        reduction = GradientAverage(wiring.modules, replica_group, layout.dp, wiring.rank, wiring.timeout)
+    return replica_group, [h for h in (reduction, tied_hook) if h is not None], couple
 
 
-def _tensor_parallel_coupling(parts: Parts) -> Callable[[], None]:
+def _tensor_parallel_coupling(wiring: Wiring) -> Callable[[], None]:
     """What ends an emulated task of a tensor-parallel stage: an all-reduce with the group's members
     (see :class:`EmulatedExecutor`), on a group of its own so that it never pairs with a decision."""
-    layout = parts.layout
-    group = layout.groups(layout.tensors, parts.timeout)
+    layout, global_rank = wiring.layout, wiring.global_rank
+    group = layout.groups(layout.tensors, wiring.timeout)
     assert group is not None
-    members = list(layout.tensor_group_of(parts.global_rank))
+    members = list(layout.tensor_group_of(global_rank))
     token = torch.zeros(1)
 
     def couple() -> None:
@@ -374,7 +409,7 @@ def _tensor_parallel_coupling(parts: Parts) -> Callable[[], None]:
             dist.all_reduce(token, group=group)
         except RuntimeError as exc:
             raise WatchdogTimeout(
-                f"rank {parts.global_rank}: the emulated task's all-reduce with tensor-parallel ranks {members} "
+                f"rank {global_rank}: the emulated task's all-reduce with tensor-parallel ranks {members} "
                 f"failed: {one_line(exc)}"
             ) from None
 
@@ -382,69 +417,16 @@ def _tensor_parallel_coupling(parts: Parts) -> Callable[[], None]:
 
 
 class Housekeeping(Hook):
-    """The executor chain learns the step (injected faults count by it); the step's sends are flushed."""
+    """The executor chain learns the step (injected faults count by it); the step's sends are flushed within
+    ``timeout`` seconds."""
 
-    def __init__(self, parts: Parts) -> None:
-        self.parts = parts
+    def __init__(self, executor: Executor, post_office: Transport, timeout: float) -> None:
+        self.executor = executor
+        self.post_office = post_office
+        self.timeout = timeout
 
     def begin_step(self, state: StepState) -> None:
-        self.parts.executor.begin_step(state.step)
+        self.executor.begin_step(state.step)
 
     def end_step(self, state: StepState) -> None:
-        self.parts.post_office.flush(self.parts.timeout)
-
-
-def _hooks(parts: Parts, reductions: Sequence[StepHook]) -> list[StepHook]:
-    """The step hooks in the order the end of a step needs them (see [Note: the order of the end of a
-    step] in :mod:`hintpipe.runtime.loop.hooks`): housekeeping, the gradient reductions, admission,
-    device memory, agreement, reporting."""
-    assert parts.agreement is not None and parts.reporting is not None
-    return [
-        Housekeeping(parts),
-        *reductions,
-        parts.admission,
-        DeviceMemory(parts.device, parts.compute),
-        parts.agreement,
-        parts.reporting,
-    ]
-
-
-def _agree_on_options(parts: Parts, options: Mapping[str, Any]) -> None:
-    """Every rank must run the same pipeline: compare once, at start-up.
-
-    Byte budgets are left out: they may differ per rank (heterogeneous devices, a plan's spare memory per
-    stage); every rank learns every rank's own, since each fits the same hint to all of them. So is memory
-    slack, except under admission by size without a byte budget, where every rank computes every rank's room.
-    """
-    admission = parts.admission
-    mine = {
-        "hint": parts.hint.name,
-        "stages": parts.hint.num_stages,
-        "microbatches": parts.microbatches,
-        "policy": parts.policy.value,
-        "split_backward": parts.hint.split_backward,
-        "timeout": parts.timeout,
-        "on_nonfinite": options["on_nonfinite"].value,
-        "emulated": parts.emulated,
-        "byte_admission": parts.admission.by_bytes,
-        "dp": parts.layout.dp,
-        "tp": parts.layout.tp,
-        "data_parallel": options["data_parallel"].value,
-        "microbatch_order": options["microbatch_order"].value,
-        "transport": parts.transport_choice.value,
-        "admission": admission.unit.value,
-    }
-    if admission.by_size and not admission.by_bytes:
-        mine |= {"memory_slack": admission.memory_slack, "device_budget": admission.device_budget}
-    gathered: list[Any] = [None] * parts.layout.pp
-    dist.all_gather_object(gathered, (mine, admission.activation_budget), group=parts.coll)
-    for rank, (theirs, _) in enumerate(gathered):
-        differing = {k: (mine[k], theirs.get(k)) for k in mine if theirs.get(k) != mine[k]}
-        if differing:
-            detail = ", ".join(f"{k}: {a!r} here, {b!r} on rank {rank}" for k, (a, b) in differing.items())
-            raise OptionMismatch(
-                f"rank {parts.rank}: ranks disagree on pipeline options ({detail}); start every rank with the same "
-                "options"
-            )
-    if admission.by_bytes:
-        admission.budgets = tuple(float(budget) for _, budget in gathered)
+        self.post_office.flush(self.timeout)

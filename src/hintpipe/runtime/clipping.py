@@ -24,7 +24,7 @@ from hintpipe.runtime.parallel.tied import TiedGradients
 from hintpipe.tensor_bytes import is_dtensor, local
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.assembly import Parts
+    from hintpipe.runtime.parts import Parts
 
 
 def _stands_for(grad: torch.Tensor, replica: int, tensor_position: int) -> bool:

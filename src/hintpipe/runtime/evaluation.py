@@ -27,7 +27,7 @@ from hintpipe.schedule.rank_graph import RankGraph
 from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.assembly import Parts
+    from hintpipe.runtime.parts import Parts
 
 
 @contextlib.contextmanager

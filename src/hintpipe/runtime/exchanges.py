@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import torch
 
-from hintpipe.runtime.assembly import Parts
 from hintpipe.runtime.evaluation import evaluating, evaluation_state, run_evaluation
 from hintpipe.runtime.loop.microbatch import Batch, check_ends, order_step, prepare_step
+from hintpipe.runtime.parts import Parts
 from hintpipe.runtime.training_step import broadcast, meet, run_step
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.microbatch_order import MicrobatchOrder

@@ -1,11 +1,14 @@
 """Injected variability and faults, as wrappers around the executor, the transport and the checkpoint writer.
 
-:func:`inject` applies an :class:`~hintpipe.runtime.injection.Injection` to a
-:class:`~hintpipe.runtime.pipeline.Pipeline`: cost factors wrap the executor,
-faults wrap it again, message delays wrap the transport. The step loop knows
-none of it. :func:`failing_writer` makes the checkpoint writer that fails a
-save where the injection says, inside torch.distributed.checkpoint's own
-writing, as a full disk would.
+:mod:`hintpipe.runtime.assembly` applies an
+:class:`~hintpipe.runtime.injection.Injection` as it builds a pipeline (given
+as ``Seams(injection=...)``): cost factors wrap the executor
+(:func:`injected_executor`; emulated compute sleeps them itself), faults wrap
+it again, message delays wrap the transport (:func:`injected_transport`). The
+step loop knows none of it, and a built pipeline is never rewired.
+:func:`failing_writer` makes the checkpoint writer that fails a save where the
+injection says, inside torch.distributed.checkpoint's own writing, as a full
+disk would.
 
 [Note: how the runtime realises a cost factor]
 A task of cost ``t`` costs ``X t`` under a factor ``X``. With emulated compute
@@ -51,8 +54,6 @@ from hintpipe.sim.variability import CommDelay
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
-
-    from hintpipe.runtime.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -201,23 +202,30 @@ class DelayedTransport:
         self.inner.close(timeout, error)
 
 
-def inject(pipe: Pipeline, injection: Injection) -> None:
-    """Wrap ``pipe``'s executor and transport so that they inject ``injection``."""
-    layout = pipe.parts.layout
-    injection.check(pipe.ranks * layout.dp * layout.tp, pipe.hint.num_stages, pipe.microbatches, layout.tp)
-    member = layout.tensor_group_of(pipe.global_rank).index(pipe.global_rank)
-    factors = dataclasses.replace(injection.factors(pipe.hint.num_stages, pipe.microbatches), member=member)
-    executor = pipe.executor
-    if isinstance(executor, EmulatedExecutor):
-        executor.factor = factors if injection.varies else None
-    elif injection.varies:
+def cost_factors(injection: Injection, stages: int, microbatches: int, member: int) -> CostFactors | None:
+    """The injection's cost factors on a pipeline of this size, as tensor-parallel ``member`` draws them (its own
+    draw of the member factor); None where no task's cost varies."""
+    if not injection.varies:
+        return None
+    return dataclasses.replace(injection.factors(stages, microbatches), member=member)
+
+
+def injected_executor(compute: Executor, injection: Injection, factors: CostFactors | None, rank: int) -> Executor:
+    """What the step loop calls: ``compute`` slowed by ``factors`` (real compute; emulated compute sleeps them
+    itself, given them when built), then failing where the injection says (faults name ``rank``, a rank of the
+    world)."""
+    executor = compute
+    if factors is not None and not isinstance(compute, EmulatedExecutor):
         executor = VariedExecutor(executor, factors)
     if injection.faulty:
-        executor = FaultyExecutor(executor, injection, pipe.global_rank)  # faults name ranks of the world
-    pipe.executor = executor
+        executor = FaultyExecutor(executor, injection, rank)
+    return executor
+
+
+def injected_transport(transport: Transport, injection: Injection) -> Transport:
+    """``transport``, its messages delayed where the injection says (``comm:``)."""
     comm = injection.comm
-    if comm is not None:
-        pipe.post_office = DelayedTransport(pipe.post_office, comm, injection.seed)
+    return transport if comm is None else DelayedTransport(transport, comm, injection.seed)
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from torch import nn
 
 from hintpipe.options import PipelineConfig
 from hintpipe.renamed import retired_attribute
-from hintpipe.runtime.assembly import Parts, Seams, assemble, layout_of
+from hintpipe.runtime.assembly import assemble
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.errors import NonFiniteLoss
 from hintpipe.runtime.exchanges import Exchanges
@@ -43,12 +43,12 @@ from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.modes import DataParallel, OnNonFinite, TransportChoice
 from hintpipe.runtime.parallel.mesh import Layout
-from hintpipe.runtime.planned_stages import planned_stages, sequential_stages, stages_of_this_rank
+from hintpipe.runtime.parts import Parts, Seams
+from hintpipe.runtime.planned_stages import pipeline_hint, planned_stages, sequential_stages, stages_of_this_rank
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
-from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.scoreboard import BudgetError, Policy
 
 if TYPE_CHECKING:
@@ -93,10 +93,15 @@ T = TypeVar("T")
 
 
 class _Part(Generic[T]):
-    """An attribute of :class:`Pipeline` that reads (and writes) the one of its :class:`Parts`."""
+    """An attribute of :class:`Pipeline` that reads the one of its :class:`~hintpipe.runtime.parts.Parts`
+    (fixed once built: a write is refused, rather than shadowing the part on this object alone)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.attribute = name
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self.attribute = attribute
 
     @overload
     def __get__(self, pipe: None, owner: type) -> _Part[T]: ...
@@ -108,7 +113,7 @@ class _Part(Generic[T]):
         return self if pipe is None else cast(T, getattr(pipe.parts, self.name))
 
     def __set__(self, pipe: Pipeline, value: T) -> None:
-        setattr(pipe.parts, self.name, value)
+        raise AttributeError(f"Pipeline.{self.attribute} is read-only: a pipeline's parts are fixed when it is built")
 
 
 class Pipeline:
@@ -124,7 +129,8 @@ class Pipeline:
         loss_fn: ``loss_fn(output, target)`` of one micro-batch, a scalar.
         microbatches: micro-batches per step (or the config's).
         config: the options, checked (:class:`~hintpipe.options.PipelineConfig`).
-        seams: for tests only (see :class:`~hintpipe.runtime.assembly.Seams`).
+        seams: what is built in beside the options: injected variability and faults, tests' ways in (see
+            :class:`~hintpipe.runtime.parts.Seams`); no public option.
         names: the model's names for the stages' tensors (:meth:`from_plan` and :meth:`from_sequential` fill it
             in; stages given as modules are named ``<stage>.<name>``).
         options: any field of :class:`~hintpipe.options.PipelineConfig` by name (``hint``, ``policy``, the room
@@ -154,11 +160,13 @@ class Pipeline:
         #: The pipeline's options, checked (a frozen :class:`~hintpipe.options.PipelineConfig`).
         self.config = config
         options = config.values()
-        mesh, microbatches = config.mesh, config.microbatches
-        layout = layout_of(mesh)
-        resolved = resolve_hint(config.hint, layout.pp, microbatches, config.chunks)
         self.parts: Parts = assemble(
-            modules, resolved, loss_fn=loss_fn, microbatches=microbatches, options=options, seams=seams or Seams()
+            modules,
+            pipeline_hint(options),
+            loss_fn=loss_fn,
+            microbatches=config.microbatches,
+            options=options,
+            seams=seams or Seams(),
         )
         #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
         self.names = names if names is not None else ModelNames()
@@ -180,8 +188,8 @@ class Pipeline:
     replica_group: _Part[dist.ProcessGroup | None] = _Part("replica_group")
     #: This rank's part in its tensor-parallel group's decisions (None where none are needed).
     coordination: _Part[Coordination | None] = _Part("coordination")
-    #: What runs this rank's tasks, and what carries its messages (:func:`hintpipe.runtime.faults.inject`
-    #: wraps them).
+    #: What runs this rank's tasks, and what carries its messages (an injection given as
+    #: ``seams=Seams(injection=...)`` is built in around them).
     executor: _Part[Executor] = _Part("executor")
     post_office: _Part[Transport] = _Part("post_office")
 
@@ -206,13 +214,11 @@ class Pipeline:
     @property
     def reports(self) -> list[StepReport]:
         """The last ``history`` steps' reports (every rank's on rank 0, this rank's elsewhere)."""
-        assert self.parts.reporting is not None
         return self.parts.reporting.reports
 
     @property
     def nonfinite_steps(self) -> list[int]:
         """Steps that had a non-finite loss (skipped, under ``on_nonfinite="skip"``)."""
-        assert self.parts.agreement is not None
         return self.parts.agreement.nonfinite_steps
 
     # -- building ---------------------------------------------------------------
@@ -226,7 +232,7 @@ class Pipeline:
         options = unfolded(options, microbatches)
         if "microbatches" not in options:
             raise TypeError("a Pipeline needs microbatches= (or a config= that says them)")
-        mine = stages_of_this_rank(modules, options["microbatches"], options)
+        mine = stages_of_this_rank(modules, options)
         return cls(mine, loss_fn=loss_fn, **options)
 
     @classmethod
@@ -244,9 +250,8 @@ class Pipeline:
         options = unfolded(options, microbatches)
         stages, from_budget = planned_stages(plan, options)
         options.setdefault("microbatches", plan.microbatches)
-        pipe = cls(stages, loss_fn=loss_fn, **options)
-        pipe.parts.admission.strict = not from_budget
-        return pipe
+        seams = dataclasses.replace(options.pop("seams", None) or Seams(), budget_from_plan=from_budget)
+        return cls(stages, loss_fn=loss_fn, seams=seams, **options)
 
     @classmethod
     def from_sequential(
@@ -359,17 +364,12 @@ class Pipeline:
 
 
 def _messages(pipe: Pipeline) -> Transport:
-    """Deprecated: :attr:`Pipeline.post_office` (its name before 0.7)."""
+    """Deprecated: :attr:`Pipeline.post_office` (its name before 0.7), read-only as it is."""
     retired_attribute("Pipeline.messages", "Pipeline.post_office")
     return pipe.post_office
 
 
-def _set_messages(pipe: Pipeline, value: Transport) -> None:
-    retired_attribute("Pipeline.messages", "Pipeline.post_office")
-    pipe.post_office = value
-
-
-Pipeline.messages = property(_messages, _set_messages)  # type: ignore[attr-defined]
+Pipeline.messages = property(_messages)  # type: ignore[attr-defined]
 
 
 def _is_device(value: object) -> bool:

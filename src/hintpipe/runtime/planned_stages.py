@@ -6,33 +6,45 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.options import OPTIONS
 from hintpipe.runtime.assembly import layout_of
 from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.tied import TiedParameter
+from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
     from hintpipe.planner.plan import Plan
 
 
-def stages_of_this_rank(
-    modules: Sequence[nn.Module], microbatches: int, options: dict[str, Any]
-) -> dict[int, nn.Module]:
-    """This rank's stages out of *all* stage ``modules`` (global order); sets ``options["hint"]`` to the
-    resolved hint.
+def pipeline_hint(options: Mapping[str, Any]) -> Hint:
+    """The hint the pipeline's options name (``hint``, ``microbatches``, ``chunks``; the default where one is not
+    given), resolved for its ranks (the ``mesh``'s pipeline length, or the world): the one resolution of the
+    constructor's and of :func:`stages_of_this_rank`'s, which needs the stage count before the constructor runs.
+
+    Raises:
+        ValueError, HintError: as :func:`~hintpipe.schedule.resolve.resolve_hint`.
+    """
+    hint = options.get("hint", OPTIONS["hint"].default)
+    return resolve_hint(hint, layout_of(options.get("mesh")).pp, options["microbatches"], options.get("chunks"))
+
+
+def stages_of_this_rank(modules: Sequence[nn.Module], options: dict[str, Any]) -> dict[int, nn.Module]:
+    """This rank's stages out of *all* stage ``modules`` (global order), by the hint of ``options`` (which give
+    ``microbatches``); sets ``options["hint"]`` to the resolved hint, which the constructor then takes as it is.
 
     Raises:
         ValueError: a module count other than the hint's stage count.
     """
     layout = layout_of(options.get("mesh"))
-    hint = resolve_hint(options.get("hint", "1f1b"), layout.pp, microbatches, options.get("chunks"))
+    hint = pipeline_hint(options)
     if len(modules) != hint.num_stages:
         raise ValueError(
             f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.ranks} ranks needs "

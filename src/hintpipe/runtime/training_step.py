@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.runtime import liveness
-from hintpipe.runtime.assembly import Parts
 from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
 from hintpipe.runtime.loop.microbatch import relative_sizes
 from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
+from hintpipe.runtime.parts import Parts
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.scoreboard import Policy, Scoreboard
 
@@ -27,7 +27,6 @@ from hintpipe.scoreboard import Policy, Scoreboard
 def run_step(parts: Parts, state: StepState, stash: list[Message]) -> torch.Tensor | None:
     """Run the prepared step ``state`` on this rank (``stash``: messages that came early, kept between steps);
     returns its loss on the last stage's rank (the sum of the scaled micro-batch losses), else None."""
-    assert parts.agreement is not None
     for hook in parts.hooks:
         hook.begin_step(state)
     StepLoop(
@@ -52,7 +51,6 @@ def run_step(parts: Parts, state: StepState, stash: list[Message]) -> torch.Tens
 
 def scoreboard(parts: Parts, state: StepState) -> Scoreboard:
     """The step's scoreboard: ``ready`` runs the hint in order until it has a plan of measured costs."""
-    assert parts.agreement is not None
     planner = parts.agreement.planner
     ready = parts.policy is Policy.READY and planner.plan is not None
     state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy

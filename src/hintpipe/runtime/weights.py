@@ -20,7 +20,7 @@ from hintpipe.runtime.model_names import ModelNames
 from hintpipe.tensor_bytes import is_dtensor
 
 if TYPE_CHECKING:
-    from hintpipe.runtime.assembly import Parts
+    from hintpipe.runtime.parts import Parts
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,29 +37,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class AgreeingRank(Protocol):
-    """What the agreement reads of a rank's pipeline (the assembled parts have it), read when used: the
-    policy may change between steps."""
-
-    rank: int
-    hint: Hint
-    policy: Policy
-    timeout: float
-    modules: dict[int, nn.Module]
-    coll: dist.ProcessGroup
-
-
 class Agreement(Hook):
     """The end of a step's agreement between the ranks of one pipeline (a step hook).
 
     Args:
-        parts: the rank's pipeline (its hint, groups, modules and policy).
+        hint: the schedule.
+        rank: this rank's position in its pipeline.
+        policy: the pipeline's policy (``ready`` agrees on measured costs).
+        coll: the pipeline's group for the runtime's collectives.
+        timeout: the watchdog's seconds (``coll`` waits that long), for the error that names them.
+        modules: this rank's stages (a skipped step's gradients are dropped from them).
         planner: the ``ready`` policy's plan, refreshed from the agreed costs.
         on_nonfinite: what a non-finite loss does.
     """
 
-    def __init__(self, parts: AgreeingRank, planner: ReadyPlanner, on_nonfinite: OnNonFinite) -> None:
-        self.parts = parts
+    def __init__(
+        self,
+        hint: Hint,
+        rank: int,
+        policy: Policy,
+        *,
+        coll: dist.ProcessGroup,
+        timeout: float,
+        modules: Mapping[int, nn.Module],
+        planner: ReadyPlanner,
+        on_nonfinite: OnNonFinite,
+    ) -> None:
+        self.hint = hint
+        self.rank = rank
+        self.policy = policy
+        self.coll = coll
+        self.timeout = timeout
+        self.modules = modules
         self.planner = planner
         self.on_nonfinite = on_nonfinite
         #: Steps that had a non-finite loss (their gradients were dropped under ``skip``).
@@ -92,12 +101,12 @@ class Agreement(Hook):
         self.nonfinite_steps.append(step)
         if self.on_nonfinite is OnNonFinite.RAISE:
             raise NonFiniteLoss(
-                f"rank {self.parts.rank}: the loss of micro-batch {mb} in step {step} is {values[first]}; the step "
+                f"rank {self.rank}: the loss of micro-batch {mb} in step {step} is {values[first]}; the step "
                 "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
             )
 
     def end_step(self, state: StepState) -> None:
-        ready = self.parts.policy is Policy.READY
+        ready = self.policy is Policy.READY
         if not (self.on_nonfinite is OnNonFinite.SKIP or (ready and self.planner.due(state.step))):
             return
         medians, poisoned = self._agree(state)
@@ -112,16 +121,15 @@ class Agreement(Hook):
         It is also where the ranks meet between steps: a rank that never gets here is waited for
         at most the watchdog's timeout.
         """
-        hint = self.parts.hint
-        own = stage_medians(durations_array(hint, [RankSummary.of(state, hint.split_backward, self.parts.rank)]))
+        hint = self.hint
+        own = stage_medians(durations_array(hint, [RankSummary.of(state, hint.split_backward, self.rank)]))
         flagged = state.step in self.nonfinite_steps
         values = torch.from_numpy(np.concatenate([own.reshape(-1), [1.0 if flagged else 0.0]]))
         try:
-            dist.all_reduce(values, group=self.parts.coll)
+            dist.all_reduce(values, group=self.coll)
         except RuntimeError as exc:
             raise WatchdogTimeout(
-                f"rank {self.parts.rank}: waited {self.parts.timeout:g} s for the other ranks to finish step "
-                f"{state.step}: {exc}"
+                f"rank {self.rank}: waited {self.timeout:g} s for the other ranks to finish step {state.step}: {exc}"
             ) from None
         result = values.numpy()
         return result[:-1].reshape(hint.num_stages, 3), bool(result[-1] > 0)
@@ -130,7 +138,7 @@ class Agreement(Hook):
         """on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere."""
         if step not in self.nonfinite_steps:
             self.nonfinite_steps.append(step)
-        for module in self.parts.modules.values():
+        for module in self.modules.values():
             for param in module.parameters():
                 param.grad = None
-        log.warning("rank %d: step %d had a non-finite loss; its gradients were zeroed", self.parts.rank, step)
+        log.warning("rank %d: step %d had a non-finite loss; its gradients were zeroed", self.rank, step)

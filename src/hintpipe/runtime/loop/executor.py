@@ -371,11 +371,9 @@ class EmulatedExecutor:
         costs: the per-stage costs.
         last_stage: the pipeline's last stage (its F produces the loss, zero).
         factor: ``factor(step, stage, kind, mb)`` multiplies each cost (injected variability).
-
-    With tensor-parallel stages, ``couple`` (set by the pipeline) ends every
-    task: a real task runs collectives with its group's other members, so it
-    ends no sooner than the slowest of them; an emulated one stands in for
-    them with one small all-reduce over the group.
+        couple: with tensor-parallel stages, what ends every task (given by the assembly): a real task runs
+            collectives with its group's other members, so it ends no sooner than the slowest of them; an
+            emulated one stands in for them with one small all-reduce over the group.
     """
 
     def __init__(
@@ -383,13 +381,15 @@ class EmulatedExecutor:
         costs: EmulatedCosts,
         last_stage: int,
         factor: Callable[[int, int, Kind, int], float] | None = None,
+        *,
+        couple: Callable[[], None] | None = None,
     ) -> None:
         if len(costs.forward) != last_stage + 1:
             raise ValueError(f"emulated costs are for {len(costs.forward)} stages, the pipeline has {last_stage + 1}")
         self.costs = costs
         self.last_stage = last_stage
         self.factor = factor
-        self.couple: Callable[[], None] | None = None
+        self.couple = couple
         #: Seconds spent in ``couple``: waiting for the group's slowest member (its own work, or a late decision).
         self.coupled_seconds = 0.0
         self.live_bytes = 0

@@ -19,18 +19,26 @@ from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 
 
 class StepParts(Protocol):
-    """What a step's micro-batches need of the rank's pipeline (the assembled parts have it)."""
+    """What a step's micro-batches need of the rank's pipeline (the assembled parts have it, read-only)."""
 
-    rank: int
-    hint: Hint
-    microbatches: int
-    timeout: float
-    device: torch.device
-    coll: dist.ProcessGroup
-    compute: Executor
-    admission: Admission
-    modules: dict[int, torch.nn.Module]
-
+    @property
+    def rank(self) -> int: ...
+    @property
+    def hint(self) -> Hint: ...
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def coll(self) -> dist.ProcessGroup: ...
+    @property
+    def compute(self) -> Executor: ...
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def modules(self) -> dict[int, torch.nn.Module]: ...
     @property
     def stages(self) -> tuple[int, ...]: ...
 

@@ -1,0 +1,59 @@
+"""The ranks' one comparison of their options, at start-up: every rank must run the same pipeline.
+
+Part of the assembly (:mod:`hintpipe.runtime.assembly`, step 8): it runs once every group exists, before the
+rank's admission rule is made, which takes the byte budgets it gathers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch.distributed as dist
+
+from hintpipe.runtime.errors import OptionMismatch
+from hintpipe.runtime.parts import Wiring
+from hintpipe.schedule.fit import AdmissionUnit
+
+
+def agree_on_options(wiring: Wiring, options: Mapping[str, Any], own_budget: float | None) -> tuple[float, ...] | None:
+    """Every rank must run the same pipeline: compare once, at start-up; returns every pipeline rank's byte
+    budget under byte admission (``own_budget`` is this rank's), else None.
+
+    Byte budgets are left out: they may differ per rank (heterogeneous devices, a plan's spare memory per
+    stage); every rank learns every rank's own, since each fits the same hint to all of them. So is memory
+    slack, except under admission by size without a byte budget, where every rank computes every rank's room.
+    """
+    by_bytes = own_budget is not None
+    unit = AdmissionUnit.parse(options["admission"])
+    hint = wiring.hint
+    mine = {
+        "hint": hint.name,
+        "stages": hint.num_stages,
+        "microbatches": wiring.microbatches,
+        "policy": wiring.policy.value,
+        "split_backward": hint.split_backward,
+        "timeout": wiring.timeout,
+        "on_nonfinite": options["on_nonfinite"].value,
+        "emulated": options["emulate"] is not None,
+        "byte_admission": by_bytes,
+        "dp": wiring.layout.dp,
+        "tp": wiring.layout.tp,
+        "data_parallel": options["data_parallel"].value,
+        "microbatch_order": options["microbatch_order"].value,
+        "transport": wiring.transport_choice.value,
+        "admission": unit.value,
+    }
+    if unit is AdmissionUnit.SIZE and not by_bytes:
+        mine |= {"memory_slack": options["memory_slack"], "device_budget": options["device_budget"]}
+    gathered: list[Any] = [None] * wiring.layout.pp
+    dist.all_gather_object(gathered, (mine, own_budget), group=wiring.coll)
+    for rank, (theirs, _) in enumerate(gathered):
+        differing = {k: (mine[k], theirs.get(k)) for k in mine if theirs.get(k) != mine[k]}
+        if differing:
+            detail = ", ".join(f"{k}: {a!r} here, {b!r} on rank {rank}" for k, (a, b) in differing.items())
+            raise OptionMismatch(
+                f"rank {wiring.rank}: ranks disagree on pipeline options ({detail}); start every rank with the same "
+                "options"
+            )
+    return tuple(float(budget) for _, budget in gathered) if by_bytes else None
