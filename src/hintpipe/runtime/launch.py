@@ -66,7 +66,7 @@ from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS
 from hintpipe.runtime.errors import Interrupted, RankFailure
 from hintpipe.runtime.launcher_env import LAUNCHER_ENV
-from hintpipe.runtime.rank_entry import start_rank, tie_to_agent
+from hintpipe.runtime.rank_entry import LauncherStreams, start_rank, tie_to_agent
 from hintpipe.runtime.rank_process import attempt, free_port, init_rank, under_torchrun
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
@@ -179,11 +179,11 @@ def run_ranks(
         packed = pickle.dumps((fn, args))
         os.environ[LAUNCHER_ENV] = str(os.getpid())
         spawner = rank_starter()
-        environment = dict(os.environ)  # the server's own is the one it started with (see fork_server)
+        environment = dict(os.environ)  # the server's are the ones it started with (see fork_server)
         processes = [
             spawner.Process(
                 target=start_rank,
-                args=(rank, world, packed, out, timeout, device.value, environment),
+                args=(rank, world, packed, out, timeout, device.value, environment, LauncherStreams()),
                 name=f"rank {rank}",
             )
             for rank in range(world)

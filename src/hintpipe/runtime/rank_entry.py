@@ -52,8 +52,10 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import sys
 import threading
 import time
+from typing import Any
 
 from hintpipe.runtime import launcher_env
 from hintpipe.runtime.launcher_env import LAUNCHER_ENV, TORCHRUN_ENV
@@ -111,6 +113,38 @@ def _watch(process: int, *, through_server: bool = False) -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+class LauncherStreams:
+    """The launcher's stdout and stderr, given to a rank as they are at this launch.
+
+    A rank forked by the fork server inherits the server's file descriptors, which are the launcher's as they
+    were when the server started: a launcher that redirected its output since (a test capturing it, a job
+    writing a log) would lose its ranks' lines. Pickled while multiprocessing starts the rank, this sends the
+    two descriptors along (``multiprocessing.reduction.DupFd``), and :meth:`attach` puts them in place."""
+
+    def __init__(self, fds: tuple[Any, ...] | None = None) -> None:
+        self._fds = fds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (LauncherStreams, (tuple(reduction.DupFd(fd) for fd in _STREAMS),))
+
+    def attach(self) -> None:
+        """In the rank: the launcher's streams as this process's stdout and stderr."""
+        if self._fds is None:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, fd in zip(_STREAMS, self._fds, strict=True):
+            received = fd.detach()
+            os.dup2(received, target)
+            os.close(received)
+
+
+#: Standard output and standard error.
+_STREAMS = (1, 2)
+
+
 def start_rank(
     rank: int,
     world: int,
@@ -119,12 +153,15 @@ def start_rank(
     timeout_s: float,
     device: str = "auto",
     environment: dict[str, str] | None = None,
+    streams: LauncherStreams | None = None,
 ) -> None:
     """A spawned rank's entry point: tied to its launcher first (torch imported meanwhile), then
     :func:`hintpipe.runtime.rank_process.run_rank` on the function and arguments ``packed`` holds, on ``device``
     (a choice). ``environment``: the launcher's, which a rank forked by the fork server takes in place of the
-    server's (see :mod:`hintpipe.runtime.fork_server`); the server's ignored signals get their default actions
-    back."""
+    server's (see :mod:`hintpipe.runtime.fork_server`), with its ``streams``; the server's ignored signals get
+    their default actions back."""
+    if streams is not None:
+        streams.attach()
     if environment is not None:
         os.environ.clear()
         os.environ.update(environment)
