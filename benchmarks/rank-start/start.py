@@ -24,7 +24,7 @@ def _nothing(rank: int, world: int) -> int:
 def _launches(method: str, ranks: int, launches: int) -> list[float]:
     """Seconds per launch, in this process (the fork server, once started, serves the later launches)."""
     if method == "spawn":
-        launch.rank_starter = lambda: multiprocessing.get_context("spawn")  # type: ignore[assignment, return-value]
+        launch.rank_starter = lambda: multiprocessing.get_context("spawn")
     seconds = []
     for _ in range(launches):
         began = time.perf_counter()
