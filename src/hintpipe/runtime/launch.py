@@ -65,7 +65,7 @@ from hintpipe.device_choice import DeviceChoice
 from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.stopping import SIGNALS
 from hintpipe.runtime.errors import Interrupted, RankFailure
-from hintpipe.runtime.launcher_env import LAUNCHER_ENV
+from hintpipe.runtime.launcher_env import LAUNCHER_ENV, stat_fields
 from hintpipe.runtime.rank_entry import LauncherStreams, start_rank, tie_to_agent
 from hintpipe.runtime.rank_process import attempt, free_port, init_rank, under_torchrun
 
@@ -197,7 +197,7 @@ def run_ranks(
 def rank_starter() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
     """How ranks start: forked from the fork server on Linux (torch imported once, see [Note: ranks forked from a
     server that imported torch once] in :mod:`hintpipe.runtime.fork_server`), spawned elsewhere."""
-    if sys.platform != "linux":
+    if sys.platform != "linux" or stat_fields(os.getpid()) is None:  # a forked rank finds its launcher in /proc
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hintpipe.runtime.fork_server"])
@@ -272,11 +272,8 @@ def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> tuple[b
 
 def _stopped(pid: int | None) -> bool:
     """Whether a process is stopped (SIGSTOP, SIGTSTP), as /proc says; False where there is no /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
 
 
 def _collect(out: Path, processes: list[Any], signals: _Signals, killed: bool, stopped_here: set[int]) -> list[Any]:

@@ -43,9 +43,16 @@ def orphaned() -> bool:
 
 def parent_of(pid: int) -> int | None:
     """The parent of process ``pid``, as /proc says; None where there is no /proc or no such process."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[1])
+
+
+def stat_fields(pid: int | None) -> list[str] | None:
+    """Process ``pid``'s /proc status fields after its name (state, parent, ...); None where there is no /proc
+    or no such process."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read()
+            text = stat.read()
     except OSError:
         return None
-    return int(fields.rsplit(")", 1)[-1].split()[1])
+    return text.rsplit(")", 1)[-1].split()
