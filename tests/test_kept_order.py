@@ -82,9 +82,17 @@ def test_ready_runs_the_hint_exactly_without_variability(orders: dict[str, list[
     for rank, per_hint in enumerate(succeeded(orders["ready"])):
         assert [policy for policy, _ in per_hint[name]] == ["ready", "ready"]
         expected = [str(task) for task in hint.lists[rank]]
+        allowed = [expected]
         if name == "zb-h1" and rank == 1:
             # The hint's own gap: rank 1 waits for 1B0's gradient with 1F3 ready and the gradient due after it.
-            expected = _moved(expected, "1F3", "1B0")
+            allowed = [_moved(expected, "1F3", "1B0")]
+        if name == "zb-h1" and rank == 2:
+            # An exact tie at equal costs: 2F2's input comes as 2F1 ends and 2B0's gradient one task later, so
+            # 2F2 fills that gap ending as the gradient arrives, at the same makespan; the plan is made from
+            # measured costs, whose noise tips the tie either way (both planned steps ran it filled once in a
+            # loaded run of the suite).
+            allowed.append(_moved(expected, "2F2", "2B0"))
         # One of the two planned steps runs it exactly: a stall of the machine past the margin is a lateness
         # that is real, after which ready rightly leaves the order (see [Note: a unit long enough ...]).
-        assert expected in [order for _, order in per_hint[name]], f"rank {rank}: {per_hint[name]}"
+        ran = [order for _, order in per_hint[name]]
+        assert any(order in allowed for order in ran), f"rank {rank}: {per_hint[name]}"
