@@ -22,19 +22,10 @@ each hint's steps at 6-12 s. A stall longer than that still happens now and
 then on a loaded 2-core machine beside other tests (zb-h1 once in three whole
 runs of the suite): it is a lateness that is real, so the test asks that one
 of the two planned steps (1 and 2) runs the hint exactly.
-
-[Note: one group a hint, all at once]
-Emulated tasks sleep, so a hint's three steps on a group of ranks take 20-30 s of
-wall clock and almost no CPU: the hints run at once, each on its own group of
-ranks (7 groups of 4 ranks, each launched from its own thread), and the module
-takes about as long as its slowest hint, not their sum (179 s one after another
-on 2 cores). The runtime's own CPU per task is a few milliseconds against the
-100 ms margin above.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 from typing import Any
 
 import pytest
@@ -52,32 +43,30 @@ MICROBATCHES = 4
 UNIT = 0.4  # seconds: see [Note: a unit long enough for a loaded machine]
 
 
-def _ready_order(rank: int, world: int, name: str) -> list[tuple[str, list[str]]]:
-    """Step 1 and 2 of ``name``: the policy the step ran and this rank's order of tasks in it (step 0 runs the
+def _ready_orders(rank: int, world: int) -> dict[str, list[tuple[str, list[str]]]]:
+    """Per hint and step 1 and 2: the policy the step ran and this rank's order of tasks in it (step 0 runs the
     hint in order while ``ready``'s plan is measured; from step 1 the plan is in use)."""
-    hint = generate_hint(name, world, MICROBATCHES)
-    backward, weight = (UNIT, UNIT) if hint.split_backward else (2 * UNIT, 0.0)
-    stages = hint.num_stages
-    costs = EmulatedCosts((UNIT,) * stages, (backward,) * stages, (weight,) * stages, reference_size=1)
-    modules = {s: nn.Identity() for s in hint.placement.stages_of(rank)}
-    pipe = Pipeline(modules, loss_fn=lm_loss, microbatches=MICROBATCHES, hint=hint, policy="ready", emulate=costs)
-    with pipe:
-        for _ in range(3):
-            pipe.step()
-    return [
-        (report.policy.value, [str(task) for r, task, _, _ in report.records if r == rank])
-        for report in pipe.reports[-2:]
-    ]
+    out = {}
+    for name in HintName:
+        hint = generate_hint(name, world, MICROBATCHES)
+        backward, weight = (UNIT, UNIT) if hint.split_backward else (2 * UNIT, 0.0)
+        stages = hint.num_stages
+        costs = EmulatedCosts((UNIT,) * stages, (backward,) * stages, (weight,) * stages, reference_size=1)
+        modules = {s: nn.Identity() for s in hint.placement.stages_of(rank)}
+        pipe = Pipeline(modules, loss_fn=lm_loss, microbatches=MICROBATCHES, hint=hint, policy="ready", emulate=costs)
+        with pipe:
+            for _ in range(3):
+                pipe.step()
+        out[name.value] = [
+            (report.policy.value, [str(task) for r, task, _, _ in report.records if r == rank])
+            for report in pipe.reports[-2:]
+        ]
+    return out
 
 
 @pytest.fixture(scope="module")
 def orders() -> dict[str, list[Any]]:
-    """Every hint's orders, each hint on its own group of ranks, the groups at once (see [Note: one group a
-    hint, all at once])."""
-    names = [name.value for name in HintName]
-    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
-        runs = pool.map(lambda name: run_cases(RANKS, {name: Case(_ready_order, (name,))}, timeout_s=300), names)
-        return {name: results[name] for name, results in zip(names, runs, strict=True)}
+    return run_cases(RANKS, {"ready": Case(_ready_orders)}, timeout_s=300)
 
 
 def _moved(order: list[str], task: str, before: str) -> list[str]:
@@ -90,8 +79,8 @@ def _moved(order: list[str], task: str, before: str) -> list[str]:
 @pytest.mark.parametrize("name", [h.value for h in HintName])
 def test_ready_runs_the_hint_exactly_without_variability(orders: dict[str, list[Any]], name: str) -> None:
     hint = generate_hint(name, RANKS, MICROBATCHES)
-    for rank, steps in enumerate(succeeded(orders[name])):
-        assert [policy for policy, _ in steps] == ["ready", "ready"]
+    for rank, per_hint in enumerate(succeeded(orders["ready"])):
+        assert [policy for policy, _ in per_hint[name]] == ["ready", "ready"]
         expected = [str(task) for task in hint.lists[rank]]
         allowed = [expected]
         if name == "zb-h1" and rank == 1:
@@ -105,5 +94,5 @@ def test_ready_runs_the_hint_exactly_without_variability(orders: dict[str, list[
             allowed.append(_moved(expected, "2F2", "2B0"))
         # One of the two planned steps runs it exactly: a stall of the machine past the margin is a lateness
         # that is real, after which ready rightly leaves the order (see [Note: a unit long enough ...]).
-        ran = [order for _, order in steps]
-        assert any(order in allowed for order in ran), f"rank {rank}: {steps}"
+        ran = [order for _, order in per_hint[name]]
+        assert any(order in allowed for order in ran), f"rank {rank}: {per_hint[name]}"
