@@ -109,12 +109,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 #: suite's wall clock is then half its sum plus that tail. A file missing here keeps its place after them.
 LONGEST_FILES = (
     "test_recovery.py",
+    "test_kept_order.py",
     "test_readme.py",
     "test_mesh.py",
     "test_gpu_check.py",
     "test_train.py",
     "test_run_folder.py",
-    "test_kept_order.py",
     "test_reliability.py",
     "test_runtime.py",
     "test_hf_models.py",
