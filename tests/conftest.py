@@ -106,7 +106,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 #: The test files that take longest, longest first (208 s for test_recovery down to 27 s for test_planner_search,
 #: summed over setup, calls and teardown in a clean clone's run on 2 workers of a 2-core machine). They start
 #: first: each worker takes one file at a time, so a long file started last runs on alone at the end, and the
-#: suite's wall clock is then half its sum plus that tail. A file missing here keeps its place after them.
+#: suite's wall clock is then its share of the sum plus that tail. A file missing here keeps its place after
+#: them.
 LONGEST_FILES = (
     "test_recovery.py",
     "test_kept_order.py",
