@@ -40,6 +40,7 @@ from hintpipe.runtime.checkpoint.saving import (
 )
 from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import FOLDER_PREFIX, LAUNCHER_FILE, remove_stale_folders, run_ranks
+from processes import children, descendants
 
 MODEL = SMALL_GPT
 TIMEOUT = 20.0
@@ -532,16 +533,6 @@ CLI_MODEL = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks"
 CLI_MODEL += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", str(TIMEOUT)]
 
 
-def _children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in found]
-
-
-def _descendants(pid: int) -> list[int]:
-    children = _children(pid)
-    return [d for child in children for d in (child, *_descendants(child))]
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -568,7 +559,7 @@ def _wait_training(process: subprocess.Popen[str], folder: Path) -> list[int]:
         assert process.poll() is None, process.communicate()[1]
         assert time.monotonic() < deadline, "no checkpoint was ever written"
         time.sleep(0.1)
-    return _descendants(process.pid)
+    return descendants(process.pid)
 
 
 def _signalled(folder: Path, signum: int, to_group: bool) -> tuple[subprocess.Popen[str], str, list[int], float]:
@@ -652,10 +643,10 @@ def _ranks_of(launcher: int) -> list[int]:
     """The launcher's rank processes: its children but multiprocessing's resource tracker and fork server, and
     the fork server's children (on Linux the ranks are forked from it)."""
     ranks = []
-    for child in _children(launcher):
+    for child in children(launcher):
         command = Path(f"/proc/{child}/cmdline").read_bytes()
         if b"forkserver" in command:
-            ranks += _children(child)
+            ranks += children(child)
         elif b"resource_tracker" not in command:
             ranks.append(child)
     return ranks

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from conftest import hang_bound
+from processes import descendants
 
 TIMEOUT = 20.0
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's state column
@@ -48,11 +49,6 @@ def listening(pid: int) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def _descendants(pid: int) -> list[int]:
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(c) for child in children for c in (child, *map(str, _descendants(int(child))))]
-
-
 def test_a_spawned_run_listens_on_loopback_only(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "2", "--hidden", "16"]
     argv += ["--ranks", "2", "--microbatches", "4", "--policy", "fixed", "--timeout", str(TIMEOUT), "--json"]
@@ -63,7 +59,7 @@ def test_a_spawned_run_listens_on_loopback_only(tmp_path: Path) -> None:
         while not (tmp_path / "ck" / "latest").is_file():  # the ranks have met and train
             assert run.poll() is None and time.monotonic() < deadline, run.stderr
             time.sleep(0.1)
-        ranks = _descendants(run.pid)
+        ranks = descendants(run.pid)
         by_process = {pid: listening(pid) for pid in [run.pid, *ranks]}
     finally:
         os.killpg(run.pid, signal.SIGKILL)
