@@ -30,6 +30,7 @@ from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import _train_rank
 from hintpipe.runtime import liveness
+from hintpipe.runtime.checkpoint import stopping
 from hintpipe.runtime.checkpoint.manifest import DamagedCheckpoint, Manifest, RunIdentity
 from hintpipe.runtime.checkpoint.merged import load_merged
 from hintpipe.runtime.checkpoint.saving import (
@@ -38,7 +39,7 @@ from hintpipe.runtime.checkpoint.saving import (
     prune_checkpoints,
     save_checkpoint,
 )
-from hintpipe.runtime.errors import RankFailure
+from hintpipe.runtime.errors import PeerFailure, RankFailure
 from hintpipe.runtime.launch import FOLDER_PREFIX, LAUNCHER_FILE, remove_stale_folders, run_ranks
 from processes import children, descendants
 
@@ -686,7 +687,28 @@ def test_a_rank_killed_mid_run_is_named_by_every_rank(tmp_path: Path) -> None:
         assert int(in_save.group(1)) == newest + 1, err
     else:
         assert other.startswith(mid_step), err
-        assert int(re.search(r"step (-?\d+)", other.removeprefix(mid_step)).group(1)) == newest, err  # type: ignore[union-attr]
+        named = re.search(r"step (-?\d+)", other.removeprefix(mid_step))
+        assert named is not None and int(named.group(1)) == newest, err
+
+
+@pytest.mark.parametrize("step", [None, 7])
+def test_a_peer_lost_in_the_stop_check_names_the_step(monkeypatch: pytest.MonkeyPatch, step: int | None) -> None:
+    def reset(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[../pair.cc:553] Connection closed by peer [127.0.0.1]:5506")
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", reset)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(liveness, "wait_for_silence", lambda: {1: 21.0})
+    after = "a step" if step is None else "step 7"
+    with pytest.raises(PeerFailure) as raised:
+        stopping.StopRequest().agreed(step=step)
+    said = f"rank 0: rank 1 failed in the check for a stop request after {after} "
+    assert str(raised.value) == said + "(rank 1 stopped answering (no sign of life for 21 s))"
+    monkeypatch.setattr(liveness, "wait_for_silence", lambda: {})
+    with pytest.raises(PeerFailure) as raised:
+        stopping.StopRequest().agreed(step=step)
+    said = f"rank 0: the check for a stop request after {after} failed: "
+    assert str(raised.value) == said + "RuntimeError: Connection closed by peer [127.0.0.1]:5506"
 
 
 def test_sigquit_stops_at_once_and_leaves_nothing_behind(tmp_path: Path) -> None:

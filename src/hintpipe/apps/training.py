@@ -195,7 +195,7 @@ def _train_rank(
                     if scheduler is not None:
                         scheduler.step()
                     _after_step(config, pipe, step, run, bar, writer)
-                    stopping = stop.agreed()
+                    stopping = stop.agreed(step=step)
                     if checkpoints is not None:
                         checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
                     if bar is not None:

@@ -44,7 +44,7 @@ class StopRequest:
             for step in range(steps):
                 pipe.step(inputs, targets)
                 optimizer.step()
-                if stop.agreed():
+                if stop.agreed(step=step):
                     save_checkpoint(...)
                     break
     """
@@ -81,13 +81,18 @@ class StopRequest:
                 self.signal = int(signal.SIGTERM)
         return self.signal is not None
 
-    def agreed(self, group: dist.ProcessGroup | None = None) -> bool:
-        """Whether any rank was asked to stop (call on every rank after each step; one all-reduce)."""
+    def agreed(self, group: dist.ProcessGroup | None = None, *, step: int | None = None) -> bool:
+        """Whether any rank was asked to stop (call on every rank after each step; one all-reduce).
+
+        ``step``, the step just run, is named in the error when a peer is lost during the check, so that a
+        killed rank's neighbour says which step the job had reached.
+        """
         flag = torch.tensor([self.signal if self.requested else 0], dtype=torch.int64)
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         except RuntimeError as exc:
-            raise liveness.lost_peer(dist.get_rank(), "the check for a stop request after a step", exc) from None
+            after = "a step" if step is None else f"step {step}"
+            raise liveness.lost_peer(dist.get_rank(), f"the check for a stop request after {after}", exc) from None
         if int(flag) and self.signal is None:
             self.signal = int(flag)
         return bool(int(flag))
