@@ -22,17 +22,20 @@ from hintpipe.scoreboard import Policy
 #: Flags that are not options of the pipeline or the run: what a command does with its results, and the model.
 COMMAND_ONLY = {
     "train": {"json", "trace", "timeline", "plan", "checkpoint_dir", "resume", "check_grads", "emulate", "model",
-              "layers", "hidden", "seq_len_dist", "memory_slack", "activation_budget", "device_budget"},
+              "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout", "seq_len_dist", "memory_slack",
+              "activation_budget", "device_budget"},
     "simulate": {"json", "trace", "timeline", "compare", "costs", "trials", "memory_slack", "activation_budget",
                  "device_budget"},
-    "plan": {"json", "save", "model", "layers", "hidden", "seq_len"},
+    "plan": {"json", "save", "model", "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout",
+             "seq_len"},
 }  # fmt: skip
 for _flags_of_a_command in COMMAND_ONLY.values():
     _flags_of_a_command |= {"config", "print_config"}  # --config FILE and --print-config, in every command
 #: The room options are flags of both commands, in a group of their own (at most one of them).
 ROOM_FLAGS = {"memory_slack", "activation_budget", "device_budget"}
-#: ``train --plan FILE`` takes these from the file: their flags default to None (resolved after parsing).
-FROM_PLAN = {"ranks", "microbatches", "hint", "chunks"}
+#: ``train --plan FILE`` takes these from the file: their flags default to None (resolved after parsing); so
+#: does the tokenizer (a model folder's own, where it has one).
+FROM_PLAN = {"ranks", "microbatches", "hint", "chunks", "tokenizer"}
 
 
 def _flags(command: str) -> dict[str, argparse.Action]:

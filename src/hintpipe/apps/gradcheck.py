@@ -14,6 +14,7 @@ diverged from the others shows as well as a wrong sum.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,3 +105,70 @@ def _fused(grads: dict[tuple[int, str], torch.Tensor]) -> dict[tuple[int, str], 
     for key, split in parts.items():
         out[key] = torch.cat([split[p] for p in "qkv"])
     return out
+
+
+def compare_plan_gradients(
+    pipe: Pipeline,
+    reference: torch.nn.Module | None,
+    batches: Sequence[tuple[list[Any], list[torch.Tensor]]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    kwargs: dict[str, Any],
+    loss_divisors: Sequence[float] | None = None,
+) -> tuple[float, float] | None:
+    """Compare a planned pipeline's gradients with the whole model's, by the model's own parameter names (call
+    on every rank, after the step).
+
+    The reference is the model as the user has it (a Hugging Face model, a factory's module), not the graph
+    the planner captured from it, holding the step's starting weights: so a capture that changed what the
+    model computes shows here. Every parameter of the reference that has a gradient must come back from some
+    rank: one missing counts as an infinite difference.
+
+    Args:
+        pipe: the pipeline that ran the step (stages from a plan: their names are the model's).
+        reference: on rank 0, the whole model with the step's starting weights; None elsewhere.
+        batches: on rank 0, each replica's ``(inputs, targets)`` of the step, in replica order.
+        loss_fn: the loss the pipeline's step used.
+        kwargs: the keyword inputs of every call of the model (``use_cache=False``).
+        loss_divisors: as :func:`compare_gradients`'.
+
+    Returns:
+        On rank 0, the largest absolute and relative differences; None elsewhere.
+    """
+    local: dict[str, torch.Tensor] = {}
+    for s in pipe.stages:
+        for name, param in pipe.modules[s].named_parameters():
+            key = pipe.names.model_key(s, name)
+            if param.grad is None or key is None:
+                continue
+            grad = param.grad.full_tensor() if is_dtensor(param.grad) else param.grad  # type: ignore[attr-defined]
+            local[key] = grad.detach().cpu().clone()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    if reference is None:
+        return None
+    model = reference.to(pipe.device)
+    for replica, (inputs, targets) in enumerate(batches):
+        divisor = loss_divisors[replica] if loss_divisors is not None else len(inputs)
+        scale = divisor * len(batches)
+        for x, y in zip(to_device(inputs, pipe.device), to_device(targets, pipe.device), strict=True):
+            output = model(*x, **kwargs) if isinstance(x, tuple) else model(x, **kwargs)
+            torch.autograd.backward(loss_fn(getattr(output, "logits", output), y) / scale)
+    expected: dict[str, torch.Tensor] = {}
+    tensors: dict[int, set[str]] = {}  # a tied tensor's names: any one of them found is enough
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if param.grad is not None:
+            expected[name] = param.grad.cpu()
+            tensors.setdefault(id(param), set()).add(name)
+    worst_abs = worst_rel = 0.0
+    for part in gathered:
+        for name, grad in part.items():
+            want = expected.get(name)
+            if want is None:
+                return math.inf, math.inf  # a gradient the whole model has none of
+            diff = (grad - want).abs().max().item()
+            worst_abs = max(worst_abs, diff)
+            worst_rel = max(worst_rel, diff / max(want.abs().max().item(), 1e-12))
+    found = {name for part in gathered for name in part}
+    if any(not names & found for names in tensors.values()):
+        return math.inf, math.inf  # a gradient of the whole model that no rank holds
+    return worst_abs, worst_rel

@@ -1,8 +1,8 @@
 """Hugging Face causal language models from small configs built in code (no download).
 
 ``hf-gpt2`` is ``GPT2LMHeadModel`` and ``hf-llama`` ``LlamaForCausalLM`` (with
-``tie_word_embeddings``), weights drawn from the seed, dropout off so that a
-pipeline and the unsplit model compute the same. ``transformers`` is the
+``tie_word_embeddings``), weights drawn from the seed, dropout ``--dropout`` (0 by
+default, so that a pipeline and the unsplit model compute the same). ``transformers`` is the
 optional extra ``hf`` (``pip install -e .[hf]``).
 """
 
@@ -19,6 +19,11 @@ from hintpipe.apps.model_config import ModelConfig
 CALL_KWARGS = {"use_cache": False}
 #: Each model's class in ``transformers``.
 ARCHITECTURES = {"hf-gpt2": "GPT2LMHeadModel", "hf-llama": "LlamaForCausalLM"}
+
+
+def whole_hf_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
+    """The model row ``hf-gpt2``/``hf-llama`` builds (:mod:`hintpipe.apps.model_spec`), with its call's keywords."""
+    return build_hf_model(config), dict(CALL_KWARGS)
 
 
 def build_hf_model(config: ModelConfig) -> nn.Module:
@@ -49,12 +54,13 @@ def hf_config(config: ModelConfig) -> Any:
     if config.name == "hf-gpt2":
         return transformers.GPT2Config(
             n_layer=config.layers, n_embd=config.hidden, n_head=config.heads, vocab_size=config.vocab,
-            n_positions=config.max_seq_len, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+            n_positions=config.max_seq_len, resid_pdrop=config.dropout, embd_pdrop=config.dropout,
+            attn_pdrop=config.dropout, bos_token_id=0,
             eos_token_id=0,
         )  # fmt: skip
     return transformers.LlamaConfig(
         hidden_size=config.hidden, intermediate_size=4 * config.hidden, num_hidden_layers=config.layers,
         num_attention_heads=config.heads, num_key_value_heads=config.heads, vocab_size=config.vocab,
         max_position_embeddings=config.max_seq_len, tie_word_embeddings=True, pad_token_id=0, bos_token_id=0,
-        eos_token_id=0,
+        eos_token_id=0, attention_dropout=config.dropout,
     )  # fmt: skip

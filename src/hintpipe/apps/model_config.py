@@ -1,7 +1,8 @@
-"""What a built-in model is, without building it: names, sizes, sequence lengths.
+"""What a model of the command line is, without building it: its kind (a spec), sizes and sequence lengths.
 
 Kept apart from :mod:`hintpipe.apps.models` (which needs torch) so that the command
-line can describe and validate its options without importing torch.
+line can describe and validate its options without importing torch. What each
+kind of model is and supports is its row in :mod:`hintpipe.apps.model_spec`.
 """
 
 from __future__ import annotations
@@ -10,17 +11,31 @@ import dataclasses
 
 import numpy as np
 
+from hintpipe.apps.model_spec import BUILT_IN, MODEL_SPECS, SOURCED, ModelSpec
 from hintpipe.sim.variability import mean_one_lognormal
 from hintpipe.spec import Spec
 
-MODELS = ("mlp", "gpt-mini", "mm-mini", "hf-gpt2", "hf-llama")
+#: The built-in models' names, as ``--model`` takes them.
+MODELS = BUILT_IN
 #: The models the pipeline gets from a plan (captured through torch.export), not from a list of layers.
-PLANNED_MODELS = ("hf-gpt2", "hf-llama")
+PLANNED_MODELS = tuple(name for name, spec in MODEL_SPECS.items() if spec.planned)
+#: How a model folder's weights start: its own (fine-tuning), or a fresh draw of its config from the seed.
+INITS = ("pretrained", "random")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of a built-in model."""
+    """A model of the command line: a built-in one's sizes, or where a model comes from (``source``) and how it
+    starts (``init``), with the sizes read from it (a folder's ``config.json``).
+
+    Attributes:
+        name: the kind of model, a row of :data:`~hintpipe.apps.model_spec.MODEL_SPECS` (``gpt-mini``,
+            ``hf-folder``, ...).
+        source: ``hf-folder``: the folder (absolute); ``factory``: ``module:function``; None for a built-in.
+        init: ``hf-folder``: ``pretrained`` (the folder's weights) or ``random`` (its config, weights from
+            ``seed``).
+        dropout: the built-in models' dropout probability (a folder's model keeps its config's).
+    """
 
     name: str = "gpt-mini"
     layers: int = 4
@@ -29,14 +44,39 @@ class ModelConfig:
     vocab: int = 128
     max_seq_len: int = 256
     seed: int = 0
+    dropout: float = 0.0
+    source: str | None = None
+    init: str = "pretrained"
 
     def __post_init__(self) -> None:
-        if self.name not in MODELS:
-            raise ValueError(f"unknown model {self.name!r}: choose one of {', '.join(MODELS)}")
+        if self.name not in MODEL_SPECS:
+            raise ValueError(f"unknown model {self.name!r}: choose one of {', '.join(MODEL_SPECS)}")
         if self.layers < 1 or self.hidden < 1:
             raise ValueError(f"layers and hidden must be at least 1, got {self.layers} and {self.hidden}")
-        if self.name != "mlp" and self.hidden % self.heads:
+        if self.heads < 1 or self.vocab < 2 or self.max_seq_len < 2:
+            raise ValueError(
+                f"heads must be at least 1, vocab and max_seq_len at least 2, got {self.heads}, {self.vocab} and "
+                f"{self.max_seq_len}"
+            )
+        if self.spec.attention and self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.init not in INITS:
+            raise ValueError(f"init {self.init!r} is unknown: choose one of {', '.join(INITS)}")
+        if (self.source is None) == (self.name in SOURCED):
+            need = "needs a source" if self.source is None else "takes no source"
+            raise ValueError(f"model {self.name!r} {need}")
+
+    @property
+    def spec(self) -> ModelSpec:
+        """What this kind of model is and supports."""
+        return MODEL_SPECS[self.name]
+
+    @property
+    def label(self) -> str:
+        """How output names the model: the built-in's name, or where it came from."""
+        return self.name if self.source is None else self.source
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from hintpipe.apps.model_config import PLANNED_MODELS, ModelConfig
+from hintpipe.apps.model_config import ModelConfig
 from hintpipe.runtime.checkpoint.description import HF, HINTPIPE, described_hf, description_problem
 
 
@@ -30,7 +30,11 @@ def describe_model(config: ModelConfig) -> dict[str, Any]:
         ImportError: an ``hf-*`` model without transformers, naming the extra.
     """
     fields = dataclasses.asdict(config)
-    if config.name in PLANNED_MODELS:
+    if config.name == "hf-folder":
+        from hintpipe.apps.hf_folder import folder_description
+
+        return folder_description(config)
+    if config.name in ("hf-gpt2", "hf-llama"):
         from hintpipe.apps.hf_models import ARCHITECTURES, hf_config
 
         return {**described_hf(ARCHITECTURES[config.name], hf_config(config)), "hintpipe_model": fields}
@@ -79,7 +83,12 @@ def built_in_config(fields: Mapping[str, Any]) -> ModelConfig:
 def _built_in(fields: dict[str, Any]) -> nn.Module:
     from hintpipe.apps.models import whole_model
 
-    return whole_model(built_in_config(fields))[0]
+    config = built_in_config(fields)
+    if config.spec.sourced:  # a folder or the user's code: never loaded or run because a description says so
+        raise ValueError(
+            f"its hintpipe_model is a {config.name} ({config.source}), which a description does not rebuild"
+        )
+    return whole_model(config)[0]
 
 
 def _hf_model(architecture: str, config: dict[str, Any]) -> nn.Module:

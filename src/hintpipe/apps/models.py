@@ -24,9 +24,9 @@ from hintpipe.apps.gpt_layers import Embedding as Embedding
 from hintpipe.apps.gpt_layers import Head as Head
 from hintpipe.apps.gpt_layers import counting_text as counting_text
 from hintpipe.apps.model_config import MODELS as MODELS
-from hintpipe.apps.model_config import PLANNED_MODELS
 from hintpipe.apps.model_config import ModelConfig as ModelConfig
 from hintpipe.apps.model_config import SeqLenDist as SeqLenDist
+from hintpipe.apps.model_spec import MODEL_SPECS
 from hintpipe.apps.multimodal import build_multimodal_layers, make_multimodal_batch
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -54,12 +54,15 @@ class Chain(nn.Sequential):
 
 
 def whole_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
-    """The built-in model as one module, as the planner captures it, and the keyword inputs every call of it
-    takes (a Hugging Face model's ``use_cache=False``)."""
-    if config.name in PLANNED_MODELS:
-        from hintpipe.apps.hf_models import CALL_KWARGS, build_hf_model
+    """The model ``config`` describes as one module, as the planner captures it, and the keyword inputs every
+    call of it takes (a Hugging Face model's ``use_cache=False``): built by its kind's row
+    (:mod:`hintpipe.apps.model_spec`)."""
+    built: tuple[nn.Module, dict[str, Any]] = config.spec.builder()(config)
+    return built
 
-        return build_hf_model(config), dict(CALL_KWARGS)
+
+def whole_layer_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
+    """A built-in list of layers as one module (``mlp``, ``gpt-mini``, ``mm-mini``)."""
     layers = build_layers(config)
     # Chain (several tensors between layers) for mm-mini only: fx wants one-input forwards elsewhere.
     return (Chain(*layers) if config.name == "mm-mini" else nn.Sequential(*layers)), {}
@@ -84,8 +87,15 @@ def layer_bounds(layers: int, stages: int) -> list[int]:
     return [round(i * layers / stages) for i in range(stages + 1)]
 
 
-def loss_fn_for(name: str) -> LossFunction:
-    return mse_loss if name == "mlp" else lm_loss
+def loss_fn_for(model: ModelConfig | str) -> LossFunction:
+    """The loss a model (its config, or a built-in's name) trains with: next-token cross-entropy for a model of
+    token ids, else mean squared error."""
+    spec = model.spec if isinstance(model, ModelConfig) else MODEL_SPECS[model]
+    maker = spec.loss_maker()
+    if maker is not None:
+        loss: LossFunction = maker(model)
+        return loss
+    return lm_loss if spec.reads_text else mse_loss
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,7 @@ class TrainConfig(PipelineConfig):
     tokenizer: str = "bytes"  # a file corpus's tokens: UTF-8 bytes, or a Hugging Face tokenizer's folder
     forming: str = "crop"  # documents: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
     sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
+    shared: bool = False  # under torchrun: rank 0's plan, sequence cost and emulated costs go to every rank
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
 
@@ -73,8 +74,8 @@ class TrainConfig(PipelineConfig):
     def _check_data(self) -> None:
         """Refuse data the model cannot take, here rather than in every rank: text for the MLP, token ids beyond
         the model's vocabulary; a file corpus is loaded (once per process) and refused if bad."""
-        if self.data != "synthetic" and self.model.name == "mlp":
-            raise ValueError(f"data {self.data!r} is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
+        if self.data != "synthetic" and not self.model.spec.reads_text:
+            raise ValueError(f"data {self.data!r} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
         vocab = data_vocab(self.data, self.data_field, self.tokenizer)
         if vocab is not None and self.model.vocab < vocab:
             raise ValueError(

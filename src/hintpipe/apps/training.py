@@ -24,7 +24,7 @@ from torch import nn
 
 from hintpipe.apps.corpus import data_documents, document_batch, document_sequences
 from hintpipe.apps.emulation import profile_costs
-from hintpipe.apps.gradcheck import compare_gradients
+from hintpipe.apps.gradcheck import compare_gradients, compare_plan_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
 from hintpipe.apps.model_description import describe_model
@@ -35,6 +35,7 @@ from hintpipe.apps.models import (
     loss_fn_for,
     make_batch,
     split_layers,
+    whole_model,
 )
 from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
@@ -90,7 +91,7 @@ def train(config: TrainConfig) -> TrainResult | None:
 
 def _build_pipeline(
     rank: int, world: int, config: TrainConfig
-) -> tuple[Pipeline, list[torch.nn.Module] | None, list[torch.nn.Module] | None]:
+) -> tuple[Pipeline, list[torch.nn.Module] | None, list[torch.nn.Module] | Whole | None]:
     """This rank's pipeline over the built-in model (cut evenly, or as a saved plan says), with the run's
     injection built in; every stage's module when the model was cut here; and, on rank 0 with
     ``check_grads``, an unsplit reference copy of them.
@@ -114,11 +115,12 @@ def _build_pipeline(
     if mesh is not None:
         options["mesh"] = mesh
         options["data_parallel"] = config.data_parallel
-    loss_fn = lm_loss_sum if config.formed else loss_fn_for(config.model.name)
+    loss_fn = lm_loss_sum if config.formed else loss_fn_for(config.model)
     modules: list[torch.nn.Module] | None = None
-    reference: list[torch.nn.Module] | None = None
+    reference: list[torch.nn.Module] | Whole | None = None
     if config.plan is not None:
         del options["hint"]  # the plan's own
+        reference = unsplit_model(config) if config.check_grads and rank == 0 else None
         pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, microbatches=config.microbatches, **options)
     else:
         layers = build_layers(config.model)
@@ -170,6 +172,8 @@ def _train_rank(
     """What ``train`` runs on each rank: the run of ``config``, closed whatever happens (its mailboxes and
     threads stop, so that a process can go on to other work after a failed run). ``description``: the model's,
     for its checkpoints (None: described here)."""
+    if config.shared:
+        config = share_measured(config)
     pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
@@ -246,13 +250,42 @@ def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
     """The step line for the step just run: the global batch's loss and tokens, the step's time, and (before
     the last step) the time the rest of the run will take."""
     seconds = run.reports[-1].step_time
-    unit = "samples/s" if config.model.name == "mlp" else "tokens/s"
+    unit = f"{config.model.spec.unit}/s"
     left = config.steps - step - 1
     remaining = f", ETA {eta(time.perf_counter() - run.started, step + 1 - run.first, left)}" if left else ""
     return (
         f"step {step + 1}/{config.steps}: loss {run.losses[-1]:.4f}, {seconds * 1e3:.1f} ms, "
         f"{run.tokens[-1] / seconds:,.0f} {unit}{remaining}"
     )
+
+
+def share_measured(config: TrainConfig) -> TrainConfig:
+    """``config`` with rank 0's plan, sequence cost and emulated costs (call on every rank of the default group):
+    under ``torchrun`` only rank 0 measures and plans (see [Note: plan once] in :mod:`hintpipe.cli.train`)."""
+    box: list[Any] = [(config.plan, config.sequence_cost, config.emulate) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    plan, cost, emulate = box[0]
+    return dataclasses.replace(config, plan=plan, sequence_cost=cost, emulate=emulate, shared=False)
+
+
+#: A whole model and the keyword inputs of every call of it.
+Whole = tuple[torch.nn.Module, dict[str, Any]]
+
+
+def unsplit_model(config: TrainConfig) -> Whole:
+    """The whole model as its source builds it (a folder's, a factory's, a built-in Hugging Face model), holding
+    the plan's starting weights: the reference ``--check-grads`` runs for a planned model.
+
+    Raises:
+        ValueError: the plan holds tensors the model has no name for (it was planned for another model).
+    """
+    assert config.plan is not None
+    model, kwargs = whole_model(config.model)
+    missing, unexpected = model.load_state_dict(config.plan.graph.module.state_dict(), strict=False)
+    if unexpected:
+        raise ValueError(f"--check-grads: the plan holds tensors the model does not have: {sorted(unexpected)[:3]}")
+    del missing  # a tied tensor's other names, filled by the tie
+    return model.train(), kwargs
 
 
 def unsplit_stages(config: TrainConfig) -> list[torch.nn.Module]:
@@ -300,7 +333,7 @@ def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: _Run, bar: 
 
 
 def _write_metrics(writer: Any, config: TrainConfig, step: int, run: _Run) -> None:
-    unit = "samples_per_s" if config.model.name == "mlp" else "tokens_per_s"
+    unit = f"{config.model.spec.unit}_per_s"
     rate = run.learning_rates[-1] if run.learning_rates else None
     norm = run.grad_norms[-1] if run.grad_norms else None
     write_step(writer, step + 1, run.reports[-1], run.losses[-1], run.tokens[-1], unit, rate, norm)
@@ -362,7 +395,7 @@ def _step(
     config: TrainConfig,
     pipe: Pipeline,
     modules: list[torch.nn.Module] | None,
-    reference: list[torch.nn.Module] | None,
+    reference: list[torch.nn.Module] | Whole | None,
     optimizer: torch.optim.Optimizer | None,
     step: int,
     run: _Run,
@@ -375,8 +408,8 @@ def _step(
     ends = microbatch_ends(config.model.name, inputs) if front_then_back else None
     loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor, ends=ends)
     assert loss is not None
-    mlp = config.model.name == "mlp"
-    tokens = config.microbatches * config.microbatch_size if mlp else sum(counts)
+    samples = config.model.spec.unit == "samples"
+    tokens = config.microbatches * config.microbatch_size if samples else sum(counts)
     if pipe.replica_group is not None:  # the global batch's loss (the mean over replicas) and its tokens
         both = torch.tensor([float(loss) / config.dp, float(tokens)], dtype=torch.float64)
         dist.all_reduce(both, group=pipe.replica_group)
@@ -384,8 +417,20 @@ def _step(
     run.reports.append(pipe.reports[-1])
     run.losses.append(float(loss))
     run.tokens.append(tokens)
-    if step == 0 and config.check_grads and modules is not None:
+    if step == 0 and config.check_grads and config.plan is not None:
         every = [step_batch(config, step, r) for r in range(config.dp)] if reference is not None else []
+        assert reference is None or isinstance(reference, tuple)
+        run.grad_diffs = compare_plan_gradients(
+            pipe,
+            None if reference is None else reference[0],
+            [(x, y) for x, y, _ in every],
+            lm_loss_sum if config.formed else loss_fn_for(config.model),
+            {} if reference is None else reference[1],
+            [float(sum(c)) for _, _, c in every] if config.formed else None,
+        )
+    elif step == 0 and config.check_grads and modules is not None:
+        every = [step_batch(config, step, r) for r in range(config.dp)] if reference is not None else []
+        assert not isinstance(reference, tuple)
         run.grad_diffs = compare_gradients(
             pipe,
             modules,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
+from hintpipe.apps.model_config import ModelConfig, SeqLenDist
+from hintpipe.apps.model_spec import model_kind, tokenizer_of
 from hintpipe.apps.text_files import BYTES, data_vocab
 from hintpipe.cli.common import (
     add_option,
@@ -20,6 +23,7 @@ from hintpipe.cli.common import (
     stdout,
 )
 from hintpipe.cli.config_file import add_config_arguments
+from hintpipe.cli.model_flags import SIZES, add_model_flags, given_sizes, model_config
 from hintpipe.cli.train_checks import check_config, check_memory, check_model_flags, check_run_options
 from hintpipe.cli.train_report import result_json as result_json
 from hintpipe.cli.train_report import step_table, summary_line
@@ -28,6 +32,7 @@ from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.options import OPTIONS, ROOM
+from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint
 from hintpipe.units import format_size
@@ -40,9 +45,8 @@ HELP = "train a built-in model across processes with pipeline parallelism"
 
 
 #: What a plan file says: these flags default to the file's values with ``--plan``, and to the usual ones
-#: without (where ``--ranks`` and ``--microbatches`` are then required).
-FROM_PLAN = {"ranks": None, "microbatches": None, "hint": "1f1b", "chunks": None, "model": "gpt-mini", "layers": 4}
-FROM_PLAN |= {"hidden": 64}
+#: without (where ``--ranks`` and ``--microbatches`` are then required). The model is the file's too.
+FROM_PLAN: dict[str, Any] = {"ranks": None, "microbatches": None, "hint": "1f1b", "chunks": None}
 
 
 #: The options of the model's data, whose flags come with the model's (options of the table: a config file
@@ -51,23 +55,19 @@ DATA_OPTIONS = ("data", "data_field", "tokenizer")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The built-in model and its data (shared with ``demo``)."""
-    parser.add_argument(
-        "--model", choices=MODELS, help="built-in model (default gpt-mini; with --plan, the plan file's)"
-    )
-    parser.add_argument(
-        "--layers", type=int, help="transformer blocks / MLP layers (default 4; with --plan, the file's)"
-    )
-    parser.add_argument("--hidden", type=int, help="hidden size (default 64; with --plan, the plan file's)")
+    """The model and its data (shared with ``demo``)."""
+    add_model_flags(parser, from_plan=True)
     add_option(parser, "microbatch_size")
     parser.add_argument(
         "--seq-len-dist",
         default="fixed:64",
         metavar="SPEC",
-        help="gpt-mini sequence lengths per micro-batch: fixed:T or lognormal:MEAN:SIGMA (default fixed:64)",
+        help="counting text's sequence lengths per micro-batch (--data synthetic): fixed:T or lognormal:MEAN:SIGMA "
+        "(default fixed:64)",
     )
     for name in DATA_OPTIONS:
-        add_option(parser, name)
+        # The tokenizer: a model folder's own where it has one, unless given (None until resolved).
+        add_option(parser, name, **({"default": None} if name == "tokenizer" else {}))
 
 
 #: The pipeline's and the run's options that ``train`` takes as flags (the table says which), in the table's
@@ -139,13 +139,9 @@ def _bad_fields(path: str, exc: BaseException) -> ValueError:
 
 
 def _fill_from_plan(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-    config = payload["model"].get("config")
-    if config is None:
-        raise ValueError(f"{path} does not say which built-in model it was planned for: plan it with `hintpipe plan`")
     data = payload["plan"]
     planned = {"ranks": data["ranks"], "microbatches": data["microbatches"], "hint": data["hint"]}
-    planned |= {"chunks": data["chunks"], "model": config["name"], "layers": config["layers"]}
-    planned |= {"hidden": config["hidden"]}
+    planned |= {"chunks": data["chunks"]}
     for name, value in planned.items():
         given = getattr(args, name, None)
         if given is not None and given != value and not (name == "chunks" and value == 1):
@@ -158,25 +154,72 @@ def _fill_from_plan(args: argparse.Namespace, path: str, payload: dict[str, Any]
     return payload
 
 
+def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> ModelConfig:
+    """The model a plan file was made for: its ModelConfig (``hintpipe plan --save``), or a Hugging Face
+    description alone (``save_plan(..., model=hf_description(model))`` in Python); model flags that say
+    otherwise are refused."""
+    from hintpipe.apps.hf_folder import described_sizes
+
+    said = payload["model"]
+    if "config" in said:
+        model = ModelConfig(**said["config"])
+    elif said.get("kind") == HF:
+        model = described_sizes(said, label=str(Path(path).resolve()), seed=args.seed)
+    else:
+        raise ValueError(
+            f"{path} does not say which model it was planned for: plan it with `hintpipe plan --model ... --save`, "
+            "or save it with save_plan(plan, path, model=hf_description(model))"
+        )
+    said_by_file = {"model": model.label, "init": model.init} | {name: getattr(model, name) for name in SIZES}
+    given = {"model": args.model, "init": args.init} | given_sizes(args)
+    for name, value in given.items():
+        if value is None:
+            continue
+        same = model_kind(value) == (model.name, model.source) if name == "model" else value == said_by_file[name]
+        if not same:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{path} is planned for {flag} {said_by_file[name]}, this run asks for {flag} {value}; leave {flag} out "
+                "(the plan file says it) or plan again"
+            )
+    return model
+
+
+def _resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None) -> None:
+    """``--tokenizer`` as given, else a model folder's own tokenizer where it has one, else bytes."""
+    if getattr(args, "tokenizer", None) is not None:
+        return
+    if planned is not None:
+        kind, source = planned.name, planned.source
+    else:
+        kind, source = model_kind(args.model or "gpt-mini")
+    folder = tokenizer_of(source) if kind == "hf-folder" and source is not None else None
+    args.tokenizer = folder if folder is not None else BYTES
+
+
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = _answered_by_plan(args)
+    try:
+        from_plan = None if plan_file is None else _plan_model(args, args.plan, plan_file)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise _bad_fields(args.plan, exc) from None
+    _resolve_tokenizer(args, from_plan)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, n)])
     check_run_options(args, values)
     data = values.get("data", "synthetic")
-    # The model's vocabulary is the data's: a file corpus is loaded (and refused if bad) here, once.
+    # A built-in model's vocabulary is the data's: a file corpus is loaded (and refused if bad) here, once.
     vocab = data_vocab(data, values.get("data_field", "text"), values.get("tokenizer", BYTES), cli=True)
-    vocab = ModelConfig.vocab if vocab is None else vocab
-    model = ModelConfig(args.model, layers=args.layers, hidden=args.hidden, seed=values["seed"], vocab=vocab)
+    model = from_plan or model_config(args, seed=values["seed"], data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
-    if model.name != "mlp" and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
+    if model.spec.reads_text and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
         raise ValueError(
-            f"--seq-len-dist {args.seq_len_dist}: {model.name}'s positions end at {model.max_seq_len - 1} tokens; "
+            f"--seq-len-dist {args.seq_len_dist}: {model.label}'s positions end at {model.max_seq_len - 1} tokens; "
             f"use a mean of at most {model.max_seq_len - 1}"
         )
-    check_memory(values, seq_len.mean if model.name != "mlp" else model.hidden)  # before the hint is built
+    check_memory(values, seq_len.mean if model.spec.reads_text else model.hidden)  # before the hint is built
     hint = build_hint(args)
     dp, tp = values.get("dp", 1), values.get("tp", 1)
     injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
@@ -186,16 +229,16 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     planned = None
     if plan_file is not None:
         try:
-            model, planned = _planned_model(args, args.plan, plan_file)
+            planned = _planned_model(args, args.plan, plan_file, model)
         except (KeyError, TypeError, AttributeError) as exc:
             raise _bad_fields(args.plan, exc) from None
-        if model.vocab < vocab:
+        if vocab is not None and model.vocab < vocab:
             raise ValueError(
                 f"--plan {args.plan}'s model has a vocabulary of {model.vocab}; --data {data} has token ids up to "
                 f"{vocab - 1}"
             )
-    elif model.name in PLANNED_MODELS:
-        planned = _plan_hf(args, model, hint)
+    elif model.spec.planned:
+        planned = _plan_once(args, model, hint)
     else:
         _check_layers(model, hint.num_stages)  # refuses too few layers here, not in every rank
     slack, budgets, device_budget = room(args, args.ranks)
@@ -219,6 +262,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "variability": tuple(values.get("variability", ())),
         "faults": tuple(values.get("faults", ())),
         "check_grads": getattr(args, "check_grads", False),
+        "shared": _under_torchrun(),
         "progress": not getattr(args, "json", False),
         "checkpoint_dir": getattr(args, "checkpoint_dir", None),
         "resume": getattr(args, "resume", False),
@@ -233,7 +277,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
     check_config(config, injection)
-    if args.emulate:
+    if args.emulate and not _planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
 
@@ -243,11 +287,11 @@ def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: 
     any stage keeps of a micro-batch in flight at the least (the hint holds several), so that no rank could
     ever run."""
     per_value = 4 if precision == "fp32" else 2
-    length = 1 if model.name == "mlp" else tokens
+    length = tokens if model.spec.reads_text else 1
     floor = rows * length * model.hidden * per_value
     low = min(budgets)
     if low < floor:
-        shape = f"{rows} x {model.hidden}" if model.name == "mlp" else f"{rows} x {tokens:g} tokens x {model.hidden}"
+        shape = f"{rows} x {tokens:g} tokens x {model.hidden}" if model.spec.reads_text else f"{rows} x {model.hidden}"
         raise ValueError(
             f"--activation-budget {format_size(low)} is below one micro-batch's hidden states, {format_size(floor)} "
             f"({shape} values of {per_value} bytes), which every stage keeps while a micro-batch is in flight; give "
@@ -291,44 +335,66 @@ def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:
     )
 
 
-def _plan_hf(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan:
-    """A Hugging Face model captured (torch.export) and cut into stages once, here, for every rank."""
+def _planned_elsewhere() -> bool:
+    """Whether rank 0 of this ``torchrun`` launch measures and plans for this process (see [Note: plan
+    once])."""
+    return _under_torchrun() and os.environ.get("RANK", "0") != "0"
+
+
+def _under_torchrun() -> bool:
+    from hintpipe.runtime.rank_process import under_torchrun
+
+    return under_torchrun()
+
+
+def _plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan | None:
+    """A model captured (torch.export) and cut into stages once, here, for every rank.
+
+    [Note: plan once] Spawned ranks get the launcher's plan inside their config. Under ``torchrun`` every rank
+    runs this command, and plans made apart differ (they rest on measured times): only rank 0 plans, and its
+    ranks receive that plan (with whatever else rank 0 measured) once the process group is up
+    (:func:`hintpipe.apps.training.share_measured`). So this returns None on the other ranks.
+    """
     import torch
 
-    from hintpipe.apps.hf_models import CALL_KWARGS, build_hf_model
-    from hintpipe.apps.models import make_batch
+    from hintpipe.apps.models import make_batch, whole_model
     from hintpipe.planner.plan import plan
 
-    if getattr(args, "check_grads", False):
-        raise ValueError(f"--check-grads compares with a list of layers; {model.name} is planned, not listed")
+    if _planned_elsewhere():
+        return None
     torch.set_num_threads(1)
-    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(16), 0, args.seed)
+    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(min(16, model.max_seq_len - 1)), 0, args.seed)
+    whole, kwargs = whole_model(model)
     return plan(
-        build_hf_model(model),
+        whole,
         inputs[0],
         ranks=args.ranks,
         microbatches=args.microbatches,
         hint=hint,
         repeats=1,
-        kwargs=CALL_KWARGS,
+        kwargs=kwargs or None,
     )
 
 
-def _planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> tuple[ModelConfig, Plan]:
-    """A plan file's plan for the built-in model it was made for (built here from the file's config), after
-    checking them against the other options.
+def _planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any], model: ModelConfig) -> Plan:
+    """A plan file's plan for the model it was made for, after checking it against the other options. The
+    model is rebuilt from the file's description where it is a Hugging Face one (no folder or download needed:
+    the file holds the weights), else from its ModelConfig.
 
     The plan travels to every rank inside the run's config (each rank gets its own copy), so the file is read
     once, here."""
+    from hintpipe.apps.model_description import rebuild_model
     from hintpipe.apps.models import whole_model
     from hintpipe.planner.plan_file import check_plan, load_plan
 
     if getattr(args, "check_grads", False):
-        raise ValueError("--check-grads compares with the built-in model's layers; it does not apply to --plan")
-    config = ModelConfig(**payload["model"]["config"])
-    planned, _ = load_plan(path, whole_model(config)[0])
+        raise ValueError("--check-grads compares with the model built from its source; it does not apply to --plan")
+    said = payload["model"]
+    description = said.get("description", said if said.get("kind") == HF else None)
+    whole = rebuild_model(description) if description is not None and description.get("kind") == HF else None
+    planned, _ = load_plan(path, whole if whole is not None else whole_model(model)[0])
     check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
-    return config, planned  # its sizes and weights are the plan's
+    return planned  # its sizes and weights are the plan's
 
 
 def _stopped(result: TrainResult) -> int:
@@ -382,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
         if config.dp * config.tp > 1
         else f"{config.ranks} ranks"
     )
-    stdout.print(f"{config.model.name} on {ranks}, {config.hint}, {config.policy}{mode}")
+    stdout.print(f"{config.model.label} on {ranks}, {config.hint}, {config.policy}{mode}")
     stdout.print(step_table(result))
     stdout.print(summary_line(result))
     if result.max_grad_abs_diff is not None:

@@ -66,14 +66,14 @@ def check_model_flags(
         )
     if tp > 1 and model.heads % tp:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
-    if data != "synthetic" and model.name == "mlp":
-        raise ValueError(f"--data {data} is text: use a language model (gpt-mini, hf-gpt2, hf-llama)")
+    if data != "synthetic" and not model.spec.reads_text:
+        raise ValueError(f"--data {data} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
     if forming is not Forming.CROP and data == "synthetic":
         raise ValueError(
             f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib or --data PATH"
         )
-    if forming is Forming.PACKED and model.name != "gpt-mini":
-        raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.name}")
+    if forming is Forming.PACKED and not model.spec.document_masks:
+        raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.label}")
 
 
 def check_memory(values: dict[str, Any], length: int) -> None:
@@ -118,7 +118,7 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
 def check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
     """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
     tp = values.get("tp", 1)
-    if tp > 1 and (args.model != "gpt-mini" or getattr(args, "plan", None) is not None):
+    if tp > 1 and ((args.model or "gpt-mini") != "gpt-mini" or getattr(args, "plan", None) is not None):
         raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
     for option in ("trace", "timeline"):
         if getattr(args, option, None):

@@ -19,7 +19,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
     from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
 
     config = result.config
-    unit = "tokens_per_s" if config.model.name != "mlp" else "samples_per_s"
+    unit = f"{config.model.spec.unit}_per_s"
     by_size = AdmissionUnit.parse(config.admission) is AdmissionUnit.SIZE and config.activation_budget is None
     return {
         "policy": config.policy,
@@ -69,7 +69,7 @@ def step_table(result: TrainResult) -> Table:
     """One row per step (the first and last ``TABLE_ROWS / 2`` of a longer run); with data parallelism,
     throughput in total and per replica (loss: the global batch's)."""
     table = Table()
-    unit = "tokens/s" if result.config.model.name != "mlp" else "samples/s"
+    unit = f"{result.config.model.spec.unit}/s"
     dp = result.config.dp
     throughput = [unit] if dp == 1 else [f"{unit} total", f"{unit} per replica"]
     for column in ("step", "time ms", *throughput, "efficiency", "bubble per rank", "peak live per rank", "loss"):
@@ -100,7 +100,7 @@ def summary_line(result: TrainResult) -> str:
     """The run in one line: the steps it ran, its tokens and time (the whole loop's: the optimizer, evaluations
     and checkpoints too), their rate, the last loss and held-out loss."""
     config = result.config
-    unit = "samples" if config.model.name == "mlp" else "tokens"
+    unit = config.model.spec.unit
     first, last = result.resumed_from + 1, result.resumed_from + len(result.reports)
     steps = f"{len(result.reports)} steps" + (f" ({first}-{last} of {config.steps})" if result.resumed_from else "")
     tokens = sum(result.tokens)

@@ -1,0 +1,155 @@
+"""Each kind of model the command line trains, as one row: what builds it and what it supports.
+
+``hintpipe train --model X`` asks the row of ``X``'s kind, never the model's name: adding a kind of model is
+a module that builds it and one row here (torchtitan's ``TrainSpec`` has the same shape). The builders are
+named by dotted path and imported only when a model is built, so that this table, like the command line
+that reads it, imports no torch.
+
+What ``--model`` may be (:func:`model_kind`): a built-in model's name, a folder written by a Hugging Face
+model's ``save_pretrained`` (any ``AutoModelForCausalLM`` whose graph captures), or ``module:function``, a
+factory of the user's own (:mod:`hintpipe.apps.factory_model`).
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One kind of model.
+
+    Attributes:
+        name: the kind's name (a built-in model's is what ``--model`` takes).
+        summary: one line for ``--help``.
+        build: ``module:function`` of what builds the whole model from a
+            :class:`~hintpipe.apps.model_config.ModelConfig`: ``(module, keyword inputs of every call)``.
+        planned: the pipeline gets the model from a plan (captured through torch.export, cut by the planner),
+            not from a list of layers cut evenly.
+        unit: what a step's throughput counts, ``tokens`` or ``samples``.
+        reads_text: trains on token ids: ``--data`` corpora and ``--tokenizer`` apply.
+        attention: its ``hidden`` must be a multiple of its ``heads``.
+        document_masks: takes packed rows with document masks (``--forming packed``).
+        tensor_parallel: has a tensor-parallel plan (``--tp``).
+        sourced: ``--model`` names where it comes from (a folder, a factory), not a built-in name.
+        layer_list: a list of layers (``--check-grads`` compares layer by layer; ``--layers`` counts them).
+        loss: ``module:function`` of what gives its loss from its config ("": next-token cross-entropy for a
+            model of token ids, else mean squared error).
+    """
+
+    name: str
+    summary: str
+    build: str
+    planned: bool = False
+    unit: str = "tokens"
+    reads_text: bool = True
+    attention: bool = True
+    document_masks: bool = False
+    tensor_parallel: bool = False
+    sourced: bool = False
+    layer_list: bool = False
+    loss: str = ""
+
+    def builder(self) -> Any:
+        """The function :attr:`build` names, imported now."""
+        return _imported(self.build)
+
+    def loss_maker(self) -> Any:
+        """The function :attr:`loss` names, imported now (None: the default loss)."""
+        return _imported(self.loss) if self.loss else None
+
+
+def _imported(path: str) -> Any:
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+_LAYERS = "hintpipe.apps.models:whole_layer_model"
+_HF = "hintpipe.apps.hf_models:whole_hf_model"
+#: Every kind of model, by name; the built-ins first, in ``--help``'s order.
+MODEL_SPECS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "mlp",
+            "a stack of Linear + Tanh layers on random inputs",
+            _LAYERS,
+            unit="samples",
+            reads_text=False,
+            attention=False,
+            layer_list=True,
+        ),
+        ModelSpec(
+            "gpt-mini",
+            "a small causal transformer (embedding, blocks, head)",
+            _LAYERS,
+            document_masks=True,
+            tensor_parallel=True,
+            layer_list=True,
+        ),
+        ModelSpec("mm-mini", "an image encoder and a text decoder", _LAYERS, layer_list=True),
+        ModelSpec("hf-gpt2", "transformers' GPT2LMHeadModel, sized by the flags", _HF, planned=True),
+        ModelSpec("hf-llama", "transformers' LlamaForCausalLM, sized by the flags", _HF, planned=True),
+        ModelSpec(
+            "hf-folder",
+            "a Hugging Face causal LM's folder (save_pretrained): its weights or, with --init random, its config",
+            "hintpipe.apps.hf_folder:whole_folder_model",
+            planned=True,
+            attention=False,
+            sourced=True,
+        ),
+        ModelSpec(
+            "factory",
+            "module:function returning the user's own nn.Module, an example batch and its loss",
+            "hintpipe.apps.factory_model:whole_factory_model",
+            planned=True,
+            loss="hintpipe.apps.factory_model:factory_loss",
+            attention=False,
+            sourced=True,
+        ),
+    )
+}
+#: The built-in models' names, as ``--model`` takes them.
+BUILT_IN = tuple(name for name, spec in MODEL_SPECS.items() if not spec.sourced)
+#: The kinds whose ``--model`` is a source.
+SOURCED = tuple(name for name, spec in MODEL_SPECS.items() if spec.sourced)
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+#: The files a saved tokenizer leaves in a folder (any one of them says a tokenizer is there).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_of(folder: str) -> str | None:
+    """The folder itself where a tokenizer was saved into it (a model folder's own tokenizer), else None."""
+    return folder if any(Path(folder, name).is_file() for name in TOKENIZER_FILES) else None
+
+
+def model_kind(text: str) -> tuple[str, str | None]:
+    """What ``--model TEXT`` names: ``(kind, source)``, the source an absolute folder or ``module:function``.
+
+    Raises:
+        ValueError: in one line, naming the three forms ``--model`` takes.
+    """
+    if text in BUILT_IN:
+        return text, None
+    path = Path(text)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"--model {text}: the folder has no config.json; give a folder written by a Hugging Face model's "
+                "save_pretrained, a built-in model or module:function"
+            )
+        return "hf-folder", str(path.resolve())
+    if _FACTORY.fullmatch(text) and not path.exists():
+        return "factory", text
+    raise ValueError(
+        f"--model {text}: not a built-in model ({', '.join(BUILT_IN)}), a model folder (save_pretrained) or "
+        "module:function"
+    )
