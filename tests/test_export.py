@@ -3,8 +3,8 @@
 The unit tests write manifests by hand (no tensors, no ranks): a description
 goes through a manifest and back, a manifest without one still reads, and each
 refusal is one exact line. The end-to-end tests train on 2 spawned ranks (one
-run each): ``hintpipe train --model hf-gpt2`` on a text file, from a config
-file, with TensorBoard (its scalars read back with tensorboard's own reader),
+run each): ``hintpipe train --model hf-gpt2`` on a text file, the whole run from one
+config file, with TensorBoard (its scalars read back with tensorboard's own reader),
 exported and loaded by ``transformers`` alone, its parameters equal to ``load_merged``'s bit for bit
 and its loss on the run's held-out batch equal to the pipeline's (rel 1e-5:
 float32, the captured graph's kernels against the eager model's, in eval mode
@@ -208,22 +208,37 @@ def test_a_description_this_hintpipe_cannot_build_is_refused(tmp_path: Path) -> 
 # -- end to end --------------------------------------------------------------------------------------------------
 
 
-HF_RUN = ["--model", "hf-gpt2", "--layers", "2", "--hidden", "32"]
-#: The rest of the run, from a config file: keys are the options' names, in the table's sections.
+#: The whole run, from a config file: keys are the flags' names, in their sections.
 RUN_TOML = """
-[pipeline]
-ranks = 2
-microbatches = 2
+[model]
+model = "hf-gpt2"
+layers = 2
+hidden = 32
 
-[run]
+[data]
+data = "{data}"
+
+[optimizer]
+clip_grad_norm = 1.0
+
+[lr_schedule]
+lr_schedule = "warmup-cosine"
+warmup_steps = 1
+
+[training]
+microbatches = 2
 microbatch_size = 2
 steps = 3
 seed = 0
+
+[parallelism]
+ranks = 2
+
+[checkpoint]
+checkpoint_dir = "{checkpoints}"
+
+[metrics]
 eval_every = 2
-lr_schedule = "warmup-cosine"
-warmup_steps = 1
-clip_grad_norm = 1.0
-data = "{data}"
 tensorboard = "{tensorboard}"
 """
 
@@ -264,8 +279,8 @@ def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transfor
 
     corpus, board = _text_file(tmp_path / "corpus.txt"), tmp_path / "tb"
     checkpoints, out, toml = tmp_path / "ck", tmp_path / "gpt2", tmp_path / "run.toml"
-    toml.write_text(RUN_TOML.format(data=corpus, tensorboard=board))
-    assert main(["train", *HF_RUN, "--config", str(toml), "--checkpoint-dir", str(checkpoints), "--json"]) == 0
+    toml.write_text(RUN_TOML.format(data=corpus, tensorboard=board, checkpoints=checkpoints))
+    assert main(["train", "--config", str(toml), "--json"]) == 0
     run = json.loads(capsys.readouterr().out)
     assert [entry["steps"] for entry in run["eval_losses"]] == [2, 3]
     held_out = run["eval_losses"][-1]["loss"]

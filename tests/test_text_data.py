@@ -231,11 +231,12 @@ def test_the_command_line_and_a_config_file_make_the_same_run(tmp_path: Path) ->
     assert _config([*RUN, "--data", "stdlib"]).model.vocab == 256
     assert _config(RUN).model.vocab == ModelConfig.vocab and _config(RUN).data == "synthetic"
     path = tmp_path / "run.toml"
-    path.write_text(f'[run]\ndata = "{data}"\ndata_field = "body"\ntokenizer = "bytes"\n')
+    path.write_text(f'[data]\ndata = "{data}"\ndata_field = "body"\ntokenizer = "bytes"\n')
     assert _config([*RUN, "--config", str(path)]) == config
-    path.write_text("[run]\ndata = 3\n")
-    with pytest.raises(ValueError, match=r"^--data must be a string, got 3$"):
+    path.write_text("[data]\ndata = 3\n")
+    with pytest.raises(ValueError) as refused:
         _config([*RUN, "--config", str(path)])
+    assert str(refused.value) == f"--config {path}: [data] data: --data must be a string, got 3"
 
 
 def test_python_takes_the_same_data_and_refuses_a_model_too_small_for_it(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
     if getattr(args, "print_config", False):
-        print(config_text(args), end="")
+        print(config_text(parser, args), end="")
         return 0
     try:
         code: int = args.run(args)
