@@ -36,6 +36,10 @@ ROOM_FLAGS = {"memory_slack", "activation_budget", "device_budget"}
 #: ``train --plan FILE`` takes these from the file: their flags default to None (resolved after parsing); so
 #: does the tokenizer (a model folder's own, where it has one).
 FROM_PLAN = {"ranks", "microbatches", "hint", "chunks", "tokenizer"}
+#: ``plan`` resolves the tokenizer as ``train`` does.
+RESOLVED = {"plan": {"tokenizer"}}
+#: The data's options: the planner takes a model, not data (the command reads the data's vocabulary).
+DATA = ("data", "data_field", "tokenizer")
 
 
 def _flags(command: str) -> dict[str, argparse.Action]:
@@ -59,7 +63,7 @@ def test_every_flag_is_an_option_of_the_same_name_default_and_choices(command: s
         assert action.option_strings == [option.flag], dest
         if option.choices is not None and action.choices is not None:
             assert list(action.choices) == [m.value for m in option.choices], dest
-        if command == "train" and dest in FROM_PLAN:
+        if (command == "train" and dest in FROM_PLAN) or dest in RESOLVED.get(command, ()):
             assert action.default is None and not action.required, dest
         elif option.kind != "specs" and not action.required:
             assert action.default == _default(option.default), dest
@@ -113,7 +117,7 @@ def test_the_run_config_has_every_train_option_with_its_default() -> None:
 def test_the_planner_takes_the_plan_options_by_the_same_names() -> None:
     signature = inspect.signature(plan).parameters
     for name, option in OPTIONS.items():
-        if "plan" in option.commands and name not in ("seed", "stage_memory", "microbatch_size"):
+        if "plan" in option.commands and name not in ("seed", "stage_memory", "microbatch_size", *DATA):
             assert name in signature, name
     assert signature["stage_memory"].default == math.inf  # the command line requires it; Python plans without
 

@@ -14,6 +14,7 @@ _TRAIN = frozenset({"train"})
 _RUN = frozenset({"train", "simulate"})
 _ALL = frozenset({"train", "simulate", "plan"})
 _PLAN = frozenset({"plan"})
+_TRAIN_PLAN = frozenset({"train", "plan"})
 
 #: The pipeline's length in ranks (``Hint.ranks``): the run's, the simulator's and the planner's.
 RANKS = Option(
@@ -52,7 +53,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "--data-field) or a folder of .txt and .jsonl files, tokenized by --tokenizer (every 20th document "
         "held out for --eval-every)",
         metavar="synthetic|stdlib|PATH",
-        commands=_TRAIN,
+        commands=_TRAIN_PLAN,
         pipeline=False,
     ),
     Option(
@@ -61,7 +62,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "text",
         "the field of each JSONL line that holds its document (--data FILE.jsonl or a folder)",
         metavar="NAME",
-        commands=_TRAIN,
+        commands=_TRAIN_PLAN,
         pipeline=False,
     ),
     Option(
@@ -72,7 +73,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "tokenizer was saved to (save_pretrained; local files only; needs the hf extra); the model's vocabulary "
         "is the tokenizer's",
         metavar="bytes|DIR",
-        commands=_TRAIN,
+        commands=_TRAIN_PLAN,
         pipeline=False,
     ),
     Option(

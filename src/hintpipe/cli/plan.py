@@ -9,9 +9,11 @@ from typing import Any
 
 from rich.table import Table
 
-from hintpipe.apps.model_config import MODELS, ModelConfig, SeqLenDist
+from hintpipe.apps.model_config import ModelConfig, SeqLenDist
+from hintpipe.apps.model_spec import model_kind, tokenizer_of
 from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
 from hintpipe.cli.config_file import add_config_arguments
+from hintpipe.cli.model_flags import add_model_flags, model_config
 from hintpipe.schedule.hint import HintName
 from hintpipe.units import format_size
 
@@ -21,10 +23,13 @@ HELP = "plan stage cuts that minimise the slowest stage under per-device memory 
 def register(commands: Any) -> None:
     parser = commands.add_parser("plan", help=HELP, description=HELP)
     add_config_arguments(parser)
-    parser.add_argument("--model", default="gpt-mini", choices=MODELS)
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks / MLP layers (default 4)")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
-    parser.add_argument("--seq-len", type=int, default=64, help="gpt-mini sequence length to profile (default 64)")
+    add_model_flags(parser)
+    parser.add_argument(
+        "--seq-len", type=int, default=64, help="the sequence length to profile, in tokens (default 64)"
+    )
+    for name in ("data", "data_field"):
+        add_option(parser, name)
+    add_option(parser, "tokenizer", default=None)
     for name in ("ranks", "microbatches"):
         add_option(parser, name)
     names = [h.value for h in HintName]
@@ -53,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     values = checked(args, ["ranks", "microbatches", "chunks", "microbatch_size", "optimizer_factor", "repeats"])
     values |= checked(args, ["host_bandwidth", "seed"])
     torch.set_num_threads(1)
-    config = ModelConfig(
-        args.model, layers=args.layers, hidden=args.hidden, max_seq_len=max(args.seq_len + 1, 8), seed=values["seed"]
-    )
+    config = planned_model(args, values["seed"])
+    if args.seq_len > config.max_seq_len - 1:
+        raise ValueError(f"--seq-len {args.seq_len}: {config.label}'s positions end at {config.max_seq_len - 1} tokens")
     model, kwargs = whole_model(config)  # the model --model names (a Hugging Face one through torch.export)
     inputs, _, _ = make_batch(config, 1, args.microbatch_size, SeqLenDist(args.seq_len), 0)
     result = plan(
@@ -72,14 +77,16 @@ def run(args: argparse.Namespace) -> int:
         kwargs=kwargs or None,
     )
     if args.save is not None:
-        # The config trains it again (train --plan); the description rebuilds it without hintpipe (an hf-* model's
-        # transformers class and config).
+        # The config trains it again (train --plan); the description rebuilds it without hintpipe or the folder
+        # (a Hugging Face model's transformers class and config).
         described = {"config": dataclasses.asdict(config), "description": describe_model(config)}
         save_plan(result, args.save, model=described)
     if args.json:
         print_json(_finite(result.to_json()))
         return 0
-    stdout.print(f"{args.model} ({args.layers} layers, hidden {args.hidden}), {result.num_stages} stages, {args.hint}")
+    stdout.print(
+        f"{config.label} ({config.layers} layers, hidden {config.hidden}), {result.num_stages} stages, {args.hint}"
+    )
     memory = "unlimited" if args.stage_memory is None else args.stage_memory
     stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, stage memory {memory}")
     table = Table()
@@ -116,6 +123,19 @@ def run(args: argparse.Namespace) -> int:
     if args.save is not None:
         stdout.print(f"plan saved to {args.save}: hintpipe train --plan {args.save} --ranks {args.ranks} ...")
     return 0
+
+
+def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
+    """The model the flags name, as ``train`` resolves it: a built-in one's vocabulary the data's (through
+    ``--tokenizer``, or a model folder's own tokenizer), so that ``train --plan`` takes the same data."""
+    from hintpipe.apps.text_files import BYTES, data_vocab
+
+    kind, source = model_kind(args.model or "gpt-mini")
+    if args.tokenizer is None:
+        folder = tokenizer_of(source) if kind == "hf-folder" and source is not None else None
+        args.tokenizer = folder if folder is not None else BYTES
+    vocab = data_vocab(args.data, args.data_field, args.tokenizer, cli=True)
+    return model_config(args, seed=seed, data_vocab=vocab)
 
 
 def _finite(value: Any) -> Any:

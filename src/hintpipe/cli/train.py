@@ -179,8 +179,8 @@ def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) ->
         if not same:
             flag = "--" + name.replace("_", "-")
             raise ValueError(
-                f"{path} is planned for {flag} {said_by_file[name]}, this run asks for {flag} {value}; leave {flag} out "
-                "(the plan file says it) or plan again"
+                f"{path} is planned for {flag} {said_by_file[name]}, this run asks for {flag} {value}; leave {flag} "
+                "out (the plan file says it) or plan again"
             )
     return model
 
