@@ -8,7 +8,10 @@ is proven to be that model), and it is written:
 
 - a Hugging Face model with ``save_pretrained`` (``config.json``,
   ``generation_config.json``, ``model.safetensors``): ``from_pretrained(OUT_DIR)``
-  loads it, with nothing of hintpipe's;
+  loads it, with nothing of hintpipe's; the run's tokenizer folder (``--tokenizer``,
+  or a model folder's own) is copied beside it where it is unchanged
+  (:mod:`hintpipe.apps.tokenizer_record`), so ``AutoTokenizer.from_pretrained(OUT_DIR)``
+  loads that too;
 - a built-in model as ``model.safetensors`` (every state-dict key, each tensor
   its own storage) beside ``hintpipe_model.json`` (its ModelConfig's fields),
   loaded with hintpipe's builder::
@@ -36,6 +39,7 @@ import torch
 from torch import nn
 
 from hintpipe.apps.model_description import architecture_of, rebuild_model
+from hintpipe.apps.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, step_folders
 from hintpipe.runtime.checkpoint.merged import read_merged, resolve_checkpoint
@@ -46,7 +50,14 @@ WEIGHTS = "model.safetensors"
 BUILT_IN_CONFIG = "hintpipe_model.json"
 #: What an earlier export into the same folder may have left that this one would contradict (``--force``
 #: removes them first; every other file is left).
-_EXPORTED = ("config.json", "generation_config.json", BUILT_IN_CONFIG, WEIGHTS, "model.safetensors.index.json")
+_EXPORTED = (
+    "config.json",
+    "generation_config.json",
+    BUILT_IN_CONFIG,
+    WEIGHTS,
+    "model.safetensors.index.json",
+    *TOKENIZER_FILES,
+)
 _EXPORTED_SHARDS = "model-*-of-*.safetensors"
 
 
@@ -63,6 +74,7 @@ class Exported:
     step: int
     architecture: str  # the transformers class, or the built-in model's name
     files: tuple[str, ...]  # the files written into out_dir, by name
+    notes: tuple[str, ...] = ()  # what was not exported, in words (a tokenizer moved since the run)
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, force: bool = False) -> Exported:
@@ -110,11 +122,16 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, force: boo
             _save_pretrained(model, staging)
         else:
             _save_built_in(model, description["hintpipe_model"], staging)
+        tokenizer = description.get("tokenizer")
+        note = copy_tokenizer(tokenizer, staging) if isinstance(tokenizer, dict) else None
         files = tuple(sorted(p.name for p in staging.iterdir()))
         _move_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Exported(out_dir=out, checkpoint=folder, step=manifest.step, architecture=architecture, files=files)
+    notes = () if note is None else (note,)
+    return Exported(
+        out_dir=out, checkpoint=folder, step=manifest.step, architecture=architecture, files=files, notes=notes
+    )
 
 
 def _check_is_checkpoint(path: Path) -> None:

@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from hintpipe.apps.gradcheck import compare_gradients, compare_plan_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
 from hintpipe.apps.model_description import describe_model
+from hintpipe.apps.model_spec import tokenizer_of
 from hintpipe.apps.models import (
     build_layers,
     layer_bounds,
@@ -41,6 +43,8 @@ from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
+from hintpipe.apps.text_files import BYTES
+from hintpipe.apps.tokenizer_record import tokenizer_record
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
 from hintpipe.device import rank_device
@@ -49,6 +53,7 @@ from hintpipe.forming.form import Forming
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
+from hintpipe.runtime.checkpoint.run_folder import check_not_foreign
 from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer
 from hintpipe.runtime.launch import run_ranks, under_torchrun
@@ -77,7 +82,9 @@ def train(config: TrainConfig) -> TrainResult | None:
             rank started).
     """
     hold = config.checkpoint_dir is not None and not under_torchrun()
-    description = describe_model(config.model) if config.checkpoint_dir is not None else None
+    if config.checkpoint_dir is not None:
+        check_not_foreign(Path(config.checkpoint_dir), "checkpoint_dir")  # before the lock writes there
+    description = run_description(config) if config.checkpoint_dir is not None else None
     with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
         results = run_ranks(
             _train_rank, config.world, config, description, timeout=config.timeout, device=str(config.device)
@@ -87,6 +94,18 @@ def train(config: TrainConfig) -> TrainResult | None:
     result = results[int(os.environ.get("RANK", "0"))] if under_torchrun() else results[0]
     assert result is None or isinstance(result, TrainResult)
     return result
+
+
+def run_description(config: TrainConfig) -> dict[str, Any]:
+    """The model's description for the run's checkpoints, with the tokenizer the run used where it is a folder
+    (``--tokenizer``, or a model folder's own): ``hintpipe export`` hands it on."""
+    description = describe_model(config.model)
+    folder = config.tokenizer if config.tokenizer != BYTES else None
+    if folder is None and config.model.name == "hf-folder" and config.model.source is not None:
+        folder = tokenizer_of(config.model.source)
+    if folder is not None:
+        description["tokenizer"] = tokenizer_record(folder)
+    return description
 
 
 def _build_pipeline(
@@ -386,7 +405,7 @@ def _checkpointer(
         every=config.checkpoint_every,
         keep=config.checkpoint_keep,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
-        model_description=description if description is not None else describe_model(config.model),
+        model_description=description if description is not None else run_description(config),
     )
     return checkpoints
 

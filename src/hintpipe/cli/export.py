@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from hintpipe.cli.common import print_json, stdout
@@ -43,12 +44,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     if args.json:
         said = {"out_dir": str(done.out_dir), "step": done.step, "architecture": done.architecture}
-        print_json(said | {"files": list(done.files)})
+        print_json(said | {"files": list(done.files), "notes": list(done.notes)})
         return 0
+    for note in done.notes:
+        print(f"hintpipe export: {note}", file=sys.stderr)
     stdout.print(f"{done.checkpoint} (step {done.step}, {done.architecture}) exported to {done.out_dir}:")
     stdout.print(f"  {', '.join(done.files)}")
     if "config.json" in done.files:
         stdout.print(f"load it with transformers.{done.architecture}.from_pretrained({str(done.out_dir)!r})")
+        if "tokenizer_config.json" in done.files or "tokenizer.json" in done.files:
+            stdout.print(f"and its tokenizer with transformers.AutoTokenizer.from_pretrained({str(done.out_dir)!r})")
     else:
         stdout.print("load it with hintpipe.apps.models.whole_model and safetensors (see hintpipe.apps.export)")
     return 0

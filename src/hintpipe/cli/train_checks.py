@@ -97,7 +97,13 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
     """The checkpoint folder, before any rank starts: writable (its parent exists), and for a fresh run free of
     another run's checkpoints unless they are to be replaced."""
     from hintpipe.runtime.checkpoint.manifest import step_folders
-    from hintpipe.runtime.checkpoint.run_folder import another_run, check_layout, check_writable, read_run
+    from hintpipe.runtime.checkpoint.run_folder import (
+        another_run,
+        check_layout,
+        check_not_foreign,
+        check_writable,
+        read_run,
+    )
     from hintpipe.runtime.errors import CheckpointError
 
     assert config.checkpoint_dir is not None
@@ -107,6 +113,7 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
     check_writable(folder)
     try:
         check_layout(folder)
+        check_not_foreign(folder)
         owner = read_run(folder)
     except CheckpointError as exc:
         raise ValueError(str(exc)) from None

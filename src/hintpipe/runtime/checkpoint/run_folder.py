@@ -65,6 +65,7 @@ def claim(folder: Path, *, replace: bool = False) -> str:
     """
     folder.mkdir(parents=True, exist_ok=True)
     check_layout(folder)
+    check_not_foreign(folder, "the checkpoint folder")
     found = step_folders(folder)
     if found and not replace:
         raise CheckpointError(another_run(folder, found))
@@ -117,6 +118,43 @@ def check_layout(folder: Path) -> None:
             raise CheckpointError(
                 f"{path} is a folder; hintpipe writes {what} there as a file: move it elsewhere (nothing was changed)"
             )
+
+
+#: What a run writes at the top of its folder, besides its ``step-<n>`` (and ``step-<n>.tmp``) folders: the run's
+#: id, the lock of the process that runs it, the pointer to the newest checkpoint, and their temporaries.
+_RUN_NAMES = frozenset({RUN_FILE, "run.lock", LATEST, f"{LATEST}.tmp"})
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """The names at the top of ``folder`` that no run writes, sorted (empty for a new, empty or run folder)."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if entry.name not in _RUN_NAMES and not entry.name.startswith(("step-", f".{RUN_FILE}."))
+    )
+
+
+def check_not_foreign(folder: Path, flag: str = "--checkpoint-dir") -> None:
+    """Refuse, before anything is written there, a folder that no run has claimed (no ``run.json``) and that
+    holds files no run writes: a model folder (``config.json``, weights) or any other folder of the user's is
+    never made a run's. A folder a run has claimed may hold the user's own files beside the run's.
+
+    Raises:
+        CheckpointError: one line naming the folder, the first files found and what to do.
+    """
+    if (folder / RUN_FILE).is_file():
+        return
+    found = foreign_files(folder)
+    if not found:
+        return
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    what = "a model folder" if "config.json" in found else "a folder of other files"
+    raise CheckpointError(
+        f"{flag} {folder} is {what} ({shown}), not a run's checkpoint folder: give a new or empty folder for the "
+        "run's checkpoints (nothing was written)"
+    )
 
 
 def adopt(folder: Path) -> str:
