@@ -44,6 +44,7 @@ WORDS = {
     "data": "corpus.jsonl",
     "data_field": "body",
     "seq_len_dist": "lognormal:32:0.5",
+    "betas": "0.8,0.99",
     "activation_budget": "64MiB",
     "stage_memory": "2GiB",
 }
@@ -69,7 +70,8 @@ def _sample(action: argparse.Action) -> Any:
     if action.type is int:
         one: Any = int(low) + 3
     elif action.type is float:
-        one = low + 2.5
+        high = option.maximum if option is not None and option.maximum is not None else None
+        one = low + 2.5 if high is None else (low + high) / 2
     else:
         one = WORDS.get(action.dest, f"some-{action.dest}")
     if isinstance(action, argparse._AppendAction):

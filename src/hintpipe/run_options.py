@@ -7,6 +7,7 @@ This module is torch-free.
 from __future__ import annotations
 
 from hintpipe.apps.lr_schedule import LrSchedule
+from hintpipe.apps.optimizer import OptimizerName
 from hintpipe.forming.form import Forming
 from hintpipe.option import Option
 
@@ -139,7 +140,45 @@ RUN_OPTIONS: tuple[Option, ...] = (
         commands=_ALL,
         pipeline=False,
     ),
-    Option("lr", "float", 1e-3, "AdamW's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
+    Option(
+        "optimizer",
+        "choice",
+        OptimizerName.ADAMW,
+        "adamw (torch.optim.AdamW) or sgd (torch.optim.SGD), over each rank's own stages",
+        choices=OptimizerName,
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option("lr", "float", 1e-3, "the optimizer's learning rate", minimum=0.0, commands=_TRAIN, pipeline=False),
+    Option(
+        "weight_decay",
+        "float",
+        None,
+        "the optimizer's weight decay (decoupled in AdamW); default: torch's own (AdamW 0.01, SGD 0)",
+        minimum=0.0,
+        optional=True,
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "betas",
+        "str",
+        "0.9,0.999",
+        "AdamW's betas, B1,B2",
+        metavar="B1,B2",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "momentum",
+        "float",
+        0.0,
+        "SGD's momentum",
+        minimum=0.0,
+        maximum=1.0,
+        commands=_TRAIN,
+        pipeline=False,
+    ),
     Option(
         "lr_schedule",
         "choice",

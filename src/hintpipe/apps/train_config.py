@@ -10,6 +10,7 @@ import statistics
 import torch
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist
+from hintpipe.apps.optimizer import parse_betas
 from hintpipe.apps.text_files import data_vocab
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
@@ -39,7 +40,11 @@ class TrainConfig(PipelineConfig):
     variability: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()
     seed: int = 0
+    optimizer: str = "adamw"  # or "sgd" (see hintpipe.apps.optimizer)
     lr: float = 1e-3
+    weight_decay: float | None = None  # None: torch's default for the optimizer (AdamW 0.01, SGD 0)
+    betas: str = "0.9,0.999"  # AdamW's
+    momentum: float = 0.0  # SGD's
     lr_schedule: str = "constant"  # or "warmup-cosine", "warmup-linear" (see hintpipe.apps.lr_schedule)
     warmup_steps: int = 0
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
@@ -69,6 +74,7 @@ class TrainConfig(PipelineConfig):
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
+        parse_betas(self.betas, "betas")
         self._check_data()
 
     def _check_data(self) -> None:

@@ -39,6 +39,7 @@ from hintpipe.apps.models import (
     split_layers,
     whole_model,
 )
+from hintpipe.apps.optimizer import build_optimizer
 from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.step_ends import microbatch_ends
@@ -196,7 +197,18 @@ def _train_rank(
     pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
-    optimizer = torch.optim.AdamW(params, lr=config.lr) if params else None
+    optimizer = (
+        build_optimizer(
+            params,
+            config.optimizer,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            betas=config.betas,
+            momentum=config.momentum,
+        )
+        if params
+        else None
+    )
     scheduler = _scheduler(config, optimizer)
     checkpoints = _checkpointer(config, pipe, optimizer, scheduler, description)
     first = 0

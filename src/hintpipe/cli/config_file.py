@@ -53,7 +53,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "model", "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout", "seq_len_dist", "seq_len",
     ),
     "data": ("data", "data_field", "tokenizer", "forming"),
-    "optimizer": ("optimizer", "lr", "weight_decay", "betas", "clip_grad_norm"),
+    "optimizer": ("optimizer", "lr", "weight_decay", "betas", "momentum", "clip_grad_norm"),
     "lr_schedule": ("lr_schedule", "warmup_steps"),
     "training": (
         "steps", "microbatches", "microbatch_size", "seed", "precision", "on_nonfinite", "timeout", "emulate",

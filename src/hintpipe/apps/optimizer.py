@@ -1,0 +1,67 @@
+"""The run's optimizer: AdamW (the default, as torchtitan's and Hugging Face's Trainer's) or SGD, with weight
+decay, AdamW's betas and SGD's momentum.
+
+Every rank builds one over the parameters of its own stages; a tied parameter held by several ranks has the
+same gradient on each (summed by the runtime), so the copies stay equal. Weight decay applies to every
+parameter, as ``torch.optim.AdamW(model.parameters(), weight_decay=...)`` does on the unsplit model.
+
+:class:`OptimizerName` and :func:`parse_betas` are torch-free; :func:`build_optimizer` imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from hintpipe.choice import Choice
+
+if TYPE_CHECKING:
+    import torch
+
+
+class OptimizerName(Choice):
+    """``adamw`` (``torch.optim.AdamW``) or ``sgd`` (``torch.optim.SGD``)."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "optimizer"
+
+
+def parse_betas(text: str, label: str = "--betas") -> tuple[float, float]:
+    """``"B1,B2"`` as AdamW's two betas, each in [0, 1).
+
+    Raises:
+        ValueError: naming ``label``, the value and the form it takes.
+    """
+    words = text.split(",")
+    try:
+        betas = tuple(float(word) for word in words)
+    except ValueError:
+        betas = ()
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{label} {text!r}: give two numbers in [0, 1) as B1,B2, e.g. 0.9,0.999")
+    return betas[0], betas[1]
+
+
+def build_optimizer(
+    parameters: Iterable[torch.nn.Parameter],
+    name: OptimizerName | str,
+    *,
+    lr: float,
+    weight_decay: float | None = None,
+    betas: str = "0.9,0.999",
+    momentum: float = 0.0,
+) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over ``parameters`` (``weight_decay`` None: torch's default for it, so that a run
+    without the flag steps as ``torch.optim.AdamW(params, lr=...)`` does)."""
+    import torch
+
+    chosen = OptimizerName.parse(name)
+    if chosen is OptimizerName.SGD:
+        decay = 0.0 if weight_decay is None else weight_decay  # torch.optim.SGD's own default
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=decay)
+    decay = 0.01 if weight_decay is None else weight_decay  # torch.optim.AdamW's own default
+    return torch.optim.AdamW(parameters, lr=lr, betas=parse_betas(betas), weight_decay=decay)
