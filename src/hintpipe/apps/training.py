@@ -312,7 +312,9 @@ def unsplit_model(config: TrainConfig) -> Whole:
     """
     assert config.plan is not None
     model, kwargs = whole_model(config.model)
-    missing, unexpected = model.load_state_dict(config.plan.graph.module.state_dict(), strict=False)
+    # The parameters only: the plan's module also holds the buffers a model does not save (rotary frequencies).
+    planned = dict(config.plan.graph.module.named_parameters())
+    missing, unexpected = model.load_state_dict(planned, strict=False)
     if unexpected:
         raise ValueError(f"--check-grads: the plan holds tensors the model does not have: {sorted(unexpected)[:3]}")
     del missing  # a tied tensor's other names, filled by the tie

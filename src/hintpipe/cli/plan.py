@@ -128,11 +128,12 @@ def run(args: argparse.Namespace) -> int:
 def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
     """The model the flags name, as ``train`` resolves it: a built-in one's vocabulary the data's (through
     ``--tokenizer``, or a model folder's own tokenizer), so that ``train --plan`` takes the same data."""
-    from hintpipe.apps.text_files import BYTES, data_vocab
+    from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
 
     kind, source = model_kind(args.model or "gpt-mini")
     if args.tokenizer is None:
-        folder = tokenizer_of(source) if kind == "hf-folder" and source is not None else None
+        corpus = args.data not in BUILT_IN_DATA
+        folder = tokenizer_of(source) if kind == "hf-folder" and source is not None and corpus else None
         args.tokenizer = folder if folder is not None else BYTES
     vocab = data_vocab(args.data, args.data_field, args.tokenizer, cli=True)
     return model_config(args, seed=seed, data_vocab=vocab)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.model_spec import model_kind, tokenizer_of
-from hintpipe.apps.text_files import BYTES, data_vocab
+from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
@@ -186,14 +186,16 @@ def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) ->
 
 
 def _resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None) -> None:
-    """``--tokenizer`` as given, else a model folder's own tokenizer where it has one, else bytes."""
+    """``--tokenizer`` as given, else (for a corpus of files) a model folder's own tokenizer where it has one,
+    else bytes."""
     if getattr(args, "tokenizer", None) is not None:
         return
     if planned is not None:
         kind, source = planned.name, planned.source
     else:
         kind, source = model_kind(args.model or "gpt-mini")
-    folder = tokenizer_of(source) if kind == "hf-folder" and source is not None else None
+    corpus = getattr(args, "data", "synthetic") not in BUILT_IN_DATA
+    folder = tokenizer_of(source) if kind == "hf-folder" and source is not None and corpus else None
     args.tokenizer = folder if folder is not None else BYTES
 
 

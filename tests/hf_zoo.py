@@ -1,0 +1,89 @@
+"""Tiny Hugging Face causal language models of many architectures, saved as users have them: a folder written
+by ``save_pretrained`` with a tokenizer beside the weights (no download: configs in code, weights from a seed,
+a word-piece BPE tokenizer trained here on the corpus it will tokenize).
+
+Dropout is off in every config, so that a pipeline and the unsplit model compute the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+VOCAB = 96
+#: Every architecture by name: the config of a 2-layer model of width 32.
+ARCHITECTURES: dict[str, Callable[[], Any]] = {
+    "gpt2": lambda: transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    ),
+    "llama": lambda: transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0,
+    ),
+    "mistral": lambda: transformers.MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "qwen3": lambda: transformers.Qwen3Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "phi3": lambda: transformers.Phi3Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+    ),
+    "gemma2": lambda: transformers.Gemma2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "gpt-neox": lambda: transformers.GPTNeoXConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, vocab_size=VOCAB,
+        max_position_embeddings=64, bos_token_id=0, eos_token_id=0, hidden_dropout=0.0, attention_dropout=0.0,
+    ),
+    "opt": lambda: transformers.OPTConfig(
+        hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=2, word_embed_proj_dim=32,
+        vocab_size=VOCAB, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, bos_token_id=0,
+        eos_token_id=0, pad_token_id=1,
+    ),
+}  # fmt: skip
+
+
+def corpus(path: Path) -> Path:
+    """A small plain-text corpus (documents separated by blank lines)."""
+    words = ["pipeline", "stage", "rank", "tensor", "model", "token", "batch", "step", "loss", "grad"]
+    documents = [" ".join(words[(i * 7 + j) % len(words)] for j in range(8 + i % 13)) for i in range(120)]
+    path.write_text("\n\n".join(documents) + "\n")
+    return path
+
+
+def save_tokenizer(folder: Path, text_file: Path) -> int:
+    """A BPE tokenizer trained on ``text_file``, saved into ``folder`` as ``save_pretrained`` does; returns its
+    vocabulary (at most :data:`VOCAB`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train([str(text_file)], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>"]))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return len(fast)
+
+
+def save_model(name: str, folder: Path, text_file: Path, *, seed: int = 0) -> Path:
+    """Architecture ``name`` with weights from ``seed``, saved into ``folder`` with a tokenizer."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())
+    model.save_pretrained(folder)
+    save_tokenizer(folder, text_file)
+    return folder

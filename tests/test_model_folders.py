@@ -1,0 +1,172 @@
+"""``hintpipe train --model FOLDER``: any Hugging Face causal LM from the folder ``save_pretrained`` wrote, trained
+from its weights, as users fine-tune.
+
+A zoo of architectures (tests/hf_zoo.py: GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma-2, GPT-NeoX, OPT),
+each saved with a tokenizer, is trained for 2 steps on 2 ranks from the command line's own config (the run
+``hintpipe train`` starts, on one shared spawned group): the first step's loss is the unsplit model's loss on
+the same batch (rel 1e-5), ``--check-grads`` finds every gradient within its tolerance, the run used the
+folder's tokenizer, and the export loads with ``from_pretrained`` holding exactly the checkpoint's tensors,
+the tokenizer beside them. Then every refusal of a wrong model or folder, by its exact text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+import hf_zoo
+from conftest import parse_cli
+from groups import Case, run_cases, succeeded
+from hintpipe.apps.export import export_checkpoint
+from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+from hintpipe.apps.models import lm_loss
+from hintpipe.apps.train_config import TrainConfig
+from hintpipe.apps.training import _train_rank, step_batch
+from hintpipe.cli import main
+from hintpipe.cli.train import config_from
+from hintpipe.runtime.checkpoint.merged import load_merged
+
+ARCHITECTURES = tuple(hf_zoo.ARCHITECTURES)
+RUN = ["--ranks", "2", "--microbatches", "2", "--microbatch-size", "2", "--steps", "2", "--policy", "fixed"]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("zoo")
+    corpus = hf_zoo.corpus(root / "corpus.txt")
+    for name in ARCHITECTURES:
+        hf_zoo.save_model(name, root / name, corpus)
+    return root
+
+
+def _config(zoo: Path, name: str, *more: str) -> TrainConfig:
+    argv = ["train", "--model", str(zoo / name), *RUN, "--data", str(zoo / "corpus.txt"), "--check-grads", *more]
+    args = parse_cli(argv)
+    return config_from(args, args.policy)
+
+
+@pytest.fixture(scope="module")
+def configs(zoo: Path) -> dict[str, TrainConfig]:
+    return {name: _config(zoo, name, "--checkpoint-dir", str(zoo / f"{name}-run")) for name in ARCHITECTURES}
+
+
+@pytest.fixture(scope="module")
+def runs(configs: dict[str, TrainConfig]) -> dict[str, list[Any]]:
+    return run_cases(2, {name: Case(_train_rank, (config,)) for name, config in configs.items()}, timeout_s=240)
+
+
+def _unsplit_loss(folder: Path, config: TrainConfig) -> float:
+    """The first step's loss on the unsplit model as ``from_pretrained`` loads it: the mean over the step's
+    micro-batches of each one's mean next-token loss."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    inputs, targets, _ = step_batch(config, 0)
+    with torch.no_grad():
+        losses = [lm_loss(model(x, use_cache=False).logits, y) for x, y in zip(inputs, targets, strict=True)]
+    return float(torch.stack(losses).mean())
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_a_model_folder_trains_from_its_weights_as_the_unsplit_model(
+    name: str, zoo: Path, configs: dict[str, TrainConfig], runs: dict[str, list[Any]]
+) -> None:
+    config = configs[name]
+    assert config.model.name == "hf-folder" and config.model.init == "pretrained"
+    assert config.tokenizer == str(zoo / name)  # the folder's own, unasked
+    result = succeeded(runs[name])[0]
+    assert result.losses[0] == pytest.approx(_unsplit_loss(zoo / name, config), rel=1e-5)
+    assert result.max_grad_rel_diff is not None and result.max_grad_rel_diff <= RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_the_export_is_the_checkpoint_and_the_tokenizer(
+    name: str, zoo: Path, runs: dict[str, list[Any]], tmp_path: Path
+) -> None:
+    succeeded(runs[name])
+    done = export_checkpoint(zoo / f"{name}-run", tmp_path / "out")
+    assert done.notes == () and {"tokenizer.json", "tokenizer_config.json"} <= set(done.files)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    saved = load_merged(zoo / f"{name}-run")
+    state = loaded.state_dict()
+    assert set(saved) <= set(state)
+    for key, tensor in saved.items():
+        assert torch.equal(state[key], tensor), key
+    assert not torch.equal(saved[next(iter(saved))], _original(zoo / name)[next(iter(saved))])  # it trained
+    text = "pipeline stage rank tensor"
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert exported(text)["input_ids"] == transformers.AutoTokenizer.from_pretrained(zoo / name)(text)["input_ids"]
+
+
+def _original(folder: Path) -> dict[str, torch.Tensor]:
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+
+
+def test_init_random_is_the_folder_s_config_with_weights_from_the_seed(zoo: Path) -> None:
+    config = _config(zoo, "llama", "--init", "random", "--seed", "3")
+    assert config.plan is not None
+    planned = dict(config.plan.graph.module.named_parameters())
+    torch.manual_seed(3)
+    fresh = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(zoo / "llama"), dtype=torch.float32
+    )
+    pretrained = _original(zoo / "llama")
+    for key, tensor in fresh.named_parameters():
+        assert torch.equal(planned[key], tensor), key
+    assert not torch.equal(
+        planned["model.layers.0.mlp.up_proj.weight"], pretrained["model.layers.0.mlp.up_proj.weight"]
+    )
+
+
+def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_wrong_models_and_folders_are_one_line(zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train = ["train", "--ranks", "2", "--microbatches", "2", "--steps", "1"]
+    assert _error([*train, "--model", "gpt-nano"], capsys) == (
+        "hintpipe train: error: --model gpt-nano: not a built-in model (mlp, gpt-mini, mm-mini, hf-gpt2, "
+        "hf-llama), a model folder (save_pretrained) or module:function\n"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _error([*train, "--model", str(empty)], capsys) == (
+        f"hintpipe train: error: --model {empty}: the folder has no config.json; give a folder written by a "
+        "Hugging Face model's save_pretrained, a built-in model or module:function\n"
+    )
+    folder = str(zoo / "gpt2")
+    assert _error([*train, "--model", folder, "--layers", "4", "--hidden", "8"], capsys) == (
+        f"hintpipe train: error: --layers --hidden: --model {folder} is sized by its own config; leave --layers "
+        "--hidden out\n"
+    )
+    assert _error([*train, "--init", "pretrained"], capsys) == (
+        "hintpipe train: error: --init pretrained: --model gpt-mini is a built-in model, its weights always start "
+        "from --seed; --init is for a model folder\n"
+    )
+    assert _error([*train, "--checkpoint-dir", folder], capsys) == (
+        f"hintpipe train: error: --checkpoint-dir {folder} is a model folder (config.json, generation_config.json, "
+        "model.safetensors, tokenizer.json and 1 more), not a run's checkpoint folder: give a new or empty folder "
+        "for the run's checkpoints (nothing was written)\n"
+    )
+    assert sorted(p.name for p in (zoo / "gpt2").iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]  # fmt: skip
+
+
+def test_a_folder_whose_config_maps_to_its_own_code_is_refused(
+    zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    said = json.loads((zoo / "llama" / "config.json").read_text())
+    said["auto_map"] = {"AutoModelForCausalLM": "modeling.Model"}
+    (folder / "config.json").write_text(json.dumps(said))
+    (folder / "modeling.py").write_text("raise SystemExit('code from the folder ran')\n")
+    assert _error(["train", "--ranks", "2", "--microbatches", "2", "--model", str(folder)], capsys) == (
+        f"hintpipe train: error: --model {folder}: its config.json maps to Python code in the folder (auto_map), "
+        "and hintpipe runs no code from a model folder; use a model class that transformers ships\n"
+    )
