@@ -87,3 +87,27 @@ def save_model(name: str, folder: Path, text_file: Path, *, seed: int = 0) -> Pa
     model.save_pretrained(folder)
     save_tokenizer(folder, text_file)
     return folder
+
+
+class UserLM(torch.nn.Module):
+    """A user's own module: a Hugging Face Llama body under a head of its own, tied to the body's embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = transformers.LlamaModel(ARCHITECTURES["llama"]())
+        self.head = torch.nn.Linear(32, VOCAB, bias=False)
+        self.head.weight = self.body.embed_tokens.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden: torch.Tensor = self.body(ids, use_cache=False).last_hidden_state
+        return self.head(hidden)
+
+
+def mean_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def user_model() -> tuple[torch.nn.Module, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """``--model hf_zoo:user_model``: the user's module, an example batch of ids and the loss."""
+    torch.manual_seed(0)
+    return UserLM(), torch.zeros(2, 32, dtype=torch.int64), mean_token_loss

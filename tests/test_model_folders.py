@@ -56,8 +56,17 @@ def configs(zoo: Path) -> dict[str, TrainConfig]:
 
 
 @pytest.fixture(scope="module")
-def runs(configs: dict[str, TrainConfig]) -> dict[str, list[Any]]:
-    return run_cases(2, {name: Case(_train_rank, (config,)) for name, config in configs.items()}, timeout_s=240)
+def factory_config(zoo: Path) -> TrainConfig:
+    """The user's own module (tests/hf_zoo.py's ``user_model``), on the same corpus with a byte tokenizer."""
+    args = parse_cli(["train", "--model", "hf_zoo:user_model", *RUN, "--seq-len-dist", "fixed:16", "--check-grads"])
+    return config_from(args, args.policy)
+
+
+@pytest.fixture(scope="module")
+def runs(configs: dict[str, TrainConfig], factory_config: TrainConfig) -> dict[str, list[Any]]:
+    cases = {name: Case(_train_rank, (config,)) for name, config in configs.items()}
+    cases["factory"] = Case(_train_rank, (factory_config,))
+    return run_cases(2, cases, timeout_s=240)
 
 
 def _unsplit_loss(folder: Path, config: TrainConfig) -> float:
@@ -99,6 +108,34 @@ def test_the_export_is_the_checkpoint_and_the_tokenizer(
     text = "pipeline stage rank tensor"
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert exported(text)["input_ids"] == transformers.AutoTokenizer.from_pretrained(zoo / name)(text)["input_ids"]
+
+
+def test_a_user_s_own_module_trains_from_the_command_line_as_in_python(
+    factory_config: TrainConfig, runs: dict[str, list[Any]]
+) -> None:
+    assert (factory_config.model.name, factory_config.model.vocab, factory_config.model.max_seq_len) == (
+        "factory",
+        hf_zoo.VOCAB,
+        33,
+    )
+    result = succeeded(runs["factory"])[0]
+    model, _, loss_fn = hf_zoo.user_model()
+    inputs, targets, _ = step_batch(factory_config, 0)
+    with torch.no_grad():
+        unsplit = torch.stack([loss_fn(model(x), y) for x, y in zip(inputs, targets, strict=True)]).mean()
+    assert result.losses[0] == pytest.approx(float(unsplit), rel=1e-5)
+    assert result.max_grad_rel_diff is not None and result.max_grad_rel_diff <= RELATIVE_TOLERANCE
+
+
+def test_a_factory_of_the_wrong_shape_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    train = ["train", "--ranks", "2", "--microbatches", "2", "--steps", "1"]
+    assert _error([*train, "--model", "hf_zoo:corpus_missing"], capsys) == (
+        "hintpipe train: error: --model hf_zoo:corpus_missing: hf_zoo has no function corpus_missing\n"
+    )
+    assert _error([*train, "--model", "no_such_module:make"], capsys) == (
+        "hintpipe train: error: --model no_such_module:make: cannot import no_such_module (No module named "
+        "'no_such_module')\n"
+    )
 
 
 def _original(folder: Path) -> dict[str, torch.Tensor]:
@@ -170,3 +207,20 @@ def test_a_folder_whose_config_maps_to_its_own_code_is_refused(
         f"hintpipe train: error: --model {folder}: its config.json maps to Python code in the folder (auto_map), "
         "and hintpipe runs no code from a model folder; use a model class that transformers ships\n"
     )
+
+
+def test_under_torchrun_rank_0_plans_and_every_rank_trains_its_plan(zoo: Path, runs: dict[str, list[Any]]) -> None:
+    # Before, every rank planned on its own: their cuts differed (they rest on measured times) and the run
+    # stopped, 3 times in 4, with "ranks [1] hold another plan". Now rank 0 plans and its ranks receive it.
+    import subprocess
+    import sys
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv = [*torchrun, "-m", "hintpipe", "train", "--model", str(zoo / "gpt2"), *RUN]
+    argv += ["--data", str(zoo / "corpus.txt"), "--check-grads", "--timeout", "120", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=zoo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout)  # rank 0's report alone
+    spawned = succeeded(runs["gpt2"])[0]
+    assert said["losses"] == pytest.approx(list(spawned.losses), rel=1e-5)
+    assert said["max_grad_rel_diff"] <= RELATIVE_TOLERANCE
