@@ -75,7 +75,7 @@ def save_tokenizer(folder: Path, text_file: Path) -> int:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.train([str(text_file)], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>"]))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>")
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>")  # type: ignore[no-untyped-call]
     fast.save_pretrained(folder)
     return len(fast)
 
@@ -83,7 +83,7 @@ def save_tokenizer(folder: Path, text_file: Path) -> int:
 def save_model(name: str, folder: Path, text_file: Path, *, seed: int = 0) -> Path:
     """Architecture ``name`` with weights from ``seed``, saved into ``folder`` with a tokenizer."""
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())
+    model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())  # type: ignore[no-untyped-call]
     model.save_pretrained(folder)
     save_tokenizer(folder, text_file)
     return folder
@@ -100,7 +100,8 @@ class UserLM(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         hidden: torch.Tensor = self.body(ids, use_cache=False).last_hidden_state
-        return self.head(hidden)
+        logits: torch.Tensor = self.head(hidden)
+        return logits
 
 
 def mean_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

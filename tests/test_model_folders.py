@@ -147,7 +147,7 @@ def test_init_random_is_the_folder_s_config_with_weights_from_the_seed(zoo: Path
     assert config.plan is not None
     planned = dict(config.plan.graph.module.named_parameters())
     torch.manual_seed(3)
-    fresh = transformers.AutoModelForCausalLM.from_config(
+    fresh = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
         transformers.AutoConfig.from_pretrained(zoo / "llama"), dtype=torch.float32
     )
     pretrained = _original(zoo / "llama")
