@@ -134,9 +134,10 @@ def test_a_description_that_is_not_plain_values_is_refused_when_the_checkpointer
 def test_a_plan_file_of_a_hugging_face_model_keeps_its_transformers_config(tmp_path: Path) -> None:
     path = tmp_path / "gpt2.plan"
     planning = ["plan", "--model", "hf-gpt2", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "2"]
+    planning += ["--max-seq-len", "17"]  # the model's positions (the profile's length is --seq-len's)
     assert main([*planning, "--seq-len", "16", "--repeats", "1", "--save", str(path), "--json"]) == 0
     model = read_plan_file(path)["model"]
-    assert model["config"]["max_seq_len"] == 17  # what `train --plan` reads, as before
+    assert model["config"]["max_seq_len"] == 17  # what `train --plan` reads
     assert model["description"] == describe_model(ModelConfig(**model["config"]))
     assert model["description"]["config"]["n_positions"] == 17
 
@@ -296,7 +297,7 @@ def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transfor
     assert main(["export", str(checkpoints), str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
     files = ["config.json", "generation_config.json", "model.safetensors"]
-    assert said == {"out_dir": str(out), "step": 3, "architecture": "GPT2LMHeadModel", "files": files}
+    assert said == {"out_dir": str(out), "step": 3, "architecture": "GPT2LMHeadModel", "files": files, "notes": []}
 
     model = transformers.GPT2LMHeadModel.from_pretrained(out)
     assert (model.config.vocab_size, model.config.n_positions) == (256, 256)  # bytes, not GPT-2's defaults

@@ -70,9 +70,12 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def factory_sizes(source: str, *, seed: int = 0) -> ModelConfig:
+def factory_sizes(source: str, *, init: str = "pretrained", seed: int = 0) -> ModelConfig:
     """The :class:`ModelConfig` of ``module:function``'s model: its vocabulary from its output on the example,
-    its positions the example's length (a longer sequence is cropped to it)."""
+    its positions the example's length (a longer sequence is cropped to it). ``init``: the factory's weights are
+    its own (``pretrained``, the one choice)."""
+    if init != "pretrained":
+        raise ValueError(f"--init {init}: --model {source} is a factory, its weights are the ones it makes")
     model, example, _ = made(source)
     with torch.no_grad():
         logits = _logits(model(example))

@@ -40,6 +40,16 @@ def build_hf_model(config: ModelConfig) -> nn.Module:
     return model
 
 
+def built_in_description(config: ModelConfig) -> dict[str, Any]:
+    """The description of ``hf-gpt2``/``hf-llama`` (:mod:`hintpipe.apps.model_description`): its
+    ``transformers`` class and config, and its ModelConfig's fields."""
+    import dataclasses
+
+    from hintpipe.runtime.checkpoint.description import described_hf
+
+    return {**described_hf(ARCHITECTURES[config.name], hf_config(config)), "hintpipe_model": dataclasses.asdict(config)}
+
+
 def hf_config(config: ModelConfig) -> Any:
     """The ``transformers`` config of the model ``config`` names (a ``PretrainedConfig``): what a checkpoint's
     description keeps of it, so that the model is rebuilt without these lines.

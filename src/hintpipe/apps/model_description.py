@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from hintpipe.apps.model_config import ModelConfig
-from hintpipe.runtime.checkpoint.description import HF, HINTPIPE, described_hf, description_problem
+from hintpipe.runtime.checkpoint.description import HF, HINTPIPE, description_problem
 
 
 def describe_model(config: ModelConfig) -> dict[str, Any]:
@@ -29,16 +29,11 @@ def describe_model(config: ModelConfig) -> dict[str, Any]:
     Raises:
         ImportError: an ``hf-*`` model without transformers, naming the extra.
     """
-    fields = dataclasses.asdict(config)
-    if config.name == "hf-folder":
-        from hintpipe.apps.hf_folder import folder_description
-
-        return folder_description(config)
-    if config.name in ("hf-gpt2", "hf-llama"):
-        from hintpipe.apps.hf_models import ARCHITECTURES, hf_config
-
-        return {**described_hf(ARCHITECTURES[config.name], hf_config(config)), "hintpipe_model": fields}
-    return {"kind": HINTPIPE, "hintpipe_model": fields}
+    describer = config.spec.describer()
+    if describer is not None:
+        described: dict[str, Any] = describer(config)
+        return described
+    return {"kind": HINTPIPE, "hintpipe_model": dataclasses.asdict(config)}
 
 
 def architecture_of(description: Mapping[str, Any]) -> str:

@@ -41,6 +41,12 @@ class ModelSpec:
         layer_list: a list of layers (``--check-grads`` compares layer by layer; ``--layers`` counts them).
         loss: ``module:function`` of what gives its loss from its config ("": next-token cross-entropy for a
             model of token ids, else mean squared error).
+        describe: ``module:function`` of what describes it for checkpoints and plan files (plain values that
+            rebuild it; "": its ModelConfig's fields, rebuilt by hintpipe).
+        sizes: a sourced kind's ``module:function(source, *, init, seed)``, giving its ModelConfig (sizes read
+            from the source).
+        own_tokenizer: its source is a folder that may hold its tokenizer (used for a corpus unless
+            ``--tokenizer`` says another, and exported with it).
     """
 
     name: str
@@ -55,6 +61,9 @@ class ModelSpec:
     sourced: bool = False
     layer_list: bool = False
     loss: str = ""
+    describe: str = ""
+    sizes: str = ""
+    own_tokenizer: bool = False
 
     def builder(self) -> Any:
         """The function :attr:`build` names, imported now."""
@@ -64,6 +73,14 @@ class ModelSpec:
         """The function :attr:`loss` names, imported now (None: the default loss)."""
         return _imported(self.loss) if self.loss else None
 
+    def describer(self) -> Any:
+        """The function :attr:`describe` names, imported now (None: the ModelConfig's fields)."""
+        return _imported(self.describe) if self.describe else None
+
+    def sizer(self) -> Any:
+        """The function :attr:`sizes` names, imported now."""
+        return _imported(self.sizes)
+
 
 def _imported(path: str) -> Any:
     module, _, function = path.partition(":")
@@ -72,6 +89,7 @@ def _imported(path: str) -> Any:
 
 _LAYERS = "hintpipe.apps.models:whole_layer_model"
 _HF = "hintpipe.apps.hf_models:whole_hf_model"
+_SAID = "hintpipe.apps.hf_models:built_in_description"
 #: Every kind of model, by name; the built-ins first, in ``--help``'s order.
 MODEL_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
@@ -94,8 +112,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             layer_list=True,
         ),
         ModelSpec("mm-mini", "an image encoder and a text decoder", _LAYERS, layer_list=True),
-        ModelSpec("hf-gpt2", "transformers' GPT2LMHeadModel, sized by the flags", _HF, planned=True),
-        ModelSpec("hf-llama", "transformers' LlamaForCausalLM, sized by the flags", _HF, planned=True),
+        ModelSpec("hf-gpt2", "transformers' GPT2LMHeadModel, sized by the flags", _HF, planned=True, describe=_SAID),
+        ModelSpec("hf-llama", "transformers' LlamaForCausalLM, sized by the flags", _HF, planned=True, describe=_SAID),
         ModelSpec(
             "hf-folder",
             "a Hugging Face causal LM's folder (save_pretrained): its weights or, with --init random, its config",
@@ -103,6 +121,9 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             planned=True,
             attention=False,
             sourced=True,
+            describe="hintpipe.apps.hf_folder:folder_description",
+            sizes="hintpipe.apps.hf_folder:folder_sizes",
+            own_tokenizer=True,
         ),
         ModelSpec(
             "factory",
@@ -110,6 +131,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             "hintpipe.apps.factory_model:whole_factory_model",
             planned=True,
             loss="hintpipe.apps.factory_model:factory_loss",
+            sizes="hintpipe.apps.factory_model:factory_sizes",
             attention=False,
             sourced=True,
         ),

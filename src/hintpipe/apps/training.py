@@ -102,7 +102,7 @@ def run_description(config: TrainConfig) -> dict[str, Any]:
     (``--tokenizer``, or a model folder's own): ``hintpipe export`` hands it on."""
     description = describe_model(config.model)
     folder = config.tokenizer if config.tokenizer != BYTES else None
-    if folder is None and config.model.name == "hf-folder" and config.model.source is not None:
+    if folder is None and config.model.spec.own_tokenizer and config.model.source is not None:
         folder = tokenizer_of(config.model.source)
     if folder is not None:
         description["tokenizer"] = tokenizer_record(folder)

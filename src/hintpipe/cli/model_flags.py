@@ -83,10 +83,6 @@ def model_config(args: argparse.Namespace, *, seed: int, data_vocab: int | None)
 
 
 def _sourced(kind: str, source: str, *, init: str, seed: int) -> ModelConfig:
-    if kind == "hf-folder":
-        from hintpipe.apps.hf_folder import folder_sizes
-
-        return folder_sizes(source, init=init, seed=seed)
-    from hintpipe.apps.factory_model import factory_sizes
-
-    return factory_sizes(source, seed=seed)
+    """A sourced model's config, as its kind's row reads it from the source."""
+    config: ModelConfig = MODEL_SPECS[kind].sizer()(source, init=init, seed=seed)
+    return config

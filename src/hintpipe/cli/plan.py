@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.model_spec import model_kind, tokenizer_of
+from hintpipe.apps.model_spec import MODEL_SPECS, model_kind, tokenizer_of
 from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import add_model_flags, model_config
@@ -133,7 +133,8 @@ def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
     kind, source = model_kind(args.model or "gpt-mini")
     if args.tokenizer is None:
         corpus = args.data not in BUILT_IN_DATA
-        folder = tokenizer_of(source) if kind == "hf-folder" and source is not None and corpus else None
+        own = MODEL_SPECS[kind].own_tokenizer and source is not None and corpus
+        folder = tokenizer_of(source) if own and source is not None else None
         args.tokenizer = folder if folder is not None else BYTES
     vocab = data_vocab(args.data, args.data_field, args.tokenizer, cli=True)
     return model_config(args, seed=seed, data_vocab=vocab)
