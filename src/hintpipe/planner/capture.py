@@ -20,8 +20,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from hintpipe.planner.example_values import value_kinds
+from hintpipe.planner.inplace import out_of_place
 from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.op_libraries import OpLibraries, op_libraries
 from hintpipe.planner.portable import make_portable
 from hintpipe.planner.tables import ValueUse
 
@@ -55,6 +58,11 @@ class CapturedGraph:
             number (a sequence length in an exported graph): it crosses a cut
             as a 0-d tensor. Positions, not names: a pickled graph is re-traced
             on the way in, which keeps the order of the nodes but not their names.
+        gradient_free: positions in ``nodes`` of the nodes whose value is a floating-point tensor that no
+            gradient flows into, with every parameter and input trainable (an expert's token count from
+            ``histc``, rotary ``cos``/``sin``): a stage that receives one detaches it, as the unsplit model
+            has it (see [Note: values without a gradient]). Found on the example, for a graph torch.export
+            captured (empty for one torch.fx traced).
     """
 
     module: fx.GraphModule
@@ -64,6 +72,7 @@ class CapturedGraph:
     marked: bool
     aliases: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     scalars: set[int] = dataclasses.field(default_factory=set)
+    gradient_free: set[int] = dataclasses.field(default_factory=set)
     #: The model's own state-dict keys, in its order (a tied tensor under each of its names; buffers the
     #: model does not keep left out, which the captured module may hold as ordinary ones).
     state_keys: tuple[str, ...] = ()
@@ -76,9 +85,12 @@ class CapturedGraph:
         # Nodes do not pickle; the GraphModule does (it re-traces its own code,
         # which yields the same nodes in the same order), so rebuild from it.
         # Parameters travel on the host: a plan made on a GPU unpickles on a rank without one, and each rank
-        # moves its stages to its own device.
+        # moves its stages to its own device. The modules defining its custom operators travel ahead of it
+        # ([Note: custom operators in a travelling graph]).
         sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
-        return (_captured_with_sizes, (_on_host(self.module), sizes, self.aliases, self.scalars, self.state_keys))
+        module = _on_host(self.module)
+        state = (sizes, self.aliases, self.scalars, self.state_keys, self.gradient_free)
+        return (_captured_with_sizes, (op_libraries(module), module, *state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +201,7 @@ def capture(
         try:
             graph = _Tracer(set()).trace(root)
             module = fx.GraphModule(root, graph)
+            out_of_place(module)
             make_portable(module)
             traced = _with_aliases(_captured(module), root)
             traced.state_keys = keys
@@ -204,37 +217,9 @@ def capture(
     exported = _exported(root, example, kwargs or {})
     captured = _with_aliases(_captured(exported), root)
     inputs = (*example, *(v for v in (kwargs or {}).values() if isinstance(v, torch.Tensor)))
-    captured.scalars = _number_nodes(captured, inputs)
+    captured.scalars, captured.gradient_free = value_kinds(captured.module, captured.nodes, inputs)
     captured.state_keys = keys
     return captured
-
-
-def _number_nodes(graph: CapturedGraph, inputs: tuple[Any, ...]) -> set[int]:
-    """The positions of the nodes that compute a Python number (a sequence length), found by running the
-    graph once on the example.
-
-    [Note: numbers in an exported graph]
-    torch.export records a shape it keeps symbolic as ``sym_size`` nodes whose value is a number, which a cut
-    may carry (boxed as a 0-d tensor) like any tensor. Their ``meta["val"]`` does not survive the re-trace
-    that capture does (and unpickling repeats), so reading it after the re-trace finds no numbers: every cut
-    the sequence length crosses is then refused, and a transformer plans into one busy stage and one of
-    parameter-free operations. The re-traced graph itself is run instead.
-    """
-    values: dict[fx.Node, Any] = {}
-
-    class _Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            values[n] = value
-            return value
-
-    with torch.no_grad():
-        _Recorder(graph.module).run(*inputs)
-    return {i for i, n in enumerate(graph.nodes) if isinstance(values.get(n), _NUMBERS)}
-
-
-#: What a graph node may compute besides tensors and still send across a cut (as a 0-d tensor).
-_NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
@@ -276,6 +261,7 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
         output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
     graph.lint()
     module = fx.GraphModule(module, graph)
+    out_of_place(module)  # [Note: in-place operators between stages]
     make_portable(module)
     # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
     # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
@@ -371,15 +357,20 @@ def _on_host(module: fx.GraphModule) -> fx.GraphModule:
 
 
 def _captured_with_sizes(
+    libraries: OpLibraries,
     module: fx.GraphModule,
     sizes: list[int],
     aliases: dict[str, tuple[str, ...]],
     scalars: set[int],
     state_keys: tuple[str, ...] = (),
+    gradient_free: set[int] | None = None,
 ) -> CapturedGraph:
+    """A captured graph as it unpickles. ``libraries`` comes first: unpickling it imports the modules that
+    define the custom operators ``module``'s code calls, before that code is re-traced."""
     graph = _captured(module)
     graph.aliases = aliases
     graph.scalars = scalars
+    graph.gradient_free = gradient_free or set()
     graph.state_keys = state_keys
     for node, size in zip(graph.inputs, sizes, strict=True):
         node.meta["example_bytes"] = size

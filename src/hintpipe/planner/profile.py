@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from hintpipe.device import Clock, clock_for
 from hintpipe.planner.capture import CapturedGraph, attribute
-from hintpipe.planner.graph_timing import ClockMarks, graph_times, marks_for, run_seconds
+from hintpipe.planner.graph_timing import ClockMarks, graph_times, leaf, marks_for, run_seconds
 from hintpipe.planner.module_paths import module_path
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
@@ -45,9 +45,12 @@ __all__ = ["NodeProfile", "profile", "run_node", "signature"]  # NodeProfile liv
 
 
 def _detach(value: Any) -> Any:
+    """``value`` as a leaf that requires grad where ``value`` does: a node runs on its inputs as they are in a
+    run of the whole graph. A floating value no gradient flows through (an expert's token count from
+    ``histc``) stays without: an operator with an integer result (``cumsum(..., dtype=int32)``) refuses an
+    input that requires grad."""
     if isinstance(value, torch.Tensor):
-        leaf = value.detach()
-        return leaf.requires_grad_(True) if leaf.is_floating_point() else leaf
+        return value.detach().requires_grad_(value.requires_grad)
     if isinstance(value, tuple):
         return tuple(_detach(v) for v in value)
     if isinstance(value, list):
@@ -110,7 +113,7 @@ def profile(
         return [NodeProfile(**row) for row in json.loads(cache.read_text())]
     root = graph.module
     params = parameter_storages(root)
-    env: dict[fx.Node, Any] = dict(zip(graph.inputs, inputs, strict=True))
+    env: dict[fx.Node, Any] = {node: leaf(value) for node, value in zip(graph.inputs, inputs, strict=True)}
     for node, value in env.items():
         node.meta["example_bytes"] = nbytes(value)
     for node in root.graph.nodes:

@@ -140,7 +140,9 @@ def extract(
     of ``outputs`` as what the module returns: the last stage returns what the
     model returned. With ``boundary`` (a pipeline stage), numbers the graph
     computes (``graph.scalars``, e.g. a sequence length) cross as 0-d tensors:
-    boxed on the way out, unboxed on the way in, since stages exchange tensors.
+    boxed on the way out, unboxed on the way in, since stages exchange tensors; and a
+    received value no gradient flows into in the whole model (``graph.gradient_free``)
+    is detached on the way in ([Note: values without a gradient]).
     """
     copy = _Copy(graph, inputs, boundary)
     node_list = list(nodes)
@@ -176,7 +178,12 @@ class _Copy:
         self.position = graph.index
         for value in inputs:
             placeholder = self.new.placeholder(value.name)
-            self.env[value] = self.new.call_function(_unbox, (placeholder,)) if self.scalar(value) else placeholder
+            if self.scalar(value):
+                self.env[value] = self.new.call_function(_unbox, (placeholder,))
+            elif self.boundary and self.position.get(value, -1) in graph.gradient_free:
+                self.env[value] = self.new.call_method("detach", (placeholder,))
+            else:
+                self.env[value] = placeholder
 
     def scalar(self, value: fx.Node) -> bool:
         """Whether ``value`` is a number that crosses this stage's boundary."""
