@@ -1,4 +1,4 @@
-"""Tiny Hugging Face causal language models of many architectures, saved as users have them: a folder written
+"""Tiny Hugging Face causal language models of many architectures (mixtures of experts among them), saved as users have them: a folder written
 by ``save_pretrained`` with a tokenizer beside the weights (no download: configs in code, weights from a seed,
 a word-piece BPE tokenizer trained here on the corpus it will tokenize).
 
@@ -55,6 +55,16 @@ ARCHITECTURES: dict[str, Callable[[], Any]] = {
         hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=2, word_embed_proj_dim=32,
         vocab_size=VOCAB, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, bos_token_id=0,
         eos_token_id=0, pad_token_id=1,
+    ),
+    "mixtral": lambda: transformers.MixtralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0,
+        eos_token_id=0, pad_token_id=0,
+    ),
+    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
     ),
 }  # fmt: skip
 

@@ -1,7 +1,8 @@
 """``hintpipe train --model FOLDER``: any Hugging Face causal LM from the folder ``save_pretrained`` wrote, trained
 from its weights, as users fine-tune.
 
-A zoo of architectures (tests/hf_zoo.py: GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma-2, GPT-NeoX, OPT),
+A zoo of architectures (tests/hf_zoo.py: GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma-2, GPT-NeoX, OPT, and
+the mixtures of experts Mixtral and Qwen2-MoE),
 each saved with a tokenizer, is trained for 2 steps on 2 ranks from the command line's own config (the run
 ``hintpipe train`` starts, on one shared spawned group): the first step's loss is the unsplit model's loss on
 the same batch (rel 1e-5), ``--check-grads`` finds every gradient within its tolerance, the run used the
