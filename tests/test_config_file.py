@@ -195,9 +195,9 @@ def test_print_config_writes_the_model_and_the_checkpoints_and_leaves_out_what_i
 
 def test_the_readme_s_config_file_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocks = re.findall(r"^```toml\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
-    assert len(blocks) == 1
+    assert len(blocks) == 2  # the fine-tune's (tests/test_model_folders.py), then this one
     path = tmp_path / "run.toml"
-    path.write_text(blocks[0])
+    path.write_text(blocks[1])
     for command in ("train", "simulate"):
         assert main([command, "--config", str(path), "--print-config"]) == 0, capsys.readouterr().err
         written = tomllib.loads(capsys.readouterr().out)

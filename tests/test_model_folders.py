@@ -225,3 +225,30 @@ def test_under_torchrun_rank_0_plans_and_every_rank_trains_its_plan(zoo: Path, r
     spawned = succeeded(runs["gpt2"])[0]
     assert said["losses"] == pytest.approx(list(spawned.losses), rel=1e-5)
     assert said["max_grad_rel_diff"] <= RELATIVE_TOLERANCE
+
+
+def test_the_readme_s_fine_tune_runs_and_its_printed_config_runs_it_again(
+    zoo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+    import shutil
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.findall(r"^```toml\n(.*?)^```", readme, flags=re.DOTALL | re.MULTILINE)[0]
+    assert 'model = "gpt2-small"' in block
+    shutil.copytree(zoo / "gpt2", tmp_path / "gpt2-small")  # a saved pretrained GPT-2, its tokenizer beside it
+    shutil.copy(zoo / "corpus.txt", tmp_path / "corpus.txt")
+    monkeypatch.chdir(tmp_path)
+    Path("finetune.toml").write_text(block)
+    assert main(["train", "--config", "finetune.toml", "--print-config"]) == 0
+    Path("printed.toml").write_text(capsys.readouterr().out)
+    assert main(["train", "--config", "finetune.toml", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    # The printed file is the whole run: fed back (into a folder of its own), it trains to the same losses.
+    assert main(["train", "--config", "printed.toml", "--checkpoint-dir", "ck-again", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert len(first["losses"]) == 3 and again["losses"] == pytest.approx(first["losses"], rel=1e-5)
+    assert main(["export", "ck", "gpt2-finetuned"]) == 0
+    assert "tokenizer.json" in capsys.readouterr().out
+    tuned = transformers.AutoModelForCausalLM.from_pretrained("gpt2-finetuned")
+    assert type(tuned).__name__ == "GPT2LMHeadModel"
