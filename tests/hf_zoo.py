@@ -1,6 +1,6 @@
 """Tiny Hugging Face causal language models of many architectures (mixtures of experts among them), saved as
-users have them: a folder written by ``save_pretrained`` with a tokenizer beside the weights (no download: configs in code, weights from a seed,
-a word-piece BPE tokenizer trained here on the corpus it will tokenize).
+users have them: a folder written by ``save_pretrained`` with a tokenizer beside the weights (no download:
+configs in code, weights from a seed, a BPE tokenizer trained here on the corpus it will tokenize).
 
 Dropout is off in every config, so that a pipeline and the unsplit model compute the same numbers.
 """
