@@ -252,3 +252,36 @@ def test_the_readme_s_fine_tune_runs_and_its_printed_config_runs_it_again(
     assert "tokenizer.json" in capsys.readouterr().out
     tuned = transformers.AutoModelForCausalLM.from_pretrained("gpt2-finetuned")
     assert type(tuned).__name__ == "GPT2LMHeadModel"
+
+
+def test_a_plan_file_is_not_a_folder(zoo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = str(zoo / "gpt2")
+    assert _error(["train", "--plan", folder, "--steps", "1"], capsys) == (
+        f"hintpipe train: error: --plan {folder} is a folder: a plan is a file `hintpipe plan ... --save FILE` "
+        "writes; to train a model folder, give it to --model\n"
+    )
+
+
+def test_a_plan_made_in_python_is_described_as_the_model_it_planned(zoo: Path) -> None:
+    # TrainConfig(plan=...) beside the default ModelConfig described gpt-mini: the export wrote another model
+    # (dropout 0.0 for a model of 0.1), or failed after training.
+    import dataclasses
+
+    import hintpipe
+    from hintpipe.apps.models import ModelConfig
+    from hintpipe.apps.training import run_description
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
+    planned = hintpipe.plan(model, torch.zeros(2, 8, dtype=torch.int64), ranks=2, microbatches=2, repeats=1,
+                            kwargs={"use_cache": False})  # fmt: skip
+    config = TrainConfig(model=ModelConfig(vocab=64), ranks=2, microbatches=2, plan=planned)
+    said = run_description(config)
+    assert said is not None and said["architecture"] == "GPT2LMHeadModel" and "hintpipe_model" not in said
+    assert said["config"]["resid_pdrop"] == 0.1 and said["config"]["n_layer"] == 2
+    own = hintpipe.plan(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)), torch.zeros(2, 4), ranks=2, microbatches=2,
+        repeats=1,
+    )  # fmt: skip
+    assert own.hf_model is None
+    assert run_description(dataclasses.replace(config, plan=own)) is None  # not described as gpt-mini

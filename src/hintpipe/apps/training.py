@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -53,6 +54,7 @@ from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import Forming
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.run_folder import check_not_foreign
 from hintpipe.runtime.checkpoint.stopping import StopRequest
@@ -97,10 +99,24 @@ def train(config: TrainConfig) -> TrainResult | None:
     return result
 
 
-def run_description(config: TrainConfig) -> dict[str, Any]:
+def run_description(config: TrainConfig) -> dict[str, Any] | None:
     """The model's description for the run's checkpoints, with the tokenizer the run used where it is a folder
-    (``--tokenizer``, or a model folder's own): ``hintpipe export`` hands it on."""
-    description = describe_model(config.model)
+    (``--tokenizer``, or a model folder's own): ``hintpipe export`` hands it on.
+
+    A plan's model is described as the plan says (a Hugging Face model's class and config, the one planned),
+    and with its ModelConfig where the config's model is the planned one; a plan of another model given in
+    Python beside a built-in ModelConfig is not described (None: ``hintpipe export`` says to export it by
+    hand) rather than described as the model it is not."""
+    planned = config.plan.hf_model if config.plan is not None else None
+    if config.plan is not None and not config.model.spec.planned and planned is None:
+        return None
+    if planned is None:
+        description = describe_model(config.model)
+    else:  # the planned model itself (a folder it came from may be gone: --plan FILE needs none)
+        architecture, said = planned
+        description = {"kind": HF, "architecture": architecture, "config": json.loads(said)}
+        if config.model.spec.planned:
+            description["hintpipe_model"] = dataclasses.asdict(config.model)
     folder = config.tokenizer if config.tokenizer != BYTES else None
     if folder is None and config.model.spec.own_tokenizer and config.model.source is not None:
         folder = tokenizer_of(config.model.source)

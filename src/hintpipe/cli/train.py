@@ -123,6 +123,11 @@ def _answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
         if missing:
             raise ValueError(f"{' and '.join(missing)} must be given (or --plan FILE, which says them)")
         return None
+    if Path(path).is_dir():
+        raise ValueError(
+            f"--plan {path} is a folder: a plan is a file `hintpipe plan ... --save FILE` writes; to train a model "
+            f"folder, give it to --model"
+        )
     payload = read_plan_file(path)
     try:
         return _fill_from_plan(args, path, payload)

@@ -52,6 +52,10 @@ class Plan:
     profiles: tuple[NodeProfile, ...] = dataclasses.field(compare=False, repr=False)
     #: How the graph was captured (a plan file keeps this, not the graph's code).
     spec: CaptureSpec = dataclasses.field(default_factory=CaptureSpec, compare=False, repr=False)
+    #: A Hugging Face model's class name and its whole config as ``config.json`` holds it (None for other
+    #: models): what a run's checkpoints record, so that ``hintpipe export`` rebuilds the model that was
+    #: planned, not one a caller's config names.
+    hf_model: tuple[str, str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def num_stages(self) -> int:
@@ -273,7 +277,15 @@ def plan(
         graph=graph,
         profiles=tuple(profiles),
         spec=spec,
+        hf_model=_hf_model(model),
     )
+
+
+def _hf_model(model: nn.Module) -> tuple[str, str] | None:
+    """``(class name, config JSON)`` of a Hugging Face model (its ``config`` writes itself as JSON), else None."""
+    config = getattr(model, "config", None)
+    write = getattr(config, "to_json_string", None)
+    return (type(model).__name__, str(write(use_diff=False))) if callable(write) else None
 
 
 def _memory_model(

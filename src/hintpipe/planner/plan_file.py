@@ -166,6 +166,7 @@ def _plan_data(plan: Plan) -> dict[str, Any]:
         "tied": plan.tied,
         "tied_stages": plan.tied_stages,
         "profiles": [dataclasses.asdict(p) for p in plan.profiles],
+        "hf_model": None if plan.hf_model is None else list(plan.hf_model),
     }
 
 
@@ -188,6 +189,7 @@ def _plan(data: dict[str, Any], graph: Any, spec: CaptureSpec) -> Plan:
         graph=graph,
         profiles=tuple(NodeProfile(**p) for p in data["profiles"]),
         spec=spec,
+        hf_model=None if data.get("hf_model") is None else (str(data["hf_model"][0]), str(data["hf_model"][1])),
     )
 
 
