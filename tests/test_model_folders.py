@@ -285,3 +285,28 @@ def test_a_plan_made_in_python_is_described_as_the_model_it_planned(zoo: Path) -
     )  # fmt: skip
     assert own.hf_model is None
     assert run_description(dataclasses.replace(config, plan=own)) is None  # not described as gpt-mini
+
+
+def test_every_kind_of_model_is_one_row_that_says_what_it_supports() -> None:
+    # The command line asks a model's row, never its name: a kind's builders are named by dotted path, and
+    # each one named resolves.
+    from hintpipe.apps.model_spec import BUILT_IN, MODEL_SPECS, SOURCED
+
+    assert BUILT_IN == ("mlp", "gpt-mini", "mm-mini", "hf-gpt2", "hf-llama") and SOURCED == ("hf-folder", "factory")
+    for spec in MODEL_SPECS.values():
+        assert callable(spec.builder()) and callable(spec.batch_maker())
+        assert spec.planned != spec.layer_list, spec.name
+        if spec.layer_list:
+            assert callable(spec.layer_builder())
+        if spec.sourced:
+            assert callable(spec.sizer())
+    with pytest.raises(ValueError, match=r"^hf-gpt2 is planned from its graph, not built as a list of layers$"):
+        MODEL_SPECS["hf-gpt2"].layer_builder()
+
+
+def test_a_dropout_the_model_does_not_have_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    train = ["train", "--ranks", "2", "--microbatches", "2", "--steps", "1"]
+    assert _error([*train, "--dropout", "0.1"], capsys) == (
+        "hintpipe train: error: --model gpt-mini: gpt-mini has no dropout; leave dropout out (the hf-* models take "
+        "it)\n"
+    )

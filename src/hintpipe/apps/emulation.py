@@ -63,10 +63,10 @@ def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
         backward.append(statistics.median(b_times[1:]))
         x = [t.detach() for t in out]
     # The emulated executor scales each stage by the size of one of the first stage's inputs: the
-    # first, or for mm-mini the images on encoder stages and the text on decoder ones.
+    # first, or where a micro-batch is several (mm-mini) the images on encoder stages and the text on decoder ones.
     references = tuple(t.numel() for t in as_tensors(inputs[0]))
     sized_by: tuple[int, ...] = ()
-    if config.model.name == "mm-mini":
+    if config.model.spec.inputs > 1:
         sized_by = tuple(sized_by_input(module) for module in modules)
     if config.split_backward:
         half = tuple(b / 2 for b in backward)

@@ -62,6 +62,8 @@ class ModelConfig:
             raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.dropout and not self.spec.dropout:
+            raise ValueError(f"{self.name} has no dropout; leave dropout out (the hf-* models take it)")
         if self.init not in INITS:
             raise ValueError(f"init {self.init!r} is unknown: choose one of {', '.join(INITS)}")
         if (self.source is None) == (self.name in SOURCED):

@@ -47,6 +47,11 @@ class ModelSpec:
             from the source).
         own_tokenizer: its source is a folder that may hold its tokenizer (used for a corpus unless
             ``--tokenizer`` says another, and exported with it).
+        layers: a list-of-layers kind's ``module:function`` building its layers from its config.
+        batch: ``module:function`` of what makes a step's micro-batches (``make_batch``'s arguments).
+        inputs: the tensors a micro-batch is (several: the layers pass tuples, and the pipeline's first stage
+            and last follow the first tensor's size and the last's).
+        dropout: takes ``--dropout``.
     """
 
     name: str
@@ -64,6 +69,10 @@ class ModelSpec:
     describe: str = ""
     sizes: str = ""
     own_tokenizer: bool = False
+    layers: str = ""
+    batch: str = "hintpipe.apps.models:text_batch"
+    inputs: int = 1
+    dropout: bool = False
 
     def builder(self) -> Any:
         """The function :attr:`build` names, imported now."""
@@ -76,6 +85,20 @@ class ModelSpec:
     def describer(self) -> Any:
         """The function :attr:`describe` names, imported now (None: the ModelConfig's fields)."""
         return _imported(self.describe) if self.describe else None
+
+    def layer_builder(self) -> Any:
+        """The function :attr:`layers` names, imported now.
+
+        Raises:
+            ValueError: a planned kind (no list of layers).
+        """
+        if not self.layers:
+            raise ValueError(f"{self.name} is planned from its graph, not built as a list of layers")
+        return _imported(self.layers)
+
+    def batch_maker(self) -> Any:
+        """The function :attr:`batch` names, imported now."""
+        return _imported(self.batch)
 
     def sizer(self) -> Any:
         """The function :attr:`sizes` names, imported now."""
@@ -102,6 +125,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             reads_text=False,
             attention=False,
             layer_list=True,
+            layers="hintpipe.apps.models:mlp_layers",
+            batch="hintpipe.apps.models:mlp_batch",
         ),
         ModelSpec(
             "gpt-mini",
@@ -110,10 +135,33 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             document_masks=True,
             tensor_parallel=True,
             layer_list=True,
+            layers="hintpipe.apps.models:gpt_layers",
         ),
-        ModelSpec("mm-mini", "an image encoder and a text decoder", _LAYERS, layer_list=True),
-        ModelSpec("hf-gpt2", "transformers' GPT2LMHeadModel, sized by the flags", _HF, planned=True, describe=_SAID),
-        ModelSpec("hf-llama", "transformers' LlamaForCausalLM, sized by the flags", _HF, planned=True, describe=_SAID),
+        ModelSpec(
+            "mm-mini",
+            "an image encoder and a text decoder",
+            _LAYERS,
+            layer_list=True,
+            layers="hintpipe.apps.multimodal:build_multimodal_layers",
+            batch="hintpipe.apps.multimodal:make_multimodal_batch",
+            inputs=2,
+        ),
+        ModelSpec(
+            "hf-gpt2",
+            "transformers' GPT2LMHeadModel, sized by the flags",
+            _HF,
+            planned=True,
+            describe=_SAID,
+            dropout=True,
+        ),
+        ModelSpec(
+            "hf-llama",
+            "transformers' LlamaForCausalLM, sized by the flags",
+            _HF,
+            planned=True,
+            describe=_SAID,
+            dropout=True,
+        ),
         ModelSpec(
             "hf-folder",
             "a Hugging Face causal LM's folder (save_pretrained): its weights or, with --init random, its config",
@@ -137,6 +185,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
         ),
     )
 }
+#: The model a command trains or plans when ``--model`` is not given.
+DEFAULT_MODEL = "gpt-mini"
 #: The built-in models' names, as ``--model`` takes them.
 BUILT_IN = tuple(name for name, spec in MODEL_SPECS.items() if not spec.sourced)
 #: The kinds whose ``--model`` is a source.

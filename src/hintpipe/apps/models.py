@@ -27,18 +27,30 @@ from hintpipe.apps.model_config import MODELS as MODELS
 from hintpipe.apps.model_config import ModelConfig as ModelConfig
 from hintpipe.apps.model_config import SeqLenDist as SeqLenDist
 from hintpipe.apps.model_spec import MODEL_SPECS
-from hintpipe.apps.multimodal import build_multimodal_layers, make_multimodal_batch
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def build_layers(config: ModelConfig) -> list[nn.Module]:
-    """The model as a list of layers (same weights on every rank for the same seed)."""
-    if config.name == "mm-mini":
-        return build_multimodal_layers(config)
+    """The model as a list of layers (same weights on every rank for the same seed), as its kind's row builds
+    it.
+
+    Raises:
+        ValueError: a planned kind, which is no list of layers.
+    """
+    layers: list[nn.Module] = config.spec.layer_builder()(config)
+    return layers
+
+
+def mlp_layers(config: ModelConfig) -> list[nn.Module]:
+    """``mlp``: ``layers`` x (Linear + Tanh) of width ``hidden``."""
     torch.manual_seed(config.seed)
-    if config.name == "mlp":
-        return [nn.Sequential(nn.Linear(config.hidden, config.hidden), nn.Tanh()) for _ in range(config.layers)]
+    return [nn.Sequential(nn.Linear(config.hidden, config.hidden), nn.Tanh()) for _ in range(config.layers)]
+
+
+def gpt_layers(config: ModelConfig) -> list[nn.Module]:
+    """``gpt-mini``: token and position embedding, ``layers`` transformer blocks, final norm and LM head."""
+    torch.manual_seed(config.seed)
     return [Embedding(config), *(Block(config) for _ in range(config.layers)), Head(config)]
 
 
@@ -64,8 +76,8 @@ def whole_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
 def whole_layer_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
     """A built-in list of layers as one module (``mlp``, ``gpt-mini``, ``mm-mini``)."""
     layers = build_layers(config)
-    # Chain (several tensors between layers) for mm-mini only: fx wants one-input forwards elsewhere.
-    return (Chain(*layers) if config.name == "mm-mini" else nn.Sequential(*layers)), {}
+    # Chain (several tensors between layers) where a micro-batch is several: fx wants one-input forwards elsewhere.
+    return (Chain(*layers) if config.spec.inputs > 1 else nn.Sequential(*layers)), {}
 
 
 def split_layers(layers: list[nn.Module], stages: int) -> list[nn.Module]:
@@ -121,22 +133,37 @@ def make_batch(
     step: int,
     data_seed: int = 0,
 ) -> tuple[list[Any], list[torch.Tensor], list[int]]:
-    """One step's micro-batches: (inputs, targets, tokens per micro-batch).
+    """One step's micro-batches: (inputs, targets, tokens per micro-batch), as the model's kind makes them.
 
     Deterministic in ``(data_seed, step)``, so every policy sees the same data.
     """
-    if config.name == "mm-mini":
-        return make_multimodal_batch(config, microbatches, microbatch_size, seq_len, step, data_seed)
-    rng = np.random.default_rng([data_seed, step])
-    generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    made: tuple[list[Any], list[torch.Tensor], list[int]] = config.spec.batch_maker()(
+        config, microbatches, microbatch_size, seq_len, step, data_seed
+    )
+    return made
+
+
+def mlp_batch(
+    config: ModelConfig, microbatches: int, microbatch_size: int, seq_len: SeqLenDist, step: int, data_seed: int = 0
+) -> tuple[list[Any], list[torch.Tensor], list[int]]:
+    """``mlp``'s data: random rows, the target their sine."""
+    del seq_len  # rows, not sequences
+    generator = _generator(data_seed, step)[1]
     inputs, targets, tokens = [], [], []
-    if config.name == "mlp":
-        for _ in range(microbatches):
-            x = torch.randn(microbatch_size, config.hidden, generator=generator)
-            inputs.append(x)
-            targets.append(torch.sin(x))
-            tokens.append(microbatch_size)
-        return inputs, targets, tokens
+    for _ in range(microbatches):
+        x = torch.randn(microbatch_size, config.hidden, generator=generator)
+        inputs.append(x)
+        targets.append(torch.sin(x))
+        tokens.append(microbatch_size)
+    return inputs, targets, tokens
+
+
+def text_batch(
+    config: ModelConfig, microbatches: int, microbatch_size: int, seq_len: SeqLenDist, step: int, data_seed: int = 0
+) -> tuple[list[Any], list[torch.Tensor], list[int]]:
+    """A language model's synthetic data: counting text of the model's vocabulary, ``seq_len`` long."""
+    rng, generator = _generator(data_seed, step)
+    inputs, targets, tokens = [], [], []
     for length in seq_len.sample(microbatches, rng, config.max_seq_len - 1):
         start = torch.randint(0, config.vocab, (microbatch_size, 1), generator=generator)
         sequence = counting_text(start, length, config.vocab, generator)
@@ -144,3 +171,8 @@ def make_batch(
         targets.append(sequence[:, 1:].contiguous())
         tokens.append(microbatch_size * length)
     return inputs, targets, tokens
+
+
+def _generator(data_seed: int, step: int) -> tuple[np.random.Generator, torch.Generator]:
+    rng = np.random.default_rng([data_seed, step])
+    return rng, torch.Generator().manual_seed(int(rng.integers(2**31)))

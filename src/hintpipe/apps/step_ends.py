@@ -20,21 +20,26 @@ from typing import Any
 
 import torch
 
+from hintpipe.apps.model_spec import MODEL_SPECS, ModelSpec
 
-def microbatch_ends(model: str, inputs: Sequence[Any]) -> tuple[list[float], list[float]]:
+
+def microbatch_ends(model: ModelSpec | str, inputs: Sequence[Any]) -> tuple[list[float], list[float]]:
     """Per micro-batch of ``inputs`` (one step's, in the given order), its work at the first stage and at the
-    last, in the elements each end's cost follows (:mod:`module docs <hintpipe.apps.step_ends>`)."""
+    last, in the elements each end's cost follows (:mod:`module docs <hintpipe.apps.step_ends>`), as the model's
+    kind (its spec, or a built-in's name) says: a micro-batch of several tensors (``mm-mini``) by its first at
+    the first stage (rows x patches) and its last at the last; rows for a model of samples; else positions."""
+    spec = model if isinstance(model, ModelSpec) else MODEL_SPECS[model]
     first: list[float] = []
     last: list[float] = []
     for given in inputs:
-        if model == "mm-mini":
-            patches, ids = given
-            first.append(float(patches.shape[0] * patches.shape[1]))
-            last.append(float(ids.numel()))
+        if spec.inputs > 1:
+            front, back = given[0], given[-1]
+            first.append(float(front.shape[0] * front.shape[1]))
+            last.append(float(back.numel()))
             continue
         ids = given[0] if isinstance(given, tuple) else given  # packed rows: (ids, documents)
         assert isinstance(ids, torch.Tensor)
-        work = float(ids.shape[0] if model == "mlp" else ids.numel())
+        work = float(ids.shape[0] if spec.unit == "samples" else ids.numel())
         first.append(work)
         last.append(work)
     return first, last

@@ -454,7 +454,7 @@ def _step(
     inputs, targets, counts = step_batch(config, step, replica)
     divisor = float(sum(counts)) if config.formed else None  # a summed loss over the step's own tokens
     front_then_back = MicrobatchOrder.parse(config.microbatch_order) is MicrobatchOrder.FRONT_THEN_BACK
-    ends = microbatch_ends(config.model.name, inputs) if front_then_back else None
+    ends = microbatch_ends(config.model.spec, inputs) if front_then_back else None
     loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor, ends=ends)
     assert loss is not None
     samples = config.model.spec.unit == "samples"

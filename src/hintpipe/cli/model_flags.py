@@ -15,7 +15,7 @@ import argparse
 from typing import Any
 
 from hintpipe.apps.model_config import INITS, ModelConfig
-from hintpipe.apps.model_spec import BUILT_IN, MODEL_SPECS, model_kind
+from hintpipe.apps.model_spec import BUILT_IN, DEFAULT_MODEL, MODEL_SPECS, model_kind
 
 #: The flags that shape a built-in model, with their defaults (a folder's config says them instead).
 SIZES: dict[str, Any] = {"layers": 4, "hidden": 64, "heads": 4, "vocab": None, "max_seq_len": 256, "dropout": 0.0}
@@ -62,7 +62,7 @@ def model_config(args: argparse.Namespace, *, seed: int, data_vocab: int | None)
         ValueError: in one line: a ``--model`` that is none of its three forms, size flags beside a folder,
             ``--init`` beside a built-in model, sizes a model refuses.
     """
-    kind, source = model_kind(args.model or "gpt-mini")
+    kind, source = model_kind(args.model or DEFAULT_MODEL)
     sizes = given_sizes(args)
     if source is not None:
         if sizes:

@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.model_spec import MODEL_SPECS, model_kind, tokenizer_of
+from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
 from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import add_model_flags, model_config
@@ -130,7 +130,7 @@ def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
     ``--tokenizer``, or a model folder's own tokenizer), so that ``train --plan`` takes the same data."""
     from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
 
-    kind, source = model_kind(args.model or "gpt-mini")
+    kind, source = model_kind(args.model or DEFAULT_MODEL)
     if args.tokenizer is None:
         corpus = args.data not in BUILT_IN_DATA
         own = MODEL_SPECS[kind].own_tokenizer and source is not None and corpus

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.model_spec import MODEL_SPECS, model_kind, tokenizer_of
+from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
 from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
 from hintpipe.cli.common import (
     add_option,
@@ -198,7 +198,7 @@ def _resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None) ->
     if planned is not None:
         kind, source = planned.name, planned.source
     else:
-        kind, source = model_kind(args.model or "gpt-mini")
+        kind, source = model_kind(args.model or DEFAULT_MODEL)
     corpus = getattr(args, "data", "synthetic") not in BUILT_IN_DATA
     folder = tokenizer_of(source) if MODEL_SPECS[kind].own_tokenizer and source is not None and corpus else None
     args.tokenizer = folder if folder is not None else BYTES

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
 from hintpipe.cli.common import check_writable
 from hintpipe.forming.form import Forming
 from hintpipe.runtime.injection import Injection
@@ -125,7 +126,8 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
 def check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
     """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
     tp = values.get("tp", 1)
-    if tp > 1 and ((args.model or "gpt-mini") != "gpt-mini" or getattr(args, "plan", None) is not None):
+    kind = model_kind(args.model or DEFAULT_MODEL)[0]
+    if tp > 1 and (not MODEL_SPECS[kind].tensor_parallel or getattr(args, "plan", None) is not None):
         raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
     for option in ("trace", "timeline"):
         if getattr(args, option, None):
