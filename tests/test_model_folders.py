@@ -310,3 +310,24 @@ def test_a_dropout_the_model_does_not_have_is_refused(capsys: pytest.CaptureFixt
         "hintpipe train: error: --model gpt-mini: gpt-mini has no dropout; leave dropout out (the hf-* models take "
         "it)\n"
     )
+
+
+def test_a_plan_file_saved_in_python_with_a_description_alone_trains(zoo: Path, tmp_path: Path) -> None:
+    # It was refused as "fields are not a plan's (no field 'name')": the command line knew only its own files.
+    import hintpipe
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(zoo / "qwen2", dtype=torch.float32)
+    planned = hintpipe.plan(model, torch.zeros(2, 8, dtype=torch.int64), ranks=2, microbatches=2, repeats=1,
+                            kwargs={"use_cache": False})  # fmt: skip
+    path = tmp_path / "qwen2.plan"
+    hintpipe.save_plan(planned, path, model=hintpipe.hf_description(model))
+    config = config_from(*_parsed(["train", "--plan", str(path), "--steps", "1", "--seq-len-dist", "fixed:16"]))
+    assert (config.model.name, config.model.vocab, config.model.source) == ("hf-folder", hf_zoo.VOCAB, str(path))
+    assert config.plan is not None and config.plan.fingerprint == planned.fingerprint
+    for key, tensor in model.named_parameters():
+        assert torch.equal(dict(config.plan.graph.module.named_parameters())[key], tensor), key
+
+
+def _parsed(argv: list[str]) -> tuple[Any, Any]:
+    args = parse_cli(argv)
+    return args, args.policy

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the training modules need torch; they are imported where a 
     from hintpipe.apps.training import TrainConfig, TrainResult
     from hintpipe.planner.plan import Plan
 
-HELP = "train a built-in model across processes with pipeline parallelism"
+HELP = "train a model (built-in, a Hugging Face folder, or your own) across processes with pipeline parallelism"
 
 
 #: What a plan file says: these flags default to the file's values with ``--plan``, and to the usual ones
@@ -126,7 +126,7 @@ def _answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
     if Path(path).is_dir():
         raise ValueError(
             f"--plan {path} is a folder: a plan is a file `hintpipe plan ... --save FILE` writes; to train a model "
-            f"folder, give it to --model"
+            "folder, give it to --model"
         )
     payload = read_plan_file(path)
     try:
@@ -166,10 +166,10 @@ def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) ->
     from hintpipe.apps.hf_folder import described_sizes
 
     said = payload["model"]
-    if "config" in said:
-        model = ModelConfig(**said["config"])
-    elif said.get("kind") == HF:
+    if said.get("kind") == HF:  # a description alone (its "config" is transformers')
         model = described_sizes(said, label=str(Path(path).resolve()), seed=args.seed)
+    elif "config" in said:
+        model = ModelConfig(**said["config"])
     else:
         raise ValueError(
             f"{path} does not say which model it was planned for: plan it with `hintpipe plan --model ... --save`, "
