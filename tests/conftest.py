@@ -114,6 +114,7 @@ LONGEST_FILES = (
     "test_readme.py",
     "test_mesh.py",
     "test_gpu_check.py",
+    "test_model_folders.py",
     "test_train.py",
     "test_run_folder.py",
     "test_reliability.py",
