@@ -1,8 +1,10 @@
-"""One run per checkpoint folder at a time, and nothing read from a checkpoint runs code.
+"""One run per checkpoint folder at a time, nothing read from a checkpoint runs code, no link in it is followed,
+and a checkpoint being read is not pruned.
 
 Each test reproduces a row of issue 38's fault campaign: two runs in one folder (at once, or a ``--resume`` of a
 running one), a lost ``run.json``, ``latest`` made a folder, another run's step folder in the way, a forged
-``.metadata`` or value. Asserted: the exact one-line refusal, who holds the folder, what is left on disk.
+``.metadata`` or value; or of issue 51's probe: links planted in a run folder, an export while its run prunes.
+Asserted: the exact one-line refusal, who holds the folder, what is left on disk (and outside it).
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from conftest import hang_bound, small_run
 from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderInUse, FolderLock
-from hintpipe.runtime.checkpoint.manifest import Manifest, digests
-from hintpipe.runtime.checkpoint.merged import load_merged
+from hintpipe.runtime.checkpoint.manifest import Manifest, RunIdentity, digests, write_synced
+from hintpipe.runtime.checkpoint.merged import held_checkpoint, load_merged, read_merged
 from hintpipe.runtime.checkpoint.reading import UnsafeCheckpoint
 from hintpipe.runtime.checkpoint.run_folder import adopt, claim, write_run
+from hintpipe.runtime.checkpoint.saving import prune_checkpoints
 from hintpipe.runtime.errors import CheckpointError
 
 TIMEOUT = 20.0
@@ -265,6 +269,169 @@ def test_another_runs_step_folder_is_never_overwritten(saved: Path, tmp_path: Pa
     ) in resumed.stderr.splitlines()
     assert {p.name: p.read_bytes() for p in (folder / "step-00000002").iterdir()} == foreign
     assert (folder / "latest").read_text() == "step-00000003"
+
+
+# -- no link in a run folder is followed (issue 51) --------------------------------------------------------------
+
+
+def _outside(tmp_path: Path) -> tuple[Path, Path]:
+    """A file and a folder of the user's outside the run folder, for links to point at."""
+    file, folder = tmp_path / "precious.txt", tmp_path / "elsewhere"
+    file.write_text("precious\n")
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    return file, folder
+
+
+def _untouched(file: Path, folder: Path) -> None:
+    assert (file.read_bytes(), file.stat().st_size) == (b"precious\n", 9)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {"keep.txt": b"keep\n"}
+
+
+def _link_refused(link: Path, target: Path) -> str:
+    return (
+        f"{link} is a link (to {target}); hintpipe writes and removes files in a run folder and follows no link "
+        "there: remove the link (nothing was changed)"
+    )
+
+
+def test_a_link_planted_as_run_lock_is_refused_and_what_it_points_to_is_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the lock was opened with O_CREAT through the link: the outside file was truncated to 0 bytes and
+    # then held the lock's record.
+    file, elsewhere = _outside(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / LOCK_FILE).symlink_to(file)
+    said = _link_refused(folder / LOCK_FILE, file)
+    with pytest.raises(CheckpointError) as refused:
+        FolderLock(folder).acquire()
+    assert str(refused.value) == said
+    with pytest.raises(CheckpointError) as refused:
+        train(small_run(checkpoint_dir=str(folder)))  # the Python entry, before any rank starts
+    assert str(refused.value) == said
+    assert _refused([*CLI, "--steps", "2", "--checkpoint-dir", str(folder)]) == f"hintpipe train: error: {said}"
+    # A link put there after the check (a race): O_NOFOLLOW refuses it all the same.
+    from hintpipe.runtime.checkpoint import folder_lock
+
+    monkeypatch.setattr(folder_lock, "refuse_links", lambda paths: None)
+    with pytest.raises(CheckpointError) as refused:
+        FolderLock(folder).acquire()
+    assert str(refused.value) == said
+    _untouched(file, elsewhere)
+    assert [(p.name, p.is_symlink()) for p in folder.iterdir()] == [(LOCK_FILE, True)]
+
+
+@pytest.mark.parametrize("name", ["run.json", "latest", "step-00000005"])
+def test_a_link_in_place_of_a_file_or_checkpoint_of_the_run_is_refused_with_nothing_changed(
+    name: str, tmp_path: Path
+) -> None:
+    file, elsewhere = _outside(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    target = elsewhere if name.startswith("step-") else file
+    (folder / name).symlink_to(target)
+    with pytest.raises(CheckpointError) as refused:
+        claim(folder, replace=True)
+    assert str(refused.value) == _link_refused(folder / name, target)
+    said = _refused([*CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--resume"])
+    assert said == f"hintpipe train: error: {refused.value}"
+    _untouched(file, elsewhere)
+    assert [(p.name, p.is_symlink()) for p in folder.iterdir()] == [(name, True)]
+
+
+def test_a_planted_temporary_link_is_removed_never_written_through(tmp_path: Path) -> None:
+    # Before, latest.tmp was opened with "w" through the link: the outside file held "step-00000008".
+    file, elsewhere = _outside(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "latest.tmp").symlink_to(file)
+    write_synced(folder / "latest", "step-00000008")
+    assert (folder / "latest").read_text() == "step-00000008"
+    _untouched(file, elsewhere)
+    assert [(p.name, p.is_symlink()) for p in folder.iterdir()] == [("latest", False)]
+
+
+def test_a_resume_saves_past_planted_temporary_links_and_leaves_their_targets(saved: Path, tmp_path: Path) -> None:
+    # Before, the resume overwrote the file latest.tmp pointed to, and a stale step-N.tmp link stopped every save
+    # with "Cannot call rmtree on a symbolic link" and no path.
+    file, elsewhere = _outside(tmp_path)
+    folder = _copy(saved, tmp_path)
+    (folder / "latest.tmp").symlink_to(file)
+    (folder / "step-00000003.tmp").symlink_to(elsewhere, target_is_directory=True)
+    resumed = subprocess.run(
+        [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["resumed_from"] == 2
+    _untouched(file, elsewhere)
+    assert (folder / "latest").read_text() == "step-00000003"
+    Manifest.read(folder / "step-00000003").verify(folder / "step-00000003")
+    assert not [p.name for p in folder.iterdir() if p.is_symlink()]
+
+
+# -- a checkpoint being read is not pruned (issue 51) ------------------------------------------------------------
+
+
+def _fake_steps(folder: Path, steps: list[int]) -> None:
+    """Checkpoints of run ``r1`` whose manifests verify (they vouch for no file)."""
+    identity = RunIdentity(tensors={"0.w": [2]}, stage_ranks=[0], hint="", versions={}, run="r1")
+    for step in steps:
+        (folder / f"step-{step:08d}").mkdir(parents=True)
+        Manifest(step, identity, {}).write(folder / f"step-{step:08d}")
+
+
+def test_pruning_keeps_a_checkpoint_a_reader_holds_until_a_later_prune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_steps(tmp_path, [1, 2, 3])
+    with held_checkpoint(tmp_path / "step-00000001") as (held, manifest):
+        assert (held, manifest.step) == (tmp_path / "step-00000001", 1)
+        assert prune_checkpoints(tmp_path, keep=1, run="r1") == [tmp_path / "step-00000002"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000003"]
+    assert prune_checkpoints(tmp_path, keep=1, run="r1") == [tmp_path / "step-00000001"]  # the reader is done
+    # A folder pruned between being listed and being held is passed over for the next older one.
+    from hintpipe.runtime.checkpoint import saving
+
+    listed = [tmp_path / "step-00000009", tmp_path / "step-00000003"]
+    monkeypatch.setattr(saving, "step_folders", lambda root: listed)
+    with held_checkpoint(tmp_path) as (held, manifest):
+        assert (held, manifest.step) == (tmp_path / "step-00000003", 3)
+
+
+def test_an_export_while_its_run_saves_and_prunes_reads_the_checkpoint_it_chose(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, 14 of 14 exports during a run with --checkpoint-every 1 failed with FileNotFoundError: the run
+    # pruned the checkpoint being read. Here the run saves step 3 and prunes to one checkpoint in the middle of
+    # the export, deterministically: just before the export reads the tensors of step 2, which it chose.
+    from safetensors.torch import load_file
+
+    from hintpipe.apps import export
+
+    folder = _copy(saved, tmp_path)
+    run = json.loads((folder / "run.json").read_text())["run"]
+    pruned: list[Path] = []
+
+    def the_run_goes_on(step: Path, manifest: Manifest) -> dict[str, Any]:
+        shutil.copytree(folder / "step-00000002", folder / "step-00000003")  # step 3 saved: the same tensors
+        Manifest(3, manifest.identity, manifest.files).write(folder / "step-00000003")
+        pruned.extend(prune_checkpoints(folder, keep=1, run=run))
+        return read_merged(step, manifest)
+
+    monkeypatch.setattr(export, "read_merged", the_run_goes_on)
+    done = export.export_checkpoint(folder, tmp_path / "out")
+    assert (done.checkpoint, done.step) == (folder / "step-00000002", 2)
+    assert pruned == [folder / "step-00000001"]  # step 2 kept while it was read
+    exported = load_file(tmp_path / "out" / "model.safetensors")
+    merged = load_merged(folder / "step-00000003")
+    assert exported.keys() == merged.keys() and all(torch.equal(exported[k], merged[k]) for k in merged)
+    assert prune_checkpoints(folder, keep=1, run=run) == [folder / "step-00000002"]  # at the run's next save
+    assert sorted(p.name for p in folder.glob("step-*")) == ["step-00000003"]
 
 
 # -- nothing from disk runs code ---------------------------------------------------------------------------------

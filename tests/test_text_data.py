@@ -3,7 +3,12 @@ folder, every 20th document held out; from the command line, a config file and P
 
 from __future__ import annotations
 
+import ast
+import io
 import json
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +227,75 @@ def test_a_tokenizer_folder_gives_the_tokenizer_s_own_ids_and_vocabulary(tmp_pat
     assert (config.data, config.tokenizer, config.model.vocab) == (data, str(tmp_path / "tokenizer"), len(tokenizer))
     inputs, _, _ = step_batch(config, 0)
     assert int(max(x.max() for x in inputs)) < len(tokenizer)
+
+
+def _tokenizer_with_code(folder: Path, marker: Path, file: str) -> None:
+    """A saved tokenizer whose ``file`` maps to a Python file of the folder's own that writes ``marker`` when it
+    is imported: in ``tokenizer_config.json``, AutoTokenizer's class; in ``config.json``, AutoConfig's."""
+    _tokenizer_folder(folder)
+    ran = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    if file == "tokenizer_config.json":
+        said = json.loads((folder / file).read_text())
+        said |= {"tokenizer_class": "OwnTokenizer", "auto_map": {"AutoTokenizer": [None, "own.OwnTokenizer"]}}
+        (folder / file).write_text(json.dumps(said))
+        (folder / "own.py").write_text(
+            ran + "import transformers\nclass OwnTokenizer(transformers.PreTrainedTokenizerFast): ...\n"
+        )
+    else:
+        (folder / file).write_text(json.dumps({"model_type": "own", "auto_map": {"AutoConfig": "own.OwnConfig"}}))
+        (folder / "own.py").write_text(
+            ran + "import transformers\nclass OwnConfig(transformers.PretrainedConfig): ...\n"
+        )
+
+
+@pytest.mark.parametrize("file", ["tokenizer_config.json", "config.json"])
+def test_a_tokenizer_folder_that_maps_to_its_own_code_is_refused_and_runs_nothing(
+    file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, transformers asked on stdin whether to run the folder's code: a "y" ran it in the launcher, an open
+    # stdin waited 15 s, and the question was printed on stdout. Now the folder is refused before transformers
+    # reads it (and every from_pretrained passes trust_remote_code=False).
+    folder, marker = tmp_path / "tokenizer", tmp_path / "ran"
+    _tokenizer_with_code(folder, marker, file)
+    data = str(_numbered(tmp_path / "n.txt", 3))
+    refused = (
+        f"{folder}: its {file} maps to Python code in the folder (auto_map), and hintpipe runs no code from a "
+        "tokenizer folder; use a tokenizer class that transformers ships"
+    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))  # the answer that ran the code
+    with pytest.raises(ValueError) as info:
+        text_corpus(data, tokenizer=str(folder), cli=True)
+    assert str(info.value) == f"--tokenizer {refused}"
+    reading, writing = os.pipe()  # a stdin open and silent: no answer ever comes
+    with os.fdopen(reading) as silent, os.fdopen(writing, "w"):
+        monkeypatch.setattr(sys, "stdin", silent)
+        started = time.monotonic()
+        assert main([*RUN, "--data", data, "--tokenizer", str(folder)]) == 2
+        waited = time.monotonic() - started
+    said = capsys.readouterr()
+    assert said.err == f"hintpipe train: error: --tokenizer {refused}\n"
+    assert said.out == ""  # no question asked
+    assert waited < 5.0, waited  # transformers' question waited 15 s
+    assert not marker.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.txt", "tokenizer"]
+
+
+def test_every_from_pretrained_of_hintpipe_runs_no_code_from_a_folder() -> None:
+    # transformers asks on stdin before it runs a folder's code where trust_remote_code is left out.
+    calls = []
+    for path in sorted(Path(hintpipe.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr in ("from_pretrained", "from_config"):
+                trust = {k.arg: k.value for k in node.keywords}.get("trust_remote_code")
+                calls.append((path.name, isinstance(trust, ast.Constant) and trust.value is False))
+    assert sorted(calls) == [
+        ("hf_folder.py", True),
+        ("hf_folder.py", True),
+        ("hf_folder.py", True),
+        ("text_files.py", True),
+    ]
 
 
 def test_the_command_line_and_a_config_file_make_the_same_run(tmp_path: Path) -> None:

@@ -21,7 +21,10 @@ is proven to be that model), and it is written:
       model.load_state_dict(safetensors.torch.load_file(Path(OUT_DIR, "model.safetensors")), strict=True)
 
 The files are written into a temporary folder beside ``OUT_DIR`` and moved in
-once all are down: a failed export leaves ``OUT_DIR`` as it was.
+once all are down: a failed export leaves ``OUT_DIR`` as it was. A run saving
+into the checkpoint folder meanwhile does not prune the checkpoint being read
+(see [Note: a reader's hold on a checkpoint] in
+:mod:`hintpipe.runtime.checkpoint.readers`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from hintpipe.apps.model_description import architecture_of, rebuild_model
 from hintpipe.apps.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, step_folders
-from hintpipe.runtime.checkpoint.merged import read_merged, resolve_checkpoint
+from hintpipe.runtime.checkpoint.merged import held_checkpoint, read_merged
 from hintpipe.runtime.checkpoint.run_folder import LATEST
 
 #: A built-in model's files.
@@ -90,29 +93,31 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, force: boo
     """
     given, out = Path(checkpoint), Path(out_dir)
     _check_is_checkpoint(given)
-    folder, manifest = resolve_checkpoint(given)
-    description = manifest.identity.model
-    if description is None:
-        raise ExportError(
-            f"{folder} does not say which model it holds (written by hintpipe before 0.7, or by a Checkpointer "
-            "given no model_description=); export it by hand: build the model, then "
-            f"model.load_state_dict(hintpipe.load_merged({str(given)!r}), strict=True) and "
-            f"model.save_pretrained({str(out)!r})"
-        )
-    _check_out_dir(out, folder, force)
-    try:
-        model = rebuild_model(description)
-        architecture = architecture_of(description)
-    except ValueError as exc:
-        raise ExportError(f"cannot export {folder}: {exc}") from None
-    state = read_merged(folder, manifest)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise ExportError(
-            f"{folder}'s tensors do not load into the {architecture} its manifest describes: {said}"
-        ) from None
+    # Held until its tensors are in the model: a run saving into the folder meanwhile does not prune it (see
+    # [Note: a reader's hold on a checkpoint] in hintpipe.runtime.checkpoint.readers).
+    with held_checkpoint(given) as (folder, manifest):
+        description = manifest.identity.model
+        if description is None:
+            raise ExportError(
+                f"{folder} does not say which model it holds (written by hintpipe before 0.7, or by a Checkpointer "
+                "given no model_description=); export it by hand: build the model, then "
+                f"model.load_state_dict(hintpipe.load_merged({str(given)!r}), strict=True) and "
+                f"model.save_pretrained({str(out)!r})"
+            )
+        _check_out_dir(out, folder, force)
+        try:
+            model = rebuild_model(description)
+            architecture = architecture_of(description)
+        except ValueError as exc:
+            raise ExportError(f"cannot export {folder}: {exc}") from None
+        state = read_merged(folder, manifest)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise ExportError(
+                f"{folder}'s tensors do not load into the {architecture} its manifest describes: {said}"
+            ) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its folder is private (0700), and renamed into place it would stay so.
     staging = out.parent / f".{out.name}.{secrets.token_hex(4)}.export"

@@ -26,6 +26,7 @@ from torch import nn
 
 from hintpipe.apps.hf_models import CALL_KWARGS
 from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.own_code import refuse_own_code
 
 #: Positions assumed for a config that names none (rotary models without a limit).
 _DEFAULT_POSITIONS = 2048
@@ -47,7 +48,10 @@ def folder_config(folder: str) -> Any:
             or a model that is not a causal language model.
     """
     transformers = _transformers()
-    _refuse_own_code(folder)
+    try:
+        refuse_own_code(folder, ("config.json",), what="model", required=True)
+    except ValueError as exc:
+        raise ValueError(f"--model {exc}") from None
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a config it cannot read
@@ -59,22 +63,6 @@ def folder_config(folder: str) -> Any:
             f"{transformers.__version__} (AutoModelForCausalLM)"
         )
     return config
-
-
-def _refuse_own_code(folder: str) -> None:
-    import json
-
-    try:
-        data = json.loads(Path(folder, "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--model {folder}: its config.json is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--model {folder}: its config.json is not a JSON object")
-    if "auto_map" in data:
-        raise ValueError(
-            f"--model {folder}: its config.json maps to Python code in the folder (auto_map), and hintpipe runs no "
-            "code from a model folder; use a model class that transformers ships"
-        )
 
 
 def architecture(config: Any) -> str | None:
@@ -140,7 +128,7 @@ def whole_folder_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
         )
     else:
         torch.manual_seed(config.seed)
-        model = transformers.AutoModelForCausalLM.from_config(settings, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_config(settings, trust_remote_code=False, dtype=torch.float32)
     model.train()  # from_pretrained hands it back in eval mode; a run trains it (dropout as its config says)
     return model, dict(CALL_KWARGS)
 

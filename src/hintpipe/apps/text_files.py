@@ -12,7 +12,9 @@ standard library's (:mod:`~hintpipe.apps.corpus`). What ``PATH`` may be:
 Files are read as UTF-8. The tokenizer is ``bytes`` (UTF-8 bytes, vocabulary 256: any text, no files to
 ship) or a folder a Hugging Face tokenizer was saved to (``save_pretrained``; read with
 ``transformers.AutoTokenizer``, local files only, vocabulary ``len(tokenizer)``; transformers is imported
-only then). Documents of fewer than 2 tokens are left out: a document gives at least one input and its target.
+only then; a folder that maps to Python code of its own, an ``auto_map``, is refused: see
+:mod:`~hintpipe.apps.own_code`). Documents of fewer than 2 tokens are left out: a document gives at least one
+input and its target.
 
 Every rank draws the same data from the same files, so a corpus is loaded (read and tokenized) once per
 process and kept (:func:`text_corpus`, keyed by the absolute paths, the field and the tokenizer): the
@@ -35,6 +37,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from hintpipe.apps.own_code import refuse_own_code
 
 #: The data that are not files: counting text (:func:`hintpipe.apps.models.make_batch`) and the standard
 #: library's source files (:mod:`hintpipe.apps.corpus`). Any other ``data`` is a path.
@@ -244,16 +248,21 @@ def _encode_bytes(texts: list[str]) -> list[TokenIds]:
 
 
 def _hugging_face(name: str) -> tuple[Callable[[list[str]], list[TokenIds]], int]:
-    """A tokenizer folder's tokenizer (``AutoTokenizer.from_pretrained``, local files only)."""
+    """A tokenizer folder's tokenizer (``AutoTokenizer.from_pretrained``, local files only, no code from the
+    folder: see :mod:`hintpipe.apps.own_code`)."""
     if not Path(name).is_dir():
         saved = "the tokenizer is bytes, or a folder a Hugging Face tokenizer was saved to"
         raise _Refused("tokenizer", f"{name}: no such folder ({saved})")
+    try:
+        refuse_own_code(name, ("tokenizer_config.json", "config.json"), what="tokenizer")
+    except ValueError as exc:
+        raise _Refused("tokenizer", str(exc)) from None
     try:
         from transformers import AutoTokenizer
     except ImportError:
         raise _Refused("tokenizer", f"{name}: a tokenizer folder needs transformers: pip install -e '.[hf]'") from None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a folder it cannot read
         first = (str(exc).strip().splitlines() or [""])[0]
         raise _Refused(

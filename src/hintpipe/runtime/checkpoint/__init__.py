@@ -5,6 +5,8 @@ Modules: :mod:`~hintpipe.runtime.checkpoint.saving` (save, find, resume, prune, 
 :mod:`~hintpipe.runtime.checkpoint.checkpointer` (:class:`Checkpointer`, a training loop's checkpoints),
 :mod:`~hintpipe.runtime.checkpoint.manifest` (what a checkpoint belongs to; torch-free),
 :mod:`~hintpipe.runtime.checkpoint.description` (what rebuilds the model a checkpoint holds; torch-free),
-:mod:`~hintpipe.runtime.checkpoint.collective` and :mod:`~hintpipe.runtime.checkpoint.stopping`.
+:mod:`~hintpipe.runtime.checkpoint.collective` and :mod:`~hintpipe.runtime.checkpoint.stopping`;
+:mod:`~hintpipe.runtime.checkpoint.links` (no link in a run folder followed) and
+:mod:`~hintpipe.runtime.checkpoint.readers` (a checkpoint being read is not pruned), both torch-free.
 Importing this package imports no torch; its modules do.
 """

@@ -42,6 +42,7 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
+from hintpipe.runtime.checkpoint.links import linked, refuse_links
 from hintpipe.runtime.errors import CheckpointError
 
 LOCK_FILE = "run.lock"
@@ -82,13 +83,20 @@ class FolderLock:
         if self._fd is not None:
             return self
         self.folder.mkdir(parents=True, exist_ok=True)
+        refuse_links([self.path])  # see [Note: no link in a run folder is followed]
         held = _HELD.get(self.path.resolve())
         if held is not None:  # this process holds it already
             held[1] += 1
             self._fd = held[0]
             return self
-        # No O_TRUNC: the file names the holder, which must stay readable until this process holds it.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # No O_TRUNC: the file names the holder, which must stay readable until this process holds it. O_NOFOLLOW:
+        # a link put there since the check above is refused too, never opened (ELOOP).
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if self.path.is_symlink():
+                raise CheckpointError(linked(self.path)) from None
+            raise CheckpointError(f"{self.path} cannot be opened: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hintpipe.runtime.checkpoint.links import create_new
 from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 __all__ = ["CheckpointError", "DamagedCheckpoint", "Manifest", "RunIdentity"]
@@ -204,9 +205,11 @@ def sync_folder(path: Path) -> None:
 
 
 def write_synced(path: Path, text: str) -> None:
-    """Replace ``path`` atomically with ``text``: a reader sees the old file or the whole new one."""
+    """Replace ``path`` atomically with ``text``: a reader sees the old file or the whole new one. Its temporary
+    (``<name>.tmp``) is created new, never written through a link (see [Note: no link in a run folder is
+    followed] in :mod:`hintpipe.runtime.checkpoint.links`)."""
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w") as f:
+    with os.fdopen(create_new(temporary), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

@@ -8,35 +8,53 @@ its manifest (which names each tensor the stages share under every one of its na
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, Manifest, step_folders
+from hintpipe.runtime.checkpoint.readers import reading
 from hintpipe.runtime.checkpoint.run_folder import LATEST
 from hintpipe.runtime.checkpoint.saving import find_checkpoint
 from hintpipe.runtime.model_names import ModelNames
 
-__all__ = ["load_merged", "read_merged", "resolve_checkpoint"]
+__all__ = ["held_checkpoint", "load_merged", "read_merged", "resolve_checkpoint"]
 
 
 def load_merged(path: str | Path) -> dict[str, torch.Tensor]:
     """The whole model's parameters and buffers from a checkpoint, in one process, by the model's names (a tied
     tensor under each of its names), ready for ``model.load_state_dict(state, strict=True)`` on the unsplit
-    model. ``path`` is a checkpoint (``step-N``) or a checkpoint folder (its newest verified checkpoint).
+    model. ``path`` is a checkpoint (``step-N``) or a checkpoint folder (its newest verified checkpoint); a
+    run saving into the folder meanwhile does not prune it while it is read (:func:`held_checkpoint`).
 
     Raises:
         DamagedCheckpoint: if the checkpoint does not verify.
         UnsafeCheckpoint: its files would run code when read (see [Note: nothing from disk runs code]).
         CheckpointError: a folder with no usable checkpoint.
     """
-    return read_merged(*resolve_checkpoint(path))
+    with held_checkpoint(path) as (folder, manifest):
+        return read_merged(folder, manifest)
 
 
-def resolve_checkpoint(path: str | Path) -> tuple[Path, Manifest]:
+@contextlib.contextmanager
+def held_checkpoint(path: str | Path) -> Iterator[tuple[Path, Manifest]]:
+    """:func:`resolve_checkpoint`, the checkpoint held against pruning until the block ends: read it there (see
+    [Note: a reader's hold on a checkpoint] in :mod:`hintpipe.runtime.checkpoint.readers`).
+
+    Raises:
+        as :func:`resolve_checkpoint`.
+    """
+    with contextlib.ExitStack() as holds:
+        yield resolve_checkpoint(path, holds=holds)
+
+
+def resolve_checkpoint(path: str | Path, *, holds: contextlib.ExitStack | None = None) -> tuple[Path, Manifest]:
     """The checkpoint ``path`` names (a ``step-N`` folder; a checkpoint folder or its ``latest``: the folder's
-    newest verified checkpoint) and its manifest, every file verified.
+    newest verified checkpoint) and its manifest, every file verified. ``holds``: the checkpoint is held
+    against pruning, from before it is verified until ``holds`` closes (:func:`held_checkpoint`).
 
     Raises:
         DamagedCheckpoint: if the checkpoint does not verify.
@@ -46,9 +64,11 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Manifest]:
     if folder.name == LATEST and folder.is_file():
         folder = folder.parent
     if not (folder / MANIFEST).exists() and folder.is_dir() and step_folders(folder):
-        found, _ = find_checkpoint(folder)
+        found, _ = find_checkpoint(folder, holds=holds)
         assert found is not None  # find_checkpoint raises when none verifies
         folder = found
+    elif holds is not None:
+        holds.enter_context(reading(folder))  # gone: its manifest's absence says so below
     manifest = Manifest.read(folder)
     manifest.verify(folder)
     return folder, manifest

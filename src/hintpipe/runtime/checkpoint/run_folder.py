@@ -30,7 +30,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from hintpipe.runtime.checkpoint.manifest import Manifest, step_folders, sync_folder
+from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE
+from hintpipe.runtime.checkpoint.links import refuse_links, remove_temporary
+from hintpipe.runtime.checkpoint.manifest import Manifest, step_folders, step_of, sync_folder
 from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 RUN_FILE = "run.json"
@@ -69,8 +71,10 @@ def claim(folder: Path, *, replace: bool = False) -> str:
     found = step_folders(folder)
     if found and not replace:
         raise CheckpointError(another_run(folder, found))
-    for old in [*found, *folder.glob("step-*.tmp")]:
+    for old in found:
         shutil.rmtree(old, ignore_errors=True)
+    for stale in folder.glob("step-*.tmp"):
+        remove_temporary(stale)
     (folder / LATEST).unlink(missing_ok=True)
     (folder / RUN_FILE).unlink(missing_ok=True)  # no checkpoint of it is left: nothing of that run to keep
     run = uuid.uuid4().hex[:16]
@@ -107,11 +111,14 @@ def write_run(folder: Path, run: str, created: str) -> None:
 
 def check_layout(folder: Path) -> None:
     """Refuse a folder where hintpipe's own names are taken by something else: ``latest`` (a pointer file) or
-    ``run.json`` made folders.
+    ``run.json`` made folders; ``run.lock``, ``run.json``, ``latest`` or a ``step-<n>`` checkpoint a link (see
+    [Note: no link in a run folder is followed] in :mod:`hintpipe.runtime.checkpoint.links`).
 
     Raises:
         CheckpointError: one line naming the path and what to do.
     """
+    if folder.is_dir():
+        refuse_links(sorted(p for p in folder.iterdir() if p.name in _KEPT or step_of(p) is not None))
     for name, what in ((LATEST, "the pointer to the newest checkpoint"), (RUN_FILE, "the folder's run")):
         path = folder / name
         if path.exists() and not path.is_file():
@@ -120,9 +127,11 @@ def check_layout(folder: Path) -> None:
             )
 
 
+#: The files a run keeps at the top of its folder (besides its ``step-<n>`` checkpoints): never a link.
+_KEPT = frozenset({RUN_FILE, LOCK_FILE, LATEST})
 #: What a run writes at the top of its folder, besides its ``step-<n>`` (and ``step-<n>.tmp``) folders: the run's
 #: id, the lock of the process that runs it, the pointer to the newest checkpoint, and their temporaries.
-_RUN_NAMES = frozenset({RUN_FILE, "run.lock", LATEST, f"{LATEST}.tmp"})
+_RUN_NAMES = frozenset({RUN_FILE, LOCK_FILE, LATEST, f"{LATEST}.tmp"})
 
 
 def foreign_files(folder: Path) -> list[str]:

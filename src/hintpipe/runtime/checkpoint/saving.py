@@ -27,6 +27,7 @@ newest has been verified again and a step after it has completed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.links import remove_temporary
 from hintpipe.runtime.checkpoint.manifest import (
     CheckpointError,
     DamagedCheckpoint,
@@ -52,6 +54,7 @@ from hintpipe.runtime.checkpoint.manifest import (
     write_synced,
 )
 from hintpipe.runtime.checkpoint.rank_state import RankState, Stateful, rng_key
+from hintpipe.runtime.checkpoint.readers import reading, remove_unread
 from hintpipe.runtime.checkpoint.run_folder import LATEST, check_layout
 from hintpipe.runtime.launcher_env import orphaned
 from hintpipe.runtime.liveness import phase_group
@@ -188,7 +191,7 @@ def save_checkpoint(
                     f"{final} belongs to another run ({foreign}); nothing was saved and it is kept: move it elsewhere"
                 )
             for stale in root.glob("step-*.tmp"):
-                shutil.rmtree(stale)
+                remove_temporary(stale)  # a link among them removed, never followed
 
     together(prepare, what, group=group, error=CheckpointError)
     try:
@@ -281,7 +284,8 @@ def _write(
 
 def prune_checkpoints(directory: str | Path, keep: int = 2, run: str | None = None) -> list[Path]:
     """Keep the ``keep`` newest checkpoints that verify; remove older ones and damaged ones older than the
-    newest that verifies. Returns what was removed.
+    newest that verifies, except one a reader holds (``hintpipe export``: a later call removes it). Returns
+    what was removed.
 
     Call on rank 0, after a step completed past the newest checkpoint. Nothing
     is removed while the newest checkpoint is damaged: the older ones are then
@@ -304,14 +308,22 @@ def prune_checkpoints(directory: str | Path, keep: int = 2, run: str | None = No
         if run is not None and manifest.identity.run != run:
             continue  # another run's: never touched
         (kept if len(kept) < max(keep, 1) else removed).append(folder)
+    gone = []
     for old in removed:
-        shutil.rmtree(old, ignore_errors=True)
-    return removed
+        if remove_unread(old):
+            gone.append(old)
+        else:  # see [Note: a reader's hold on a checkpoint] in hintpipe.runtime.checkpoint.readers
+            log.info("%s is being read: kept until a later save prunes it", old)
+    return gone
 
 
-def find_checkpoint(directory: str | Path, identity: RunIdentity | None = None) -> tuple[Path | None, list[str]]:
+def find_checkpoint(
+    directory: str | Path, identity: RunIdentity | None = None, *, holds: contextlib.ExitStack | None = None
+) -> tuple[Path | None, list[str]]:
     """The newest verified checkpoint in ``directory`` (of ``identity``'s run, given one; None if there is
-    none) and what was skipped on the way, one line each.
+    none) and what was skipped on the way, one line each. ``holds``: a reader's; each folder looked at is held
+    against pruning, from before it is verified until ``holds`` closes (see [Note: a reader's hold on a
+    checkpoint] in :mod:`hintpipe.runtime.checkpoint.readers`).
 
     Raises:
         CheckpointError: the newest verified checkpoint of the run holds other tensors (another model), or
@@ -320,6 +332,8 @@ def find_checkpoint(directory: str | Path, identity: RunIdentity | None = None) 
     root = Path(directory)
     skipped: list[str] = []
     for folder in step_folders(root):
+        if holds is not None and not holds.enter_context(reading(folder)):
+            continue  # pruned since it was listed
         try:
             manifest = Manifest.read(folder)
             manifest.verify(folder)
