@@ -16,6 +16,8 @@ from typing import Any
 from hintpipe.choice import Choice
 from hintpipe.units import parse_size
 
+#: What ranks may agree on about an option (:attr:`Option.agreement`).
+AGREEMENTS = ("equal", "given", "own", "resolved")
 #: The longest watchdog timeout: a week. The watchdog exists to end a stuck run, and far larger values
 #: overflow the process groups' own timeouts (``datetime.timedelta``).
 MAX_TIMEOUT = 7 * 24 * 3600.0
@@ -40,6 +42,11 @@ class Option:
         metavar: the command line's placeholder.
         commands: the commands that take it as a flag (empty: Python only).
         pipeline: whether :class:`~hintpipe.runtime.pipeline.Pipeline` takes it.
+        agreement: what the ranks must agree on, compared at start-up
+            (:mod:`hintpipe.runtime.option_agreement`): ``equal`` (the value), ``given`` (whether it is given:
+            objects each rank builds its own of, a mesh, FSDP's options, emulated costs), ``own`` (each rank
+            its own: byte budgets, how much history it keeps) or ``resolved`` (compared as what it resolves
+            to: the hint and its chunks as the hint's name and stages).
     """
 
     name: str
@@ -54,6 +61,10 @@ class Option:
     metavar: str | None = None
     commands: frozenset[str] = frozenset()
     pipeline: bool = True
+    agreement: str = "equal"
+
+    def __post_init__(self) -> None:
+        assert self.agreement in AGREEMENTS, self.agreement
 
     @property
     def flag(self) -> str:

@@ -80,6 +80,7 @@ class PipelineConfig:
         "torch.distributed.pipelining's compute-only format",
         metavar="H",
         commands=_ALL,
+        agreement="resolved",
     )
     policy: str | Policy = _option(
         "choice",
@@ -97,6 +98,7 @@ class PipelineConfig:
         optional=True,
         metavar="V",
         commands=_ALL,
+        agreement="resolved",
     )
     memory_slack: float = _option(
         "float",
@@ -105,6 +107,7 @@ class PipelineConfig:
         minimum=0.0,
         metavar="K",
         commands=_RUN,
+        agreement="own",
     )
     activation_budget: float | tuple[float, ...] | None = _option(
         "size",
@@ -114,6 +117,7 @@ class PipelineConfig:
         optional=True,
         metavar="SIZE",
         commands=_RUN,
+        agreement="own",
     )
     device_budget: float | None = _option(
         "float",
@@ -124,6 +128,7 @@ class PipelineConfig:
         optional=True,
         metavar="FRACTION",
         commands=_RUN,
+        agreement="own",
     )
     admission: str | AdmissionUnit = _option(
         "choice",
@@ -145,7 +150,9 @@ class PipelineConfig:
         metavar="S",
         commands=_TRAIN,
     )
-    emulate: EmulatedCosts | None = _option("object", None, "sleep these costs instead of computing", optional=True)
+    emulate: EmulatedCosts | None = _option(
+        "object", None, "sleep these costs instead of computing", optional=True, agreement="given"
+    )
     on_nonfinite: str | OnNonFinite = _option(
         "choice",
         OnNonFinite.RAISE,
@@ -161,7 +168,7 @@ class PipelineConfig:
         choices=Precision,
         commands=_TRAIN,
     )
-    history: int = _option("int", 100, "how many steps' reports to keep", minimum=1)
+    history: int = _option("int", 100, "how many steps' reports to keep", minimum=1, agreement="own")
     timelines: bool = _option("bool", False, "gather every rank's task timeline to rank 0 each step")
     report_every: int = _option(
         "int",
@@ -175,12 +182,14 @@ class PipelineConfig:
         None,
         "a DeviceMesh with dimensions named from dp, pp and tp (or torchtitan's dp_replicate and dp_shard for dp)",
         optional=True,
+        agreement="given",
     )
     fsdp: FsdpOptions | None = _option(
         "object",
         None,
         "FSDP2's options for each stage (mp_policy, offload_policy, reshard_after_forward), with data_parallel='fsdp'",
         optional=True,
+        agreement="given",
     )
     data_parallel: str | DataParallel = _option(
         "choice",
@@ -212,6 +221,7 @@ class PipelineConfig:
         "a GPU per rank) or auto (nccl where every rank has its own GPU)",
         choices=TransportChoice,
         commands=_TRAIN,
+        agreement="resolved",
     )
 
     def __post_init__(self) -> None:

@@ -6,11 +6,13 @@ rank's admission rule is made, which takes the byte budgets it gathers.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
 
+from hintpipe.options import OPTIONS
 from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.parts import Wiring
 from hintpipe.schedule.fit import AdmissionUnit
@@ -20,30 +22,17 @@ def agree_on_options(wiring: Wiring, options: Mapping[str, Any], own_budget: flo
     """Every rank must run the same pipeline: compare once, at start-up; returns every pipeline rank's byte
     budget under byte admission (``own_budget`` is this rank's), else None.
 
-    Byte budgets are left out: they may differ per rank (heterogeneous devices, a plan's spare memory per
-    stage); every rank learns every rank's own, since each fits the same hint to all of them. So is memory
-    slack, except under admission by size without a byte budget, where every rank computes every rank's room.
+    [Note: the options the ranks compare] What is compared is derived from the options themselves
+    (:attr:`~hintpipe.option.Option.agreement`), so that a new option is compared without a list to keep in
+    step: an ``equal`` option by its value, a ``given`` one by whether it is given, a ``resolved`` one as what
+    it resolves to (the hint's name and stages, the transport chosen). Byte budgets are each rank's own: they
+    may differ per rank (heterogeneous devices, a plan's spare memory per stage); every rank learns every
+    rank's own, since each fits the same hint to all of them. So is memory slack, except under admission by
+    size without a byte budget, where every rank computes every rank's room.
     """
     by_bytes = own_budget is not None
     unit = AdmissionUnit.parse(options["admission"])
-    hint = wiring.hint
-    mine = {
-        "hint": hint.name,
-        "stages": hint.num_stages,
-        "microbatches": wiring.microbatches,
-        "policy": wiring.policy.value,
-        "split_backward": hint.split_backward,
-        "timeout": wiring.timeout,
-        "on_nonfinite": options["on_nonfinite"].value,
-        "emulated": options["emulate"] is not None,
-        "byte_admission": by_bytes,
-        "dp": wiring.layout.dp,
-        "tp": wiring.layout.tp,
-        "data_parallel": options["data_parallel"].value,
-        "microbatch_order": options["microbatch_order"].value,
-        "transport": wiring.transport_choice.value,
-        "admission": unit.value,
-    }
+    mine = compared_options(wiring, options, by_bytes)
     if unit is AdmissionUnit.SIZE and not by_bytes:
         mine |= {"memory_slack": options["memory_slack"], "device_budget": options["device_budget"]}
     gathered: list[Any] = [None] * wiring.layout.pp
@@ -57,3 +46,30 @@ def agree_on_options(wiring: Wiring, options: Mapping[str, Any], own_budget: flo
                 "options"
             )
     return tuple(float(budget) for _, budget in gathered) if by_bytes else None
+
+
+def compared_options(wiring: Wiring, options: Mapping[str, Any], by_bytes: bool) -> dict[str, Any]:
+    """What this rank compares with the others (see [Note: the options the ranks compare]): plain values."""
+    hint = wiring.hint
+    mine: dict[str, Any] = {
+        "hint": hint.name,
+        "stages": hint.num_stages,
+        "split_backward": hint.split_backward,
+        "transport": wiring.transport_choice.value,
+        "byte_admission": by_bytes,
+        "dp": wiring.layout.dp,
+        "tp": wiring.layout.tp,
+    }
+    for name, option in OPTIONS.items():
+        if not option.pipeline or name not in options:
+            continue
+        if option.agreement == "equal":
+            mine[name] = _plain(options[name])
+        elif option.agreement == "given":
+            mine[name] = options[name] is not None
+    return mine
+
+
+def _plain(value: Any) -> Any:
+    """An option's value as ranks compare it: an enum by its string (the same on every rank)."""
+    return value.value if isinstance(value, enum.Enum) else value
