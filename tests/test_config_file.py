@@ -349,3 +349,20 @@ def test_a_file_that_is_not_toml_or_not_there_is_refused_in_one_line(
     path.write_text("policy = \n")
     assert main(["train", "--config", str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"hintpipe: error: --config {path} is not TOML: ")
+
+
+def test_a_file_that_is_no_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'[training]\nsteps = "\xff"\n')
+    huge = tmp_path / "huge.toml"
+    huge.write_text("# " + "x" * (1 << 20) + "\n")
+    for path, said in (
+        ("/dev/zero", "/dev/zero is not a regular file; give a TOML file"),
+        (deep, f"{deep} nests too deep to be a config file"),
+        (latin, f"{latin} is not UTF-8 text (byte 20)"),
+        (huge, f"{huge} is over 1 MiB; a config file is a few kilobytes"),
+    ):
+        assert main(["train", "--config", str(path)]) == 2
+        assert capsys.readouterr().err == f"hintpipe: error: --config {said}\n"

@@ -331,3 +331,29 @@ def test_a_plan_file_saved_in_python_with_a_description_alone_trains(zoo: Path, 
 def _parsed(argv: list[str]) -> tuple[Any, Any]:
     args = parse_cli(argv)
     return args, args.policy
+
+
+def test_a_model_this_machine_cannot_hold_is_refused_before_it_is_built(capsys: pytest.CaptureFixture[str]) -> None:
+    # The launcher built the whole model to count its layers: --layers 1000000000 ran 78 s into std::bad_alloc.
+    from hintpipe.cli.train_checks import available_memory
+
+    said = _error(["train", "--ranks", "2", "--microbatches", "2", "--layers", "1000000000"], capsys)
+    available = available_memory()
+    assert available is not None
+    assert said.startswith(
+        "hintpipe train: error: --model gpt-mini of --layers 1000000000 --hidden 64 has 49,984,000,033,024 "
+        "parameters (186205GiB in float32); each of the 2 ranks builds it whole: about 372410GiB, over the "
+    )
+    assert said.endswith(" this machine has available; use a smaller model\n")
+
+
+def test_a_tensorboard_file_is_refused_before_the_ranks_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The ranks started and failed 22.7 s later.
+    file = tmp_path / "tb"
+    file.write_text("")
+    said = _error(["train", "--ranks", "2", "--microbatches", "2", "--tensorboard", str(file)], capsys)
+    assert said == f"hintpipe train: error: --tensorboard {file} is a file; TensorBoard writes into a folder\n"
+    steps = _error(["train", "--ranks", "2", "--microbatches", "2", "--steps", "9223372036854775807"], capsys)
+    assert steps == "hintpipe train: error: --steps must be between 1 and 2147483647, got 9.22337e+18\n"

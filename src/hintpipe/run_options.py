@@ -33,7 +33,9 @@ RANKS = Option(
 #: In ``--help``'s order: the simulator's, the run's and the planner's.
 RUN_OPTIONS: tuple[Option, ...] = (
     # -- the run around the pipeline: ``hintpipe train`` and TrainConfig ------------------------------
-    Option("steps", "int", 4, "training steps", minimum=1, metavar="N", commands=_TRAIN, pipeline=False),
+    Option(
+        "steps", "int", 4, "training steps", minimum=1, maximum=2**31 - 1, metavar="N", commands=_TRAIN, pipeline=False
+    ),
     Option(
         "microbatch_size",
         "int",

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
+import stat
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -111,6 +113,38 @@ def config_keys(command: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {a.dest: a for a in command._actions if a.option_strings and a.dest not in INVOCATION}
 
 
+#: The largest config file read: a run's whole config is a few kilobytes; a larger file is no config (and
+#: ``/dev/zero`` would be read for ever).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _toml(path: str | Path) -> dict[str, Any]:
+    """The file's TOML, read from a regular file of at most :data:`MAX_CONFIG_BYTES`.
+
+    Raises:
+        ValueError: in one line: not a regular file, too large, not UTF-8, not TOML, nested too deep.
+    """
+    try:
+        with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ValueError(f"--config {path} is not a regular file; give a TOML file")
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"--config {path} is over {MAX_CONFIG_BYTES >> 20} MiB; a config file is a few kilobytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--config {path} is not UTF-8 text (byte {exc.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--config {path} is not TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"--config {path} nests too deep to be a config file") from None
+
+
 def read_config(path: str | Path, parser: argparse.ArgumentParser, command: str) -> dict[str, Any]:
     """The values a config file gives ``command`` (a command of ``hintpipe``'s ``parser``), by key, each as its
     flag puts it in the arguments; the other commands' keys are skipped.
@@ -118,13 +152,7 @@ def read_config(path: str | Path, parser: argparse.ArgumentParser, command: str)
     Raises:
         ValueError: in one line starting ``--config PATH:`` (see the module's docstring).
     """
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except OSError as exc:
-        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"--config {path} is not TOML: {exc}") from None
+    data = _toml(path)
     known = {key for each in config_commands(parser).values() for key in config_keys(each)}
     _refuse_old_sections(path, data, known)
     actions = config_keys(config_commands(parser)[command])

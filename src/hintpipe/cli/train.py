@@ -24,7 +24,13 @@ from hintpipe.cli.common import (
 )
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import SIZES, add_model_flags, given_sizes, model_config
-from hintpipe.cli.train_checks import check_config, check_memory, check_model_flags, check_run_options
+from hintpipe.cli.train_checks import (
+    check_config,
+    check_memory,
+    check_model_flags,
+    check_model_memory,
+    check_run_options,
+)
 from hintpipe.cli.train_report import result_json as result_json
 from hintpipe.cli.train_report import step_table, summary_line
 from hintpipe.forming.cost import SequenceCost
@@ -247,7 +253,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     elif model.spec.planned:
         planned = _plan_once(args, model, hint)
     else:
-        _check_layers(model, hint.num_stages)  # refuses too few layers here, not in every rank
+        _check_layers(model, hint.num_stages, args.ranks * dp * tp)  # refused here, not in every rank
     slack, budgets, device_budget = room(args, args.ranks)
     if budgets is not None:
         _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
@@ -283,6 +289,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
+    if config.tensorboard is not None and Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
+        raise ValueError(f"--tensorboard {config.tensorboard} is a file; TensorBoard writes into a folder")
     check_config(config, injection)
     if args.emulate and not _planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
@@ -306,12 +314,24 @@ def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: 
         )
 
 
-def _check_layers(model: ModelConfig, stages: int) -> None:
+def _check_layers(model: ModelConfig, stages: int, world: int) -> None:
     """Refuse a model with fewer layers than stages, advising the ``--layers`` that fills them (gpt-mini has an
-    embedding and a head beside its ``--layers`` blocks)."""
+    embedding and a head beside its ``--layers`` blocks), or one whose every rank could not build it here.
+
+    Nothing is built: the model of one and of two ``--layers`` is made on the ``meta`` device (sized, never
+    allocated), and the whole model's layers and parameters follow from them, as ``--layers`` adds like
+    layers (this check built the whole model before: ``--hidden 16384`` or ``--layers 1000000000`` ended in
+    ``std::bad_alloc`` minutes later)."""
+    import torch
+
     from hintpipe.apps.models import build_layers
 
-    layers = len(build_layers(model))
+    with torch.device("meta"):
+        one, two = (build_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
+    sizes = [sum(p.numel() for layer in built for p in layer.parameters()) for built in (one, two)]
+    per_layer = sizes[1] - sizes[0]
+    check_model_memory(model, sizes[0] + per_layer * (model.layers - 1), world)
+    layers = len(one) + (len(two) - len(one)) * (model.layers - 1)
     if layers >= stages:
         return
     extra = layers - model.layers

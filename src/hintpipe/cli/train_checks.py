@@ -56,6 +56,20 @@ def available_memory() -> float | None:
     return None
 
 
+def check_model_memory(model: ModelConfig, parameters: int, world: int) -> None:
+    """Refuse a built-in model that its ranks could not build in this machine's available memory: every rank
+    builds the whole list of layers (the same weights from the seed) before it keeps its stages, in float32."""
+    available = available_memory()
+    needed = 4.0 * parameters * world
+    if available is None or needed <= available:
+        return
+    raise ValueError(
+        f"--model {model.label} of --layers {model.layers} --hidden {model.hidden} has {parameters:,} parameters "
+        f"({format_size(4.0 * parameters)} in float32); each of the {world} ranks builds it whole: about "
+        f"{format_size(needed)}, over the {format_size(available)} this machine has available; use a smaller model"
+    )
+
+
 def check_model_flags(
     model: ModelConfig, data: str, tp: int, forming: Forming, injection: Injection, steps: int
 ) -> None:
