@@ -24,7 +24,7 @@ from hintpipe.runtime.loop.executor import StageExecutor
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.runtime.rank_process import gather_over_store
-from hintpipe.runtime.transport.wire import Message
+from hintpipe.runtime.transport.wire import Message, tensors_of
 from hintpipe.schedule.task import Kind, Task
 
 CUDA = torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -139,7 +139,7 @@ def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str
             pipe.step(xs if rank == 0 else None, ys if rank == 1 else None)
         params = [p for m in pipe.modules.values() for p in m.parameters()]
         held = sorted({str(p.device) for p in params} | {str(p.grad.device) for p in params if p.grad is not None})
-        received = [t for msg in spy.delivered for t in msg.tensors if t is not None]
+        received = [t for msg in spy.delivered for t in tensors_of(msg.tensors)]
         places = sorted({str(t.device) for t in received})
         return str(pipe.device), held, places, len(received)
 

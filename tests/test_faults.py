@@ -16,7 +16,7 @@ from hintpipe.runtime import faults
 from hintpipe.runtime.faults import DelayedTransport, FaultyExecutor, VariedExecutor
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor, Tensors
-from hintpipe.runtime.transport.wire import Message, MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.task import Kind
 from hintpipe.sim.variability import CommDelay
 
@@ -36,9 +36,7 @@ class _Inbox:
         except queue.Empty:
             return None
 
-    def send(
-        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
-    ) -> None:
+    def send(self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[Value]) -> None:
         raise AssertionError("not used")
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
@@ -88,8 +86,8 @@ class _Timed:
         time.sleep(self.waits)
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         self._task()
         return [], None
 
@@ -101,8 +99,8 @@ class _Timed:
         self._task()
 
     def evaluate(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         return self.forward(stage, mb, inputs, target, loss_scale)
 
 
@@ -146,7 +144,7 @@ def test_emulated_compute_takes_the_factor_exactly() -> None:
     assert executor.duration(1, Kind.B, 1, 4) == pytest.approx(0.015)
     # The first stage's input size travels down the pipeline as a one-element activation.
     outputs, _ = executor.forward(0, 3, [torch.zeros(2, 6)], None, 1.0)
-    assert outputs[0].tolist() == [12.0]
+    assert isinstance(outputs[0], torch.Tensor) and outputs[0].tolist() == [12.0]
 
 
 def test_emulated_costs_scale_every_task_and_keep_their_sizes() -> None:
@@ -198,6 +196,6 @@ def test_emulated_stages_can_be_sized_by_different_inputs() -> None:
     assert executor.duration(1, Kind.F, 0, [16.0, 4.0]) == pytest.approx(0.02)  # the reference text
     assert executor.duration(1, Kind.F, 0, [8.0, 2.0]) == pytest.approx(0.01)  # half the text
     outputs, _ = executor.forward(0, 0, [torch.zeros(2, 8), torch.zeros(3)], None, 1.0)
-    assert outputs[0].tolist() == [16.0, 3.0]  # both sizes travel down the pipeline
+    assert isinstance(outputs[0], torch.Tensor) and outputs[0].tolist() == [16.0, 3.0]  # both sizes go down
     with pytest.raises(ValueError, match=r"^sized_by names an input for 1 stages, not 2$"):
         EmulatedCosts((0.01, 0.02), (0.0, 0.0), (0.0, 0.0), reference_size=8, sized_by=(0,), references=(8, 4))

@@ -1,6 +1,8 @@
 """The mailbox wire protocol between two ranks: every message arrives whole,
 in order, whatever its shapes, dtypes and size relative to the pre-posted
-payload (see [Note: pre-posted payloads] in hintpipe.runtime.transport.mailbox)."""
+payload (see [Note: pre-posted payloads] in hintpipe.runtime.transport.mailbox),
+and the numbers it carries come back as the Python numbers sent ([Note: numbers
+in the header] in hintpipe.runtime.transport.wire)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ import torch.distributed as dist
 
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.transport.mailbox import PostOffice
-from hintpipe.runtime.transport.wire import Message, MessageKind, lost_connection, what_the_peer_said
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value, lost_connection, what_the_peer_said
 
 
-def _messages() -> list[list[torch.Tensor | None]]:
+def _messages() -> list[list[Value]]:
     g = torch.Generator().manual_seed(0)
     return [
         [torch.randn(4, 8, generator=g)],  # the first: nothing pre-posted yet
@@ -24,11 +26,13 @@ def _messages() -> list[list[torch.Tensor | None]]:
         [torch.ones(3, dtype=torch.bool), torch.empty(0, 4)],  # odd byte counts and an empty tensor
         [torch.randn(1, 1, 1, generator=g) for _ in range(30)],  # a description longer than the header
         [torch.randn(40, 8, generator=g), torch.randint(0, 3, (7,), dtype=torch.int8, generator=g)],
+        [torch.randn(2, 5, generator=g), 12, -(2**62), 0.1, True],  # numbers beside a tensor: in the header
+        [9],  # a number alone: no payload bytes
         [torch.randn(4, 8, generator=g)],
     ]
 
 
-def _mailbox_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tensor | None]]] | None:
+def _mailbox_worker(rank: int, world: int) -> list[tuple[int, int, list[Value]]] | None:
     group = dist.new_group(backend="gloo")
     post = PostOffice([1 - rank], torch.device("cpu"), group=group)
     received = None
@@ -53,11 +57,11 @@ def test_every_message_arrives_whole_and_in_order() -> None:
     for (_, mb, got), expected in zip(received, sent, strict=True):
         assert len(got) == len(expected), mb
         for a, b in zip(got, expected, strict=True):
-            if b is None:
-                assert a is None, mb
-            else:
-                assert a is not None and a.dtype == b.dtype and a.shape == b.shape, mb
+            if isinstance(b, torch.Tensor):
+                assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, mb
                 assert torch.equal(a, b), mb
+            else:  # None, or a number: the same value of the same type
+                assert (type(a), a) == (type(b), b), mb
 
 
 def _notice_worker(rank: int, world: int) -> tuple[list[tuple[int, int, int]], list[int], bool] | None:

@@ -32,6 +32,7 @@ from hintpipe.planner.inplace import out_of_place
 from hintpipe.planner.op_libraries import op_libraries
 from hintpipe.planner.plan import Plan, node_tables, plan
 from hintpipe.runtime.loop.executor import as_input
+from hintpipe.runtime.transport.wire import Value
 
 VOCAB = 64
 KWARGS = {"use_cache": False}
@@ -101,9 +102,9 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def _pipelined(stages: list[nn.Module], ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The logits of ``stages`` run one after another as a pipeline runs them: each stage receives its inputs
     as leaves (:func:`as_input`), and backward goes from the loss through the last stage, then into each earlier
-    stage with the gradients its successor's leaves received."""
-    sent: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
-    values: tuple[torch.Tensor, ...] = (ids,)
+    stage with the gradients its successor's leaves received (a number sent on, the sequence length, has none)."""
+    sent: list[tuple[tuple[Value, ...], tuple[Value, ...]]] = []
+    values: tuple[Value, ...] = (ids,)
     for k, stage in enumerate(stages):
         if k:
             leaves = tuple(as_input(v) for v in values)
@@ -112,6 +113,7 @@ def _pipelined(stages: list[nn.Module], ids: torch.Tensor, labels: torch.Tensor)
         out = stage(*values)
         values = out if isinstance(out, tuple) else (out,)
     (logits,) = values
+    assert isinstance(logits, torch.Tensor)
     if torch.is_grad_enabled():
         torch.autograd.backward(_loss(logits, labels))
         for outputs, leaves in reversed(sent):
@@ -119,7 +121,10 @@ def _pipelined(stages: list[nn.Module], ids: torch.Tensor, labels: torch.Tensor)
             pairs = [
                 (o, leaf.grad)
                 for o, leaf in zip(outputs, leaves, strict=True)
-                if o.requires_grad and leaf.grad is not None
+                if isinstance(o, torch.Tensor)
+                and isinstance(leaf, torch.Tensor)
+                and o.requires_grad
+                and leaf.grad is not None
             ]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     return logits

@@ -28,6 +28,8 @@ from hintpipe.planner.plan import Plan, plan
 from hintpipe.planner.plan_file import load_plan, save_plan
 from hintpipe.planner.portable import FollowingOp, make_portable
 from hintpipe.planner.profile import profile, run_node
+from hintpipe.runtime.loop.executor import StageExecutor, as_input
+from stage_code import named_devices
 
 VOCAB = 64
 KWARGS = {"use_cache": False}
@@ -113,16 +115,29 @@ def test_a_stage_names_no_device_and_keeps_its_tensors_as_parameters_or_buffers(
 def test_a_stage_moved_to_another_device_computes_there(
     planned_in_each_mode: dict[str, tuple[nn.Module, Plan]],
 ) -> None:
-    """Stage 0 of GPT-2 makes position ids with ``arange`` and sends the sequence length (a number, boxed as a
-    0-d tensor) to stage 1: on ``meta``, every output is a meta tensor."""
+    """Stage 0 of GPT-2 makes position ids with ``arange`` and sends the batch size and sequence length on
+    (Python numbers: [Note: numbers cross a cut on the host]); on ``meta``, every tensor it sends is a meta
+    tensor, and stage 1 on ``meta`` takes the numbers as they came (it took each with ``.item()`` of a 0-d
+    tensor, which ``meta`` refuses and a GPU waits for)."""
     _, planned = planned_in_each_mode["train"]
     travelled: Plan = pickle.loads(pickle.dumps(planned))  # as the plan reaches every rank
-    stage = travelled.build_stage(0).to("meta")
-    out = stage(torch.randint(0, VOCAB, (2, 12)).to("meta"))
+    first, second = (travelled.build_stage(i).to("meta") for i in range(2))
+    out = first(torch.randint(0, VOCAB, (2, 12)).to("meta"))
     outputs = out if isinstance(out, tuple) else (out,)
-    assert len(outputs) >= 2  # the activations and the sequence length
-    assert [t.device.type for t in outputs] == ["meta"] * len(outputs)
-    assert any(t.dim() == 0 for t in outputs)
+    tensors = [v for v in outputs if isinstance(v, torch.Tensor)]
+    assert [t.device.type for t in tensors] == ["meta"] * len(tensors)
+    assert sorted(v for v in outputs if not isinstance(v, torch.Tensor)) == [2, 12]  # the batch and its length
+    logits = second(*(as_input(v) for v in outputs))
+    assert logits.device.type == "meta" and logits.shape == (2, 12, VOCAB)
+
+
+def test_a_received_number_is_taken_as_it_came() -> None:
+    """What a stage receives is made a leaf input (:func:`as_input`): a tensor is detached (and requires grad
+    where floating), a number stays the number it is, with nothing on a device to read it back from."""
+    assert as_input(12) == 12 and type(as_input(12)) is int
+    assert as_input(0.5) == 0.5 and as_input(True) is True
+    hidden = as_input(torch.ones(2, 3, device="meta"))
+    assert isinstance(hidden, torch.Tensor) and hidden.is_leaf and hidden.requires_grad
 
 
 def test_a_plan_file_loads_for_the_model_on_another_device(
@@ -156,9 +171,9 @@ class _Literal(nn.Module):
 def test_a_traced_model_s_constant_flag_and_device_follow_the_module() -> None:
     graph = capture(_Literal().eval())  # captured in train mode whatever the model's mode
     following = [m for m in graph.module.modules() if isinstance(m, FollowingOp)]
-    assert sorted((m.op_name, m.training_at, m.device) for m in following) == [
-        ("torch._VariableFunctionsClass.arange", None, True),
-        ("torch.nn.functional.dropout", "training", False),  # torch.fx passes it by name
+    assert sorted((m.op_name, m.training_at, m.device_at) for m in following) == [
+        ("torch._VariableFunctionsClass.arange", None, "device"),
+        ("torch.nn.functional.dropout", "training", None),  # torch.fx passes it by name
     ]
     module = graph.module
     x = torch.ones(4, 8)
@@ -167,6 +182,116 @@ def test_a_traced_model_s_constant_flag_and_device_follow_the_module() -> None:
     module.train()
     assert not torch.equal(module(x), module(x))
     assert module.to("meta")(x.to("meta")).device.type == "meta"
+
+
+class _Sends(nn.Module):
+    """A first stage that sends a number on beside its activations: the rows of its batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return torch.tanh(self.linear(x)), x.shape[0]
+
+
+class _Takes(nn.Module):
+    """A last stage that computes with the number it receives as a number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+        assert type(rows) is int
+        out: torch.Tensor = self.linear(hidden).sum(0) / rows
+        return out
+
+
+@pytest.mark.parametrize("split_backward", [False, True])
+def test_the_executor_sends_a_number_on_and_gives_it_no_gradient(split_backward: bool) -> None:
+    """A stage's forward returns a number beside a tensor: the executor sends it on as it is, the next stage
+    takes it as a number, its gradient slot on the way back is None, and the parameters' gradients are the
+    unsplit computation's, with the backward whole or split into B and W."""
+    torch.manual_seed(0)
+    stages = {0: _Sends(), 1: _Takes()}
+    x = torch.randn(3, 4)
+    parameters = [*stages[0].parameters(), *stages[1].parameters()]
+    expected = torch.autograd.grad(stages[1](*stages[0](x)).sum(), parameters)
+    executor = StageExecutor(stages, 1, lambda out, target: out.sum(), split_backward=split_backward)
+    sent, _ = executor.forward(0, 0, [x], None, 1.0)
+    assert isinstance(sent[0], torch.Tensor) and sent[1:] == [3]
+    _, loss = executor.forward(1, 0, [as_input(v) for v in sent], None, 1.0)
+    assert loss is not None
+    grads = executor.backward(1, 0, None)
+    assert grads[0] is not None and grads[1] is None  # the number has no gradient
+    executor.backward(0, 0, grads)
+    if split_backward:
+        executor.weight(1, 0)
+        executor.weight(0, 0)
+    for parameter, gradient in zip(parameters, expected, strict=True):
+        assert parameter.grad is not None
+        torch.testing.assert_close(parameter.grad, gradient)
+
+
+@torch.fx.wrap
+def _placed(x: torch.Tensor, device: Any) -> torch.Tensor:
+    """A function of the model's own that takes a device by position (torch.fx keeps its call as a node)."""
+    return x.to(device)
+
+
+#: Every form of a device ([Note: every form of a device]), each a step after a linear layer ``y = linear(x)``.
+#: Those that name a GPU cannot run here: only torch.fx, which records without running, captures them.
+FORMS: dict[str, Any] = {
+    "a method's keyword, a string": lambda x, y: y + x.new_ones(x.shape[-1], device="cpu"),
+    "to, by position, a string": lambda x, y: y.to("cpu"),
+    "to, by keyword, with a dtype": lambda x, y: y.to(device="cpu", dtype=torch.float64),
+    "to a tensor's device, with a dtype": lambda x, y: y.to(x.device, torch.float64),  # export: aten.to.device
+    "to, by position, a torch.device": lambda x, y: y.to(torch.device("cpu")),
+    "cpu()": lambda x, y: y.cpu(),
+    "a factory's keyword, a torch.device": lambda x, y: y + torch.ones(x.shape[-1], device=torch.device("cpu")),
+    "a function's parameter, by position": lambda x, y: _placed(y, "cpu"),
+    "to, by position, an int (a CUDA index)": lambda x, y: y.to(0),
+    "to, by position, a CUDA torch.device": lambda x, y: y.to(torch.device("cuda", 1)),
+    "cuda()": lambda x, y: y.cuda(),
+    "cuda(index, non_blocking=...)": lambda x, y: y.cuda(1, non_blocking=True),
+    "a factory's keyword, an int": lambda x, y: y + torch.zeros(x.shape[-1], device=0),
+}
+_ON_A_GPU = {"to, by position, an int (a CUDA index)", "to, by position, a CUDA torch.device", "cuda()"}
+_ON_A_GPU |= {"cuda(index, non_blocking=...)", "a factory's keyword, an int"}
+
+
+class _Form(nn.Module):
+    """A linear layer, then one form of a device (``scale`` is a keyword input: it makes capture export)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.form = form
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        out: torch.Tensor = FORMS[self.form](x, self.linear(x) * scale)
+        return out
+
+
+@pytest.mark.parametrize(
+    ("form", "capture_with"),
+    [(form, "torch.fx") for form in FORMS] + [(form, "torch.export") for form in FORMS if form not in _ON_A_GPU],
+)
+def test_every_form_of_a_device_follows_the_module(form: str, capture_with: str) -> None:
+    """Each form, captured by torch.fx or torch.export and re-traced as a plan travels: the code names no
+    device, the module computes on ``meta`` once moved there (a form left as it was makes a CPU tensor there,
+    which the next operator refuses or the output shows), and on the CPU it computes what the model does."""
+    model = _Form(form)
+    exported = capture_with == "torch.export"
+    graph = capture(model, example=(torch.ones(3, 4),), kwargs={"scale": 1.0}) if exported else capture(model)
+    module = pickle.loads(pickle.dumps(graph.module))  # re-traced, as on every rank
+    assert named_devices(module) == []
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    if form not in _ON_A_GPU:
+        assert torch.equal(module(x), model(x))
+    out = copy.deepcopy(module).to("meta")(x.to("meta"))
+    assert out.device.type == "meta" and out.shape == (3, 4)
 
 
 def test_make_portable_leaves_a_graph_without_such_calls_alone() -> None:

@@ -17,7 +17,7 @@ from groups import Case, run_cases, succeeded
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.sender import UNREAPED, Outgoing, Sender
 from hintpipe.runtime.transport.staging import MIN_BUFFER, StagingPool
-from hintpipe.runtime.transport.wire import MessageKind
+from hintpipe.runtime.transport.wire import MessageKind, Value
 
 WAIT_S = 30.0  # a bound on waiting for the thread, never reached when it works
 
@@ -156,11 +156,11 @@ def _messages() -> list[list[torch.Tensor | None]]:
     ]
 
 
-def _threaded_mailbox(rank: int, world: int) -> list[tuple[str, int, list[torch.Tensor | None], str | None]]:
+def _threaded_mailbox(rank: int, world: int) -> list[tuple[str, int, list[Value], str | None]]:
     group = dist.new_group(backend="gloo")
     post = _ThreadedPostOffice([1 - rank], torch.device("cpu"), group=group, notices=True)
     assert post.sender.threaded
-    received: list[tuple[str, int, list[torch.Tensor | None], str | None]] = []
+    received: list[tuple[str, int, list[Value], str | None]] = []
     if rank == 0:
         for mb, tensors in enumerate(_messages()):
             post.notify(1, 0, 1, mb, MessageKind.ACTIVATION)

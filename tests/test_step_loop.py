@@ -17,7 +17,7 @@ import torch
 
 from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
-from hintpipe.runtime.transport.wire import Message, MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.scoreboard import Policy, RankGraph, Scoreboard
 
@@ -34,14 +34,14 @@ class _Executor:
         pass
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         self.log.append(f"F{mb}")
         return [], torch.tensor(float(mb))
 
     def evaluate(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         raise AssertionError("a training step does not evaluate")
 
     def backward(self, stage: int, mb: int, grads: Any) -> list[torch.Tensor | None]:
@@ -134,8 +134,8 @@ class _BusyExecutor(_Executor):
         self.helper = threading.Thread(target=_burn, args=(0.05,))
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         if mb == 0:
             self.helper.start()
         _burn(0.02)

@@ -9,6 +9,7 @@ hintpipe.runtime.transport.links).
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import time
@@ -28,7 +29,7 @@ from hintpipe.runtime.transport.links import Link, LinkPostOffice, as_bytes, del
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.protocol import TransportChoice, choose_transport
 from hintpipe.runtime.transport.staging import MIN_BUFFER, Staging, StagingPool, size_class
-from hintpipe.runtime.transport.wire import Message, MessageKind, pack
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value, decode_meta, encode_meta, pack, unpack
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -194,6 +195,26 @@ def test_pack_makes_its_buffer_where_the_tensors_are() -> None:
     assert (nothing.device.type, nothing.numel(), none) == ("meta", 0, 0)
 
 
+def test_numbers_travel_in_the_header_and_come_back_as_the_numbers_sent() -> None:
+    """[Note: numbers in the header]: a number takes no payload bytes, whatever the device of the tensors
+    beside it, and is described by its type and its bits, so it comes back the same Python number."""
+    hidden = torch.empty(2, 3, device="meta")
+    values: list[Value] = [hidden, 12, -(2**63), 2**63 - 1, 0.1, -0.0, float("inf"), True, None]
+    meta = encode_meta(values)
+    assert meta[: 2 + hidden.dim()] == [0, 2, 2, 3]  # float32, two dimensions: 2 x 3
+    assert meta[4:7] == [4, -2, 12]  # int64's code, a number, its value
+    buffer, nbytes = pack(values, CPU)
+    assert (buffer.device.type, nbytes) == ("meta", 24)  # the tensor's bytes only
+    back = unpack(torch.zeros(nbytes, dtype=torch.uint8), decode_meta(meta, len(values)))
+    assert isinstance(back[0], torch.Tensor) and back[0].shape == (2, 3)
+    assert [(type(v), v) for v in back[1:]] == [(type(v), v) for v in values[1:]]
+    assert isinstance(back[5], float) and math.copysign(1.0, back[5]) == -1.0  # -0.0 keeps its sign: its bits
+    with pytest.raises(ValueError, match=r"^cannot send the number 9223372036854775808: beyond int64$"):
+        encode_meta([2**63])
+    with pytest.raises(TypeError, match=r"^cannot send a str: a message carries tensors and numbers$"):
+        encode_meta(["12"])  # type: ignore[list-item]
+
+
 # -- the NCCL transport's protocol, its links on gloo --------------------------------------------------
 
 
@@ -235,7 +256,7 @@ def test_a_link_message_enters_the_inbox_once_its_payload_is_here() -> None:
     assert inbox.get_nowait() is message and message.arrived > 0.0 and message.ready is arrival
 
 
-def _link_messages(sender: int) -> list[list[torch.Tensor | None]]:
+def _link_messages(sender: int) -> list[list[Value]]:
     g = torch.Generator().manual_seed(sender)
     return [
         [torch.randn(4, 8, generator=g)],
@@ -245,10 +266,11 @@ def _link_messages(sender: int) -> list[list[torch.Tensor | None]]:
         [torch.randn(1, 2, generator=g).to(torch.bfloat16) for _ in range(30)],  # a description beyond the header
         [torch.randn(7, generator=g)],
         [torch.tensor([-2, 7, 300], dtype=torch.int16), torch.tensor(3.5)],  # no int16 on NCCL: bytes go
+        [torch.randn(3, generator=g), 17, 2.5, False],  # numbers in the header, never on the link
     ]
 
 
-def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tensor | None]]]:
+def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[Value]]]:
     headers = dist.new_group(backend="gloo")
     up = dist.new_group([0, 1], backend="gloo")  # 0 -> 1
     down = dist.new_group([0, 1], backend="gloo")  # 1 -> 0
@@ -260,7 +282,7 @@ def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[torch.Tenso
     for mb, tensors in enumerate(_link_messages(rank)):
         post.send(peer, MessageKind.ACTIVATION if rank == 0 else MessageKind.GRADIENT, 3, 1, mb, tensors)
         post.notify(peer, 3, 1, mb, MessageKind.ACTIVATION)
-    received: list[tuple[int, int, list[torch.Tensor | None]]] = []
+    received: list[tuple[int, int, list[Value]]] = []
     while len(received) < len(_link_messages(peer)):
         msg = post.get(30)
         assert msg is not None, "a message did not arrive"
@@ -285,12 +307,13 @@ def test_the_link_transport_delivers_every_message_whole_and_in_order_both_ways(
         for (_, mb, got), expected in zip(data, sent, strict=True):
             assert len(got) == len(expected), mb
             for a, b in zip(got, expected, strict=True):
-                assert (a is None) == (b is None), mb
-                if a is not None and b is not None:
-                    assert a.dtype == b.dtype and torch.equal(a, b), mb
+                if isinstance(b, torch.Tensor):
+                    assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), mb
+                else:  # None, or a number: the same value of the same type
+                    assert (type(a), a) == (type(b), b), mb
         # The closing word travels on the header channel: rank 1 failed on purpose, rank 0 stopped.
         word = closing[2][0]
-        assert word is not None
+        assert isinstance(word, torch.Tensor)
         text = bytes(word.tolist()).decode()
         assert (closing[0], text) == ((MessageKind.ABORT, "done here") if rank == 0 else (MessageKind.STOP, ""))
 

@@ -27,6 +27,7 @@ from hintpipe.planner.search import PlanError
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.executor import as_input
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.transport.wire import Value, tensors_of
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages
 
 MiB = 2**20
@@ -531,16 +532,16 @@ class StageMeasure:
     seconds: float
 
 
-def run_forward(module: nn.Module, inputs: list[torch.Tensor], target: torch.Tensor, last: bool) -> list[torch.Tensor]:
-    """The stage's outputs for one micro-batch (the loss at the last stage)."""
+def run_forward(module: nn.Module, inputs: list[Value], target: torch.Tensor, last: bool) -> list[Value]:
+    """The stage's outputs for one micro-batch (the loss at the last stage): tensors, and numbers it sends on."""
     out = module(*inputs)
     outputs = list(out) if isinstance(out, tuple) else [out]
     return [lm_loss(outputs[0], target)] if last else outputs
 
 
-def run_backward(outputs: list[torch.Tensor]) -> None:
+def run_backward(outputs: list[Value]) -> None:
     """Backward from the outputs that carry gradients (gradients of ones: the bytes, not the values, matter)."""
-    roots = [o for o in outputs if o.requires_grad]
+    roots = [o for o in tensors_of(outputs) if o.requires_grad]
     torch.autograd.backward(roots, [torch.ones_like(o) for o in roots])
 
 
@@ -553,11 +554,11 @@ def pinned_bytes() -> float:
 
 
 def held_on_cuda(
-    module: nn.Module, inputs: list[torch.Tensor], target: torch.Tensor, first: bool, last: bool, device: torch.device
-) -> tuple[StageMeasure, list[torch.Tensor]]:
+    module: nn.Module, inputs: list[Value], target: torch.Tensor, first: bool, last: bool, device: torch.device
+) -> tuple[StageMeasure, list[Value]]:
     """The allocator's figures for one forward: what it leaves allocated and its peak, above where it started,
     plus the received inputs (allocated before it; stage 0's token ids are the caller's, not counted)."""
-    boundary = 0.0 if first else float(nbytes(inputs))
+    boundary = 0.0 if first else float(nbytes(tensors_of(inputs)))
     synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -570,22 +571,22 @@ def held_on_cuda(
 
 
 def held_on_cpu(
-    module: nn.Module, inputs: list[torch.Tensor], target: torch.Tensor, first: bool, last: bool
-) -> tuple[StageMeasure, list[torch.Tensor]]:
+    module: nn.Module, inputs: list[Value], target: torch.Tensor, first: bool, last: bool
+) -> tuple[StageMeasure, list[Value]]:
     """Saved-tensor accounting for one forward, as the runtime's executor counts it (each storage once,
     parameters and stage 0's inputs left out). Tensors saved inside an offloaded region are packed by the
     offload hooks, not seen here."""
     exclude = parameter_storages(module)
     if first:
-        exclude |= {t.untyped_storage().data_ptr() for t in inputs}
+        exclude |= {t.untyped_storage().data_ptr() for t in tensors_of(inputs)}
     with count_saved(exclude) as counter:
         outputs = run_forward(module, inputs, target, last)
-    for t in [*inputs, *outputs]:
+    for t in tensors_of([*inputs, *outputs]):
         counter.add(t)
     return StageMeasure(float(counter.total), None, None, 0.0), outputs
 
 
-def stage_inputs(values: list[torch.Tensor], first: bool) -> list[torch.Tensor]:
+def stage_inputs(values: list[Value], first: bool) -> list[Value]:
     """A stage's inputs: stage 0 takes the token ids as they are, later stages fresh leaves (as received)."""
     return values if first else [as_input(v) for v in values]
 
@@ -596,7 +597,7 @@ def measure_plan(
     """Each planned stage (with its recompute and offload choices) on one micro-batch, in order, each fed the
     one before's outputs; a warm-up pass first (the allocator's pools and cuBLAS's workspace exist before
     anything is measured)."""
-    values: list[torch.Tensor] = [x]
+    values: list[Value] = [x]
     out = []
     for index in range(planned.num_stages):
         module = planned.build_stage(index).to(device)
@@ -617,7 +618,7 @@ def measure_plan(
             synchronize(device)
             times.append(time.perf_counter() - start)
         out.append(dataclasses.replace(measure, seconds=statistics.median(times)))
-        values = [o.detach() for o in outputs]
+        values = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
     return out
 
 

@@ -56,6 +56,7 @@ from hintpipe.planner.tables import NodeTables
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.executor import StageExecutor, as_input
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.transport.wire import Value
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
 
@@ -362,7 +363,7 @@ def measure_stages(planned: Plan, example: torch.Tensor, target: torch.Tensor, r
     seconds: list[list[float]] = [[] for _ in range(n)]
     for run in range(runs + 1):
         spent = [0.0] * n
-        inputs = [example]
+        inputs: list[Value] = [example]
         for s in range(n):
             before = executor.live_bytes
             start = time.perf_counter()

@@ -213,7 +213,7 @@ class Arrival(Protocol):
     def wait(self) -> None:
         """Block the calling thread until the transfer is done."""
 
-    def use(self, tensors: Sequence[torch.Tensor | None]) -> None:
+    def use(self, tensors: Sequence[object]) -> None:
         """Make the current stream wait for the transfer before it uses ``tensors``, and tell the allocator
         that the current stream uses them (they were allocated on the transfer's stream)."""
 
@@ -227,11 +227,11 @@ class EventArrival:
     def wait(self) -> None:
         self.event.synchronize()
 
-    def use(self, tensors: Sequence[torch.Tensor | None]) -> None:
+    def use(self, tensors: Sequence[object]) -> None:
         stream = torch.cuda.current_stream()
         stream.wait_event(self.event)
         for t in tensors:
-            if t is not None:
+            if isinstance(t, torch.Tensor):  # (not a number that came in the header, nor an absent tensor)
                 t.record_stream(stream)
 
     def query(self) -> bool:
@@ -239,7 +239,7 @@ class EventArrival:
         return bool(self.event.query())  # type: ignore[no-untyped-call]
 
 
-def use_when_ready(tensors: Sequence[torch.Tensor | None], ready: Arrival | None) -> None:
+def use_when_ready(tensors: Sequence[object], ready: Arrival | None) -> None:
     """Let the current stream use ``tensors`` once their transfer (``ready``) is done; nothing to wait for
     when ``ready`` is None."""
     if ready is not None:

@@ -56,7 +56,8 @@ class CapturedGraph:
             that tensor (tracing keeps one name per shared module or tensor).
         scalars: positions in ``nodes`` of the nodes whose value is a Python
             number (a sequence length in an exported graph): it crosses a cut
-            as a 0-d tensor. Positions, not names: a pickled graph is re-traced
+            as that number, on the host ([Note: numbers cross a cut on the host] in
+            :mod:`~hintpipe.planner.stagegen`). Positions, not names: a pickled graph is re-traced
             on the way in, which keeps the order of the nodes but not their names.
         gradient_free: positions in ``nodes`` of the nodes whose value is a floating-point tensor that no
             gradient flows into, with every parameter and input trainable (an expert's token count from

@@ -3,9 +3,9 @@ values no gradient flows into. Found by running the graph once, since the graph'
 
 [Note: numbers in an exported graph]
 torch.export records a shape it keeps symbolic as ``sym_size`` nodes whose value is a number, which a cut
-may carry (boxed as a 0-d tensor) like any tensor. Their ``meta["val"]`` does not survive the re-trace
-that capture does (and unpickling repeats), so reading it after the re-trace finds no numbers: every cut
-the sequence length crosses is then refused, and a transformer plans into one busy stage and one of
+may carry like any tensor (as a number, in the message's header). Their ``meta["val"]`` does not survive
+the re-trace that capture does (and unpickling repeats), so reading it after the re-trace finds no numbers:
+every cut the sequence length crosses is then refused, and a transformer plans into one busy stage and one of
 parameter-free operations. The re-traced graph itself is run instead.
 
 [Note: values without a gradient]
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-#: What a graph node may compute besides tensors and still send across a cut (as a 0-d tensor).
+#: What a graph node may compute besides tensors and still send across a cut (as a number).
 NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 

@@ -201,7 +201,7 @@ def _profile_node(
         output_bytes=nbytes(out),
         storage_bytes=storage_nbytes(out),
         alias_of=alias,
-        # What may cross a cut: a tensor, or a number (boxed there). A tuple of tensors (a split's result)
+        # What may cross a cut: a tensor, or a number (in the message's header). A tuple of tensors (a split's result)
         # may not: stages send flat tuples of tensors, so cuts fall after its items are taken out.
         tensor_output=isinstance(out, torch.Tensor) or scalar,
         internal_bytes=internal,

@@ -10,6 +10,17 @@ activations are dropped after the forward and rebuilt in backward); nodes it
 offloads run under ``saved_tensors_hooks`` that move what autograd saves to
 pinned host memory and back, on a stream of their own (:func:`offload`).
 Consecutive nodes with the same choice are grouped into one sub-module.
+
+[Note: numbers cross a cut on the host]
+A number the graph computes (``CapturedGraph.scalars``: a sequence length from
+``sym_size``) leaves a stage as the Python number it is, and the next stage
+takes it as one: it is never a tensor on the stage's device. Boxed as a 0-d
+device tensor, it was unboxed with ``.item()`` on the far side, which on a GPU
+waits for every kernel queued on the stream, once per micro-batch per cut, and
+which ``meta`` refuses, so a later stage could not run there at all. The
+runtime carries such numbers in the message's header beside the tensors'
+shapes (:func:`hintpipe.runtime.transport.wire.encode_meta`); a stage on the
+same rank gets them as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +34,6 @@ from torch.utils.checkpoint import checkpoint
 
 from hintpipe.device import new_event, new_stream
 from hintpipe.planner.capture import CapturedGraph, attribute
-from hintpipe.planner.portable import FollowingOp
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:
@@ -139,10 +149,10 @@ def extract(
     ``output_value`` (the original graph's output argument) replaces the tuple
     of ``outputs`` as what the module returns: the last stage returns what the
     model returned. With ``boundary`` (a pipeline stage), numbers the graph
-    computes (``graph.scalars``, e.g. a sequence length) cross as 0-d tensors:
-    boxed on the way out, unboxed on the way in, since stages exchange tensors; and a
-    received value no gradient flows into in the whole model (``graph.gradient_free``)
-    is detached on the way in ([Note: values without a gradient]).
+    computes (``graph.scalars``, e.g. a sequence length) cross as Python numbers
+    ([Note: numbers cross a cut on the host]); and a received value no gradient
+    flows into in the whole model (``graph.gradient_free``) is detached on the way
+    in ([Note: values without a gradient]).
     """
     copy = _Copy(graph, inputs, boundary)
     node_list = list(nodes)
@@ -162,7 +172,7 @@ def extract(
     if output_value is not None:
         copy.new.output(fx.node.map_arg(output_value, copy.lookup))
     else:
-        copy.new.output(tuple(copy.boxed(o) for o in outputs))
+        copy.new.output(tuple(copy.lookup(o) for o in outputs))
     return copy.module(node_list)
 
 
@@ -178,26 +188,11 @@ class _Copy:
         self.position = graph.index
         for value in inputs:
             placeholder = self.new.placeholder(value.name)
-            if self.scalar(value):
-                self.env[value] = self.new.call_function(_unbox, (placeholder,))
-            elif self.boundary and self.position.get(value, -1) in graph.gradient_free:
+            # A number (``graph.scalars``) is taken as it comes: [Note: numbers cross a cut on the host].
+            if self.boundary and self.position.get(value, -1) in graph.gradient_free:
                 self.env[value] = self.new.call_method("detach", (placeholder,))
             else:
                 self.env[value] = placeholder
-
-    def scalar(self, value: fx.Node) -> bool:
-        """Whether ``value`` is a number that crosses this stage's boundary."""
-        return self.boundary and self.position.get(value, -1) in self.graph.scalars
-
-    def boxed(self, value: fx.Node) -> fx.Node:
-        """``value`` as a stage sends it: a number becomes a 0-d tensor."""
-        node = self.lookup(value)
-        if not self.scalar(value):
-            return node
-        # A 0-d tensor on the stage's device, wherever the stage was moved ([Note: operators that follow
-        # their module]): a number boxed on the CPU beside a GPU stage's tensors breaks what sends them.
-        self.owned.setdefault(BOX, FollowingOp(_box, None, device=True))
-        return self.new.call_module(BOX, (node,))
 
     def lookup(self, value: fx.Node) -> fx.Node:
         if value not in self.env:
@@ -263,20 +258,6 @@ def _place(module: torch.nn.Module, target: str, value: Any) -> None:
         module.register_buffer(name, value)  # a buffer, so that it follows .to(device) as the model's did
     else:
         setattr(module, name, value)
-
-
-def _box(value: Any, device: torch.device | None = None) -> torch.Tensor:
-    """A number as a 0-d tensor on ``device``, to cross a cut."""
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value, device=device)
-
-
-#: The sub-module of a stage that boxes the numbers it sends (:func:`_box` on the stage's device).
-BOX = "box_numbers"
-
-
-def _unbox(value: Any) -> Any:
-    """A number received as a 0-d tensor, back to a Python number."""
-    return value.item() if isinstance(value, torch.Tensor) else value
 
 
 def _item(values: Any, k: int) -> Any:

@@ -48,7 +48,7 @@ from hintpipe.runtime.injection import CostFactors, Injection
 from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor, ExecutorWrapper, Tensors
 from hintpipe.runtime.rank_process import attempt
 from hintpipe.runtime.transport.protocol import Transport
-from hintpipe.runtime.transport.wire import Message, MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.task import Kind
 from hintpipe.sim.variability import CommDelay
 
@@ -81,8 +81,8 @@ class VariedExecutor(StepAware):
             time.sleep((factor - 1.0) * (time.thread_time() - began))
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         began = time.thread_time()
         result = self.inner.forward(stage, mb, inputs, target, loss_scale)
         self._pad(began, stage, Kind.F, mb)
@@ -131,8 +131,8 @@ class FaultyExecutor(StepAware):
                 time.sleep(3600)
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         self._maybe_fail()
         if self.step in self.injection.nan_steps and mb == 0:
             loss_scale = float("nan")
@@ -187,9 +187,7 @@ class DelayedTransport:
             if arrived is not None:
                 self._hold(arrived)
 
-    def send(
-        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
-    ) -> None:
+    def send(self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[Value]) -> None:
         self.inner.send(peer, kind, step, stage, mb, tensors)
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
+from hintpipe.runtime.transport.wire import Value, tensors_of
 from hintpipe.schedule.task import Kind
 from hintpipe.tensor_bytes import SavedCounter, count_saved, parameter_storages
 
@@ -51,9 +52,10 @@ class Executor(Protocol):
         """The loop starts step ``step`` (wrappers that inject per-step work read it)."""
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Run F; returns (outputs to send on, the scaled loss at the last stage or None)."""
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
+        """Run F; returns (outputs to send on, the scaled loss at the last stage or None). Inputs and outputs
+        are tensors and numbers ([Note: numbers cross a cut on the host] in :mod:`hintpipe.planner.stagegen`)."""
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
         """Run B; returns the gradients for the stage inputs (None where none)."""
@@ -62,8 +64,8 @@ class Executor(Protocol):
         """Run W: accumulate the weight gradients B left out."""
 
     def evaluate(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         """Run an evaluation's F: as :meth:`forward`, without gradients, keeping nothing for a backward."""
 
 
@@ -91,8 +93,8 @@ class ExecutorWrapper:
         self.inner.begin_step(step)
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         return self.inner.forward(stage, mb, inputs, target, loss_scale)
 
     def backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
@@ -102,9 +104,31 @@ class ExecutorWrapper:
         self.inner.weight(stage, mb)
 
     def evaluate(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         return self.inner.evaluate(stage, mb, inputs, target, loss_scale)
+
+
+def as_values(value: Any) -> list[Value]:
+    """A stage's output as the list of values it sends on: a tensor, a number (a sequence length: [Note:
+    numbers cross a cut on the host] in :mod:`hintpipe.planner.stagegen`), or a tuple/list of them."""
+    if _sendable(value):
+        return [value]
+    if isinstance(value, (tuple, list)) and all(_sendable(v) for v in value):
+        return list(value)
+    got = type(value).__name__
+    if isinstance(value, (tuple, list)):
+        bad = next(i for i, v in enumerate(value) if not _sendable(v))
+        got += f" whose element {bad} is a {type(value[bad]).__name__}"
+    raise TypeError(
+        f"a stage must return a tensor, a number or a tuple of them, got {got}; "
+        "wrap other outputs (dicts, dataclasses) in a tuple of tensors"
+    )
+
+
+def _sendable(value: Any) -> bool:
+    """Whether a message carries ``value`` as it is: a tensor, or a Python number (in its header)."""
+    return isinstance(value, (torch.Tensor, int, float))
 
 
 def as_tensors(value: Any) -> list[torch.Tensor]:
@@ -133,12 +157,27 @@ def scaled_loss(loss: Any, scale: float) -> torch.Tensor:
     return loss * scale
 
 
-def as_input(tensor: torch.Tensor) -> torch.Tensor:
-    """A received activation as a leaf input: floating tensors require grad."""
-    leaf = tensor.detach()
+def as_input(value: Value) -> Value:
+    """A received activation as a leaf input: floating tensors require grad; a number is taken as it came,
+    never through a device tensor (no ``.item()``: [Note: numbers in the header] in
+    :mod:`hintpipe.runtime.transport.wire`)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    leaf = value.detach()
     if leaf.is_floating_point():
         leaf.requires_grad_(True)
     return leaf
+
+
+def _with_gradients(outputs: Sequence[Value], grads: Tensors | None) -> tuple[list[torch.Tensor], Tensors | None]:
+    """The tensors among a forward's ``outputs`` and their gradients: a number sent on has none."""
+    kept = [i for i, o in enumerate(outputs) if isinstance(o, torch.Tensor)]
+    tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
+    return tensors, (None if grads is None else [grads[i] for i in kept])
+
+
+def _requires_grad(value: Value) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 def _full_backward(outputs: list[torch.Tensor], grads: Tensors | None) -> None:
@@ -184,8 +223,8 @@ class StageExecutor:
         self.last_stage = last_stage
         self.loss_fn = loss_fn
         self.split = split_backward
-        self._inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
-        self._outputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._inputs: dict[tuple[int, int], list[Value]] = {}
+        self._outputs: dict[tuple[int, int], list[Value]] = {}
         self._groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
         self._deferred: dict[tuple[int, int], tuple[list[torch.Tensor], Tensors | None]] = {}
         self.live_bytes = 0
@@ -195,7 +234,7 @@ class StageExecutor:
         # hooks costs a Python call per saved tensor (3-5% of a small transformer stage's
         # forward), so each shape is counted once. A stage whose saved bytes depend on its
         # input's values rather than its shapes would be counted at its first such input.
-        self._kept: dict[tuple[int, tuple[tuple[int, ...], ...]], int] = {}
+        self._kept: dict[tuple[int, tuple[Any, ...]], int] = {}
         self.allocated = allocated
         #: This step's forwards: (bytes counted, bytes the allocator gained over the forward), with ``allocated``.
         self.memory_check: list[tuple[int, int]] = []
@@ -206,16 +245,16 @@ class StageExecutor:
         self.memory_check = []
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         """Run F; returns (outputs to send on, loss at the last stage or None)."""
-        key = (stage, tuple(tuple(t.shape) for t in inputs))
+        key = (stage, tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else v for v in inputs))
         known = self._kept.get(key)
         counting: contextlib.AbstractContextManager[SavedCounter | None] = contextlib.nullcontext()
         if known is None:
             exclude = self._param_storages[stage]
             if stage == 0:  # the caller's batch (often one tensor, split into views): not the pipeline's memory
-                exclude = exclude | {t.untyped_storage().data_ptr() for t in inputs}
+                exclude = exclude | {t.untyped_storage().data_ptr() for t in tensors_of(inputs)}
             counting = count_saved(exclude)
         measured = self.allocated if stage in self._warm else None
         self._warm.add(stage)
@@ -224,11 +263,12 @@ class StageExecutor:
         with task_span(Kind.F, stage, mb), counting as counter, precision:
             out = self.modules[stage](*inputs)
             loss = None
+            outputs: list[Value]
             if stage == self.last_stage:
                 loss = scaled_loss(self.loss_fn(out, target), loss_scale)
                 outputs = [loss]
             else:
-                outputs = as_tensors(out)
+                outputs = as_values(out)
         self._inputs[(stage, mb)] = list(inputs)
         self._outputs[(stage, mb)] = outputs
         if counter is None:
@@ -238,7 +278,7 @@ class StageExecutor:
             # Activations: what autograd saved, the received inputs and the outputs
             # kept as the roots of the backward; each storage once, parameters and
             # the first stage's inputs excluded.
-            for t in [*inputs, *outputs]:
+            for t in tensors_of([*inputs, *outputs]):
                 counter.add(t)
             size = counter.total
             if len(self._kept) < 4096:  # bounded: shapes may vary without end
@@ -256,9 +296,9 @@ class StageExecutor:
             return self._backward(stage, mb, grads)
 
     def _backward(self, stage: int, mb: int, grads: Tensors | None) -> Tensors:
-        outputs = self._outputs.pop((stage, mb))
+        outputs, grads = _with_gradients(self._outputs.pop((stage, mb)), grads)
         inputs = self._inputs.pop((stage, mb))
-        if self.split and not any(i.requires_grad for i in inputs):
+        if self.split and not any(_requires_grad(i) for i in inputs):
             # No input gradient to compute (the first stage): all of the
             # backward is weight gradient, and W runs it, as torch does.
             self._deferred[(stage, mb)] = (outputs, grads)
@@ -278,7 +318,7 @@ class StageExecutor:
             result = list(dinputs)
         else:
             _full_backward(outputs, grads)
-            result = [i.grad if i.requires_grad else None for i in inputs]
+            result = [i.grad if isinstance(i, torch.Tensor) and i.requires_grad else None for i in inputs]
             self._release(stage, mb)
         return result
 
@@ -298,14 +338,14 @@ class StageExecutor:
         self.live_bytes -= self._bytes.pop((stage, mb), 0)
 
     def evaluate(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         """Run an evaluation's F under ``torch.no_grad`` (and the training precision)."""
         precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
         with task_span(Kind.F, stage, mb), torch.no_grad(), precision:
             out = self.modules[stage](*inputs)
             if stage != self.last_stage:
-                return as_tensors(out), None
+                return as_values(out), None
             loss = scaled_loss(self.loss_fn(out, target), loss_scale)
         return [], loss
 
@@ -414,12 +454,13 @@ class EmulatedExecutor:
                 self.coupled_seconds += time.perf_counter() - began
 
     def forward(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
+        tensors = tensors_of(inputs)  # the batch, or the sizes it sent on
         if stage == 0:
-            size = [float(t.numel()) for t in inputs]
+            size = [float(t.numel()) for t in tensors]
         else:
-            size = [float(v) for v in inputs[0].detach().reshape(-1).tolist()]
+            size = [float(v) for v in tensors[0].detach().reshape(-1).tolist()]
         self._sizes[(stage, mb)] = size
         self._sleep(stage, Kind.F, mb, size)
         if stage == self.last_stage:
@@ -434,8 +475,8 @@ class EmulatedExecutor:
         self._sleep(stage, Kind.W, mb, self._sizes[(stage, mb)])
 
     def evaluate(
-        self, stage: int, mb: int, inputs: Sequence[torch.Tensor], target: Any, loss_scale: float
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
+    ) -> tuple[list[Value], torch.Tensor | None]:
         outputs, loss = self.forward(stage, mb, inputs, target, loss_scale)
         del self._sizes[(stage, mb)]
         return outputs, loss

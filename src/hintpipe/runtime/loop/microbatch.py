@@ -14,6 +14,7 @@ from hintpipe.device import to_device
 from hintpipe.runtime.loop.admission import Admission, exchange_sizes
 from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor
 from hintpipe.runtime.loop.step_state import StepState
+from hintpipe.runtime.transport.wire import tensors_of
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 
@@ -225,7 +226,7 @@ def order_step(
         return
     first = {mb: state.activations[(0, mb)] for mb in given} if 0 in parts.stages else {}
     sizes, both_ends, factors = exchange_sizes(
-        first,
+        {mb: tensors_of(inputs) for mb, inputs in first.items()},
         parts.microbatches,
         parts.hint.placement.stage_rank[0],
         parts.coll,

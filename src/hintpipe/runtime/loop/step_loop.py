@@ -25,7 +25,7 @@ from hintpipe.runtime.loop.executor import Executor
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.transport.protocol import Transport
-from hintpipe.runtime.transport.wire import Message, MessageKind, what_the_peer_said
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value, what_the_peer_said
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Scoreboard
@@ -288,9 +288,7 @@ class StepLoop:
         if s < self.hint.num_stages - 1:
             self._pass_on(pos, s + 1, MessageKind.ACTIVATION, outputs, state)
 
-    def _pass_on(
-        self, pos: int, stage: int, kind: MessageKind, tensors: Sequence[torch.Tensor | None], state: StepState
-    ) -> None:
+    def _pass_on(self, pos: int, stage: int, kind: MessageKind, tensors: Sequence[Value], state: StepState) -> None:
         """Hand the result of the task at ``pos`` to ``stage``: as a message where the scoreboard's routing
         table names another rank (the table the producer notices use), else in place."""
         out = self.board.remote[pos]

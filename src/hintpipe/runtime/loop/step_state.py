@@ -16,7 +16,7 @@ import torch
 from hintpipe.device import Arrival
 from hintpipe.observe.trace import Record
 from hintpipe.runtime.loop.executor import Tensors, as_input
-from hintpipe.runtime.transport.wire import MessageKind
+from hintpipe.runtime.transport.wire import MessageKind, Value
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy
 
@@ -26,7 +26,7 @@ class StepState:
     """What one step of one rank holds: inputs that arrived, targets, and what it produced."""
 
     step: int
-    activations: dict[tuple[int, int], list[torch.Tensor]]  # (stage, mb) -> inputs of F
+    activations: dict[tuple[int, int], list[Value]]  # (stage, mb) -> inputs of F (tensors and numbers)
     gradients: dict[tuple[int, int], Tensors] = dataclasses.field(default_factory=dict)  # -> output grads for B
     #: The transfers of received inputs still to be waited on by the stream that computes, by the task they
     #: are an input of (see :meth:`StepLoop._run`).
@@ -64,11 +64,12 @@ class StepState:
         """How an error names it: ``step 3``, or ``the evaluation after step 3``."""
         return f"the evaluation after step {self.step}" if self.evaluating else f"step {self.step}"
 
-    def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]) -> Task:
+    def receive(self, kind: MessageKind, stage: int, mb: int, tensors: Sequence[Value]) -> Task:
         """Keep what arrived for ``stage`` (from a neighbour, or this rank's previous stage); returns the
-        task it is an input of. Activations become leaf inputs; gradients are kept as they are."""
+        task it is an input of. Activations become leaf inputs (numbers stay numbers); gradients are kept as
+        they are (a number's slot holds None)."""
         if kind is MessageKind.ACTIVATION:
             self.activations[(stage, mb)] = [as_input(t) for t in tensors if t is not None]
             return Task(stage, Kind.F, mb)
-        self.gradients[(stage, mb)] = list(tensors)
+        self.gradients[(stage, mb)] = [t if isinstance(t, torch.Tensor) else None for t in tensors]
         return Task(stage, Kind.B, mb)

@@ -73,7 +73,18 @@ import torch.distributed as dist
 from hintpipe.device import EventArrival, ReceivedBytes, new_event, new_stream
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.sender import Outgoing
-from hintpipe.runtime.transport.wire import HEADER, Message, MessageKind, decode_meta, encode_header, lost_connection
+from hintpipe.runtime.transport.wire import (
+    HEADER,
+    Message,
+    MessageKind,
+    Number,
+    TensorSpec,
+    Value,
+    decode_meta,
+    encode_header,
+    lost_connection,
+    tensors_of,
+)
 
 #: Link sends kept before the oldest is waited on (NCCL's are dropped once complete; gloo's only when waited).
 _MAX_LINK_SENDS = 64
@@ -146,18 +157,19 @@ class LinkPostOffice(PostOffice):
     def _receive_payload(
         self,
         link: Link,
-        specs: list[tuple[torch.dtype, tuple[int, ...]] | None],
+        specs: list[TensorSpec | Number | None],
         stream: torch.cuda.Stream | None,
-    ) -> tuple[list[torch.Tensor | None], EventArrival | None]:
-        """Receive the tensors ``specs`` describes over ``link``; returns them and their arrival (None on a
-        CPU rank, where the receive has completed)."""
-        sizes = [math.prod(s[1]) * torch.empty((), dtype=s[0]).element_size() for s in specs if s is not None]
+    ) -> tuple[list[Value], EventArrival | None]:
+        """Receive the tensors ``specs`` describes over ``link`` (its numbers came in the header); returns
+        them and their arrival (None on a CPU rank, where the receive has completed)."""
+        shapes = [s for s in specs if isinstance(s, tuple)]
+        sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for dtype, shape in shapes]
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             with self.received.allocating(sizes if stream is not None else []):
-                tensors = [None if s is None else torch.empty(s[1], dtype=s[0], device=self.device) for s in specs]
-            works = [
-                dist.irecv(as_bytes(t), src=link.peer, group=link.group) for t in tensors if t is not None and t.numel()
-            ]
+                tensors: list[Value] = [
+                    torch.empty(s[1], dtype=s[0], device=self.device) if isinstance(s, tuple) else s for s in specs
+                ]
+            works = [dist.irecv(as_bytes(t), src=link.peer, group=link.group) for t in tensors_of(tensors) if t.numel()]
             for work in works:
                 if work is not None:
                     work.wait()  # on a GPU: the transfer stream waits for NCCL's; on a CPU: the bytes are in
@@ -187,20 +199,20 @@ class LinkPostOffice(PostOffice):
         stage: int,
         mb: int,
         meta: list[int],
-        tensors: Sequence[torch.Tensor | None],
+        tensors: Sequence[Value],
     ) -> None:
         text = kind in (MessageKind.STOP, MessageKind.ABORT)
-        nbytes = sum(t.nbytes for t in tensors if t is not None)
+        nbytes = sum(t.nbytes for t in tensors_of(tensors))
         header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
         if text:  # a closing word: its bytes follow on the header channel, never on a link
-            words = [t for t in tensors if t is not None and t.numel()]
+            words = [t for t in tensors_of(tensors) if t.numel()]
             self.sender.submit(Outgoing(peer, [header, *words]))
             return
         # The description first: the receiver allocates the payload from it.
         self.sender.submit(Outgoing(peer, [header] if extra is None else [header, extra]))
         link = self._outgoing[peer]
-        for t in tensors:
-            if t is not None and t.numel():
+        for t in tensors_of(tensors):  # (numbers went in the header)
+            if t.numel():
                 payload = as_bytes(t.to(self.device))
                 work = dist.isend(payload, dst=link.peer, group=link.group)
                 if work is not None:

@@ -58,6 +58,7 @@ from hintpipe.runtime.transport.wire import (
     INLINE,
     Message,
     MessageKind,
+    Value,
     decode_meta,
     encode_header,
     encode_meta,
@@ -213,12 +214,13 @@ class PostOffice:
 
     # -- sending --------------------------------------------------------------
 
-    def send(
-        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
-    ) -> None:
-        """Post a message to ``peer`` without waiting for it to leave."""
+    def send(self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[Value]) -> None:
+        """Post a message to ``peer`` without waiting for it to leave (numbers in its header: [Note: numbers in
+        the header] in :mod:`hintpipe.runtime.transport.wire`)."""
         meta = encode_meta(tensors)
-        self._send(peer, kind, step, stage, mb, meta, [None if t is None else t.detach() for t in tensors])
+        self._send(
+            peer, kind, step, stage, mb, meta, [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
+        )
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         """Post a producer notice to ``peer`` (see [Note: producer notices] in
@@ -242,10 +244,10 @@ class PostOffice:
         stage: int,
         mb: int,
         meta: list[int],
-        tensors: Sequence[torch.Tensor | None],
+        tensors: Sequence[Value],
     ) -> None:
         capacity = self._capacity.get(peer, 0)
-        if len(tensors) == 1 and (t := tensors[0]) is not None and t.is_contiguous():
+        if len(tensors) == 1 and isinstance(t := tensors[0], torch.Tensor) and t.is_contiguous():
             # The common case, one tensor: its own bytes, no copy (but the staging's).
             payload, nbytes = t.reshape(-1).view(torch.uint8), t.nbytes
         else:

@@ -35,7 +35,7 @@ from typing import Protocol
 import torch
 
 from hintpipe.runtime.modes import TransportChoice
-from hintpipe.runtime.transport.wire import Message, MessageKind
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 
 __all__ = ["Transport", "TransportChoice", "choose_transport"]
 
@@ -59,10 +59,9 @@ def choose_transport(choice: str | TransportChoice, device: torch.device, *, own
 class Transport(Protocol):
     """Messages to and from this rank's neighbours, first in first out per neighbour."""
 
-    def send(
-        self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[torch.Tensor | None]
-    ) -> None:
-        """Post a message to ``peer`` without waiting for it to leave."""
+    def send(self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[Value]) -> None:
+        """Post a message to ``peer`` without waiting for it to leave: tensors, numbers (which travel in its
+        header) and None for an absent tensor."""
 
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         """Tell ``peer`` that the task producing the input of its ``(stage, mb)`` task started

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from hintpipe.device import EventArrival, ReceivedBytes, new_event, new_stream
+from hintpipe.runtime.transport.wire import Value, tensors_of
 
 #: The smallest buffer the pool keeps (smaller messages share this size class).
 MIN_BUFFER = 4096
@@ -168,20 +169,20 @@ class Staging:
         payload.record_stream(self._stream)
         return buffer, buffer, copied.synchronize
 
-    def arrived(
-        self, tensors: list[torch.Tensor | None], buffer: torch.Tensor | None
-    ) -> tuple[list[torch.Tensor | None], EventArrival | None]:
+    def arrived(self, tensors: Sequence[Value], buffer: torch.Tensor | None) -> tuple[list[Value], EventArrival | None]:
         """Received ``tensors`` (views of the host ``buffer`` from :attr:`pool`, or None when they are not)
-        on the device; returns them and their transfer to wait for before using them (None: usable now)."""
+        on the device; returns them and their transfer to wait for before using them (None: usable now).
+        Numbers stay on the host, as they came ([Note: numbers in the header] in
+        :mod:`hintpipe.runtime.transport.wire`)."""
         if not self.staged:
             if buffer is not None and not _aliases(tensors, buffer):
                 self.pool.give_back(buffer)
-            return tensors, None
+            return list(tensors), None
         stream = getattr(self._streams, "stream", None)
         if stream is None:
             stream = self._streams.stream = new_stream(self.device)
-        with torch.cuda.stream(stream), self.received.allocating([t.nbytes for t in tensors if t is not None]):
-            moved = [None if t is None else t.to(self.device, non_blocking=True) for t in tensors]
+        with torch.cuda.stream(stream), self.received.allocating([t.nbytes for t in tensors_of(tensors)]):
+            moved = [t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t for t in tensors]
             event = new_event()
             event.record(stream)
         if buffer is not None:
@@ -189,7 +190,7 @@ class Staging:
         return moved, EventArrival(event)
 
 
-def _aliases(tensors: list[torch.Tensor | None], buffer: torch.Tensor) -> bool:
+def _aliases(tensors: Sequence[Value], buffer: torch.Tensor) -> bool:
     """Whether any of ``tensors`` views ``buffer``'s memory."""
     storage = buffer.untyped_storage().data_ptr()
-    return any(t is not None and t.untyped_storage().data_ptr() == storage for t in tensors)
+    return any(t.untyped_storage().data_ptr() == storage for t in tensors_of(tensors))

@@ -1,11 +1,23 @@
 """The wire format of messages between ranks.
 
 Per message: a header of :data:`HEADER` int64 ``(kind, step, stage, mb,
-tensors, meta_len, payload_bytes, meta...)`` where ``meta`` describes each
-tensor as ``(dtype code, ndim, *shape)`` (``ndim = -1`` marks an absent
-tensor, e.g. no gradient for an integer input), then one byte payload holding
-every tensor, each start aligned to 8 bytes. A description too long for the
-header follows as a message of its own.
+values, meta_len, payload_bytes, meta...)`` where ``meta`` describes each
+value the message carries: a tensor as ``(dtype code, ndim, *shape)``, an
+absent tensor (e.g. no gradient for an integer input) as ``(0, -1)``, a
+number as ``(dtype code, -2, its bits)``; then one byte payload holding every
+tensor, each start aligned to 8 bytes. A description too long for the header
+follows as a message of its own.
+
+[Note: numbers in the header]
+A stage may send a number on (a sequence length: [Note: numbers cross a cut
+on the host] in :mod:`hintpipe.planner.stagegen`). It travels in the
+message's description, as a shape does: ``int64`` code and the value, or
+``float64`` code and the value's IEEE-754 bits, or ``bool`` code and 0 or 1.
+So it never becomes a tensor: not on the sender's device (whose stream a
+``.item()`` would wait for), not in the payload (a GPU rank would move it to
+its device on arrival), and the receiver gets back the Python number that
+was sent, ``meta`` devices included. Its gradient slot, on the way back, is
+an absent tensor.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -47,6 +60,16 @@ _CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 HEADER = 64
 INLINE = HEADER - 7  # tensor descriptions that fit in the header itself
 
+#: A number a message carries in its header ([Note: numbers in the header]; a bool is an int).
+Number = int | float
+#: What a message carries, each in its place: a tensor, a number, or None (an absent tensor).
+Value = torch.Tensor | Number | None
+#: A tensor as a message's description gives it: its dtype and shape.
+TensorSpec = tuple[torch.dtype, tuple[int, ...]]
+
+_ABSENT, _NUMBER = -1, -2  # the ``ndim`` of an absent tensor, of a number
+_INT64 = (-(2**63), 2**63 - 1)
+
 
 @dataclasses.dataclass
 class Message:
@@ -56,7 +79,8 @@ class Message:
     step: int
     stage: int
     mb: int
-    tensors: list[torch.Tensor | None]
+    #: What it carries, in order: tensors, numbers (from the header) and None for an absent tensor.
+    tensors: list[Value]
     peer: int
     arrived: float = 0.0  # time.perf_counter() when it came
     error: str | None = None
@@ -93,46 +117,89 @@ def encode_header(
     return header, (torch.tensor(meta, dtype=torch.int64) if len(meta) > INLINE else None)
 
 
-def encode_meta(tensors: Sequence[torch.Tensor | None]) -> list[int]:
+def encode_meta(values: Sequence[Value]) -> list[int]:
+    """The description of ``values``: each tensor's dtype and shape, each number itself
+    ([Note: numbers in the header]).
+
+    Raises:
+        TypeError: a tensor of a dtype the wire does not carry, or a value that is neither.
+        ValueError: an int beyond int64.
+    """
     meta: list[int] = []
-    for t in tensors:
-        if t is None:
-            meta += [0, -1]
-            continue
-        if t.dtype not in _CODE:
-            raise TypeError(f"cannot send a tensor of dtype {t.dtype}; supported: {_DTYPES}")
-        meta += [_CODE[t.dtype], t.dim(), *t.shape]
+    for value in values:
+        if value is None:
+            meta += [0, _ABSENT]
+        elif isinstance(value, torch.Tensor):
+            if value.dtype not in _CODE:
+                raise TypeError(f"cannot send a tensor of dtype {value.dtype}; supported: {_DTYPES}")
+            meta += [_CODE[value.dtype], value.dim(), *value.shape]
+        else:
+            meta += _number_meta(value)
     return meta
 
 
-def decode_meta(meta: list[int], count: int) -> list[tuple[torch.dtype, tuple[int, ...]] | None]:
-    out: list[tuple[torch.dtype, tuple[int, ...]] | None] = []
+def _number_meta(value: object) -> tuple[int, int, int]:
+    """A number's ``(dtype code, -2, bits)``."""
+    if isinstance(value, bool):
+        return _CODE[torch.bool], _NUMBER, int(value)
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError(f"cannot send the number {value}: beyond int64")
+        return _CODE[torch.int64], _NUMBER, value
+    if isinstance(value, float):
+        return _CODE[torch.float64], _NUMBER, struct.unpack("<q", struct.pack("<d", value))[0]
+    raise TypeError(f"cannot send a {type(value).__name__}: a message carries tensors and numbers")
+
+
+def _number(code: int, bits: int) -> Number:
+    """The number ``_number_meta`` described."""
+    dtype = _DTYPES[code]
+    if dtype is torch.bool:
+        return bool(bits)
+    if dtype is torch.float64:
+        value: float = struct.unpack("<d", struct.pack("<q", bits))[0]
+        return value
+    return bits
+
+
+def decode_meta(meta: list[int], count: int) -> list[TensorSpec | Number | None]:
+    """What :func:`encode_meta` described: per value, a tensor's dtype and shape, a number, or None."""
+    out: list[TensorSpec | Number | None] = []
     i = 0
     for _ in range(count):
         code, ndim = meta[i], meta[i + 1]
         i += 2
-        if ndim < 0:
+        if ndim == _ABSENT:
             out.append(None)
-            continue
-        out.append((_DTYPES[code], tuple(meta[i : i + ndim])))
-        i += ndim
+        elif ndim == _NUMBER:
+            out.append(_number(code, meta[i]))
+            i += 1
+        else:
+            out.append((_DTYPES[code], tuple(meta[i : i + ndim])))
+            i += ndim
     return out
+
+
+def tensors_of(values: Sequence[Value]) -> list[torch.Tensor]:
+    """The tensors among ``values`` (not the numbers, not the absent ones)."""
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 _ALIGN = 8
 
 
-def pack(tensors: Sequence[torch.Tensor | None], device: torch.device) -> tuple[torch.Tensor, int]:
+def pack(values: Sequence[Value], device: torch.device) -> tuple[torch.Tensor, int]:
     """All tensors' bytes in one buffer (each start aligned to 8 bytes): one
-    payload per message, whatever the number of tensors. Returns it and its size.
+    payload per message, whatever the number of tensors (numbers travel in the
+    header). Returns it and its size.
 
     The buffer is where the tensors are (``device`` only when there are none):
     a GPU rank's closing word is host text.
     """
     parts: list[torch.Tensor] = []
     offset = 0
-    for t in tensors:
-        if t is None or t.numel() == 0:
+    for t in tensors_of(values):
+        if t.numel() == 0:
             continue
         raw = t.contiguous().reshape(-1).view(torch.uint8)
         parts.append(raw)
@@ -146,12 +213,13 @@ def pack(tensors: Sequence[torch.Tensor | None], device: torch.device) -> tuple[
     return torch.cat(parts), offset
 
 
-def unpack(payload: torch.Tensor, specs: list[tuple[torch.dtype, tuple[int, ...]] | None]) -> list[torch.Tensor | None]:
-    out: list[torch.Tensor | None] = []
+def unpack(payload: torch.Tensor, specs: Sequence[TensorSpec | Number | None]) -> list[Value]:
+    """The values ``specs`` describes: tensors viewing ``payload``'s bytes, numbers as they are."""
+    out: list[Value] = []
     offset = 0
     for spec in specs:
-        if spec is None:
-            out.append(None)
+        if not isinstance(spec, tuple):  # a number, or an absent tensor
+            out.append(spec)
             continue
         dtype, shape = spec
         count = math.prod(shape)
