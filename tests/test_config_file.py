@@ -318,7 +318,7 @@ HINTS = ", ".join(h.value for h in HintName)
             "[training]\nvariability = [1]\n",
             "[training] variability: --variability must be a list of strings, got [1]",
         ),
-        ("train", "[data]\ndata = 3\n", "[data] data: --data must be a string, got 3"),
+        ("train", "[data]\ndata = 3\n", "[data] data: --data must be a list of strings, got 3"),
         (
             "train",
             "[checkpoint]\ncheckpoint_dir = 3\n",

@@ -504,13 +504,14 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> tuple[list[A
     same for every policy and rank; each replica draws its own. Formed micro-batches (``config.forming``) take
     the step's ``microbatches x microbatch_size`` documents whole, formed by the run's sequence cost.
 
-    Documents (``stdlib``, a file or folder) come from the run's training documents; step
-    :data:`HELD_OUT_STEP` (the held-out batch) from a file corpus's held-out ones
-    (:func:`~hintpipe.apps.text_files.split_held_out`)."""
+    Documents (``stdlib``, or the run's prepared folders, read by the documents drawn) come from the run's
+    training documents; step :data:`HELD_OUT_STEP` (the held-out batch) from a file corpus's held-out ones
+    (:mod:`hintpipe.data.prepared`). A pure function of the config and the step: a resumed run draws what an
+    uninterrupted one draws."""
     seed = config.seed + REPLICA_SEED_STRIDE * replica
     if config.data == "synthetic":
         return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
-    documents = data_documents(config.data, config.data_field, config.tokenizer, held_out=step == HELD_OUT_STEP)
+    documents = data_documents(config.data, config.prepared, held_out=step == HELD_OUT_STEP)
     if config.formed:
         count = config.microbatches * config.microbatch_size
         sequences = document_sequences(documents, count, step, seed, config.model.max_seq_len - 1)

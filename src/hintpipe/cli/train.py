@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
-from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
+from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
     build_hint,
+    bytes_progress,
     checked,
     print_json,
     room,
@@ -51,7 +52,7 @@ FROM_PLAN: dict[str, Any] = {"ranks": None, "microbatches": None, "hint": "1f1b"
 
 #: The options of the model's data, whose flags come with the model's (options of the table: a config file
 #: gives them too).
-DATA_OPTIONS = ("data", "data_field", "tokenizer")
+DATA_OPTIONS = ("data", "data_field", "data_split", "tokenizer")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,18 +191,38 @@ def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) ->
     return model
 
 
-def _resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None) -> None:
+def resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None = None) -> None:
     """``--tokenizer`` as given, else (for a corpus of files) a model folder's own tokenizer where it has one,
-    else bytes."""
+    else a prepared folder's own (the one its shards were made with), else bytes. ``--data`` is made its
+    option's value first (one string, or a tuple of several)."""
+    args.data = OPTIONS["data"].check(getattr(args, "data", None), cli=True)
     if getattr(args, "tokenizer", None) is not None:
         return
     if planned is not None:
         kind, source = planned.name, planned.source
     else:
         kind, source = model_kind(args.model or DEFAULT_MODEL)
-    corpus = getattr(args, "data", "synthetic") not in BUILT_IN_DATA
+    corpus = args.data not in BUILT_IN_DATA
     folder = tokenizer_of(source) if MODEL_SPECS[kind].own_tokenizer and source is not None and corpus else None
+    if folder is None and corpus:
+        folder = prepared_tokenizer(args.data)
     args.tokenizer = folder if folder is not None else BYTES
+
+
+def prepared_tokenizer(data: str | tuple[str, ...]) -> str | None:
+    """The tokenizer the first prepared folder among ``data``'s entries was made with (None: none is one)."""
+    from hintpipe.data.manifest import is_prepared, read_manifest
+    from hintpipe.data.refusal import DataRefused
+    from hintpipe.data.sources import data_entries
+
+    try:
+        for entry in data_entries(data):
+            if is_prepared(Path(entry.path)):
+                made = read_manifest(Path(entry.path)).tokenizer
+                return made.folder or BYTES
+    except DataRefused:  # refused where the data are resolved, in its own words
+        return None
+    return None
 
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
@@ -213,12 +234,13 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         from_plan = None if plan_file is None else _plan_model(args, args.plan, plan_file)
     except (KeyError, TypeError, AttributeError) as exc:
         raise _bad_fields(args.plan, exc) from None
-    _resolve_tokenizer(args, from_plan)
+    resolve_tokenizer(args, from_plan)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, n)])
     check_run_options(args, values)
     data = values.get("data", "synthetic")
-    # A built-in model's vocabulary is the data's: a file corpus is loaded (and refused if bad) here, once.
-    vocab = data_vocab(data, values.get("data_field", "text"), values.get("tokenizer", BYTES), cli=True)
+    # A built-in model's vocabulary is the data's: files are prepared (or their prepared folder checked, and
+    # refused if bad) here, once, before any rank starts.
+    vocab = prepare_data(values, enabled=not getattr(args, "json", False))
     model = from_plan or model_config(args, seed=values["seed"], data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     if model.spec.reads_text and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
@@ -287,6 +309,22 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.emulate and not _planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
+
+
+def prepare_data(values: dict[str, Any], *, enabled: bool) -> int | None:
+    """Resolve the run's data (preparing raw files on first use, with a progress bar where ``enabled``); returns
+    the vocabulary its token ids need."""
+    from hintpipe.data.run_data import data_vocab
+
+    with bytes_progress("preparing data", enabled=enabled) as progress:
+        return data_vocab(
+            values.get("data", "synthetic"),
+            values.get("data_field", "text"),
+            values.get("tokenizer", BYTES),
+            split=values.get("data_split", "blank"),
+            cli=True,
+            progress=progress,
+        )
 
 
 def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: float, precision: str) -> None:
