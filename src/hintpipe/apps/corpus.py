@@ -12,10 +12,10 @@ one (at most ``max_len`` tokens) (:func:`stdlib_batch`); or a step draws its
 documents whole, each cropped to ``max_len`` tokens only, for micro-batches
 formed by cost (:func:`stdlib_sequences`, :mod:`hintpipe.forming`).
 
-The drawing itself is over any tuple of token sequences (:func:`document_batch`, :func:`document_sequences`):
-the standard library's documents (bytes, whose items are their byte ids) and a corpus of the user's files
-(:mod:`~hintpipe.apps.text_files`, token ids as arrays) make micro-batches the same way, from the same
-random streams. :func:`token_sequences` gives a file corpus's documents as tensors, for
+The drawing itself is over any documents by index (:func:`document_batch`, :func:`document_sequences`):
+the standard library's documents (bytes, whose items are their byte ids), a corpus of the user's files read
+from its prepared shards (:mod:`hintpipe.data`, token ids as arrays) or several of them mixed by weight make
+micro-batches the same way, from the same random streams. :func:`token_sequences` gives a file corpus's documents as tensors, for
 :func:`hintpipe.forming.collate.form_batch` in the user's own loop.
 """
 

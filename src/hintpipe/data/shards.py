@@ -26,6 +26,7 @@ This module is torch-free.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import os
 from pathlib import Path
@@ -36,6 +37,9 @@ import numpy.typing as npt
 
 #: Token ids per shard (the last one holds the rest; a document longer than this is a shard of its own).
 SHARD_TOKENS = 1 << 26
+#: Shards a process keeps open at once per corpus (the least recently read closed first): a corpus of thousands
+#: of shards stays within the process's limit of open files.
+OPEN_SHARDS = 32
 
 
 def token_dtype(vocab: int) -> np.dtype[Any]:
@@ -112,7 +116,7 @@ class Shards:
         self._starts = [0]
         for record in records:
             self._starts.append(self._starts[-1] + record.documents)
-        self._open: dict[int, tuple[NpyFile, NpyFile]] = {}
+        self._open: collections.OrderedDict[int, tuple[NpyFile, NpyFile]] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -128,9 +132,14 @@ class Shards:
         return tokens.read(int(start), int(end))
 
     def _opened(self, shard: int) -> tuple[NpyFile, NpyFile]:
-        if shard not in self._open:
-            record = self.records[shard]
-            self._open[shard] = (NpyFile(self.folder / record.tokens_file), NpyFile(self.folder / record.offsets_file))
+        if shard in self._open:
+            self._open.move_to_end(shard)
+            return self._open[shard]
+        if len(self._open) >= OPEN_SHARDS:
+            for closing in self._open.popitem(last=False)[1]:
+                closing.close()
+        record = self.records[shard]
+        self._open[shard] = (NpyFile(self.folder / record.tokens_file), NpyFile(self.folder / record.offsets_file))
         return self._open[shard]
 
 
@@ -151,6 +160,9 @@ class NpyFile:
         self.length = int(shape[0])
         self.dtype = dtype
         self._data = self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
 
     def read(self, start: int, end: int) -> npt.NDArray[Any]:
         """Elements ``start`` to ``end`` (excluded)."""
