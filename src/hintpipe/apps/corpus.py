@@ -15,8 +15,8 @@ formed by cost (:func:`stdlib_sequences`, :mod:`hintpipe.forming`).
 The drawing itself is over any documents by index (:func:`document_batch`, :func:`document_sequences`):
 the standard library's documents (bytes, whose items are their byte ids), a corpus of the user's files read
 from its prepared shards (:mod:`hintpipe.data`, token ids as arrays) or several of them mixed by weight make
-micro-batches the same way, from the same random streams. :func:`token_sequences` gives a file corpus's documents as tensors, for
-:func:`hintpipe.forming.collate.form_batch` in the user's own loop.
+micro-batches the same way, from the same random streams. :func:`token_sequences` gives a file corpus's
+documents as tensors, for :func:`hintpipe.forming.collate.form_batch` in the user's own loop.
 """
 
 from __future__ import annotations
