@@ -15,6 +15,7 @@ import torch
 
 import hintpipe.data.reading
 import hintpipe.data.shards
+from hintpipe.apps.batches import held_out_batches
 from hintpipe.apps.corpus import document_batch
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.text_files import read_documents, text_corpus
@@ -424,3 +425,68 @@ def test_a_preparation_stopped_part_way_leaves_nothing_that_looks_prepared(
     with pytest.raises(KeyboardInterrupt):
         prepare([str(source)], tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+# -- evaluation over fixed held-out batches ------------------------------------------------------------------
+
+
+def test_eval_batches_are_fixed_held_out_documents_without_replacement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = _text(tmp_path / "a.txt", 400, "a"), _text(tmp_path / "b.txt", 200, "b")  # 20 and 10 held out
+    config = _config((str(a), str(b)), microbatches=2, microbatch_size=3, eval_batches=2, dp=2)
+    held = {tuple(d) for f in config.prepared for d in _lists(open_prepared(f).held_out)}
+    seen = []
+    for replica in (0, 1):
+        batches = held_out_batches(config, replica)
+        assert len(batches) == 2 and _same(batches, config, replica)  # the same documents at every evaluation
+        for inputs, targets, _ in batches:
+            for x, y in zip(inputs, targets, strict=True):
+                seen += [tuple(row[:4].tolist()) for row in x]
+                assert torch.equal(x[:, 1:], y[:, :-1])
+    assert len(seen) == 24 and len(set(seen)) == 24  # 2 batches x 2 replicas x 6 documents, none twice
+    assert set(seen) <= {d[:4] for d in held} and {s[0] for s in seen} == {ord("a"), ord("b")}
+    with pytest.raises(ValueError) as info:
+        _config((str(a), str(b)), microbatches=2, microbatch_size=3, eval_batches=3, dp=2)
+    assert str(info.value) == (
+        "eval_batches 3 takes 36 held-out documents (3 x 2 micro-batches x 3 x 2 replicas, without replacement); "
+        "the run's held-out split has 30: use eval_batches 2 or fewer"
+    )
+    argv = ["train", "--ranks", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16", "--eval-batches", "1"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "hintpipe train: error: --eval-batches 1 evaluates on a file corpus's held-out documents; --data synthetic "
+        "has none: leave --eval-batches out (each evaluation draws one batch)\n"
+    )
+
+
+def _same(batches: list[Any], config: TrainConfig, replica: int) -> bool:
+    again = held_out_batches(config, replica)
+    return all(
+        torch.equal(x, y) for one, two in zip(batches, again, strict=True) for x, y in zip(one[0], two[0], strict=True)
+    )
+
+
+def test_a_run_s_held_out_loss_is_recomputed_from_its_weights_with_the_public_api(tmp_path: Path) -> None:
+    import hintpipe
+    from hintpipe.apps.models import build_layers, loss_fn_for
+    from hintpipe.apps.training import train
+
+    data = _text(tmp_path / "a.txt", 600)  # 30 held out: 3 batches of 4 x 2
+    model = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=256, max_seq_len=32)
+    config = _config(
+        str(data), model=model, microbatch_size=2, steps=2, eval_every=2, eval_batches=3, return_state=True,
+        timeout=120.0, policy="fixed",
+    )  # fmt: skip
+    result = train(config)
+    assert result is not None and result.state is not None
+    whole = torch.nn.Sequential(*build_layers(model))
+    whole.load_state_dict(result.state)
+    whole.eval()
+    loss_fn = loss_fn_for("gpt-mini")
+    losses = []
+    with torch.no_grad():
+        for inputs, targets, _ in hintpipe.held_out_batches(result.config):
+            losses.append(sum(float(loss_fn(whole(x), y)) for x, y in zip(inputs, targets, strict=True)) / len(inputs))
+    assert [steps for steps, _ in result.eval_losses] == [2]
+    assert result.eval_losses[0][1] == pytest.approx(sum(losses) / len(losses), rel=1e-5)

@@ -248,6 +248,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
         pipeline=False,
     ),
     Option(
+        "eval_batches",
+        "int",
+        0,
+        "with --eval-every and --data PATH: each evaluation's held-out loss over these many batches of held-out "
+        "documents, taken in a fixed order without replacement (the same documents at every evaluation; "
+        "hintpipe.held_out_batches gives them); 0: one batch drawn with replacement",
+        minimum=0,
+        metavar="K",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
         "log_every",
         "int",
         0,

@@ -67,14 +67,21 @@ def document_batch(
     of sources drawn by their weights): (inputs, targets, tokens per micro-batch). A micro-batch's ``size``
     documents are drawn from ``(seed, step)`` and cropped to the shortest one (at most ``max_len`` tokens)."""
     rng = np.random.default_rng([seed, step, 7])
+    return cropped_batch([draw_documents(documents, rng, size) for _ in range(microbatches)], max_len)
+
+
+def cropped_batch(
+    microbatches: list[list[Document]], max_len: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """Micro-batches of next-token prediction from each micro-batch's documents, cropped to its shortest one (at
+    most ``max_len`` tokens): (inputs, targets, tokens per micro-batch)."""
     inputs, targets, tokens = [], [], []
-    for _ in range(microbatches):
-        chosen = draw_documents(documents, rng, size)
+    for chosen in microbatches:
         length = min(min(len(d) for d in chosen) - 1, max_len - 1)
         rows = torch.from_numpy(np.stack([_ids(d, length + 1) for d in chosen]))
         inputs.append(rows[:, :-1].contiguous())
         targets.append(rows[:, 1:].contiguous())
-        tokens.append(size * length)
+        tokens.append(len(chosen) * length)
     return inputs, targets, tokens
 
 
@@ -84,8 +91,12 @@ def document_sequences(
     """``count`` of ``documents`` drawn from ``(seed, step)``, each as its token ids, cropped to ``max_len`` tokens
     (``max_len + 1`` ids: its inputs and, shifted by one, its targets)."""
     rng = np.random.default_rng([seed, step, 11])
-    chosen = draw_documents(documents, rng, count)
-    return [torch.from_numpy(_ids(d, max_len + 1)) for d in chosen]
+    return cropped_sequences(draw_documents(documents, rng, count), max_len)
+
+
+def cropped_sequences(documents: list[Document], max_len: int) -> list[torch.Tensor]:
+    """Each document's token ids as a tensor, cropped to ``max_len`` tokens (``max_len + 1`` ids)."""
+    return [torch.from_numpy(_ids(d, max_len + 1)) for d in documents]
 
 
 def stdlib_batch(

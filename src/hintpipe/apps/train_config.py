@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from typing import Any
 
 import torch
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import parse_betas
+from hintpipe.data.prepared import open_prepared
 from hintpipe.data.run_data import resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
@@ -49,6 +51,7 @@ class TrainConfig(PipelineConfig):
     warmup_steps: int = 0
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
     eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
+    eval_batches: int = 0  # each held-out loss over this many fixed batches of held-out documents (0: one drawn)
     tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
     log_every: int = 0  # rank 0 prints step, loss, step time, throughput and ETA to stderr every this many steps
     check_grads: bool = False
@@ -92,6 +95,7 @@ class TrainConfig(PipelineConfig):
             raise ValueError(f"data {self.data!r} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
         resolved = resolve_data(self.data, field=self.data_field, split=self.data_split, tokenizer=self.tokenizer)
         object.__setattr__(self, "prepared", resolved.folders)
+        check_eval_batches(self, resolved.folders)
         vocab = resolved.vocab
         if vocab is not None and self.model.vocab < vocab:
             raise ValueError(
@@ -125,6 +129,35 @@ class TrainConfig(PipelineConfig):
     def split_backward(self) -> bool:
         """Whether the run's hint splits weight gradients off (W tasks)."""
         return self.resolved_hint.split_backward
+
+
+def check_eval_batches(config: TrainConfig | Any, folders: tuple[str, ...], *, cli: bool = False) -> None:
+    """Refuse ``eval_batches`` that the run's held-out documents cannot fill without replacement (``config``:
+    the run's config, or the command line's arguments, with the same names).
+
+    Raises:
+        ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
+    """
+    count = getattr(config, "eval_batches", 0)
+    if not count:
+        return
+    said = "--eval-batches" if cli else "eval_batches"
+    data = "--data" if cli else "data"
+    if not folders:
+        raise ValueError(
+            f"{said} {count} evaluates on a file corpus's held-out documents; {data} {config.data} has none: leave "
+            f"{said} out (each evaluation draws one batch)"
+        )
+    held = sum(len(open_prepared(folder).held_out) for folder in folders)
+    per_batch = config.microbatches * config.microbatch_size * config.dp
+    if count * per_batch > held:
+        most = held // per_batch
+        fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
+        raise ValueError(
+            f"{said} {count} takes {count * per_batch:,} held-out documents ({count} x {config.microbatches} "
+            f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); the run's "
+            f"held-out split has {held:,}: {fix}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

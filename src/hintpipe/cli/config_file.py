@@ -66,7 +66,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "checkpoint": (
         "checkpoint_dir", "checkpoint_every", "checkpoint_keep", "replace_checkpoints", "resume", "plan", "save",
     ),
-    "metrics": ("log_every", "eval_every", "tensorboard", "trace", "timeline", "report_every", "history", "timelines"),
+    "metrics": (
+        "log_every", "eval_every", "eval_batches", "tensorboard", "trace", "timeline", "report_every", "history",
+        "timelines",
+    ),
     "simulate": ("compare", "costs", "trials"),
     "plan": ("stage_memory", "optimizer_factor", "host_bandwidth", "repeats"),
 }  # fmt: skip

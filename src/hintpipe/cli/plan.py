@@ -131,7 +131,7 @@ def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
 
     resolve_tokenizer(args)
     values = checked(args, ["data", "data_field", "data_split", "tokenizer"])
-    vocab = prepare_data(values, enabled=not args.json)
+    vocab = prepare_data(values, enabled=not args.json).vocab
     return model_config(args, seed=seed, data_vocab=vocab)
 
 

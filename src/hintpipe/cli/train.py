@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
+    from hintpipe.data.run_data import RunData
     from hintpipe.planner.plan import Plan
 
 HELP = "train a model (built-in, a Hugging Face folder, or your own) across processes with pipeline parallelism"
@@ -227,6 +229,7 @@ def prepared_tokenizer(data: str | tuple[str, ...]) -> str | None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
+    from hintpipe.apps.train_config import check_eval_batches
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = _answered_by_plan(args)
@@ -240,7 +243,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     data = values.get("data", "synthetic")
     # A built-in model's vocabulary is the data's: files are prepared (or their prepared folder checked, and
     # refused if bad) here, once, before any rank starts.
-    vocab = prepare_data(values, enabled=not getattr(args, "json", False))
+    run_data = prepare_data(values, enabled=not getattr(args, "json", False))
+    vocab = run_data.vocab
+    check_eval_batches(types.SimpleNamespace(**values), run_data.folders, cli=True)
     model = from_plan or model_config(args, seed=values["seed"], data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     if model.spec.reads_text and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
@@ -311,17 +316,17 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     return config
 
 
-def prepare_data(values: dict[str, Any], *, enabled: bool) -> int | None:
-    """Resolve the run's data (preparing raw files on first use, with a progress bar where ``enabled``); returns
-    the vocabulary its token ids need."""
-    from hintpipe.data.run_data import data_vocab
+def prepare_data(values: dict[str, Any], *, enabled: bool) -> RunData:
+    """Resolve the run's data (preparing raw files on first use, with a progress bar where ``enabled``): its
+    prepared folders and the vocabulary its token ids need."""
+    from hintpipe.data.run_data import resolve_data
 
     with bytes_progress("preparing data", enabled=enabled) as progress:
-        return data_vocab(
+        return resolve_data(
             values.get("data", "synthetic"),
-            values.get("data_field", "text"),
-            values.get("tokenizer", BYTES),
+            field=values.get("data_field", "text"),
             split=values.get("data_split", "blank"),
+            tokenizer=values.get("tokenizer", BYTES),
             cli=True,
             progress=progress,
         )
