@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import hintpipe.data.reading
-import hintpipe.data.shards
 from hintpipe.apps.batches import held_out_batches
 from hintpipe.apps.corpus import document_batch
 from hintpipe.apps.model_config import ModelConfig
@@ -70,21 +69,17 @@ def _rows(inputs: list[Any]) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("split", ["blank", "file", "<|end|>"])
-def test_prepare_then_read_gives_the_token_ids_of_tokenizing_in_memory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str
-) -> None:
+def test_prepare_then_read_gives_the_token_ids_of_tokenizing_in_memory(tmp_path: Path, split: str) -> None:
     folder = _corpus(tmp_path)
     if split == "<|end|>":
         _text(folder / "b.txt", 45, separator="<|end|>\n")
-    # Shards of 100 tokens: a corpus of many shards (more than a process keeps open), documents never across two.
-    monkeypatch.setattr(hintpipe.data.shards, "OPEN_SHARDS", 3)
+    # Shards of 100 tokens: a corpus of many shards, documents never across two.
     manifest = prepare([str(folder)], tmp_path / "prepared", split=split, shard_tokens=100)
     corpus = open_prepared(tmp_path / "prepared")
     memory = text_corpus(str(folder), split=split)
     assert _lists(corpus.documents) == _lists(memory.documents)
     assert _lists(corpus.training) == _lists(memory.training)
     assert _lists(corpus.held_out) == _lists(memory.held_out)
-    assert len(corpus.shards._open) == 3
     assert len(manifest.shards) > 3 and manifest.documents == len(memory.documents)
     assert manifest.tokens == sum(len(d) for d in memory.documents)
     assert np.load(tmp_path / "prepared" / "tokens-00000.npy", mmap_mode="r").dtype == np.uint8  # bytes: 256 ids

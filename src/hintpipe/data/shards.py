@@ -26,7 +26,6 @@ This module is torch-free.
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
 import os
 from pathlib import Path
@@ -37,9 +36,6 @@ import numpy.typing as npt
 
 #: Token ids per shard (the last one holds the rest; a document longer than this is a shard of its own).
 SHARD_TOKENS = 1 << 26
-#: Shards a process keeps open at once per corpus (the least recently read closed first): a corpus of thousands
-#: of shards stays within the process's limit of open files.
-OPEN_SHARDS = 32
 
 
 def token_dtype(vocab: int) -> np.dtype[Any]:
@@ -116,7 +112,7 @@ class Shards:
         self._starts = [0]
         for record in records:
             self._starts.append(self._starts[-1] + record.documents)
-        self._open: collections.OrderedDict[int, tuple[NpyFile, NpyFile]] = collections.OrderedDict()
+        self._files: dict[int, tuple[NpyFile, NpyFile]] = {}
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -132,44 +128,41 @@ class Shards:
         return tokens.read(int(start), int(end))
 
     def _opened(self, shard: int) -> tuple[NpyFile, NpyFile]:
-        if shard in self._open:
-            self._open.move_to_end(shard)
-            return self._open[shard]
-        if len(self._open) >= OPEN_SHARDS:
-            for closing in self._open.popitem(last=False)[1]:
-                closing.close()
-        record = self.records[shard]
-        self._open[shard] = (NpyFile(self.folder / record.tokens_file), NpyFile(self.folder / record.offsets_file))
-        return self._open[shard]
+        if shard not in self._files:
+            record = self.records[shard]
+            self._files[shard] = (NpyFile(self.folder / record.tokens_file), NpyFile(self.folder / record.offsets_file))
+        return self._files[shard]
 
 
 class NpyFile:
     """A one-dimensional ``.npy`` file read by ranges of elements: its header parsed once, each range read with
-    one ``os.pread`` (the file stays open while the object lives)."""
+    one ``os.pread``. No file stays open between reads (a corpus of thousands of shards holds no descriptors,
+    and a forked process inherits none)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (held open: every read is a pread on it)
-        version = np.lib.format.read_magic(self._file)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(self._file)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(self._file)
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            self._data = handle.tell()
         if len(shape) != 1 or fortran or dtype.hasobject:
             raise ValueError(f"{path}: not a one-dimensional array of numbers (shape {shape}, {dtype})")
         self.length = int(shape[0])
         self.dtype = dtype
-        self._data = self._file.tell()
-
-    def close(self) -> None:
-        self._file.close()
 
     def read(self, start: int, end: int) -> npt.NDArray[Any]:
-        """Elements ``start`` to ``end`` (excluded)."""
+        """Elements ``start`` to ``end`` (excluded), as a new read-only array."""
         if not 0 <= start <= end <= self.length:
             raise IndexError(f"{self.path}: elements {start}:{end} of {self.length}")
         size = (end - start) * self.dtype.itemsize
-        data = os.pread(self._file.fileno(), size, self._data + start * self.dtype.itemsize)
+        descriptor = os.open(self.path, os.O_RDONLY)
+        try:
+            data = os.pread(descriptor, size, self._data + start * self.dtype.itemsize)
+        finally:
+            os.close(descriptor)
         if len(data) != size:
             raise OSError(f"{self.path}: read {len(data)} of {size} bytes (the file was cut short)")
         return np.frombuffer(data, dtype=self.dtype)
