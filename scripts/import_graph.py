@@ -33,7 +33,9 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "hintpipe"
 #: never into the applications or the command line; forming (data) needs no runtime, and the runtime no forming.
 FORBIDDEN = {("planner", "runtime"), ("sim", "runtime"), ("runtime", "apps"), ("runtime", "cli")}
 FORBIDDEN |= {("forming", "runtime"), ("runtime", "forming")}
-FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "apps", "cli", "observe")
+#: The data (corpora prepared into shards, read by documents) needs neither the runtime nor the applications.
+FORBIDDEN |= {("data", "runtime"), ("data", "apps"), ("data", "cli")}
+FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "data", "apps", "cli", "observe")
 #: The foundation: modules every part may use, which use none of them.
 FOUNDATION = "base"
 #: The runtime's floors, lowest first: a floor's modules are its base modules (``runtime/errors.py``) or

@@ -5,7 +5,8 @@
 # pull a different build. It comes from pip's configured index (the CPU build the tests run on);
 # on a GPU machine give the index of a CUDA build of the same version instead (README, "On GPUs"):
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/setup.sh
-# The hf extra (transformers, for Hugging Face models) needs no torch of its own.
+# The hf extra (transformers, for Hugging Face models) needs no torch of its own; the data extra (datasets,
+# for --data of a Hugging Face dataset) neither.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -16,4 +17,4 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
   index=(--index-url "$TORCH_INDEX_URL")
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check ${index[@]+"${index[@]}"} "torch==2.13.0"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,hf]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,hf,data]"

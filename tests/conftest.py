@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
+import dataclasses
+import os
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,6 +25,12 @@ from hintpipe.sim.simulator import SimResult, Simulator
 
 if TYPE_CHECKING:
     from hintpipe.apps.training import TrainConfig
+
+# Raw data files are prepared into a cache folder on a run's first use (hintpipe.data.cache): the tests' own, not
+# the user's ~/.cache, removed when the session ends (ranks the tests start inherit it).
+if "HINTPIPE_CACHE" not in os.environ:
+    os.environ["HINTPIPE_CACHE"] = tempfile.mkdtemp(prefix="hintpipe-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["HINTPIPE_CACHE"], True)
 
 # One intra-op thread, as every CPU rank runs: two test workers share the machine's two cores, and the planner
 # times nodes by the thread's CPU time only then (see [Note: a CPU's clock] in hintpipe.device).
@@ -85,7 +96,7 @@ def small_run(**changes: object) -> TrainConfig:
         timeout=20.0,
         return_state=True,
     )
-    return TrainConfig(**{**base.__dict__, **changes})
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -298,7 +298,7 @@ HINTS = ", ".join(h.value for h in HintName)
         ("train", "[training]\nsteps = 2.5\n", "[training] steps: --steps must be an integer, got 2.5"),
         ("train", '[training]\nsteps = "2"\n', "[training] steps: --steps must be an integer, got '2'"),
         ("train", "[training]\nsteps = true\n", "[training] steps: --steps must be an integer, got True"),
-        ("train", "[training]\nsteps = 0\n", "[training] steps: --steps must be at least 1, got 0"),
+        ("train", "[training]\nsteps = 0\n", "[training] steps: --steps must be between 1 and 2147483647, got 0"),
         ("simulate", "[parallelism]\nranks = 2.0\n", "[parallelism] ranks: --ranks must be an integer, got 2.0"),
         ("simulate", "[simulate]\ntrials = 1.5\n", "[simulate] trials: --trials must be an integer, got 1.5"),
         ("train", '[optimizer]\nlr = "fast"\n', "[optimizer] lr: --lr must be a number, got 'fast'"),
@@ -318,7 +318,7 @@ HINTS = ", ".join(h.value for h in HintName)
             "[training]\nvariability = [1]\n",
             "[training] variability: --variability must be a list of strings, got [1]",
         ),
-        ("train", "[data]\ndata = 3\n", "[data] data: --data must be a string, got 3"),
+        ("train", "[data]\ndata = 3\n", "[data] data: --data must be a list of strings, got 3"),
         (
             "train",
             "[checkpoint]\ncheckpoint_dir = 3\n",

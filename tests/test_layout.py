@@ -47,7 +47,7 @@ TORCH_FREE = [
     "hintpipe.sim.bounds",
     "hintpipe.apps.model_config",
     "hintpipe.apps.text_files",
-    "hintpipe.apps.own_code",
+    "hintpipe.own_code",
     "hintpipe.cli",
     "hintpipe.forming.cost",
     "hintpipe.forming.form",

@@ -39,7 +39,7 @@ FROM_PLAN = {"ranks", "microbatches", "hint", "chunks", "tokenizer"}
 #: ``plan`` resolves the tokenizer as ``train`` does.
 RESOLVED = {"plan": {"tokenizer"}}
 #: The data's options: the planner takes a model, not data (the command reads the data's vocabulary).
-DATA = ("data", "data_field", "tokenizer")
+DATA = ("data", "data_field", "data_split", "tokenizer")
 
 
 def _flags(command: str) -> dict[str, argparse.Action]:
@@ -65,7 +65,7 @@ def test_every_flag_is_an_option_of_the_same_name_default_and_choices(command: s
             assert list(action.choices) == [m.value for m in option.choices], dest
         if (command == "train" and dest in FROM_PLAN) or dest in RESOLVED.get(command, ()):
             assert action.default is None and not action.required, dest
-        elif option.kind != "specs" and not action.required:
+        elif option.kind not in ("specs", "sources") and not action.required:  # repeatable: none until given
             assert action.default == _default(option.default), dest
     for name, option in OPTIONS.items():
         if command in option.commands:

@@ -22,6 +22,7 @@ from hintpipe.schedule.task import Kind, Task
 from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
+    from hintpipe.apps.batches import held_out_batches
     from hintpipe.apps.corpus import token_sequences
     from hintpipe.apps.text_files import TextCorpus, text_corpus
     from hintpipe.forming.collate import FormedBatch, form_batch
@@ -90,6 +91,7 @@ _LAZY = {
     "TextCorpus": "hintpipe.apps.text_files",
     "text_corpus": "hintpipe.apps.text_files",
     "token_sequences": "hintpipe.apps.corpus",
+    "held_out_batches": "hintpipe.apps.batches",
 }
 
 
@@ -134,6 +136,7 @@ __all__ = [
     "form_batch",
     "form_microbatches",
     "generate_hint",
+    "held_out_batches",
     "hf_description",
     "load_merged",
     "load_plan",

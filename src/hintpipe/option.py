@@ -31,8 +31,9 @@ class Option:
 
     Attributes:
         name: the Python keyword and config field; the command line's flag is ``--`` + ``name`` with dashes.
-        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``), ``str`` (a name or a path) or
-            ``object`` (Python only).
+        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``), ``str`` (a name or a path),
+            ``specs`` (a repeatable flag: a tuple of strings), ``sources`` (a repeatable flag whose one value is a
+            string: one string, or a tuple of several) or ``object`` (Python only).
         default: the default value (as the Python API takes it).
         help: what the option does, for ``--help`` and the docstrings.
         choices: the enum of a ``choice`` option.
@@ -98,6 +99,8 @@ class Option:
             return self._number(value, label)
         if self.kind == "specs":
             return tuple(value)
+        if self.kind == "sources":
+            return self._sources(value, label)
         if self.kind == "str" and not isinstance(value, str):
             raise ValueError(f"{label} must be a string, got {value!r}")
         return value
@@ -112,6 +115,15 @@ class Option:
         if (low is not None and value < low) or (high is not None and value > high):
             raise ValueError(f"{label} must be {_range(low, high)}, got {_number(value)}{self._why()}")
         return int(value) if integral else float(value)
+
+    def _sources(self, value: Any, label: str) -> Any:
+        """One string, or several as a tuple (a list or tuple of one is its string); none given: the default."""
+        items = [value] if isinstance(value, str) else value
+        if items is None or (isinstance(items, (list, tuple)) and not items):
+            return self.default
+        if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+            raise ValueError(f"{label} must be a string or a list of strings, got {value!r}")
+        return items[0] if len(items) == 1 else tuple(items)
 
     def _why(self) -> str:
         return _REASONS.get(self.name, "")

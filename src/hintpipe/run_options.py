@@ -48,14 +48,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "data",
-        "str",
+        "sources",
         "synthetic",
         "synthetic: counting text with --seq-len-dist lengths; stdlib: the Python standard library's source "
         "files as byte-level text (real, heavy-tailed lengths; vocabulary 256); or a PATH: a text file "
-        "(documents separated by blank lines), a .jsonl file (one JSON object per line, the document under "
-        "--data-field) or a folder of .txt and .jsonl files, tokenized by --tokenizer (every 20th document "
-        "held out for --eval-every)",
-        metavar="synthetic|stdlib|PATH",
+        "(documents split by --data-split), a .jsonl file (one JSON object per line, the document under "
+        "--data-field), a folder of them, a Hugging Face dataset (a save_to_disk folder, or hf:BUILDER:FILES "
+        "such as hf:parquet:data/*.parquet), or a folder `hintpipe data prepare` wrote; tokenized once by "
+        "--tokenizer (raw files into a cache folder on first use), every 20th document held out for "
+        "--eval-every. Repeatable with weights, PATH:WEIGHT (--data a.jsonl:0.7 --data code/:0.3): each "
+        "document drawn from a source in the weights' proportion",
+        metavar="synthetic|stdlib|PATH[:WEIGHT]",
         commands=_TRAIN_PLAN,
         pipeline=False,
     ),
@@ -63,8 +66,19 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "data_field",
         "str",
         "text",
-        "the field of each JSONL line that holds its document (--data FILE.jsonl or a folder)",
+        "the field of each JSONL line (or the column of a dataset) that holds its document",
         metavar="NAME",
+        commands=_TRAIN_PLAN,
+        pipeline=False,
+    ),
+    Option(
+        "data_split",
+        "str",
+        "blank",
+        "how a plain-text file becomes documents: blank (runs of lines between blank lines), file (each file "
+        "one document: a folder of source code, of articles) or a separator between documents, as written "
+        "(e.g. '<|endoftext|>'; \\n is a line break)",
+        metavar="blank|file|SEP",
         commands=_TRAIN_PLAN,
         pipeline=False,
     ),
@@ -74,7 +88,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "bytes",
         "how --data PATH becomes tokens: bytes (UTF-8 bytes, vocabulary 256) or a folder a Hugging Face "
         "tokenizer was saved to (save_pretrained; local files only; needs the hf extra); the model's vocabulary "
-        "is the tokenizer's",
+        "is the tokenizer's; a prepared folder's own unless given",
         metavar="bytes|DIR",
         commands=_TRAIN_PLAN,
         pipeline=False,
@@ -232,6 +246,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "mode (0: none)",
         minimum=0,
         metavar="N",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "eval_batches",
+        "int",
+        0,
+        "with --eval-every and --data PATH: each evaluation's held-out loss over these many batches of held-out "
+        "documents, taken in a fixed order without replacement (the same documents at every evaluation; "
+        "hintpipe.held_out_batches gives them); 0: one batch drawn with replacement",
+        minimum=0,
+        metavar="K",
         commands=_TRAIN,
         pipeline=False,
     ),

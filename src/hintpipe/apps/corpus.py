@@ -12,11 +12,11 @@ one (at most ``max_len`` tokens) (:func:`stdlib_batch`); or a step draws its
 documents whole, each cropped to ``max_len`` tokens only, for micro-batches
 formed by cost (:func:`stdlib_sequences`, :mod:`hintpipe.forming`).
 
-The drawing itself is over any tuple of token sequences (:func:`document_batch`, :func:`document_sequences`):
-the standard library's documents (bytes, whose items are their byte ids) and a corpus of the user's files
-(:mod:`~hintpipe.apps.text_files`, token ids as arrays) make micro-batches the same way, from the same
-random streams. :func:`token_sequences` gives a file corpus's documents as tensors, for
-:func:`hintpipe.forming.collate.form_batch` in the user's own loop.
+The drawing itself is over any documents by index (:func:`document_batch`, :func:`document_sequences`):
+the standard library's documents (bytes, whose items are their byte ids), a corpus of the user's files read
+from its prepared shards (:mod:`hintpipe.data`, token ids as arrays) or several of them mixed by weight make
+micro-batches the same way, from the same random streams. :func:`token_sequences` gives a file corpus's
+documents as tensors, for :func:`hintpipe.forming.collate.form_batch` in the user's own loop.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import re
 import sysconfig
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeAlias
 
@@ -33,6 +32,9 @@ import numpy.typing as npt
 import torch
 
 from hintpipe.apps.text_files import BYTES, BYTES_VOCAB, TokenIds, text_corpus
+from hintpipe.data.mixture import Documents, Mixture, draw_documents
+from hintpipe.data.run_data import prepared_documents
+from hintpipe.data.sources import data_entries
 
 VOCAB = BYTES_VOCAB
 _SHORTEST = 16  # bytes: shorter documents are left out (empty __init__.py files)
@@ -59,31 +61,42 @@ def stdlib_documents() -> tuple[bytes, ...]:
 
 
 def document_batch(
-    documents: Sequence[Document], microbatches: int, size: int, step: int, seed: int, max_len: int
+    documents: Documents | Mixture, microbatches: int, size: int, step: int, seed: int, max_len: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-    """One step's micro-batches of next-token prediction from ``documents`` (each of 2 tokens or more):
-    (inputs, targets, tokens per micro-batch). A micro-batch's ``size`` documents are drawn from
-    ``(seed, step)`` and cropped to the shortest one (at most ``max_len`` tokens)."""
+    """One step's micro-batches of next-token prediction from ``documents`` (each of 2 tokens or more; a mixture
+    of sources drawn by their weights): (inputs, targets, tokens per micro-batch). A micro-batch's ``size``
+    documents are drawn from ``(seed, step)`` and cropped to the shortest one (at most ``max_len`` tokens)."""
     rng = np.random.default_rng([seed, step, 7])
+    return cropped_batch([draw_documents(documents, rng, size) for _ in range(microbatches)], max_len)
+
+
+def cropped_batch(
+    microbatches: list[list[Document]], max_len: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """Micro-batches of next-token prediction from each micro-batch's documents, cropped to its shortest one (at
+    most ``max_len`` tokens): (inputs, targets, tokens per micro-batch)."""
     inputs, targets, tokens = [], [], []
-    for _ in range(microbatches):
-        chosen = [documents[int(i)] for i in rng.integers(len(documents), size=size)]
+    for chosen in microbatches:
         length = min(min(len(d) for d in chosen) - 1, max_len - 1)
         rows = torch.from_numpy(np.stack([_ids(d, length + 1) for d in chosen]))
         inputs.append(rows[:, :-1].contiguous())
         targets.append(rows[:, 1:].contiguous())
-        tokens.append(size * length)
+        tokens.append(len(chosen) * length)
     return inputs, targets, tokens
 
 
 def document_sequences(
-    documents: Sequence[Document], count: int, step: int, seed: int, max_len: int
+    documents: Documents | Mixture, count: int, step: int, seed: int, max_len: int
 ) -> list[torch.Tensor]:
     """``count`` of ``documents`` drawn from ``(seed, step)``, each as its token ids, cropped to ``max_len`` tokens
     (``max_len + 1`` ids: its inputs and, shifted by one, its targets)."""
     rng = np.random.default_rng([seed, step, 11])
-    chosen = [documents[int(i)] for i in rng.integers(len(documents), size=count)]
-    return [torch.from_numpy(_ids(d, max_len + 1)) for d in chosen]
+    return cropped_sequences(draw_documents(documents, rng, count), max_len)
+
+
+def cropped_sequences(documents: list[Document], max_len: int) -> list[torch.Tensor]:
+    """Each document's token ids as a tensor, cropped to ``max_len`` tokens (``max_len + 1`` ids)."""
+    return [torch.from_numpy(_ids(d, max_len + 1)) for d in documents]
 
 
 def stdlib_batch(
@@ -99,15 +112,16 @@ def stdlib_sequences(count: int, step: int, seed: int, max_len: int) -> list[tor
 
 
 def data_documents(
-    data: str, field: str = "text", tokenizer: str = BYTES, *, held_out: bool = False
-) -> Sequence[Document]:
-    """The documents a run on ``data`` (``stdlib``, or a file or folder) draws from: for a file corpus its training
-    documents, or with ``held_out`` its held-out ones (:func:`~hintpipe.apps.text_files.split_held_out`); the
-    standard library's are the same either way (its held-out batch is a step no run reaches)."""
+    data: str | tuple[str, ...], prepared: tuple[str, ...], *, held_out: bool = False
+) -> Documents | Mixture:
+    """The documents a run on ``data`` draws from: the standard library's (the same either way: its held-out
+    batch is a step no run reaches), or the training documents of the run's ``prepared`` folders
+    (:attr:`hintpipe.data.run_data.RunData.folders`), with ``held_out`` their held-out ones, mixed by the
+    entries' weights."""
     if data == "stdlib":
         return stdlib_documents()
-    corpus = text_corpus(data, field=field, tokenizer=tokenizer)
-    return corpus.held_out if held_out else corpus.training
+    weights = tuple(entry.weight for entry in data_entries(data))
+    return prepared_documents(prepared, weights, held_out=held_out)
 
 
 def token_sequences(

@@ -10,7 +10,7 @@ is proven to be that model), and it is written:
   ``generation_config.json``, ``model.safetensors``): ``from_pretrained(OUT_DIR)``
   loads it, with nothing of hintpipe's; the run's tokenizer folder (``--tokenizer``,
   or a model folder's own) is copied beside it where it is unchanged
-  (:mod:`hintpipe.apps.tokenizer_record`), so ``AutoTokenizer.from_pretrained(OUT_DIR)``
+  (:mod:`hintpipe.data.tokenizer_record`), so ``AutoTokenizer.from_pretrained(OUT_DIR)``
   loads that too;
 - a built-in model as ``model.safetensors`` (every state-dict key, each tensor
   its own storage) beside ``hintpipe_model.json`` (its ModelConfig's fields),
@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from hintpipe.apps.model_description import architecture_of, rebuild_model
-from hintpipe.apps.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
+from hintpipe.data.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, step_folders
 from hintpipe.runtime.checkpoint.merged import held_checkpoint, read_merged

@@ -26,7 +26,7 @@ from torch import nn
 
 from hintpipe.apps.hf_models import CALL_KWARGS
 from hintpipe.apps.model_config import ModelConfig
-from hintpipe.apps.own_code import refuse_own_code
+from hintpipe.own_code import refuse_own_code
 
 #: Positions assumed for a config that names none (rotary models without a limit).
 _DEFAULT_POSITIONS = 2048

@@ -1,24 +1,11 @@
-"""The user's own text as a corpus: plain-text or JSONL files (or a folder of them), as token ids.
+"""The user's own text in memory: a file, folder or dataset's documents as token ids, for a corpus small
+enough to hold (``hintpipe.text_corpus``, ``hintpipe.token_sequences``).
 
-``hintpipe train --data PATH`` (``TrainConfig(data=PATH)``) trains on real text the user has, not only on the
-standard library's (:mod:`~hintpipe.apps.corpus`). What ``PATH`` may be:
-
-- a plain-text file (any name but ``*.jsonl``): documents separated by one or more blank lines (lines of
-  whitespace only); a document is its lines as written, joined by line breaks;
-- a ``.jsonl`` file: one JSON object per line, the document the string under ``field`` (``text``); blank lines
-  are skipped, any other line that is not such an object is refused naming the file and the line;
-- a folder: every ``*.txt`` and ``*.jsonl`` file under it (recursively), in sorted path order.
-
-Files are read as UTF-8. The tokenizer is ``bytes`` (UTF-8 bytes, vocabulary 256: any text, no files to
-ship) or a folder a Hugging Face tokenizer was saved to (``save_pretrained``; read with
-``transformers.AutoTokenizer``, local files only, vocabulary ``len(tokenizer)``; transformers is imported
-only then; a folder that maps to Python code of its own, an ``auto_map``, is refused: see
-:mod:`~hintpipe.apps.own_code`). Documents of fewer than 2 tokens are left out: a document gives at least one
-input and its target.
-
-Every rank draws the same data from the same files, so a corpus is loaded (read and tokenized) once per
-process and kept (:func:`text_corpus`, keyed by the absolute paths, the field and the tokenizer): the
-launcher loads it to check it and learn its vocabulary before any rank starts, each rank once for its steps.
+A run does not read text this way: it reads prepared shards (:mod:`hintpipe.data`), whatever the corpus's
+size. This module gives the same documents, in the same order, held out by the same rule, to a user's own
+loop and to tests: what ``PATH`` may be and how its text becomes documents is :mod:`hintpipe.data.sources`'s
+and :mod:`hintpipe.data.split`'s; the tokenizer is :mod:`hintpipe.data.tokenizer`'s. A prepared folder is
+read from its shards. Documents of fewer than 2 tokens are left out.
 
 Held out (:func:`split_held_out`): every 20th document is held out of training, so that ``eval_every``'s
 loss is on text no step trained on.
@@ -29,32 +16,26 @@ This module is torch-free.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from hintpipe.apps.own_code import refuse_own_code
+from hintpipe.data.manifest import HELD_OUT_EVERY
+from hintpipe.data.prepare import SHORTEST
+from hintpipe.data.prepared import open_prepared
+from hintpipe.data.refusal import DataRefused
+from hintpipe.data.sources import BUILT_IN_DATA as BUILT_IN_DATA
+from hintpipe.data.sources import Source, SourceKind
+from hintpipe.data.split import DocumentSplit
+from hintpipe.data.tokenizer import BYTES as BYTES
+from hintpipe.data.tokenizer import BYTES_VOCAB as BYTES_VOCAB
+from hintpipe.data.tokenizer import TokenIds as TokenIds
+from hintpipe.data.tokenizer import load_tokenizer
 
-#: The data that are not files: counting text (:func:`hintpipe.apps.models.make_batch`) and the standard
-#: library's source files (:mod:`hintpipe.apps.corpus`). Any other ``data`` is a path.
-BUILT_IN_DATA = ("synthetic", "stdlib")
-#: The tokenizer that needs no files: UTF-8 bytes.
-BYTES = "bytes"
-BYTES_VOCAB = 256
-#: Document ``i`` (counted after the short ones are left out) is held out when ``i % HELD_OUT_EVERY`` is
-#: ``HELD_OUT_EVERY - 1``.
-HELD_OUT_EVERY = 20
-_SHORTEST = 2  # tokens: an input and its target
-_BATCH = 1024  # documents per call of a Hugging Face tokenizer
 #: The field of a JSONL line that holds its document, unless ``field`` says another.
 DEFAULT_FIELD = "text"
-
-TokenIds = npt.NDArray[np.integer[Any]]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -74,21 +55,15 @@ class TextCorpus:
     vocab: int
 
 
-class _Refused(ValueError):
-    """A corpus or tokenizer refused: ``option`` is the option to name (``data`` or ``tokenizer``)."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
+_CORPORA: dict[tuple[str, str, str, str], TextCorpus] = {}
 
 
-_CORPORA: dict[tuple[str, str, str], TextCorpus] = {}
-_TOKENIZERS: dict[str, tuple[Callable[[list[str]], list[TokenIds]], int]] = {}
-
-
-def text_corpus(data: str, *, field: str = "text", tokenizer: str = BYTES, cli: bool = False) -> TextCorpus:
-    """The corpus of the file or folder ``data``, tokenized by ``tokenizer`` (``bytes`` or a tokenizer folder):
-    loaded on the first call in this process, kept for the next ones.
+def text_corpus(
+    data: str, *, field: str = DEFAULT_FIELD, tokenizer: str = BYTES, split: str = "blank", cli: bool = False
+) -> TextCorpus:
+    """The corpus of the file, folder or dataset ``data``, tokenized by ``tokenizer`` (``bytes`` or a tokenizer
+    folder), its plain text split by ``split`` (``blank``, ``file`` or a separator); or a prepared folder's
+    documents: loaded on the first call in this process, kept for the next ones.
 
     Raises:
         ValueError: in one line naming the option (``--data`` on the command line, ``data`` in Python) and the
@@ -96,20 +71,28 @@ def text_corpus(data: str, *, field: str = "text", tokenizer: str = BYTES, cli: 
             ``field`` as a string (its file and line number), a folder without text files, a corpus without a
             document of 2 tokens, a tokenizer folder that holds no tokenizer.
     """
-    key = (os.path.abspath(data), field, tokenizer if tokenizer == BYTES else os.path.abspath(tokenizer))
+    key = (os.path.abspath(data), field, tokenizer if tokenizer == BYTES else os.path.abspath(tokenizer), split)
     if key not in _CORPORA:
         try:
-            encode, vocab = _tokenizer(tokenizer)
-            texts = read_documents(data, field=field)
-            documents = tuple(ids for ids in encode(list(texts)) if len(ids) >= _SHORTEST)
-            if not documents:
-                raise _Refused("data", f"{data}: no document of {_SHORTEST} tokens or more (an empty corpus)")
-        except _Refused as exc:
-            flag = "--" + exc.option if cli else exc.option
-            raise ValueError(f"{flag} {exc}") from None
+            documents, vocab = _load(data, field, tokenizer, split)
+        except DataRefused as exc:
+            raise exc.said(cli) from None
         training, held_out = split_held_out(documents)
         _CORPORA[key] = TextCorpus(documents, training, held_out, vocab)
     return _CORPORA[key]
+
+
+def _load(data: str, field: str, tokenizer: str, split: str) -> tuple[tuple[TokenIds, ...], int]:
+    source = Source.of(data)
+    if source.kind is SourceKind.PREPARED:
+        corpus = open_prepared(data)
+        return tuple(np.array(corpus.documents[i]) for i in range(len(corpus.documents))), corpus.vocab
+    encode, vocab = load_tokenizer(tokenizer)
+    texts = _texts(data, field, split)
+    documents = tuple(ids for ids in encode(list(texts)) if len(ids) >= SHORTEST)
+    if not documents:
+        raise DataRefused("data", f"{data}: no document of {SHORTEST} tokens or more (an empty corpus)")
+    return documents, vocab
 
 
 def split_held_out(documents: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -123,159 +106,24 @@ def split_held_out(documents: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any
     return training, held_out
 
 
-def data_vocab(data: str, field: str = "text", tokenizer: str = BYTES, *, cli: bool = False) -> int | None:
-    """The vocabulary ``data``'s token ids need: None for ``synthetic`` (the model's own), 256 for ``stdlib``
-    (bytes), the tokenizer's for a file or folder (loaded here, so that a bad corpus is refused here).
-
-    Raises:
-        ValueError: as :func:`text_corpus`; a tokenizer folder for built-in data, whose tokens are their own.
-    """
-    if field != DEFAULT_FIELD and not _reads_jsonl(data):  # an option that would change nothing
-        said, named = ("--data-field", "--data") if cli else ("data_field", "data")
-        raise ValueError(
-            f"{said} {field} names the field of a JSONL line's document; {named} {data} has no .jsonl file"
-        )
-    if data not in BUILT_IN_DATA:
-        return text_corpus(data, field=field, tokenizer=tokenizer, cli=cli).vocab
-    if tokenizer != BYTES:
-        label = "--" if cli else ""
-        raise ValueError(
-            f"{label}tokenizer {tokenizer} tokenizes a data file or folder; {label}data {data} has tokens of its own"
-        )
-    return None if data == "synthetic" else BYTES_VOCAB
-
-
-def _reads_jsonl(data: str) -> bool:
-    """Whether ``data`` is a ``.jsonl`` file or a folder with one under it (what ``field`` applies to)."""
-    if data in BUILT_IN_DATA:
-        return False
-    path = Path(data)
-    if path.is_dir():
-        return any(p.is_file() for p in path.rglob("*.jsonl"))
-    return path.suffix == ".jsonl"
-
-
-def read_documents(data: str, *, field: str = "text") -> tuple[str, ...]:
-    """The documents of the file or folder ``data`` as text, in order (before tokenizing: none left out).
+def read_documents(data: str, *, field: str = DEFAULT_FIELD, split: str = "blank") -> tuple[str, ...]:
+    """The documents of the file, folder or dataset ``data`` as text, in order (before tokenizing: none left
+    out).
 
     Raises:
         ValueError: as :func:`text_corpus` (naming the path, without the option).
     """
-    path = Path(data)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
-        if not files:
-            raise _Refused("data", f"{data}: a folder without a .txt or .jsonl file in it")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise _Refused("data", f"{data}: no such file or folder")
-    documents: list[str] = []
-    for file in files:
-        text = _read(file)
-        documents += _json_lines(file, text, field) if file.suffix == ".jsonl" else _paragraphs(text)
-    return tuple(documents)
-
-
-def _read(file: Path) -> str:
     try:
-        with open(file, encoding="utf-8") as handle:  # universal newlines: \r\n is \n
-            return handle.read()
-    except UnicodeDecodeError as exc:
-        raise _Refused("data", f"{file}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except OSError as exc:
-        raise _Refused("data", f"{file}: {exc.strerror or exc}") from None
+        return _texts(data, field, split)
+    except DataRefused as exc:
+        raise ValueError(str(exc)) from None
 
 
-def _paragraphs(text: str) -> list[str]:
-    """A plain-text file's documents: runs of lines between blank ones."""
-    documents: list[str] = []
-    lines: list[str] = []
-    for line in [*text.split("\n"), ""]:
-        if line.strip():
-            lines.append(line)
-        elif lines:
-            documents.append("\n".join(lines))
-            lines = []
-    return documents
+def _texts(data: str, field: str, split: str) -> tuple[str, ...]:
+    source = Source.of(data)
+    if source.kind is SourceKind.PREPARED:
+        raise DataRefused("data", f"{data}: a prepared folder holds token ids, not text (read it with text_corpus)")
+    return tuple(source.texts(DocumentSplit.parse(split), field))
 
 
-def _json_lines(file: Path, text: str, field: str) -> list[str]:
-    """A JSONL file's documents: each line's ``field``."""
-    documents = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        where = f"{file}, line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _Refused("data", f"{where}: not JSON ({exc.msg}, column {exc.colno})") from None
-        if not isinstance(record, dict):
-            raise _Refused("data", f"{where}: a JSON {_kind(record)}, not an object")
-        if field not in record:
-            keys = ", ".join(repr(k) for k in record) or "none"
-            raise _Refused("data", f"{where}: no field {field!r} (its fields: {keys})")
-        value = record[field]
-        if not isinstance(value, str):
-            raise _Refused("data", f"{where}: field {field!r} is a JSON {_kind(value)}, not a string")
-        documents.append(value)
-    return documents
-
-
-def _kind(value: Any) -> str:
-    """A parsed JSON value's type, as JSON names it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    names = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
-    return names[type(value)]
-
-
-def _tokenizer(name: str) -> tuple[Callable[[list[str]], list[TokenIds]], int]:
-    """``(encode, vocabulary)``: ``encode`` turns texts into their token ids; loaded once per process."""
-    if name == BYTES:
-        return _encode_bytes, BYTES_VOCAB
-    key = os.path.abspath(name)
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = _hugging_face(name)
-    return _TOKENIZERS[key]
-
-
-def _encode_bytes(texts: list[str]) -> list[TokenIds]:
-    return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
-
-
-def _hugging_face(name: str) -> tuple[Callable[[list[str]], list[TokenIds]], int]:
-    """A tokenizer folder's tokenizer (``AutoTokenizer.from_pretrained``, local files only, no code from the
-    folder: see :mod:`hintpipe.apps.own_code`)."""
-    if not Path(name).is_dir():
-        saved = "the tokenizer is bytes, or a folder a Hugging Face tokenizer was saved to"
-        raise _Refused("tokenizer", f"{name}: no such folder ({saved})")
-    try:
-        refuse_own_code(name, ("tokenizer_config.json", "config.json"), what="tokenizer")
-    except ValueError as exc:
-        raise _Refused("tokenizer", str(exc)) from None
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise _Refused("tokenizer", f"{name}: a tokenizer folder needs transformers: pip install -e '.[hf]'") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
-    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a folder it cannot read
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise _Refused(
-            "tokenizer", f"{name}: not a folder a Hugging Face tokenizer was saved to ({type(exc).__name__}: {first})"
-        ) from None
-    vocab = len(tokenizer)
-    dtype = np.int32 if vocab <= np.iinfo(np.int32).max else np.int64
-
-    def encode(texts: list[str]) -> list[TokenIds]:
-        out: list[TokenIds] = []
-        for start in range(0, len(texts), _BATCH):
-            ids = tokenizer(texts[start : start + _BATCH], verbose=False)["input_ids"]
-            out += [np.asarray(row, dtype=dtype) for row in ids]
-        return out
-
-    return encode, vocab
+__all__ = ["BUILT_IN_DATA", "BYTES", "BYTES_VOCAB", "TextCorpus", "read_documents", "split_held_out", "text_corpus"]

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from typing import Any
 
 import torch
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import parse_betas
-from hintpipe.apps.text_files import data_vocab
+from hintpipe.data.prepared import open_prepared
+from hintpipe.data.run_data import resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.trace import Record
@@ -49,6 +51,7 @@ class TrainConfig(PipelineConfig):
     warmup_steps: int = 0
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
     eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
+    eval_batches: int = 0  # each held-out loss over this many fixed batches of held-out documents (0: one drawn)
     tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
     log_every: int = 0  # rank 0 prints step, loss, step time, throughput and ETA to stderr every this many steps
     check_grads: bool = False
@@ -60,14 +63,20 @@ class TrainConfig(PipelineConfig):
     resume: bool = False
     return_state: bool = False
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
-    data: str = "synthetic"  # or "stdlib" (the standard library's source, byte tokens), or a file or folder's path
-    data_field: str = "text"  # a JSONL line's document (see hintpipe.apps.text_files)
+    #: "synthetic", "stdlib" (the standard library's source, byte tokens), or paths (PATH[:WEIGHT]: one, or a
+    #: tuple of several with weights; see hintpipe.data.sources)
+    data: str | tuple[str, ...] = "synthetic"
+    data_field: str = "text"  # a JSONL line's (or a dataset's column's) document
+    data_split: str = "blank"  # plain text's documents: "blank", "file" or a separator (see hintpipe.data.split)
     tokenizer: str = "bytes"  # a file corpus's tokens: UTF-8 bytes, or a Hugging Face tokenizer's folder
     forming: str = "crop"  # documents: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
     sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
     shared: bool = False  # under torchrun: rank 0's plan, sequence cost and emulated costs go to every rank
     dp: int = 1  # data-parallel replicas of the pipeline
     tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
+    #: The prepared folder of each ``data`` entry, resolved when the config is made (raw files prepared then, in
+    #: this process, before any rank starts): what the ranks read (see hintpipe.data.run_data).
+    prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the pipeline's options
@@ -79,10 +88,15 @@ class TrainConfig(PipelineConfig):
 
     def _check_data(self) -> None:
         """Refuse data the model cannot take, here rather than in every rank: text for the MLP, token ids beyond
-        the model's vocabulary; a file corpus is loaded (once per process) and refused if bad."""
+        the model's vocabulary; files are prepared (once: see hintpipe.data.cache) and refused if bad. ``data``
+        given as a list or a tuple of one is kept as its string (the same run)."""
+        object.__setattr__(self, "data", OPTIONS["data"].check(self.data))
         if self.data != "synthetic" and not self.model.spec.reads_text:
             raise ValueError(f"data {self.data!r} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
-        vocab = data_vocab(self.data, self.data_field, self.tokenizer)
+        resolved = resolve_data(self.data, field=self.data_field, split=self.data_split, tokenizer=self.tokenizer)
+        object.__setattr__(self, "prepared", resolved.folders)
+        check_eval_batches(self, resolved.folders)
+        vocab = resolved.vocab
         if vocab is not None and self.model.vocab < vocab:
             raise ValueError(
                 f"data {self.data!r} has token ids up to {vocab - 1} (tokenizer {self.tokenizer!r}); the model's vocab "
@@ -115,6 +129,35 @@ class TrainConfig(PipelineConfig):
     def split_backward(self) -> bool:
         """Whether the run's hint splits weight gradients off (W tasks)."""
         return self.resolved_hint.split_backward
+
+
+def check_eval_batches(config: TrainConfig | Any, folders: tuple[str, ...], *, cli: bool = False) -> None:
+    """Refuse ``eval_batches`` that the run's held-out documents cannot fill without replacement (``config``:
+    the run's config, or the command line's arguments, with the same names).
+
+    Raises:
+        ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
+    """
+    count = getattr(config, "eval_batches", 0)
+    if not count:
+        return
+    said = "--eval-batches" if cli else "eval_batches"
+    data = "--data" if cli else "data"
+    if not folders:
+        raise ValueError(
+            f"{said} {count} evaluates on a file corpus's held-out documents; {data} {config.data} has none: leave "
+            f"{said} out (each evaluation draws one batch)"
+        )
+    held = sum(len(open_prepared(folder).held_out) for folder in folders)
+    per_batch = config.microbatches * config.microbatch_size * config.dp
+    if count * per_batch > held:
+        most = held // per_batch
+        fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
+        raise ValueError(
+            f"{said} {count} takes {count * per_batch:,} held-out documents ({count} x {config.microbatches} "
+            f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); the run's "
+            f"held-out split has {held:,}: {fix}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

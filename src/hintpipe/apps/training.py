@@ -24,7 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hintpipe.apps.corpus import data_documents, document_batch, document_sequences
+from hintpipe.apps.batches import HELD_OUT_STEP as HELD_OUT_STEP
+from hintpipe.apps.batches import REPLICA_SEED_STRIDE as REPLICA_SEED_STRIDE
+from hintpipe.apps.batches import held_out_batches
+from hintpipe.apps.batches import step_batch as step_batch
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients, compare_plan_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
@@ -36,7 +39,6 @@ from hintpipe.apps.models import (
     layer_bounds,
     lm_loss_sum,
     loss_fn_for,
-    make_batch,
     split_layers,
     whole_model,
 )
@@ -46,12 +48,10 @@ from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.text_files import BYTES
-from hintpipe.apps.tokenizer_record import tokenizer_record
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
+from hintpipe.data.tokenizer_record import tokenizer_record
 from hintpipe.device import rank_device
-from hintpipe.forming.collate import form_batch
-from hintpipe.forming.form import Forming
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.description import HF
@@ -398,22 +398,20 @@ def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def _held_out_loss(config: TrainConfig, pipe: Pipeline) -> float:
-    """The loss on the held-out batch (every rank): the data of a step no run reaches (a file corpus's held-out
-    documents), forwards only."""
-    inputs, targets, counts = step_batch(config, HELD_OUT_STEP, pipe.layout.replica_of(pipe.global_rank))
-    divisor = float(sum(counts)) if config.formed else None
-    loss = pipe.eval_step(inputs, targets, broadcast_loss=True, loss_divisor=divisor)
-    assert loss is not None
+    """The held-out loss (every rank): the mean over the held-out batches (:func:`held_out_batches`: a file
+    corpus's held-out documents), forwards only."""
+    losses = []
+    for inputs, targets, counts in held_out_batches(config, pipe.layout.replica_of(pipe.global_rank)):
+        divisor = float(sum(counts)) if config.formed else None
+        loss = pipe.eval_step(inputs, targets, broadcast_loss=True, loss_divisor=divisor)
+        assert loss is not None
+        losses.append(float(loss))
+    mean = sum(losses) / len(losses)
     if pipe.replica_group is not None:  # the mean over the replicas' held-out batches
-        mean = torch.tensor([float(loss) / config.dp], dtype=torch.float64)
-        dist.all_reduce(mean, group=pipe.replica_group)
-        return float(mean[0])
-    return float(loss)
-
-
-#: The step whose data is the held-out batch (``eval_every``): none the run trains on; with a file corpus, drawn
-#: from its held-out documents only.
-HELD_OUT_STEP = 10**9
+        both = torch.tensor([mean / config.dp], dtype=torch.float64)
+        dist.all_reduce(both, group=pipe.replica_group)
+        return float(both[0])
+    return mean
 
 
 def _checkpointer(
@@ -497,32 +495,6 @@ def _step(
         optimizer.step()
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
-
-
-def step_batch(config: TrainConfig, step: int, replica: int = 0) -> tuple[list[Any], list[torch.Tensor], list[int]]:
-    """Step ``step``'s micro-batches of data-parallel replica ``replica`` (inputs, targets, tokens each): the
-    same for every policy and rank; each replica draws its own. Formed micro-batches (``config.forming``) take
-    the step's ``microbatches x microbatch_size`` documents whole, formed by the run's sequence cost.
-
-    Documents (``stdlib``, a file or folder) come from the run's training documents; step
-    :data:`HELD_OUT_STEP` (the held-out batch) from a file corpus's held-out ones
-    (:func:`~hintpipe.apps.text_files.split_held_out`)."""
-    seed = config.seed + REPLICA_SEED_STRIDE * replica
-    if config.data == "synthetic":
-        return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
-    documents = data_documents(config.data, config.data_field, config.tokenizer, held_out=step == HELD_OUT_STEP)
-    if config.formed:
-        count = config.microbatches * config.microbatch_size
-        sequences = document_sequences(documents, count, step, seed, config.model.max_seq_len - 1)
-        pack = Forming.parse(config.forming) is Forming.PACKED
-        batch = form_batch(sequences, config.microbatches, config.sequence_cost, pack=pack, seed=seed + step)
-        formation = batch.formation
-        counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(config.microbatches)]
-        return batch.inputs, batch.targets, counts
-    return document_batch(documents, config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
-
-
-REPLICA_SEED_STRIDE = 1_000_003  # replica r's data seed is seed + r x this: other data, the same run
 
 
 __all__ = ["EmulatedCosts", "Policy", "TrainConfig", "TrainResult", "predict_step_time", "profile_costs", "train"]

@@ -1,4 +1,4 @@
-"""The ``hintpipe`` command line: ``simulate``, ``train``, ``plan``, ``export``, ``demo``.
+"""The ``hintpipe`` command line: ``simulate``, ``train``, ``plan``, ``export``, ``demo``, ``data``.
 
 Every command prints a readable table by default and one JSON object with
 ``--json``. Errors in the user's input end the command with exit status 2 and
@@ -13,7 +13,7 @@ import platform
 import sys
 from collections.abc import Sequence
 
-from hintpipe.cli import demo, export, plan, simulate, train
+from hintpipe.cli import data, demo, export, plan, simulate, train
 from hintpipe.cli.config_file import apply_config, config_text
 from hintpipe.runtime.errors import Interrupted, RankFailure
 
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.register(commands)
     export.register(commands)
     demo.register(commands)
+    data.register(commands)
     return parser
 
 

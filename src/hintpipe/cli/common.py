@@ -5,13 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from hintpipe.option import Option
 from hintpipe.options import OPTIONS, ROOM, check_options
@@ -33,6 +42,8 @@ def add_option(parser: argparse.ArgumentParser | Any, name: str, **overrides: An
         keywords["action"] = "store_true"
     elif option.kind == "specs":
         keywords |= {"action": "append", "default": [], "metavar": option.metavar}
+    elif option.kind == "sources":  # None until given: argparse would append to a default list
+        keywords |= {"action": "append", "default": None, "metavar": option.metavar}
     else:
         keywords |= {"default": _cli_default(option), "metavar": option.metavar}
         if option.choices is not None:
@@ -117,6 +128,36 @@ def progress_bar(label: str, total: int, enabled: bool) -> Iterator[Progress]:
     with progress:
         progress.add_task(label, total=total)
         yield progress
+
+
+@contextmanager
+def bytes_progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar in bytes on stderr (only on a terminal, and only when ``enabled``), shown from its first
+    report: yields what to tell ``(bytes done, bytes in all)``."""
+    progress = Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+        disable=not (enabled and stderr.is_terminal),
+    )
+    task = progress.add_task(label, total=None, start=False)
+
+    def report(done: int, total: int) -> None:
+        if not progress.live.is_started:
+            progress.start()
+            progress.start_task(task)
+        progress.update(task, completed=done, total=total)
+
+    try:
+        yield report
+    finally:
+        if progress.live.is_started:
+            progress.stop()
 
 
 def check_writable(path: str, option: str) -> None:

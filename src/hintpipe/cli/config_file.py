@@ -54,7 +54,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "model": (
         "model", "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout", "seq_len_dist", "seq_len",
     ),
-    "data": ("data", "data_field", "tokenizer", "forming"),
+    "data": ("data", "data_field", "data_split", "tokenizer", "forming"),
     "optimizer": ("optimizer", "lr", "weight_decay", "betas", "momentum", "clip_grad_norm"),
     "lr_schedule": ("lr_schedule", "warmup_steps"),
     "training": (
@@ -68,7 +68,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "checkpoint": (
         "checkpoint_dir", "checkpoint_every", "checkpoint_keep", "replace_checkpoints", "resume", "plan", "save",
     ),
-    "metrics": ("log_every", "eval_every", "tensorboard", "trace", "timeline", "report_every", "history", "timelines"),
+    "metrics": (
+        "log_every", "eval_every", "eval_batches", "tensorboard", "trace", "timeline", "report_every", "history",
+        "timelines",
+    ),
     "simulate": ("compare", "costs", "trials"),
     "plan": ("stage_memory", "optimizer_factor", "host_bandwidth", "repeats"),
 }  # fmt: skip

@@ -10,7 +10,6 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
 from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import add_model_flags, model_config
@@ -27,7 +26,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--seq-len", type=int, default=64, help="the sequence length to profile, in tokens (default 64)"
     )
-    for name in ("data", "data_field"):
+    for name in ("data", "data_field", "data_split"):
         add_option(parser, name)
     add_option(parser, "tokenizer", default=None)
     for name in ("ranks", "microbatches"):
@@ -128,15 +127,11 @@ def run(args: argparse.Namespace) -> int:
 def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
     """The model the flags name, as ``train`` resolves it: a built-in one's vocabulary the data's (through
     ``--tokenizer``, or a model folder's own tokenizer), so that ``train --plan`` takes the same data."""
-    from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
+    from hintpipe.cli.train import prepare_data, resolve_tokenizer
 
-    kind, source = model_kind(args.model or DEFAULT_MODEL)
-    if args.tokenizer is None:
-        corpus = args.data not in BUILT_IN_DATA
-        own = MODEL_SPECS[kind].own_tokenizer and source is not None and corpus
-        folder = tokenizer_of(source) if own and source is not None else None
-        args.tokenizer = folder if folder is not None else BYTES
-    vocab = data_vocab(args.data, args.data_field, args.tokenizer, cli=True)
+    resolve_tokenizer(args)
+    values = checked(args, ["data", "data_field", "data_split", "tokenizer"])
+    vocab = prepare_data(values, enabled=not args.json).vocab
     return model_config(args, seed=seed, data_vocab=vocab)
 
 

@@ -7,16 +7,18 @@ import dataclasses
 import importlib.util
 import os
 import sys
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
-from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES, data_vocab
+from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
     build_hint,
+    bytes_progress,
     checked,
     print_json,
     room,
@@ -45,6 +47,7 @@ from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
+    from hintpipe.data.run_data import RunData
     from hintpipe.planner.plan import Plan
 
 HELP = "train a model (built-in, a Hugging Face folder, or your own) across processes with pipeline parallelism"
@@ -57,7 +60,7 @@ FROM_PLAN: dict[str, Any] = {"ranks": None, "microbatches": None, "hint": "1f1b"
 
 #: The options of the model's data, whose flags come with the model's (options of the table: a config file
 #: gives them too).
-DATA_OPTIONS = ("data", "data_field", "tokenizer")
+DATA_OPTIONS = ("data", "data_field", "data_split", "tokenizer")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,22 +199,43 @@ def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) ->
     return model
 
 
-def _resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None) -> None:
+def resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None = None) -> None:
     """``--tokenizer`` as given, else (for a corpus of files) a model folder's own tokenizer where it has one,
-    else bytes."""
+    else a prepared folder's own (the one its shards were made with), else bytes. ``--data`` is made its
+    option's value first (one string, or a tuple of several)."""
+    args.data = OPTIONS["data"].check(getattr(args, "data", None), cli=True)
     if getattr(args, "tokenizer", None) is not None:
         return
     if planned is not None:
         kind, source = planned.name, planned.source
     else:
         kind, source = model_kind(args.model or DEFAULT_MODEL)
-    corpus = getattr(args, "data", "synthetic") not in BUILT_IN_DATA
+    corpus = args.data not in BUILT_IN_DATA
     folder = tokenizer_of(source) if MODEL_SPECS[kind].own_tokenizer and source is not None and corpus else None
+    if folder is None and corpus:
+        folder = prepared_tokenizer(args.data)
     args.tokenizer = folder if folder is not None else BYTES
+
+
+def prepared_tokenizer(data: str | tuple[str, ...]) -> str | None:
+    """The tokenizer the first prepared folder among ``data``'s entries was made with (None: none is one)."""
+    from hintpipe.data.manifest import is_prepared, read_manifest
+    from hintpipe.data.refusal import DataRefused
+    from hintpipe.data.sources import data_entries
+
+    try:
+        for entry in data_entries(data):
+            if is_prepared(Path(entry.path)):
+                made = read_manifest(Path(entry.path)).tokenizer
+                return made.folder or BYTES
+    except DataRefused:  # refused where the data are resolved, in its own words
+        return None
+    return None
 
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
+    from hintpipe.apps.train_config import check_eval_batches
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = _answered_by_plan(args)
@@ -219,12 +243,15 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         from_plan = None if plan_file is None else _plan_model(args, args.plan, plan_file)
     except (KeyError, TypeError, AttributeError) as exc:
         raise _bad_fields(args.plan, exc) from None
-    _resolve_tokenizer(args, from_plan)
+    resolve_tokenizer(args, from_plan)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, n)])
     check_run_options(args, values)
     data = values.get("data", "synthetic")
-    # A built-in model's vocabulary is the data's: a file corpus is loaded (and refused if bad) here, once.
-    vocab = data_vocab(data, values.get("data_field", "text"), values.get("tokenizer", BYTES), cli=True)
+    # A built-in model's vocabulary is the data's: files are prepared (or their prepared folder checked, and
+    # refused if bad) here, once, before any rank starts.
+    run_data = prepare_data(values, enabled=not getattr(args, "json", False))
+    vocab = run_data.vocab
+    check_eval_batches(types.SimpleNamespace(**values), run_data.folders, cli=True)
     model = from_plan or model_config(args, seed=values["seed"], data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     if model.spec.reads_text and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
@@ -295,6 +322,22 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.emulate and not _planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
+
+
+def prepare_data(values: dict[str, Any], *, enabled: bool) -> RunData:
+    """Resolve the run's data (preparing raw files on first use, with a progress bar where ``enabled``): its
+    prepared folders and the vocabulary its token ids need."""
+    from hintpipe.data.run_data import resolve_data
+
+    with bytes_progress("preparing data", enabled=enabled) as progress:
+        return resolve_data(
+            values.get("data", "synthetic"),
+            field=values.get("data_field", "text"),
+            split=values.get("data_split", "blank"),
+            tokenizer=values.get("tokenizer", BYTES),
+            cli=True,
+            progress=progress,
+        )
 
 
 def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: float, precision: str) -> None:

@@ -71,7 +71,7 @@ def check_model_memory(model: ModelConfig, parameters: int, world: int) -> None:
 
 
 def check_model_flags(
-    model: ModelConfig, data: str, tp: int, forming: Forming, injection: Injection, steps: int
+    model: ModelConfig, data: str | tuple[str, ...], tp: int, forming: Forming, injection: Injection, steps: int
 ) -> None:
     """Refuse flags the model, the data or the run cannot honour: faults in steps the run never reaches, a
     tensor-parallel size that does not divide the heads, text for the MLP, forming without documents."""
@@ -82,7 +82,8 @@ def check_model_flags(
     if tp > 1 and model.heads % tp:
         raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
     if data != "synthetic" and not model.spec.reads_text:
-        raise ValueError(f"--data {data} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
+        said = data if isinstance(data, str) else " --data ".join(data)
+        raise ValueError(f"--data {said} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
     if forming is not Forming.CROP and data == "synthetic":
         raise ValueError(
             f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib or --data PATH"

@@ -56,6 +56,9 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "learning_rates": list(result.learning_rates),
         "grad_norms": list(result.grad_norms),
         "eval_losses": [{"steps": steps, "loss": loss} for steps, loss in result.eval_losses],
+        # What they are on: hintpipe.held_out_batches(config) makes the same batches again.
+        "eval_batches": config.eval_batches,
+        "prepared_data": list(config.prepared),
         "wall_time_s": result.wall_time,
         "total_" + unit.removesuffix("_per_s"): sum(result.tokens),
     }

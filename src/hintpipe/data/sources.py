@@ -1,0 +1,214 @@
+"""What ``--data`` names: one entry (a path and its weight), what kind of source the path is, the files it
+reads, and its documents as text, streamed.
+
+An entry is ``PATH`` or ``PATH:WEIGHT`` (``corpus.jsonl:0.7``): the weight is the share of a step's documents
+drawn from it beside the run's other entries (:mod:`~hintpipe.data.mixture`); a path that exists as written
+is a path, colon and all. A path is, by what it is:
+
+- ``hf:BUILDER:FILES`` (``hf:parquet:data/*.parquet``): local files read by Hugging Face ``datasets``'
+  ``load_dataset(BUILDER, data_files=FILES, streaming=True)``, ``BUILDER`` one of :data:`HF_BUILDERS`; a
+  ``.parquet`` file is ``hf:parquet:`` itself;
+- a folder with a ``manifest.json`` of this package's format: prepared before (:mod:`~hintpipe.data.manifest`);
+- a folder a ``datasets.Dataset`` was saved to (``save_to_disk``: ``state.json`` beside
+  ``dataset_info.json``), read with ``load_from_disk`` (memory-mapped Arrow);
+- any other folder: its files, in sorted path order. With ``--data-split blank`` or a separator, every
+  ``*.txt`` and ``*.jsonl`` file under it (as 0.6 read folders); with ``--data-split file``, every file under
+  it but hidden ones and ``__pycache__`` (a folder of source code, one file one document);
+- a ``.jsonl`` file: one JSON object per line, the document under ``--data-field``;
+- any other file: plain text, documents split by ``--data-split`` (:mod:`~hintpipe.data.split`).
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import glob
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from hintpipe.data import hf_datasets
+from hintpipe.data.manifest import is_prepared
+from hintpipe.data.reading import Digest, json_documents, read_blocks
+from hintpipe.data.refusal import DataRefused
+from hintpipe.data.split import DocumentSplit
+
+#: The data that are not files: counting text and the standard library's source (:mod:`hintpipe.apps.corpus`).
+BUILT_IN_DATA = ("synthetic", "stdlib")
+#: ``load_dataset``'s builders for local files that ``hf:BUILDER:FILES`` takes.
+HF_BUILDERS = ("json", "text", "parquet", "csv")
+#: Files a folder's documents come from, unless ``--data-split file`` says every file.
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+class SourceKind(enum.Enum):
+    TEXT = "text"
+    JSONL = "jsonl"
+    FOLDER = "folder"
+    HF_SAVED = "hf-saved"
+    HF_FILES = "hf-files"
+    PREPARED = "prepared"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataEntry:
+    """One ``--data`` value: ``given`` as written, its ``path`` and its ``weight`` (1 unless given)."""
+
+    given: str
+    path: str
+    weight: float = 1.0
+
+    @classmethod
+    def parse(cls, given: str) -> DataEntry:
+        """``PATH`` or ``PATH:WEIGHT``.
+
+        Raises:
+            DataRefused: (``data``) a weight that is not a positive finite number.
+        """
+        head, colon, tail = given.rpartition(":")
+        if not colon or not head or os.path.exists(given):
+            return cls(given, given)
+        try:
+            weight = float(tail)
+        except ValueError:
+            return cls(given, given)  # a colon of the path's own (hf:json:FILES)
+        if not (math.isfinite(weight) and weight > 0):
+            raise DataRefused(
+                "data", f"{given}: the weight {tail} must be a positive number (PATH:WEIGHT, e.g. {head}:0.5)"
+            )
+        return cls(given, head, weight)
+
+
+def data_entries(data: str | tuple[str, ...]) -> tuple[DataEntry, ...]:
+    """The run's ``data`` (one value, or several) as entries.
+
+    Raises:
+        DataRefused: (``data``) a bad weight, or built-in data beside other entries.
+    """
+    entries = tuple(DataEntry.parse(given) for given in ((data,) if isinstance(data, str) else data))
+    built_in = [e.given for e in entries if e.path in BUILT_IN_DATA]
+    if built_in and len(entries) > 1:
+        raise DataRefused(
+            "data", f"{built_in[0]} is built-in data and takes no other --data beside it; give it alone, or only paths"
+        )
+    return entries
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A path to read documents from, and what kind of source it is."""
+
+    path: str
+    kind: SourceKind
+    builder: str = ""  # HF_FILES: load_dataset's builder
+    pattern: str = ""  # HF_FILES: the data files, a glob
+
+    @classmethod
+    def of(cls, path: str) -> Source:
+        """The source at ``path``.
+
+        Raises:
+            DataRefused: (``data``) no such path, an unknown ``hf:`` builder, a saved ``DatasetDict`` (one of its
+                splits is a source), a folder that reads no file.
+        """
+        if path.startswith("hf:"):
+            builder, colon, pattern = path[3:].partition(":")
+            if not colon or builder not in HF_BUILDERS or not pattern:
+                raise DataRefused(
+                    "data",
+                    f"{path}: hf:BUILDER:FILES takes a builder of {', '.join(HF_BUILDERS)} and the files, "
+                    "e.g. hf:parquet:data/*.parquet",
+                )
+            return cls(path, SourceKind.HF_FILES, builder, pattern)
+        where = Path(path)
+        if where.is_dir():
+            if is_prepared(where):
+                return cls(path, SourceKind.PREPARED)
+            if (where / "dataset_dict.json").is_file():
+                splits = ", ".join(str(where / p.name) for p in sorted(where.iterdir()) if p.is_dir())
+                raise DataRefused("data", f"{path}: a saved DatasetDict; give one of its splits' folders ({splits})")
+            if (where / "state.json").is_file() and (where / "dataset_info.json").is_file():
+                return cls(path, SourceKind.HF_SAVED)
+            return cls(path, SourceKind.FOLDER)
+        if where.is_file():
+            if where.suffix == ".parquet":
+                return cls(path, SourceKind.HF_FILES, "parquet", path)
+            return cls(path, SourceKind.JSONL if where.suffix == ".jsonl" else SourceKind.TEXT)
+        raise DataRefused("data", f"{path}: no such file or folder")
+
+    @property
+    def absolute(self) -> str:
+        """The path made absolute (an ``hf:`` source's files pattern), as a manifest records it."""
+        if self.path.startswith("hf:"):
+            return f"hf:{self.builder}:{os.path.abspath(self.pattern)}"
+        return str(Path(self.path).resolve())
+
+    @property
+    def reads_field(self) -> bool:
+        """Whether ``--data-field`` says which of its records' fields is the document."""
+        if self.kind is SourceKind.FOLDER:
+            return any(p.is_file() for p in Path(self.path).rglob("*.jsonl"))
+        return self.kind in (SourceKind.JSONL, SourceKind.HF_SAVED, SourceKind.HF_FILES)
+
+    def files(self, split: DocumentSplit) -> list[Path]:
+        """The files this source's documents come from (its identity: a change to any of them is a change to
+        the source), in the order they are read.
+
+        Raises:
+            DataRefused: (``data``) a folder without a file to read, a pattern that matches no file.
+        """
+        if self.kind in (SourceKind.TEXT, SourceKind.JSONL):
+            return [Path(self.path)]
+        if self.kind is SourceKind.HF_FILES:
+            found = sorted(Path(p) for p in glob.glob(self.pattern, recursive=True) if Path(p).is_file())
+            if not found:
+                raise DataRefused("data", f"{self.path}: no file matches {self.pattern}")
+            return found
+        root = Path(self.path)
+        if self.kind is SourceKind.HF_SAVED:
+            return sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root)))
+        if split.by_file:
+            found = sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root)))
+            if not found:
+                raise DataRefused("data", f"{self.path}: a folder without a file in it")
+            return found
+        found = sorted(p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        if not found:
+            raise DataRefused("data", f"{self.path}: a folder without a .txt or .jsonl file in it")
+        return found
+
+    def texts(
+        self,
+        split: DocumentSplit,
+        field: str,
+        *,
+        on_bytes: Callable[[int], None] | None = None,
+        digests: dict[Path, Digest] | None = None,
+    ) -> Iterator[str]:
+        """This source's documents as text, in order, streamed (none is left out here: short ones are left out
+        once tokenized). ``on_bytes`` is told the bytes read as they are; ``digests`` maps a file to what
+        digests its bytes (files read by ``datasets`` are not: their digests are taken apart).
+
+        Raises:
+            DataRefused: (``data``) as :func:`~hintpipe.data.reading.read_blocks`,
+                :func:`~hintpipe.data.reading.json_documents` and :mod:`~hintpipe.data.hf_datasets` say.
+        """
+        if self.kind is SourceKind.HF_SAVED:
+            yield from hf_datasets.saved_texts(self.path, field, on_bytes=on_bytes)
+            return
+        if self.kind is SourceKind.HF_FILES:
+            files = [str(f) for f in self.files(split)]
+            yield from hf_datasets.file_texts(self.path, self.builder, files, field, on_bytes=on_bytes)
+            return
+        assert self.kind is not SourceKind.PREPARED, "a prepared folder's documents are tokens already"
+        for file in self.files(split):
+            blocks = read_blocks(file, on_bytes=on_bytes, digest=None if digests is None else digests.get(file))
+            yield from json_documents(file, blocks, field) if file.suffix == ".jsonl" else split.documents(blocks)
+
+
+def _hidden(relative: Path) -> bool:
+    """A hidden file or one in a hidden folder (``.git``), or Python's byte code (``__pycache__``)."""
+    return any(part.startswith(".") or part == "__pycache__" for part in relative.parts)
