@@ -462,21 +462,29 @@ def _same(batches: list[Any], config: TrainConfig, replica: int) -> bool:
     )
 
 
-def test_a_run_s_held_out_loss_is_recomputed_from_its_weights_with_the_public_api(tmp_path: Path) -> None:
+def test_a_run_s_held_out_loss_is_recomputed_from_its_export_with_the_public_api(tmp_path: Path) -> None:
+    import json
+
+    from safetensors.torch import load_file
+
     import hintpipe
-    from hintpipe.apps.models import build_layers, loss_fn_for
+    from hintpipe.apps.export import export_checkpoint
+    from hintpipe.apps.models import loss_fn_for, whole_model
     from hintpipe.apps.training import train
 
     data = _text(tmp_path / "a.txt", 600)  # 30 held out: 3 batches of 4 x 2
     model = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=256, max_seq_len=32)
     config = _config(
-        str(data), model=model, microbatch_size=2, steps=2, eval_every=2, eval_batches=3, return_state=True,
-        timeout=120.0, policy="fixed",
+        str(data), model=model, microbatch_size=2, steps=2, eval_every=2, eval_batches=3, timeout=120.0,
+        policy="fixed", checkpoint_dir=str(tmp_path / "ck"),
     )  # fmt: skip
     result = train(config)
-    assert result is not None and result.state is not None
-    whole = torch.nn.Sequential(*build_layers(model))
-    whole.load_state_dict(result.state)
+    assert result is not None
+    # The model as the export writes it, rebuilt as its README says: nothing of the run but its config.
+    export_checkpoint(tmp_path / "ck", tmp_path / "out")
+    fields = json.loads((tmp_path / "out" / "hintpipe_model.json").read_text())
+    whole = whole_model(ModelConfig(**fields))[0]
+    whole.load_state_dict(load_file(str(tmp_path / "out" / "model.safetensors")), strict=True)
     whole.eval()
     loss_fn = loss_fn_for("gpt-mini")
     losses = []
@@ -485,3 +493,20 @@ def test_a_run_s_held_out_loss_is_recomputed_from_its_weights_with_the_public_ap
             losses.append(sum(float(loss_fn(whole(x), y)) for x, y in zip(inputs, targets, strict=True)) / len(inputs))
     assert [steps for steps, _ in result.eval_losses] == [2]
     assert result.eval_losses[0][1] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+
+
+def test_a_run_on_a_mixture_resumed_mid_run_draws_what_an_uninterrupted_run_draws(tmp_path: Path) -> None:
+    # The loader's position is the step: a resumed run's steps draw the same documents from each source as an
+    # uninterrupted run's, so it trains to the same losses, bitwise.
+    from hintpipe.apps.training import train
+
+    sources = (f"{_text(tmp_path / 'a.txt', 80, 'a')}:0.7", f"{_text(tmp_path / 'b.txt', 80, 'b')}:0.3")
+    model = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=256, max_seq_len=32)
+    common = {"model": model, "microbatch_size": 2, "timeout": 120.0, "policy": "fixed"}
+    straight = train(_config(sources, steps=4, **common))
+    folder = str(tmp_path / "ck")
+    first = train(_config(sources, steps=2, checkpoint_dir=folder, **common))
+    resumed = train(_config(sources, steps=4, checkpoint_dir=folder, resume=True, **common))
+    assert straight is not None and first is not None and resumed is not None
+    assert resumed.resumed_from == 2
+    assert first.losses + resumed.losses == straight.losses
