@@ -269,7 +269,7 @@ def test_a_plan_made_in_python_is_described_as_the_model_it_planned(zoo: Path) -
 
     import hintpipe
     from hintpipe.apps.models import ModelConfig
-    from hintpipe.apps.training import run_description
+    from hintpipe.apps.run_model import run_description
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -32,29 +31,24 @@ from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients, compare_plan_gradients
 from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
-from hintpipe.apps.model_description import describe_model
-from hintpipe.apps.model_spec import tokenizer_of
 from hintpipe.apps.models import (
     build_layers,
     layer_bounds,
     lm_loss_sum,
     loss_fn_for,
     split_layers,
-    whole_model,
 )
 from hintpipe.apps.optimizer import build_optimizer
 from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
+from hintpipe.apps.run_model import Whole, run_description, share_measured, unsplit_model, unsplit_stages
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
-from hintpipe.apps.text_files import BYTES
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
-from hintpipe.data.tokenizer_record import tokenizer_record
 from hintpipe.device import rank_device
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
-from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.run_folder import check_not_foreign
 from hintpipe.runtime.checkpoint.stopping import StopRequest
@@ -97,32 +91,6 @@ def train(config: TrainConfig) -> TrainResult | None:
     result = results[int(os.environ.get("RANK", "0"))] if under_torchrun() else results[0]
     assert result is None or isinstance(result, TrainResult)
     return result
-
-
-def run_description(config: TrainConfig) -> dict[str, Any] | None:
-    """The model's description for the run's checkpoints, with the tokenizer the run used where it is a folder
-    (``--tokenizer``, or a model folder's own): ``hintpipe export`` hands it on.
-
-    A plan's model is described as the plan says (a Hugging Face model's class and config, the one planned),
-    and with its ModelConfig where the config's model is the planned one; a plan of another model given in
-    Python beside a built-in ModelConfig is not described (None: ``hintpipe export`` says to export it by
-    hand) rather than described as the model it is not."""
-    planned = config.plan.hf_model if config.plan is not None else None
-    if config.plan is not None and not config.model.spec.planned and planned is None:
-        return None
-    if planned is None:
-        description = describe_model(config.model)
-    else:  # the planned model itself (a folder it came from may be gone: --plan FILE needs none)
-        architecture, said = planned
-        description = {"kind": HF, "architecture": architecture, "config": json.loads(said)}
-        if config.model.spec.planned:
-            description["hintpipe_model"] = dataclasses.asdict(config.model)
-    folder = config.tokenizer if config.tokenizer != BYTES else None
-    if folder is None and config.model.spec.own_tokenizer and config.model.source is not None:
-        folder = tokenizer_of(config.model.source)
-    if folder is not None:
-        description["tokenizer"] = tokenizer_record(folder)
-    return description
 
 
 def _build_pipeline(
@@ -213,18 +181,7 @@ def _train_rank(
     pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
-    optimizer = (
-        build_optimizer(
-            params,
-            config.optimizer,
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            betas=config.betas,
-            momentum=config.momentum,
-        )
-        if params
-        else None
-    )
+    optimizer = _optimizer(config, params)
     scheduler = _scheduler(config, optimizer)
     checkpoints = _checkpointer(config, pipe, optimizer, scheduler, description)
     first = 0
@@ -293,6 +250,14 @@ def _train_rank(
     )
 
 
+def _optimizer(config: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+    """The run's optimizer over this rank's parameters (None: it holds none)."""
+    if not params:
+        return None
+    decay, betas, momentum = config.weight_decay, config.betas, config.momentum
+    return build_optimizer(params, config.optimizer, lr=config.lr, weight_decay=decay, betas=betas, momentum=momentum)
+
+
 def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
     """The step line for the step just run: the global batch's loss and tokens, the step's time, and (before
     the last step) the time the rest of the run will take."""
@@ -304,43 +269,6 @@ def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
         f"step {step + 1}/{config.steps}: loss {run.losses[-1]:.4f}, {seconds * 1e3:.1f} ms, "
         f"{run.tokens[-1] / seconds:,.0f} {unit}{remaining}"
     )
-
-
-def share_measured(config: TrainConfig) -> TrainConfig:
-    """``config`` with rank 0's plan, sequence cost and emulated costs (call on every rank of the default group):
-    under ``torchrun`` only rank 0 measures and plans (see [Note: plan once] in :mod:`hintpipe.cli.train`)."""
-    box: list[Any] = [(config.plan, config.sequence_cost, config.emulate) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    plan, cost, emulate = box[0]
-    return dataclasses.replace(config, plan=plan, sequence_cost=cost, emulate=emulate, shared=False)
-
-
-#: A whole model and the keyword inputs of every call of it.
-Whole = tuple[torch.nn.Module, dict[str, Any]]
-
-
-def unsplit_model(config: TrainConfig) -> Whole:
-    """The whole model as its source builds it (a folder's, a factory's, a built-in Hugging Face model), holding
-    the plan's starting weights: the reference ``--check-grads`` runs for a planned model.
-
-    Raises:
-        ValueError: the plan holds tensors the model has no name for (it was planned for another model).
-    """
-    assert config.plan is not None
-    model, kwargs = whole_model(config.model)
-    # The parameters only: the plan's module also holds the buffers a model does not save (rotary frequencies).
-    planned = dict(config.plan.graph.module.named_parameters())
-    missing, unexpected = model.load_state_dict(planned, strict=False)
-    if unexpected:
-        raise ValueError(f"--check-grads: the plan holds tensors the model does not have: {sorted(unexpected)[:3]}")
-    del missing  # a tied tensor's other names, filled by the tie
-    return model.train(), kwargs
-
-
-def unsplit_stages(config: TrainConfig) -> list[torch.nn.Module]:
-    """The built-in model's stages as every rank builds them before any sharding or tensor parallelism: the
-    reference ``--check-grads`` runs unsplit, on one process."""
-    return split_layers(build_layers(config.model), config.resolved_hint.num_stages)
 
 
 def _per_rank_ms(steps: list[tuple[float, ...]]) -> tuple[float, ...] | None:

@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
 def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
     """The model the flags name, as ``train`` resolves it: a built-in one's vocabulary the data's (through
     ``--tokenizer``, or a model folder's own tokenizer), so that ``train --plan`` takes the same data."""
-    from hintpipe.cli.train import prepare_data, resolve_tokenizer
+    from hintpipe.cli.train import prepare_data
+    from hintpipe.cli.train_model import resolve_tokenizer
 
     resolve_tokenizer(args)
     values = checked(args, ["data", "data_field", "data_split", "tokenizer"])

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import os
 import sys
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
-from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES
+from hintpipe.apps.text_files import BYTES
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
@@ -25,7 +23,7 @@ from hintpipe.cli.common import (
     stdout,
 )
 from hintpipe.cli.config_file import add_config_arguments
-from hintpipe.cli.model_flags import SIZES, add_model_flags, given_sizes, model_config
+from hintpipe.cli.model_flags import add_model_flags, model_config
 from hintpipe.cli.train_checks import (
     check_config,
     check_memory,
@@ -33,6 +31,17 @@ from hintpipe.cli.train_checks import (
     check_model_memory,
     check_run_options,
 )
+from hintpipe.cli.train_model import (
+    FROM_PLAN,
+    answered_by_plan,
+    bad_fields,
+    plan_model,
+    plan_once,
+    planned_elsewhere,
+    planned_model,
+    resolve_tokenizer,
+)
+from hintpipe.cli.train_model import under_torchrun as under_torchrun_here
 from hintpipe.cli.train_report import result_json as result_json
 from hintpipe.cli.train_report import step_table, summary_line
 from hintpipe.forming.cost import SequenceCost
@@ -40,7 +49,6 @@ from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.options import OPTIONS, ROOM
-from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint
 from hintpipe.units import format_size
@@ -51,11 +59,6 @@ if TYPE_CHECKING:  # the training modules need torch; they are imported where a 
     from hintpipe.planner.plan import Plan
 
 HELP = "train a model (built-in, a Hugging Face folder, or your own) across processes with pipeline parallelism"
-
-
-#: What a plan file says: these flags default to the file's values with ``--plan``, and to the usual ones
-#: without (where ``--ranks`` and ``--microbatches`` are then required). The model is the file's too.
-FROM_PLAN: dict[str, Any] = {"ranks": None, "microbatches": None, "hint": "1f1b", "chunks": None}
 
 
 #: The options of the model's data, whose flags come with the model's (options of the table: a config file
@@ -118,131 +121,16 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
-    """Fill in what ``--plan`` says (refusing flags that contradict it), or the defaults without it; returns the
-    plan file's contents (tensors and plain values, read safely) or None."""
-    from hintpipe.planner.plan_file import read_plan_file
-
-    path = getattr(args, "plan", None)
-    if path is None:
-        for name, default in FROM_PLAN.items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, default)
-        missing = [f"--{name}" for name in ("ranks", "microbatches") if getattr(args, name) is None]
-        if missing:
-            raise ValueError(f"{' and '.join(missing)} must be given (or --plan FILE, which says them)")
-        return None
-    if Path(path).is_dir():
-        raise ValueError(
-            f"--plan {path} is a folder: a plan is a file `hintpipe plan ... --save FILE` writes; to train a model "
-            "folder, give it to --model"
-        )
-    payload = read_plan_file(path)
-    try:
-        return _fill_from_plan(args, path, payload)
-    except (KeyError, TypeError, AttributeError) as exc:  # a file of the right format with wrong fields
-        raise _bad_fields(path, exc) from None
-
-
-def _bad_fields(path: str, exc: BaseException) -> ValueError:
-    what = f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
-    return ValueError(
-        f"{path} says it is a hintpipe plan file but its fields are not a plan's ({what}); write it again with "
-        "`hintpipe plan ... --save FILE`"
-    )
-
-
-def _fill_from_plan(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-    data = payload["plan"]
-    planned = {"ranks": data["ranks"], "microbatches": data["microbatches"], "hint": data["hint"]}
-    planned |= {"chunks": data["chunks"]}
-    for name, value in planned.items():
-        given = getattr(args, name, None)
-        if given is not None and given != value and not (name == "chunks" and value == 1):
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{path} is planned for {flag} {value}, this run asks for {flag} {given}; leave {flag} out (the plan "
-                "file says it) or plan again"
-            )
-        setattr(args, name, value if name != "chunks" or given is not None else None)
-    return payload
-
-
-def _plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> ModelConfig:
-    """The model a plan file was made for: its ModelConfig (``hintpipe plan --save``), or a Hugging Face
-    description alone (``save_plan(..., model=hf_description(model))`` in Python); model flags that say
-    otherwise are refused."""
-    from hintpipe.apps.hf_folder import described_sizes
-
-    said = payload["model"]
-    if said.get("kind") == HF:  # a description alone (its "config" is transformers')
-        model = described_sizes(said, label=str(Path(path).resolve()), seed=args.seed)
-    elif "config" in said:
-        model = ModelConfig(**said["config"])
-    else:
-        raise ValueError(
-            f"{path} does not say which model it was planned for: plan it with `hintpipe plan --model ... --save`, "
-            "or save it with save_plan(plan, path, model=hf_description(model))"
-        )
-    said_by_file = {"model": model.label, "init": model.init} | {name: getattr(model, name) for name in SIZES}
-    given = {"model": args.model, "init": args.init} | given_sizes(args)
-    for name, value in given.items():
-        if value is None:
-            continue
-        same = model_kind(value) == (model.name, model.source) if name == "model" else value == said_by_file[name]
-        if not same:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{path} is planned for {flag} {said_by_file[name]}, this run asks for {flag} {value}; leave {flag} "
-                "out (the plan file says it) or plan again"
-            )
-    return model
-
-
-def resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None = None) -> None:
-    """``--tokenizer`` as given, else (for a corpus of files) a model folder's own tokenizer where it has one,
-    else a prepared folder's own (the one its shards were made with), else bytes. ``--data`` is made its
-    option's value first (one string, or a tuple of several)."""
-    args.data = OPTIONS["data"].check(getattr(args, "data", None), cli=True)
-    if getattr(args, "tokenizer", None) is not None:
-        return
-    if planned is not None:
-        kind, source = planned.name, planned.source
-    else:
-        kind, source = model_kind(args.model or DEFAULT_MODEL)
-    corpus = args.data not in BUILT_IN_DATA
-    folder = tokenizer_of(source) if MODEL_SPECS[kind].own_tokenizer and source is not None and corpus else None
-    if folder is None and corpus:
-        folder = prepared_tokenizer(args.data)
-    args.tokenizer = folder if folder is not None else BYTES
-
-
-def prepared_tokenizer(data: str | tuple[str, ...]) -> str | None:
-    """The tokenizer the first prepared folder among ``data``'s entries was made with (None: none is one)."""
-    from hintpipe.data.manifest import is_prepared, read_manifest
-    from hintpipe.data.refusal import DataRefused
-    from hintpipe.data.sources import data_entries
-
-    try:
-        for entry in data_entries(data):
-            if is_prepared(Path(entry.path)):
-                made = read_manifest(Path(entry.path)).tokenizer
-                return made.folder or BYTES
-    except DataRefused:  # refused where the data are resolved, in its own words
-        return None
-    return None
-
-
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
     from hintpipe.apps.train_config import check_eval_batches
     from hintpipe.apps.training import TrainConfig, profile_costs
 
-    plan_file = _answered_by_plan(args)
+    plan_file = answered_by_plan(args)
     try:
-        from_plan = None if plan_file is None else _plan_model(args, args.plan, plan_file)
+        from_plan = None if plan_file is None else plan_model(args, args.plan, plan_file)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise _bad_fields(args.plan, exc) from None
+        raise bad_fields(args.plan, exc) from None
     resolve_tokenizer(args, from_plan)
     values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, n)])
     check_run_options(args, values)
@@ -266,21 +154,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     injection.check(args.ranks * dp * tp, hint.num_stages, args.microbatches, tp)
     forming = values.get("forming", Forming.CROP)
     check_model_flags(model, data, tp, forming, injection, values["steps"])
-    planned = None
-    if plan_file is not None:
-        try:
-            planned = _planned_model(args, args.plan, plan_file, model)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise _bad_fields(args.plan, exc) from None
-        if vocab is not None and model.vocab < vocab:
-            raise ValueError(
-                f"--plan {args.plan}'s model has a vocabulary of {model.vocab}; --data {data} has token ids up to "
-                f"{vocab - 1}"
-            )
-    elif model.spec.planned:
-        planned = _plan_once(args, model, hint)
-    else:
-        _check_layers(model, hint.num_stages, args.ranks * dp * tp)  # refused here, not in every rank
+    planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
     slack, budgets, device_budget = room(args, args.ranks)
     if budgets is not None:
         _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
@@ -302,7 +176,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "variability": tuple(values.get("variability", ())),
         "faults": tuple(values.get("faults", ())),
         "check_grads": getattr(args, "check_grads", False),
-        "shared": _under_torchrun(),
+        "shared": under_torchrun_here(),
         "progress": not getattr(args, "json", False),
         "checkpoint_dir": getattr(args, "checkpoint_dir", None),
         "resume": getattr(args, "resume", False),
@@ -319,7 +193,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if config.tensorboard is not None and Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
         raise ValueError(f"--tensorboard {config.tensorboard} is a file; TensorBoard writes into a folder")
     check_config(config, injection)
-    if args.emulate and not _planned_elsewhere():
+    if args.emulate and not planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config
 
@@ -338,6 +212,36 @@ def prepare_data(values: dict[str, Any], *, enabled: bool) -> RunData:
             cli=True,
             progress=progress,
         )
+
+
+def _planned(
+    args: argparse.Namespace,
+    plan_file: dict[str, Any] | None,
+    model: ModelConfig,
+    data_vocab: tuple[Any, int | None],
+    hint: Hint,
+    world: int,
+) -> Plan | None:
+    """The run's plan: the ``--plan`` file's (checked against ``data_vocab``, the data and its vocabulary), one
+    made here for a planned
+    model (None on the ranks of a ``torchrun`` launch that receive rank 0's), or none for a list of layers
+    (their count and size checked here, not in every rank)."""
+    if plan_file is None:
+        if model.spec.planned:
+            return plan_once(args, model, hint)
+        _check_layers(model, hint.num_stages, world)
+        return None
+    try:
+        planned = planned_model(args, args.plan, plan_file, model)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise bad_fields(args.plan, exc) from None
+    data, vocab = data_vocab
+    if vocab is not None and model.vocab < vocab:
+        raise ValueError(
+            f"--plan {args.plan}'s model has a vocabulary of {model.vocab}; --data {data} has token ids up to "
+            f"{vocab - 1}"
+        )
+    return planned
 
 
 def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: float, precision: str) -> None:
@@ -403,68 +307,6 @@ def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:
         repeats=2,
         kwargs=kwargs,
     )
-
-
-def _planned_elsewhere() -> bool:
-    """Whether rank 0 of this ``torchrun`` launch measures and plans for this process (see [Note: plan
-    once])."""
-    return _under_torchrun() and os.environ.get("RANK", "0") != "0"
-
-
-def _under_torchrun() -> bool:
-    from hintpipe.runtime.rank_process import under_torchrun
-
-    return under_torchrun()
-
-
-def _plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan | None:
-    """A model captured (torch.export) and cut into stages once, here, for every rank.
-
-    [Note: plan once] Spawned ranks get the launcher's plan inside their config. Under ``torchrun`` every rank
-    runs this command, and plans made apart differ (they rest on measured times): only rank 0 plans, and its
-    ranks receive that plan (with whatever else rank 0 measured) once the process group is up
-    (:func:`hintpipe.apps.training.share_measured`). So this returns None on the other ranks.
-    """
-    import torch
-
-    from hintpipe.apps.models import make_batch, whole_model
-    from hintpipe.planner.plan import plan
-
-    if _planned_elsewhere():
-        return None
-    torch.set_num_threads(1)
-    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(min(16, model.max_seq_len - 1)), 0, args.seed)
-    whole, kwargs = whole_model(model)
-    return plan(
-        whole,
-        inputs[0],
-        ranks=args.ranks,
-        microbatches=args.microbatches,
-        hint=hint,
-        repeats=1,
-        kwargs=kwargs or None,
-    )
-
-
-def _planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any], model: ModelConfig) -> Plan:
-    """A plan file's plan for the model it was made for, after checking it against the other options. The
-    model is rebuilt from the file's description where it is a Hugging Face one (no folder or download needed:
-    the file holds the weights), else from its ModelConfig.
-
-    The plan travels to every rank inside the run's config (each rank gets its own copy), so the file is read
-    once, here."""
-    from hintpipe.apps.model_description import rebuild_model
-    from hintpipe.apps.models import whole_model
-    from hintpipe.planner.plan_file import check_plan, load_plan
-
-    if getattr(args, "check_grads", False):
-        raise ValueError("--check-grads compares with the model built from its source; it does not apply to --plan")
-    said = payload["model"]
-    description = said.get("description", said if said.get("kind") == HF else None)
-    whole = rebuild_model(description) if description is not None and description.get("kind") == HF else None
-    planned, _ = load_plan(path, whole if whole is not None else whole_model(model)[0])
-    check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
-    return planned  # its sizes and weights are the plan's
 
 
 def _stopped(result: TrainResult) -> int:

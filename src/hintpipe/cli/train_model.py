@@ -1,0 +1,204 @@
+"""The model a ``hintpipe train`` run trains, before any rank starts: what a ``--plan`` file says (its
+pipeline, its model, its plan), the tokenizer a run reads its data with, and a model planned once (see
+[Note: plan once] at :func:`plan_once`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hintpipe.apps.model_config import ModelConfig, SeqLenDist
+from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
+from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES
+from hintpipe.cli.model_flags import SIZES, given_sizes
+from hintpipe.options import OPTIONS
+from hintpipe.runtime.checkpoint.description import HF
+from hintpipe.schedule.hint import Hint
+
+if TYPE_CHECKING:  # the planner needs torch; it is imported where a model is planned
+    from hintpipe.planner.plan import Plan
+
+
+#: What a plan file says: these flags default to the file's values with ``--plan``, and to the usual ones
+#: without (where ``--ranks`` and ``--microbatches`` are then required). The model is the file's too.
+FROM_PLAN: dict[str, Any] = {"ranks": None, "microbatches": None, "hint": "1f1b", "chunks": None}
+
+
+def answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Fill in what ``--plan`` says (refusing flags that contradict it), or the defaults without it; returns the
+    plan file's contents (tensors and plain values, read safely) or None."""
+    from hintpipe.planner.plan_file import read_plan_file
+
+    path = getattr(args, "plan", None)
+    if path is None:
+        for name, default in FROM_PLAN.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
+        missing = [f"--{name}" for name in ("ranks", "microbatches") if getattr(args, name) is None]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} must be given (or --plan FILE, which says them)")
+        return None
+    if Path(path).is_dir():
+        raise ValueError(
+            f"--plan {path} is a folder: a plan is a file `hintpipe plan ... --save FILE` writes; to train a model "
+            "folder, give it to --model"
+        )
+    payload = read_plan_file(path)
+    try:
+        return _fill_from_plan(args, path, payload)
+    except (KeyError, TypeError, AttributeError) as exc:  # a file of the right format with wrong fields
+        raise bad_fields(path, exc) from None
+
+
+def bad_fields(path: str, exc: BaseException) -> ValueError:
+    what = f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+    return ValueError(
+        f"{path} says it is a hintpipe plan file but its fields are not a plan's ({what}); write it again with "
+        "`hintpipe plan ... --save FILE`"
+    )
+
+
+def _fill_from_plan(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    data = payload["plan"]
+    planned = {"ranks": data["ranks"], "microbatches": data["microbatches"], "hint": data["hint"]}
+    planned |= {"chunks": data["chunks"]}
+    for name, value in planned.items():
+        given = getattr(args, name, None)
+        if given is not None and given != value and not (name == "chunks" and value == 1):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{path} is planned for {flag} {value}, this run asks for {flag} {given}; leave {flag} out (the plan "
+                "file says it) or plan again"
+            )
+        setattr(args, name, value if name != "chunks" or given is not None else None)
+    return payload
+
+
+def plan_model(args: argparse.Namespace, path: str, payload: dict[str, Any]) -> ModelConfig:
+    """The model a plan file was made for: its ModelConfig (``hintpipe plan --save``), or a Hugging Face
+    description alone (``save_plan(..., model=hf_description(model))`` in Python); model flags that say
+    otherwise are refused."""
+    from hintpipe.apps.hf_folder import described_sizes
+
+    said = payload["model"]
+    if said.get("kind") == HF:  # a description alone (its "config" is transformers')
+        model = described_sizes(said, label=str(Path(path).resolve()), seed=args.seed)
+    elif "config" in said:
+        model = ModelConfig(**said["config"])
+    else:
+        raise ValueError(
+            f"{path} does not say which model it was planned for: plan it with `hintpipe plan --model ... --save`, "
+            "or save it with save_plan(plan, path, model=hf_description(model))"
+        )
+    said_by_file = {"model": model.label, "init": model.init} | {name: getattr(model, name) for name in SIZES}
+    given = {"model": args.model, "init": args.init} | given_sizes(args)
+    for name, value in given.items():
+        if value is None:
+            continue
+        same = model_kind(value) == (model.name, model.source) if name == "model" else value == said_by_file[name]
+        if not same:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{path} is planned for {flag} {said_by_file[name]}, this run asks for {flag} {value}; leave {flag} "
+                "out (the plan file says it) or plan again"
+            )
+    return model
+
+
+def resolve_tokenizer(args: argparse.Namespace, planned: ModelConfig | None = None) -> None:
+    """``--tokenizer`` as given, else (for a corpus of files) a model folder's own tokenizer where it has one,
+    else a prepared folder's own (the one its shards were made with), else bytes. ``--data`` is made its
+    option's value first (one string, or a tuple of several)."""
+    args.data = OPTIONS["data"].check(getattr(args, "data", None), cli=True)
+    if getattr(args, "tokenizer", None) is not None:
+        return
+    if planned is not None:
+        kind, source = planned.name, planned.source
+    else:
+        kind, source = model_kind(args.model or DEFAULT_MODEL)
+    corpus = args.data not in BUILT_IN_DATA
+    folder = tokenizer_of(source) if MODEL_SPECS[kind].own_tokenizer and source is not None and corpus else None
+    if folder is None and corpus:
+        folder = prepared_tokenizer(args.data)
+    args.tokenizer = folder if folder is not None else BYTES
+
+
+def prepared_tokenizer(data: str | tuple[str, ...]) -> str | None:
+    """The tokenizer the first prepared folder among ``data``'s entries was made with (None: none is one)."""
+    from hintpipe.data.manifest import is_prepared, read_manifest
+    from hintpipe.data.refusal import DataRefused
+    from hintpipe.data.sources import data_entries
+
+    try:
+        for entry in data_entries(data):
+            if is_prepared(Path(entry.path)):
+                made = read_manifest(Path(entry.path)).tokenizer
+                return made.folder or BYTES
+    except DataRefused:  # refused where the data are resolved, in its own words
+        return None
+    return None
+
+
+def planned_elsewhere() -> bool:
+    """Whether rank 0 of this ``torchrun`` launch measures and plans for this process (see [Note: plan
+    once])."""
+    return under_torchrun() and os.environ.get("RANK", "0") != "0"
+
+
+def under_torchrun() -> bool:
+    from hintpipe.runtime.rank_process import under_torchrun
+
+    return under_torchrun()
+
+
+def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan | None:
+    """A model captured (torch.export) and cut into stages once, here, for every rank.
+
+    [Note: plan once] Spawned ranks get the launcher's plan inside their config. Under ``torchrun`` every rank
+    runs this command, and plans made apart differ (they rest on measured times): only rank 0 plans, and its
+    ranks receive that plan (with whatever else rank 0 measured) once the process group is up
+    (:func:`hintpipe.apps.training.share_measured`). So this returns None on the other ranks.
+    """
+    import torch
+
+    from hintpipe.apps.models import make_batch, whole_model
+    from hintpipe.planner.plan import plan
+
+    if planned_elsewhere():
+        return None
+    torch.set_num_threads(1)
+    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(min(16, model.max_seq_len - 1)), 0, args.seed)
+    whole, kwargs = whole_model(model)
+    return plan(
+        whole,
+        inputs[0],
+        ranks=args.ranks,
+        microbatches=args.microbatches,
+        hint=hint,
+        repeats=1,
+        kwargs=kwargs or None,
+    )
+
+
+def planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any], model: ModelConfig) -> Plan:
+    """A plan file's plan for the model it was made for, after checking it against the other options. The
+    model is rebuilt from the file's description where it is a Hugging Face one (no folder or download needed:
+    the file holds the weights), else from its ModelConfig.
+
+    The plan travels to every rank inside the run's config (each rank gets its own copy), so the file is read
+    once, here."""
+    from hintpipe.apps.model_description import rebuild_model
+    from hintpipe.apps.models import whole_model
+    from hintpipe.planner.plan_file import check_plan, load_plan
+
+    if getattr(args, "check_grads", False):
+        raise ValueError("--check-grads compares with the model built from its source; it does not apply to --plan")
+    said = payload["model"]
+    description = said.get("description", said if said.get("kind") == HF else None)
+    whole = rebuild_model(description) if description is not None and description.get("kind") == HF else None
+    planned, _ = load_plan(path, whole if whole is not None else whole_model(model)[0])
+    check_plan(planned, path, ranks=args.ranks, microbatches=args.microbatches)
+    return planned  # its sizes and weights are the plan's
