@@ -251,16 +251,21 @@ def test_a_folder_without_run_json_and_two_runs_says_which_file_to_write(saved: 
     assert not (folder / "run.json").exists()
 
 
-def test_another_runs_step_folder_is_never_overwritten(saved: Path, tmp_path: Path) -> None:
-    folder = _copy(saved, tmp_path)
-    _as_other_run(folder / "step-00000002", "other")  # as if copied in from another run
-    foreign = {p.name: p.read_bytes() for p in (folder / "step-00000002").iterdir()}
-    resumed = subprocess.run(
+def _resumed_to_step_3(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``hintpipe train --resume`` of the run in ``folder`` to step 3, saving every step."""
+    return subprocess.run(
         [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
         capture_output=True,
         text=True,
         timeout=hang_bound(TIMEOUT),
     )
+
+
+def test_another_runs_step_folder_is_never_overwritten(saved: Path, tmp_path: Path) -> None:
+    folder = _copy(saved, tmp_path)
+    _as_other_run(folder / "step-00000002", "other")  # as if copied in from another run
+    foreign = {p.name: p.read_bytes() for p in (folder / "step-00000002").iterdir()}
+    resumed = _resumed_to_step_3(folder)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["resumed_from"] == 1  # its own newest; step-2 is the other run's
     assert (
@@ -360,12 +365,7 @@ def test_a_resume_saves_past_planted_temporary_links_and_leaves_their_targets(sa
     folder = _copy(saved, tmp_path)
     (folder / "latest.tmp").symlink_to(file)
     (folder / "step-00000003.tmp").symlink_to(elsewhere, target_is_directory=True)
-    resumed = subprocess.run(
-        [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(TIMEOUT),
-    )
+    resumed = _resumed_to_step_3(folder)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["resumed_from"] == 2
     _untouched(file, elsewhere)

@@ -15,7 +15,7 @@ diverged from the others shows as well as a wrong sum.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,35 +59,19 @@ def compare_gradients(
     Returns:
         On rank 0, the largest absolute and relative differences; None elsewhere.
     """
-    local: dict[tuple[int, str], torch.Tensor] = {}
-    for s in pipe.stages:
-        for name, param in modules[s].named_parameters():
-            if param.grad is None:
-                continue
-            grad = param.grad.full_tensor() if is_dtensor(param.grad) else param.grad  # type: ignore[attr-defined]
-            local[(s, name)] = grad.detach().cpu().clone()
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
+    gathered = _gathered(pipe, lambda stage, name: (stage, name), modules)
     if reference is None:
         return None
     model = Chain(*reference).to(pipe.device)
-    loss = loss_fn if loss_fn is not None else loss_fn_for(model_name)
-    for replica, (inputs, targets) in enumerate(batches):
-        divisor = loss_divisors[replica] if loss_divisors is not None else len(inputs)
-        scale = divisor * len(batches)  # the replicas' gradients are averaged
-        for x, y in zip(to_device(inputs, pipe.device), to_device(targets, pipe.device), strict=True):
-            output = model(*x) if isinstance(x, tuple) else model(x)
-            torch.autograd.backward(loss(output, y) / scale)
-    worst_abs = worst_rel = 0.0
+    _reference_backward(model, pipe.device, batches, loss_fn if loss_fn is not None else loss_fn_for(model_name),
+                        {}, loss_divisors)  # fmt: skip
+    pairs = []
     for part in gathered:
         for (stage, name), grad in _fused(part).items():
             found = dict(reference[stage].named_parameters())[name].grad
             assert found is not None
-            expected = found.cpu()
-            diff = (grad - expected).abs().max().item()
-            worst_abs = max(worst_abs, diff)
-            worst_rel = max(worst_rel, diff / max(expected.abs().max().item(), 1e-12))
-    return worst_abs, worst_rel
+            pairs.append((grad, found.cpu()))
+    return _worst(pairs)
 
 
 def _fused(grads: dict[tuple[int, str], torch.Tensor]) -> dict[tuple[int, str], torch.Tensor]:
@@ -134,41 +118,70 @@ def compare_plan_gradients(
     Returns:
         On rank 0, the largest absolute and relative differences; None elsewhere.
     """
-    local: dict[str, torch.Tensor] = {}
-    for s in pipe.stages:
-        for name, param in pipe.modules[s].named_parameters():
-            key = pipe.names.model_key(s, name)
-            if param.grad is None or key is None:
-                continue
-            grad = param.grad.full_tensor() if is_dtensor(param.grad) else param.grad  # type: ignore[attr-defined]
-            local[key] = grad.detach().cpu().clone()
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
+    gathered = _gathered(pipe, pipe.names.model_key, pipe.modules)
     if reference is None:
         return None
     model = reference.to(pipe.device)
-    for replica, (inputs, targets) in enumerate(batches):
-        divisor = loss_divisors[replica] if loss_divisors is not None else len(inputs)
-        scale = divisor * len(batches)
-        for x, y in zip(to_device(inputs, pipe.device), to_device(targets, pipe.device), strict=True):
-            output = model(*x, **kwargs) if isinstance(x, tuple) else model(x, **kwargs)
-            torch.autograd.backward(loss_fn(getattr(output, "logits", output), y) / scale)
+    _reference_backward(model, pipe.device, batches, loss_fn, kwargs, loss_divisors)
     expected: dict[str, torch.Tensor] = {}
     tensors: dict[int, set[str]] = {}  # a tied tensor's names: any one of them found is enough
     for name, param in model.named_parameters(remove_duplicate=False):
         if param.grad is not None:
             expected[name] = param.grad.cpu()
             tensors.setdefault(id(param), set()).add(name)
-    worst_abs = worst_rel = 0.0
+    pairs = []
     for part in gathered:
         for name, grad in part.items():
-            want = expected.get(name)
-            if want is None:
+            if name not in expected:
                 return math.inf, math.inf  # a gradient the whole model has none of
-            diff = (grad - want).abs().max().item()
-            worst_abs = max(worst_abs, diff)
-            worst_rel = max(worst_rel, diff / max(want.abs().max().item(), 1e-12))
+            pairs.append((grad, expected[name]))
     found = {name for part in gathered for name in part}
     if any(not names & found for names in tensors.values()):
         return math.inf, math.inf  # a gradient of the whole model that no rank holds
+    return _worst(pairs)
+
+
+def _gathered(
+    pipe: Pipeline, key: Callable[[int, str], Any], modules: Mapping[int, torch.nn.Module] | Sequence[torch.nn.Module]
+) -> list[Any]:
+    """Every rank's gradients of its stages' parameters (``modules[stage]``), each under ``key(stage, name)``
+    (None: left out), put together where sharded, on the host; on every rank, in rank order."""
+    local: dict[Any, torch.Tensor] = {}
+    for stage in pipe.stages:
+        for name, param in modules[stage].named_parameters():
+            said = key(stage, name)
+            if param.grad is None or said is None:
+                continue
+            grad = param.grad.full_tensor() if is_dtensor(param.grad) else param.grad  # type: ignore[attr-defined]
+            local[said] = grad.detach().cpu().clone()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
+def _reference_backward(
+    model: torch.nn.Module,
+    device: torch.device,
+    batches: Sequence[tuple[list[Any], list[torch.Tensor]]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    kwargs: dict[str, Any],
+    loss_divisors: Sequence[float] | None,
+) -> None:
+    """The step's backward on the unsplit ``model``: every replica's micro-batches, each loss divided as the
+    step divided it and by the replicas (their gradients are averaged)."""
+    for replica, (inputs, targets) in enumerate(batches):
+        divisor = loss_divisors[replica] if loss_divisors is not None else len(inputs)
+        scale = divisor * len(batches)
+        for x, y in zip(to_device(inputs, device), to_device(targets, device), strict=True):
+            output = model(*x, **kwargs) if isinstance(x, tuple) else model(x, **kwargs)
+            torch.autograd.backward(loss_fn(getattr(output, "logits", output), y) / scale)
+
+
+def _worst(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    """The largest absolute and relative differences of each ``(got, expected)`` pair."""
+    worst_abs = worst_rel = 0.0
+    for got, expected in pairs:
+        diff = (got - expected).abs().max().item()
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / max(expected.abs().max().item(), 1e-12))
     return worst_abs, worst_rel

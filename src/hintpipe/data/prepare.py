@@ -31,7 +31,7 @@ from hintpipe.data.refusal import DataRefused
 from hintpipe.data.shards import SHARD_TOKENS, ShardWriter, token_dtype
 from hintpipe.data.sources import Source, SourceKind
 from hintpipe.data.split import DocumentSplit
-from hintpipe.data.tokenizer import BYTES, load_tokenizer, tokenizer_identity
+from hintpipe.data.tokenizer import BYTES, Encode, load_tokenizer, tokenizer_identity
 
 #: Tokens a document needs: an input and its target.
 SHORTEST = 2
@@ -98,23 +98,9 @@ def prepare(
         records: list[SourceRecord] = []
         short = 0
         for given, source, files in zip(sources, found, listed, strict=True):
-            digests: dict[Path, Digest] = {file: hashlib.sha256() for file in files}
-            documents = tokens = 0
-            for batch in _batches(source.texts(document_split, field, on_bytes=read, digests=digests)):
-                for ids in encode(batch):
-                    if len(ids) < SHORTEST:
-                        short += 1
-                        continue
-                    writer.add(ids)
-                    documents += 1
-                    tokens += len(ids)
-            if not documents:
-                raise DataRefused("data", f"{source.path}: no document of {SHORTEST} tokens or more (an empty corpus)")
-            read_by_us = source.kind not in (SourceKind.HF_SAVED, SourceKind.HF_FILES)
-            file_records = tuple(
-                _file_record(file, stamps[file], digests[file] if read_by_us else None) for file in files
-            )
-            records.append(SourceRecord(given, source.absolute, source.kind.value, file_records, documents, tokens))
+            record, left_out = _tokenized(given, source, files, stamps, writer, encode, document_split, field, read)
+            records.append(record)
+            short += left_out
         shards = tuple(writer.close())
         manifest = Manifest(
             tokenizer=identity,
@@ -135,6 +121,40 @@ def prepare(
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return manifest
+
+
+def _tokenized(
+    given: str,
+    source: Source,
+    files: Sequence[Path],
+    stamps: dict[Path, os.stat_result],
+    writer: ShardWriter,
+    encode: Encode,
+    document_split: DocumentSplit,
+    field: str,
+    read: Callable[[int], None],
+) -> tuple[SourceRecord, int]:
+    """One source's documents tokenized into ``writer``; returns its record and the documents left out as too
+    short.
+
+    Raises:
+        DataRefused: the source has no document of :data:`SHORTEST` tokens or more.
+    """
+    digests: dict[Path, Digest] = {file: hashlib.sha256() for file in files}
+    documents = tokens = short = 0
+    for batch in _batches(source.texts(document_split, field, on_bytes=read, digests=digests)):
+        for ids in encode(batch):
+            if len(ids) < SHORTEST:
+                short += 1
+                continue
+            writer.add(ids)
+            documents += 1
+            tokens += len(ids)
+    if not documents:
+        raise DataRefused("data", f"{source.path}: no document of {SHORTEST} tokens or more (an empty corpus)")
+    read_by_us = source.kind not in (SourceKind.HF_SAVED, SourceKind.HF_FILES)
+    file_records = tuple(_file_record(file, stamps[file], digests[file] if read_by_us else None) for file in files)
+    return SourceRecord(given, source.absolute, source.kind.value, file_records, documents, tokens), short
 
 
 def _source(given: str) -> Source:

@@ -257,13 +257,9 @@ def plan(
     positional = example if isinstance(example, tuple) else (example,)
     spec = CaptureSpec.of(positional, kwargs, modules)
     hint_obj = resolve_hint(hint, ranks, microbatches, chunks)
-    total = hint_obj.num_stages
-    tables = node_tables(profiles, graph)
     size = microbatch_size or profiled
     memory = _memory_model(model, hint_obj, stage_memory, optimizer_factor, host_bandwidth, scale=size / profiled)
-    cuts = _stage_cuts(graph, tables, memory, total, split_points)
-    partition = _partition(tables, memory, cuts, profiled, savings=True)
-    tied = _tied(graph, cuts)
+    partition, baselines, tied = _cut(graph, profiles, memory, hint_obj.num_stages, profiled, split_points)
     return Plan(
         hint=hint_obj.name,
         ranks=ranks,
@@ -271,7 +267,7 @@ def plan(
         microbatches=microbatches,
         microbatch_size=size,
         partition=partition,
-        baselines=_baselines(tables, memory, total, profiled),
+        baselines=baselines,
         tied=tuple(names for names, _ in tied),
         tied_stages=tuple(stages for _, stages in tied),
         graph=graph,
@@ -279,6 +275,22 @@ def plan(
         spec=spec,
         hf_model=_hf_model(model),
     )
+
+
+def _cut(
+    graph: CapturedGraph,
+    profiles: Sequence[NodeProfile],
+    memory: MemoryModel,
+    stages: int,
+    profiled: int,
+    split_points: Sequence[str] | None,
+) -> tuple[Partition, dict[str, Partition], list[tuple[tuple[str, ...], tuple[int, ...]]]]:
+    """The graph cut into ``stages`` under ``memory``: the partition with its recompute and offload choices, the
+    memory-blind baselines beside it, and the parameters the cuts leave in several stages."""
+    tables = node_tables(profiles, graph)
+    cuts = _stage_cuts(graph, tables, memory, stages, split_points)
+    partition = _partition(tables, memory, cuts, profiled, savings=True)
+    return partition, _baselines(tables, memory, stages, profiled), _tied(graph, cuts)
 
 
 def _hf_model(model: nn.Module) -> tuple[str, str] | None:
