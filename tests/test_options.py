@@ -4,16 +4,23 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
 import math
+import pickle
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import hintpipe.runtime
+from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import build_parser
-from hintpipe.options import OPTIONS, PipelineConfig, check_options
+from hintpipe.option import ChoiceField
+from hintpipe.options import OPTIONS, PipelineConfig, check_options, field_option
 from hintpipe.planner.plan import plan
 from hintpipe.runtime.modes import Precision
 from hintpipe.runtime.pipeline import Pipeline
@@ -77,7 +84,7 @@ def test_the_pipeline_config_is_the_table_s_pipeline_rows_with_their_defaults() 
     assert list(fields) == [name for name, option in OPTIONS.items() if option.pipeline]
     for name, field in fields.items():
         option = OPTIONS[name]
-        assert field.metadata["option"] == dataclasses.replace(option, name=""), name  # the one definition
+        assert field_option(PipelineConfig, field) == option, name  # the one definition
         if option.required:
             assert field.default is dataclasses.MISSING, name
         else:
@@ -99,6 +106,58 @@ def test_a_pipeline_config_converts_and_checks_its_values_once() -> None:
         PipelineConfig(microbatches=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.policy = Policy.READY  # type: ignore[misc]
+
+
+def _choice_fields(config_class: type) -> dict[str, ChoiceField[Any]]:
+    return {
+        f.name: descriptor
+        for f in dataclasses.fields(config_class)
+        if isinstance(descriptor := inspect.getattr_static(config_class, f.name, None), ChoiceField)
+    }
+
+
+def test_every_choice_is_read_as_its_enum_however_it_was_given() -> None:
+    """[Note: choices typed as their enums]: a string becomes the member once, when the config is made (by the
+    constructor and by ``dataclasses.replace``); pickled and copied, the config is the same."""
+    choices = _choice_fields(TrainConfig)
+    assert set(_choice_fields(PipelineConfig)) == {
+        "policy", "admission", "on_nonfinite", "precision", "data_parallel", "microbatch_order", "transport"
+    }  # fmt: skip
+    assert set(choices) - set(_choice_fields(PipelineConfig)) == {"optimizer", "lr_schedule", "forming"}
+    for name, field in choices.items():
+        other = next(member for member in type(field.default) if member is not field.default)
+        config = TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, **{name: other.value})
+        assert getattr(config, name) is other, name
+        assert getattr(dataclasses.replace(config, **{name: field.default.value}), name) is field.default, name
+        assert pickle.loads(pickle.dumps(config)) == config, name
+        with pytest.raises(ValueError, match=rf"^{name} 'nonsense' is unknown: choose one of "):
+            TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, **{name: "nonsense"})
+
+
+def test_the_run_config_declares_every_inherited_choice_for_the_type_checker() -> None:
+    """[Note: inherited choices]: TrainConfig's ``if TYPE_CHECKING:`` block names PipelineConfig's choices, each
+    with its enum."""
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    block = next(
+        node for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    declared = {ast.unparse(n.target): ast.unparse(n.annotation) for n in block.body if isinstance(n, ast.AnnAssign)}
+    assert declared == {
+        name: f"ChoiceField[{type(field.default).__name__}]" for name, field in _choice_fields(PipelineConfig).items()
+    }
+
+
+def test_the_runtime_is_given_the_config_object() -> None:
+    """The assembly, the options' agreement and the planned stages take the :class:`PipelineConfig`, never a
+    mapping of option names (whose values a type checker cannot see)."""
+    runtime = Path(hintpipe.runtime.__file__).parent
+    untyped = [
+        f"{path.relative_to(runtime)}:{number}"
+        for path in sorted(runtime.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"options\[\"|options: (Mapping|dict)\[str, Any\]", line)
+    ]
+    assert untyped == []
 
 
 def test_the_run_config_has_every_train_option_with_its_default() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from hintpipe.choice import Choice
 from hintpipe.units import parse_size
@@ -139,6 +139,47 @@ def _range(low: float | None, high: float | None) -> str:
     if low is None:
         return f"at most {_number(high)}"
     return f"between {_number(low)} and {_number(high)}"
+
+
+C = TypeVar("C", bound=Choice)
+
+
+class ChoiceField(Generic[C]):
+    """A config field whose option is a choice: given as its enum or the enum's string, read as the enum.
+
+    [Note: choices typed as their enums]
+    A choice option is given as a string (``policy="ready"``, ``--policy ready``, a config file's
+    ``policy = "ready"``) and used as its enum (``Policy.READY``). Typed ``str | Policy``, every use
+    converted again (``Policy.parse(config.policy)``), and what reached the runtime was untyped. As a
+    data descriptor in a dataclass, a field is converted once, when the config is made (the generated
+    ``__init__`` and :func:`dataclasses.replace` set it through :meth:`__set__`), and read as the enum:
+    type checkers take the ``__init__`` parameter's type from ``__set__`` (``str | Policy``) and the
+    attribute's from ``__get__`` (``Policy``). The value lives in the instance's ``__dict__`` under the
+    field's own name, so pickling and copying see a plain dataclass.
+    """
+
+    def __init__(self, option: Option) -> None:
+        assert option.choices is not None, option
+        self.option = option
+        self.default: C = option.choices.parse(option.default)  # type: ignore[assignment]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.option = dataclasses.replace(self.option, name=name)
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> C: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> C: ...
+
+    def __get__(self, instance: object | None, owner: type) -> C:
+        if instance is None:  # the class's default (what dataclasses asks a descriptor field for)
+            return self.default
+        value: C = instance.__dict__[self.option.name]
+        return value
+
+    def __set__(self, instance: object, value: str | C) -> None:
+        instance.__dict__[self.option.name] = self.option.check(value)
 
 
 _REASONS = {

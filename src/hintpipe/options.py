@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.device_choice import DeviceChoice
-from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, Option
+from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, ChoiceField, Option
 from hintpipe.run_options import RANKS, RUN_OPTIONS
 from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.schedule.fit import AdmissionUnit
@@ -44,10 +44,15 @@ _ALL = frozenset({"train", "simulate", "plan"})
 _PLAN = frozenset({"plan"})
 
 
-def _option(kind: str, default: Any, help: str, **more: Any) -> Any:
+def _option(kind: str, default: Any, help: str, *, loose: bool = False, **more: Any) -> Any:
     """A field of :class:`PipelineConfig`: the option (named once the class exists) in its metadata, its
-    default as the field's (none for a required option)."""
+    default as the field's (none for a required option); a choice's field is its
+    :class:`~hintpipe.option.ChoiceField` (see [Note: choices typed as their enums] in :mod:`hintpipe.option`),
+    which holds the option (``loose``: a choice that also takes other values, kept as given: a ``torch.device``
+    beside ``cpu``/``cuda``/``auto``)."""
     option = Option("", kind, default, help, **more)
+    if option.choices is not None and not loose:
+        return ChoiceField(option)
     if option.required:
         return dataclasses.field(metadata={"option": option})
     return dataclasses.field(default=default, metadata={"option": option})
@@ -55,6 +60,15 @@ def _option(kind: str, default: Any, help: str, **more: Any) -> Any:
 
 def _named(option: Option, name: str) -> Option:
     return dataclasses.replace(option, name=name)
+
+
+def field_option(owner: type, field: dataclasses.Field[Any]) -> Option:
+    """The option a config field of ``owner`` is: in its metadata, or its :class:`~hintpipe.option.ChoiceField`."""
+    if "option" in field.metadata:
+        return _named(field.metadata["option"], field.name)
+    descriptor = next(vars(c)[field.name] for c in owner.__mro__ if field.name in vars(c))
+    assert isinstance(descriptor, ChoiceField), field.name
+    return descriptor.option
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,7 +96,7 @@ class PipelineConfig:
         commands=_ALL,
         agreement="resolved",
     )
-    policy: str | Policy = _option(
+    policy: ChoiceField[Policy] = _option(
         "choice",
         Policy.READY,
         "fixed: the hint's order; greedy: the best-ranked ready task; ready: deviates from the hint only where "
@@ -130,7 +144,7 @@ class PipelineConfig:
         commands=_RUN,
         agreement="own",
     )
-    admission: str | AdmissionUnit = _option(
+    admission: ChoiceField[AdmissionUnit] = _option(
         "choice",
         AdmissionUnit.SLOTS,
         "what admission counts a micro-batch as: one slot (slots), or its known size in input elements (size), "
@@ -153,14 +167,14 @@ class PipelineConfig:
     emulate: EmulatedCosts | None = _option(
         "object", None, "sleep these costs instead of computing", optional=True, agreement="given"
     )
-    on_nonfinite: str | OnNonFinite = _option(
+    on_nonfinite: ChoiceField[OnNonFinite] = _option(
         "choice",
         OnNonFinite.RAISE,
         "a NaN or infinite loss stops the run (raise) or skips that step's update (skip)",
         choices=OnNonFinite,
         commands=_TRAIN,
     )
-    precision: str | Precision = _option(
+    precision: ChoiceField[Precision] = _option(
         "choice",
         Precision.FP32,
         "fp32, or bf16: forwards and the loss under torch.autocast to bfloat16 (parameters, gradients and "
@@ -191,14 +205,14 @@ class PipelineConfig:
         optional=True,
         agreement="given",
     )
-    data_parallel: str | DataParallel = _option(
+    data_parallel: ChoiceField[DataParallel] = _option(
         "choice",
         DataParallel.REPLICATE,
         "data-parallel replicas hold whole stages and all-reduce gradients (replicate), or FSDP2 shards them",
         choices=DataParallel,
         commands=_TRAIN,
     )
-    microbatch_order: str | MicrobatchOrder = _option(
+    microbatch_order: ChoiceField[MicrobatchOrder] = _option(
         "choice",
         MicrobatchOrder.parse(DEFAULT_ORDER),
         "the order each step runs its micro-batches in, by their known sizes; sorted orders are faster but "
@@ -213,8 +227,9 @@ class PipelineConfig:
         "where each rank computes: cpu, cuda (its GPU: LOCAL_RANK modulo the GPUs) or auto (cuda where available)",
         choices=DeviceChoice,
         commands=_TRAIN,
+        loose=True,
     )
-    transport: str | TransportChoice = _option(
+    transport: ChoiceField[TransportChoice] = _option(
         "choice",
         TransportChoice.AUTO,
         "how tensors travel between ranks: gloo (through host memory; ranks may share a GPU), nccl (GPU to GPU; "
@@ -261,7 +276,7 @@ OPTIONS: Mapping[str, Option] = {
     o.name: o
     for o in (
         RANKS,
-        *(_named(f.metadata["option"], f.name) for f in dataclasses.fields(PipelineConfig)),
+        *(field_option(PipelineConfig, f) for f in dataclasses.fields(PipelineConfig)),
         *RUN_OPTIONS,
     )
 }

@@ -337,3 +337,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option("repeats", "int", 5, "profiling repeats per node", minimum=1, commands=_PLAN, pipeline=False),
 )
+
+
+def run_option(name: str) -> Option:
+    """The run's option ``name`` (a key error for another)."""
+    return next(option for option in RUN_OPTIONS if option.name == name)

@@ -78,7 +78,7 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
 
 def _formed(config: TrainConfig, sequences: list[torch.Tensor], seed: int) -> Batch:
     """The documents' ``sequences`` formed into the run's micro-batches by cost (``seed``: its ties' order)."""
-    pack = Forming.parse(config.forming) is Forming.PACKED
+    pack = config.forming is Forming.PACKED
     batch = form_batch(sequences, config.microbatches, config.sequence_cost, pack=pack, seed=seed)
     formation = batch.formation
     counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(config.microbatches)]

@@ -48,7 +48,7 @@ def parse_betas(text: str, label: str = "--betas") -> tuple[float, float]:
 
 def build_optimizer(
     parameters: Iterable[torch.nn.Parameter],
-    name: OptimizerName | str,
+    name: OptimizerName,
     *,
     lr: float,
     weight_decay: float | None = None,
@@ -59,8 +59,7 @@ def build_optimizer(
     without the flag steps as ``torch.optim.AdamW(params, lr=...)`` does)."""
     import torch
 
-    chosen = OptimizerName.parse(name)
-    if chosen is OptimizerName.SGD:
+    if name is OptimizerName.SGD:
         decay = 0.0 if weight_decay is None else weight_decay  # torch.optim.SGD's own default
         return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=decay)
     decay = 0.01 if weight_decay is None else weight_decay  # torch.optim.AdamW's own default

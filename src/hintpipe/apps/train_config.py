@@ -6,23 +6,45 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.apps.models import ModelConfig, SeqLenDist
-from hintpipe.apps.optimizer import parse_betas
+from hintpipe.apps.optimizer import OptimizerName, parse_betas
 from hintpipe.data.prepared import open_prepared
 from hintpipe.data.run_data import resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.trace import Record
+from hintpipe.option import ChoiceField
 from hintpipe.options import OPTIONS, PipelineConfig, check_options
 from hintpipe.planner.plan import Plan
+from hintpipe.run_options import run_option
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.pipeline import StepReport
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
+
+if TYPE_CHECKING:
+    from hintpipe.policy import Policy
+    from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
+    from hintpipe.schedule.fit import AdmissionUnit
+    from hintpipe.schedule.microbatch_order import MicrobatchOrder
+
+
+def _inherited() -> Any:
+    """A type checker's stand-in for a field :class:`~hintpipe.options.PipelineConfig` declares.
+
+    [Note: inherited choices]
+    mypy types the fields a frozen dataclass inherits as their ``__init__`` parameters' types: a
+    :class:`~hintpipe.option.ChoiceField` inherited by :class:`TrainConfig` would read as ``str`` (its
+    ``str | Policy``, a ``StrEnum`` being a ``str``), not as the enum it is. So the class declares them
+    again for the type checker alone (nothing runs: the fields are PipelineConfig's); a test holds the
+    list to PipelineConfig's choice fields.
+    """
+    return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,12 +64,12 @@ class TrainConfig(PipelineConfig):
     variability: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()
     seed: int = 0
-    optimizer: str = "adamw"  # or "sgd" (see hintpipe.apps.optimizer)
+    optimizer: ChoiceField[OptimizerName] = ChoiceField(run_option("optimizer"))  # (see hintpipe.apps.optimizer)
     lr: float = 1e-3
     weight_decay: float | None = None  # None: torch's default for the optimizer (AdamW 0.01, SGD 0)
     betas: str = "0.9,0.999"  # AdamW's
     momentum: float = 0.0  # SGD's
-    lr_schedule: str = "constant"  # or "warmup-cosine", "warmup-linear" (see hintpipe.apps.lr_schedule)
+    lr_schedule: ChoiceField[LrSchedule] = ChoiceField(run_option("lr_schedule"))  # (see hintpipe.apps.lr_schedule)
     warmup_steps: int = 0
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
     eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
@@ -69,7 +91,8 @@ class TrainConfig(PipelineConfig):
     data_field: str = "text"  # a JSONL line's (or a dataset's column's) document
     data_split: str = "blank"  # plain text's documents: "blank", "file" or a separator (see hintpipe.data.split)
     tokenizer: str = "bytes"  # a file corpus's tokens: UTF-8 bytes, or a Hugging Face tokenizer's folder
-    forming: str = "crop"  # documents: or "padded", "packed" (micro-batches formed by cost; see hintpipe.forming)
+    #: documents as they are (crop), or micro-batches formed by cost (padded, packed; see hintpipe.forming)
+    forming: ChoiceField[Forming] = ChoiceField(run_option("forming"))
     sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
     shared: bool = False  # under torchrun: rank 0's plan, sequence cost and emulated costs go to every rank
     dp: int = 1  # data-parallel replicas of the pipeline
@@ -77,6 +100,15 @@ class TrainConfig(PipelineConfig):
     #: The prepared folder of each ``data`` entry, resolved when the config is made (raw files prepared then, in
     #: this process, before any rank starts): what the ranks read (see hintpipe.data.run_data).
     prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
+
+    if TYPE_CHECKING:  # the pipeline's choices, as PipelineConfig types them: see [Note: inherited choices]
+        policy: ChoiceField[Policy] = _inherited()
+        admission: ChoiceField[AdmissionUnit] = _inherited()
+        on_nonfinite: ChoiceField[OnNonFinite] = _inherited()
+        precision: ChoiceField[Precision] = _inherited()
+        data_parallel: ChoiceField[DataParallel] = _inherited()
+        microbatch_order: ChoiceField[MicrobatchOrder] = _inherited()
+        transport: ChoiceField[TransportChoice] = _inherited()
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the pipeline's options
@@ -116,7 +148,7 @@ class TrainConfig(PipelineConfig):
     @property
     def formed(self) -> bool:
         """Whether the micro-batches are formed by cost (a summed loss over the step's tokens)."""
-        return Forming.parse(self.forming) is not Forming.CROP
+        return self.forming is not Forming.CROP
 
     @property
     def resolved_hint(self) -> Hint:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.apps.batches import HELD_OUT_STEP as HELD_OUT_STEP
 from hintpipe.apps.batches import REPLICA_SEED_STRIDE as REPLICA_SEED_STRIDE
@@ -104,28 +105,18 @@ def _build_pipeline(
     in place, and a copy taken after would be half there and half on the host.
     """
     hint = config.resolved_hint
-    # The config's pipeline options as the pipeline takes them: the room and the tied parameters only where
-    # given (from_plan fills in the plan's), the hint resolved, the mesh this rank builds.
-    given = config.values()
-    options = {name: given[name] for name in _PASSED}
-    options["hint"] = hint
-    options["seams"] = Seams(injection=config.injection)
-    # A room option is given when it says something: a slack above 0, a budget at all (device_budget=0.0 is one).
-    options |= {name: given[name] for name in ("activation_budget", "device_budget") if given[name] is not None}
-    if given["memory_slack"]:
-        options["memory_slack"] = given["memory_slack"]
     device = rank_device(config.device, rank)
     mesh = build_mesh(world, dp=config.dp, tp=config.tp, device=device) if config.dp * config.tp > 1 else None
-    if mesh is not None:
-        options["mesh"] = mesh
-        options["data_parallel"] = config.data_parallel
+    # The run's pipeline options as its config holds them (a new option reaches the pipeline without a list to
+    # keep in step), with the mesh this rank builds; the hint resolved, unless the plan's.
+    pipeline = pipeline_config(config, mesh=mesh)
+    seams = Seams(injection=config.injection)
     loss_fn = lm_loss_sum if config.formed else loss_fn_for(config.model)
     modules: list[torch.nn.Module] | None = None
     reference: list[torch.nn.Module] | Whole | None = None
     if config.plan is not None:
-        del options["hint"]  # the plan's own
         reference = unsplit_model(config) if config.check_grads and rank == 0 else None
-        pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, microbatches=config.microbatches, **options)
+        pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, config=pipeline, seams=seams)
     else:
         layers = build_layers(config.model)
         modules = split_layers(layers, hint.num_stages)
@@ -133,25 +124,21 @@ def _build_pipeline(
         # another stage count. Tensor-parallel layers hold q, k and v apart (the unsplit model's qkv): their
         # names are the layers' own.
         names = ModelNames.of_sequential(nn.Sequential(*layers), layer_bounds(len(layers), len(modules)))
-        options["names"] = names if config.tp == 1 else dataclasses.replace(names, keys=())
+        names = names if config.tp == 1 else dataclasses.replace(names, keys=())
         if mesh is not None and config.tp > 1:
             modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
         # Before the pipeline places rank 0's stages: the unsplit model runs whole on one device.
         reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
-        pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, microbatches=config.microbatches, **options)
+        pipeline = dataclasses.replace(pipeline, hint=hint)
+        pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, config=pipeline, seams=seams, names=names)
     return pipe, modules, reference
 
 
-#: The pipeline options a run passes on otherwise than as its config holds them: the hint (resolved, with its
-#: chunks), the room (only where given), the parallel axes (the mesh this rank builds), and those a run
-#: never sets.
-_NOT_AS_HELD = frozenset(
-    {"microbatches", "hint", "chunks", "memory_slack", "activation_budget", "device_budget", "tied", "mesh", "fsdp"}
-    | {"data_parallel"}
-)
-#: The pipeline options a run passes on as its config holds them: every other one (a new option of the table
-#: reaches the pipeline without a list to keep in step).
-_PASSED = tuple(f.name for f in dataclasses.fields(PipelineConfig) if f.name not in _NOT_AS_HELD)
+def pipeline_config(config: TrainConfig, *, mesh: DeviceMesh | None) -> PipelineConfig:
+    """The run's pipeline options as a :class:`~hintpipe.options.PipelineConfig` (the run's own options left
+    out), on ``mesh`` (this rank's, or None): what the run's :class:`~hintpipe.runtime.pipeline.Pipeline` is
+    built from."""
+    return PipelineConfig(**(PipelineConfig.values(config) | {"mesh": mesh}))
 
 
 @dataclasses.dataclass
@@ -318,7 +305,7 @@ def _write_metrics(writer: Any, config: TrainConfig, step: int, run: _Run) -> No
 
 def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> Any:
     """The run's learning-rate schedule on ``optimizer`` (None: a constant rate, or no parameters here)."""
-    schedule = LrSchedule.parse(config.lr_schedule)
+    schedule = config.lr_schedule
     if optimizer is None or schedule is LrSchedule.CONSTANT:
         return None
     steps, warmup = config.steps, config.warmup_steps
@@ -379,7 +366,7 @@ def _step(
     replica = pipe.layout.replica_of(pipe.global_rank)
     inputs, targets, counts = step_batch(config, step, replica)
     divisor = float(sum(counts)) if config.formed else None  # a summed loss over the step's own tokens
-    front_then_back = MicrobatchOrder.parse(config.microbatch_order) is MicrobatchOrder.FRONT_THEN_BACK
+    front_then_back = config.microbatch_order is MicrobatchOrder.FRONT_THEN_BACK
     ends = microbatch_ends(config.model.spec, inputs) if front_then_back else None
     loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor, ends=ends)
     assert loss is not None

@@ -20,7 +20,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
 
     config = result.config
     unit = f"{config.model.spec.unit}_per_s"
-    by_size = AdmissionUnit.parse(config.admission) is AdmissionUnit.SIZE and config.activation_budget is None
+    by_size = config.admission is AdmissionUnit.SIZE and config.activation_budget is None
     return {
         "policy": config.policy,
         "hint": config.hint,
@@ -39,7 +39,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "losses": list(result.losses),
         "peak_live_bytes": result.peak_live_bytes,
         "peak_live_slots": result.peak_live,
-        "admission": AdmissionUnit.parse(config.admission).value,
+        "admission": config.admission.value,
         # Admitted by input elements (admission by size without a byte budget): per rank, the most it held.
         "peak_live_size": result.peak_admitted if by_size else None,
         "held_of_budget": result.held_of_budget,

@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
+from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import WatchdogTimeout
 from hintpipe.runtime.faults import cost_factors, injected_executor, injected_transport
@@ -77,41 +78,41 @@ def assemble(
     hint: Hint,
     *,
     loss_fn: LossFn,
-    microbatches: int,
-    options: Mapping[str, Any],
+    config: PipelineConfig,
     seams: Seams,
 ) -> Parts:
-    """Build this rank's pipeline from its stage ``modules`` and checked ``options`` (every rank, same order).
+    """Build this rank's pipeline from its stage ``modules``, its resolved ``hint`` and its checked ``config``
+    (every rank, same order).
 
     Raises:
         ValueError: modules for other stages than the hint places here, or options that contradict each other.
         SpecError: an injection for ranks, stages or micro-batches the pipeline does not have.
         OptionMismatch: when ranks were started with different options.
     """
-    layout = layout_of(options["mesh"])
+    layout = layout_of(config.mesh)
     global_rank = dist.get_rank()
     rank = layout.position_of(global_rank)
-    emulate: EmulatedCosts | None = options["emulate"]
+    emulate = config.emulate
+    microbatches = config.microbatches
     _check_modules(modules, hint, rank)
-    if emulate is not None and options["activation_budget"] is not None:
+    if emulate is not None and config.activation_budget is not None:
         raise ValueError("activation_budget needs real compute: emulated tasks hold no activations; use memory_slack")
     seams.injection.check(layout.pp * layout.dp * layout.tp, hint.num_stages, microbatches, layout.tp)
     owned = own_storage(modules)
     if owned:
         log.info("rank %d: %d tensors arrived in shared memory; the rank trains copies of its own", global_rank, owned)
-    device = rank_device(options["device"], global_rank)
+    device = rank_device(config.device, global_rank)
     own = _agreed_own_gpu(device)
-    chosen = choose_transport(options["transport"], device, own_gpu=own)
-    sharded = _sharded(layout, options, hint, device, own)
-    fsdp: FsdpOptions | None = options["fsdp"]
-    placed = _place(modules, device, options["mesh"] if sharded else None, emulated=emulate is not None, fsdp=fsdp)
+    chosen = choose_transport(config.transport, device, own_gpu=own)
+    sharded = _sharded(layout, config, hint, device, own)
+    placed = _place(modules, device, config.mesh if sharded else None, emulated=emulate is not None, fsdp=config.fsdp)
     p2p = layout.groups(layout.pipelines)
-    coll = layout.groups(layout.pipelines, options["timeout"])
+    coll = layout.groups(layout.pipelines, config.timeout)
     assert p2p is not None and coll is not None
-    policy: Policy = options["policy"]
+    policy = config.policy
     received = ReceivedBytes()  # what the receiving threads allocate on the device (see allocated_probe)
     post_office = _connect(
-        layout, hint, rank, global_rank, device, chosen, p2p, policy, options["timeout"], seams, received
+        layout, hint, rank, global_rank, device, chosen, p2p, policy, config.timeout, seams, received
     )
     coordination: Coordination | None = None
     try:  # a pipeline that is never built must not leave its mailboxes receiving
@@ -123,7 +124,7 @@ def assemble(
             hint=hint,
             microbatches=microbatches,
             policy=policy,
-            timeout=options["timeout"],
+            timeout=config.timeout,
             device=device,
             transport_choice=chosen,
             modules=placed,
@@ -133,28 +134,26 @@ def assemble(
             post_office=_transport(post_office, seams),
             coordination=coordination,
         )
-        return _parts_on(wiring, loss_fn, options, seams, received)
+        return _parts_on(wiring, loss_fn, config, seams, received)
     except BaseException as exc:
         _tear_down(post_office, coordination, rank, exc)
         raise
 
 
-def _parts_on(
-    wiring: Wiring, loss_fn: LossFn, options: Mapping[str, Any], seams: Seams, received: ReceivedBytes
-) -> Parts:
+def _parts_on(wiring: Wiring, loss_fn: LossFn, config: PipelineConfig, seams: Seams, received: ReceivedBytes) -> Parts:
     """The rest of the rank's pipeline on its wiring: the axes, the executor (injected faults around it), the
     ranks' agreement on their options, admission and the step hooks (steps 5-8 of the module's docstring)."""
-    emulate: EmulatedCosts | None = options["emulate"]
-    replica_group, reductions, couple = _connect_axes(wiring, options["tied"], emulated=emulate is not None)
+    emulate = config.emulate
+    replica_group, reductions, couple = _connect_axes(wiring, config.tied, emulated=emulate is not None)
     layout, hint = wiring.layout, wiring.hint
     member = layout.tensor_group_of(wiring.global_rank).index(wiring.global_rank)
     factors = cost_factors(seams.injection, hint.num_stages, wiring.microbatches, member)
-    autocast = (wiring.device.type, torch.bfloat16) if options["precision"] is Precision.BF16 else None
+    autocast = (wiring.device.type, torch.bfloat16) if config.precision is Precision.BF16 else None
     compute = _computing(wiring, loss_fn, emulate, autocast, received, factors, couple)
     executor = injected_executor(compute, seams.injection, factors, wiring.global_rank)  # faults name world ranks
-    own_budget = _own_budget(options["activation_budget"], layout.pp, wiring.rank)
-    budgets = agree_on_options(wiring, options, own_budget)
-    admission = _admission(wiring, options, budgets, strict=not seams.budget_from_plan)
+    own_budget = _own_budget(config.activation_budget, layout.pp, wiring.rank)
+    budgets = agree_on_options(wiring, config, own_budget)
+    admission = _admission(wiring, config, budgets, strict=not seams.budget_from_plan)
     agreement = Agreement(
         hint,
         wiring.rank,
@@ -163,15 +162,15 @@ def _parts_on(
         timeout=wiring.timeout,
         modules=wiring.modules,
         planner=ReadyPlanner(hint, wiring.rank),
-        on_nonfinite=options["on_nonfinite"],
+        on_nonfinite=config.on_nonfinite,
     )
     reporting = Reporting(
         hint,
         wiring.rank,
         wiring.coll,
-        timelines=options["timelines"],
-        every=options["report_every"],
-        history=options["history"],
+        timelines=config.timelines,
+        every=config.report_every,
+        history=config.history,
     )
     # In the order the end of a step needs them (see [Note: the order of the end of a step] in
     # hintpipe.runtime.loop.hooks): housekeeping, the gradient reductions, admission, device memory, agreement,
@@ -197,19 +196,17 @@ def _parts_on(
     )
 
 
-def _admission(
-    wiring: Wiring, options: Mapping[str, Any], budgets: tuple[float, ...] | None, *, strict: bool
-) -> Admission:
+def _admission(wiring: Wiring, config: PipelineConfig, budgets: tuple[float, ...] | None, *, strict: bool) -> Admission:
     """This rank's admission rule, from the room options (at most one given) and ``admission``'s unit: under a
     byte budget, every pipeline rank's ``budgets`` (agreed at start-up)."""
     return Admission(
         wiring.hint,
         wiring.rank,
-        options["memory_slack"],
+        config.memory_slack,
         budgets,
         strict=strict,
-        device_budget=options["device_budget"],
-        unit=options["admission"],
+        device_budget=config.device_budget,
+        unit=config.admission,
     )
 
 
@@ -233,14 +230,14 @@ def pipeline_budgets(budget: float | tuple[float, ...] | None, ranks: int) -> fl
     return budget
 
 
-def _sharded(layout: Layout, options: Mapping[str, Any], hint: Hint, device: torch.device, own: bool) -> bool:
+def _sharded(layout: Layout, config: PipelineConfig, hint: Hint, device: torch.device, own: bool) -> bool:
     """Whether the stages are sharded with FSDP2 (data parallelism over real compute), checked first.
 
     Raises:
         ValueError: FSDP2 on ranks that share a GPU, or ``reshard_after_forward`` under a split backward.
     """
-    sharded = layout.dp > 1 and options["data_parallel"] is DataParallel.FSDP and options["emulate"] is None
-    fsdp: FsdpOptions | None = options["fsdp"]
+    sharded = layout.dp > 1 and config.data_parallel is DataParallel.FSDP and config.emulate is None
+    fsdp = config.fsdp
     if sharded:
         check_sharding(device, own)
         if fsdp and fsdp.get("reshard_after_forward") and hint.split_backward:

@@ -7,18 +7,17 @@ rank's admission rule is made, which takes the byte budgets it gathers.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
 
-from hintpipe.options import OPTIONS
+from hintpipe.options import OPTIONS, PipelineConfig
 from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.parts import Wiring
 from hintpipe.schedule.fit import AdmissionUnit
 
 
-def agree_on_options(wiring: Wiring, options: Mapping[str, Any], own_budget: float | None) -> tuple[float, ...] | None:
+def agree_on_options(wiring: Wiring, config: PipelineConfig, own_budget: float | None) -> tuple[float, ...] | None:
     """Every rank must run the same pipeline: compare once, at start-up; returns every pipeline rank's byte
     budget under byte admission (``own_budget`` is this rank's), else None.
 
@@ -31,10 +30,9 @@ def agree_on_options(wiring: Wiring, options: Mapping[str, Any], own_budget: flo
     size without a byte budget, where every rank computes every rank's room.
     """
     by_bytes = own_budget is not None
-    unit = AdmissionUnit.parse(options["admission"])
-    mine = compared_options(wiring, options, by_bytes)
-    if unit is AdmissionUnit.SIZE and not by_bytes:
-        mine |= {"memory_slack": options["memory_slack"], "device_budget": options["device_budget"]}
+    mine = compared_options(wiring, config, by_bytes)
+    if config.admission is AdmissionUnit.SIZE and not by_bytes:
+        mine |= {"memory_slack": config.memory_slack, "device_budget": config.device_budget}
     gathered: list[Any] = [None] * wiring.layout.pp
     dist.all_gather_object(gathered, (mine, own_budget), group=wiring.coll)
     for rank, (theirs, _) in enumerate(gathered):
@@ -48,7 +46,7 @@ def agree_on_options(wiring: Wiring, options: Mapping[str, Any], own_budget: flo
     return tuple(float(budget) for _, budget in gathered) if by_bytes else None
 
 
-def compared_options(wiring: Wiring, options: Mapping[str, Any], by_bytes: bool) -> dict[str, Any]:
+def compared_options(wiring: Wiring, config: PipelineConfig, by_bytes: bool) -> dict[str, Any]:
     """What this rank compares with the others (see [Note: the options the ranks compare]): plain values."""
     hint = wiring.hint
     mine: dict[str, Any] = {
@@ -61,12 +59,12 @@ def compared_options(wiring: Wiring, options: Mapping[str, Any], by_bytes: bool)
         "tp": wiring.layout.tp,
     }
     for name, option in OPTIONS.items():
-        if not option.pipeline or name not in options:
+        if not option.pipeline:
             continue
         if option.agreement == "equal":
-            mine[name] = _plain(options[name])
+            mine[name] = _plain(getattr(config, name))
         elif option.agreement == "given":
-            mine[name] = options[name] is not None
+            mine[name] = getattr(config, name) is not None
     return mine
 
 

@@ -48,7 +48,6 @@ from hintpipe.runtime.planned_stages import pipeline_hint, planned_stages, seque
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.scoreboard import BudgetError, Policy
 
 if TYPE_CHECKING:
@@ -57,36 +56,27 @@ if TYPE_CHECKING:
 __all__ = ["BudgetError", "DataParallel", "NonFiniteLoss", "OnNonFinite", "Pipeline", "PipelineConfig", "StepReport"]
 
 
-def configured(config: PipelineConfig | None, microbatches: int | None, options: dict[str, Any]) -> PipelineConfig:
-    """The pipeline's config: ``config`` with the keywords given beside it, or the keywords alone.
+def configured(config: PipelineConfig | None, microbatches: int | None, keywords: dict[str, Any]) -> PipelineConfig:
+    """The pipeline's config: ``config``'s pipeline options (a subclass's own, a run's, left out) with the
+    constructor's ``keywords`` given beside it, or the keywords alone: the one object the assembly and the loop then read.
 
     Raises:
         TypeError: an option the pipeline does not take, or no ``microbatches``.
         ValueError: as :class:`~hintpipe.options.PipelineConfig` refuses a value.
     """
     known = {f.name for f in dataclasses.fields(PipelineConfig)}
-    unknown = next((name for name in options if name not in known), None)
+    unknown = next((name for name in keywords if name not in known), None)
     if unknown is not None:  # as Python says it of a keyword the signature lacks
         raise TypeError(f"Pipeline.__init__() got an unexpected keyword argument {unknown!r}")
     if microbatches is not None:
-        options = {**options, "microbatches": microbatches}
+        keywords = {**keywords, "microbatches": microbatches}
     if config is not None:
-        return dataclasses.replace(config, **options)
-    if "microbatches" not in options:
+        if type(config) is PipelineConfig:
+            return dataclasses.replace(config, **keywords) if keywords else config
+        return PipelineConfig(**(PipelineConfig.values(config) | keywords))
+    if "microbatches" not in keywords:
         raise TypeError("a Pipeline needs microbatches= (or a config= that says them)")
-    return PipelineConfig(**options)
-
-
-def unfolded(options: dict[str, Any], microbatches: int | None) -> dict[str, Any]:
-    """A constructor's keywords with a ``config=`` among them spread out: the config's options that differ
-    from their defaults (see :meth:`~hintpipe.options.PipelineConfig.given`), under the keywords given beside
-    it, so that the ``from_*`` constructors see what the caller gave either way."""
-    config = options.pop("config", None)
-    spread = {} if config is None else config.given()
-    spread |= options
-    if microbatches is not None:
-        spread["microbatches"] = microbatches
-    return spread
+    return PipelineConfig(**keywords)
 
 
 T = TypeVar("T")
@@ -157,20 +147,13 @@ class Pipeline:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
         config = configured(config, microbatches, options)
-        #: The pipeline's options, checked (a frozen :class:`~hintpipe.options.PipelineConfig`).
-        self.config = config
-        options = config.values()
-        self.parts: Parts = assemble(
-            modules,
-            pipeline_hint(options),
-            loss_fn=loss_fn,
-            microbatches=config.microbatches,
-            options=options,
-            seams=seams or Seams(),
-        )
+        hint = pipeline_hint(config)
+        #: The pipeline's options, checked (a frozen :class:`~hintpipe.options.PipelineConfig`), its hint resolved.
+        self.config = config if config.hint is hint else dataclasses.replace(config, hint=hint)
+        self.parts: Parts = assemble(modules, hint, loss_fn=loss_fn, config=self.config, seams=seams or Seams())
         #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
         self.names = names if names is not None else ModelNames()
-        self._exchanges = Exchanges(self.parts, MicrobatchOrder.parse(config.microbatch_order))
+        self._exchanges = Exchanges(self.parts, self.config.microbatch_order)
 
     # -- what the pipeline is (its parts, read through) -------------------------------------
 
@@ -225,33 +208,52 @@ class Pipeline:
 
     @classmethod
     def from_modules(
-        cls, modules: Sequence[nn.Module], *, loss_fn: LossFn, microbatches: int | None = None, **options: Any
+        cls,
+        modules: Sequence[nn.Module],
+        *,
+        loss_fn: LossFn,
+        microbatches: int | None = None,
+        config: PipelineConfig | None = None,
+        seams: Seams | None = None,
+        names: ModelNames | None = None,
+        **options: Any,
     ) -> Pipeline:
         """Build from the list of *all* stage modules (global order); each rank keeps its own. Takes what
         the constructor takes (``config=``, keywords)."""
-        options = unfolded(options, microbatches)
-        if "microbatches" not in options:
-            raise TypeError("a Pipeline needs microbatches= (or a config= that says them)")
-        mine = stages_of_this_rank(modules, options)
-        return cls(mine, loss_fn=loss_fn, **options)
+        config = configured(config, microbatches, options)
+        hint = pipeline_hint(config)
+        mine = stages_of_this_rank(modules, hint, config.mesh)
+        return cls(mine, loss_fn=loss_fn, config=dataclasses.replace(config, hint=hint), seams=seams, names=names)
 
     @classmethod
-    def from_plan(cls, plan: Plan, *, loss_fn: LossFn, microbatches: int | None = None, **options: Any) -> Pipeline:
+    def from_plan(
+        cls,
+        plan: Plan,
+        *,
+        loss_fn: LossFn,
+        microbatches: int | None = None,
+        config: PipelineConfig | None = None,
+        seams: Seams | None = None,
+        names: ModelNames | None = None,
+        **options: Any,
+    ) -> Pipeline:
         """Build from a :class:`~hintpipe.planner.plan.Plan`: each rank builds its planned stages.
 
-        Unless ``memory_slack``, ``activation_budget`` or ``device_budget`` is given, a plan made under
+        Unless ``memory_slack`` (above 0), ``activation_budget`` or ``device_budget`` is given, a plan made under
         a memory budget gives each rank a byte budget for activations: its stages' planned activations
         plus their spare memory (budget minus planned peak), so the memory the planner frees becomes
         room to run ahead, admitted by each micro-batch's own size. If the hint's own order turns out
         to hold more than the plan predicted, the rank runs the hint without running ahead. Parameters
-        the plan found tied across stages are kept equal (``tied``). The stages train parameters of their
-        own (copies of the plan's), so one plan object can build several pipelines.
+        the plan found tied across stages are kept equal (``tied``, unless given). The stages train parameters
+        of their own (copies of the plan's), so one plan object can build several pipelines. Micro-batches: the
+        plan's, unless given.
         """
-        options = unfolded(options, microbatches)
-        stages, from_budget = planned_stages(plan, options)
-        options.setdefault("microbatches", plan.microbatches)
-        seams = dataclasses.replace(options.pop("seams", None) or Seams(), budget_from_plan=from_budget)
-        return cls(stages, loss_fn=loss_fn, seams=seams, **options)
+        if microbatches is None and "microbatches" not in options and config is None:
+            microbatches = plan.microbatches
+        planned = planned_stages(plan, configured(config, microbatches, options))
+        seams = dataclasses.replace(seams or Seams(), budget_from_plan=planned.budget_from_plan)
+        names = names if names is not None else planned.names
+        return cls(planned.modules, loss_fn=loss_fn, config=planned.config, seams=seams, names=names)
 
     @classmethod
     def from_sequential(
@@ -261,12 +263,17 @@ class Pipeline:
         *,
         loss_fn: LossFn,
         microbatches: int | None = None,
+        config: PipelineConfig | None = None,
+        seams: Seams | None = None,
+        names: ModelNames | None = None,
         **options: Any,
     ) -> Pipeline:
-        """Cut ``model`` before each index in ``split`` (``[2, 4]``: layers 0-1, 2-3, 4-)."""
-        options = unfolded(options, microbatches)
-        stages = sequential_stages(model, split, options)
-        return cls.from_modules(stages, loss_fn=loss_fn, **options)
+        """Cut ``model`` before each index in ``split`` (``[2, 4]``: layers 0-1, 2-3, 4-); the stages' tensors are
+        named as the model names them (unless ``names`` is given)."""
+        stages = sequential_stages(model, split)
+        names = names if names is not None else ModelNames.of_model(tuple(model.state_dict()), ())
+        config = configured(config, microbatches, options)
+        return cls.from_modules(stages, loss_fn=loss_fn, config=config, seams=seams, names=names)
 
     # -- one step ---------------------------------------------------------------
 

@@ -1,18 +1,19 @@
 """Which stage modules a rank builds its pipeline from: its share of a list of all stages, or its stages of a
-plan (with the options the plan implies), checked against every other rank's."""
+plan (with the config the plan implies), checked against every other rank's."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch import nn
 
-from hintpipe.options import OPTIONS
+from hintpipe.options import PipelineConfig
 from hintpipe.runtime.assembly import layout_of
 from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.model_names import ModelNames
@@ -21,42 +22,40 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from hintpipe.planner.plan import Plan
 
 
-def pipeline_hint(options: Mapping[str, Any]) -> Hint:
-    """The hint the pipeline's options name (``hint``, ``microbatches``, ``chunks``; the default where one is not
-    given), resolved for its ranks (the ``mesh``'s pipeline length, or the world): the one resolution of the
-    constructor's and of :func:`stages_of_this_rank`'s, which needs the stage count before the constructor runs.
+def pipeline_hint(config: PipelineConfig) -> Hint:
+    """The hint the pipeline's config names (``hint``, ``microbatches``, ``chunks``), resolved for its ranks (the
+    ``mesh``'s pipeline length, or the world): the one resolution of the constructor's and of
+    :meth:`~hintpipe.runtime.pipeline.Pipeline.from_modules`'s, which needs the stage count before the
+    constructor runs (a hint resolved already is taken as it is).
 
     Raises:
         ValueError, HintError: as :func:`~hintpipe.schedule.resolve.resolve_hint`.
     """
-    hint = options.get("hint", OPTIONS["hint"].default)
-    return resolve_hint(hint, layout_of(options.get("mesh")).pp, options["microbatches"], options.get("chunks"))
+    return resolve_hint(config.hint, layout_of(config.mesh).pp, config.microbatches, config.chunks)
 
 
-def stages_of_this_rank(modules: Sequence[nn.Module], options: dict[str, Any]) -> dict[int, nn.Module]:
-    """This rank's stages out of *all* stage ``modules`` (global order), by the hint of ``options`` (which give
-    ``microbatches``); sets ``options["hint"]`` to the resolved hint, which the constructor then takes as it is.
+def stages_of_this_rank(modules: Sequence[nn.Module], hint: Hint, mesh: DeviceMesh | None) -> dict[int, nn.Module]:
+    """This rank's stages out of *all* stage ``modules`` (global order), by ``hint`` (this rank's position in
+    ``mesh``, or in the world).
 
     Raises:
         ValueError: a module count other than the hint's stage count.
     """
-    layout = layout_of(options.get("mesh"))
-    hint = pipeline_hint(options)
     if len(modules) != hint.num_stages:
         raise ValueError(
             f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.ranks} ranks needs "
             f"{hint.num_stages} ({hint.num_stages // hint.ranks} per rank)"
         )
-    options["hint"] = hint
-    return {s: modules[s] for s in hint.placement.stages_of(layout.position_of(dist.get_rank()))}
+    return {s: modules[s] for s in hint.placement.stages_of(layout_of(mesh).position_of(dist.get_rank()))}
 
 
-def sequential_stages(model: nn.Sequential, split: Sequence[int], options: dict[str, Any]) -> list[nn.Module]:
-    """``model`` cut before each index in ``split``; its slices keep the model's layer names, which
-    ``options["names"]`` gets (unless given).
+def sequential_stages(model: nn.Sequential, split: Sequence[int]) -> list[nn.Module]:
+    """``model`` cut before each index in ``split``; its slices keep the model's layer names.
 
     Raises:
         ValueError: split points that do not increase strictly within the model.
@@ -64,34 +63,51 @@ def sequential_stages(model: nn.Sequential, split: Sequence[int], options: dict[
     bounds = [0, *split, len(model)]
     if any(b <= a for a, b in itertools.pairwise(bounds)):
         raise ValueError(f"split points {list(split)} must increase strictly within 1..{len(model) - 1}")
-    options.setdefault("names", ModelNames.of_model(tuple(model.state_dict()), ()))
     return [model[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def planned_stages(plan: Plan, options: dict[str, Any]) -> tuple[dict[int, nn.Module], bool]:
-    """This rank's stages of ``plan``, built with parameters of their own, and whether its activation budget
-    comes from the plan's memory budget (no budget option given); fills in the options the plan implies
-    (hint, tied parameters, the model's names, the activation budget).
+@dataclasses.dataclass(frozen=True)
+class PlannedStages:
+    """This rank's stages of a plan and what the plan implies for its pipeline.
+
+    Attributes:
+        modules: its stages, with parameters of their own.
+        config: the pipeline's config with the plan's hint, its tied parameters (unless given) and, where no room
+            option was given, this rank's activation budget from the plan's memory budget.
+        budget_from_plan: whether that budget is the plan's (no room option given).
+        names: the model's names for the stages' tensors.
+    """
+
+    modules: dict[int, nn.Module]
+    config: PipelineConfig
+    budget_from_plan: bool
+    names: ModelNames
+
+
+def planned_stages(plan: Plan, config: PipelineConfig) -> PlannedStages:
+    """This rank's stages of ``plan``, built with parameters of their own, and the config the plan implies.
 
     Raises:
         ValueError: a plan for another number of ranks.
         OptionMismatch: ranks holding different plans.
     """
-    layout = layout_of(options.get("mesh"))
+    layout = layout_of(config.mesh)
     if layout.pp != plan.ranks:
         raise ValueError(f"the plan is for {plan.ranks} ranks, the pipeline has {layout.pp}")
     hint = resolve_hint(plan.hint, plan.ranks, plan.microbatches, plan.chunks)
     mine = hint.placement.stages_of(layout.position_of(dist.get_rank()))
-    from_budget = not {"memory_slack", "activation_budget", "device_budget"} & set(options)
-    if from_budget and options.get("emulate") is None and math.isfinite(room := plan.activation_room(mine)):
-        options["activation_budget"] = room
-    options["hint"] = hint
-    options.setdefault("tied", [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)])
+    room_given = bool(config.memory_slack) or config.activation_budget is not None or config.device_budget is not None
+    implied: dict[str, Any] = {"hint": hint}
+    if not room_given and config.emulate is None and math.isfinite(room := plan.activation_room(mine)):
+        implied["activation_budget"] = room
+    if not config.tied:
+        implied["tied"] = [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)]
     _same_plan(plan)
-    options.setdefault("names", ModelNames.of_model(plan.graph.state_keys, plan.tied))
     # The stages get parameters of their own, copied together (a tensor two of them share stays one): the plan
     # keeps its own, so one plan object can build several pipelines.
-    return copy.deepcopy({s: plan.build_stage(s) for s in mine}), from_budget
+    modules = copy.deepcopy({s: plan.build_stage(s) for s in mine})
+    names = ModelNames.of_model(plan.graph.state_keys, plan.tied)
+    return PlannedStages(modules, dataclasses.replace(config, **implied), not room_given, names)
 
 
 def _same_plan(plan: Plan) -> None:

@@ -90,7 +90,7 @@ class Admission(Hook):
         *,
         strict: bool = True,
         device_budget: float | None = None,
-        unit: AdmissionUnit | str = AdmissionUnit.SLOTS,
+        unit: AdmissionUnit = AdmissionUnit.SLOTS,
     ) -> None:
         self.hint = hint
         self.rank = rank
@@ -104,7 +104,7 @@ class Admission(Hook):
             self.slots = device_budgets(peaks, device_budget)[rank]
         self.memory_slack = memory_slack
         self.device_budget = device_budget
-        self.unit = AdmissionUnit.parse(unit)
+        self.unit = unit
         #: Every pipeline rank's byte budget (every rank fits the same hint to all of them), or None.
         self.budgets: tuple[float, ...] | None = None
         if isinstance(activation_budget, (int, float)):
