@@ -58,7 +58,8 @@ __all__ = ["BudgetError", "DataParallel", "NonFiniteLoss", "OnNonFinite", "Pipel
 
 def configured(config: PipelineConfig | None, microbatches: int | None, keywords: dict[str, Any]) -> PipelineConfig:
     """The pipeline's config: ``config``'s pipeline options (a subclass's own, a run's, left out) with the
-    constructor's ``keywords`` given beside it, or the keywords alone: the one object the assembly and the loop then read.
+    constructor's ``keywords`` given beside it, or the keywords alone: the one object the assembly and the loop
+    then read.
 
     Raises:
         TypeError: an option the pipeline does not take, or no ``microbatches``.
