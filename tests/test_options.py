@@ -130,8 +130,9 @@ def test_every_choice_is_read_as_its_enum_however_it_was_given() -> None:
         assert getattr(config, name) is other, name
         assert getattr(dataclasses.replace(config, **{name: field.default.value}), name) is field.default, name
         assert pickle.loads(pickle.dumps(config)) == config, name
+        nonsense: dict[str, Any] = {name: "nonsense"}
         with pytest.raises(ValueError, match=rf"^{name} 'nonsense' is unknown: choose one of "):
-            TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, **{name: "nonsense"})
+            TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, **nonsense)
 
 
 def test_the_run_config_declares_every_inherited_choice_for_the_type_checker() -> None:

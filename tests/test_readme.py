@@ -40,16 +40,18 @@ def _titled(block: str) -> str:
 
 def test_the_readme_has_the_blocks_it_shows() -> None:
     blocks = python_blocks()
-    assert len(blocks) == 7, [_titled(b) for b in blocks]
+    assert len(blocks) == 8, [_titled(b) for b in blocks]
     assert sum("share_plan" in b for b in blocks) == 1
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 def test_every_python_block_of_the_readme_runs_as_pasted(index: int, tmp_path: Path) -> None:
     block = python_blocks()[index]
     done = _run(block, tmp_path)
     assert done.returncode == 0, f"block {index} ({_titled(block)}):\n{done.stderr[-3000:]}"
     assert done.stdout.strip(), "every block prints what it computed"
+    if "hintpipe.simulate(" in block:  # 1F1B on 2 ranks, 4 micro-batches, F = 1, B = 2: the maths, exactly
+        assert done.stdout == "15.0 12.0 0.8 (2.0, 1.0)\n"
     # Nothing the ranks made is left for the launcher's resource tracker to report (the planning block's ranks
     # run torch.fx's interpreter, whose progress bar makes a multiprocessing lock).
     assert "leaked" not in done.stderr, done.stderr[-3000:]

@@ -74,7 +74,7 @@ def test_successors_invert_dependencies(name: HintName, ranks: int, chunks: int)
 def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) -> None:
     hint = _hint(name, ranks, chunks)
     result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(Policy.FIXED)
-    records = result.records()
+    records = result.timeline()
     for r in range(hint.ranks):
         by_rule = rules.in_flight_peak(hint.lists[r], hint.split_backward)
         assert RankGraph(hint, r).peak == by_rule  # the scoreboard's admission
@@ -93,8 +93,8 @@ def test_the_simulator_respects_every_dependency(name: HintName, ranks: int, chu
     hint = _hint(name, ranks, chunks)
     for policy in Policy:
         result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(policy, memory_slack=1)
-        start = {task: begin for _, task, begin, _ in result.records()}
-        end = {task: finish for _, task, _, finish in result.records()}
+        start = {task: begin for _, task, begin, _ in result.timeline()}
+        end = {task: finish for _, task, _, finish in result.timeline()}
         for task in start:
             for dep in rules.dependencies(task, hint.num_stages):
                 assert start[task] >= end[dep]

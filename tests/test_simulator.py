@@ -150,7 +150,7 @@ def test_deadlock_is_an_error_with_a_per_rank_dump() -> None:
 
 def test_trace_has_one_slice_per_task_on_its_rank(tmp_path: Path) -> None:
     result = simulate("zb-h1", 3, 4)
-    trace = chrome_trace(result.records())
+    trace = chrome_trace(result.timeline())
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(slices) == result.tasks == 36
     first = min(slices, key=lambda e: (e["ts"], e["tid"]))
@@ -158,7 +158,7 @@ def test_trace_has_one_slice_per_task_on_its_rank(tmp_path: Path) -> None:
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     assert names == {"rank 0", "rank 1", "rank 2"}
     png = tmp_path / "t.png"
-    plot_timelines([("zb-h1", result.records())], png)
+    plot_timelines([("zb-h1", result.timeline())], png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -90,7 +90,7 @@ def _sized_worker(rank: int, world: int) -> list[dict[str, Any]]:
                     {
                         "given": [n * FEATURES for n in rows],
                         "sizes": list(report.sizes),
-                        "budget": report.admission_budget[0],
+                        "budget": report.budget[0],
                         "admitted": report.admitted_peak[0],
                         "records": [(t.stage, int(t.kind), t.mb, start, end) for _, t, start, end in report.records],
                     }

@@ -124,7 +124,7 @@ def _study(**options: Any) -> list[float]:
 
 def _predicted(module: Any, **room: Any) -> float:
     hint = _hint()
-    records = Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED).records()
+    records = Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED).timeline()
     return float(module.predict_step_time(hint, records, None, Policy.READY, **room))
 
 

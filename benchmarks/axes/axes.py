@@ -77,7 +77,7 @@ def run(config: TrainConfig, emulate: EmulatedCosts | None) -> TrainResult:
 
 def row(layout: tuple[int, int, int, str], policy: str, result: TrainResult, emulated: bool) -> dict[str, Any]:
     dp, pp, tp, mode = layout
-    times = [r.step_time for r in result.measured]
+    times = [r.makespan for r in result.measured]
     return {
         "layout": f"DP{dp} x PP{pp} x TP{tp}" + (f" ({mode})" if dp > 1 and not emulated else ""),
         "ranks": dp * pp * tp,

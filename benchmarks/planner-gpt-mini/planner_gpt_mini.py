@@ -722,7 +722,7 @@ def train_worker(rank: int, world: int, cases: list[Case], work: Workload) -> li
                 "label": case.label,
                 "policy": case.policy,
                 "activation_budget": room,
-                "step_times": [r.step_time for r in reports],
+                "step_times": [r.makespan for r in reports],
                 "tokens": tokens,
                 "losses": losses,
                 "peak_live_bytes": [max(r.peak_live_bytes[i] for r in reports) for i in range(len(reports[0].ranks))],

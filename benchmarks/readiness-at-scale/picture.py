@@ -45,7 +45,7 @@ def main() -> None:
         result = simulator.run(policy, drawn.ordered(order), activation_budget=budgets)
         budget = ", per-device budget" if device else ""
         title = f"{name}, {order} order, {policy.value}{budget}: makespan {result.makespan:.0f}"
-        panels.append((title, result.records()))
+        panels.append((title, result.timeline()))
         print(title)
     plot_timelines(panels, args.out)
 

@@ -217,7 +217,7 @@ def emulated(
         result = train(config)
         assert result is not None
         measured = result.reports[2:]
-        times = [r.step_time for r in measured]
+        times = [r.makespan for r in measured]
         hint = config.resolved_hint
         rows.append(
             {

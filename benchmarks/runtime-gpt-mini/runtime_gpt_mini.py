@@ -185,7 +185,7 @@ class PolicyRuns:
     def throughput(self) -> float:
         """Tokens per second pooled over every run's measured steps (the first step of each run excluded)."""
         tokens = sum(sum(r.tokens[1:]) for r in self.results)
-        return tokens / sum(sum(s.step_time for s in r.measured) for r in self.results)
+        return tokens / sum(sum(s.makespan for s in r.measured) for r in self.results)
 
     @property
     def each(self) -> list[float]:
@@ -209,7 +209,7 @@ def compare_policies(config: TrainConfig, repeats: int) -> dict[str, PolicyRuns]
 def policy_row(label: str, runs: dict[str, PolicyRuns]) -> list[str]:
     fixed, ready = runs["fixed"], runs["ready"]
     pairs = " ".join(f"{r / f:.3f}" for f, r in zip(fixed.each, ready.each, strict=True))
-    step = statistics.median(s.step_time for r in fixed.results for s in r.measured)
+    step = statistics.median(s.makespan for r in fixed.results for s in r.measured)
     return [
         label,
         f"{step * 1e3:.0f}",
@@ -338,8 +338,8 @@ def part_c(groups: dict[str, Agreement], what: str) -> tuple[str, list[dict[str,
             errors, signed = [], []
             for report in reports:
                 predicted = predict_step_time(group.hint, report, Policy(policy_name), group.slack)
-                errors.append(abs(predicted - report.step_time) / report.step_time)
-                signed.append((predicted - report.step_time) / report.step_time)
+                errors.append(abs(predicted - report.makespan) / report.makespan)
+                signed.append((predicted - report.makespan) / report.makespan)
             entry[policy_name] = {"mare": statistics.mean(errors), "mean_signed": statistics.mean(signed)}
             cells += [f"{statistics.mean(errors):.1%}", f"{statistics.mean(signed):+.1%}", str(len(errors))]
         gains = [
@@ -532,7 +532,7 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
     internal: list[float] = []
     if pipe is not None:
         for report in pipe.reports:
-            internal.append(report.step_time)
+            internal.append(report.makespan)
             for kind in (Kind.F, Kind.B):
                 for s in range(hint.num_stages):
                     mbs = [t.mb for _, t, _, _ in report.records if t.stage == s and t.kind is kind]
@@ -715,7 +715,7 @@ def runs_payload(runs: dict[str, dict[str, PolicyRuns]]) -> dict[str, Any]:
             policy: {
                 "throughput": pr.throughput,
                 "each": pr.each,
-                "step_times": [[s.step_time for s in r.reports] for r in pr.results],
+                "step_times": [[s.makespan for s in r.reports] for r in pr.results],
                 "losses": [list(r.losses) for r in pr.results],
             }
             for policy, pr in by_policy.items()

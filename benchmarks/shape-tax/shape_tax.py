@@ -124,7 +124,7 @@ def inside_rank(rank: int, world: int, lengths: str, steps: int) -> dict[str, An
             for module in pipe.modules.values():
                 module.zero_grad(set_to_none=True)
             computations.append(list(log))
-            step_times.append(pipe.reports[-1].step_time)
+            step_times.append(pipe.reports[-1].makespan)
             tokens.append(sum(counts))
     return {"computations": [computations], "step_times": step_times, "tokens": tokens}
 

@@ -80,7 +80,7 @@ def worker(
         pipe.step()
         wall = time.perf_counter() - began
         walls.append(wall)
-        outside.append(wall - pipe.reports[-1].step_time)
+        outside.append(wall - pipe.reports[-1].makespan)
     pipe.close()
     return {"wall": walls, "outside": outside}
 

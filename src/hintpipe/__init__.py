@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from hintpipe.forming.cost import SequenceCost
     from hintpipe.forming.form import Formation, form_microbatches
     from hintpipe.forming.profiled import profile_sequence_cost
+    from hintpipe.observe.step_record import StepRecord
     from hintpipe.options import PipelineConfig
     from hintpipe.planner.capture import CaptureError, split_point
     from hintpipe.planner.plan import Plan, plan, share_plan
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
     from hintpipe.runtime.parallel.tied import TiedParameter
     from hintpipe.runtime.pipeline import Pipeline
     from hintpipe.sampler import ReplicaSampler
+    from hintpipe.sim.cost_model import CostModel
+    from hintpipe.sim.simulate import simulate
 
 #: Public name -> the module defining it (imported on first use: most of them need torch).
 _LAZY = {
@@ -92,6 +95,9 @@ _LAZY = {
     "text_corpus": "hintpipe.apps.text_files",
     "token_sequences": "hintpipe.apps.corpus",
     "held_out_batches": "hintpipe.apps.batches",
+    "StepRecord": "hintpipe.observe.step_record",
+    "simulate": "hintpipe.sim.simulate",
+    "CostModel": "hintpipe.sim.cost_model",
 }
 
 
@@ -109,6 +115,7 @@ __all__ = [
     "CaptureError",
     "CheckpointError",
     "Checkpointer",
+    "CostModel",
     "EmulatedCosts",
     "Formation",
     "FormedBatch",
@@ -126,6 +133,7 @@ __all__ = [
     "ReplicaSampler",
     "Scoreboard",
     "SequenceCost",
+    "StepRecord",
     "StepReport",
     "StopRequest",
     "Task",
@@ -146,6 +154,7 @@ __all__ = [
     "run_ranks",
     "save_plan",
     "share_plan",
+    "simulate",
     "split_point",
     "text_corpus",
     "token_sequences",

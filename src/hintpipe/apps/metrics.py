@@ -42,8 +42,8 @@ def write_step(
     """The figures of the step after which ``steps`` steps have run."""
     figures = {
         "loss": loss,
-        unit: tokens / report.step_time if report.step_time > 0 else 0.0,
-        "step_time_s": report.step_time,
+        unit: tokens / report.makespan if report.makespan > 0 else 0.0,
+        "step_time_s": report.makespan,
         "bubble": statistics.mean(report.bubble) if report.bubble else 0.0,
         "peak_activation_bytes": float(max(report.peak_live_bytes, default=0)),
     }

@@ -38,7 +38,7 @@ def predict_step_time(
             f"step {report.step}'s timelines were not kept; train with timelines=True (--trace or --timeline) "
             "and predict from rank 0's reports"
         )
-    budgets = report.admission_budget
+    budgets = report.budget
     whole = len(budgets) == hint.ranks and all(math.isfinite(b) for b in budgets)
     return _predict(
         hint,

@@ -239,14 +239,14 @@ class TrainResult:
     @property
     def step_time_median(self) -> float:
         """Seconds: the median over the measured steps."""
-        return statistics.median(r.step_time for r in self.measured)
+        return statistics.median(r.makespan for r in self.measured)
 
     @property
     def throughput(self) -> float:
         """Tokens (language models) or samples (mlp) per second over the measured steps."""
         steps = self.measured
         first = len(self.reports) - len(steps)
-        return sum(self.tokens[first:]) / sum(r.step_time for r in steps)
+        return sum(self.tokens[first:]) / sum(r.makespan for r in steps)
 
     @property
     def efficiency(self) -> float:
@@ -278,9 +278,7 @@ class TrainResult:
         its budget, in admission's units: slots, input elements, bytes): at most 1.0, the budget being a hard
         limit."""
         ranks = range(len(self.reports[0].ranks))
-        shares = [
-            [r.admitted_peak[i] / r.admission_budget[i] for r in self.reports if r.admission_budget] for i in ranks
-        ]
+        shares = [[r.admitted_peak[i] / r.budget[i] for r in self.reports if r.budget] for i in ranks]
         return [max(s, default=math.nan) for s in shares]
 
     def records(self, step: int = -1) -> tuple[Record, ...]:

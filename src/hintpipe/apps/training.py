@@ -248,7 +248,7 @@ def _optimizer(config: TrainConfig, params: list[torch.nn.Parameter]) -> torch.o
 def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
     """The step line for the step just run: the global batch's loss and tokens, the step's time, and (before
     the last step) the time the rest of the run will take."""
-    seconds = run.reports[-1].step_time
+    seconds = run.reports[-1].makespan
     unit = f"{config.model.spec.unit}/s"
     left = config.steps - step - 1
     remaining = f", ETA {eta(time.perf_counter() - run.started, step + 1 - run.first, left)}" if left else ""

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         results[policy] = result
     fixed, ready = results["fixed"], results["ready"]
     plot_timelines(
-        [(f"1f1b, {p}: last step {r.reports[-1].step_time * 1e3:.0f} ms", r.records()) for p, r in results.items()],
+        [(f"1f1b, {p}: last step {r.reports[-1].makespan * 1e3:.0f} ms", r.records()) for p, r in results.items()],
         args.timeline,
         unit="seconds",
     )

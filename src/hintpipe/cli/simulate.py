@@ -82,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
         )
     shown = summaries.get(policy, summaries[policies[-1]])
     if args.trace:
-        write_chrome_trace(shown.last.records(), args.trace, label=f"{hint.name} / {shown.policy.value}")
+        write_chrome_trace(shown.last.timeline(), args.trace, label=f"{hint.name} / {shown.policy.value}")
     if args.timeline:
         plot_timelines(
             [
-                (f"{hint.name}, {s.policy.value}: makespan {s.last.makespan:.4g}", s.last.records())
+                (f"{hint.name}, {s.policy.value}: makespan {s.last.makespan:.4g}", s.last.timeline())
                 for s in summaries.values()
             ],
             args.timeline,

@@ -46,7 +46,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "device": config.device,
         "transport": result.transport,
         "device_peak_bytes": result.device_peak_bytes,
-        "step_times_s": [r.step_time for r in result.reports],
+        "step_times_s": [r.makespan for r in result.reports],
         "bubble": [list(r.bubble) for r in result.reports],
         "max_grad_abs_diff": result.max_grad_abs_diff,
         "max_grad_rel_diff": result.max_grad_rel_diff,
@@ -86,10 +86,10 @@ def step_table(result: TrainResult) -> Table:
             if index == half:
                 table.add_row("...", *[""] * (len(table.columns) - 1))
             continue
-        rates = [tokens / report.step_time] if dp == 1 else [tokens / report.step_time, tokens / dp / report.step_time]
+        rates = [tokens / report.makespan] if dp == 1 else [tokens / report.makespan, tokens / dp / report.makespan]
         table.add_row(
             str(report.step + 1),  # steps run, as the log lines and TensorBoard count them
-            f"{report.step_time * 1e3:.1f}",
+            f"{report.makespan * 1e3:.1f}",
             *(f"{rate:,.0f}" for rate in rates),
             f"{report.efficiency:.3f}",
             " ".join(f"{b:.2f}" for b in report.bubble),

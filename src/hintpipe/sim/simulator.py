@@ -18,13 +18,14 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.renamed import renamed
+from hintpipe.observe.step_record import StepRecord
+from hintpipe.observe.trace import Record
+from hintpipe.renamed import renamed, retired_attribute
 from hintpipe.schedule.budgets import slack_room
 from hintpipe.schedule.by_size import fit_step, size_room, size_weights
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.per_position import float_view
-from hintpipe.schedule.task import Task
 from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
 from hintpipe.sim.bounds import lower_bound, memory_bound
 from hintpipe.sim.cost_model import CostModel
@@ -39,9 +40,10 @@ class DeadlockError(RuntimeError):
     """Tasks remain but nothing is ready and nothing is running."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SimResult:
-    """What one simulated step did.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimResult(StepRecord):
+    """What one simulated step did: a :class:`~hintpipe.observe.step_record.StepRecord` (see [Note: one record
+    of a step]), the same record the runtime reports a step in.
 
     ``starts[r][i]`` / ``ends[r][i]`` are the times of rank ``r``'s task at
     hint position ``i`` (``hint.lists[r][i]``). Under admission by size ``hint``
@@ -52,38 +54,16 @@ class SimResult:
     """
 
     hint: Hint
-    policy: Policy
-    makespan: float
-    lower_bound: float
-    busy: tuple[float, ...]
-    peak_live: tuple[float, ...]
-    budget: tuple[float, ...]
     starts: tuple[tuple[float, ...], ...]
     ends: tuple[tuple[float, ...], ...]
     sim_seconds: float
     memory_bound: float = 0.0
 
     @property
-    def efficiency(self) -> float:
-        return self.lower_bound / self.makespan if self.makespan > 0 else 1.0
-
-    @property
-    def bubble(self) -> tuple[float, ...]:
-        """Per rank, the idle share of the makespan."""
-        if self.makespan <= 0:
-            return tuple(0.0 for _ in self.busy)
-        return tuple(1.0 - b / self.makespan for b in self.busy)
-
-    @property
-    def bubble_fraction(self) -> float:
-        bubble = self.bubble
-        return sum(bubble) / len(bubble)
-
-    @property
     def tasks(self) -> int:
         return self.hint.num_tasks
 
-    def records(self) -> list[tuple[int, Task, float, float]]:
+    def timeline(self) -> tuple[Record, ...]:
         """``(rank, task, start, end)`` for every task, in start order."""
         rows = [
             (r, task, self.starts[r][i], self.ends[r][i])
@@ -91,7 +71,12 @@ class SimResult:
             for i, task in enumerate(tasks)
         ]
         rows.sort(key=lambda row: (row[2], row[0]))
-        return rows
+        return tuple(rows)
+
+    def records(self) -> tuple[Record, ...]:
+        """:meth:`timeline`'s name before 0.7 (the runtime's report has ``records``, its tasks as a field)."""
+        retired_attribute("SimResult.records()", "SimResult.timeline()")
+        return self.timeline()
 
 
 class Simulator:

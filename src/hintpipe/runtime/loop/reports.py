@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.distributed as dist
 
+from hintpipe.observe.step_record import StepRecord
 from hintpipe.observe.trace import Record
+from hintpipe.renamed import retired_attribute
 from hintpipe.runtime import liveness
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
@@ -34,15 +36,21 @@ if TYPE_CHECKING:
     from hintpipe.runtime.loop.step_state import StepState
 
 
-@dataclasses.dataclass(frozen=True)
-class StepReport:
-    """What one step did. Per-rank tuples are indexed like ``ranks`` (every rank on
-    rank 0, this rank alone elsewhere).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepReport(StepRecord):
+    """What one step did: a :class:`~hintpipe.observe.step_record.StepRecord` (see [Note: one record of a
+    step]), the record the simulator predicts a step in. Per-rank tuples are indexed like ``ranks`` (every
+    rank on rank 0, this rank alone elsewhere).
 
     Attributes:
-        step_time: from the first covered rank's loop start to the last task's end (one wall clock).
+        makespan: from the first covered rank's loop start to the last task's end (one wall clock; ``step_time``
+            before 0.7).
         lower_bound: max(busiest rank, one micro-batch's critical path) from the
             measured task times (rank 0 only; NaN elsewhere).
+        peak_live: per covered rank, the most micro-batches' activations it held at once (slots).
+        budget: per covered rank, the most its scoreboard let it hold, in admission's units (micro-batch
+            slots; input elements under ``admission="size"``; bytes under an ``activation_budget``;
+            ``admission_budget`` before 0.7).
         records: ``(rank, task, start, end)``: this rank's tasks, or on rank 0
             with timelines kept, every rank's, in start order.
         plan_costs: the per-stage ``[F, B, W]`` costs ``ready`` planned this step
@@ -52,14 +60,9 @@ class StepReport:
 
     step: int
     rank: int
-    policy: Policy
-    step_time: float
-    lower_bound: float
     records: tuple[Record, ...]
-    peak_live: tuple[float, ...]
     peak_live_bytes: tuple[int, ...]
     loss: float | None
-    busy: tuple[float, ...] = ()
     ranks: tuple[int, ...] = ()
     plan_costs: tuple[tuple[float, ...], ...] | None = None
     #: Per covered rank, with data parallelism: how long its earliest-starting gradient reduction had to
@@ -76,22 +79,27 @@ class StepReport:
     #: but the computing thread's time inside tasks (messages, notices, scheduling; see [Note: the runtime's
     #: own CPU time] in :mod:`hintpipe.runtime.loop.step_loop`).
     runtime_cpu: tuple[float, ...] = ()
-    #: Per covered rank: the most its scoreboard counted as held at once, and its budget, in admission's
-    #: units (micro-batch slots; input elements under ``admission="size"``; bytes under an
-    #: ``activation_budget``); and each slot's input elements where the step knew them (admission by size,
-    #: an order by size), else empty.
+    #: Per covered rank: the most its scoreboard counted as held at once, in admission's units (see
+    #: ``budget``); and each slot's input elements where the step knew them (admission by size, an order by
+    #: size), else empty.
     admitted_peak: tuple[float, ...] = ()
-    admission_budget: tuple[float, ...] = ()
     sizes: tuple[int, ...] = ()
 
-    @property
-    def efficiency(self) -> float:
-        return self.lower_bound / self.step_time if self.step_time > 0 else 1.0
+    def timeline(self) -> tuple[Record, ...]:
+        """The step's ``records``: every covered rank's tasks on rank 0 with timelines kept, else this rank's."""
+        return self.records
 
     @property
-    def bubble(self) -> tuple[float, ...]:
-        """Per covered rank, the idle share of the step."""
-        return tuple(1.0 - b / self.step_time for b in self.busy)
+    def step_time(self) -> float:
+        """:attr:`makespan`'s name before 0.7."""
+        retired_attribute("StepReport.step_time", "StepReport.makespan")
+        return self.makespan
+
+    @property
+    def admission_budget(self) -> tuple[float, ...]:
+        """:attr:`budget`'s name before 0.7."""
+        retired_attribute("StepReport.admission_budget", "StepReport.budget")
+        return self.budget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +209,7 @@ def gather_report(
         step=step,
         rank=rank,
         policy=policy,
-        step_time=max(s.started - origin + s.loop_time for s in summaries),
+        makespan=max(s.started - origin + s.loop_time for s in summaries),
         lower_bound=bound,
         records=tuple(sorted(records, key=lambda r: (r[2], r[0]))),
         peak_live=tuple(s.peak_slots for s in summaries),
@@ -216,7 +224,7 @@ def gather_report(
         allocated_over_counted=tuple(s.allocated_over_counted for s in summaries),
         runtime_cpu=tuple(s.runtime_cpu for s in summaries),
         admitted_peak=tuple(s.admitted_peak for s in summaries),
-        admission_budget=tuple(s.admission_budget for s in summaries),
+        budget=tuple(s.admission_budget for s in summaries),
         sizes=mine.sizes,
     )
 

@@ -1,0 +1,70 @@
+"""``hintpipe.simulate``: one step of a schedule on the event simulator, as the runtime would report it.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hintpipe.schedule.fit import AdmissionUnit
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import MicrobatchOrder
+from hintpipe.schedule.resolve import resolve_hint
+from hintpipe.scoreboard import Policy
+from hintpipe.sim.compare import run_study
+from hintpipe.sim.cost_model import CostModel
+from hintpipe.sim.simulator import SimResult
+from hintpipe.sim.variability import parse_variability
+
+
+def simulate(
+    hint: str | Hint = "1f1b",
+    *,
+    ranks: int,
+    microbatches: int,
+    policy: Policy | str = Policy.READY,
+    chunks: int | None = None,
+    costs: CostModel | None = None,
+    variability: Sequence[str] = (),
+    seed: int = 0,
+    memory_slack: float = 0.0,
+    activation_budget: Sequence[float] | None = None,
+    device_budget: float | None = None,
+    microbatch_order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
+    admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
+) -> SimResult:
+    """Simulate one step of ``hint`` on ``ranks`` ranks and ``microbatches`` micro-batches under ``policy``, as
+    ``hintpipe simulate`` does (its options by the same names): the step's
+    :class:`~hintpipe.observe.step_record.StepRecord`, the record a :class:`~hintpipe.runtime.pipeline.Pipeline`
+    reports its steps in (see [Note: one record of a step]).
+
+    Args:
+        hint: a schedule's name, a CSV file, or a :class:`~hintpipe.schedule.hint.Hint`.
+        costs: each stage's forward, backward and weight-gradient cost (default: all 1, W split off where the
+            hint splits it).
+        variability: ``--variability`` specs (``mb:0.5``, ``moe:8:2``, ...; see :mod:`hintpipe.sim.variability`),
+            drawn from ``seed``.
+        memory_slack, activation_budget, device_budget, microbatch_order, admission: the room and the order, as
+            the pipeline takes them.
+
+    Raises:
+        ValueError: an unknown hint, policy or variability spec, or sizes the hint does not support.
+        DeadlockError, BudgetError: as :meth:`~hintpipe.sim.simulator.Simulator.run`.
+    """
+    resolved = resolve_hint(hint, ranks, microbatches, chunks)
+    models = [parse_variability(spec) for spec in variability]
+    chosen = Policy.parse(policy)
+    study = run_study(
+        resolved,
+        [chosen],
+        cost_model=costs,
+        variability=models,
+        seed=seed,
+        memory_slack=memory_slack,
+        activation_budget=activation_budget,
+        device_budget=device_budget,
+        microbatch_order=microbatch_order,
+        admission=admission,
+    )
+    return study[chosen].last
