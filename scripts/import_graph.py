@@ -2,14 +2,16 @@
 
 The parts are the folders (``schedule/``, ``sim/``, ``planner/``, ``runtime/``,
 ``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, the options
-table (``options`` and ``run_options``: a top floor that only refers to the enums their owners
-define) and the foundation below all of them (``choice``, ``spec``, ``units``,
-``option``, ``device``, ``device_choice``, ``policy``, ``tensor_bytes``, ``sampler``, ``renamed``). Every
-``import`` of a hintpipe module counts, wherever it stands (at the top, in a
-function, under ``TYPE_CHECKING``): a dependency is a dependency, even when it
-is deferred.
+table (``options`` and ``run_options``: the config every part reads, the runtime included, so it stands
+below the runtime, the applications and the command line, and refers only to the enums of
+``hintpipe.modes`` and of the parts below it) and the foundation below all of them (``choice``,
+``spec``, ``units``, ``option``, ``modes``, ``device``, ``device_choice``, ``policy``, ``tensor_bytes``,
+``sampler``, ``renamed``). Every ``import`` of a hintpipe module counts, wherever it stands (at the
+top, in a function, under ``TYPE_CHECKING``): a dependency is a dependency, even when it is deferred.
+The one exception is named: the options table may name the runtime's types of its object-valued
+options under ``TYPE_CHECKING`` (:data:`TYPE_ONLY`), for the type checker; it runs none of their code.
 
-Three rules, each failing the script:
+Three rules, each failing the script (each a function of a graph, which its tests make up):
 
 - **forbidden arrows** between parts (:data:`FORBIDDEN`), and the foundation imports only the foundation;
 - **the runtime's floors** (:data:`RUNTIME_FLOORS`): a runtime module imports runtime modules of its own
@@ -35,6 +37,12 @@ FORBIDDEN = {("planner", "runtime"), ("sim", "runtime"), ("runtime", "apps"), ("
 FORBIDDEN |= {("forming", "runtime"), ("runtime", "forming")}
 #: The data (corpora prepared into shards, read by documents) needs neither the runtime nor the applications.
 FORBIDDEN |= {("data", "runtime"), ("data", "apps"), ("data", "cli")}
+#: The options table is the config every part reads: nothing above it may be imported by it (an arrow up
+#: through the options would make the runtime, which takes its config, import what imports it).
+FORBIDDEN |= {("options", above) for above in ("runtime", "apps", "cli", "planner", "sim", "data")}
+#: Arrows allowed for imports under ``TYPE_CHECKING`` only: the types of the runtime's object-valued options
+#: (``EmulatedCosts``, ``FsdpOptions``, ``TiedParameter``) in the config's fields.
+TYPE_ONLY = {("options", "runtime")}
 FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "data", "apps", "cli", "observe")
 #: The foundation: modules every part may use, which use none of them.
 FOUNDATION = "base"
@@ -42,7 +50,7 @@ FOUNDATION = "base"
 #: subpackages (``runtime/loop/``); everything else in the runtime is the top floor (assembly, the facade,
 #: the launcher, faults).
 RUNTIME_FLOORS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "modes", "model_names", "liveness", "launcher_env"}),
+    frozenset({"errors", "model_names", "liveness", "launcher_env"}),
     frozenset({"transport", "checkpoint"}),
     frozenset({"loop"}),
     frozenset({"parallel"}),
@@ -82,39 +90,64 @@ def module_name(path: Path) -> str:
     return ".".join(names)
 
 
-def imports(path: Path) -> set[str]:
-    """The hintpipe modules ``path`` imports (relative imports resolved)."""
-    found: set[str] = set()
+def imports(path: Path) -> dict[str, bool]:
+    """The hintpipe modules ``path`` imports (relative imports resolved), each with whether it is imported only
+    under ``if TYPE_CHECKING:``."""
+    found: dict[str, bool] = {}
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    for node in ast.walk(tree):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("hintpipe")}
+            names = [alias.name for alias in node.names if alias.name.startswith("hintpipe")]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             if base.startswith("hintpipe"):
-                found.add(base)
+                names = [base]
+        for name in names:
+            found[name] = found.get(name, True) and id(node) in typing_only
     return found
 
 
-def graph() -> dict[tuple[str, str], list[tuple[str, str]]]:
-    """(from part, to part) -> the (module, imported module) pairs behind that arrow."""
-    arrows: dict[tuple[str, str], list[tuple[str, str]]] = collections.defaultdict(list)
+def graph() -> dict[tuple[str, str], list[tuple[str, str, bool]]]:
+    """(from part, to part) -> the (module, imported module, only under ``TYPE_CHECKING``) behind that arrow."""
+    arrows: dict[tuple[str, str], list[tuple[str, str, bool]]] = collections.defaultdict(list)
     for path in sorted(SOURCE.rglob("*.py")):
         source = module_name(path)
-        for target in sorted(imports(path)):
+        for target, type_only in sorted(imports(path).items()):
             a, b = part(source), part(target)
             if a != b:
-                arrows[(a, b)].append((source, target))
+                arrows[(a, b)].append((source, target, type_only))
     return arrows
+
+
+def forbidden(arrows: dict[tuple[str, str], list[tuple[str, str, bool]]]) -> list[str]:
+    """Every import behind a forbidden arrow (one a :data:`TYPE_ONLY` arrow allows under ``TYPE_CHECKING``
+    aside), and every import of the foundation's of a part."""
+    out = []
+    for (a, b), pairs in sorted(arrows.items()):
+        if (a, b) not in FORBIDDEN and not (a == FOUNDATION and b != FOUNDATION):
+            continue
+        for source, target, type_only in pairs:
+            if not (type_only and (a, b) in TYPE_ONLY):
+                out.append(f"forbidden: {source} imports {target} ({a} -> {b})")
+    return out
 
 
 def module_imports() -> dict[str, set[str]]:
     """Module -> the hintpipe modules it imports (each an existing module or package)."""
-    found = {module_name(path): imports(path) for path in sorted(SOURCE.rglob("*.py"))}
+    found = {module_name(path): set(imports(path)) for path in sorted(SOURCE.rglob("*.py"))}
     return {source: {t for t in targets if t in found and t != source} for source, targets in found.items()}
 
 
@@ -173,17 +206,14 @@ def main() -> int:
         SOURCE = Path(sys.argv[1]).resolve()
     arrows = graph()
     width = max(len(f"{a} -> {b}") for a, b in arrows)
+    bad = forbidden(arrows)
     for (a, b), pairs in sorted(arrows.items()):
-        mark = "  FORBIDDEN" if (a, b) in FORBIDDEN or (a == FOUNDATION and b != FOUNDATION) else ""
-        print(f"{f'{a} -> {b}':<{width}}  {len(pairs):3d} imports{mark}")
-    bad = [
-        (arrow, pairs)
-        for arrow, pairs in sorted(arrows.items())
-        if arrow in FORBIDDEN or (arrow[0] == FOUNDATION and arrow[1] != FOUNDATION)
-    ]
-    for (a, b), pairs in bad:
-        for source, target in pairs:
-            print(f"forbidden: {source} imports {target} ({a} -> {b})", file=sys.stderr)
+        mark = "  FORBIDDEN" if any(f"({a} -> {b})" in line for line in bad) else ""
+        typed = sum(type_only for *_, type_only in pairs)
+        note = f" ({typed} under TYPE_CHECKING)" if typed else ""
+        print(f"{f'{a} -> {b}':<{width}}  {len(pairs):3d} imports{note}{mark}")
+    for line in bad:
+        print(line, file=sys.stderr)
     edges = module_imports()
     breaches = floor_breaches(edges)
     for line in breaches:

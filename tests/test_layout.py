@@ -26,7 +26,7 @@ TORCH_FREE = [
     "hintpipe.observe.trace",
     "hintpipe.runtime",
     "hintpipe.runtime.errors",
-    "hintpipe.runtime.modes",
+    "hintpipe.modes",
     "hintpipe.device_choice",
     "hintpipe.sim.sample",
     "hintpipe.runtime.injection",
@@ -121,7 +121,7 @@ def test_the_import_rules_find_a_cycle_and_a_floor_breached() -> None:
     assert rules.floor_breaches(edges) == [
         "floor: hintpipe.runtime.loop.a (floor 2) imports hintpipe.runtime.parallel.b (floor 3)"
     ]
-    assert [rules.part(m) for m in ("hintpipe.options", "hintpipe.device", "hintpipe.runtime.modes")] == [
+    assert [rules.part(m) for m in ("hintpipe.options", "hintpipe.device", "hintpipe.modes")] == [
         "options",
         "base",
         "runtime",

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.device_choice import DeviceChoice
+from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, ChoiceField, Option
 from hintpipe.run_options import RANKS, RUN_OPTIONS
-from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder

@@ -6,9 +6,8 @@ This module is torch-free.
 
 from __future__ import annotations
 
-from hintpipe.apps.lr_schedule import LrSchedule
-from hintpipe.apps.optimizer import OptimizerName
 from hintpipe.forming.form import Forming
+from hintpipe.modes import LrSchedule, OptimizerName
 from hintpipe.option import Option
 
 _TRAIN = frozenset({"train"})

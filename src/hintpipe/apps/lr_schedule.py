@@ -11,20 +11,7 @@ from __future__ import annotations
 
 import math
 
-from hintpipe.choice import Choice
-
-
-class LrSchedule(Choice):
-    """``constant``; ``warmup-cosine``: linear from ``1 / (warm-up + 1)`` to 1 over the warm-up steps, then a
-    half cosine down to 0 at the last step; ``warmup-linear``: the same warm-up, then a straight line to 0."""
-
-    CONSTANT = "constant"
-    WARMUP_COSINE = "warmup-cosine"
-    WARMUP_LINEAR = "warmup-linear"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "lr_schedule"
+from hintpipe.modes import LrSchedule as LrSchedule
 
 
 def lr_factor(schedule: LrSchedule, step: int, steps: int, warmup: int) -> float:

@@ -13,21 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from hintpipe.choice import Choice
+from hintpipe.modes import OptimizerName as OptimizerName
 
 if TYPE_CHECKING:
     import torch
-
-
-class OptimizerName(Choice):
-    """``adamw`` (``torch.optim.AdamW``) or ``sgd`` (``torch.optim.SGD``)."""
-
-    ADAMW = "adamw"
-    SGD = "sgd"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "optimizer"
 
 
 def parse_betas(text: str, label: str = "--betas") -> tuple[float, float]:

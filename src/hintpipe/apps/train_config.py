@@ -28,8 +28,8 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
+    from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
     from hintpipe.policy import Policy
-    from hintpipe.runtime.modes import DataParallel, OnNonFinite, Precision, TransportChoice
     from hintpipe.schedule.fit import AdmissionUnit
     from hintpipe.schedule.microbatch_order import MicrobatchOrder
 

@@ -15,7 +15,7 @@
   :mod:`~hintpipe.runtime.rank_entry` and runs :mod:`~hintpipe.runtime.rank_process`),
   :mod:`~hintpipe.runtime.faults` (with
   :mod:`~hintpipe.runtime.injection`), and below them all :mod:`~hintpipe.runtime.errors`,
-  :mod:`~hintpipe.runtime.modes` (the runtime's choices), :mod:`~hintpipe.runtime.model_names`,
+  :mod:`~hintpipe.modes` (the runtime's choices), :mod:`~hintpipe.runtime.model_names`,
   :mod:`~hintpipe.runtime.liveness` (which peer stopped answering) and
   :mod:`~hintpipe.runtime.launcher_env` (what a launcher tells its ranks).
 

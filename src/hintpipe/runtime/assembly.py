@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
+from hintpipe.modes import DataParallel, Precision, TransportChoice
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import WatchdogTimeout
@@ -49,7 +50,6 @@ from hintpipe.runtime.loop.ready_plan import ReadyPlanner
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer
-from hintpipe.runtime.modes import DataParallel, Precision, TransportChoice
 from hintpipe.runtime.option_agreement import agree_on_options
 from hintpipe.runtime.parallel.data_parallel import GradientAverage
 from hintpipe.runtime.parallel.fsdp import FsdpOptions, ShardedReduction, check_sharding, shard_stages

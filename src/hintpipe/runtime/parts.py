@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.modes import TransportChoice
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.agreement import Agreement
@@ -24,7 +25,6 @@ from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor
 from hintpipe.runtime.loop.hooks import StepHook
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.timing import DeviceTimer, Event
-from hintpipe.runtime.modes import TransportChoice
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.schedule.hint import Hint

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.modes import DataParallel, OnNonFinite, TransportChoice
 from hintpipe.options import PipelineConfig
 from hintpipe.renamed import retired_attribute
 from hintpipe.runtime.assembly import assemble
@@ -41,7 +42,6 @@ from hintpipe.runtime.loop.executor import Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.model_names import ModelNames
-from hintpipe.runtime.modes import DataParallel, OnNonFinite, TransportChoice
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parts import Parts, Seams
 from hintpipe.runtime.planned_stages import pipeline_hint, planned_stages, sequential_stages, stages_of_this_rank

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from hintpipe.runtime.modes import TransportChoice
+from hintpipe.modes import TransportChoice
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 
 __all__ = ["Transport", "TransportChoice", "choose_transport"]

@@ -1,8 +1,10 @@
-"""The runtime's own choices, as enums the options table refers to (:mod:`hintpipe.options`).
+"""The choices of the pipeline and of a run, as enums the options table refers to (:mod:`hintpipe.options`).
 
-They belong to the runtime (the step's agreement, data parallelism, the executor's precision, the
-transports), not to the table that lists them; kept here, torch-free, so that the command line can show and
-check them without importing torch.
+The runtime's (the step's agreement, data parallelism, the executor's precision, the transports) and the
+run's (its optimizer and learning-rate schedule): torch-free and below every part, so that the options
+table, which every part reads (the runtime takes its :class:`~hintpipe.options.PipelineConfig`), refers to
+them without reaching up into the runtime or the applications that use them; and so that the command line
+can show and check them without importing torch.
 """
 
 from __future__ import annotations
@@ -57,3 +59,27 @@ class TransportChoice(Choice):
     @classmethod
     def noun(cls) -> str:
         return "transport"
+
+
+class LrSchedule(Choice):
+    """``constant``; ``warmup-cosine``: linear from ``1 / (warm-up + 1)`` to 1 over the warm-up steps, then a
+    half cosine down to 0 at the last step; ``warmup-linear``: the same warm-up, then a straight line to 0."""
+
+    CONSTANT = "constant"
+    WARMUP_COSINE = "warmup-cosine"
+    WARMUP_LINEAR = "warmup-linear"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "lr_schedule"
+
+
+class OptimizerName(Choice):
+    """``adamw`` (``torch.optim.AdamW``) or ``sgd`` (``torch.optim.SGD``)."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "optimizer"
