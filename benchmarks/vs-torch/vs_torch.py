@@ -34,7 +34,9 @@ from hintpipe import run_ranks
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import gpt_layers, layer_bounds, lm_loss
 from hintpipe.apps.prediction import predict_step_time
+from hintpipe.apps.split_costs import measure_stage_costs
 from hintpipe.scoreboard import Policy
+from hintpipe.sim.hint_choice import choose_hint, predicted_steps
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,21 @@ def measure(run: Run, args: argparse.Namespace) -> Figures:
     return Figures(max(r.seconds for r in ranks), cpu, ranks[0].predicted, ranks[0].measured)
 
 
+def split_choice(args: argparse.Namespace) -> str:
+    """The stages' costs measured as the runtime runs them (the whole backward and the split one), and what the
+    simulator predicts for 1F1B and ZB-H1 on them: the choice ``hint="auto"`` makes."""
+    torch.set_num_threads(1)
+    inputs, targets = batch(args)
+    rows = args.rows
+    costs = measure_stage_costs(stages(args, args.ranks), [inputs[:rows]], targets[:rows], lm_loss)
+    predicted = predicted_steps(
+        args.ranks, args.microbatches, costs.forward, costs.backward, costs.backward_input, costs.weight
+    )
+    ms = {name: ", ".join(f"{v * 1e3:.2f}" for v in getattr(costs, name)) for name in dataclasses.asdict(costs)}
+    steps = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
+    return f"per stage, ms: {ms}; predicted step: {steps}; auto chooses {choose_hint(predicted)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -208,7 +225,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--predict", action="store_true", help="gather timelines and predict each hintpipe step (costs a gather)"
     )
+    parser.add_argument("--choose", action="store_true", help="print the split costs and hint auto's choice first")
     args = parser.parse_args(argv)
+    if args.choose:
+        print(split_choice(args), flush=True)
     wanted = [name.strip() for name in args.only.split(";") if name.strip()]
     runs = [run for run in TORCH_RUNS + HINTPIPE_RUNS if not wanted or run.name in wanted]
     figures: dict[str, list[Figures]] = {run.name: [] for run in runs}

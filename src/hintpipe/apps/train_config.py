@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,36 @@ from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.pipeline import StepReport
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
+
+if TYPE_CHECKING:
+    from hintpipe.apps.split_costs import AutoRun
+
+
+#: ``hint="auto"``: see :func:`choose_auto_hint`.
+AUTO = "auto"
+
+
+def choose_auto_hint(config: AutoRun, chunks: int | None) -> str:
+    """The hint ``auto`` stands for in the run ``config`` (a :class:`TrainConfig`, or the command line's):
+    :func:`~hintpipe.apps.split_costs.auto_hint`, said on stderr with its predictions (the choice is the
+    run's: its checkpoints and its report name the hint chosen).
+
+    Raises:
+        ValueError: under ``torchrun`` (every rank would measure for itself, and could choose otherwise), or as
+            :func:`~hintpipe.apps.split_costs.auto_hint` refuses.
+    """
+    from hintpipe.apps.split_costs import auto_hint
+    from hintpipe.runtime.rank_process import under_torchrun
+
+    if under_torchrun():
+        raise ValueError(
+            "hint auto measures the stages in the launcher, and under torchrun every rank is one: choose once "
+            "(hintpipe train --hint auto with --steps 1 prints the choice) and give the hint by name"
+        )
+    chosen, predicted = auto_hint(config, chunks=chunks)
+    figures = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
+    print(f"hint auto: {chosen} (the step simulated on the stages' measured costs: {figures})", file=sys.stderr)
+    return chosen
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,6 +110,8 @@ class TrainConfig(PipelineConfig):
     prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.hint == AUTO:  # measured once, here, in the launcher (see hintpipe.apps.split_costs)
+            object.__setattr__(self, "hint", choose_auto_hint(self, self.chunks))
         super().__post_init__()  # the pipeline's options
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
