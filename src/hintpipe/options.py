@@ -91,7 +91,8 @@ class PipelineConfig:
         "object",
         "1f1b",
         f"the schedule that ranks each rank's work: {', '.join(h.value for h in HintName)}, or a CSV file in "
-        "torch.distributed.pipelining's compute-only format",
+        "torch.distributed.pipelining's compute-only format; train: or auto (1f1b or zb-h1, whichever's step the "
+        "simulator finds shorter on the stages' costs, measured here, the split backward's included)",
         metavar="H",
         commands=_ALL,
         agreement="resolved",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +29,7 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
+    from hintpipe.apps.split_costs import AutoRun
     from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
     from hintpipe.policy import Policy
     from hintpipe.schedule.fit import AdmissionUnit
@@ -45,6 +47,33 @@ def _inherited() -> Any:
     list to PipelineConfig's choice fields.
     """
     return None
+
+
+#: ``hint="auto"``: see :func:`choose_auto_hint`.
+AUTO = "auto"
+
+
+def choose_auto_hint(config: AutoRun, chunks: int | None) -> str:
+    """The hint ``auto`` stands for in the run ``config`` (a :class:`TrainConfig`, or the command line's):
+    :func:`~hintpipe.apps.split_costs.auto_hint`, said on stderr with its predictions (the choice is the
+    run's: its checkpoints and its report name the hint chosen).
+
+    Raises:
+        ValueError: under ``torchrun`` (every rank would measure for itself, and could choose otherwise), or as
+            :func:`~hintpipe.apps.split_costs.auto_hint` refuses.
+    """
+    from hintpipe.apps.split_costs import auto_hint
+    from hintpipe.runtime.rank_process import under_torchrun
+
+    if under_torchrun():
+        raise ValueError(
+            "hint auto measures the stages in the launcher, and under torchrun every rank is one: choose once "
+            "(hintpipe train --hint auto with --steps 1 prints the choice) and give the hint by name"
+        )
+    chosen, predicted = auto_hint(config, chunks=chunks)
+    figures = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
+    print(f"hint auto: {chosen} (the step simulated on the stages' measured costs: {figures})", file=sys.stderr)
+    return chosen
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,6 +140,8 @@ class TrainConfig(PipelineConfig):
         transport: ChoiceField[TransportChoice] = _inherited()
 
     def __post_init__(self) -> None:
+        if self.hint == AUTO:  # measured once, here, in the launcher (see hintpipe.apps.split_costs)
+            object.__setattr__(self, "hint", choose_auto_hint(self, self.chunks))
         super().__post_init__()  # the pipeline's options
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})

@@ -123,7 +123,7 @@ def register(commands: Any) -> None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
-    from hintpipe.apps.train_config import check_eval_batches
+    from hintpipe.apps.train_config import AUTO, check_eval_batches, choose_auto_hint
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = answered_by_plan(args)
@@ -148,6 +148,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             f"use a mean of at most {model.max_seq_len - 1}"
         )
     check_memory(values, seq_len.mean if model.spec.reads_text else model.hidden)  # before the hint is built
+    if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
+        run = types.SimpleNamespace(**(vars(args) | {"model": model, "seq_len_dist": seq_len, "seed": values["seed"]}))
+        args.hint = choose_auto_hint(run, args.chunks)
     hint = build_hint(args)
     dp, tp = values.get("dp", 1), values.get("tp", 1)
     injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])

@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 #: The gloo tag of producer notices, and their fields: (kind, step, stage, mb, the kind of data on its way).
 _NOTICE_TAG = 1
 _NOTICE_FIELDS = 5
+#: Whether a CPU rank posts its sends from a thread of its own too (see [Note: the sender thread]).
+SEND_THREAD_ON_CPU = True
 
 
 class PostOffice:
@@ -108,7 +110,13 @@ class PostOffice:
         self.received = self.staging.received
         self.inbox: queue.Queue[Message] = queue.Queue()
         #: Posts the data channel's sends in order (on a thread of its own where they wait for a staging copy).
-        self.sender = Sender(self._post_data, self.staging.pool, threaded=self._threaded_sends(), name="sender")
+        self.sender = Sender(
+            self._post_data,
+            self.staging.pool,
+            threaded=self._threaded_sends(),
+            notices_queued=not self.staging.staged,
+            name="sender",
+        )
         self._capacity: dict[int, int] = {}  # per peer, see [Note: pre-posted payloads]
         self._threads = []
         self.peers = sorted(set(peers) - {self.rank})
@@ -234,7 +242,7 @@ class PostOffice:
     def _threaded_sends(self) -> bool:
         """Whether sends wait for a staging copy, and so are posted by a thread of their own (see [Note: the
         sender thread] in :mod:`hintpipe.runtime.transport.sender`)."""
-        return self.staging.staged
+        return self.staging.staged or SEND_THREAD_ON_CPU
 
     def _send(
         self,

@@ -1,15 +1,18 @@
 """Posting a rank's sends: in order, each once its bytes are there, and their buffers back once sent.
 
-gloo reads a send's host bytes as soon as it is posted. On a CPU rank they
-are the tensor's own, there when the task returns, so the computing thread
-posts its sends itself (:class:`Sender` without a thread). On a GPU rank
-(gloo transport) a message's bytes are a copy from the device into a pinned
-buffer, queued on the transfer stream behind the compute that produced them:
-waiting for that copy on the computing thread would hold the host to the
-device's pace, one task ahead at most, and the GPU would idle while Python
-dispatches the next task. So a GPU rank hands each message to a thread of
-its own (``threaded``), which waits for the copy's event and posts the
-message's sends.
+Every rank hands its messages to a thread of its own (:class:`Sender` with ``threaded``), which posts their
+sends, so that the computing thread goes on to its next task at once:
+
+- On a GPU rank (gloo transport) a message's bytes are a copy from the device into a pinned buffer, queued
+  on the transfer stream behind the compute that produced them: waiting for that copy on the computing
+  thread would hold the host to the device's pace, one task ahead at most, and the GPU would idle while
+  Python dispatches the next task. The thread waits for the copy's event, then posts.
+- On a CPU rank the bytes are the tensor's own, there when the task returns; but posting them is not free:
+  two gloo sends per message (header and payload) and a producer notice per task under ``ready`` cost the
+  computing thread tens of microseconds each, on the critical path of every micro-batch of a 1F1B hint,
+  where torch's own schedules pay one. Posted by the thread, they overlap the next task's compute (torch's
+  kernels release the GIL). ``SEND_THREAD_ON_CPU`` in :mod:`hintpipe.runtime.transport.mailbox` turns it off
+  (the computing thread then posts, as before 0.7; ``benchmarks/vs-torch`` measures both).
 
 [Note: the sender thread]
 - **Order.** gloo matches a peer's sends and receives on one tag in the
@@ -18,9 +21,10 @@ message's sends.
   every send of the data channel goes through the one queue, closing words
   included, and the thread posts them first in, first out: a message whose
   copy is late holds back the ones behind it, never reorders them.
-  Producer notices travel on a tag of their own and are posted at once by
-  the calling thread (:meth:`Sender.post_now`): a notice must not wait for
-  a copy.
+  Producer notices travel on a tag of their own: on a GPU rank they are
+  posted at once by the calling thread (:meth:`Sender.post_now`), since a
+  notice must not wait behind a copy; on a CPU rank nothing in the queue
+  waits, and the thread posts them in turn.
 - **Buffers come back as soon as their sends complete.** gloo tells that a
   send completed only to whoever waits on it. Once it has posted a message,
   the thread waits on the sends of every message before it, and on all of
@@ -90,6 +94,15 @@ class _Pending:
     staged: torch.Tensor | None = None
 
 
+@dataclasses.dataclass
+class _Notice:
+    """A send outside the data channel's order, queued where nothing in the queue waits for a copy."""
+
+    tensor: torch.Tensor
+    keep: Sequence[torch.Tensor]
+    send: Callable[[], Work | None]
+
+
 class _Flush:
     """A marker in the queue: everything before it is posted and completed once :attr:`done` is set."""
 
@@ -109,13 +122,16 @@ class Sender:
         name: the thread's name.
     """
 
-    def __init__(self, post: Post, pool: StagingPool, *, threaded: bool, name: str = "sender") -> None:
+    def __init__(
+        self, post: Post, pool: StagingPool, *, threaded: bool, notices_queued: bool = False, name: str = "sender"
+    ) -> None:
         self._post = post
+        self._notices_queued = threaded and notices_queued
         self.pool = pool
         self._pending: collections.deque[_Pending] = collections.deque()
         self._lock = threading.Lock()  # the pending sends: the thread's and the notices the caller posts
         self._failure: BaseException | None = None
-        self._queue: queue.SimpleQueue[Outgoing | _Flush | None] | None = None
+        self._queue: queue.SimpleQueue[Outgoing | _Notice | _Flush | None] | None = None
         self._thread: threading.Thread | None = None
         if threaded:
             self._queue = queue.SimpleQueue()
@@ -143,8 +159,12 @@ class Sender:
             self._queue.put(message)
 
     def post_now(self, tensor: torch.Tensor, keep: Sequence[torch.Tensor], send: Callable[[], Work | None]) -> None:
-        """Post a send outside the queue's order, from the calling thread (a notice on its own tag):
-        ``send()`` posts it; ``tensor`` and ``keep`` stay alive until it completed."""
+        """Post a send outside the data channel's order (a notice on its own tag): ``send()`` posts it; ``tensor``
+        and ``keep`` stay alive until it completed. From the calling thread, unless ``notices_queued`` (a thread
+        whose queue never waits for a copy: it posts the notice as promptly, and the calling thread does not)."""
+        if self._notices_queued and self._queue is not None:
+            self._queue.put(_Notice(tensor, keep, send))
+            return
         work = send()
         if work is not None:
             with self._lock:
@@ -197,6 +217,9 @@ class Sender:
                 continue
             if self._failure is not None:
                 continue  # a peer is gone: what follows cannot go either
+            if isinstance(item, _Notice):
+                self._post_notice(item)
+                continue
             try:
                 if item.ready is not None:
                     item.ready()
@@ -205,6 +228,16 @@ class Sender:
                 self._failure = exc
                 continue
             self._reap_quietly(len(item.parts) + 1, None)  # the messages before this one
+
+    def _post_notice(self, notice: _Notice) -> None:
+        try:
+            work = notice.send()
+        except Exception as exc:
+            self._failure = exc
+            return
+        if work is not None:
+            with self._lock:
+                self._pending.append(_Pending(work, [notice.tensor, *notice.keep]))
 
     def _reap_quietly(self, keep: int, timeout: datetime.timedelta | None) -> None:
         try:

@@ -1,0 +1,267 @@
+"""Identical work through torch.distributed.pipelining's schedules and through hintpipe's hints.
+
+The same model (a GPT of hintpipe's own layers: embedding, ``--layers`` blocks of width ``--hidden``, norm and
+head, cut into even stages), the same packed rows (every micro-batch ``--rows`` rows of ``--seq`` tokens, the
+same on every step, so nothing varies), the same AdamW, the same launcher (:func:`hintpipe.run_ranks`, gloo,
+one thread per rank). Each run trains ``--steps`` steps and times the last ``--steps - --warmup``; runs are
+interleaved round by round (every configuration once per round) so that a noisy machine's drift falls on all
+of them alike, and the table gives each configuration's median tokens/s over the rounds, its spread (min-max)
+and its ratio to torch's ``Schedule1F1B``.
+
+Torch's interleaved schedules need two stages per rank; hintpipe's matching hints (``interleaved-1f1b``,
+``zbv``) run the same two-stages-per-rank cut. ``--emulate`` adds the simulator's prediction of each
+hintpipe row from the stage costs measured by the runtime itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import hintpipe
+from hintpipe import run_ranks
+from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.models import gpt_layers, layer_bounds, lm_loss
+from hintpipe.apps.prediction import predict_step_time
+from hintpipe.apps.split_costs import measure_stage_costs
+from hintpipe.scoreboard import Policy
+from hintpipe.sim.hint_choice import choose_hint, predicted_steps
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration: which library, which schedule or hint, which policy, stages per rank."""
+
+    library: str  # "torch" or "hintpipe"
+    schedule: str  # torch's class name, or hintpipe's hint
+    policy: str = ""  # hintpipe only: fixed, ready
+    per_rank: int = 1
+    send_thread: bool = False  # hintpipe only: a CPU rank's sends posted by a thread of their own
+
+    @property
+    def name(self) -> str:
+        if self.library == "torch":
+            return f"torch {self.schedule}"
+        return f"hintpipe {self.schedule}, {self.policy}" + (", send thread" if self.send_thread else "")
+
+
+TORCH_RUNS = [
+    Run("torch", "Schedule1F1B"),
+    Run("torch", "ScheduleInterleaved1F1B", per_rank=2),
+    Run("torch", "ScheduleInterleavedZeroBubble", per_rank=2),
+]
+HINTPIPE_RUNS = [
+    Run("hintpipe", hint, policy, per_rank)
+    for hint, per_rank in (("1f1b", 1), ("zb-h1", 1), ("bfw", 1), ("interleaved-1f1b", 2), ("zbv", 2))
+    for policy in ("fixed", "ready")
+] + [Run("hintpipe", "1f1b", policy, send_thread=True) for policy in ("fixed", "ready")]
+
+
+def stages(args: argparse.Namespace, count: int) -> list[nn.Module]:
+    """The model cut into ``count`` even stages: embedding with the first, norm and head with the last."""
+    config = ModelConfig(
+        name="gpt-mini", layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seed=0
+    )
+    layers = gpt_layers(config)
+    bounds = layer_bounds(len(layers), count)
+    return [nn.Sequential(*layers[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's packed rows, ``(microbatches * rows, seq)`` token ids and next-token targets."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, args.vocab, (args.microbatches * args.rows, args.seq + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def run_torch(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
+    """Seconds per step of ``run`` through torch's own schedule (this rank's view)."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    count = world * run.per_rank
+    all_stages = stages(args, count)
+    # torch's interleaved schedules place stage s on rank s % world (loop placement)
+    mine = [s for s in range(count) if s % world == rank]
+    pipeline_stages = [PipelineStage(all_stages[s], s, count, torch.device("cpu")) for s in mine]
+    params = [p for s in mine for p in all_stages[s].parameters()]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    schedule_class = getattr(schedules, run.schedule)
+    if run.per_rank == 1:
+        schedule = schedule_class(pipeline_stages[0], args.microbatches, loss_fn=lm_loss)
+    else:
+        schedule = schedule_class(pipeline_stages, args.microbatches, loss_fn=lm_loss)
+    inputs, targets = batch(args)
+    first, last = 0 in mine, count - 1 in mine
+
+    def one_step() -> None:
+        kwargs: dict[str, Any] = {}
+        if last:
+            kwargs = {"target": targets, "losses": []}
+        if first:
+            schedule.step(inputs, **kwargs)
+        else:
+            schedule.step(**kwargs)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed(one_step, args)
+
+
+def run_hintpipe(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
+    """Seconds and CPU seconds per step of ``run`` through hintpipe (this rank's view); with ``--predict``, the
+    simulator's prediction of the last step from the runtime's own measured task times, beside that step's
+    measured time (rank 0, which gathers every rank's timeline)."""
+    import hintpipe.runtime.transport.mailbox as mailbox
+
+    mailbox.SEND_THREAD_ON_CPU = run.send_thread
+    count = world * run.per_rank
+    with hintpipe.Pipeline.from_modules(
+        stages(args, count),
+        loss_fn=lm_loss,
+        microbatches=args.microbatches,
+        hint=run.schedule,
+        policy=run.policy,
+        chunks=run.per_rank,
+        timelines=args.predict,
+        report_every=1 if args.predict else 0,
+    ) as pipe:
+        params = [p for module in pipe.modules.values() for p in module.parameters()]
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+        inputs, targets = batch(args)
+
+        def one_step() -> None:
+            pipe.step(inputs, target=targets)
+            optimizer.step()
+            optimizer.zero_grad()
+
+        figures = timed(one_step, args)
+        if args.predict and rank == 0:
+            report = pipe.reports[-1]
+            predicted = predict_step_time(pipe.hint, report, Policy(run.policy))
+            figures = dataclasses.replace(figures, predicted=predicted, measured=report.makespan)
+        return figures
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One rank's figures of one run: seconds per step, its process's CPU seconds per step (every thread),
+    and, with ``--predict`` on rank 0, the last step's predicted and measured times."""
+
+    seconds: float
+    cpu: float
+    predicted: float = math.nan
+    measured: float = math.nan
+
+
+def timed(one_step: Any, args: argparse.Namespace) -> Figures:
+    """Seconds and CPU seconds per step over the steps after the warm-up, the ranks lined up before and after."""
+    for _ in range(args.warmup):
+        one_step()
+    torch.distributed.barrier()
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(args.steps - args.warmup):
+        one_step()
+    torch.distributed.barrier()
+    steps = args.steps - args.warmup
+    return Figures((time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps)
+
+
+def rank_main(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
+    torch.set_num_threads(1)
+    if run.library == "torch":
+        return run_torch(rank, world, run, args)
+    return run_hintpipe(rank, world, run, args)
+
+
+def measure(run: Run, args: argparse.Namespace) -> Figures:
+    """The run's figures: the slowest rank's seconds per step, the ranks' mean CPU, rank 0's prediction."""
+    ranks: list[Figures] = run_ranks(rank_main, args.ranks, run, args, timeout=args.timeout, device="cpu")
+    cpu = statistics.mean(r.cpu for r in ranks)
+    return Figures(max(r.seconds for r in ranks), cpu, ranks[0].predicted, ranks[0].measured)
+
+
+def split_choice(args: argparse.Namespace) -> str:
+    """The stages' costs measured as the runtime runs them (the whole backward and the split one), and what the
+    simulator predicts for 1F1B and ZB-H1 on them: the choice ``hint="auto"`` makes."""
+    torch.set_num_threads(1)
+    inputs, targets = batch(args)
+    rows = args.rows
+    costs = measure_stage_costs(stages(args, args.ranks), [inputs[:rows]], targets[:rows], lm_loss)
+    predicted = predicted_steps(
+        args.ranks, args.microbatches, costs.forward, costs.backward, costs.backward_input, costs.weight
+    )
+    ms = {name: ", ".join(f"{v * 1e3:.2f}" for v in getattr(costs, name)) for name in dataclasses.asdict(costs)}
+    steps = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
+    return f"per stage, ms: {ms}; predicted step: {steps}; auto chooses {choose_hint(predicted)}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--only", default="", help="run only these rows, by name, separated by ;")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--predict", action="store_true", help="gather timelines and predict each hintpipe step (costs a gather)"
+    )
+    parser.add_argument("--choose", action="store_true", help="print the split costs and hint auto's choice first")
+    args = parser.parse_args(argv)
+    if args.choose:
+        print(split_choice(args), flush=True)
+    wanted = [name.strip() for name in args.only.split(";") if name.strip()]
+    runs = [run for run in TORCH_RUNS + HINTPIPE_RUNS if not wanted or run.name in wanted]
+    figures: dict[str, list[Figures]] = {run.name: [] for run in runs}
+    tokens = args.microbatches * args.rows * args.seq
+    for _ in range(args.rounds):
+        for run in runs:
+            got = measure(run, args)
+            figures[run.name].append(got)
+            print(f"{run.name}: {tokens / got.seconds:,.0f} tokens/s", file=sys.stderr, flush=True)
+    print_table(figures, tokens, args)
+
+
+def print_table(figures: dict[str, list[Figures]], tokens: int, args: argparse.Namespace) -> None:
+    rates = {name: [tokens / f.seconds for f in values] for name, values in figures.items()}
+    reference = statistics.median(rates.get("torch Schedule1F1B", [math.nan]))
+    if args.json:
+        print(json.dumps({name: [dataclasses.asdict(f) for f in values] for name, values in figures.items()}))
+        return
+    print(
+        f"| run ({args.ranks} ranks) | tokens/s, median | min-max | vs torch Schedule1F1B | CPU ms/step/rank "
+        "| predicted / measured step |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, values in figures.items():
+        median = statistics.median(rates[name])
+        cpu = statistics.median(f.cpu for f in values) * 1e3
+        ratios = [f.predicted / f.measured for f in values if math.isfinite(f.predicted)]
+        prediction = f"{statistics.median(ratios):.2f}" if ratios else ""
+        print(
+            f"| {name} | {median:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
+            f"{median / reference:.2f}x | {cpu:.1f} | {prediction} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
