@@ -26,6 +26,7 @@ from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.op_libraries import OpLibraries, op_libraries
 from hintpipe.planner.portable import make_portable
+from hintpipe.planner.regions import keep_regions, mark_regions, recording
 from hintpipe.planner.tables import ValueUse
 
 
@@ -200,8 +201,11 @@ def capture(
     traced_error: Exception | None = None
     if not kwargs:
         try:
-            graph = _Tracer(set()).trace(root)
+            tracer = _Tracer(set())
+            with recording(tracer):  # [Note: autocast regions]
+                graph = tracer.trace(root)
             module = fx.GraphModule(root, graph)
+            keep_regions(module)
             out_of_place(module)
             make_portable(module)
             traced = _with_aliases(_captured(module), root)
@@ -262,6 +266,10 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
         output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
     graph.lint()
     module = fx.GraphModule(module, graph)
+    keep_regions(module)  # [Note: autocast regions]
+    for node in [n for n in module.graph.nodes if _asserts_a_dtype(n)]:
+        module.graph.erase_node(node)
+    module.recompile()
     out_of_place(module)  # [Note: in-place operators between stages]
     make_portable(module)
     # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
@@ -271,6 +279,14 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
     carry_module_paths(paths, retraced)
     return retraced
+
+
+def _asserts_a_dtype(node: fx.Node) -> bool:
+    """Whether ``node`` is torch.export's check that a tensor has the dtype it had on the example
+    (``_assert_tensor_metadata(x, dtype=torch.float32)`` before ``x.to(...)``): under an autocast it has
+    another (a projection's output is bfloat16), and the unsplit model goes on where such a check stops it
+    ("Tensor dtype mismatch! Expected: Float, Got: BFloat16"). It computes nothing: it goes."""
+    return node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default
 
 
 def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:
@@ -337,7 +353,10 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
     for node in module.graph.nodes:
         node.type = None
     module.recompile()
+    markers = mark_regions(module)  # [Note: autocast regions]: never placed, each node knows its regions
     for node in module.graph.nodes:
+        if node in markers:
+            continue
         if node.op == "placeholder":
             inputs.append(node)
         elif node.op == "output":
