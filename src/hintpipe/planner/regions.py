@@ -91,6 +91,7 @@ class Region(_Settings):
 
     def __init__(self, body: nn.Module, settings: _Settings) -> None:
         super().__init__(settings.dtype, settings.enabled, settings.cache_enabled)
+        self.anchor = torch.empty(0, device=settings.anchor.device)  # where the captured graph is
         self.body = body
 
     def forward(self, *args: Any) -> Any:
