@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
 from hintpipe.planner.example_values import value_kinds
 from hintpipe.planner.inplace import out_of_place
 from hintpipe.planner.module_paths import carry_module_paths, module_path
@@ -231,6 +232,19 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
     no input guards. What the model returns comes out flat: one tensor as itself (a Hugging Face model's
     logits, with ``use_cache=False``), several as a tuple, never silently dropped."""
+    module = _export_once(root, example, kwargs)
+    follow_autocast_dtypes(module, lambda: _export_once(root, example, kwargs))  # [Note: a dtype read off a tensor]
+    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
+    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
+    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
+    paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
+    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
+    carry_module_paths(paths, retraced)
+    return retraced
+
+
+def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+    """``root`` through torch.export, its regions kept, made portable: :func:`_exported` before its re-trace."""
     from torch.export import Dim
 
     def free(value: Any) -> Any:
@@ -267,26 +281,12 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     graph.lint()
     module = fx.GraphModule(module, graph)
     keep_regions(module)  # [Note: autocast regions]
-    for node in [n for n in module.graph.nodes if _asserts_a_dtype(n)]:
+    for node in [n for n in module.graph.nodes if asserts_a_dtype(n)]:  # [Note: a dtype read off a tensor]
         module.graph.erase_node(node)
     module.recompile()
     out_of_place(module)  # [Note: in-place operators between stages]
     make_portable(module)
-    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
-    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
-    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
-    paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
-    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
-    carry_module_paths(paths, retraced)
-    return retraced
-
-
-def _asserts_a_dtype(node: fx.Node) -> bool:
-    """Whether ``node`` is torch.export's check that a tensor has the dtype it had on the example
-    (``_assert_tensor_metadata(x, dtype=torch.float32)`` before ``x.to(...)``): under an autocast it has
-    another (a projection's output is bfloat16), and the unsplit model goes on where such a check stops it
-    ("Tensor dtype mismatch! Expected: Float, Got: BFloat16"). It computes nothing: it goes."""
-    return node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default
+    return module
 
 
 def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:

@@ -27,7 +27,9 @@ code named (a region for another device than the one it was captured on included
 
 What capture cannot keep: code that *asks* whether autocast is on (``torch.is_autocast_enabled()``,
 transformers' ``maybe_autocast``, which opens a region only when autocast is already on) is answered once,
-at capture, where it is off; and a dtype read off a tensor (``x.to(y.dtype)``) is the dtype ``y`` had then.
+at capture, where it is off. A dtype read off a tensor (``x.to(y.dtype)``) stays symbolic in a torch.fx trace,
+and follows the autocast in a torch.export capture ([Note: a dtype read off a tensor] in
+:mod:`~hintpipe.planner.autocast_dtypes`).
 """
 
 from __future__ import annotations
