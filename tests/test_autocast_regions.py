@@ -11,6 +11,7 @@ logits and the gradients are compared bit for bit, and the dtype of every matrix
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import pickle
@@ -23,8 +24,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hintpipe.planner.capture import capture
 from hintpipe.planner.plan import Plan, plan
 from hintpipe.planner.plan_file import load_plan, save_plan
+from hintpipe.planner.portable import FollowingOp
 from hintpipe.planner.regions import regions_of
 from stage_code import named_devices
 
@@ -178,3 +181,36 @@ def test_a_plan_file_keeps_the_region(planned: tuple[nn.Module, Plan], tmp_path:
     assert [regions_of(n) for n in loaded.graph.nodes] == [regions_of(n) for n in made.graph.nodes]
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         assert torch.equal(_stages(loaded, _x()), _stages(made, _x()))
+
+
+class _Norm(nn.Module):
+    """An RMS norm after a projection that casts back to its input's dtype, as Hugging Face's do; its keyword
+    input makes torch.fx pass it to torch.export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        hidden = self.proj(x)
+        normed = hidden.float() * torch.rsqrt(hidden.float().pow(2).mean(-1, keepdim=True) + eps)
+        out: torch.Tensor = self.weight * normed.to(hidden.dtype)
+        return out
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+def test_a_dtype_read_off_a_tensor_is_the_autocast_s(dtype: torch.dtype | None) -> None:
+    """``normed.to(hidden.dtype)``, captured by torch.export on float32 as a cast to float32, casts to the
+    autocast's dtype under one (bfloat16, and float16 too, which the capture never saw) and to float32 without
+    ([Note: a dtype read off a tensor] in hintpipe.planner.autocast_dtypes): the model's own output, bit for bit."""
+    torch.manual_seed(0)
+    model = _Norm()
+    graph = capture(model, example=(_x(),), kwargs={"eps": 1e-6})
+    following = [m.autocast_dtype_at for m in graph.module.modules() if isinstance(m, FollowingOp)]
+    assert following == [1]  # aten.to.dtype(normed, torch.float32): the dtype is its second argument
+    region = torch.autocast("cpu", dtype) if dtype is not None else contextlib.nullcontext()
+    with torch.no_grad(), region:
+        expected, got = model(_x()), graph.module(_x())
+    assert got.dtype == expected.dtype == torch.float32
+    assert torch.equal(got, expected)
