@@ -69,6 +69,24 @@ ARCHITECTURES: dict[str, Callable[[], Any]] = {
 }  # fmt: skip
 
 
+#: The keyword inputs every zoo model is captured with: logits alone, no key-value cache.
+KWARGS = {"use_cache": False}
+_PLANS: dict[tuple[str, int], tuple[torch.nn.Module, Any]] = {}
+
+
+def planned(name: str, stages: int) -> tuple[torch.nn.Module, Any]:
+    """Architecture ``name`` from its config (weights from seed 0) and its plan into ``stages`` stages from a real
+    profile, made once per test process (several test files share it), on a batch of 2 rows of 9 ids."""
+    from hintpipe.planner.plan import plan
+
+    if (name, stages) not in _PLANS:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())  # type: ignore[no-untyped-call]
+        ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+        _PLANS[name, stages] = model, plan(model, ids, ranks=stages, microbatches=stages, repeats=1, kwargs=KWARGS)
+    return _PLANS[name, stages]
+
+
 def corpus(path: Path) -> Path:
     """A small plain-text corpus (documents separated by blank lines)."""
     words = ["pipeline", "stage", "rank", "tensor", "model", "token", "batch", "step", "loss", "grad"]

@@ -120,9 +120,11 @@ def _refused(rank: int, world: int) -> str:
 # -- bf16 autocast --------------------------------------------------------------------------------------------
 
 
-def _bf16(rank: int, world: int, policy: str) -> tuple[float, float, float | None, float | None]:
-    """One step under bf16 autocast; returns the largest gradient difference to the unsplit model under the same
-    autocast, that model's largest gradient, and the two losses (on the last stage's rank)."""
+def _bf16(rank: int, world: int, policy: str) -> tuple[list[tuple[str, float, float]], float | None, float | None]:
+    """One step under bf16 autocast; returns, per parameter of this rank's stages, its name, the largest
+    difference between its gradient and the unsplit model's under the same autocast, and the largest magnitude
+    of the unsplit model's gradient of it (the tensor's own scale); and the two losses (on the last stage's
+    rank)."""
     pipe, reference = _pipeline(world, precision="bf16", policy=policy)
     with pipe:
         inputs, targets = _batch(0)
@@ -135,29 +137,36 @@ def _bf16(rank: int, world: int, policy: str) -> tuple[float, float, float | Non
                 expected_loss += part.detach().float()
         sizes = [len(list(m.children())) for m in split_layers(build_layers(MODEL), world)]
         offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()]
-        worst, largest = 0.0, 0.0
+        rows = []
         for s, module in pipe.modules.items():
-            for mine, theirs in zip(
-                module.parameters(), reference[offsets[s] : offsets[s + 1]].parameters(), strict=True
+            for (name, mine), theirs in zip(
+                module.named_parameters(), reference[offsets[s] : offsets[s + 1]].parameters(), strict=True
             ):
                 assert mine.grad is not None and theirs.grad is not None
                 assert mine.grad.dtype == torch.float32  # parameters and gradients stay float32
-                worst = max(worst, (mine.grad - theirs.grad).abs().max().item())
-                largest = max(largest, theirs.grad.abs().max().item())
+                difference = (mine.grad - theirs.grad).abs().max().item()
+                rows.append((f"stage {s} {name}", difference, theirs.grad.abs().max().item()))
     last = rank == world - 1
-    return worst, largest, float(loss) if last and loss is not None else None, float(expected_loss) if last else None
+    return rows, float(loss) if last and loss is not None else None, float(expected_loss) if last else None
 
 
 @pytest.mark.parametrize("policy", ["fixed", "ready"])
 def test_bf16_gradients_are_the_unsplit_models_under_the_same_autocast(
     group: dict[str, list[Any]], policy: str
 ) -> None:
-    # The same operations in bfloat16 on each stage, activations crossing ranks in bfloat16 as they flow in the
-    # unsplit model: gradients agree to bfloat16's resolution (2^-8 of the largest), the loss to float32's.
+    # The same operations in bfloat16 on each stage, in the same order, activations crossing ranks in bfloat16 as
+    # they flow in the unsplit model: what may differ is the order in which float32 gradients of the micro-batches
+    # add up (the ready policy may run them in another), a few float32 steps of the terms. So each parameter's
+    # gradient is compared with the unsplit model's within 2^-16 of its own scale (its largest magnitude there),
+    # room for 2^8 such steps; one operation computed in another dtype moves a gradient by about 2^-8 of its
+    # scale (bfloat16's step). Measured: no difference at all, both policies. One bound against the model's single
+    # largest gradient (2^-8 of it) let a small tensor be wrong by 7% of its own scale (a layer norm's weight).
     results = succeeded(group[f"bf16 {policy}"])
-    for worst, largest, _, _ in results:
-        assert worst <= largest * 2**-8
-    loss, expected = results[-1][2:]
+    rows = [row for result in results for row in result[0]]
+    assert len(rows) == len({name for name, _, _ in rows}) == 30  # every parameter of the 4 stages, once
+    for name, difference, scale in rows:
+        assert difference <= scale * 2**-16, f"{name}: {difference} against its scale {scale}"
+    loss, expected = results[-1][1:]
     assert loss == pytest.approx(expected, rel=1e-5)
 
 

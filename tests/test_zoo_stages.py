@@ -17,33 +17,21 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 from torch import nn
 
-from hf_zoo import ARCHITECTURES, VOCAB
-from hintpipe.planner.plan import Plan, plan
+from hf_zoo import ARCHITECTURES, KWARGS, VOCAB, planned
+from hintpipe.planner.plan import Plan
 from hintpipe.runtime.loop.executor import as_input
 from hintpipe.runtime.transport.wire import Value
 from stage_code import named_devices
 
-KWARGS = {"use_cache": False}
 STAGES = 3
-_PLANS: dict[str, tuple[nn.Module, Plan]] = {}
 
 
-def _planned(name: str) -> tuple[nn.Module, Plan]:
-    """Architecture ``name`` from its config and its plan into :data:`STAGES` stages, made once per file."""
-    if name not in _PLANS:
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())  # type: ignore[no-untyped-call]
-        ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
-        _PLANS[name] = model, plan(model, ids, ranks=STAGES, microbatches=STAGES, repeats=1, kwargs=KWARGS)
-    return _PLANS[name]
-
-
-@pytest.fixture(params=sorted(ARCHITECTURES))
-def planned(request: pytest.FixtureRequest) -> tuple[str, nn.Module, Plan]:
-    return (request.param, *_planned(request.param))
+@pytest.fixture(name="planned", params=sorted(ARCHITECTURES))
+def planned_fixture(request: pytest.FixtureRequest) -> tuple[str, nn.Module, Plan]:
+    """Architecture and its plan into :data:`STAGES` stages, made once per test process (:func:`hf_zoo.planned`)."""
+    return (request.param, *planned(request.param, STAGES))
 
 
 def _ids() -> torch.Tensor:

@@ -20,12 +20,14 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
 from hintpipe.planner.example_values import value_kinds
 from hintpipe.planner.inplace import out_of_place
 from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.op_libraries import OpLibraries, op_libraries
 from hintpipe.planner.portable import make_portable
+from hintpipe.planner.regions import keep_regions, mark_regions, recording
 from hintpipe.planner.tables import ValueUse
 
 
@@ -200,8 +202,11 @@ def capture(
     traced_error: Exception | None = None
     if not kwargs:
         try:
-            graph = _Tracer(set()).trace(root)
+            tracer = _Tracer(set())
+            with recording(tracer):  # [Note: autocast regions]
+                graph = tracer.trace(root)
             module = fx.GraphModule(root, graph)
+            keep_regions(module)
             out_of_place(module)
             make_portable(module)
             traced = _with_aliases(_captured(module), root)
@@ -227,6 +232,19 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
     """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
     no input guards. What the model returns comes out flat: one tensor as itself (a Hugging Face model's
     logits, with ``use_cache=False``), several as a tuple, never silently dropped."""
+    module = _export_once(root, example, kwargs)
+    follow_autocast_dtypes(module, lambda: _export_once(root, example, kwargs))  # [Note: a dtype read off a tensor]
+    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
+    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
+    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
+    paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
+    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
+    carry_module_paths(paths, retraced)
+    return retraced
+
+
+def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+    """``root`` through torch.export, its regions kept, made portable: :func:`_exported` before its re-trace."""
     from torch.export import Dim
 
     def free(value: Any) -> Any:
@@ -262,15 +280,13 @@ def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any])
         output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
     graph.lint()
     module = fx.GraphModule(module, graph)
+    keep_regions(module)  # [Note: autocast regions]
+    for node in [n for n in module.graph.nodes if asserts_a_dtype(n)]:  # [Note: a dtype read off a tensor]
+        module.graph.erase_node(node)
+    module.recompile()
     out_of_place(module)  # [Note: in-place operators between stages]
     make_portable(module)
-    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
-    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
-    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
-    paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
-    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
-    carry_module_paths(paths, retraced)
-    return retraced
+    return module
 
 
 def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:
@@ -337,7 +353,10 @@ def _captured(module: fx.GraphModule) -> CapturedGraph:
     for node in module.graph.nodes:
         node.type = None
     module.recompile()
+    markers = mark_regions(module)  # [Note: autocast regions]: never placed, each node knows its regions
     for node in module.graph.nodes:
+        if node in markers:
+            continue
         if node.op == "placeholder":
             inputs.append(node)
         elif node.op == "output":

@@ -97,6 +97,9 @@ class FollowingOp(nn.Module):
         device_at: where the module's device goes ([Note: every form of a device]): a keyword's name, a
             positional index (the device is inserted there: the node's arguments no longer hold it), or None.
         probability_at: where a dropout probability is that holds in training and is 0 in eval mode.
+        autocast_dtype_at: where a dtype is that the model read off a tensor which an autocast makes its own
+            dtype: under an autocast on the module's device, that autocast's dtype ([Note: a dtype read off a
+            tensor] in :mod:`~hintpipe.planner.autocast_dtypes`).
     """
 
     def __init__(
@@ -105,12 +108,14 @@ class FollowingOp(nn.Module):
         training_at: int | str | None,
         device_at: int | str | None,
         probability_at: int | str | None = None,
+        autocast_dtype_at: int | str | None = None,
     ) -> None:
         super().__init__()
         self.op_name, self._op = _op_name(op), op
         self.training_at = training_at
         self.device_at = device_at
         self.probability_at = probability_at
+        self.autocast_dtype_at = autocast_dtype_at
         # Empty, not persistent: it moves with .to() and stays out of every state dict.
         self.register_buffer("anchor", torch.empty(0), persistent=False)
 
@@ -124,6 +129,8 @@ class FollowingOp(nn.Module):
             args = _replaced(args, kwargs, self.training_at, self.training)
         if self.probability_at is not None and not self.training:
             args = _replaced(args, kwargs, self.probability_at, 0.0)
+        if self.autocast_dtype_at is not None and _autocast_on(device := str(self.anchor.device.type)):
+            args = _replaced(args, kwargs, self.autocast_dtype_at, torch.get_autocast_dtype(device))
         return self.op(*args, **kwargs)
 
     @property
@@ -135,7 +142,7 @@ class FollowingOp(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.op_name}, training_at={self.training_at!r}, device_at={self.device_at!r}, "
-            f"probability_at={self.probability_at!r}"
+            f"probability_at={self.probability_at!r}, autocast_dtype_at={self.autocast_dtype_at!r}"
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,6 +150,10 @@ class FollowingOp(nn.Module):
         state = dict(self.__dict__)
         state["_op"] = None if isinstance(self._op, torch._ops.OpOverload) else self._op
         return state
+
+
+def _autocast_on(device: str) -> bool:
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
 
 def _replaced(args: tuple[Any, ...], kwargs: dict[str, Any], at: int | str, value: Any) -> tuple[Any, ...]:

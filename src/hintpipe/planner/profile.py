@@ -39,6 +39,7 @@ from hintpipe.planner.capture import CapturedGraph, attribute
 from hintpipe.planner.graph_timing import ClockMarks, graph_times, leaf, marks_for, run_seconds
 from hintpipe.planner.module_paths import module_path
 from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.regions import entered
 from hintpipe.tensor_bytes import count_saved, nbytes, parameter_storages, storage_nbytes, tensors_in
 
 __all__ = ["NodeProfile", "profile", "run_node", "signature"]  # NodeProfile lives in node_profile (no torch)
@@ -59,7 +60,13 @@ def _detach(value: Any) -> Any:
 
 
 def run_node(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
-    """Evaluate one node given the values of its inputs in ``env``."""
+    """Evaluate one node given the values of its inputs in ``env``, inside the autocast regions it runs in
+    in the model ([Note: autocast regions] in :mod:`~hintpipe.planner.regions`)."""
+    with entered(root, node):
+        return _run(root, node, env)
+
+
+def _run(root: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
     args = fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
     if node.op == "call_module":

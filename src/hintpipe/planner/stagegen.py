@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hintpipe.device import new_event, new_stream
 from hintpipe.planner.capture import CapturedGraph, attribute
+from hintpipe.planner.regions import Region, regions_of
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:
@@ -141,6 +142,7 @@ def extract(
     groups: dict[fx.Node, str] | None = None,
     output_value: Any = None,
     boundary: bool = False,
+    depth: int = 0,
 ) -> fx.GraphModule:
     """A GraphModule computing ``outputs`` from ``inputs`` with ``nodes``.
 
@@ -153,21 +155,25 @@ def extract(
     ([Note: numbers cross a cut on the host]); and a received value no gradient
     flows into in the whole model (``graph.gradient_free``) is detached on the way
     in ([Note: values without a gradient]).
+
+    A run of nodes inside an autocast region (the ``depth``-th of theirs: the regions outside it are entered
+    already) is a :class:`~hintpipe.planner.regions.Region` sub-module, which enters it; a recompute or
+    offload group enters its nodes' regions itself ([Note: autocast regions]).
     """
     copy = _Copy(graph, inputs, boundary)
     node_list = list(nodes)
     groups = groups or {}
     i = 0
     while i < len(node_list):
-        action = groups.get(node_list[i])
-        if action is None:
+        key = _run_key(node_list[i], groups, depth)
+        if key is None:
             copy.env[node_list[i]] = copy.new.node_copy(node_list[i], copy.lookup)
             i += 1
             continue
         j = i
-        while j < len(node_list) and groups.get(node_list[j]) == action:
+        while j < len(node_list) and _run_key(node_list[j], groups, depth) == key:
             j += 1
-        copy.call_run(node_list, i, j, action)
+        copy.call_run(node_list, i, j, key, depth)
         i = j
     if output_value is not None:
         copy.new.output(fx.node.map_arg(output_value, copy.lookup))
@@ -201,8 +207,9 @@ class _Copy:
             self.env[value] = self.new.get_attr(str(value.target))
         return self.env[value]
 
-    def call_run(self, node_list: list[fx.Node], i: int, j: int, action: str) -> None:
-        """Nodes ``node_list[i:j]`` as one sub-module, called through :func:`recompute` or :func:`offload`."""
+    def call_run(self, node_list: list[fx.Node], i: int, j: int, key: str, depth: int) -> None:
+        """Nodes ``node_list[i:j]`` as one sub-module, called through :func:`recompute` or :func:`offload`, or
+        inside the autocast region whose marker ``key`` names."""
         run = node_list[i:j]
         run_set = set(run)
         run_inputs: list[fx.Node] = []
@@ -212,13 +219,16 @@ class _Copy:
                     run_inputs.append(a)
         later = set(node_list[j:]) | {self.graph.output}
         run_outputs = [n for n in run if any(u in later or u not in set(node_list) for u in n.users)]
-        sub = extract(self.graph, run, run_inputs, run_outputs)
-        name = f"{action}_{len(self.owned)}"
-        self.owned[name] = sub
-        call = self.new.call_function(
-            recompute if action == "recompute" else offload,
-            (self.new.get_attr(name), *[self.lookup(a) for a in run_inputs]),
-        )
+        arguments = [self.lookup(a) for a in run_inputs]
+        if key in _ACTIONS:
+            name = f"{key}_{len(self.owned)}"
+            self.owned[name] = extract(self.graph, run, run_inputs, run_outputs)
+            call = self.new.call_function(_ACTIONS[key], (self.new.get_attr(name), *arguments))
+        else:
+            name = f"autocast_{len(self.owned)}"
+            body = extract(self.graph, run, run_inputs, run_outputs, depth=depth + 1)
+            self.owned[name] = Region(body, attribute(self.graph.module, key))
+            call = self.new.call_module(name, tuple(arguments))
         for k, n in enumerate(run_outputs):
             self.env[n] = self.new.call_function(_item, (call, k))
 
@@ -258,6 +268,20 @@ def _place(module: torch.nn.Module, target: str, value: Any) -> None:
         module.register_buffer(name, value)  # a buffer, so that it follows .to(device) as the model's did
     else:
         setattr(module, name, value)
+
+
+#: How a recompute or an offload group's sub-module is called.
+_ACTIONS: dict[str, Callable[..., Any]] = {"recompute": recompute, "offload": offload}
+
+
+def _run_key(node: fx.Node, groups: dict[fx.Node, str], depth: int) -> str | None:
+    """What ``node`` runs in at this level of a stage: its recompute or offload group, else its ``depth``-th
+    autocast region (its marker's target), else None (the stage's own code)."""
+    action = groups.get(node)
+    if action is not None:
+        return action
+    regions = regions_of(node)
+    return regions[depth] if len(regions) > depth else None
 
 
 def _item(values: Any, k: int) -> Any:
