@@ -13,8 +13,8 @@
     ``torch.cuda.set_per_process_memory_fraction``, the plan's stages with its recompute and offload against
     the compute-balanced cuts without them.
 
-Sizes on CUDA: GPT-2 and Llama 12 layers, hidden 768 (the issue's GPT-2), vocabularies 50,257 and 32,000;
-on CPU (the dry run), 2 layers of hidden 32.
+Sizes on CUDA: GPT-2 and Llama 12 layers, hidden 768 (the issue's GPT-2), vocabularies 50,257 and 32,000
+(check 8: 4 layers); on CPU (the dry run), 2 layers of hidden 32. The rows' judgements are :mod:`judge`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +32,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import transformers
+from judge import (
+    BALANCE_BOUND,
+    BF16_GRAD_REL,
+    GRAD_TOLERANCE,
+    LOSS_REL,
+    PREDICTION_BOUND,
+    check,
+    judge_hf_run,
+    judge_memory_cap,
+    judge_stage_times,
+    judge_throughput,
+    max_abs_diff,
+)
 from tables import TIMEOUT_S, configure, mib, synchronize
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -45,14 +58,8 @@ from hintpipe.runtime.pipeline import Pipeline
 
 KWARGS = {"use_cache": False}
 MODELS = ("gpt2", "llama")
-#: Float32 gradients against the unsplit model (rtol, atol), as checks 2 and 5.
-GRAD_TOLERANCE = {"cpu": (1e-5, 1e-6), "cuda": (1e-4, 1e-5)}
-#: bf16: the pipeline's loss against the unsplit model's under the same autocast (relative).
-BF16_LOSS_REL = 2e-2
 #: Check 11's budgets, as fractions of the compute-balanced cuts' busiest stage, tightest first.
 BUDGET_FRACTIONS = (0.6, 0.7, 0.8, 0.9, 1.0)
-#: Check 9's bounds (CUDA): each stage's measured time over its predicted one, and the slowest stage over the mean.
-PREDICTION_BOUND, BALANCE_BOUND = 0.15, 1.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,8 @@ class HfSizes:
 
 def hf_sizes(device: str) -> HfSizes:
     if device == "cuda":
-        return HfSizes(12, 768, 12, {"gpt2": 50257, "llama": 32000}, 4, 256, 8, 6, 5)
-    return HfSizes(2, 32, 2, {"gpt2": 64, "llama": 64}, 2, 16, 4, 3, 2)
+        return HfSizes(12, 768, 12, {"gpt2": 50257, "llama": 32000}, 4, 256, 8, 4, 5)
+    return HfSizes(2, 32, 2, {"gpt2": 64, "llama": 64}, 2, 16, 4, 2, 2)
 
 
 def build(name: str, sizes: HfSizes, seed: int = 0) -> nn.Module:
@@ -145,26 +152,20 @@ def named_grads(modules: Any) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().float().cpu() for m in modules for n, p in m.named_parameters() if p.grad is not None}
 
 
-def close(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], device: str) -> tuple[bool, float]:
-    """Whether every gradient is within tolerance (and none is missing), and the largest absolute difference."""
-    rtol, atol = GRAD_TOLERANCE[device]
-    ok, worst = set(got) <= set(expected) and len(got) > 0, 0.0
-    for key, value in got.items():
-        if key not in expected:
-            continue
-        diff = (value - expected[key]).abs()
-        worst = max(worst, float(diff.max()))
-        ok &= bool((diff <= atol + rtol * expected[key].abs()).all())
-    return ok, worst
-
-
 # -- 8. planned on the GPU and on the CPU, trained on the GPU ----------------------------------------------------
+
+
+def training_sizes(device: str) -> HfSizes:
+    """Check 8's sizes: at most 4 layers (two per stage), as a plan's portability and its gradients do not need
+    depth, and the plan made on the host profiles the model on the CPU."""
+    sizes = hf_sizes(device)
+    return dataclasses.replace(sizes, layers=min(sizes.layers, 4))
 
 
 def training_rank(rank: int, world: int, device: str, name: str, plans: dict[str, Plan]) -> dict[str, Any]:
     """Per plan and run, one step on variable lengths: the loss (rank 0's, broadcast) and this rank's gradients."""
     configure(device)
-    sizes = hf_sizes(device)
+    sizes = training_sizes(device)
     xs, ys = batch(name, sizes, 0, variable=True)
     out: dict[str, Any] = {}
     runs = [(where, policy, "fp32") for where in plans for policy in ("fixed", "ready")]
@@ -196,10 +197,9 @@ def unsplit_step(
 
 def check_hf_training(device_name: str, result: Any, group_timeout_s: float) -> None:
     device = configure(device_name)
-    sizes = hf_sizes(device_name)
-    result.headers = ["model", "planned on", "policy", "precision", "loss", "unsplit loss", "max abs grad diff", "ok"]
+    sizes = training_sizes(device_name)
+    result.headers = ["model", "planned on", "policy", "precision", "loss", "unsplit loss", "max abs grad diff"]
     result.left = 4
-    passed = True
     for name in MODELS:
         model = build(name, sizes)
         plans = {
@@ -210,35 +210,29 @@ def check_hf_training(device_name: str, result: Any, group_timeout_s: float) -> 
             saved = save_plan(plans["device"], Path(folder) / f"{name}.plan")
             loaded, _ = load_plan(saved, model)  # the device's plan, for the model on the host
         portable = loaded.fingerprint == plans["device"].fingerprint
-        passed &= portable
+        shown = f"fingerprint {loaded.fingerprint[:12]} against {plans['device'].fingerprint[:12]}"
+        result.judge([check(f"{name}: the device's plan file loads on the host", portable, shown, "same fingerprint")])
         result.data[f"{name} plan file from the device loads on the host"] = portable
         xs, ys = batch(name, sizes, 0, variable=True)
         reference = copy.deepcopy(model).to(device)
-        loss32 = unsplit_step(reference, xs, ys, device, bf16=False)
-        expected = named_grads([reference])
+        unsplit = {"fp32": unsplit_step(reference, xs, ys, device, bf16=False)}
+        expected = {"fp32": named_grads([reference])}
         reference.zero_grad(set_to_none=True)
-        loss16 = unsplit_step(reference, xs, ys, device, bf16=True)
+        unsplit["bf16"] = unsplit_step(reference, xs, ys, device, bf16=True)
+        expected["bf16"] = named_grads([reference])
         per_rank = run_ranks(training_rank, 2, device_name, name, plans, timeout=group_timeout_s, device=device_name)
         for label, run in per_rank[0].items():
             where, policy, precision = label.split()
-            loss = run["loss"]
-            if precision == "fp32":
-                got = {k: v for r in per_rank for k, v in r[label]["grads"].items()}
-                ok, worst = close(got, expected, device_name)
-                ok &= abs(loss - loss32) <= 1e-4 * abs(loss32)
-                shown_diff, unsplit = f"{worst:.2e}", loss32
-            else:
-                ok = abs(loss - loss16) <= BF16_LOSS_REL * abs(loss16)
-                shown_diff, unsplit = "- (bf16: loss only)", loss16
-            passed &= ok
-            on = {"device": device_name, "host": "cpu (host)"}[where]
-            result.rows.append(
-                [name, on, policy, precision, f"{loss:.6f}", f"{unsplit:.6f}", shown_diff, "yes" if ok else "**NO**"]
+            got = {k: v for r in per_rank for k, v in r[label]["grads"].items()}
+            result.judge(
+                judge_hf_run(f"{name} {label}", run["loss"], unsplit[precision], got, expected[precision], device_name)
             )
-    result.passed = passed
+            on = {"device": device_name, "host": "cpu (host)"}[where]
+            worst = f"{max_abs_diff(got, expected[precision]):.2e}"
+            result.rows.append([name, on, policy, precision, f"{run['loss']:.6f}", f"{unsplit[precision]:.6f}", worst])
     result.summary = (
         "Both models, planned on either device, train on this one as the unsplit model does."
-        if passed
+        if result.passed
         else "A Hugging Face run differs from the unsplit model, or a plan did not travel (rows, data)."
     )
     rtol, atol = GRAD_TOLERANCE[device_name]
@@ -246,8 +240,9 @@ def check_hf_training(device_name: str, result: Any, group_timeout_s: float) -> 
         f"{sizes.layers} layers, hidden {sizes.hidden}; {sizes.microbatches} micro-batches of "
         f"{sizes.microbatch_size} sequences of lognormal lengths about {sizes.seq_len}; 2 ranks on one "
         f"{device_name}, gloo transport; one step.",
-        f"float32: every gradient |diff| <= {atol:g} + {rtol:g} x |unsplit|, loss within 1e-4; bf16: the loss within "
-        f"{BF16_LOSS_REL:g} of the unsplit model's under the same autocast.",
+        f"float32: every gradient |diff| <= {atol:g} + {rtol:g} x |unsplit|, loss within {LOSS_REL['fp32']:g}; bf16: "
+        f"every gradient tensor's max |diff| within {BF16_GRAD_REL:g} of its own max |unsplit|, the loss within "
+        f"{LOSS_REL['bf16']:g}, against the unsplit model under the same autocast.",
         "`planned on` the host: the plan made with the model on the CPU, as `hintpipe plan` makes it; every plan also "
         "travels to the ranks pickled. The device's plan was saved and loaded for the model on the host: "
         + ", ".join(f"{k}: {v}" for k, v in result.data.items()),
@@ -269,7 +264,6 @@ def check_stage_times(device_name: str, result: Any) -> None:
         "measured slowest / mean",
     ]
     result.left = 2
-    passed = True
     for name in MODELS:
         model = build(name, sizes)
         first = plan_for(model, name, sizes, device)
@@ -283,8 +277,7 @@ def check_stage_times(device_name: str, result: Any) -> None:
             measured = [1e3 * t for t in measure_stages(planned, [example(name, sizes, device)], repeats=5)]
             ratios = [m / p for m, p in zip(measured, predicted, strict=True)]
             balance = max(measured) / statistics.mean(measured)
-            ok = all(abs(r - 1) <= PREDICTION_BOUND for r in ratios) and balance <= BALANCE_BOUND
-            passed &= ok or device_name != "cuda"
+            result.judge(judge_stage_times(f"{name} {stages} stages", predicted, measured, device_name))
             result.rows.append(
                 [
                     name,
@@ -292,7 +285,7 @@ def check_stage_times(device_name: str, result: Any) -> None:
                     " / ".join(f"{p:.2f}" for p in predicted),
                     " / ".join(f"{m:.2f}" for m in measured),
                     " / ".join(f"{r:.2f}" for r in ratios),
-                    f"{balance:.3f}" + ("" if ok else " **out of bounds**"),
+                    f"{balance:.3f}",
                 ]
             )
             result.data[f"{name} {stages}"] = {
@@ -300,12 +293,9 @@ def check_stage_times(device_name: str, result: Any) -> None:
                 "measured_ms": measured,
                 "cuts": list(planned.partition.cuts),
             }
-    result.passed = passed
     result.summary = (
-        f"Every stage within {PREDICTION_BOUND:.0%} of its prediction, slowest / mean <= {BALANCE_BOUND}."
-        if all("**" not in row[-1] for row in result.rows)
-        else "Some stages are out of bounds (rows)"
-        + ("." if device_name == "cuda" else "; the bounds apply on CUDA only: a dry run's tiny stages are noise.")
+        f"Bounds: every stage within {PREDICTION_BOUND:.0%} of its prediction, slowest / mean <= {BALANCE_BOUND}"
+        + ("." if device_name == "cuda" else "; on CUDA only: a dry run's tiny stages are the machine's noise.")
     )
     result.notes += [
         f"Planned on {device_name} with the model there ({sizes.repeats} profile repeats); measured: each built "
@@ -330,6 +320,42 @@ class HostStaged(nn.Module):
         if self.last:
             return out
         return tuple(t.to("cpu") for t in out) if isinstance(out, tuple) else out.to("cpu")
+
+
+class TensorsOnly(nn.Module):
+    """A built stage as torch's ``PipelineStage`` takes it, tensors in and out: the numbers a stage passes on
+    (a sequence length for the next stage's positions) are the same for every micro-batch of one length, so
+    they stay here as constants, put back among the inputs and left out of the outputs."""
+
+    def __init__(self, inner: nn.Module, constants: dict[int, Any], last: bool) -> None:
+        super().__init__()
+        self.inner, self.constants, self.last = inner, constants, last
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        values: list[Any] = list(tensors)
+        for index in sorted(self.constants):
+            values.insert(index, self.constants[index])
+        out = self.inner(*values)
+        if self.last:
+            return out
+        kept = tuple(t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor))
+        return kept if len(kept) > 1 else kept[0]
+
+
+def tensor_stages(planned: Plan, world: int, example: torch.Tensor) -> list[nn.Module]:
+    """The plan's built stages wrapped in :class:`TensorsOnly`, each with the numbers it receives for
+    micro-batches shaped like ``example`` (found by running the stages once on it, on the host)."""
+    modules = [copy.deepcopy(planned).build_stage(i) for i in range(world)]
+    values: tuple[Any, ...] = (example,)
+    wrapped: list[nn.Module] = []
+    with torch.no_grad():
+        for index, module in enumerate(modules):
+            constants = {i: v for i, v in enumerate(values) if not isinstance(v, torch.Tensor)}
+            wrapped.append(TensorsOnly(module, constants, index == world - 1))
+            if index < world - 1:
+                out = module(*values)
+                values = out if isinstance(out, tuple) else (out,)
+    return wrapped
 
 
 def throughput_rank(rank: int, world: int, device_name: str, planned: Plan, runs: list[str]) -> list[list[float]]:
@@ -375,10 +401,11 @@ def torch_schedule(
     rank: int, world: int, planned: Plan, device: torch.device, sizes: HfSizes
 ) -> tuple[Any, list[nn.Parameter]]:
     """torch's ``Schedule1F1B`` over this rank's built stage (host-staged boundaries on CUDA)."""
-    modules = [copy.deepcopy(planned).build_stage(i) for i in range(world)]
+    example = batch("gpt2", sizes, 0, variable=False)[0][0]
+    modules = tensor_stages(planned, world, example)
     where = torch.device("cpu")
     stages = [HostStaged(m, device, i == world - 1) if device.type == "cuda" else m for i, m in enumerate(modules)]
-    values: tuple[torch.Tensor, ...] = (batch("gpt2", sizes, 0, variable=False)[0][0],)
+    values: tuple[torch.Tensor, ...] = (example,)
     for module in stages[:rank]:
         out = module(*values)
         values = out if isinstance(out, tuple) else (out,)
@@ -451,8 +478,11 @@ def check_hf_throughput(device_name: str, result: Any, group_timeout_s: float) -
         bound = bounds["bf16" if "bf16" in label else "fp32"]
         result.rows.append([label, f"{value * 1e3:.1f}", f"{tokens / value:,.0f}", f"{value / bound:.3f}x"])
     result.data = {"step_s": measured, "unsplit_step_s": bounds}
+    run_steps = {label: measured[label] for label in runs}
+    run_bounds = {label: bounds[label.split()[-1]] for label in runs}
+    fp32 = [label for label in runs if label.endswith("fp32")]
+    result.judge(judge_throughput(run_steps, run_bounds, measured[torch_run], fp32, device_name))
     failed = [label for label in runs if isinstance(measured[label], str)]
-    result.passed = not failed
     result.summary = "Every hintpipe run ran." if not failed else f"hintpipe runs failed: {', '.join(failed)}."
     result.notes += [
         f"GPT-2 {sizes.layers} layers, hidden {sizes.hidden}, 2 stages on 2 ranks sharing one {device_name}; "
@@ -563,8 +593,11 @@ def check_memory_cap(device_name: str, result: Any) -> None:
         tried = ", ".join(f"{s}: {'yes' if ok is True else 'no' if ok is False else ok}" for s, ok in row["tried"])
         result.rows.append([label, str(row["predicted"]), measured, tried or "-"])
     result.data = {"budget_bytes": budget, "fraction": fraction, "rows": rows}
-    ours, theirs = (rows[k]["measured" if device_name == "cuda" else "predicted"] for k in rows)
-    result.passed = ours >= theirs > 0 or (ours > 0 and theirs == 0)
+    plan_row, cuts_row = rows.values()
+    planned_pair = (plan_row["predicted"], cuts_row["predicted"])
+    measured_pair = (plan_row["measured"], cuts_row["measured"]) if device_name == "cuda" else None
+    result.judge(judge_memory_cap(planned_pair, measured_pair, device_name))
+    ours, theirs = measured_pair or planned_pair
     result.summary = (
         f"Under {mib(budget)} MiB per stage the plan trains micro-batches of up to {ours} rows, the compute-balanced "
         f"cuts {theirs}." + ("" if device_name == "cuda" else " (planner's figures: no cap on a CPU)")
