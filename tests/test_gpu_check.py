@@ -23,7 +23,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
 
-import gpu_check  # noqa: E402  (a benchmark script, importable from its folder)
+import correctness  # noqa: E402  (benchmark scripts, importable from their folder)
+import gpu_check  # noqa: E402
 import judge  # noqa: E402
 from report import Result  # noqa: E402
 
@@ -69,7 +70,7 @@ WRONG: dict[int, Callable[[], tuple[list[judge.Verdict], str, str]]] = {
         "outside the bound",
     ),
     4: lambda: (
-        judge.judge_nan_abort(1, "rank 1: the loss of micro-batch 0 in step 1 is nan", gpu_check.NAN_WORDS),
+        judge.judge_nan_abort(1, "rank 1: the loss of micro-batch 0 in step 1 is nan", correctness.NAN_WORDS),
         "the neighbour says the failing rank's words",
         "outside the bound",
     ),
@@ -347,7 +348,7 @@ def test_the_gpu_check_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert checks[1]["data"]["parameters_moved"] == 0 and checks[1]["data"]["max_abs_diff"] == 0.0
     assert [checks[2]["data"][p]["max_abs_diff"] for p in ("fixed", "ready")] == [0.0, 0.0]
     assert checks[3]["data"]["max_grad_rel_diff"] == 0.0
-    assert gpu_check.NAN_WORDS in checks[4]["data"]["stderr"]
+    assert correctness.NAN_WORDS in checks[4]["data"]["stderr"]
     assert sum(checks[5]["data"]["offloaded"]) > 0 and checks[5]["data"]["max_abs_diff"] == 0.0
     low, high = checks[7]["data"]["bounds"]
     held, predicted = checks[7]["data"]["measured"], checks[7]["data"]["predicted"]
