@@ -181,6 +181,11 @@ def test_gradients_fail_when_one_is_missing_extra_or_a_small_tensor_is_off() -> 
     assert judge.judge_bf16_gradients("g", _small_tensor_off(), expected).why == "1 outside: b"
     near = expected | {"b": expected["b"] * 1.01}
     assert judge.judge_bf16_gradients("g", near, expected).status == "PASS"
+    nan = expected | {"b": torch.full((4,), float("nan"))}
+    assert judge.judge_bf16_gradients("g", nan, expected).why == "1 outside: b"
+    assert judge.judge_gradients("g", nan, expected, "cpu").why == "1 outside: b"
+    reshaped = expected | {"w": expected["w"].reshape(64)}
+    assert judge.judge_gradients("g", reshaped, expected, "cpu").why == "1 of another shape (w)"
 
 
 def test_a_check_that_raises_fails_and_the_next_still_runs(

@@ -88,13 +88,16 @@ def first_failing(verdicts: Sequence[Verdict]) -> Verdict | None:
 def _presence(
     row: str, got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], bound: str
 ) -> Verdict | None:
-    """A FAIL if a gradient is missing or one is there that the reference has not, else None."""
+    """A FAIL if a gradient is missing, one is there that the reference has not, or one has another shape, else
+    None."""
     missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    shapes = [k for k in expected if k in got and got[k].shape != expected[k].shape]
     if not expected:
         return check(row, False, "no reference gradients", bound, "nothing to compare")
-    if missing or extra:
+    if missing or extra or shapes:
         words = [f"{len(missing)} of {len(expected)} missing ({', '.join(missing[:3])})"] if missing else []
         words += [f"{len(extra)} not in the reference ({', '.join(extra[:3])})"] if extra else []
+        words += [f"{len(shapes)} of another shape ({', '.join(shapes[:3])})"] if shapes else []
         return check(row, False, f"{len(got)} gradients", bound, "; ".join(words))
     return None
 
@@ -134,7 +137,7 @@ def judge_bf16_gradients(
         scale = _largest(want.float())
         ratios[name] = diff / scale if scale > 0 else (0.0 if diff <= 1e-8 else math.inf)
     worst = max(ratios, key=lambda k: ratios[k])
-    outside = [k for k, r in ratios.items() if r > rel]
+    outside = [k for k, r in ratios.items() if not r <= rel]  # NaN too
     figures = f"{len(expected)} gradients, worst tensor {worst}: max |diff| / max |expected| {ratios[worst]:.2e}"
     return check(row, not outside, figures, bound, f"{len(outside)} outside: {', '.join(outside[:3])}")
 
