@@ -20,10 +20,12 @@
 12. **bf16 10x slow: bf16 or the hint?** (:mod:`slow_bf16`): the issue's slow ``train`` run and its fast one,
    each also in the other precision.
 
-Every check runs, whatever the ones before did; each writes its result to the output folder as it ends
-(``NN-name.md`` and ``.json``, and ``results.md`` / ``results.json`` so far), and the exit status is 1 if any
-failed. With ``--device cpu`` it runs end to end on a machine without a GPU (only the CUDA calls go
-unexercised), at smaller sizes. Run from anywhere::
+Every check runs, whatever the ones before did, and judges rows: each row's figures against its stated bound,
+PASS, FAIL, or SKIP with the reason where it cannot be measured here (:mod:`judge`, pure functions of the
+figures). Each check writes its result to the output folder as it ends (``NN-name.md`` and ``.json``, and
+``results.md`` / ``results.json`` so far); the last line printed names the first failing row (or says all
+passed), and the exit status is 1 if any row failed. With ``--device cpu`` it runs end to end on a machine
+without a GPU (only the CUDA calls go unexercised; timing rows skip), at smaller sizes. Run from anywhere::
 
     bash benchmarks/gpu/run.sh OUT_DIR [--device cuda|cpu] [--only 1,3]
 """
@@ -31,429 +33,43 @@ unexercised), at smaller sizes. Run from anywhere::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
-import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import hf_checks
+import hf_speed
 import torch
-from slow_bf16 import slow_bf16_table
-from tables import (
-    SLACK,
-    TIMEOUT_S,
-    Table,
-    Throughput,
-    configure,
-    memory_table,
-    mib,
-    offload_plans,
-    offload_words,
-    throughput_table,
+from correctness import (
+    check_nan_abort,
+    check_offload_hooks,
+    check_offload_training,
+    check_shared_gpu,
+    check_train_grads,
 )
+from judge import (
+    MEMORY_BOUNDS,
+    OFFLOAD_OFF_CUDA,
+    judge_memory,
+    judge_slow_bf16,
+    judge_throughput,
+)
+from memory import memory_table
+from report import Result, final_line, run_check, total_time, write_summary
+from sizes import GROUP_TIMEOUT_S, Check, Setup, sizes_for
+from slow_bf16 import slow_bf16_table
+from tables import configure
+from throughput import throughput_table
 from torch import nn
 
 import hintpipe
-from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
-from hintpipe.planner.plan import Plan
-from hintpipe.planner.stagegen import host_copies, offload_hooks, resident
-from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.pipeline import Pipeline
-
-REPO = Path(__file__).resolve().parents[2]
-#: A spawned group's limit: a collective or a transfer stuck this long fails instead of hanging the check.
-GROUP_TIMEOUT_S = 90.0
-#: A command line check's limit.
-COMMAND_TIMEOUT_S = 180.0
-#: Per-element gradient tolerance (rtol, atol), float32: the micro-batch gradients may be summed in another
-#: order, and on CUDA (TF32 off) embedding and attention backward kernels reduce with atomics.
-GRAD_TOLERANCE = {"cpu": (1e-5, 1e-6), "cuda": (1e-4, 1e-5)}
-#: Check 7: what each stage's forward held over the planner's activation bytes, at least and at most.
-MEMORY_BOUNDS = (0.8, 1.25)
-#: ``train --check-grads``'s largest relative difference allowed (tests/test_train.py's on CPU).
-CHECK_GRADS_REL = {"cpu": 1e-5, "cuda": 1e-4}
-
-
-# -- sizes ----------------------------------------------------------------------------------------------
-
-#: Check 12 on CUDA: the slow run's flags as the project's issue quotes them (``--device``, the hint, the policy,
-#: the precision and the room are the check's), a few steps.
-SLOW_TRAIN = (
-    *("--model", "gpt-mini", "--layers", "4", "--hidden", "256", "--ranks", "2", "--microbatches", "8"),
-    *("--seq-len-dist", "lognormal:128:0.5", "--steps", "4"),
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    """Model and run sizes per device: small for a dry run on a 2-core CPU beside a test suite, big enough on a
-    GPU that the figures are not all launch overhead, and all of it within 5 minutes there."""
-
-    model: ModelConfig  # checks 1, 2, 3-4 (its layers and hidden), 5
-    microbatch_size: int
-    seq: SeqLenDist
-    plan_model: ModelConfig  # check 5 and the memory table
-    plan_seq_len: int
-    throughput: Throughput
-    repeats: int
-    slow_train: tuple[str, ...]  # check 12: ``hintpipe train``'s model and batch flags
-    microbatches: int = 4
-
-
-def sizes_for(device: str) -> Sizes:
-    if device == "cuda":
-        model = ModelConfig("gpt-mini", layers=4, hidden=256, heads=8, vocab=512, max_seq_len=257)
-        plan_model = ModelConfig("gpt-mini", layers=8, hidden=256, heads=8, vocab=256, max_seq_len=257)
-        throughput_model = ModelConfig("gpt-mini", layers=8, hidden=512, heads=8, vocab=1024, max_seq_len=513)
-        throughput = Throughput(device, throughput_model, 8, 8, 256, 6)
-        return Sizes(model, 4, SeqLenDist(128, 0.5), plan_model, 256, throughput, 5, SLOW_TRAIN)
-    model = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=33)
-    throughput_model = ModelConfig("gpt-mini", layers=2, hidden=32, heads=2, vocab=64, max_seq_len=65)
-    throughput = Throughput(device, throughput_model, 4, 2, 32, 3)
-    slow_train = (
-        *("--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"),
-        *("--microbatch-size", "2", "--seq-len-dist", "lognormal:16:0.5", "--steps", "3"),
-    )
-    return Sizes(model, 2, SeqLenDist(16, 0.5), model, 32, throughput, 2, slow_train)
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    """What every check (and every spawned rank) needs to know."""
-
-    device: str  # "cuda" or "cpu"
-    sizes: Sizes
-
-
-# -- results ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Result:
-    """One check: passed or not, why in one line, a table with notes, and its figures for the JSON file."""
-
-    number: int
-    title: str
-    passed: bool = False
-    summary: str = ""
-    headers: list[str] = dataclasses.field(default_factory=list)
-    rows: list[list[str]] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    seconds: float = 0.0
-    left: int = 1  # leading text columns (aligned left)
-
-    def table(self, table: Table) -> None:
-        self.headers, self.rows, self.notes, self.data = table.headers, table.rows, table.notes, table.data
-        self.left = table.left
-
-    def markdown(self) -> str:
-        verdict = "passed" if self.passed else "**FAILED**"
-        lines = [f"## {self.number}. {self.title}: {verdict}", "", self.summary, ""]
-        if self.rows:
-            align = ["---" if i < self.left else "---:" for i in range(len(self.headers))]
-            lines += ["| " + " | ".join(cells) + " |" for cells in [self.headers, align, *self.rows]]
-            lines.append("")
-        lines += [f"- {note}" for note in self.notes]
-        lines.append(f"- ({self.seconds:.0f} s)")
-        return "\n".join(lines) + "\n"
-
-    @property
-    def slug(self) -> str:
-        return f"{self.number:02d}-" + re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")[:40]
-
-
-Check = Callable[[Setup, Result], None]
-
-
-def run_check(number: int, title: str, check: Check, setup: Setup, out: Path) -> Result:
-    """Run one check (whatever it raises fails it, and the next one still runs) and write its result now."""
-    print(f"[{time.strftime('%H:%M:%S')}] {number}. {title} ...", flush=True)
-    result = Result(number, title)
-    start = time.perf_counter()
-    try:
-        check(setup, result)
-    except Exception as exc:  # any failure of one check: report it, go on with the next
-        result.passed = False
-        result.summary = f"Could not run: {type(exc).__name__}: {exc}".splitlines()[0][:500]
-        result.data["traceback"] = traceback.format_exc()
-    result.seconds = time.perf_counter() - start
-    (out / f"{result.slug}.md").write_text(result.markdown())
-    (out / f"{result.slug}.json").write_text(json.dumps(dataclasses.asdict(result), indent=2, default=str) + "\n")
-    print(f"    {'passed' if result.passed else 'FAILED'} ({result.seconds:.0f} s): {result.summary}", flush=True)
-    return result
-
-
-# -- 1. offload hooks against plain autograd ----------------------------------------------------------------
-
-
-def gradients(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().cpu() for n, p in module.named_parameters() if p.grad is not None}
-
-
-def within(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], device: str) -> tuple[bool, float]:
-    """Every gradient within tolerance of the expected one (and none missing); the largest difference."""
-    rtol, atol = GRAD_TOLERANCE[device]
-    if set(got) != set(expected):
-        return False, float("inf")
-    worst = max(float((got[k] - expected[k]).abs().max()) for k in expected)
-    return all(torch.allclose(got[k], expected[k], rtol=rtol, atol=atol) for k in expected), worst
-
-
-def check_offload_hooks(setup: Setup, result: Result) -> None:
-    device = configure(setup.device)
-    sizes = setup.sizes
-    torch.manual_seed(0)
-    model = nn.Sequential(*build_layers(sizes.model)).to(device)
-    inputs, targets, _ = make_batch(sizes.model, 1, sizes.microbatch_size, sizes.seq, 0)
-    x, y = inputs[0].to(device), targets[0].to(device)
-    torch.autograd.backward(lm_loss(model(x), y))
-    plain = gradients(model)
-    model.zero_grad(set_to_none=True)
-    keep = resident(model)
-    moved: list[torch.Tensor] = []
-    if device.type == "cuda":  # the planner's own hooks: pinned host copies on a stream of their own
-        pack, unpack = host_copies(device, keep)
-    else:  # the same hooks with a plain host copy: what the CPU can check is which tensors go
-        pack, unpack = offload_hooks(keep, lambda t: t.clone(), lambda copy: copy)
-
-    def counting_pack(t: torch.Tensor) -> Any:
-        packed = pack(t)
-        if packed[0]:
-            moved.append(t)
-        return packed
-
-    with torch.autograd.graph.saved_tensors_hooks(counting_pack, unpack):
-        loss = lm_loss(model(x), y)
-    sizes_moved = [t.numel() * t.element_size() for t in moved]
-    parameters_moved = sum(t.untyped_storage().data_ptr() in keep for t in moved)
-    moved.clear()  # the saved tensors' memory goes back to the allocator: the junk below may get it
-    for _ in range(3):  # junk on the compute stream, before backward: a buffer reused too early is overwritten
-        junk = [torch.full((max(1, n // 4),), float("nan"), device=device) for n in sizes_moved]
-        del junk
-    torch.autograd.backward(loss)
-    ok, worst = within(gradients(model), plain, setup.device)
-    result.passed = ok and parameters_moved == 0 and bool(sizes_moved)
-    result.summary = (
-        f"{len(sizes_moved)} saved tensors ({mib(sum(sizes_moved))} MiB) moved and back, {parameters_moved} of them "
-        f"parameters; gradients {'within' if ok else 'OUTSIDE'} tolerance of plain autograd (max |diff| {worst:.2e})."
-    )
-    result.notes.append(
-        f"gpt-mini {sizes.model.layers} blocks, hidden {sizes.model.hidden}, one micro-batch of "
-        f"{tuple(x.shape)} tokens; 3 rounds of NaN-filled junk of the moved tensors' sizes between forward and "
-        + (
-            "backward, on the compute stream, no synchronisation."
-            if device.type == "cuda"
-            else "backward. On CPU the copies are plain clones: the check shows which tensors go and that the "
-            "hooks return them intact, not the streams."
-        )
-    )
-    result.data = {"moved_bytes": sizes_moved, "parameters_moved": parameters_moved, "max_abs_diff": worst}
-
-
-# -- 2. two ranks sharing the GPU, against the unsplit model -------------------------------------------------
-
-
-def shared_gpu_rank(rank: int, world: int, setup: Setup) -> dict[str, Any]:
-    """Per policy, two steps on the same data with the gradients zeroed between (``ready`` plans with the first
-    step's costs, so the second runs ``ready``); the second step's gradients and what its report says."""
-    configure(setup.device)
-    sizes = setup.sizes
-    inputs, targets, _ = make_batch(sizes.model, sizes.microbatches, sizes.microbatch_size, sizes.seq, 0)
-    out: dict[str, Any] = {}
-    for policy in ("fixed", "ready"):
-        modules = split_layers(build_layers(sizes.model), world)
-        with Pipeline(
-            {rank: modules[rank]},
-            loss_fn=lm_loss,
-            microbatches=sizes.microbatches,
-            policy=policy,
-            memory_slack=SLACK,
-            device=setup.device,
-            transport="gloo",
-            timeout=TIMEOUT_S,
-        ) as pipe:
-            for _ in range(2):
-                modules[rank].zero_grad(set_to_none=True)
-                pipe.step(inputs if rank == 0 else None, targets if rank == world - 1 else None)
-            report = pipe.reports[-1]
-            grads = {f"{rank}.{name}": grad for name, grad in gradients(modules[rank]).items()}
-            out[policy] = {
-                "grads": grads,
-                "ran_as": report.policy.value,
-                "transport": pipe.transport.value,
-                "device_peak_bytes": report.device_peak_bytes,
-                "allocated_over_counted": report.allocated_over_counted,
-            }
-    return out
-
-
-def unsplit(
-    model: nn.Module, inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], device: torch.device
-) -> None:
-    """The step on the unsplit ``model``: each micro-batch's loss divided by their count (the pipeline's)."""
-    for x, y in zip(inputs, targets, strict=True):
-        torch.autograd.backward(lm_loss(model(x.to(device)), y.to(device)) / len(inputs))
-
-
-def check_shared_gpu(setup: Setup, result: Result) -> None:
-    device = configure(setup.device)
-    sizes = setup.sizes
-    modules = split_layers(build_layers(sizes.model), 2)
-    inputs, targets, _ = make_batch(sizes.model, sizes.microbatches, sizes.microbatch_size, sizes.seq, 0)
-    whole = nn.Sequential(*modules).to(device)
-    unsplit(whole, inputs, targets, device)
-    expected = {f"{s}.{n}": g for s, m in enumerate(modules) for n, g in gradients(m).items()}
-    per_rank = run_ranks(shared_gpu_rank, 2, setup, timeout=GROUP_TIMEOUT_S, device=setup.device)
-    result.headers = ["policy", "ran as", "transport", "max abs diff", "within tolerance", "allocator peak MiB"]
-    result.headers += ["allocated / counted"]
-    result.left = 3
-    passed = True
-    for policy in ("fixed", "ready"):
-        got = {k: v for r in per_rank for k, v in r[policy]["grads"].items()}
-        ok, worst = within(got, expected, setup.device)
-        ran_as = per_rank[0][policy]["ran_as"]
-        passed &= ok and ran_as == policy
-        peaks = per_rank[0][policy]["device_peak_bytes"]
-        ratios = per_rank[0][policy]["allocated_over_counted"]
-        result.rows.append(
-            [
-                policy,
-                ran_as,
-                per_rank[0][policy]["transport"],
-                f"{worst:.2e}",
-                "yes" if ok else "**NO**",
-                " / ".join(mib(p) for p in peaks) if min(peaks, default=-1) >= 0 else "- (CPU)",
-                " / ".join(f"{r:.2f}" for r in ratios) if ratios and ratios[0] == ratios[0] else "- (CPU)",
-            ]
-        )
-        result.data[policy] = {k: v for k, v in per_rank[0][policy].items() if k != "grads"} | {"max_abs_diff": worst}
-    result.passed = passed
-    result.summary = "Both policies' gradients " + ("equal" if passed else "do NOT all equal") + " the unsplit model's."
-    rtol, atol = GRAD_TOLERANCE[setup.device]
-    result.notes += [
-        f"gpt-mini {sizes.model.layers} blocks, hidden {sizes.model.hidden}, {sizes.microbatches} micro-batches "
-        f"of {sizes.microbatch_size} sequences of lognormal lengths, hint 1f1b, 2 ranks on one {setup.device}; the "
-        f"second of two steps compared (`ready` plans from the first); |diff| <= {atol:g} + {rtol:g} x |unsplit|.",
-        "The allocator columns are rank 0's report of both ranks (`device_peak_bytes`, `allocated_over_counted`).",
-    ]
-
-
-# -- 3 and 4. the command line ------------------------------------------------------------------------------
-
-
-def train_command(setup: Setup, *extra: str) -> subprocess.CompletedProcess[str]:
-    """``python -m hintpipe train`` on the check's model, 2 ranks, in a process of its own."""
-    model = setup.sizes.model
-    argv = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--ranks", "2"]
-    argv += ["--layers", str(model.layers), "--hidden", str(model.hidden), "--microbatches", "4"]
-    seq = f"lognormal:{setup.sizes.seq.mean}:{setup.sizes.seq.sigma}"
-    argv += ["--microbatch-size", str(setup.sizes.microbatch_size), "--seq-len-dist", seq]
-    argv += ["--device", setup.device, *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, cwd=REPO, check=False)
-
-
-def check_train_grads(setup: Setup, result: Result) -> None:
-    done = train_command(setup, "--steps", "2", "--check-grads", "--json")
-    result.data = {"returncode": done.returncode, "stderr": done.stderr[-4000:]}
-    if done.returncode != 0:
-        result.summary = f"exit status {done.returncode}: " + (done.stderr.strip().splitlines() or [""])[-1][:400]
-        return
-    out = json.loads(done.stdout)
-    rel, limit = out["max_grad_rel_diff"], CHECK_GRADS_REL[setup.device]
-    result.passed = rel is not None and rel <= limit and all(v == v for v in out["losses"])
-    result.summary = (
-        f"`train --device {setup.device} --check-grads`: max abs diff {out['max_grad_abs_diff']:.2e}, max rel diff "
-        f"{rel:.2e} (at most {limit:g}); losses {[round(v, 4) for v in out['losses']]}."
-    )
-    result.data |= {k: out.get(k) for k in ("max_grad_abs_diff", "max_grad_rel_diff", "losses", "transport")}
-
-
-#: What the neighbour of the rank whose loss is NaN must say: the failing rank's own words.
-NAN_WORDS = (
-    "rank 0: PeerFailure: rank 0: rank 1 failed in step 1; it said: rank 1: the loss of micro-batch 0 in step 1 is "
-    "nan; the step stops before the optimizer runs"
-)
-
-
-def check_nan_abort(setup: Setup, result: Result) -> None:
-    done = train_command(setup, "--steps", "2", "--faults", "nan:1")
-    result.data = {"returncode": done.returncode, "stderr": done.stderr[-4000:]}
-    heard = NAN_WORDS in done.stderr
-    result.passed = done.returncode == 1 and heard
-    result.summary = (
-        "The neighbour (rank 0) said the failing rank's words."
-        if heard
-        else f"exit status {done.returncode}; rank 0 did not say rank 1's words: "
-        + " | ".join(done.stderr.strip().splitlines()[-3:])[:500]
-    )
-    result.notes.append(f"`train --device {setup.device} --faults nan:1`; expected on stderr: `{NAN_WORDS} ...`")
-
-
-# -- 5. a plan that offloads, trained ------------------------------------------------------------------------
-
-
-def offload_rank(rank: int, world: int, setup: Setup, planned: Plan) -> dict[str, Any]:
-    """Step 0 of the plan's pipeline on the device: its gradients by the model's names, and its report."""
-    configure(setup.device)
-    sizes = setup.sizes
-    inputs, targets, _ = make_batch(
-        sizes.plan_model, sizes.microbatches, sizes.microbatch_size, SeqLenDist(sizes.plan_seq_len), 0
-    )
-    with Pipeline.from_plan(planned, loss_fn=lm_loss, policy="fixed", device=setup.device, transport="gloo") as pipe:
-        loss = pipe.step(inputs if rank == 0 else None, targets if rank == world - 1 else None, broadcast_loss=True)
-        grads = {n: g for module in pipe.modules.values() for n, g in gradients(module).items()}
-        report = pipe.reports[-1]
-        return {
-            "grads": grads,
-            "loss": None if loss is None else float(loss),
-            "device_peak_bytes": report.device_peak_bytes,
-            "allocated_over_counted": report.allocated_over_counted,
-        }
-
-
-def check_offload_training(setup: Setup, result: Result) -> None:
-    device = configure(setup.device)
-    sizes = setup.sizes
-    model = nn.Sequential(*build_layers(sizes.plan_model)).to(device)
-    inputs, targets, _ = make_batch(
-        sizes.plan_model, sizes.microbatches, sizes.microbatch_size, SeqLenDist(sizes.plan_seq_len), 0
-    )
-    _, tight, chosen = offload_plans(model, inputs[0].to(device), 2, sizes.microbatches)
-    unsplit(model, inputs, targets, device)
-    expected = gradients(model)
-    per_rank = run_ranks(offload_rank, 2, setup, tight, timeout=GROUP_TIMEOUT_S, device=setup.device)
-    got = {k: v for r in per_rank for k, v in r["grads"].items()}
-    ok, worst = within(got, expected, setup.device)
-    offloaded = [len(s.offload) for s in tight.partition.stages]
-    result.passed = ok and sum(offloaded) > 0
-    result.summary = (
-        f"Offloaded nodes per stage {offloaded}; gradients {'within' if ok else 'OUTSIDE'} tolerance of the unsplit "
-        f"model's (max |diff| {worst:.2e}); loss {per_rank[-1]['loss']:.4f}."
-    )
-    result.notes.append(
-        f"gpt-mini {sizes.plan_model.layers} blocks, hidden {sizes.plan_model.hidden}, planned for 2 ranks: "
-        f"{offload_words(chosen)}; {sizes.microbatches} micro-batches of {sizes.microbatch_size} x "
-        f"{sizes.plan_seq_len} tokens, `Pipeline.from_plan` on the device (gloo transport), step 0's gradients by "
-        "the model's own names."
-    )
-    result.data = {
-        "chosen": chosen,
-        "offloaded": offloaded,
-        "max_abs_diff": worst,
-        "device_peak_bytes": per_rank[0]["device_peak_bytes"],
-        "allocated_over_counted": per_rank[0]["allocated_over_counted"],
-    }
-
+from hintpipe.apps.models import SeqLenDist, build_layers, make_batch
 
 # -- 6 and 7. the tables ----------------------------------------------------------------------------------------
 
@@ -461,9 +77,37 @@ def check_offload_training(setup: Setup, result: Result) -> None:
 def check_throughput(setup: Setup, result: Result) -> None:
     table = throughput_table(setup.sizes.throughput, GROUP_TIMEOUT_S)
     result.table(table)
-    result.passed = not table.failed
-    ran = "Every hintpipe run ran" if result.passed else "A hintpipe run failed (its row says why)"
+    result.judge(judge_throughput(*throughput_figures(table.data), setup.device))
+    ran = "Every hintpipe run ran" if not table.failed else "A hintpipe run failed (its row says why)"
     result.summary = f"{ran}; {goal_words(table.data)}"
+
+
+def throughput_figures(data: dict[str, Any]) -> tuple[dict[str, float | str], dict[str, float], float | str, list[str]]:
+    """From the throughput table's JSON figures: each hintpipe run's median step (or why it did not run) and its
+    bound's, torch's step on the same work (host-staged where it ran, as hintpipe's gloo stages; else as is), and
+    the runs whose work that is (float32, fixed lengths)."""
+    steps: dict[str, float | str] = {}
+    bounds: dict[str, float] = {}
+    torch_work = []
+    torch_steps: dict[str, float | str] = {}
+    for label in data["rows"]:
+        row = data[label]
+        step = row.get("step_s", row.get("error", "no figures"))
+        runtime = row["run"]["runtime"]
+        if runtime.startswith("torch"):
+            torch_steps[runtime] = step
+        if runtime != "hintpipe":
+            continue
+        steps[label] = step
+        if "bound" in row:
+            bounds[label] = data[row["bound"]]["step_s"]
+        if row["run"]["precision"] == "fp32" and not row["run"]["variable"]:
+            torch_work.append(label)
+    torch_step = next(
+        (s for s in (torch_steps.get("torch-host"), torch_steps.get("torch")) if isinstance(s, float)), None
+    )
+    shown = torch_step if torch_step is not None else "; ".join(str(s) for s in torch_steps.values()) or "not run"
+    return steps, bounds, shown, torch_work
 
 
 def goal_words(data: dict[str, Any]) -> str:
@@ -491,15 +135,25 @@ def check_memory(setup: Setup, result: Result) -> None:
     inputs, targets, _ = make_batch(sizes.plan_model, 1, sizes.microbatch_size, SeqLenDist(sizes.plan_seq_len), 0)
     table = memory_table(model, inputs[0].to(device), targets[0].to(device), sizes.microbatches, sizes.repeats)
     result.table(table)
-    low, high = MEMORY_BOUNDS
-    ratios = [float(row[5]) for row in table.rows]
-    result.passed = bool(ratios) and all(low <= r <= high for r in ratios)
+    predicted, measured, offloaded = (table.data[k] for k in ("predicted", "measured", "offloaded"))
+    cpu = setup.device != "cuda"
+    stages = [
+        (
+            f"stage {i}, {plan}: held / predicted",
+            predicted[plan][i],
+            measured[plan][i]["held"],
+            OFFLOAD_OFF_CUDA if cpu and offloaded[plan][i] else "",
+        )
+        for i in range(len(predicted["no budget"]))
+        for plan in ("no budget", "budget")
+    ]
+    result.judge(judge_memory(stages))
     result.data["bounds"] = MEMORY_BOUNDS
+    low, high = MEMORY_BOUNDS
+    ratios = [held / max(p, 1.0) for _, p, held, why_not in stages if not why_not]
     result.summary = (
-        f"Every stage held {low:g}-{high:g}x the activation bytes the planner predicted (held / predicted: "
-        f"{min(ratios, default=0):.3f}-{max(ratios, default=0):.3f})."
-        if result.passed
-        else f"A stage held outside {low:g}-{high:g}x the planner's activation bytes (rows: held / predicted)."
+        f"Held / predicted activation bytes {min(ratios, default=0):.3f}-{max(ratios, default=0):.3f} per stage "
+        f"(bound {low:g}-{high:g})."
     )
 
 
@@ -512,18 +166,19 @@ def check_stage_times(setup: Setup, result: Result) -> None:
 
 
 def check_hf_throughput(setup: Setup, result: Result) -> None:
-    hf_checks.check_hf_throughput(setup.device, result, GROUP_TIMEOUT_S)
+    hf_speed.check_hf_throughput(setup.device, result, GROUP_TIMEOUT_S)
 
 
 def check_memory_cap(setup: Setup, result: Result) -> None:
-    hf_checks.check_memory_cap(setup.device, result)
+    hf_speed.check_memory_cap(setup.device, result)
 
 
 def check_slow_bf16(setup: Setup, result: Result) -> None:
     table = slow_bf16_table(setup.device, setup.sizes.slow_train)
     result.table(table)
-    result.passed = not table.failed
-    result.summary = table.data["answer"] if result.passed else "A run failed (its row says why)."
+    steps = {tuple(key.split()): step for key, step in table.data["steps"].items()}
+    result.judge(judge_slow_bf16(steps, setup.device))
+    result.summary = table.data["answer"] if not table.failed else "A run failed (its row says why)."
 
 
 CHECKS: list[tuple[str, Check]] = [
@@ -571,25 +226,6 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
-def write_summary(out: Path, env: dict[str, Any], argv: Sequence[str], results: list[Result]) -> None:
-    """``results.md`` and ``results.json``: every check so far."""
-    head = [
-        "# hintpipe GPU check",
-        "",
-        f"- device: **{env['device']}**" + (f" (CUDA {env['cuda']})" if env["cuda"] else ""),
-        f"- torch {env['torch']}, Python {env['python']}, {env['cpus']} CPUs ({env['host']})",
-        f"- hintpipe {env['hintpipe']}; {env['date']}; `{' '.join(['gpu_check.py', *argv])}`",
-        "",
-        "| check | result | seconds |",
-        "|---|---|---:|",
-        *[f"| {r.number}. {r.title} | {'passed' if r.passed else '**FAILED**'} | {r.seconds:.0f} |" for r in results],
-        "",
-    ]
-    (out / "results.md").write_text("\n".join(head) + "\n" + "\n".join(r.markdown() for r in results))
-    payload = {"environment": env, "checks": [dataclasses.asdict(r) for r in results]}
-    (out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the folder the results go to")
@@ -622,10 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_summary(args.out, env, shown, results)
     failed = [r.number for r in results if not r.passed]
     elapsed = time.perf_counter() - started
+    whole = total_time(elapsed, args.device)
+    write_summary(args.out, env, shown, results, whole)
     print(f"{len(results) - len(failed)} of {len(results)} checks passed in {elapsed:.0f} s; results: {args.out}")
     if failed:
         print(f"failed: {', '.join(map(str, failed))}", file=sys.stderr)
-    return 1 if failed else 0
+    print(final_line(results, whole), flush=True)
+    return 1 if failed or whole.status == "FAIL" else 0
 
 
 if __name__ == "__main__":

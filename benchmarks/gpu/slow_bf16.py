@@ -136,5 +136,8 @@ def slow_bf16_table(device: str, sizes: Sequence[str]) -> Table:
         "runs": {" ".join(v.argv(sizes)): got for v, got in measured.items()},
         "answer": answer(measured),
         "device": device,
+        "steps": {
+            f"{v.hint} {v.precision}": got["step_s"] if isinstance(got, dict) else got for v, got in measured.items()
+        },
     }
     return Table(headers, rows, notes, data, failed, left=4)

@@ -118,7 +118,7 @@ def study(
     cells: dict[tuple[str, str, str, str, str], Cell] = defaultdict(Cell)
     began = time.perf_counter()
     for name in names:
-        models = [parse_variability(spec) for spec in VARIABILITY[name]]
+        models = [parse_variability(spec) for spec in VARIABILITY.get(name, [name])]
         for trial in range(trials):
             trial_seed = (seed, trial)
             base = None
@@ -326,7 +326,11 @@ def main() -> None:
         default="given,longest-first,shortest-first,balanced",
         help="comma-separated micro-batch orders, given first (default given,longest-first,shortest-first,balanced)",
     )
-    parser.add_argument("--variability", default=",".join(VARIABILITY), help="comma-separated names of VARIABILITY")
+    parser.add_argument(
+        "--variability",
+        default=",".join(VARIABILITY),
+        help="comma-separated names of VARIABILITY, or specs of one model each (moe:8:2)",
+    )
     parser.add_argument("--hints", default=",".join(HINTS), help="comma-separated hints, 1f1b first")
     parser.add_argument(
         "--budgets",

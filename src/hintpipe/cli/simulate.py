@@ -21,6 +21,7 @@ from hintpipe.cli.common import (
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
+from hintpipe.options import OPTIONS
 from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import Summary, run_study
@@ -36,7 +37,8 @@ def register(commands: Any) -> None:
     for name in ("ranks", "microbatches", "hint", "chunks", "policy"):
         add_option(parser, name)
     parser.add_argument("--compare", action="store_true", help="run fixed, greedy and ready on the same samples")
-    add_option(parser, "variability")
+    variability = OPTIONS["variability"].help + "; simulate only: moe:EXPERTS:TOPK[:SKEW[:SHARE]]"
+    add_option(parser, "variability", help=variability)
     add_option(parser, "microbatch_order")
     add_option(parser, "admission")
     add_room_arguments(parser, activation_unit="slots, or bytes such as 2GiB when the cost model has sizes")

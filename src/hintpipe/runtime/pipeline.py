@@ -378,7 +378,3 @@ def _messages(pipe: Pipeline) -> Transport:
 
 
 Pipeline.messages = property(_messages)  # type: ignore[attr-defined]
-
-
-def _is_device(value: object) -> bool:
-    return isinstance(value, torch.device)

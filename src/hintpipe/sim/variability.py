@@ -28,6 +28,15 @@
                                takes the slowest member's time, plus DECISION
                                (the leader's announcement) under greedy and
                                ready, which coordinate (fixed does not)
+``moe:EXPERTS:TOPK[:SKEW[:SHARE]]``
+                               simulator only: every stage is a
+                               mixture-of-experts layer whose tokens each go
+                               to TOPK of EXPERTS experts; per stage and
+                               micro-batch the experts' loads are drawn (SKEW,
+                               default 0.5) and the SHARE of the stage's cost
+                               in its experts (default 1) takes the busiest
+                               expert's load over the balanced one (see
+                               [Note: expert load])
 =============================  ===============================================
 
 The words mean the same in ``hintpipe simulate --variability`` and ``hintpipe
@@ -35,6 +44,19 @@ train --inject``: a task whose cost is ``t`` costs ``X t`` (see
 :mod:`hintpipe.runtime.faults` for how the runtime realises that).
 Sampling is seeded, so policies can be compared on identical costs.
 This module is torch-free.
+
+[Note: expert load]
+A mixture-of-experts layer sends each token to its TOPK best-scored of EXPERTS experts; the experts run
+in parallel (expert parallelism, each on its own devices), so the layer lasts as long as its busiest. With
+every expert given the same number of tokens, each holds 1 / EXPERTS of the token-to-expert assignments
+(the balanced load). A micro-batch's content makes some experts popular: per stage and micro-batch each
+expert's popularity is a lognormal factor with mean 1 and sigma SKEW, and its share of the assignments
+follows its popularity, capped at 1 / TOPK (a token counts once per expert: an expert can take every
+token, never more); what the cap cuts goes to the others by their popularity. The stage's cost is
+``(1 - SHARE) + SHARE x busiest share x EXPERTS`` times its expected cost, on F, B and W alike (backward
+follows the forward's routing), so the factor lies in [1, 1 - SHARE + SHARE x EXPERTS / TOPK]: 1 with
+SKEW 0 (loads balanced) or TOPK = EXPERTS (every token to every expert). The loads are not known when
+the batch is loaded (the router decides in the forward), so they leave the micro-batches' sizes alone.
 """
 
 from __future__ import annotations
@@ -100,11 +122,23 @@ class TensorParallel:
     decision: float = 0.0
 
 
-Variability = IidNoise | MicrobatchNoise | Multimodal | Straggler | CommDelay | TensorParallel
+@dataclasses.dataclass(frozen=True)
+class ExpertLoad:
+    """Mixture-of-experts routing: ``topk`` of ``experts`` experts per token, expert popularity lognormal with
+    sigma ``skew`` per stage and micro-batch, ``share`` of a stage's cost in its experts (see
+    [Note: expert load])."""
+
+    experts: int
+    topk: int
+    skew: float = 0.5
+    share: float = 1.0
+
+
+Variability = IidNoise | MicrobatchNoise | Multimodal | Straggler | CommDelay | TensorParallel | ExpertLoad
 
 _USAGE = (
     "iid:SIGMA, mb:SIGMA, mm:SIGMA_ENC:SIGMA_DEC[:FRACTION[:RHO]], straggler:FACTOR[:STAGE[:FIRST:LAST]], "
-    "comm:LATENCY[:JITTER] or tp:MEMBERS:SIGMA[:DECISION]"
+    "comm:LATENCY[:JITTER], tp:MEMBERS:SIGMA[:DECISION] or moe:EXPERTS:TOPK[:SKEW[:SHARE]]"
 )
 __all__ = ["SpecError", "parse_variability"]
 
@@ -163,7 +197,25 @@ def parse_variability(text: str, *, seconds: bool = False) -> Variability:
         members = spec.integer(0, "MEMBERS", minimum=1, kind=_KIND)
         decision = spec.number(2, "DECISION", kind=_KIND) if len(spec.args) == 3 else 0.0
         return TensorParallel(members, spec.number(1, "SIGMA", kind=_KIND), decision)
+    if spec.word == "moe":
+        return _expert_load(spec, seconds)
     raise spec.fail(f"unknown model {spec.word!r}; use {_USAGE}", _KIND)
+
+
+def _expert_load(spec: Spec, seconds: bool) -> ExpertLoad:
+    """``moe:EXPERTS:TOPK[:SKEW[:SHARE]]`` (the simulator's: a run's experts route its real tokens)."""
+    if seconds:
+        raise spec.fail("moe is the simulator's (hintpipe simulate): a run's router balances its real tokens", _KIND)
+    spec.expect((2, 3, 4), "moe:EXPERTS:TOPK[:SKEW[:SHARE]]", _KIND)
+    experts = spec.integer(0, "EXPERTS", minimum=1, kind=_KIND)
+    topk = spec.integer(1, "TOPK", minimum=1, kind=_KIND)
+    if topk > experts:
+        raise spec.fail(f"TOPK {topk} is more than the {experts} experts a token can go to", _KIND)
+    skew = spec.number(2, "SKEW", kind=_KIND) if len(spec.args) >= 3 else 0.5
+    share = spec.number(3, "SHARE", kind=_KIND) if len(spec.args) == 4 else 1.0
+    if share > 1.0:
+        raise spec.fail(f"SHARE is the experts' part of a stage's cost, between 0 and 1, got {spec.args[3]!r}", _KIND)
+    return ExpertLoad(experts, topk, skew, share)
 
 
 def decision_latency(models: list[Variability]) -> float:
@@ -186,19 +238,6 @@ def mean_one_lognormal(rng: np.random.Generator, sigma: float, size: tuple[int, 
     return rng.lognormal(mean=-0.5 * sigma * sigma, sigma=sigma, size=size)
 
 
-def sample_costs(
-    expected: npt.NDArray[np.float64],
-    models: list[Variability],
-    rng: np.random.Generator,
-) -> npt.NDArray[np.float64]:
-    """Costs ``[stage, mb, kind]`` drawn around ``expected`` under ``models``.
-
-    Raises:
-        SpecError: if a straggler names a stage or micro-batch that does not exist.
-    """
-    return sample_work(expected, models, rng)[0]
-
-
 def multimodal_factors(model: Multimodal, stages: int, mbs: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:
     """Per ``[stage, mb]``, the multimodal factor: the encoder's on the leading stages, the
     decoder's on the rest; each lognormal with mean 1, their logarithms correlated by rho."""
@@ -214,6 +253,32 @@ def multimodal_factors(model: Multimodal, stages: int, mbs: int, rng: np.random.
     return factors
 
 
+def expert_factors(model: ExpertLoad, stages: int, mbs: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Per ``[stage, mb]``, the cost factor of routing ``model``: ``1 - share + share x busiest / balanced``,
+    where an expert's load is its share of the token-to-expert assignments (see [Note: expert load])."""
+    popularity = mean_one_lognormal(rng, model.skew, (stages, mbs, model.experts))
+    load = capped_shares(popularity, 1.0 / model.topk)
+    busiest: npt.NDArray[np.float64] = model.experts * load.max(axis=2)  # over the balanced load, 1 / experts
+    return (1.0 - model.share) + model.share * busiest
+
+
+def capped_shares(weights: npt.NDArray[np.float64], cap: float) -> npt.NDArray[np.float64]:
+    """``weights`` normalised to shares along the last axis, none above ``cap``: what is over the cap goes to
+    the others in proportion to their weights, until none is over (at most one pass per expert)."""
+    shares: npt.NDArray[np.float64] = weights / weights.sum(axis=-1, keepdims=True)
+    for _ in range(weights.shape[-1]):
+        full = shares >= cap
+        room = 1.0 - cap * full.sum(axis=-1, keepdims=True)
+        free = np.where(full, 0.0, weights)
+        total = free.sum(axis=-1, keepdims=True)
+        spread = np.divide(free * room, total, out=np.zeros_like(free), where=total > 0)
+        updated: npt.NDArray[np.float64] = np.where(full, cap, spread)
+        if np.array_equal(updated, shares):
+            break
+        shares = updated
+    return shares
+
+
 def sample_work(
     expected: npt.NDArray[np.float64],
     models: list[Variability],
@@ -224,7 +289,7 @@ def sample_work(
     the batch is loaded (``mb`` and ``mm``: sequence lengths, image counts), relative to
     the work without them, and those known factors per stage and micro-batch (``known[stage,
     mb]``: an ``mm`` micro-batch's encoder factor on the encoder's stages, its decoder factor
-    on the rest). Task noise, stragglers and tensor-parallel members are not known in advance
+    on the rest). Task noise, stragglers, tensor-parallel members and expert loads are not known in advance
     and leave the sizes alone. Micro-batch order uses the sizes (``front-then-back``: the
     known factors at the first and the last stage), ``ready``'s plan the known factors.
 
@@ -250,6 +315,8 @@ def sample_work(
             costs[stage, first : last + 1, :] *= model.factor
         elif isinstance(model, TensorParallel):  # the slowest member sets the pace
             costs *= mean_one_lognormal(rng, model.sigma, (model.members, *costs.shape)).max(axis=0)
+        elif isinstance(model, ExpertLoad):  # the busiest expert sets the pace
+            costs *= expert_factors(model, stages, mbs, rng)[:, :, None]
     work = expected.sum(axis=2)  # [stage, mb]
     base = work.sum(axis=0)
     sizes = np.divide((work * known).sum(axis=0), base, out=np.ones(mbs), where=base > 0)
