@@ -52,6 +52,7 @@ from hintpipe.sim.simulator import Simulator
 
 RANKS = 4
 MICROBATCHES = 4
+NAMES = tuple(h.value for h in HintName)
 UNIT = 0.4  # seconds: see [Note: a unit long enough for a loaded machine]
 
 #: Per (hint, rank): the hint's own gap, filled by ``ready`` always, as ``(task, moved before)``.
@@ -63,11 +64,11 @@ TIES = {
 }
 
 
-def _ready_orders(rank: int, world: int) -> dict[str, list[tuple[str, list[str]]]]:
-    """Per hint and step 1 and 2: the policy the step ran and this rank's order of tasks in it (step 0 runs the
-    hint in order while ``ready``'s plan is measured; from step 1 the plan is in use)."""
+def _ready_orders(rank: int, world: int, names: tuple[str, ...] = NAMES) -> dict[str, list[tuple[str, list[str]]]]:
+    """Per hint (of ``names``) and step 1 and 2: the policy the step ran and this rank's order of tasks in it
+    (step 0 runs the hint in order while ``ready``'s plan is measured; from step 1 the plan is in use)."""
     out = {}
-    for name in HintName:
+    for name in map(HintName, names):
         hint = generate_hint(name, world, MICROBATCHES)
         backward, weight = (UNIT, UNIT) if hint.split_backward else (2 * UNIT, 0.0)
         stages = hint.num_stages
@@ -140,7 +141,7 @@ def test_the_simulator_at_equal_costs_takes_every_tie_at_the_hints_makespan() ->
         ready, fixed = simulator.run("ready"), simulator.run("fixed")
         assert ready.makespan == fixed.makespan, name.value
         for rank in range(RANKS):
-            ran = [str(task) for r, task, _, _ in ready.records() if r == rank]
+            ran = [str(task) for r, task, _, _ in ready.timeline() if r == rank]
             assert ran == _choices(name.value, rank)[-1], (name.value, rank)
 
 
@@ -163,11 +164,26 @@ def test_only_ties_taken_in_order_keep_the_makespan() -> None:
             assert _kept(name.value) == {tuple(tuple(_choices(name.value, r)[0]) for r in range(RANKS))}, name
 
 
+def _unkept(per_rank: list[list[tuple[str, list[str]]]], kept: set[tuple[tuple[str, ...], ...]]) -> list[str]:
+    """The planned steps (1 and 2) whose orders, on every rank together, do not keep the hint's makespan."""
+    out = []
+    for step in (0, 1):
+        ran = tuple(tuple(steps[step][1]) for steps in per_rank)
+        if ran not in kept:
+            out.append(f"step {step + 1}: " + "; ".join(f"rank {r}: {' '.join(o)}" for r, o in enumerate(ran)))
+    return out
+
+
 @pytest.mark.parametrize("name", [h.value for h in HintName])
 def test_ready_runs_the_hint_exactly_without_variability(orders: dict[str, list[Any]], name: str) -> None:
+    """Both planned steps keep the hint's makespan on every rank. A stall of a loaded machine longer than the
+    lateness tolerance (see [Note: a unit long enough for a loaded machine]) moves a task once in a while, a
+    runtime that leaves the order does so on every run: a hint whose steps do not both keep it runs again, in a
+    group of its own, once, and both its steps must keep it there."""
     per_rank = [per_hint[name] for per_hint in succeeded(orders["ready"])]
     assert [[policy for policy, _ in steps] for steps in per_rank] == [["ready", "ready"]] * RANKS
     kept = _kept(name)
-    for step in (0, 1):  # steps 1 and 2, the planned ones: both keep the hint's makespan on every rank
-        ran = tuple(tuple(steps[step][1]) for steps in per_rank)
-        assert ran in kept, f"step {step + 1}: " + "; ".join(f"rank {r}: {' '.join(o)}" for r, o in enumerate(ran))
+    if _unkept(per_rank, kept):
+        again = run_cases(RANKS, {"again": Case(_ready_orders, ((name,),))}, timeout_s=300)
+        per_rank = [per_hint[name] for per_hint in succeeded(again["again"])]
+        assert _unkept(per_rank, kept) == []

@@ -69,7 +69,7 @@ def run_train(argv: list[str]) -> TrainResult:
 def figures(result: TrainResult) -> dict[str, Any]:
     """The run's step times over the steps after the first (as the issue's step lines show them), and each
     rank's CPU time in the runtime per step."""
-    steps = [r.step_time for r in result.measured]
+    steps = [r.makespan for r in result.measured]
     return {
         "step_s": statistics.median(steps),
         "step_range_s": [min(steps), max(steps)],
@@ -125,7 +125,7 @@ def slow_bf16_table(device: str, sizes: Sequence[str]) -> Table:
     command = " ".join(["hintpipe", *variants()[0].argv([*sizes, "--device", device])[:-1]])
     notes = [
         f"`{command}` and the same with `--hint zbv --memory-slack 2`, each in fp32 and bf16: step times are the "
-        "runs' own (`StepReport.step_time`, the step lines' figure), over the steps after the first; wall ms / step: "
+        "runs' own (`StepReport.makespan`, the step lines' figure), over the steps after the first; wall ms / step: "
         "every step's whole time on rank 0 (the optimizer too), the first included.",
         "Runtime CPU: each rank's CPU time in hintpipe's runtime per step (messages, staging, notices, "
         "scheduling; `TrainResult.runtime_cpu_ms`). The hints differ in their room too (as quoted): check 6 "
