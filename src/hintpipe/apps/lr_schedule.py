@@ -83,6 +83,6 @@ class ScheduleRecord:
             if then is not None and then != now:
                 raise CheckpointError(
                     f"the checkpoint's run has {name} {then}, this one {now}: resuming would change the learning-"
-                    f"rate schedule ({saved.get('lr_schedule')}) mid-run; resume with {name} {then} to keep it, or start a new "
-                    "run in another checkpoint folder"
+                    f"rate schedule ({saved.get('lr_schedule')}) mid-run; resume with {name} {then} to keep it, or "
+                    "start a new run in another checkpoint folder"
                 )

@@ -80,8 +80,7 @@ def _own_part(what: str) -> Iterator[None]:
 
     def stuck(signum: int, frame: object) -> None:
         raise StuckInPhase(
-            f"its own part of {what} did not return in {limit:.0f} s (blocked in file I/O: a FIFO, a hung file "
-            "system?)"
+            f"its own part of {what} did not return in {limit:.0f} s (blocked in file I/O: a FIFO, a hung file system?)"
         )
 
     previous = signal.signal(signal.SIGALRM, stuck)

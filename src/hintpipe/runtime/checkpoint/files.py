@@ -74,6 +74,11 @@ class Watched(io.RawIOBase):
         return int(self._stream.fileno())
 
 
+def _new_file(path: str, flags: int) -> int:
+    """A file of the run's, opened for writing: of its mode, never through a link."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+
+
 class RunFiles(FileSystem):
     """torch.distributed.checkpoint's file system, for a run's folder: reads as [Note: a checkpoint's reads
     never block] says, writes of the run's mode (see [Note: a run folder is its owner's]) and watched (see
@@ -91,13 +96,12 @@ class RunFiles(FileSystem):
             with os.fdopen(open_regular(path), "rb") as stream:
                 yield stream
             return
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags, file_mode())
+            written = open(path, "wb", opener=_new_file)  # noqa: SIM115  # closed by Watched, below
         except OSError as exc:
             self.failures.append((path, exc))
             raise
-        with Watched(os.fdopen(fd, "wb"), path, self.failures) as stream:
+        with Watched(written, path, self.failures) as stream:
             yield stream
 
     def mkdir(self, path: str | os.PathLike[str]) -> None:
