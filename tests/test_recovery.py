@@ -82,6 +82,26 @@ def _train_with_a_full_disk(rank: int, world: int, config: Any, full_rank: int, 
         signal.signal(signal.SIGXFSZ, handler)
 
 
+def _save_past_a_size_limit(rank: int, world: int, folder: str, limit: int) -> str:
+    """Save a 256 x 256 layer and its AdamW state on every rank, rank 1's files limited to ``limit`` bytes (as
+    :func:`_train_with_a_full_disk`): the limit falls inside a tensor that torch's zip writer writes."""
+    torch.manual_seed(rank)
+    layer = torch.nn.Linear(256, 256)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(2, 256)).sum().backward()
+    optimizer.step()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if rank == 1:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        save_checkpoint(folder, {rank: layer}, optimizer, 3)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    return "saved"
+
+
 class _FullAfter:
     """A file on a disk with ``room`` bytes left: past them every write fails with ENOSPC, as the kernel's do."""
 
@@ -119,11 +139,11 @@ def _train_until_the_disk_fills(rank: int, world: int, config: Any, full_rank: i
         full = "w" in mode and (step in name or step in str(file)) and ".distcp" in name + str(file)
         return _FullAfter(found, 1000) if full else found
 
-    io.open = builtins.open = open_on_a_full_disk  # type: ignore[assignment]
+    io.open = builtins.open = open_on_a_full_disk
     try:
         return _train_rank(rank, world, config)
     finally:
-        io.open = builtins.open = opened  # type: ignore[assignment]
+        io.open = builtins.open = opened
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +152,7 @@ def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     resumed runs must equal), 4 of them saved after steps 2 and 4 (the pristine folder the damage tests copy),
     a run with a failing save, a 5-step run keeping 2 checkpoints, and a 4-step MLP run."""
     root = tmp_path_factory.mktemp("first")
-    names = ("four", "failing", "keeps", "mlp", "final", "full", "no space", "cosine")
+    names = ("four", "failing", "keeps", "mlp", "final", "full", "no space", "cosine", "zip")
     folders = {name: root / name / "ck" for name in names}
     cases = {
         "uninterrupted": Case(_train_rank, (_config(),)),
@@ -159,6 +179,7 @@ def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             _train_with_a_full_disk,
             (_config(checkpoint_dir=str(folders["full"]), checkpoint_every=2, timeout=120), 1, FULL_AT),
         ),
+        "zip": Case(_save_past_a_size_limit, (str(folders["zip"]), 100_000)),
         "no space": Case(
             _train_until_the_disk_fills,
             (_config(checkpoint_dir=str(folders["no space"]), checkpoint_every=2, timeout=120), 0, "step-00000004"),
@@ -571,6 +592,18 @@ def test_a_full_disk_ends_every_rank_in_one_line_and_frees_what_it_wrote(first_r
     assert sorted(p.name for p in folder.iterdir()) == ["run.json", "run.lock"]  # the partial step-00000002.tmp is gone
 
 
+def test_a_size_limit_inside_a_tensor_is_named_not_lost_in_torchs_zip_writer(first_runs: dict[str, Any]) -> None:
+    # Before: "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
+    folder = first_runs["folders"]["zip"]
+    assert failure_text(first_runs["results"]["zip"]) == (
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 3 in {folder} failed (rank 1: "
+        f"{folder / 'step-00000003.tmp' / '__1_0.distcp'}: File too large; this process's file-size limit (ulimit "
+        "-f) is reached: raise it, or use another checkpoint folder; nothing of this checkpoint was kept, the "
+        "earlier ones are)"
+    )
+    assert list(folder.iterdir()) == []  # the partial step-00000003.tmp is gone
+
+
 def test_a_disk_that_fills_during_a_save_is_named_and_the_earlier_checkpoint_kept(first_runs: dict[str, Any]) -> None:
     # Before, torch's zip writer lost the error: "RuntimeError: [enforce fail at inline_container.cc:672] .
     # unexpected pos ...".
@@ -922,8 +955,8 @@ def test_ranks_blocked_in_file_io_end_naming_what_they_awaited(tmp_path: Path) -
         done.set()
         valve.join(timeout=10)
     assert str(failed.value).splitlines() == [
-        f"rank {rank}: CheckpointError: reading {fifo} failed (rank {rank}: its own part of reading {fifo} did not "
-        "return in 7 s (blocked in file I/O: a FIFO, a hung file system?))"
+        f"rank {rank}: CheckpointError: reading {fifo} failed (rank {rank}: its own part of reading {fifo} made no "
+        "progress in 7 s (blocked in file I/O: a FIFO, a hung file system?))"
         for rank in (0, 1)
     ]
 

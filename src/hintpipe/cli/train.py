@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     if result is None:  # a non-zero rank under torchrun: rank 0 reports
         return 0
-    if result.resumed_checkpoint is not None:
+    if result.resumed_checkpoint is not None and (result.reports or result.stopped_by):
         print(f"hintpipe train: {resumed_line(result)}", file=sys.stderr)
     for note in result.notes:
         print(f"hintpipe train: {note}", file=sys.stderr)

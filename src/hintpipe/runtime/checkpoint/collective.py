@@ -21,11 +21,13 @@ A rank blocked in its own part of a phase (file I/O that never returns: a
 FIFO opened for reading, a hung file system) still beats its heartbeat, so
 nothing named it, and when every rank was blocked so, nothing ended: a
 ``--resume`` whose checkpoint named a FIFO hung until it was killed. So a
-rank's own part runs under a watchdog (:func:`_own_part`): past the phase's
-timeout and a few seconds (every peer waiting on it has given up by then) a
-``SIGALRM`` to the main thread interrupts the blocked call, and the phase
-fails on that rank at once, naming what it awaited. Only on the main thread
-(where a signal can be handled) and in a process hintpipe started.
+rank's own part runs under a watchdog (:func:`_own_part`): when the part
+has read and written nothing for the phase's timeout and a few seconds
+(every peer waiting on it has given up by then; a long save that writes
+goes on), a ``SIGALRM`` to the main thread interrupts the blocked call, and
+the phase fails on that rank at once, naming what it awaited. Only on the
+main thread (where a signal can be handled) and in a process hintpipe
+started.
 """
 
 from __future__ import annotations
@@ -75,23 +77,46 @@ def _own_part(what: str) -> Iterator[None]:
         yield
         return
     limit = timeout + STUCK_GRACE_S
-    main = threading.main_thread().ident
-    assert main is not None
+    main = threading.main_thread()
+    done = threading.Event()
 
     def stuck(signum: int, frame: object) -> None:
         raise StuckInPhase(
-            f"its own part of {what} did not return in {limit:.0f} s (blocked in file I/O: a FIFO, a hung file system?)"
+            f"its own part of {what} made no progress in {limit:.0f} s (blocked in file I/O: a FIFO, a hung file "
+            "system?)"
         )
 
+    def watch() -> None:
+        last = _io_of(main)
+        while not done.wait(limit):
+            now = _io_of(main)
+            if now is None or now == last:
+                assert main.ident is not None
+                signal.pthread_kill(main.ident, signal.SIGALRM)
+                return
+            last = now
+
     previous = signal.signal(signal.SIGALRM, stuck)
-    timer = threading.Timer(limit, signal.pthread_kill, (main, signal.SIGALRM))
-    timer.daemon = True
-    timer.start()
+    watcher = threading.Thread(target=watch, name="phase-watch", daemon=True)
+    watcher.start()
     try:
         yield
     finally:
-        timer.cancel()
+        done.set()
+        watcher.join()
         signal.signal(signal.SIGALRM, previous)
+
+
+def _io_of(thread: threading.Thread) -> tuple[str, str] | None:
+    """The bytes ``thread`` has read and written so far (Linux's per-thread counters: a save writing for longer
+    than the timeout makes progress, a blocked ``open`` none; the heartbeat's writes are its own thread's);
+    None where there are none to read."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/io") as counters:
+            lines = counters.read().splitlines()
+    except OSError:
+        return None
+    return lines[0], lines[1]  # rchar, wchar
 
 
 def one_line(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ This module is torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def make_folder(path: Path) -> None:
 
 def restrict(path: Path) -> None:
     """Set the run's mode on an existing file or folder of the run's (a folder it claims; never through a
-    link), masked by the umask."""
+    link), masked by the umask; one another user owns (a shared folder) keeps its own."""
+    if path.is_symlink():
+        return
     mode = (folder_mode() if path.is_dir() else file_mode()) & ~_umask()
-    os.chmod(path, mode, follow_symlinks=False)
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, mode)
