@@ -7,7 +7,10 @@ that no process or temporary folder is left behind.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import errno
+import io
 import json
 import os
 import re
@@ -18,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -78,13 +82,78 @@ def _train_with_a_full_disk(rank: int, world: int, config: Any, full_rank: int, 
         signal.signal(signal.SIGXFSZ, handler)
 
 
+def _save_past_a_size_limit(rank: int, world: int, folder: str, limit: int) -> str:
+    """Save a 256 x 256 layer and its AdamW state on every rank, rank 1's files limited to ``limit`` bytes (as
+    :func:`_train_with_a_full_disk`): the limit falls inside a tensor that torch's zip writer writes."""
+    torch.manual_seed(rank)
+    layer = torch.nn.Linear(256, 256)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(2, 256)).sum().backward()
+    optimizer.step()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if rank == 1:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        save_checkpoint(folder, {rank: layer}, optimizer, 3)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    return "saved"
+
+
+class _FullAfter:
+    """A file on a disk with ``room`` bytes left: past them every write fails with ENOSPC, as the kernel's do."""
+
+    def __init__(self, file: Any, room: int) -> None:
+        self._file, self._room = file, room
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if size > self._room:
+            self._room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._room -= size
+        return int(self._file.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def __enter__(self) -> _FullAfter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+
+def _train_until_the_disk_fills(rank: int, world: int, config: Any, full_rank: int, step: str) -> Any:
+    """Train with the disk of rank ``full_rank`` full once it writes the checkpoint files of ``step`` (each file
+    of it opened for writing takes 1,000 bytes)."""
+    if rank != full_rank:
+        return _train_rank(rank, world, config)
+    opened = io.open
+
+    def open_on_a_full_disk(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        found = opened(file, mode, *args, **kwargs)
+        name = str(getattr(found, "name", file))
+        full = "w" in mode and (step in name or step in str(file)) and ".distcp" in name + str(file)
+        return _FullAfter(found, 1000) if full else found
+
+    io.open = builtins.open = open_on_a_full_disk
+    try:
+        return _train_rank(rank, world, config)
+    finally:
+        io.open = builtins.open = opened
+
+
 @pytest.fixture(scope="module")
 def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The runs that start from nothing, on one spawned group: 6 steps uninterrupted (the baseline the
     resumed runs must equal), 4 of them saved after steps 2 and 4 (the pristine folder the damage tests copy),
     a run with a failing save, a 5-step run keeping 2 checkpoints, and a 4-step MLP run."""
     root = tmp_path_factory.mktemp("first")
-    folders = {name: root / name / "ck" for name in ("four", "failing", "keeps", "mlp", "final", "full")}
+    names = ("four", "failing", "keeps", "mlp", "final", "full", "no space", "cosine", "zip")
+    folders = {name: root / name / "ck" for name in names}
     cases = {
         "uninterrupted": Case(_train_rank, (_config(),)),
         "four": Case(_train_rank, (_config(steps=4, checkpoint_dir=str(folders["four"]), checkpoint_every=2),)),
@@ -109,6 +178,23 @@ def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "full": Case(
             _train_with_a_full_disk,
             (_config(checkpoint_dir=str(folders["full"]), checkpoint_every=2, timeout=120), 1, FULL_AT),
+        ),
+        "zip": Case(_save_past_a_size_limit, (str(folders["zip"]), 100_000)),
+        "no space": Case(
+            _train_until_the_disk_fills,
+            (_config(checkpoint_dir=str(folders["no space"]), checkpoint_every=2, timeout=120), 0, "step-00000004"),
+        ),
+        "cosine": Case(
+            _train_rank,
+            (
+                _config(
+                    steps=4,
+                    checkpoint_dir=str(folders["cosine"]),
+                    checkpoint_every=2,
+                    lr_schedule="warmup-cosine",
+                    warmup_steps=1,
+                ),
+            ),
         ),
     }
     return {"folders": folders, "results": run_cases(2, cases, timeout_s=120)}
@@ -199,7 +285,8 @@ def resumed(four_steps: Path, first_runs: dict[str, Any], tmp_path_factory: pyte
         shutil.copytree(four_steps, folder)
         said[name] = damage(folder)
         before[name] = _snapshot(folder)
-        cases[name] = Case(_train_rank, (_config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True),))
+        config = _config(checkpoint_dir=str(folder), checkpoint_every=2, checkpoint_keep=3, resume=True)
+        cases[name] = Case(_train_rank, (config,))
     succeeded(first_runs["results"]["mlp"])
     folders["smaller"] = first_runs["folders"]["mlp"]
     before["smaller"] = _snapshot(folders["smaller"])
@@ -217,6 +304,16 @@ def resumed(four_steps: Path, first_runs: dict[str, Any], tmp_path_factory: pyte
     shutil.copytree(four_steps, folder)
     config = _config(checkpoint_dir=str(folder), checkpoint_every=2, resume=True, hint="interleaved-1f1b", chunks=2)
     cases["replanned"] = Case(_train_rank, (config,))
+    # Resumes that would reshape the learning rate's schedule: a warm-up-cosine run of 4 steps resumed as 8, and
+    # the 4-step run (a constant rate) resumed with another rate.
+    succeeded(first_runs["results"]["cosine"])
+    folders["longer"] = first_runs["folders"]["cosine"]
+    before["longer"] = _snapshot(folders["longer"])
+    config = _config(steps=8, checkpoint_dir=str(folders["longer"]), resume=True, lr_schedule="warmup-cosine")
+    cases["longer"] = Case(_train_rank, (dataclasses.replace(config, warmup_steps=1),))
+    folder = folders["other rate"] = root / "other rate" / "ck"
+    shutil.copytree(four_steps, folder)
+    cases["other rate"] = Case(_train_rank, (_config(checkpoint_dir=str(folder), resume=True, lr=2e-3),))
     folders["empty"] = root / "empty" / "ck"
     cases["empty"] = Case(_train_rank, (_config(steps=2, checkpoint_dir=str(folders["empty"]), resume=True),))
     return {"results": run_cases(2, cases, timeout_s=120), "said": said, "folders": folders, "before": before}
@@ -230,10 +327,10 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     result = succeeded(resumed["results"][damage])[0]
     assert result is not None and result.state is not None
     assert result.notes == (resumed["said"][damage],)
-    assert result.resumed_from == 2
+    assert (result.resumed_from, result.resumed_checkpoint) == (2, str(folder / "step-00000002"))
     assert _equal(result.state, uninterrupted)  # steps 2..5 again, bitwise the same as without the fault
-    # The good checkpoint survived the run, byte for byte: pruning keeps 2 verified checkpoints (the new step-4
-    # and step-2) and never runs after the last step's save.
+    # The good checkpoint survived the run, byte for byte: pruning keeps 3 verified checkpoints (step-6, the new
+    # step-4, and step-2).
     good = {k.removeprefix("step-00000002/"): v for k, v in resumed["before"][damage].items() if "step-00000002" in k}
     assert _snapshot(folder / "step-00000002") == good
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -286,6 +383,35 @@ def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """The largest difference between two state dicts of the same names."""
     assert a.keys() == b.keys()
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("longer", "steps 4, this one 8: resuming would change the learning-rate schedule (warmup-cosine) mid-run; "
+         "resume with steps 4 to keep it"),
+        ("other rate", "lr 0.001, this one 0.002: resuming would change the learning-rate schedule (constant) "
+         "mid-run; resume with lr 0.001 to keep it"),
+    ],
+)  # fmt: skip
+def test_a_resume_that_would_reshape_the_learning_rate_is_refused(
+    resumed: dict[str, Any], case: str, said: str
+) -> None:
+    # Before, --steps raised on resume reshaped a warm-up-cosine schedule silently (the rate went to 0, then up).
+    folder = resumed["folders"][case]
+    assert failure_text(resumed["results"][case]) == (
+        f"ranks 0, 1: CheckpointError: the checkpoint's run has {said}, or start a new run in another checkpoint folder"
+    )
+    if case in resumed["before"]:
+        assert _snapshot(folder) == resumed["before"][case]
+
+
+def test_a_warmup_longer_than_the_run_is_refused() -> None:
+    with pytest.raises(ValueError) as refused:
+        _config(steps=4, lr_schedule="warmup-cosine", warmup_steps=5)
+    assert str(refused.value) == (
+        "warmup_steps 5 is more than steps 4: the warm-up would never end; use warmup_steps 4 or fewer"
+    )
 
 
 def test_a_run_resumes_under_another_plan_of_the_same_model(
@@ -444,8 +570,9 @@ def test_a_failing_save_ends_both_ranks_at_once(first_runs: dict[str, Any]) -> N
     folder = first_runs["folders"]["failing"]
     results = first_runs["results"]["failing"]
     assert failure_text(results) == (
-        f"ranks 0, 1: CheckpointError: saving checkpoint step 4 in {folder} failed (rank 1: OSError: [Errno 28] "
-        f"No space left on device (injected): '{folder / 'step-00000004.tmp'}')"
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 4 in {folder} failed (rank 1: "
+        f"{folder / 'step-00000004.tmp'}: No space left on device (injected); free space on its file system, or use "
+        "another checkpoint folder; nothing of this checkpoint was kept, the earlier ones are)"
     )
     elapsed = max(r.elapsed for r in results)
     assert elapsed < 120, elapsed  # it ended before the 120 s timeout could have fired (seconds here)
@@ -455,12 +582,40 @@ def test_a_failing_save_ends_both_ranks_at_once(first_runs: dict[str, Any]) -> N
 def test_a_full_disk_ends_every_rank_in_one_line_and_frees_what_it_wrote(first_runs: dict[str, Any]) -> None:
     folder = first_runs["folders"]["full"]
     results = first_runs["results"]["full"]
-    assert failure_text(results) == (
-        f"ranks 0, 1: CheckpointError: saving checkpoint step 2 in {folder} failed (rank 1: OSError: [Errno 27] "
-        "File too large)"
+    assert failure_text(results) == (  # before, "OSError: [Errno 27] File too large", no file named
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 2 in {folder} failed (rank 1: "
+        f"{folder / 'step-00000002.tmp' / '__1_0.distcp'}: File too large; this process's file-size limit (ulimit "
+        "-f) is reached: raise it, or use another checkpoint folder; nothing of this checkpoint was kept, the "
+        "earlier ones are)"
     )
     assert max(r.elapsed for r in results) < 120  # it ended before the 120 s timeout could have fired
     assert sorted(p.name for p in folder.iterdir()) == ["run.json", "run.lock"]  # the partial step-00000002.tmp is gone
+
+
+def test_a_size_limit_inside_a_tensor_is_named_not_lost_in_torchs_zip_writer(first_runs: dict[str, Any]) -> None:
+    # Before: "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
+    folder = first_runs["folders"]["zip"]
+    assert failure_text(first_runs["results"]["zip"]) == (
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 3 in {folder} failed (rank 1: "
+        f"{folder / 'step-00000003.tmp' / '__1_0.distcp'}: File too large; this process's file-size limit (ulimit "
+        "-f) is reached: raise it, or use another checkpoint folder; nothing of this checkpoint was kept, the "
+        "earlier ones are)"
+    )
+    assert list(folder.iterdir()) == []  # the partial step-00000003.tmp is gone
+
+
+def test_a_disk_that_fills_during_a_save_is_named_and_the_earlier_checkpoint_kept(first_runs: dict[str, Any]) -> None:
+    # Before, torch's zip writer lost the error: "RuntimeError: [enforce fail at inline_container.cc:672] .
+    # unexpected pos ...".
+    folder = first_runs["folders"]["no space"]
+    assert failure_text(first_runs["results"]["no space"]) == (
+        f"ranks 0, 1: CheckpointError: saving checkpoint step 4 in {folder} failed (rank 0: "
+        f"{folder / 'step-00000004.tmp' / '__0_0.distcp'}: No space left on device; free space on its file system, "
+        "or use another checkpoint folder; nothing of this checkpoint was kept, the earlier ones are)"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000002"]
+    assert (folder / "latest").read_text() == "step-00000002"
+    Manifest.read(folder / "step-00000002").verify(folder / "step-00000002")
 
 
 def test_the_last_step_is_saved_whatever_the_interval(first_runs: dict[str, Any]) -> None:
@@ -509,12 +664,11 @@ def test_a_manifest_edited_by_hand_is_refused_in_one_line(four_steps: Path, tmp_
 def test_a_run_keeps_the_proven_checkpoints(first_runs: dict[str, Any]) -> None:
     succeeded(first_runs["results"]["keeps"])
     folder = first_runs["folders"]["keeps"]
-    # step-5 is not proven yet (no step ran after it), so step-4 and step-3 stay beside it.
+    # Exactly --checkpoint-keep 2, the last save pruned after too (before, step-3 was left as a third).
     assert sorted(p.name for p in folder.iterdir()) == [
         "latest",
         "run.json",
         "run.lock",
-        "step-00000003",
         "step-00000004",
         "step-00000005",
     ]
@@ -767,6 +921,44 @@ def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Pa
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000001"]
     Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")
     assert _all_gone(_group(process.pid))  # the ranks (and multiprocessing's resource tracker, a moment later)
+
+
+def _read_a_fifo(rank: int, world: int, fifo: str) -> int:
+    from hintpipe.runtime.checkpoint.collective import together
+
+    return together(lambda: len(Path(fifo).read_bytes()), f"reading {fifo}", error=CheckpointError)[rank]
+
+
+def test_ranks_blocked_in_file_io_end_naming_what_they_awaited(tmp_path: Path) -> None:
+    # Every rank opens a FIFO no one writes (a forged checkpoint's "file"): before, each blocked in open() while
+    # its heartbeat went on, and nothing ended. A writer comes after 60 s, so that a runtime without the
+    # watchdog ends too (and fails the test) rather than hang it.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def writer_at_last() -> None:
+        if done.wait(60):
+            return
+        while not done.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader yet
+                time.sleep(0.1)
+
+    valve = threading.Thread(target=writer_at_last, daemon=True)
+    valve.start()
+    try:
+        with pytest.raises(RankFailure) as failed:
+            run_ranks(_read_a_fifo, 2, str(fifo), timeout=2.0)
+    finally:
+        done.set()
+        valve.join(timeout=10)
+    assert str(failed.value).splitlines() == [
+        f"rank {rank}: CheckpointError: reading {fifo} failed (rank {rank}: its own part of reading {fifo} made no "
+        "progress in 7 s (blocked in file I/O: a FIFO, a hung file system?))"
+        for rank in (0, 1)
+    ]
 
 
 def _group(pid: int) -> list[int]:

@@ -16,8 +16,10 @@ import pickle
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,8 @@ from hintpipe.runtime.checkpoint.merged import held_checkpoint, load_merged, rea
 from hintpipe.runtime.checkpoint.reading import UnsafeCheckpoint
 from hintpipe.runtime.checkpoint.run_folder import adopt, claim, write_run
 from hintpipe.runtime.checkpoint.saving import prune_checkpoints
-from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.errors import CheckpointError, RankFailure
+from hintpipe.runtime.launch import run_ranks
 
 TIMEOUT = 20.0
 CLI = [sys.executable, "-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "2", "--hidden", "16"]
@@ -101,18 +104,48 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_p
     assert (tmp_path / LOCK_FILE).read_text() == ""  # released: it names no one
 
 
-def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(tmp_path: Path) -> None:
+def _no_rank_starts(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """``train``'s ranks, never started: each attempt is recorded (and fails the run)."""
+    from hintpipe.apps import training
+
+    started: list[object] = []
+
+    def run_ranks(*args: object, **kwargs: object) -> None:
+        started.append(args)
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(training, "run_ranks", run_ranks)
+    return started
+
+
+def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = _no_rank_starts(monkeypatch)
     holder = _hold_elsewhere(tmp_path)  # another run's process
     try:
-        began = time.monotonic()
         with pytest.raises(FolderInUse) as refused:
             train(small_run(checkpoint_dir=str(tmp_path)))
         assert str(refused.value) == _in_use(tmp_path)
-        assert time.monotonic() - began < 5.0  # no rank was spawned (a spawn alone takes seconds)
     finally:
         holder.kill()
         holder.wait()
+    assert started == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
+
+
+def test_the_python_entry_refuses_a_folder_whose_parent_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, train() made the mistyped parent and trained there; the command line refused it.
+    started = _no_rank_starts(monkeypatch)
+    folder = tmp_path / "typo" / "ck"
+    with pytest.raises(ValueError) as refused:
+        train(small_run(checkpoint_dir=str(folder)))
+    assert str(refused.value) == (
+        f"checkpoint_dir {folder}: its parent {folder.parent} does not exist (a typo?); create it first"
+    )
+    assert started == [] and list(tmp_path.iterdir()) == []
 
 
 def _refused(argv: list[str]) -> str:
@@ -173,16 +206,53 @@ def test_two_fresh_runs_started_at_once_one_trains_the_other_is_refused(tmp_path
 # -- claiming, a lost run.json, hintpipe's names taken -----------------------------------------------------------
 
 
-def test_claiming_is_atomic_a_second_claim_is_refused(tmp_path: Path) -> None:
+def _claimed(folder: Path, run: str) -> str:
+    return (
+        f"{folder} was claimed by another run ({run}, in {folder / 'run.json'}); only one run can use a checkpoint "
+        "folder: resume that run (--resume), or use another folder"
+    )
+
+
+def test_two_claims_racing_for_a_folder_one_wins_the_other_is_refused(tmp_path: Path) -> None:
+    # Before, each claim unlinked the run.json it found and linked its own: both succeeded, the second replacing
+    # the first. Two claims start together (a barrier); neither holds the folder.
+    barrier = threading.Barrier(2)
+    said: list[str] = ["", ""]
+
+    def one(i: int) -> None:
+        barrier.wait(timeout=30)
+        try:
+            said[i] = "claimed " + claim(tmp_path)
+        except CheckpointError as exc:
+            said[i] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    won = [text.removeprefix("claimed ") for text in said if text.startswith("claimed ")]
+    assert len(won) == 1, said
+    run = json.loads((tmp_path / "run.json").read_text())["run"]
+    assert won == [run]
+    assert [text for text in said if not text.startswith("claimed ")] == [_claimed(tmp_path, run)]
+    with pytest.raises(CheckpointError) as refused:  # and any later claim, without the folder's hold
+        claim(tmp_path, replace=True)
+    assert str(refused.value) == _claimed(tmp_path, run)
+    assert json.loads((tmp_path / "run.json").read_text())["run"] == run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no temporary file left
+
+
+def test_the_folders_holder_claims_it_again(tmp_path: Path) -> None:
+    # A run.json without checkpoints (a run that ended before its first save) is the holder's to replace.
     write_run(tmp_path, "aaaa", "now")
     with pytest.raises(CheckpointError) as refused:
-        write_run(tmp_path, "bbbb", "now")
-    assert str(refused.value) == (
-        f"{tmp_path} was claimed by another run (aaaa) at the same moment; only one run can use a checkpoint "
-        "folder: use another one"
-    )
-    assert json.loads((tmp_path / "run.json").read_text())["run"] == "aaaa"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no temporary file left
+        write_run(tmp_path, "bbbb", "now")  # the link: only where there is none
+    assert str(refused.value) == _claimed(tmp_path, "aaaa")
+    with FolderLock(tmp_path):
+        run = claim(tmp_path)
+    assert run != "aaaa" and json.loads((tmp_path / "run.json").read_text())["run"] == run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", LOCK_FILE]
 
 
 def test_latest_made_a_folder_is_refused_with_nothing_changed(tmp_path: Path) -> None:
@@ -226,7 +296,9 @@ def test_a_folder_that_lost_run_json_resumes_its_own_checkpoints(saved: Path, tm
         timeout=hang_bound(TIMEOUT),
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads(resumed.stdout)["resumed_from"] == 2
+    said = f"resumed from {folder / 'step-00000002'} (step 2 of 3)"  # before, nothing said where it went on from
+    assert f"hintpipe train: {said}" in resumed.stderr.splitlines(), resumed.stderr
+    assert (json.loads(resumed.stdout)["resumed_from"], json.loads(resumed.stdout)["resumed"]) == (2, said)
     assert json.loads((folder / "run.json").read_text())["run"] == run  # written back
     assert Manifest.read(folder / "step-00000003").identity.run == run
 
@@ -489,14 +561,176 @@ def test_a_forged_metadata_is_refused_on_resume_and_runs_nothing(saved: Path, tm
     assert not marker.exists()
 
 
-def test_a_rank_whose_launcher_is_gone_knows_it_before_it_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Rank 0 asks right before it renames a checkpoint into place (see [Note: nothing published after the
-    # launcher died]): the launcher it was tied to is its parent no more.
-    from hintpipe.runtime import launcher_env
+def _saves_then_orphaned(rank: int, world: int, folder: str) -> None:
+    """Save step 2, then save step 3 as a rank whose launcher is gone (asked right before it publishes; the
+    rank's watching thread, which would end it any moment, is left out)."""
+    from hintpipe.runtime.checkpoint import saving
 
-    monkeypatch.setattr(launcher_env, "_tied_to", None)
-    assert not launcher_env.orphaned()  # a process group the caller made: tied to no one
-    launcher_env.tie(os.getppid())
-    assert not launcher_env.orphaned()
-    launcher_env.tie(os.getppid() + 1_000_000)  # no parent of ours
-    assert launcher_env.orphaned()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(2, 2)
+    saving.save_checkpoint(folder, {0: layer}, None, 2)
+    saving.orphaned = lambda: True  # type: ignore[attr-defined]
+    saving.save_checkpoint(folder, {0: layer}, None, 3)  # leaves at its last moment, publishing nothing
+
+
+def test_a_rank_whose_launcher_is_gone_publishes_nothing(tmp_path: Path) -> None:
+    # Rank 0 asks right before it renames a checkpoint into place (see [Note: nothing published after the
+    # launcher died]): the save of step 3 wrote its files and its manifest, and the rank leaves without
+    # publishing them (no step-00000003, latest still step 2).
+    folder = tmp_path / "ck"
+    with pytest.raises(RankFailure) as failed:
+        run_ranks(_saves_then_orphaned, 1, str(folder), timeout=TIMEOUT)
+    assert str(failed.value) == (
+        "rank 0: exited without a result (exit status 1 before it could report; its error is on stderr above)"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000002", "step-00000003.tmp"]
+    assert (folder / "latest").read_text() == "step-00000002"
+    assert (folder / "step-00000003.tmp" / "manifest.json").is_file()  # whole, and never renamed into place
+
+
+# -- a checkpoint's index names only its own files, read without blocking (issue 51) -----------------------------
+
+
+def _forge_index(step: Path, rename: Any) -> None:
+    """Point the values of ``step``'s index at ``rename(file)``, its digests recomputed: it verifies."""
+    from hintpipe.runtime.checkpoint.reading import read_metadata
+
+    metadata = read_metadata(step)
+    for info in metadata.storage_data.values():
+        info.relative_path = rename(info.relative_path)
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    manifest = Manifest.read(step)
+    files = {**manifest.files, ".metadata": digests([step / ".metadata"], step)[".metadata"]}
+    Manifest(manifest.step, manifest.identity, files).write(step)
+    Manifest.read(step).verify(step)
+
+
+def _index_refused(step: Path, name: str, why: str) -> str:
+    return (
+        f"{step / '.metadata'} names {name} for its values, {why}: refused unread (a forged or foreign file); resume "
+        "from another checkpoint or start fresh"
+    )
+
+
+def test_an_index_that_names_files_outside_its_folder_is_refused(saved: Path, tmp_path: Path) -> None:
+    # Before, load_merged (and --resume, export) read ../../outside_dir/*.distcp: whatever a forger put there.
+    folder = _copy(saved, tmp_path)
+    step = folder / "step-00000002"
+    shutil.copytree(step, tmp_path / "outside_dir")
+    _forge_index(step, lambda name: f"../../outside_dir/{name}")
+    with pytest.raises(UnsafeCheckpoint) as refused:
+        load_merged(step)
+    outside = f"outside its checkpoint folder {step}"
+    assert str(refused.value) == _index_refused(step, "../../outside_dir/__0_0.distcp", outside)
+
+
+def test_a_resume_whose_index_names_a_fifo_is_refused_at_once(saved: Path, tmp_path: Path) -> None:
+    # Before, every rank blocked opening the FIFO for reading (--resume --timeout 20 hung until it was killed).
+    folder = _copy(saved, tmp_path)
+    step = folder / "step-00000002"
+    os.mkfifo(step / "pipe.distcp")
+    _forge_index(step, lambda name: "pipe.distcp" if name == "__1_0.distcp" else name)
+    done = subprocess.run(
+        [*CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    why = _index_refused(step, "pipe.distcp", "which is a FIFO, not a file")
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"hintpipe train: failed: ranks 0, 1: CheckpointError: loading {step} failed (rank 0: {why})"
+    ), done.stderr
+
+
+def test_a_value_that_calls_a_function_is_refused_naming_it(tmp_path: Path) -> None:
+    # Before, the refusal was torch's boilerplate ("... weights_only=False will likely succeed ...").
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    step = tmp_path / "ck" / "step-00000001"
+    marker = tmp_path / "ran"
+    dcp_save({"model": {"w": torch.ones(2)}, "planted": _Planted(marker)}, checkpoint_id=str(step), no_dist=True)
+    identity = RunIdentity(tensors={"w": [2]}, stage_ranks=[0], hint="", versions={}, run="r1", keys=["w"])
+    Manifest(1, identity, digests([p for p in step.iterdir()], step)).write(step)
+    with pytest.raises(UnsafeCheckpoint) as refused:
+        load_merged(step)
+    assert str(refused.value) == (
+        "the value planted names posix.system, which is not plain data: refused unread (a forged or foreign file); "
+        "resume from another checkpoint or start fresh"
+    )
+    assert not marker.exists()
+
+
+# -- a run folder is its owner's (issue 51) ----------------------------------------------------------------------
+
+
+def _modes(folder: Path) -> set[tuple[str, str]]:
+    """Each kind of entry under ``folder`` (itself included) with the modes found: ``("file", "0o600")``."""
+    found = {("folder", oct(stat.S_IMODE(folder.stat().st_mode)))}
+    for path in folder.rglob("*"):
+        found.add(("folder" if path.is_dir() else "file", oct(stat.S_IMODE(path.lstat().st_mode))))
+    return found
+
+
+def test_a_runs_files_are_its_owners_alone(saved: Path) -> None:
+    # Before, every file was 0644 and every folder 0755 under the usual umask: any user read the weights.
+    assert _modes(saved) == {("file", "0o600"), ("folder", "0o700")}
+
+
+def test_a_group_readable_run_and_a_stricter_umask(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    done = subprocess.run(
+        [*CLI, "--steps", "1", "--checkpoint-dir", str(folder), "--group-readable"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+        preexec_fn=lambda: os.umask(0o022),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _modes(folder) == {("file", "0o640"), ("folder", "0o750")}
+    # The umask only ever makes a mode stricter: 077 keeps the group out whatever the run says.
+    from hintpipe.runtime.checkpoint import permissions
+
+    stricter = tmp_path / "strict"
+    mask = os.umask(0o077)
+    permissions.use(group_readable=True)
+    try:
+        with FolderLock(stricter):
+            claim(stricter)
+    finally:
+        permissions.use(group_readable=False)
+        os.umask(mask)
+    assert _modes(stricter) == {("file", "0o600"), ("folder", "0o700")}
+
+
+# -- a full disk is named (issue 51) -----------------------------------------------------------------------------
+
+
+def test_a_full_disk_at_the_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, a 15-line OSError traceback from the lock's record.
+    def no_room(*args: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pwrite", no_room)
+        with pytest.raises(CheckpointError) as refused:
+            FolderLock(tmp_path).acquire()
+    assert str(refused.value) == (
+        f"{tmp_path / LOCK_FILE}: No space left on device; free space on its file system, or use another checkpoint "
+        "folder (nothing was changed)"
+    )
+    # The command line, its lock's record meeting a full disk (in a process of its own).
+    folder = tmp_path / "ck"
+    code = (
+        "import os, sys\nfrom hintpipe.cli import main\n"
+        "def no_room(*args):\n    raise OSError(28, 'No space left on device')\n"
+        f"os.pwrite = no_room\nsys.exit(main({[*CLI[3:], '--steps', '1', '--checkpoint-dir', str(folder)]!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (
+        2,
+        [
+            f"hintpipe train: error: {folder / LOCK_FILE}: No space left on device; free space on its file system, or "
+            "use another checkpoint folder (nothing was changed)"
+        ],
+    ), done.stderr

@@ -109,8 +109,9 @@ class TrainConfig(PipelineConfig):
     progress: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
-    checkpoint_keep: int = 2  # verified checkpoints kept (one more while the newest is unproven)
+    checkpoint_keep: int = 2  # verified checkpoints kept (one more only while an export reads an old one)
     replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
+    group_readable: bool = False  # the checkpoint folder's files 0640 and folders 0750 (else 0600, 0700)
     resume: bool = False
     return_state: bool = False
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
@@ -147,6 +148,11 @@ class TrainConfig(PipelineConfig):
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
         parse_betas(self.betas, "betas")
+        if self.warmup_steps > self.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
+            raise ValueError(
+                f"warmup_steps {self.warmup_steps} is more than steps {self.steps}: the warm-up would never end; use "
+                f"warmup_steps {self.steps} or fewer"
+            )
         self._check_data()
 
     def _check_data(self) -> None:
@@ -238,6 +244,7 @@ class TrainResult:
     state: dict[str, torch.Tensor] | None = None
     stopped_by: str = ""  # the signal that stopped the run early ("SIGTERM"), if any
     checkpoint: str | None = None  # the last checkpoint this run saved
+    resumed_checkpoint: str | None = None  # the checkpoint this run resumed from (None: it started afresh)
     notes: tuple[str, ...] = ()  # damaged checkpoints skipped when resuming, one line each
     coordination_ms: float | None = None  # mean cost of one tensor-parallel decision on rank 0 (the leader)
     decisions_per_step: float | None = None  # tensor-parallel decisions rank 0 announced per step

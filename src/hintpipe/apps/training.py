@@ -30,7 +30,7 @@ from hintpipe.apps.batches import held_out_batches
 from hintpipe.apps.batches import step_batch as step_batch
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients, compare_plan_gradients
-from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
+from hintpipe.apps.lr_schedule import LrSchedule, ScheduleRecord, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
 from hintpipe.apps.models import (
     build_layers,
@@ -51,7 +51,8 @@ from hintpipe.device import rank_device
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
-from hintpipe.runtime.checkpoint.run_folder import check_not_foreign
+from hintpipe.runtime.checkpoint.permissions import use as use_modes
+from hintpipe.runtime.checkpoint.run_folder import check_not_foreign, check_writable
 from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer
 from hintpipe.runtime.launch import run_ranks, under_torchrun
@@ -80,7 +81,9 @@ def train(config: TrainConfig) -> TrainResult | None:
             rank started).
     """
     hold = config.checkpoint_dir is not None and not under_torchrun()
+    use_modes(config.group_readable)  # see [Note: a run folder is its owner's]
     if config.checkpoint_dir is not None:
+        check_writable(Path(config.checkpoint_dir), "checkpoint_dir")  # a mistyped parent is refused, as the CLI does
         check_not_foreign(Path(config.checkpoint_dir), "checkpoint_dir")  # before the lock writes there
     description = run_description(config) if config.checkpoint_dir is not None else None
     with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
@@ -219,6 +222,7 @@ def _train_rank(
         state=state,
         stopped_by=stop.name,
         checkpoint=None if checkpoints is None or checkpoints.last is None else str(checkpoints.last),
+        resumed_checkpoint=None if checkpoints is None or checkpoints.resumed is None else str(checkpoints.resumed),
         notes=() if checkpoints is None else tuple(checkpoints.skipped),
         coordination_ms=_decision_ms(pipe),
         decisions_per_step=None if pipe.coordination is None else pipe.coordination.decisions / len(run.reports or [0]),
@@ -349,6 +353,9 @@ def _checkpointer(
         keep=config.checkpoint_keep,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
         model_description=description if description is not None else run_description(config),
+        # See [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule.
+        state=ScheduleRecord(config.lr_schedule, config.steps, config.warmup_steps, config.lr),
+        group_readable=config.group_readable,
     )
     return checkpoints
 

@@ -66,7 +66,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "device_budget", "dp", "tp", "data_parallel", "device", "transport", "tied", "mesh", "fsdp",
     ),
     "checkpoint": (
-        "checkpoint_dir", "checkpoint_every", "checkpoint_keep", "replace_checkpoints", "resume", "plan", "save",
+        "checkpoint_dir", "checkpoint_every", "checkpoint_keep", "replace_checkpoints", "group_readable", "resume",
+        "plan", "save",
     ),
     "metrics": (
         "log_every", "eval_every", "eval_batches", "tensorboard", "trace", "timeline", "report_every", "history",

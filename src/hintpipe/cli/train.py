@@ -43,7 +43,7 @@ from hintpipe.cli.train_model import (
 )
 from hintpipe.cli.train_model import under_torchrun as under_torchrun_here
 from hintpipe.cli.train_report import result_json as result_json
-from hintpipe.cli.train_report import step_table, summary_line
+from hintpipe.cli.train_report import resumed_line, step_table, summary_line
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
@@ -330,14 +330,19 @@ def _stopped(result: TrainResult) -> int:
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
     from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
+    from hintpipe.runtime.errors import CheckpointError
 
     config = config_from(args, args.policy)
     try:
         result = train(config)
     except FolderInUse as exc:  # refused before any rank started
         raise ValueError(f"--checkpoint-dir {exc}") from None
+    except CheckpointError as exc:  # the folder, before any rank started (a link put there since, a full disk)
+        raise ValueError(str(exc)) from None
     if result is None:  # a non-zero rank under torchrun: rank 0 reports
         return 0
+    if result.resumed_checkpoint is not None and (result.reports or result.stopped_by):
+        print(f"hintpipe train: {resumed_line(result)}", file=sys.stderr)
     for note in result.notes:
         print(f"hintpipe train: {note}", file=sys.stderr)
     if result.stopped_by:

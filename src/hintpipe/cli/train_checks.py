@@ -35,6 +35,7 @@ def check_config(config: TrainConfig, injection: Injection) -> None:
             "--resume": config.resume,
             "--replace-checkpoints": config.replace_checkpoints,
             "--checkpoint-every": bool(config.checkpoint_every),
+            "--group-readable": config.group_readable,
         }
         given = [flag for flag, on in flags.items() if on]
         if given:

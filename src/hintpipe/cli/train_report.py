@@ -52,6 +52,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "max_grad_rel_diff": result.max_grad_rel_diff,
         "grad_rel_tolerance": None if result.max_grad_rel_diff is None else RELATIVE_TOLERANCE,
         "resumed_from": result.resumed_from,
+        "resumed": None if result.resumed_checkpoint is None else resumed_line(result),
         "nonfinite_steps": list(result.nonfinite_steps),
         "learning_rates": list(result.learning_rates),
         "grad_norms": list(result.grad_norms),
@@ -62,6 +63,11 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "wall_time_s": result.wall_time,
         "total_" + unit.removesuffix("_per_s"): sum(result.tokens),
     }
+
+
+def resumed_line(result: TrainResult) -> str:
+    """``resumed from CK/step-00000008 (step 8 of 20)``: where a resumed run went on from."""
+    return f"resumed from {result.resumed_checkpoint} (step {result.resumed_from} of {result.config.steps})"
 
 
 #: Rows of the step table: a longer run shows its first and last steps (every step is in ``--json``).

@@ -38,6 +38,7 @@ class _Liveness:
         self.store: Any = None
         self.world = 0
         self.group: dist.ProcessGroup | None = None
+        self.timeout_s: float | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -47,7 +48,7 @@ _STATE = _Liveness()
 
 def start(store: Any, rank: int, world: int, timeout_s: float) -> None:
     """Beat every second into ``store`` and make the phases' group (call on every rank, after joining)."""
-    _STATE.store, _STATE.world = store, world
+    _STATE.store, _STATE.world, _STATE.timeout_s = store, world, timeout_s
     _STATE.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
     def once() -> bool:
@@ -82,6 +83,12 @@ def stop() -> None:
 def phase_group() -> dist.ProcessGroup | None:
     """Every rank, with the watchdog's timeout (None where this process was not started by hintpipe)."""
     return _STATE.group
+
+
+def phase_timeout() -> float | None:
+    """The seconds a rank waits on a peer in a phase (the watchdog's), or None where hintpipe did not start
+    this process."""
+    return _STATE.timeout_s if _STATE.group is not None else None
 
 
 def silent_ranks(world: int | None = None) -> dict[int, float]:

@@ -7,6 +7,9 @@ Modules: :mod:`~hintpipe.runtime.checkpoint.saving` (save, find, resume, prune, 
 :mod:`~hintpipe.runtime.checkpoint.description` (what rebuilds the model a checkpoint holds; torch-free),
 :mod:`~hintpipe.runtime.checkpoint.collective` and :mod:`~hintpipe.runtime.checkpoint.stopping`;
 :mod:`~hintpipe.runtime.checkpoint.links` (no link in a run folder followed) and
-:mod:`~hintpipe.runtime.checkpoint.readers` (a checkpoint being read is not pruned), both torch-free.
+:mod:`~hintpipe.runtime.checkpoint.readers` (a checkpoint being read is not pruned),
+:mod:`~hintpipe.runtime.checkpoint.pruning` (exactly ``keep`` kept), :mod:`~hintpipe.runtime.checkpoint.permissions`
+(a run folder is its owner's) and :mod:`~hintpipe.runtime.checkpoint.disk` (a full disk named), all torch-free;
+:mod:`~hintpipe.runtime.checkpoint.files` (a checkpoint's files as torch.distributed.checkpoint opens them).
 Importing this package imports no torch; its modules do.
 """

@@ -16,6 +16,7 @@ from hintpipe.runtime.checkpoint.collective import together
 from hintpipe.runtime.checkpoint.description import checked_description
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.manifest import step_folders
+from hintpipe.runtime.checkpoint.permissions import use as use_modes
 from hintpipe.runtime.checkpoint.rank_state import Stateful
 from hintpipe.runtime.checkpoint.run_folder import adopt, check_layout, claim, read_run
 from hintpipe.runtime.checkpoint.saving import (
@@ -66,8 +67,10 @@ class Checkpointer:
     exported by hand (``model.load_state_dict(load_merged(folder))``).
 
     It saves every ``every`` steps, after the loop's last step and when the loop is stopping, and prunes to
-    ``keep`` verified checkpoints of its run one step after a save (so the newest has been verified and a step
-    after it completed before anything older goes). A folder belongs to one run (see
+    exactly ``keep`` verified checkpoints of its run right after each save, the newest verified again first
+    (see [Note: keeping exactly keep checkpoints] in :mod:`hintpipe.runtime.checkpoint.pruning`). Its files
+    are its owner's alone (0600, folders 0700) unless ``group_readable`` (0640, 0750; see [Note: a run folder
+    is its owner's] in :mod:`hintpipe.runtime.checkpoint.permissions`). A folder belongs to one run (see
     :mod:`hintpipe.runtime.checkpoint.run_folder`), and one run at a time holds it: rank 0 locks it in
     :meth:`start` or :meth:`resume` unless its launcher holds it already, until :meth:`close` or the process
     ends (see [Note: one run per folder at a time] in :mod:`hintpipe.runtime.checkpoint.folder_lock`).
@@ -87,6 +90,7 @@ class Checkpointer:
         group: dist.ProcessGroup | None = None,
         storage_writer: WriterFactory | None = None,
         model_description: Mapping[str, Any] | None = None,
+        group_readable: bool = False,
     ) -> None:
         if every < 0 or keep < 1:
             raise ValueError(f"every must be >= 0 and keep >= 1, got every={every}, keep={keep}")
@@ -114,8 +118,10 @@ class Checkpointer:
         self.storage_writer = storage_writer
         #: The run the folder's checkpoints belong to (set by :meth:`start` or :meth:`resume`).
         self.run: str | None = None
-        self._prune_due = False
+        #: The checkpoint :meth:`resume` continued from (None: a new run).
+        self.resumed: Path | None = None
         self._saved_at = -1
+        use_modes(group_readable)
         self._lock = FolderLock(self.directory)
 
     def _hold(self) -> None:
@@ -180,7 +186,7 @@ class Checkpointer:
             self.skipped = [f"{self.directory} holds no checkpoint to resume: a new run starts there"]
             return 0
         self.run = owner
-        step, self.skipped = resume(
+        step, self.skipped, self.resumed = resume(
             self.directory,
             self.modules,
             self.optimizer,
@@ -203,9 +209,6 @@ class Checkpointer:
         returns the checkpoint it saved."""
         if self.run is None:
             raise RuntimeError("call start() or resume() before after_step(): a checkpoint belongs to a run")
-        if self._prune_due and self._rank0:
-            prune_checkpoints(self.directory, self.keep, run=self.run)
-        self._prune_due = False
         due = stopping or last or (self.every and done % self.every == 0)
         if not due or done == self._saved_at:
             return None
@@ -238,5 +241,6 @@ class Checkpointer:
             model_description=self.model_description,
         )
         self._saved_at = done
-        self._prune_due = True
+        if self._rank0:  # published: the newest verified again, then exactly ``keep`` kept
+            prune_checkpoints(self.directory, self.keep, run=self.run)
         return self.last

@@ -42,7 +42,9 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
+from hintpipe.runtime.checkpoint.disk import cannot_write
 from hintpipe.runtime.checkpoint.links import linked, refuse_links
+from hintpipe.runtime.checkpoint.permissions import file_mode, make_folder
 from hintpipe.runtime.errors import CheckpointError
 
 LOCK_FILE = "run.lock"
@@ -52,6 +54,14 @@ LOCK_FILE = "run.lock"
 #: refused by the first: a process holds a folder once, however many checkpointers in it take it (a training
 #: function called twice in one interpreter, a notebook cell run again), until the last gives it back.
 _HELD: dict[Path, list[int]] = {}
+#: The folders that this process's launcher holds on its behalf (see ``acquire``'s ``ours``).
+_HELD_FOR_US: set[Path] = set()
+
+
+def holds(folder: Path) -> bool:
+    """Whether this process holds ``folder`` (or its launcher does, for it): then no other run is live there."""
+    key = (folder / LOCK_FILE).resolve()
+    return key in _HELD or key in _HELD_FOR_US
 
 
 class FolderInUse(CheckpointError):
@@ -82,7 +92,10 @@ class FolderLock:
         """
         if self._fd is not None:
             return self
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            make_folder(self.folder)
+        except OSError as exc:
+            raise CheckpointError(unwritable(self.folder, exc)) from None
         refuse_links([self.path])  # see [Note: no link in a run folder is followed]
         held = _HELD.get(self.path.resolve())
         if held is not None:  # this process holds it already
@@ -92,17 +105,18 @@ class FolderLock:
         # No O_TRUNC: the file names the holder, which must stay readable until this process holds it. O_NOFOLLOW:
         # a link put there since the check above is refused too, never opened (ELOOP).
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
         except OSError as exc:
             if self.path.is_symlink():
                 raise CheckpointError(linked(self.path)) from None
-            raise CheckpointError(f"{self.path} cannot be opened: {exc.strerror or exc}") from None
+            raise CheckpointError(unwritable(self.path, exc)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
             if ours is not None and holder.get("pid") == ours and holder.get("host") == socket.gethostname():
+                _HELD_FOR_US.add(self.path.resolve())
                 return self  # our launcher holds it for us
             raise FolderInUse(
                 f"{self.folder} is in use by another run ({describe(holder)}, holding {self.path}); wait for it to "
@@ -113,8 +127,12 @@ class FolderLock:
             raise CheckpointError(f"{self.path} cannot be locked: {exc.strerror or exc}") from None
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record.encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode(), 0)
+        except OSError as exc:  # a full disk: said in one line, and the lock given back
+            os.close(fd)
+            raise CheckpointError(unwritable(self.path, exc)) from None
         self._fd = fd
         _HELD[self.path.resolve()] = [fd, 1]
         return self
@@ -143,6 +161,12 @@ class FolderLock:
         self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.release()
+
+
+def unwritable(path: Path, exc: OSError) -> str:
+    """Why ``path`` of a run folder cannot be written (a full disk, a file-size limit, no permission), in one
+    line: nothing was changed."""
+    return f"{cannot_write(path, exc)} (nothing was changed)"
 
 
 def _holder(fd: int) -> dict[str, object]:

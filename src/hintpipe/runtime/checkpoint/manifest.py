@@ -22,10 +22,10 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hintpipe.runtime.checkpoint.links import create_new
+from hintpipe.runtime.checkpoint.links import create_new, not_a_file, open_regular
 from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 __all__ = ["CheckpointError", "DamagedCheckpoint", "Manifest", "RunIdentity"]
@@ -150,13 +150,25 @@ class Manifest:
         if step_of(folder) != self.step:
             raise DamagedCheckpoint(f"{folder.name}: its {MANIFEST} is for step {self.step}")
         for name, (size, digest) in sorted(self.files.items()):
+            if not inside(name):
+                raise DamagedCheckpoint(f"{folder.name}: its {MANIFEST} names {name}, outside its folder")
             path = folder / name
+            kind = not_a_file(path)
+            if kind is not None:  # a link, a FIFO (whose read would block), a device: never read
+                raise DamagedCheckpoint(f"{folder.name}: {name} is {kind}, not a file")
             if not path.is_file():
                 raise DamagedCheckpoint(f"{folder.name}: {name} is missing")
             if path.stat().st_size != size:
                 raise DamagedCheckpoint(f"{folder.name}: {name} has {path.stat().st_size} bytes, {size} were written")
             if file_digest(path) != digest:
                 raise DamagedCheckpoint(f"{folder.name}: {name} is not the file that was written (checksum differs)")
+
+
+def inside(name: str) -> bool:
+    """Whether ``name`` (a checkpoint's file, as its manifest or index names it) stays inside its folder: a
+    relative path without ``..``."""
+    path = PurePosixPath(name)
+    return bool(name) and not path.is_absolute() and "\\" not in name and all(p not in ("..", ".") for p in path.parts)
 
 
 def _check_digest(folder: Path, text: str) -> None:
@@ -168,7 +180,7 @@ def _check_digest(folder: Path, text: str) -> None:
 
 
 def file_digest(path: Path) -> str:
-    with path.open("rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from hintpipe.runtime.model_names import ModelNames, view
+from hintpipe.tensor_bytes import local
 
 
 @runtime_checkable
@@ -74,6 +75,21 @@ class RankState:
                     f"{', ...' if len(stray) > 3 else ''}): give it the parameters of pipe.modules"
                 )
         self.extra = dict(extra or {})
+
+    def first_nonfinite(self) -> str | None:
+        """The first parameter or optimizer state that is NaN or infinite, named; None when all are finite (a
+        NaN saved is a run lost)."""
+        for name, tensor in self.tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(local(tensor.detach())).all()):
+                return f"parameter {name}"
+        if self.optimizer is not None:
+            names = {id(t): name for name, t in self.tensors.items()}
+            for param, slots in self.optimizer.state.items():
+                for slot, value in slots.items():
+                    finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(local(value)).all())
+                    if not finite:
+                        return f"optimizer state {slot!r} of {names.get(id(param), 'a parameter')}"
+        return None
 
     def entries(self, step: int, rank: int) -> dict[str, Any]:
         """What DCP saves, or fills in when it loads."""

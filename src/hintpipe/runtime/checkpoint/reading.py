@@ -14,6 +14,12 @@ the few values they hold (``torch.Size``, dtypes, layouts, a path), and the
 values with ``torch.load(weights_only=True)`` (tensors and plain containers).
 Anything else is refused in one line, unread: :class:`UnsafeCheckpoint`.
 
+The index names the file (and the place in it) of every value: each such path
+must stay inside the step folder, be a regular file and be covered by a digest
+of the checkpoint's manifest (:func:`check_items`), or the checkpoint is refused
+in one line naming it, before anything is read (see [Note: a checkpoint's reads
+never block] in :mod:`hintpipe.runtime.checkpoint.files`).
+
 A caller's own ``state`` that holds objects of its own classes must admit them
 with :func:`torch.serialization.add_safe_globals` to be resumed.
 """
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pickle
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,13 +41,17 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.checkpoint.files import RunFiles
+from hintpipe.runtime.checkpoint.links import not_a_file, open_regular
+from hintpipe.runtime.checkpoint.manifest import MANIFEST, Manifest, inside
+from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 __all__ = [
     "SafeEmptyPlanner",
     "SafeLoadPlanner",
     "SafeReader",
     "UnsafeCheckpoint",
+    "check_items",
     "read_metadata",
     "refusals_said",
     "unsafe_in",
@@ -93,16 +105,18 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata(path: str | Path) -> Metadata:
-    """The ``.metadata`` of the checkpoint folder ``path`` (or that file itself), read without running code.
+    """The ``.metadata`` of the checkpoint folder ``path`` (or that file itself), read without running code,
+    every file it names checked (:func:`check_items`).
 
     Raises:
-        UnsafeCheckpoint: it names anything but torch.distributed.checkpoint's metadata classes, or is not one.
+        UnsafeCheckpoint: it names anything but torch.distributed.checkpoint's metadata classes, or is not one,
+            or it names a file that is outside its folder, not a regular file or not covered by a digest.
     """
     source = Path(path)
     if source.is_dir():
         source = source / ".metadata"
-    with source.open("rb") as f:
-        return _checked(_load(f, source), source)
+    with os.fdopen(_opened(source), "rb") as f:
+        return check_items(_checked(_load(f, source), source), source)
 
 
 def _load(file: Any, source: Path) -> Any:
@@ -120,13 +134,56 @@ def _checked(found: Any, source: Path) -> Metadata:
     return found
 
 
+def _opened(source: Path) -> int:
+    try:
+        return open_regular(source)
+    except OSError as exc:
+        raise UnsafeCheckpoint(f"{source} cannot be read: {exc.strerror or exc}") from None
+
+
+def check_items(metadata: Metadata, source: Path) -> Metadata:
+    """``metadata`` (read from ``source``, a step folder's ``.metadata``), once every file it names is inside
+    the folder, a regular file, and covered by a digest of the folder's manifest (see [Note: a checkpoint's
+    reads never block] in :mod:`hintpipe.runtime.checkpoint.files`).
+
+    Raises:
+        UnsafeCheckpoint: one line naming the first path that is not, and why.
+    """
+    folder = source.parent
+    try:
+        covered = set(Manifest.read(folder).files)
+    except DamagedCheckpoint:
+        covered = set()
+    named = sorted({str(getattr(info, "relative_path", "")) for info in (metadata.storage_data or {}).values()})
+    for name in named:
+        kind = not_a_file(folder / name) if inside(name) else None
+        if not inside(name):
+            why = f"outside its checkpoint folder {folder}"
+        elif kind is not None:
+            why = f"which is {kind}, not a file"
+        elif name not in covered:
+            why = f"which no digest of its {MANIFEST} covers"
+        else:
+            continue
+        raise UnsafeCheckpoint(
+            f"{source} names {name} for its values, {why}: refused unread (a forged or foreign file); resume from "
+            "another checkpoint or start fresh"
+        )
+    return metadata
+
+
 class SafeReader(FileSystemReader):
-    """torch.distributed.checkpoint's file reader, reading ``.metadata`` as :func:`read_metadata` does."""
+    """torch.distributed.checkpoint's file reader, reading ``.metadata`` as :func:`read_metadata` does and
+    every file as [Note: a checkpoint's reads never block] says."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.fs = RunFiles()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as f:
-            metadata = _checked(_load(f, Path(path)), Path(path))
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        with os.fdopen(_opened(path), "rb") as f:
+            metadata = check_items(_checked(_load(f, path), path), path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         assert metadata.storage_meta is not None
@@ -166,16 +223,33 @@ def refusals_said() -> Iterator[None]:
         raise
 
 
+#: The global torch's refusal names ("Trying to load unsupported GLOBAL posix.system whose module ...").
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
 def _plain(read_item: ReadItem, value: io.BytesIO) -> Any:
-    """A checkpoint's non-tensor value, loaded as data only."""
+    """A checkpoint's non-tensor value, loaded as data only; refused naming the global it would call."""
     try:
         return torch.load(value, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()
-        reason = next((line for line in first if "Unsupported global" in line), first[0] if first else "")
+        found = _GLOBAL.search(str(exc))
+        named = found.group(1) if found is not None else _first_unsafe(value)
+        what = f"names {named}, which is not plain data" if named else f"is not plain data ({type(exc).__name__})"
         raise UnsafeCheckpoint(
-            f"the value {read_item.dest_index.fqn} is not plain data ({reason.strip()}): refused unread"
+            f"the value {read_item.dest_index.fqn} {what}: refused unread (a forged or foreign file); resume from "
+            "another checkpoint or start fresh"
         ) from None
+
+
+def _first_unsafe(value: io.BytesIO) -> str | None:
+    """The first global a ``torch.save`` file names beyond what ``weights_only`` admits, where torch's error
+    did not say it."""
+    value.seek(0)
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(value)
+    except Exception:  # not a zip file at all
+        return None
+    return found[0] if found else None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

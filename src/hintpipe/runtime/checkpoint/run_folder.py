@@ -14,6 +14,11 @@ place, which fails if another process linked its own first, so two runs never
 both think they own the folder (the folder's lock, see
 :mod:`hintpipe.runtime.checkpoint.folder_lock`, keeps a second run out
 altogether; the link keeps a process of an older hintpipe out of a claim too).
+A ``run.json`` already there is never removed to make room: it is replaced
+(atomically, by a rename) only by the process that holds the folder, the one
+live run there; any other claim of a claimed folder is refused. Two claims
+raced before: each unlinked what it found and linked its own, and both
+succeeded, the second replacing the first.
 A folder whose ``run.json`` was lost resumes the run its verified checkpoints
 belong to (and gets ``run.json`` back); when they belong to several runs, the
 refusal says which file to write.
@@ -30,9 +35,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE
+from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, holds
 from hintpipe.runtime.checkpoint.links import refuse_links, remove_temporary
 from hintpipe.runtime.checkpoint.manifest import Manifest, step_folders, step_of, sync_folder
+from hintpipe.runtime.checkpoint.permissions import file_mode, make_folder, restrict
 from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 RUN_FILE = "run.json"
@@ -58,16 +64,21 @@ def read_run(folder: Path) -> str | None:
 
 
 def claim(folder: Path, *, replace: bool = False) -> str:
-    """Start a new run in ``folder`` (created, with its parents, if needed); returns its id.
+    """Start a new run in ``folder`` (created, with its parents, if needed); returns its id. A folder claimed
+    already (``run.json``) is claimed again only by the process that holds it (see
+    :func:`~hintpipe.runtime.checkpoint.folder_lock.holds`): the one live run there.
 
     Raises:
         CheckpointError: the folder holds another run's checkpoints and ``replace`` is False: one line naming
-            them, with what to do instead; ``latest`` is not a file; another process claimed the folder at the
-            same moment.
+            them, with what to do instead; ``latest`` is not a file; another process claimed the folder (before,
+            or at the same moment).
     """
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     check_layout(folder)
     check_not_foreign(folder, "the checkpoint folder")
+    held = holds(folder)
+    if (folder / RUN_FILE).is_file() and not held:
+        raise CheckpointError(claimed(folder, read_run(folder)))
     found = step_folders(folder)
     if found and not replace:
         raise CheckpointError(another_run(folder, found))
@@ -76,15 +87,24 @@ def claim(folder: Path, *, replace: bool = False) -> str:
     for stale in folder.glob("step-*.tmp"):
         remove_temporary(stale)
     (folder / LATEST).unlink(missing_ok=True)
-    (folder / RUN_FILE).unlink(missing_ok=True)  # no checkpoint of it is left: nothing of that run to keep
+    restrict(folder)  # a fresh run's folder (see [Note: a run folder is its owner's])
     run = uuid.uuid4().hex[:16]
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    write_run(folder, run, created)
+    write_run(folder, run, created, replace=held)
     return run
 
 
-def write_run(folder: Path, run: str, created: str) -> None:
-    """Write ``run.json`` naming ``run``, atomically and only where there is none (see the module's doc).
+def claimed(folder: Path, other: str | None) -> str:
+    """Why a claim of ``folder``, claimed by run ``other``, is refused, in one line."""
+    return (
+        f"{folder} was claimed by another run ({other or '?'}, in {folder / RUN_FILE}); only one run can use a "
+        "checkpoint folder: resume that run (--resume), or use another folder"
+    )
+
+
+def write_run(folder: Path, run: str, created: str, *, replace: bool = False) -> None:
+    """Write ``run.json`` naming ``run``, atomically: only where there is none (see the module's doc), or, with
+    ``replace`` (the caller holds the folder), in place of the one there by a rename.
 
     Raises:
         CheckpointError: another process wrote one first (naming its run).
@@ -92,18 +112,17 @@ def write_run(folder: Path, run: str, created: str) -> None:
     path = folder / RUN_FILE
     temporary = folder / f".{RUN_FILE}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with temporary.open("x") as f:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode()), "w") as f:
             f.write(json.dumps({"run": run, "created": created}))
             f.flush()
             os.fsync(f.fileno())
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            other = read_run(folder)
-            raise CheckpointError(
-                f"{folder} was claimed by another run ({other}) at the same moment; only one run can use a "
-                "checkpoint folder: use another one"
-            ) from None
+        if replace:
+            os.replace(temporary, path)
+        else:
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                raise CheckpointError(claimed(folder, read_run(folder))) from None
     finally:
         temporary.unlink(missing_ok=True)
     sync_folder(folder)
@@ -222,7 +241,7 @@ def check_writable(folder: Path, flag: str = "--checkpoint-dir") -> None:
         raise ValueError(f"{flag} {folder}: its parent {folder.parent} does not exist (a typo?); create it first")
     probe = folder / f".hintpipe-write-test-{uuid.uuid4().hex[:8]}"
     try:
-        folder.mkdir(exist_ok=True)
+        make_folder(folder)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:

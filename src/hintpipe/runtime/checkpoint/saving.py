@@ -21,8 +21,8 @@ The newest folder whose manifest verifies (every file present, of its size and
 digest). A damaged one is skipped, saying so, and the next older one is tried;
 ``latest`` is only a pointer for people and tools. A checkpoint of *another*
 run, or of another model (other tensor names or shapes), is refused, never skipped.
-Pruning (:func:`prune_checkpoints`) deletes old checkpoints only after the
-newest has been verified again and a step after it has completed.
+Pruning (:func:`~hintpipe.runtime.checkpoint.pruning.prune_checkpoints`) deletes
+old checkpoints only after the newest has been verified again.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hintpipe.runtime.checkpoint.collective import together
+from hintpipe.runtime.checkpoint.disk import disk_named, full_disk
 from hintpipe.runtime.checkpoint.links import remove_temporary
 from hintpipe.runtime.checkpoint.manifest import (
     CheckpointError,
@@ -53,13 +54,13 @@ from hintpipe.runtime.checkpoint.manifest import (
     sync_folder,
     write_synced,
 )
+from hintpipe.runtime.checkpoint.pruning import prune_checkpoints
 from hintpipe.runtime.checkpoint.rank_state import RankState, Stateful, rng_key
-from hintpipe.runtime.checkpoint.readers import reading, remove_unread
+from hintpipe.runtime.checkpoint.readers import reading
 from hintpipe.runtime.checkpoint.run_folder import LATEST, check_layout
 from hintpipe.runtime.launcher_env import orphaned
 from hintpipe.runtime.liveness import phase_group
 from hintpipe.runtime.model_names import ModelNames
-from hintpipe.tensor_bytes import local
 
 if TYPE_CHECKING:
     # torch.distributed.checkpoint is imported where a checkpoint is written or read: it pulls in DTensor,
@@ -127,20 +128,6 @@ def run_identity(
     )
 
 
-def _first_nonfinite(state: RankState) -> str | None:
-    for name, tensor in state.tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(local(tensor.detach())).all()):
-            return f"parameter {name}"
-    if state.optimizer is not None:
-        names = {id(t): name for name, t in state.tensors.items()}
-        for param, slots in state.optimizer.state.items():
-            for slot, value in slots.items():
-                finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(local(value)).all())
-                if not finite:
-                    return f"optimizer state {slot!r} of {names.get(id(param), 'a parameter')}"
-    return None
-
-
 def save_checkpoint(
     directory: str | Path,
     modules: Mapping[int, nn.Module],
@@ -179,7 +166,7 @@ def save_checkpoint(
     state = RankState(modules, names, optimizer, extra)
 
     def prepare() -> None:
-        bad = _first_nonfinite(state)
+        bad = state.first_nonfinite()
         if bad is not None:
             raise CheckpointError(f"{bad} is not finite; nothing was saved, the earlier checkpoints are kept")
         if rank == 0:
@@ -233,41 +220,58 @@ def _write(
     storage_writer: WriterFactory | None,
 ) -> Path:
     """Write ``state`` into ``tmp``, vouch for its files and rename it to ``final`` (rank 0)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from hintpipe.runtime.checkpoint.files import RunFiles
 
     writer = storage_writer if storage_writer is not None else FileSystemWriter
     root = final.parent
     step = int(state["step"])
-    together(
-        lambda: dcp_save(state, storage_writer=writer(str(tmp)), process_group=group),
-        what,
-        group=group,
-        error=CheckpointError,
-    )
+    files = RunFiles()
+
+    def write_here() -> None:
+        made = writer(str(tmp))
+        if type(made.fs) is FileSystem:  # torch's own: the run's (its mode, its writes watched)
+            made.fs = files
+        try:
+            dcp_save(state, storage_writer=made, process_group=group)
+        except BaseException as exc:
+            if rank not in getattr(exc, "failures", {rank: None}):
+                return  # another rank's write failed, not this one's: that rank says why
+            full = full_disk(exc, files.failures, tmp)
+            if full is not None:
+                raise CheckpointError(full) from None
+            raise
+
+    together(write_here, what, group=group, error=CheckpointError)
 
     def own_files() -> dict[str, tuple[int, str]]:
         # Each rank vouches for the files it wrote (``__<rank>_<i>.distcp``); rank 0 also for the rest.
         mine = [p for p in tmp.iterdir() if p.name.startswith(f"__{rank}_")]
         if rank == 0:
             mine += [p for p in tmp.iterdir() if p.is_file() and not p.name.startswith("__")]
-        for path in mine:
-            sync_file(path)
-        return digests(mine, tmp)
+        with disk_named(tmp):
+            for path in mine:
+                sync_file(path)
+            return digests(mine, tmp)
 
-    files = {k: v for share in together(own_files, what, group=group, error=CheckpointError) for k, v in share.items()}
+    vouched = together(own_files, what, group=group, error=CheckpointError)
+    written = {k: v for share in vouched for k, v in share.items()}
 
     def finish() -> None:
         if rank != 0:
             return
-        Manifest(step, identity, files).write(tmp)
+        with disk_named(tmp):
+            Manifest(step, identity, written).write(tmp)
         if orphaned():  # see [Note: nothing published after the launcher died]
             os._exit(1)
         if final.exists():
             shutil.rmtree(final)
         tmp.replace(final)
         sync_folder(root)
-        write_synced(root / LATEST, final.name)
+        with disk_named(root / LATEST):
+            write_synced(root / LATEST, final.name)
 
     try:
         together(finish, what, group=group, error=CheckpointError)
@@ -280,41 +284,6 @@ def _write(
             ) from None
         raise
     return final
-
-
-def prune_checkpoints(directory: str | Path, keep: int = 2, run: str | None = None) -> list[Path]:
-    """Keep the ``keep`` newest checkpoints that verify; remove older ones and damaged ones older than the
-    newest that verifies, except one a reader holds (``hintpipe export``: a later call removes it). Returns
-    what was removed.
-
-    Call on rank 0, after a step completed past the newest checkpoint. Nothing
-    is removed while the newest checkpoint is damaged: the older ones are then
-    all there is. With ``run``, only that run's checkpoints are looked at (a
-    folder's run owns every checkpoint in it; see :mod:`hintpipe.runtime.checkpoint.run_folder`).
-    """
-    folders = step_folders(Path(directory))
-    kept: list[Path] = []
-    removed: list[Path] = []
-    for folder in folders:
-        try:
-            manifest = Manifest.read(folder)
-            manifest.verify(folder)
-        except DamagedCheckpoint as exc:
-            if not kept:
-                log.warning("keeping every older checkpoint: %s", exc)
-                return []
-            removed.append(folder)
-            continue
-        if run is not None and manifest.identity.run != run:
-            continue  # another run's: never touched
-        (kept if len(kept) < max(keep, 1) else removed).append(folder)
-    gone = []
-    for old in removed:
-        if remove_unread(old):
-            gone.append(old)
-        else:  # see [Note: a reader's hold on a checkpoint] in hintpipe.runtime.checkpoint.readers
-            log.info("%s is being read: kept until a later save prunes it", old)
-    return gone
 
 
 def find_checkpoint(
@@ -408,6 +377,12 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     if rank in fresh:
         del entries[rng_key(rank)]
     notes = []
+    for key in [k for k in entries if k.startswith("user-") and not _saved_key(k, saved)]:
+        name = key.removeprefix("user-")
+        if getattr(state.extra.get(name), "absent_from_older_checkpoints", False):
+            del entries[key]  # a checkpoint of an older hintpipe, saved without it: the run's own is kept
+            state.extra.pop(name, None)
+        # else: a caller's own state the checkpoint lacks is refused by the load, named (nothing restored silently)
     if fresh:
         who = f"rank {fresh[0]}" if len(fresh) == 1 else f"ranks {', '.join(map(str, fresh))}"
         notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
@@ -425,6 +400,11 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     return state.restore(entries, rank), notes
 
 
+def _saved_key(key: str, saved: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's index holds ``key`` (torch.distributed.checkpoint flattens a dict's entries)."""
+    return key in saved or any(name.startswith(f"{key}.") for name in saved)
+
+
 def resume(
     directory: str | Path,
     modules: Mapping[int, nn.Module],
@@ -435,13 +415,13 @@ def resume(
     run: str = "",
     names: ModelNames | None = None,
     extra: Mapping[str, Stateful] | None = None,
-) -> tuple[int, list[str]]:
+) -> tuple[int, list[str], Path | None]:
     """Load the newest verified checkpoint of run ``run`` (call on every rank), whichever plan saved it.
 
-    Returns the step to continue from (0 when there is no checkpoint) and what
-    the caller should be told, one line each: the damaged checkpoints skipped on
-    the way, a rank left with its own random state. Rank 0 reads the folder and
-    every rank loads what it chose.
+    Returns the step to continue from (0 when there is no checkpoint), what
+    the caller should be told, one line each (the damaged checkpoints skipped on
+    the way, a rank left with its own random state), and the checkpoint loaded.
+    Rank 0 reads the folder and every rank loads what it chose.
 
     Raises:
         CheckpointError: on every rank, when the checkpoint belongs to another run or model, or none is usable.
@@ -459,6 +439,6 @@ def resume(
     assert chosen is not None
     folder, skipped = chosen
     if folder is None:
-        return 0, skipped
+        return 0, skipped, None
     step, notes = _load(folder, RankState(modules, names, optimizer, extra), group)
-    return step, skipped + notes
+    return step, skipped + notes, folder
