@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from hintpipe.cli.common import print_json, stdout
+from hintpipe.cli.common import print_json, stdout, whole_number
 from hintpipe.cli.train import config_from, result_json
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.units import format_size
@@ -27,7 +27,7 @@ HELP = "train gpt-mini on 2 CPU ranks, fixed order then readiness, and compare"
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("demo", help=HELP, description=HELP)
-    parser.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
+    parser.add_argument("--steps", type=whole_number, default=8, help="steps per run (default 8)")
     parser.add_argument(
         "--timeline",
         default="demo-timeline.png",

@@ -17,6 +17,7 @@ from hintpipe.cli.common import (
     add_room_arguments,
     build_hint,
     bytes_progress,
+    check_folder_writable,
     checked,
     print_json,
     room,
@@ -190,8 +191,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
-    if config.tensorboard is not None and Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
-        raise ValueError(f"--tensorboard {config.tensorboard} is a file; TensorBoard writes into a folder")
+    if config.tensorboard is not None:
+        check_folder_writable(config.tensorboard, "--tensorboard", "TensorBoard")
     check_config(config, injection)
     if args.emulate and not planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
