@@ -42,12 +42,18 @@ def add_model_flags(parser: argparse.ArgumentParser, *, from_plan: bool = False)
     parser.add_argument(
         "--layers", type=whole_number, metavar="N", help=f"a built-in model's blocks / MLP layers (default 4{plan})"
     )
-    parser.add_argument("--hidden", type=whole_number, metavar="H", help=f"a built-in model's hidden size (default 64{plan})")
-    parser.add_argument("--heads", type=whole_number, metavar="N", help="a built-in model's attention heads (default 4)")
+    parser.add_argument(
+        "--hidden", type=whole_number, metavar="H", help=f"a built-in model's hidden size (default 64{plan})"
+    )
+    parser.add_argument(
+        "--heads", type=whole_number, metavar="N", help="a built-in model's attention heads (default 4)"
+    )
     parser.add_argument(
         "--vocab", type=whole_number, metavar="V", help="a built-in model's vocabulary (default: the data's, else 128)"
     )
-    parser.add_argument("--max-seq-len", type=whole_number, metavar="T", help="a built-in model's positions (default 256)")
+    parser.add_argument(
+        "--max-seq-len", type=whole_number, metavar="T", help="a built-in model's positions (default 256)"
+    )
     parser.add_argument("--dropout", type=float, metavar="P", help="a built-in model's dropout probability (default 0)")
 
 
