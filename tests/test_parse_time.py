@@ -85,7 +85,6 @@ def test_a_tensorboard_folder_under_a_file_is_refused_before_the_ranks_start(
     board = file / below
     assert main(["train", "--ranks", "2", "--microbatches", "2", "--steps", "1", "--tensorboard", str(board)]) == 2
     assert capsys.readouterr().err == (
-        f"hintpipe train: error: --tensorboard {board}: {file} is a file, so the folder cannot be made; give a "
-        "folder\n"
+        f"hintpipe train: error: --tensorboard {board}: {file} is a file, so the folder cannot be made; give a folder\n"
     )
     assert file.read_text() == ""

@@ -8,10 +8,15 @@ one line that says what is wrong and how to fix it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import json
+import os
 import platform
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from hintpipe.cli import data, demo, export, plan, simulate, train
 from hintpipe.cli.config_file import apply_config, config_text
@@ -71,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except ValueError as exc:
-        print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
+        said = f"hintpipe {args.command}: error: {exc}"
+        print(said, file=sys.stderr)
+        tell_torchrun(said)
         return 2
     except MemoryError:  # numpy's or the interpreter's: the sizes asked for do not fit this process's memory
         sizes = " ".join(f"--{k} {getattr(args, k)}" for k in ("ranks", "microbatches") if hasattr(args, k))
@@ -86,9 +93,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + exc.signum
     except RankFailure as exc:
         text = str(exc)
+        tell_torchrun(f"hintpipe {args.command}: failed: {text}")
         print(f"hintpipe {args.command}: failed:{' ' if chr(10) not in text else chr(10)}{text}", file=sys.stderr)
         return 1
     return code
+
+
+def tell_torchrun(line: str) -> None:
+    """Under ``torchrun``, leave ``line`` where its agent reads a failed rank's error
+    (``TORCHELASTIC_ERROR_FILE``): torchrun's report then shows it as the rank's failure (and as the root
+    cause when this rank failed first) instead of "To enable traceback see ..."; nothing elsewhere."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    with contextlib.suppress(OSError):  # the report is torchrun's: nothing here may fail because of it
+        said = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+        Path(path).write_text(json.dumps({"message": said}))  # the form torchrun's own @record writes
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""Under ``torchrun``: a held folder refused before the ranks meet, ranks of a process group the user made
+tied to the agent, and the rendezvous on loopback only (issue 51's probe)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from conftest import hang_bound
+from hintpipe.runtime.checkpoint.folder_lock import FolderLock, describe
+from processes import descendants
+
+TIMEOUT = 20.0
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TRAIN = ["-m", "hintpipe", "train", "--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2"]
+TRAIN += ["--microbatches", "2", "--microbatch-size", "2", "--policy", "fixed", "--timeout", str(TIMEOUT)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
+    except FileNotFoundError:
+        return False
+
+
+def _published(folder: Path) -> list[int]:
+    """The steps of the checkpoints published in ``folder`` (renamed into place; ``.tmp`` ones are not)."""
+    return sorted(int(p.name.removeprefix("step-")) for p in folder.glob("step-*") if p.name[5:].isdigit())
+
+
+def test_a_second_run_in_a_held_folder_under_torchrun_is_one_line_from_rank_0_before_the_ranks_meet(
+    tmp_path: Path,
+) -> None:
+    # Before: every rank failed in the run's start with a traceback and "CheckpointError: starting a run in D
+    # failed (rank 0: D is in use ...)", 98 lines with torchrun's report, rank 0's exit status 1.
+    folder = tmp_path / "ck"
+    with FolderLock(folder):
+        holder = describe(json.loads((folder / "run.lock").read_text()))
+        done = subprocess.run(
+            [*TORCHRUN, *TRAIN, "--steps", "2", "--checkpoint-dir", str(folder), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=hang_bound(TIMEOUT),
+        )
+        assert sorted(p.name for p in folder.iterdir()) == ["run.lock"]  # nothing written, the lock still ours
+        assert describe(json.loads((folder / "run.lock").read_text())) == holder
+    said = (
+        f"hintpipe train: error: --checkpoint-dir {folder} is in use by another run ({holder}, holding "
+        f"{folder}/run.lock); wait for it to end or stop it, or use another checkpoint folder"
+    )
+    ours = [line for line in done.stderr.splitlines() if "hintpipe" in line and "FAILED" not in line]
+    assert ours == [said, f"  traceback : {said}"], done.stderr  # rank 0's line, and torchrun's report of it
+    assert "CheckpointError" not in done.stderr
+    root_cause = done.stderr.split("Root Cause (first observed failure):")[1]
+    assert re.search(r"rank      : 0 \(local_rank: 0\)\n  exitcode  : 2 \(pid: \d+\)", root_cause), root_cause
+    assert done.returncode == 1  # torchrun's own status whenever a rank fails
+    assert done.stdout == ""
+
+
+#: A training script of the user's own: its process group, a Pipeline, a Checkpointer saving every step.
+USER_SCRIPT = """
+import sys
+
+import torch
+import torch.distributed as dist
+
+from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
+from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
+from hintpipe.runtime.pipeline import Pipeline
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+model = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+pipe = Pipeline.from_modules(split_layers(build_layers(model), 2), loss_fn=lm_loss, microbatches=2, policy="fixed")
+with pipe:
+    optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()])
+    checkpoints = Checkpointer(sys.argv[1], pipe, optimizer, every=1, keep=1000)
+    checkpoints.start()
+    for step in range(100000):
+        inputs, targets, _ = make_batch(model, 2, 2, SeqLenDist(8), step, 0)
+        pipe.step(inputs, target=targets)
+        optimizer.step()
+        optimizer.zero_grad()
+        checkpoints.after_step(step + 1)
+"""
+
+
+def test_ranks_of_a_users_own_process_group_end_with_the_torchrun_agent_and_publish_nothing_after(
+    tmp_path: Path,
+) -> None:
+    # Before: only ranks started through run_ranks were tied to the agent; these trained on after SIGKILL to
+    # it, rank 0 publishing a checkpoint every step.
+    folder = tmp_path / "ck"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(USER_SCRIPT))
+    log = (tmp_path / "out.txt").open("w")  # a file, not a pipe: no wait on the ranks' end to read it
+    agent = subprocess.Popen(
+        [*TORCHRUN, str(script), str(folder)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + hang_bound(TIMEOUT)
+        while len(_published(folder)) < 2:  # training, and saving every step
+            assert agent.poll() is None, (tmp_path / "out.txt").read_text()
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.1)
+        ranks = descendants(agent.pid)
+        assert len(ranks) == 2
+        agent.kill()
+        killed = time.monotonic()
+        at_kill = _published(folder)
+        while any(_alive(p) for p in ranks) and time.monotonic() - killed < 15.0:
+            time.sleep(0.1)
+        ended_within = time.monotonic() - killed
+        assert ended_within < 15.0, f"ranks still alive {ended_within:.0f} s after their agent was killed"
+        # A save past its last check when the agent died may land: at most that one step beyond the newest.
+        assert max(_published(folder)) <= max(at_kill) + 1, (at_kill, _published(folder))
+    finally:
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        agent.kill()
+        agent.wait(timeout=15)
+        log.close()
