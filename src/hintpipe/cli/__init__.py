@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -59,8 +60,31 @@ def _installed(package: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(words)
+    except KeyboardInterrupt:  # Ctrl-C before any rank started (importing, planning, profiling, preparing)
+        return interrupted(words[0] if words and words[0] in COMMANDS else None)
+
+
+#: The commands, by name.
+COMMANDS = ("simulate", "train", "plan", "export", "demo", "data")
+
+
+def interrupted(command: str | None) -> int:
+    """Ctrl-C (SIGINT) where the command was not handling it: one line, exit status 130, no traceback.
+
+    [Note: Ctrl-C is one line]
+    Python answers SIGINT with a ``KeyboardInterrupt`` wherever the main thread is: an import, ``plan``'s
+    profiling, a data preparation; uncaught, it printed a traceback of the interpreter's innards. Once ranks
+    run, the launcher handles the signal (see [Note: signals to the launcher] in
+    :mod:`hintpipe.runtime.launch`); before that, the command stops here, having saved nothing."""
+    print(f"hintpipe{'' if command is None else ' ' + command}: stopped by SIGINT; nothing was saved", file=sys.stderr)
+    return 128 + signal.SIGINT
+
+
+def _main(words: list[str]) -> int:
+    parser = build_parser()
     try:
         apply_config(parser, words)
     except ValueError as exc:

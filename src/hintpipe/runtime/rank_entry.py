@@ -175,7 +175,13 @@ def start_rank(
         os.environ.update(environment)
     for sig in _SERVER_IGNORES:
         signal.signal(sig, signal.SIG_DFL)
-    tie_to_launcher()
-    from hintpipe.runtime.rank_process import run_rank
-
+    try:
+        tie_to_launcher()
+        from hintpipe.runtime.rank_process import run_rank
+    except KeyboardInterrupt:  # Ctrl-C to the process group while this rank started: said by the launcher
+        os._exit(_INTERRUPTED_STATUS)
     run_rank(rank, world, packed, out, timeout_s, device)
+
+
+#: :data:`hintpipe.runtime.rank_process.INTERRUPTED_STATUS` (not imported: this module imports nothing slow).
+_INTERRUPTED_STATUS = 130
