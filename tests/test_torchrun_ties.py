@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import hang_bound
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock, describe
 from processes import descendants
@@ -129,4 +131,69 @@ def test_ranks_of_a_users_own_process_group_end_with_the_torchrun_agent_and_publ
                 os.kill(pid, signal.SIGKILL)
         agent.kill()
         agent.wait(timeout=15)
+        log.close()
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_loopback_command() -> str:
+    """The README's torchrun in a network namespace of its own (its one ``unshare`` block)."""
+    blocks = re.findall(r"^\s*```bash\n(.*?)^\s*```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
+    (block,) = [b.strip() for b in blocks if "unshare -rn" in b]
+    return block
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports listened on in the network namespace of process ``pid`` (its /proc/PID/net/tcp{,6})."""
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _interfaces(pid: int) -> list[str]:
+    """The network interfaces of process ``pid``'s namespace."""
+    lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    return sorted(line.split(":")[0].strip() for line in lines)
+
+
+def test_the_readme_s_torchrun_in_a_namespace_of_its_own_listens_where_nothing_outside_reaches(
+    tmp_path: Path,
+) -> None:
+    # torchrun's stores listen on every interface whatever its flags say (torch 2.13): its namespace then has
+    # loopback alone, and the machine's own network namespace holds none of the run's listening sockets.
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unprivileged user and network namespaces are not allowed here")
+    command = _readme_loopback_command()
+    assert command.startswith("unshare -rn sh -c '") and command.endswith("'")
+    folder = tmp_path / "ck"
+    extra = f" --layers 2 --hidden 16 --steps 100000 --checkpoint-dir {folder} --checkpoint-every 1 --json"
+    command = command.replace("exec torchrun", f"exec {sys.executable} -m torch.distributed.run")[:-1] + extra + "'"
+    log = (tmp_path / "out.txt").open("w")
+    shell = subprocess.Popen(command, shell=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + hang_bound(TIMEOUT)
+        while not (folder / "latest").exists():  # training
+            assert shell.poll() is None, (tmp_path / "out.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.1)
+        tree = descendants(shell.pid)
+        agent = next(p for p in tree if b"torch.distributed.run" in Path(f"/proc/{p}/cmdline").read_bytes())
+        ranks = [p for p in tree if b"hintpipe" in Path(f"/proc/{p}/cmdline").read_bytes() and p != agent]
+        assert len(ranks) == 2
+        assert _interfaces(agent) == ["lo"]
+        environ = dict(
+            entry.split(b"=", 1) for entry in Path(f"/proc/{ranks[0]}/environ").read_bytes().split(b"\0") if entry
+        )
+        assert int(environ[b"MASTER_PORT"]) in _listening_ports(agent)  # the agent's store, in its namespace
+        outside = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+        held = [line for line in outside.splitlines() if any(f"pid={p}," in line for p in tree)]
+        assert held == []  # nothing of the run listens in this machine's network namespace
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait(timeout=15)
         log.close()
