@@ -199,7 +199,7 @@ def test_print_config_writes_the_model_and_the_checkpoints_and_leaves_out_what_i
 
 
 def _readme_config() -> str:
-    blocks = re.findall(r"^```toml\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
+    blocks: list[str] = re.findall(r"^```toml\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
     assert len(blocks) == 2  # the fine-tune's (tests/test_model_folders.py), then this one
     return blocks[1]
 

@@ -273,6 +273,7 @@ def test_transformers_own_attention_is_built_as_described() -> None:
             "config": config | {"attn_implementation": implementation},
         }
         model = rebuild_model(described)
+        assert isinstance(model, transformers.GPT2LMHeadModel)
         assert model.config._attn_implementation == implementation
 
 

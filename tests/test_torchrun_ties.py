@@ -139,7 +139,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _readme_loopback_command() -> str:
     """The README's torchrun in a network namespace of its own (its one ``unshare`` block)."""
-    blocks = re.findall(r"^\s*```bash\n(.*?)^\s*```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
+    blocks: list[str] = re.findall(r"^\s*```bash\n(.*?)^\s*```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
     (block,) = [b.strip() for b in blocks if "unshare -rn" in b]
     return block
 
