@@ -112,10 +112,10 @@ class Option:
         if not math.isfinite(value):
             raise ValueError(f"{label} must be finite, got {value!r}")
         low, high = self.minimum, self.maximum
-        if integral and high is None:  # see [Note: no integer without a bound]
-            high = LARGEST_INT
         if (low is not None and value < low) or (high is not None and value > high):
             raise ValueError(f"{label} must be {_range(low, high)}, got {_number(value)}{self._why()}")
+        if integral and high is None and value > LARGEST_INT:  # see [Note: no integer without a bound]
+            raise ValueError(f"{label} must be at most {LARGEST_INT}, got {_number(value)}")
         return int(value) if integral else float(value)
 
     def _sources(self, value: Any, label: str) -> Any:
