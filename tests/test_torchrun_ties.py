@@ -197,3 +197,24 @@ def test_the_readme_s_torchrun_in_a_namespace_of_its_own_listens_where_nothing_o
         os.killpg(shell.pid, signal.SIGKILL)
         shell.wait(timeout=15)
         log.close()
+
+
+def test_torchrun_as_the_first_process_of_its_namespace_trains_as_the_command_line_s_own_launcher(
+    tmp_path: Path,
+) -> None:
+    # A container's entry point: torchrun is PID 1 of its namespace, and its ranks' parent. Before: every rank
+    # took its parent, PID 1, for init (its agent gone) and exited with status 1 at once, saying nothing.
+    if subprocess.run(["unshare", "-rfp", "--mount-proc", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unprivileged user and PID namespaces are not allowed here")
+    run = [*TRAIN, "--steps", "2", "--json"]
+    first = subprocess.run(
+        ["unshare", "-rfp", "--mount-proc", *TORCHRUN, *run],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    own = subprocess.run([sys.executable, *run], capture_output=True, text=True, timeout=hang_bound(TIMEOUT))
+    assert own.returncode == 0, own.stderr[-3000:]
+    losses = json.loads(first.stdout)["losses"]
+    assert len(losses) == 2 and losses == json.loads(own.stdout)["losses"]

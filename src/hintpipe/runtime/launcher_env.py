@@ -66,3 +66,14 @@ def stat_fields(pid: int | None) -> list[str] | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[-1].split()
+
+
+def is_torchrun(pid: int) -> bool:
+    """Whether process ``pid`` is a torchrun agent (``torchrun`` or ``python -m torch.distributed.run``), as its
+    command line in /proc says; False where there is no /proc or no such process."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            words = cmdline.read().split(b"\0")
+    except OSError:
+        return False
+    return b"torch.distributed.run" in words or any(word.rsplit(b"/", 1)[-1] == b"torchrun" for word in words)

@@ -105,7 +105,9 @@ def tie_to_agent() -> None:
     if TORCHRUN_ENV not in os.environ or launcher_env.tied():
         return
     agent = launcher_env.AGENT_AT_START or os.getppid()
-    if agent == 1 or os.getppid() != agent:  # orphaned already, before or since hintpipe was first imported
+    # Orphaned already, before or since hintpipe was first imported: re-parented to init, unless init is the
+    # agent itself (torchrun as a container's entry point, PID 1 of its namespace).
+    if os.getppid() != agent or (agent == 1 and not launcher_env.is_torchrun(1)):
         os._exit(1)
     _watch(agent)
 
