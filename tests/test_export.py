@@ -283,7 +283,7 @@ def test_a_model_folder_whose_config_names_a_kernel_is_refused_before_anything_i
     looked_up = _no_network(monkeypatch)
     folder = tmp_path / "gpt2"
     folder.mkdir()
-    settings = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=32).to_dict()
+    settings = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=128).to_dict()
     (folder / "config.json").write_text(json.dumps(settings | {"attn_implementation": KERNEL}))
     line = _one_line(capsys, "train", "--model", str(folder), "--init", "random", "--ranks", "2", "--microbatches", "2")
     assert line == (
