@@ -529,7 +529,7 @@ def _config_worker(rank: int, world: int) -> list[tuple[Any, ...]]:
             report = pipe.reports[-1]  # rank 0's: every rank's summary (report_every 1)
             order = " ".join(str(task) for _, task, *_ in report.records if task.stage == 0)
             resolved = dataclasses.replace(pipe.config, hint=pipe.hint_name)  # its name: the Hint holds the lists
-            seen.append((resolved, str(report.policy), report.admission_budget, order))
+            seen.append((resolved, str(report.policy), report.budget, order))
     return seen
 
 
