@@ -15,6 +15,7 @@ import tomli_w
 
 from conftest import parse_cli
 from hintpipe.cli import build_parser, main
+from hintpipe.cli.common import whole_number
 from hintpipe.cli.config_file import (
     INVOCATION,
     OLD_SECTIONS,
@@ -28,6 +29,7 @@ from hintpipe.options import OPTIONS, ROOM
 from hintpipe.schedule.hint import HintName
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+HINTS = ", ".join(h.value for h in HintName)
 
 #: What each command needs whatever else is given.
 REQUIRED: dict[str, dict[str, Any]] = {
@@ -67,17 +69,20 @@ def _sample(action: argparse.Action) -> Any:
         return action.const
     if action.choices is not None:
         return next(c for c in reversed(list(action.choices)) if c != action.default)
-    if action.type is int:
-        one: Any = int(low) + 3
+    if action.type in (int, whole_number):
+        # low + 3, or low + 4 where that is the default (--steps and --microbatch-size: 1 + 3 is their 4)
+        one: Any = next(v for v in (int(low) + 3, int(low) + 4) if v != action.default)
     elif action.type is float:
         high = option.maximum if option is not None and option.maximum is not None else None
         one = low + 2.5 if high is None else (low + high) / 2
     else:
         one = WORDS.get(action.dest, f"some-{action.dest}")
     if isinstance(action, argparse._AppendAction):
-        return one if isinstance(one, list) else [one]
-    if isinstance(action.nargs, int):
-        return [one] * action.nargs
+        one = one if isinstance(one, list) else [one]
+    elif isinstance(action.nargs, int):
+        one = [one] * action.nargs
+    # A sample equal to the default would pass however the file's key were read, or dropped.
+    assert one != action.default, (action.dest, one)
     return one
 
 
@@ -193,15 +198,58 @@ def test_print_config_writes_the_model_and_the_checkpoints_and_leaves_out_what_i
     assert "json" not in str(written)
 
 
-def test_the_readme_s_config_file_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocks = re.findall(r"^```toml\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
+def _readme_config() -> str:
+    blocks: list[str] = re.findall(r"^```toml\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
     assert len(blocks) == 2  # the fine-tune's (tests/test_model_folders.py), then this one
+    return blocks[1]
+
+
+def test_the_readme_s_config_file_runs_as_it_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "run.toml"
-    path.write_text(blocks[1])
+    path.write_text(_readme_config())
+    given = tomllib.loads(_readme_config())
+    keys = _keys("train")
+    for values in given.values():
+        for key, value in values.items():  # a key at its default would pass read or dropped
+            assert value != keys[key].default, key
     for command in ("train", "simulate"):
         assert main([command, "--config", str(path), "--print-config"]) == 0, capsys.readouterr().err
         written = tomllib.loads(capsys.readouterr().out)
-        assert written["parallelism"]["hint"] == "zb-h1" and written["training"]["variability"] == ["mb:0.3"]
+        taken = _keys(command)  # simulate takes neither the model nor the steps
+        ours = {s: {k: v for k, v in keys.items() if k in taken} for s, keys in given.items()}
+        assert {s: {k: written[s][k] for k in keys} for s, keys in ours.items() if keys} == {
+            s: keys for s, keys in ours.items() if keys
+        }, command
+    args = parse_cli(["train", "--config", str(path)])
+    config = config_from(args, args.policy)
+    assert (config.model.name, config.model.layers, config.microbatches, config.steps) == ("mlp", 6, 8, 100)
+    assert (config.ranks, str(config.policy), config.hint, config.variability) == (2, "fixed", "zb-h1", ("mb:0.3",))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "wrong", "said"),
+    [
+        ("model", "model", 3, "--model must be a string, got 3"),
+        ("model", "layers", 2.5, "--layers must be an integer, got 2.5"),
+        ("model", "layers", "6", "--layers must be an integer, got '6'"),
+        ("training", "microbatches", True, "--microbatches must be an integer, got True"),
+        ("training", "steps", 100.0, "--steps must be an integer, got 100.0"),
+        ("training", "variability", 0.3, "--variability must be a list of strings, got 0.3"),
+        ("training", "variability", [0.3], "--variability must be a list of strings, got [0.3]"),
+        ("parallelism", "ranks", "2", "--ranks must be an integer, got '2'"),
+        ("parallelism", "policy", 1, "--policy 1 is unknown: choose one of fixed, greedy, ready"),
+        ("parallelism", "hint", ["zb-h1"], "--hint must be a string, got ['zb-h1']"),
+    ],
+)
+def test_each_key_of_the_readme_s_file_refuses_a_wrongly_typed_value_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, key: str, wrong: Any, said: str
+) -> None:
+    given = tomllib.loads(_readme_config())
+    assert key in given[section]
+    given[section][key] = wrong
+    path = tmp_path / "run.toml"
+    path.write_text(tomli_w.dumps(given))
+    assert _refusal(capsys, ["train", "--config", str(path)]) == f"[{section}] {key}: {said}"
 
 
 # -- flags over the file -------------------------------------------------------------------------------------------
@@ -287,9 +335,6 @@ def test_a_misplaced_or_unknown_key_is_refused_in_one_line_with_the_nearest_name
     path = tmp_path / "run.toml"
     path.write_text(text)
     assert _refusal(capsys, ["train", "--config", str(path)]) == said
-
-
-HINTS = ", ".join(h.value for h in HintName)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,93 @@ def test_a_description_this_hintpipe_cannot_build_is_refused(tmp_path: Path) -> 
         f"cannot export {forged}: 'logging' is not a model class of transformers {transformers.__version__}"
     )
     assert not (tmp_path / "out").exists()
+
+
+KERNEL = "kernels-community/flash-attn2"
+
+
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every host name looked up from here on (each refused): transformers looks up huggingface.co to fetch a
+    kernel."""
+    looked_up: list[object] = []
+
+    def refuse(host: object, *args: object, **kwargs: object) -> None:
+        looked_up.append(host)
+        raise socket.gaierror("no network in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return looked_up
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("attn_implementation", KERNEL, "not one of transformers' own (eager, sdpa, flex_attention)"),
+        ("_attn_implementation", "flash_attention_2", "not one of transformers' own (eager, sdpa, flex_attention)"),
+        (
+            "experts_implementation",
+            "kernels-community/sonic",
+            "not one of transformers' own (eager, batched_mm, grouped_mm)",
+        ),
+    ],
+)
+def test_an_export_builds_no_kernel_a_description_names_and_fetches_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, key: str, value: str, said: str
+) -> None:
+    # Before: transformers looked up huggingface.co to fetch the kernel (here refused, so it failed saying it
+    # "could not verify publisher trust status").
+    looked_up = _no_network(monkeypatch)
+    config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 16, key: value}
+    step = _fake_checkpoint(tmp_path / "ck", {"kind": "hf", "architecture": "GPT2LMHeadModel", "config": config})
+    line = _one_line(capsys, "export", str(step), str(tmp_path / "out"))
+    assert line == (
+        f"hintpipe export: error: cannot export {step}: its config's {key} is {value!r}, {said}: hintpipe builds "
+        "a model with transformers' own code only, no kernel from the Hub; use one of those or leave it out"
+    )
+    assert looked_up == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_description_asking_for_code_in_a_sub_config_is_refused(tmp_path: Path) -> None:
+    config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 16}
+    nested = {**config, "text_config": {"auto_map": {"AutoModel": "mine.Model"}}}
+    step = _fake_checkpoint(tmp_path / "ck", {"kind": "hf", "architecture": "GPT2LMHeadModel", "config": nested})
+    with pytest.raises(ExportError) as refused:
+        export_checkpoint(step, tmp_path / "out")
+    assert str(refused.value) == (
+        f"cannot export {step}: its config's text_config.auto_map is {{'AutoModel': 'mine.Model'}}: hintpipe builds "
+        "a model with transformers' own code only (no code from a folder or the Hub, no quantizer); remove it"
+    )
+
+
+def test_transformers_own_attention_is_built_as_described() -> None:
+    config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 16}
+    for implementation in ("eager", "sdpa"):
+        described = {
+            "kind": "hf",
+            "architecture": "GPT2LMHeadModel",
+            "config": config | {"attn_implementation": implementation},
+        }
+        model = rebuild_model(described)
+        assert isinstance(model, transformers.GPT2LMHeadModel)
+        assert model.config._attn_implementation == implementation
+
+
+def test_a_model_folder_whose_config_names_a_kernel_is_refused_before_anything_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up = _no_network(monkeypatch)
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    settings = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=128).to_dict()
+    (folder / "config.json").write_text(json.dumps(settings | {"attn_implementation": KERNEL}))
+    line = _one_line(capsys, "train", "--model", str(folder), "--init", "random", "--ranks", "2", "--microbatches", "2")
+    assert line == (
+        f"hintpipe train: error: --model {folder}: its config.json's attn_implementation is {KERNEL!r}, not one of "
+        "transformers' own (eager, sdpa, flex_attention): hintpipe builds a model with transformers' own code only, "
+        "no kernel from the Hub; use one of those or leave it out"
+    )
+    assert looked_up == []
 
 
 # -- end to end --------------------------------------------------------------------------------------------------

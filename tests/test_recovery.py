@@ -8,6 +8,7 @@ that no process or temporary folder is left behind.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import errno
 import io
@@ -967,24 +968,48 @@ def _group(pid: int) -> list[int]:
     return [int(p) for p in found if _alive(int(p))]
 
 
+def _published(folder: Path) -> set[int]:
+    """The steps of the checkpoints published in ``folder`` (renamed into place; a ``.tmp`` one is not)."""
+    return {int(p.name.removeprefix("step-")) for p in folder.glob("step-*") if p.name[5:].isdigit()}
+
+
+def _nothing_published_after(at_kill: set[int], now: set[int]) -> bool:
+    """Whether ``now`` holds no checkpoint published after the kill that ``at_kill`` was listed at: at most the
+    one step after the newest then, a save that had passed its last check (see [Note: nothing published after
+    the launcher died]) and was renaming its folder when the process it checks died."""
+    return now - at_kill <= {max(at_kill, default=0) + 1}
+
+
 def test_ranks_never_outlive_a_killed_launcher(tmp_path: Path) -> None:
-    # SIGKILL to the launcher while its ranks start (before and while they import torch) and once they train:
-    # every rank ends, and no checkpoint appears afterwards. Three runs at once, each saving every step.
-    runs = [(delay, _launch(tmp_path / f"ck{delay}", 100000, 1)) for delay in (0.3, 1.5, 6.0)]
-    began = time.monotonic()
-    for delay, process in runs:
-        time.sleep(max(0.0, began + delay - time.monotonic()))
-        process.kill()
-        process.wait()  # not communicate(): a rank left alive holds the pipes open, and it would wait for it
-    for delay, process in runs:
-        deadline = time.monotonic() + 15
-        while _group(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _group(process.pid) == [], f"killed after {delay} s: ranks left"
-        process.communicate(timeout=15)
-    listings = {d: sorted(p.name for p in (tmp_path / f"ck{d}").glob("step-*")) for d, _ in runs}
-    time.sleep(2)
-    assert listings == {d: sorted(p.name for p in (tmp_path / f"ck{d}").glob("step-*")) for d, _ in runs}
+    # SIGKILL to the launcher while its ranks start (0.3 s and 1.5 s in: before and while they import torch) and
+    # once they train (its first checkpoint written): every rank ends, and no checkpoint is published after the
+    # kill (the folder listed at the kill, and again once every process is gone). Three runs at once, each
+    # saving every step.
+    runs = {name: _launch(tmp_path / name, 100000, 1) for name in ("0.3 s", "1.5 s", "training")}
+    try:
+        began = time.monotonic()
+        at_kill: dict[str, set[int]] = {}
+        for name, process in runs.items():
+            if name == "training":
+                _wait_training(process, tmp_path / name)
+            else:
+                time.sleep(max(0.0, began + float(name.split()[0]) - time.monotonic()))
+            process.kill()
+            at_kill[name] = _published(tmp_path / name)
+            process.wait(timeout=15)  # not communicate(): a rank left alive holds the pipes open
+        assert at_kill["training"], "the training run was killed before its first checkpoint"
+        for name, process in runs.items():
+            deadline = time.monotonic() + 15
+            while _group(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _group(process.pid) == [], f"killed at {name}: ranks left"
+            process.communicate(timeout=15)
+        for name in runs:
+            assert _nothing_published_after(at_kill[name], _published(tmp_path / name)), (name, at_kill[name])
+    finally:  # a rank left alive by a failed check: its session, killed (the launcher led it)
+        for process in runs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 def test_a_dead_launchers_temporary_folder_is_removed_by_the_next() -> None:
@@ -1068,29 +1093,43 @@ def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> No
 
 
 def test_ranks_never_outlive_a_killed_torchrun_agent(tmp_path: Path) -> None:
-    # SIGKILL to torchrun's agent once its ranks train (saving every step): both ranks end within seconds, no
-    # checkpoint appears afterwards, and the folder is free again (rank 0 held it).
+    # SIGKILL to torchrun's agent once its ranks train (saving every step): both ranks end within seconds of the
+    # kill, no checkpoint is published after it (listed at the kill, and again once the ranks are gone), and the
+    # folder is free again (rank 0 held it). The output goes to a file: a pipe would be held open by a rank
+    # left alive, and reading it would wait for that rank instead of failing.
     folder = tmp_path / "ck"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     argv = [*torchrun, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "100000", "--json"]
+    log = (tmp_path / "agent.txt").open("w")
     agent = subprocess.Popen(
         [*argv, "--checkpoint-dir", str(folder), "--checkpoint-every", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    ranks = _wait_training(agent, folder)
-    assert len(ranks) == 2
-    agent.kill()
-    agent.communicate()
-    killed = time.monotonic()
-    assert _all_gone(ranks, within=15.0), "ranks left training after their agent died"
-    ended_within = time.monotonic() - killed
-    listing = sorted(p.name for p in folder.iterdir())
-    time.sleep(2)
-    assert sorted(p.name for p in folder.iterdir()) == listing
-    assert ended_within < 15.0
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + hang_bound(TIMEOUT)
+        while not (folder / "latest").exists():
+            assert agent.poll() is None, (tmp_path / "agent.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint was ever written"
+            time.sleep(0.1)
+        ranks = descendants(agent.pid)
+        assert len(ranks) == 2
+        agent.kill()
+        killed = time.monotonic()
+        at_kill = _published(folder)
+        gone = _all_gone(ranks, within=15.0)
+        ended_within = time.monotonic() - killed
+        assert gone, f"ranks left training {ended_within:.0f} s after their agent died"
+        assert _nothing_published_after(at_kill, _published(folder)), (at_kill, _published(folder))
+    finally:
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        agent.kill()
+        agent.wait(timeout=15)
+        log.close()
     from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 
     with FolderLock(folder) as lock:

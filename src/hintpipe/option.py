@@ -114,6 +114,8 @@ class Option:
         low, high = self.minimum, self.maximum
         if (low is not None and value < low) or (high is not None and value > high):
             raise ValueError(f"{label} must be {_range(low, high)}, got {_number(value)}{self._why()}")
+        if integral and high is None and value > LARGEST_INT:  # see [Note: no integer without a bound]
+            raise ValueError(f"{label} must be at most {LARGEST_INT}, got {_number(value)}")
         return int(value) if integral else float(value)
 
     def _sources(self, value: Any, label: str) -> Any:
@@ -130,6 +132,8 @@ class Option:
 
 
 def _number(value: float) -> str:
+    if isinstance(value, int):  # as given, however long: 9223372036854775807, not 9.22337e+18
+        return str(value)
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
@@ -180,6 +184,17 @@ class ChoiceField(Generic[C]):
 
     def __set__(self, instance: object, value: str | C) -> None:
         instance.__dict__[self.option.name] = self.option.check(value)
+
+
+#: The largest value of an integer option that names no maximum of its own.
+#:
+#: [Note: no integer without a bound]
+#: An integer option with no maximum took any Python int: ``--checkpoint-every 9223372036854775808`` or a config
+#: file's ``steps = 9223372036854775807`` passed every check, the ranks started, and the value failed there, late
+#: and on one rank (an ``OverflowError`` where it met a 64-bit tensor or a C call, after step 1). So every
+#: integer option is bounded when it is parsed, by its own maximum or by this one (counts of steps, ranks,
+#: micro-batches and the like; a size in bytes is a ``size`` option, not bounded here), and refused in one line.
+LARGEST_INT = 2**31 - 1
 
 
 _REASONS = {

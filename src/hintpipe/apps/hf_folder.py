@@ -18,6 +18,7 @@ starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from torch import nn
 
 from hintpipe.apps.hf_models import CALL_KWARGS
 from hintpipe.apps.model_config import ModelConfig
-from hintpipe.own_code import refuse_own_code
+from hintpipe.own_code import refuse_hub_code, refuse_own_code
 
 #: Positions assumed for a config that names none (rotary models without a limit).
 _DEFAULT_POSITIONS = 2048
@@ -50,6 +51,9 @@ def folder_config(folder: str) -> Any:
     transformers = _transformers()
     try:
         refuse_own_code(folder, ("config.json",), what="model", required=True)
+        refuse_hub_code(
+            json.loads(Path(folder, "config.json").read_text(encoding="utf-8")), f"{folder}: its config.json"
+        )
     except ValueError as exc:
         raise ValueError(f"--model {exc}") from None
     try:
@@ -92,6 +96,7 @@ def described_sizes(description: dict[str, Any], *, label: str, seed: int = 0) -
     """
     transformers = _transformers()
     settings = dict(description["config"])
+    refuse_hub_code(settings, f"{label}: its model description's config")
     try:
         config = transformers.CONFIG_MAPPING[str(settings["model_type"])].from_dict(settings)
     except (KeyError, ValueError) as exc:

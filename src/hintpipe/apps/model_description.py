@@ -8,7 +8,9 @@ export``) and by someone who never saw :mod:`hintpipe.apps.hf_models`. A
 Hugging Face model of the caller's own is rebuilt from its class and config:
 the class must be a ``transformers.PreTrainedModel`` (the description names a
 class; nothing else of ``transformers`` is called by name), the config one
-``transformers`` knows (no download, no code from a hub).
+``transformers`` knows, asking for nothing but its own code (no download, no
+kernel or code from the Hub: see [Note: a model built from a description
+fetches nothing] in :mod:`hintpipe.own_code`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from hintpipe.apps.model_config import ModelConfig
+from hintpipe.own_code import refuse_hub_code
 from hintpipe.runtime.checkpoint.description import HF, HINTPIPE, description_problem
 
 
@@ -91,6 +94,7 @@ def _hf_model(architecture: str, config: dict[str, Any]) -> nn.Module:
         import transformers
     except ImportError:
         raise ValueError(f"its model is a Hugging Face {architecture}: pip install -e '.[hf]' (transformers)") from None
+    refuse_hub_code(config, "its config")  # see [Note: a model built from a description fetches nothing]
     model_type = str(config["model_type"])
     try:
         config_class = transformers.CONFIG_MAPPING[model_type]

@@ -8,10 +8,16 @@ one line that says what is wrong and how to fix it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import json
+import os
 import platform
+import signal
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from hintpipe.cli import data, demo, export, plan, simulate, train
 from hintpipe.cli.config_file import apply_config, config_text
@@ -54,8 +60,31 @@ def _installed(package: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(words)
+    except KeyboardInterrupt:  # Ctrl-C before any rank started (importing, planning, profiling, preparing)
+        return interrupted(words[0] if words and words[0] in COMMANDS else None)
+
+
+#: The commands, by name.
+COMMANDS = ("simulate", "train", "plan", "export", "demo", "data")
+
+
+def interrupted(command: str | None) -> int:
+    """Ctrl-C (SIGINT) where the command was not handling it: one line, exit status 130, no traceback.
+
+    [Note: Ctrl-C is one line]
+    Python answers SIGINT with a ``KeyboardInterrupt`` wherever the main thread is: an import, ``plan``'s
+    profiling, a data preparation; uncaught, it printed a traceback of the interpreter's innards. Once ranks
+    run, the launcher handles the signal (see [Note: signals to the launcher] in
+    :mod:`hintpipe.runtime.launch`); before that, the command stops here, having saved nothing."""
+    print(f"hintpipe{'' if command is None else ' ' + command}: stopped by SIGINT; nothing was saved", file=sys.stderr)
+    return 128 + signal.SIGINT
+
+
+def _main(words: list[str]) -> int:
+    parser = build_parser()
     try:
         apply_config(parser, words)
     except ValueError as exc:
@@ -71,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except ValueError as exc:
-        print(f"hintpipe {args.command}: error: {exc}", file=sys.stderr)
+        said = f"hintpipe {args.command}: error: {exc}"
+        print(said, file=sys.stderr)
+        tell_torchrun(said)
         return 2
     except MemoryError:  # numpy's or the interpreter's: the sizes asked for do not fit this process's memory
         sizes = " ".join(f"--{k} {getattr(args, k)}" for k in ("ranks", "microbatches") if hasattr(args, k))
@@ -86,9 +117,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + exc.signum
     except RankFailure as exc:
         text = str(exc)
+        tell_torchrun(f"hintpipe {args.command}: failed: {text}")
         print(f"hintpipe {args.command}: failed:{' ' if chr(10) not in text else chr(10)}{text}", file=sys.stderr)
         return 1
     return code
+
+
+def tell_torchrun(line: str) -> None:
+    """Under ``torchrun``, leave ``line`` where its agent reads a failed rank's error
+    (``TORCHELASTIC_ERROR_FILE``): torchrun's report then shows it as the rank's failure (and as the root
+    cause when this rank failed first) instead of "To enable traceback see ..."; nothing elsewhere."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    with contextlib.suppress(OSError):  # the report is torchrun's: nothing here may fail because of it
+        said = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+        Path(path).write_text(json.dumps({"message": said}))  # the form torchrun's own @record writes
 
 
 if __name__ == "__main__":

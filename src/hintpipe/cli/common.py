@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from hintpipe.option import Option
+from hintpipe.option import LARGEST_INT, Option
 from hintpipe.options import OPTIONS, ROOM, check_options
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
@@ -50,13 +51,25 @@ def add_option(parser: argparse.ArgumentParser | Any, name: str, **overrides: An
             keywords["choices"] = [member.value for member in option.choices]
             keywords.pop("metavar")
         elif option.kind == "int":
-            keywords["type"] = int
+            keywords["type"] = whole_number
         elif option.kind == "float":
             keywords["type"] = float
     if option.required:
         keywords["required"] = True
     keywords.update(overrides)
     parser.add_argument(option.flag, **keywords)
+
+
+def whole_number(text: str) -> int:
+    """An integer flag's value, at most :data:`~hintpipe.option.LARGEST_INT` (see [Note: no integer without a
+    bound] in :mod:`hintpipe.option`): refused as argparse refuses a word that is no integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value > LARGEST_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {LARGEST_INT}, got {value}")
+    return value
 
 
 def _cli_default(option: Option) -> Any:
@@ -158,6 +171,20 @@ def bytes_progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], N
     finally:
         if progress.live.is_started:
             progress.stop()
+
+
+def check_folder_writable(path: str, option: str, what: str) -> None:
+    """Refuse an output folder that cannot be made or written, before any rank starts (nothing is created):
+    ``path`` itself a file, a file on its way (``runs/tb`` where ``runs`` is a file), or the nearest existing
+    folder on its way not writable. ``what`` says who writes there, for the message."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{option} {path} is a file; {what} writes into a folder")
+    existing = next(p for p in (target, *target.parents) if p.exists())  # "/" or "." at the last
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} is a file, so the folder cannot be made; give a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: {existing} is not writable by this user; give a folder you can write")
 
 
 def check_writable(path: str, option: str) -> None:

@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from hintpipe.cli.common import whole_number
+from hintpipe.option import LARGEST_INT
 from hintpipe.options import OPTIONS
 
 #: The file's sections and the keys each holds, in the order ``--print-config`` writes them. Each key is in
@@ -217,9 +219,11 @@ def _one(action: argparse.Action, flag: str, value: Any) -> Any:
             raise ValueError(f"{flag} {value!r} is unknown: choose one of {', '.join(map(str, action.choices))}")
         return value
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if action.type is int:
+    if action.type in (int, whole_number):
         if not number or not isinstance(value, int):
             raise ValueError(f"{flag} must be an integer, got {value!r}")
+        if action.type is whole_number and value > LARGEST_INT:  # see [Note: no integer without a bound]
+            raise ValueError(f"{flag} must be at most {LARGEST_INT}, got {value}")
     elif action.type is float:
         if not number:
             raise ValueError(f"{flag} must be a number, got {value!r}")

@@ -10,11 +10,12 @@ timelines to one PNG.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from hintpipe.cli.common import print_json, stdout
+from hintpipe.cli.common import print_json, stdout, whole_number
 from hintpipe.cli.train import config_from, result_json
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.units import format_size
@@ -27,7 +28,7 @@ HELP = "train gpt-mini on 2 CPU ranks, fixed order then readiness, and compare"
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("demo", help=HELP, description=HELP)
-    parser.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
+    parser.add_argument("--steps", type=whole_number, default=8, help="steps per run (default 8)")
     parser.add_argument(
         "--timeline",
         default="demo-timeline.png",
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             stdout.print(f"training with policy {policy} ...")
         result = train(config_from(base, policy))
         assert result is not None
+        if result.stopped_by:  # Ctrl-C (or SIGTERM, SIGHUP): the ranks stopped after a step; so does the demo
+            return _stopped(result, policy)
         results[policy] = result
     fixed, ready = results["fixed"], results["ready"]
     plot_timelines(
@@ -94,3 +97,17 @@ def run(args: argparse.Namespace) -> int:
     stdout.print(f"ready / fixed tokens/s: {speedup:.3f}x (steps after the first)")
     stdout.print(f"timelines of the last step: {args.timeline}")
     return 0
+
+
+def _stopped(result: TrainResult, policy: str) -> int:
+    """The demo stopped by a signal during the run of ``policy``: said in one line; the exit status says which
+    signal (the second run, or the comparison, is not made: nothing would compare like with like)."""
+    import signal
+
+    done = result.resumed_from + len(result.reports)
+    print(
+        f"hintpipe demo: stopped by {result.stopped_by} after step {done} of {result.config.steps} of the "
+        f"{policy} run; nothing compared",
+        file=sys.stderr,
+    )
+    return 128 + int(signal.Signals[result.stopped_by])

@@ -16,6 +16,7 @@ from typing import Any
 
 from hintpipe.apps.model_config import INITS, ModelConfig
 from hintpipe.apps.model_spec import BUILT_IN, DEFAULT_MODEL, MODEL_SPECS, model_kind
+from hintpipe.cli.common import whole_number
 
 #: The flags that shape a built-in model, with their defaults (a folder's config says them instead).
 SIZES: dict[str, Any] = {"layers": 4, "hidden": 64, "heads": 4, "vocab": None, "max_seq_len": 256, "dropout": 0.0}
@@ -39,14 +40,20 @@ def add_model_flags(parser: argparse.ArgumentParser, *, from_plan: bool = False)
         "--seed) (default pretrained)",
     )
     parser.add_argument(
-        "--layers", type=int, metavar="N", help=f"a built-in model's blocks / MLP layers (default 4{plan})"
+        "--layers", type=whole_number, metavar="N", help=f"a built-in model's blocks / MLP layers (default 4{plan})"
     )
-    parser.add_argument("--hidden", type=int, metavar="H", help=f"a built-in model's hidden size (default 64{plan})")
-    parser.add_argument("--heads", type=int, metavar="N", help="a built-in model's attention heads (default 4)")
     parser.add_argument(
-        "--vocab", type=int, metavar="V", help="a built-in model's vocabulary (default: the data's, else 128)"
+        "--hidden", type=whole_number, metavar="H", help=f"a built-in model's hidden size (default 64{plan})"
     )
-    parser.add_argument("--max-seq-len", type=int, metavar="T", help="a built-in model's positions (default 256)")
+    parser.add_argument(
+        "--heads", type=whole_number, metavar="N", help="a built-in model's attention heads (default 4)"
+    )
+    parser.add_argument(
+        "--vocab", type=whole_number, metavar="V", help="a built-in model's vocabulary (default: the data's, else 128)"
+    )
+    parser.add_argument(
+        "--max-seq-len", type=whole_number, metavar="T", help="a built-in model's positions (default 256)"
+    )
     parser.add_argument("--dropout", type=float, metavar="P", help="a built-in model's dropout probability (default 0)")
 
 

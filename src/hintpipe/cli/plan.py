@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout
+from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout, whole_number
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import add_model_flags, model_config
 from hintpipe.schedule.hint import HintName
@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
     add_config_arguments(parser)
     add_model_flags(parser)
     parser.add_argument(
-        "--seq-len", type=int, default=64, help="the sequence length to profile, in tokens (default 64)"
+        "--seq-len", type=whole_number, default=64, help="the sequence length to profile, in tokens (default 64)"
     )
     for name in ("data", "data_field", "data_split"):
         add_option(parser, name)

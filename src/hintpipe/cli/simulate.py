@@ -17,6 +17,7 @@ from hintpipe.cli.common import (
     progress_bar,
     room,
     stdout,
+    whole_number,
 )
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.observe.timeline import plot_timelines
@@ -43,7 +44,7 @@ def register(commands: Any) -> None:
     add_option(parser, "admission")
     add_room_arguments(parser, activation_unit="slots, or bytes such as 2GiB when the cost model has sizes")
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
-    parser.add_argument("--trials", type=int, default=1, metavar="N", help="independent samples (default 1)")
+    parser.add_argument("--trials", type=whole_number, default=1, metavar="N", help="independent samples (default 1)")
     add_option(parser, "seed")
     parser.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace of the last trial")
     parser.add_argument("--timeline", metavar="FILE.png", help="write a Gantt chart of the last trial")

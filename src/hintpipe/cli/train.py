@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
+import os
 import sys
 import types
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
@@ -17,6 +18,7 @@ from hintpipe.cli.common import (
     add_room_arguments,
     build_hint,
     bytes_progress,
+    check_folder_writable,
     checked,
     print_json,
     room,
@@ -193,8 +195,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
-    if config.tensorboard is not None and Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
-        raise ValueError(f"--tensorboard {config.tensorboard} is a file; TensorBoard writes into a folder")
+    if config.tensorboard is not None:
+        check_folder_writable(config.tensorboard, "--tensorboard", "TensorBoard")
     check_config(config, injection)
     if args.emulate and not planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
@@ -327,6 +329,26 @@ def _stopped(result: TrainResult) -> int:
     return 128 + int(signal.Signals[result.stopped_by])
 
 
+def _held_before_the_ranks_meet(config: TrainConfig) -> contextlib.AbstractContextManager[Any]:
+    """Under ``torchrun``, rank 0 takes the run's checkpoint folder before the ranks meet, as the command line's
+    own launcher takes it before it starts them; elsewhere nothing (the launcher, or ``train``, takes it).
+
+    [Note: a held folder under torchrun]
+    Under ``torchrun`` rank 0's Checkpointer took the folder once every rank had built its pipeline, inside the
+    collective phase of the run's start: a folder held by another run failed that phase on every rank, each with
+    its traceback and ``CheckpointError: starting a run in D failed (rank 0: D is in use by another run ...)``,
+    98 lines in all with torchrun's report. Taken here, it is refused before any process group exists: rank 0
+    says the one line the command line's own launcher says and exits with status 2; torchrun stops the other
+    ranks (still waiting to meet rank 0), which say nothing, and names rank 0's line as the root cause of its
+    own report (see :func:`hintpipe.cli.tell_torchrun`). The Checkpointer holds the folder again in the same
+    process (counted, not a second lock) and gives it back before this does."""
+    from hintpipe.runtime.checkpoint.folder_lock import FolderLock
+
+    if config.checkpoint_dir is None or not under_torchrun_here() or int(os.environ["RANK"]) != 0:
+        return contextlib.nullcontext()
+    return FolderLock(config.checkpoint_dir)
+
+
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
     from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
@@ -334,8 +356,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from(args, args.policy)
     try:
-        result = train(config)
-    except FolderInUse as exc:  # refused before any rank started
+        with _held_before_the_ranks_meet(config):
+            result = train(config)
+    except FolderInUse as exc:  # refused before any rank started (under torchrun: before they met)
         raise ValueError(f"--checkpoint-dir {exc}") from None
     except CheckpointError as exc:  # the folder, before any rank started (a link put there since, a full disk)
         raise ValueError(str(exc)) from None

@@ -20,6 +20,17 @@ finish their step, save and return. A second signal, SIGQUIT (or ranks still
 running ``timeout + 10`` seconds later) kills them at once and raises
 :class:`Interrupted`. The temporary folder is removed either way.
 
+[Note: Ctrl-C to the process group]
+Ctrl-C at a terminal sends SIGINT to the whole process group: the launcher,
+the fork server (which ignores it) and every rank. A rank that handles it (a
+training loop inside a :class:`~hintpipe.runtime.checkpoint.stopping.StopRequest`)
+stops after its step; a rank that does not (still starting, or a function of
+the caller's own) ends with a ``KeyboardInterrupt``, which its peers then see
+as a failure. That was reported as ``failed: ranks 0, 1: KeyboardInterrupt``
+with exit status 1; now, when the launcher received the SIGINT too and a rank
+ended by it, the launcher raises :class:`Interrupted` (exit status 130), as
+for any stop by a signal.
+
 [Note: no listening socket beyond loopback]
 A rendezvous store is an unauthenticated key-value server: anyone who can
 reach it reads and writes every key (the ranks' addresses, heartbeats, error
@@ -67,7 +78,14 @@ from hintpipe.runtime.checkpoint.stopping import SIGNALS
 from hintpipe.runtime.errors import Interrupted, RankFailure
 from hintpipe.runtime.launcher_env import LAUNCHER_ENV, stat_fields
 from hintpipe.runtime.rank_entry import LauncherStreams, start_rank, tie_to_agent
-from hintpipe.runtime.rank_process import attempt, free_port, init_rank, under_torchrun
+from hintpipe.runtime.rank_process import (
+    INTERRUPTED,
+    INTERRUPTED_STATUS,
+    attempt,
+    free_port,
+    init_rank,
+    under_torchrun,
+)
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 
@@ -279,10 +297,12 @@ def _stopped(pid: int | None) -> bool:
 def _collect(out: Path, processes: list[Any], signals: _Signals, killed: bool, stopped_here: set[int]) -> list[Any]:
     results: list[Any] = []
     errors: list[str] = []
+    interrupted = False  # a rank ended by SIGINT (see [Note: Ctrl-C to the process group])
     for rank, process in enumerate(processes):
         path = out / f"rank{rank}.pkl"
         if not path.exists():
             how = "stopped by the launcher" if rank in stopped_here else _how_it_ended(process.exitcode)
+            interrupted |= process.exitcode in (INTERRUPTED_STATUS, -signal.SIGINT)
             errors.append(f"rank {rank}: exited without a result ({how})")
             results.append(None)
             continue
@@ -290,8 +310,13 @@ def _collect(out: Path, processes: list[Any], signals: _Signals, killed: bool, s
         if outcome[0] == "ok":
             results.append(outcome[1])
         else:
+            interrupted |= outcome[0] == INTERRUPTED
             errors.append(f"rank {rank}: {outcome[1]}")
             results.append(None)
+    if interrupted and signal.SIGINT in signals.received and not killed:
+        raise Interrupted(
+            "ranks stopped by SIGINT before they could finish their step; nothing more was saved", int(signal.SIGINT)
+        )
     if killed:
         name = signal.Signals(signals.received[-1]).name
         if signals.received[-1] in AT_ONCE:

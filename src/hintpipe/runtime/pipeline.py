@@ -45,6 +45,7 @@ from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parts import Parts, Seams
 from hintpipe.runtime.planned_stages import pipeline_hint, planned_stages, sequential_stages, stages_of_this_rank
+from hintpipe.runtime.rank_entry import tie_to_agent
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
@@ -147,6 +148,8 @@ class Pipeline:
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before building a Pipeline")
+        # A group of the caller's own under torchrun too: see [Note: ranks never outlive torchrun's agent].
+        tie_to_agent()
         config = configured(config, microbatches, options)
         hint = pipeline_hint(config)
         #: The pipeline's options, checked (a frozen :class:`~hintpipe.options.PipelineConfig`), its hint resolved.

@@ -28,7 +28,15 @@ killed (SIGKILL, the out-of-memory killer) nobody stops them, and they trained
 on and wrote checkpoints into the folder a restarted job would use. So a rank
 that torchrun started (``TORCHELASTIC_RUN_ID`` is set) takes its parent at
 start as its agent and ends (exit status 1, nothing more written) once its
-parent changes: the same watching thread, every half second. No
+parent changes: the same watching thread, every half second. However the
+rank's process group was made: :func:`~hintpipe.runtime.launch.run_ranks`
+ties it as it joins, and a :class:`~hintpipe.runtime.pipeline.Pipeline` built
+in a process group of the caller's own (``init_process_group`` in the user's
+script) ties it as it is built; the agent is the parent the rank had when it
+first imported this module's torch-free companion
+(:data:`~hintpipe.runtime.launcher_env.AGENT_AT_START`), so an agent that died
+in between is seen as gone, and rank 0 publishes no checkpoint once it is (see
+[Note: nothing published after the launcher died]), tied or not. No
 ``PR_SET_PDEATHSIG`` here: it fires when the *thread* that started the
 process ends, and the agent's threads are not ours to know. A rank started
 through a wrapper (``torchrun ... sh -c 'python train.py'``) has the wrapper
@@ -93,11 +101,13 @@ def tie_to_launcher() -> None:
 
 def tie_to_agent() -> None:
     """Under torchrun, end this process within a second of its agent's death (see [Note: ranks never outlive
-    torchrun's agent]); nothing elsewhere. Call once torch is imported."""
-    if TORCHRUN_ENV not in os.environ:
+    torchrun's agent]); nothing elsewhere, or where it is tied already. Call once torch is imported."""
+    if TORCHRUN_ENV not in os.environ or launcher_env.tied():
         return
-    agent = os.getppid()
-    if agent == 1:  # already orphaned
+    agent = launcher_env.AGENT_AT_START or os.getppid()
+    # Orphaned already, before or since hintpipe was first imported: re-parented to init, unless init is the
+    # agent itself (torchrun as a container's entry point, PID 1 of its namespace).
+    if os.getppid() != agent or (agent == 1 and not launcher_env.is_torchrun(1)):
         os._exit(1)
     _watch(agent)
 
@@ -167,7 +177,13 @@ def start_rank(
         os.environ.update(environment)
     for sig in _SERVER_IGNORES:
         signal.signal(sig, signal.SIG_DFL)
-    tie_to_launcher()
-    from hintpipe.runtime.rank_process import run_rank
-
+    try:
+        tie_to_launcher()
+        from hintpipe.runtime.rank_process import run_rank
+    except KeyboardInterrupt:  # Ctrl-C to the process group while this rank started: said by the launcher
+        os._exit(_INTERRUPTED_STATUS)
     run_rank(rank, world, packed, out, timeout_s, device)
+
+
+#: :data:`hintpipe.runtime.rank_process.INTERRUPTED_STATUS` (not imported: this module imports nothing slow).
+_INTERRUPTED_STATUS = 130

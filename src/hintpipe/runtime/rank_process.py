@@ -32,6 +32,11 @@ from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.stopping import STOP_FILE_ENV
 from hintpipe.runtime.errors import PeerFailure
 
+#: What a rank leaves when a SIGINT ended it (a ``KeyboardInterrupt``), and its exit status when the signal
+#: came before it could leave anything.
+INTERRUPTED = "interrupted"
+INTERRUPTED_STATUS = 130
+
 #: The spawned ranks' rendezvous store, in the launcher's temporary folder.
 STORE_FILE = "store"
 
@@ -134,7 +139,10 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, d
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         if type(exc).__module__.startswith("hintpipe."):  # our errors by their name alone
             text = f"{type(exc).__name__}: {exc}"
-        path.write_bytes(pickle.dumps(("error", text, traceback.format_exc())))
+        # Ctrl-C reached the rank (the launcher's process group) where it was not handling it: see [Note: Ctrl-C
+        # to the process group] in hintpipe.runtime.launch.
+        outcome = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else "error"
+        path.write_bytes(pickle.dumps((outcome, text, traceback.format_exc())))
         # Leave at once: tearing the process group down would wait on peers
         # that may be dead or stuck, which is exactly what must not hang us.
         _leave(1)
