@@ -17,6 +17,7 @@ from hintpipe.apps import training
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import form_microbatches
 from hintpipe.runtime.launch import run_ranks
+from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
@@ -25,7 +26,7 @@ from hintpipe.scoreboard import Policy
 from hintpipe.sim import expected
 from hintpipe.sim.compare import run_study
 from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Sample, Simulator
+from hintpipe.sim.simulator import Sample, SimResult, Simulator
 from hintpipe.sim.variability import parse_variability
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,7 @@ RETIRED = {
         r"\brun_study" + _ARGS + r"\b(?:slack|budgets|order)=", re.S
     ),
     "predict_step_time(slack=), now memory_slack=": re.compile(r"\bpredict_step_time" + _ARGS + r"\bslack=", re.S),
+    "StepReport.step_time, now StepReport.makespan": re.compile(r"\.step_time\b"),
     "form_microbatches(order=), form_batch(order=), now microbatch_order=": re.compile(
         r"\bform_(?:microbatches|batch)" + _ARGS + r"\border=", re.S
     ),
@@ -244,7 +246,25 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     ("Hint.num_ranks is now Hint.ranks", lambda: _hint().num_ranks, lambda: _hint().ranks),
     ("Placement.num_ranks is now Placement.ranks", lambda: Placement.v_shape(3).num_ranks, lambda: 3),
     ("Layout.stages_ranks is now Layout.pp", lambda: Layout.world(4).stages_ranks, lambda: Layout.world(4).pp),
+    ("StepReport.step_time is now StepReport.makespan", lambda: _report().step_time, lambda: _report().makespan),
+    ("StepReport.admission_budget is now StepReport.budget", lambda: _report().admission_budget, lambda: (2.0, 1.0)),
+    (
+        "SimResult.records() is now SimResult.timeline()",
+        lambda: _simulated().records(),
+        lambda: _simulated().timeline(),
+    ),
 ]
+
+
+def _report() -> StepReport:
+    return StepReport(
+        policy=Policy.FIXED, makespan=1.5, lower_bound=1.0, busy=(1.0, 1.0), peak_live=(2.0, 1.0), budget=(2.0, 1.0),
+        step=0, rank=0, records=(), peak_live_bytes=(0, 0), loss=None,
+    )  # fmt: skip
+
+
+def _simulated() -> SimResult:
+    return Simulator(_hint(), CostModel.uniform(_hint().num_stages)).run(Policy.FIXED)
 
 
 @pytest.mark.parametrize(("message", "old", "new"), ATTRIBUTES, ids=[a[0].split(" is now")[0] for a in ATTRIBUTES])
