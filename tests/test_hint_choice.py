@@ -42,8 +42,6 @@ def test_the_costs_are_measured_both_ways_and_leave_the_gradients_as_they_were()
     costs = measure_stage_costs(modules, [tokens[:, :-1]], tokens[:, 1:], lm_loss, repeats=2)
     assert [len(column) for column in (costs.forward, costs.backward, costs.backward_input, costs.weight)] == [2] * 4
     assert all(c > 0 for c in (*costs.forward, *costs.backward, *costs.weight, costs.backward_input[1]))
-    # The first stage's input is token ids: no input gradient, so its whole backward is W (as the runtime runs it).
-    assert costs.backward_input[0] < costs.weight[0] / 10
     assert [p.grad for m in modules for p in m.parameters()] == before
 
 

@@ -89,8 +89,11 @@ from hintpipe.runtime.rank_process import (
 
 __all__ = ["Interrupted", "RankFailure", "attempt", "free_port", "init_rank", "run_ranks", "under_torchrun"]
 
-#: Seconds the surviving ranks get, after one failed, to report what they saw.
-FAILURE_GRACE_S = 10.0
+#: Seconds the surviving ranks get, after one failed, to report what they saw (at most the watchdog's timeout and 5
+#: more). A survivor inside a checkpoint's phase names the dead peer once its heartbeat has been silent a few seconds
+#: and the phase has met that; on a loaded machine that took over 10 s (the survivor was stopped by the launcher,
+#: unnamed), so 20.
+FAILURE_GRACE_S = 20.0
 
 
 #: Signals that stop the ranks at once (SIGQUIT, Ctrl-\\: "quit now"); the launcher still ends every rank,
