@@ -7,7 +7,7 @@ import subprocess
 
 def children(pid: int) -> list[int]:
     """The process ids whose parent is ``pid``."""
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=30).stdout.split()
     return [int(p) for p in found]
 
 

@@ -3,6 +3,7 @@ public API is importable from the package."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,20 @@ def test_the_import_rules_find_a_cycle_and_a_floor_breached() -> None:
         "base",
         "base",
     ]
+
+
+def test_no_test_waits_on_a_process_without_a_timeout() -> None:
+    """A wait without a bound turns a hung run into a hung suite: every ``subprocess.run`` and every
+    ``communicate()``/``wait()`` of a process in the tests gives a ``timeout``."""
+    unbounded = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            called, keywords = ast.unparse(node.func), {k.arg for k in node.keywords}
+            waits = called.endswith((".communicate", ".wait")) and not node.args
+            waits = waits and not any(word in called.lower() for word in ("event", "done", "barrier", "work"))
+            runs = called in ("subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output")
+            if (runs or waits) and "timeout" not in keywords:
+                unbounded.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert unbounded == []

@@ -712,7 +712,7 @@ def _wait_training(process: subprocess.Popen[str], folder: Path) -> list[int]:
     mid-run)."""
     deadline = time.monotonic() + hang_bound(TIMEOUT)
     while not (folder / "latest").exists():
-        assert process.poll() is None, process.communicate()[1]
+        assert process.poll() is None, process.communicate(timeout=30)[1]
         assert time.monotonic() < deadline, "no checkpoint was ever written"
         time.sleep(0.1)
     return descendants(process.pid)
@@ -964,7 +964,7 @@ def test_ranks_blocked_in_file_io_end_naming_what_they_awaited(tmp_path: Path) -
 
 def _group(pid: int) -> list[int]:
     """The processes of the session ``pid`` leads (a launcher started in a session of its own, and its ranks)."""
-    found = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
+    found = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True, timeout=30).stdout.split()
     return [int(p) for p in found if _alive(int(p))]
 
 
@@ -1014,7 +1014,7 @@ def test_ranks_never_outlive_a_killed_launcher(tmp_path: Path) -> None:
 
 def test_a_dead_launchers_temporary_folder_is_removed_by_the_next() -> None:
     dead = subprocess.Popen(["true"])
-    dead.wait()  # its pid is no one's now
+    dead.wait(timeout=30)  # its pid is no one's now
     stale = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
     (stale / LAUNCHER_FILE).write_text(str(dead.pid))
     (stale / "rank0.pkl").write_bytes(b"left behind")

@@ -98,7 +98,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_p
         assert str(refused.value) == _in_use(tmp_path)
     finally:
         holder.kill()  # SIGKILL: the kernel releases the lock
-        holder.wait()
+        holder.wait(timeout=30)
     with FolderLock(tmp_path) as lock:
         assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert (tmp_path / LOCK_FILE).read_text() == ""  # released: it names no one
@@ -129,7 +129,7 @@ def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(
         assert str(refused.value) == _in_use(tmp_path)
     finally:
         holder.kill()
-        holder.wait()
+        holder.wait(timeout=30)
     assert started == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
 
@@ -171,7 +171,7 @@ def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_pa
         assert _refused([*CLI, "--steps", "100000", "--checkpoint-dir", str(folder), "--resume"]) == said
     finally:
         os.killpg(running.pid, signal.SIGKILL)
-        running.communicate()
+        running.communicate(timeout=30)
     # Killed: the folder is free again, and its own newest checkpoint resumes.
     step = int((folder / "latest").read_text().removeprefix("step-"))
     resumed = subprocess.run(

@@ -167,7 +167,7 @@ def test_the_readme_s_torchrun_in_a_namespace_of_its_own_listens_where_nothing_o
 ) -> None:
     # torchrun's stores listen on every interface whatever its flags say (torch 2.13): its namespace then has
     # loopback alone, and the machine's own network namespace holds none of the run's listening sockets.
-    if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=30).returncode != 0:
         pytest.skip("unprivileged user and network namespaces are not allowed here")
     command = _readme_loopback_command()
     assert command.startswith("unshare -rn sh -c '") and command.endswith("'")
@@ -205,7 +205,7 @@ def test_torchrun_as_the_first_process_of_its_namespace_trains_as_the_command_li
 ) -> None:
     # A container's entry point: torchrun is PID 1 of its namespace, and its ranks' parent. Before: every rank
     # took its parent, PID 1, for init (its agent gone) and exited with status 1 at once, saying nothing.
-    if subprocess.run(["unshare", "-rfp", "--mount-proc", "true"], capture_output=True).returncode != 0:
+    if subprocess.run(["unshare", "-rfp", "--mount-proc", "true"], capture_output=True, timeout=30).returncode != 0:
         pytest.skip("unprivileged user and PID namespaces are not allowed here")
     run = [*TRAIN, "--steps", "2", "--json"]
     first = subprocess.run(
