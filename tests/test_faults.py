@@ -15,7 +15,8 @@ import torch
 from hintpipe.runtime import faults
 from hintpipe.runtime.faults import DelayedTransport, FaultyExecutor, VariedExecutor
 from hintpipe.runtime.injection import Injection
-from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor, Tensors
+from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.loop.executor import Tensors
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.task import Kind
 from hintpipe.sim.variability import CommDelay

@@ -42,7 +42,7 @@ from torch import nn
 
 from groups import Case, run_cases, succeeded
 from hintpipe.apps.models import lm_loss
-from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName

@@ -26,7 +26,7 @@ from hintpipe.planner.plan import Plan, plan
 from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
-from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.parallel.fsdp import FsdpOptions, check_sharding, shard_stages
 from hintpipe.runtime.parallel.mesh import DP_AXES, Layout, build_mesh, dp_mesh
 from hintpipe.runtime.pipeline import Pipeline

@@ -13,7 +13,7 @@ from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, m
 from hintpipe.apps.multimodal import PATCHES_PER_IMAGE, encoder_layers, make_multimodal_batch
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import main
-from hintpipe.runtime.loop.executor import EmulatedExecutor
+from hintpipe.runtime.loop.emulated import EmulatedExecutor
 from hintpipe.schedule.task import Kind
 
 CONFIG = ModelConfig("mm-mini", layers=4, hidden=16, heads=2, vocab=32, max_seq_len=64)

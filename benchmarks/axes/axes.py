@@ -32,7 +32,7 @@ from typing import Any
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import TrainConfig, TrainResult, profile_costs, train
-from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.loop.emulated import EmulatedCosts
 
 # (dp, pp, tp, data parallelism): 4, 4 and 8 processes with real compute, then 8, 16 and 32 emulated (8 real
 # processes on 2 cores measure the machine: DP2 x PP2 x TP2 runs both ways).

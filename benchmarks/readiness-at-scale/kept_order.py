@@ -24,7 +24,7 @@ from torch import nn
 
 from hintpipe.apps.models import lm_loss
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName

@@ -44,7 +44,8 @@ from typing import Any
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
 from hintpipe.apps.training import TrainConfig, TrainResult, predict_step_time, train
-from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
+from hintpipe.runtime.loop.emulated import EmulatedCosts
+from hintpipe.runtime.loop.executor import as_tensors
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import microbatch_order

@@ -55,7 +55,7 @@ def _pipeline(world: int, microbatches: int, baseline: bool, report_every: int) 
             timeout=300,
             emulate=lambda s, k, mb: COST,
         )
-    from hintpipe.runtime.loop.executor import EmulatedCosts
+    from hintpipe.runtime.loop.emulated import EmulatedCosts
     from hintpipe.runtime.pipeline import Pipeline
 
     costs = EmulatedCosts((COST,) * world, (COST,) * world, (0.0,) * world, reference_size=1)

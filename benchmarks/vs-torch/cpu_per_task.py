@@ -12,7 +12,7 @@ import time
 from torch import nn
 
 from hintpipe import run_ranks
-from hintpipe.runtime.loop.executor import EmulatedCosts
+from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.pipeline import Pipeline
 
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         WatchdogTimeout,
     )
     from hintpipe.runtime.launch import run_ranks
-    from hintpipe.runtime.loop.executor import EmulatedCosts
+    from hintpipe.runtime.loop.emulated import EmulatedCosts
     from hintpipe.runtime.loop.reports import StepReport
     from hintpipe.runtime.parallel.tied import TiedParameter
     from hintpipe.runtime.pipeline import Pipeline
@@ -62,7 +62,7 @@ _LAZY = {
     "Pipeline": "hintpipe.runtime.pipeline",
     "PipelineConfig": "hintpipe.options",
     "StepReport": "hintpipe.runtime.loop.reports",
-    "EmulatedCosts": "hintpipe.runtime.loop.executor",
+    "EmulatedCosts": "hintpipe.runtime.loop.emulated",
     "TiedParameter": "hintpipe.runtime.parallel.tied",
     "Plan": "hintpipe.planner.plan",
     "plan": "hintpipe.planner.plan",

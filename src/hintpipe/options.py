@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from hintpipe.runtime.loop.executor import EmulatedCosts
+    from hintpipe.runtime.loop.emulated import EmulatedCosts
     from hintpipe.runtime.parallel.fsdp import FsdpOptions
     from hintpipe.runtime.parallel.tied import TiedParameter
 

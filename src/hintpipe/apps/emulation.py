@@ -9,7 +9,8 @@ import torch
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
 from hintpipe.apps.multimodal import sized_by_input
-from hintpipe.runtime.loop.executor import EmulatedCosts, as_tensors
+from hintpipe.runtime.loop.emulated import EmulatedCosts
+from hintpipe.runtime.loop.executor import as_tensors
 from hintpipe.schedule.hint import Hint
 
 

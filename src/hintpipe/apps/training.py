@@ -56,7 +56,7 @@ from hintpipe.runtime.checkpoint.run_folder import check_not_foreign, check_writ
 from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer
 from hintpipe.runtime.launch import run_ranks, under_torchrun
-from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import build_mesh
 from hintpipe.runtime.parts import Seams

@@ -44,7 +44,8 @@ from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.agreement import Agreement
 from hintpipe.runtime.loop.coordination import Coordination, needed
 from hintpipe.runtime.loop.device_memory import DeviceMemory
-from hintpipe.runtime.loop.executor import EmulatedCosts, EmulatedExecutor, Executor, LossFn, StageExecutor
+from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.loop.executor import Executor, LossFn, StageExecutor
 from hintpipe.runtime.loop.hooks import Hook, StepHook
 from hintpipe.runtime.loop.ready_plan import ReadyPlanner
 from hintpipe.runtime.loop.reports import Reporting

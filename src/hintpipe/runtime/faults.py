@@ -45,7 +45,8 @@ import torch
 
 from hintpipe.runtime.checkpoint.manifest import step_of
 from hintpipe.runtime.injection import CostFactors, Injection
-from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor, ExecutorWrapper, Tensors
+from hintpipe.runtime.loop.emulated import EmulatedExecutor
+from hintpipe.runtime.loop.executor import Executor, ExecutorWrapper, Tensors
 from hintpipe.runtime.rank_process import attempt
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value

@@ -21,7 +21,8 @@ from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.agreement import Agreement
 from hintpipe.runtime.loop.coordination import Coordination
-from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor
+from hintpipe.runtime.loop.emulated import EmulatedExecutor
+from hintpipe.runtime.loop.executor import Executor
 from hintpipe.runtime.loop.hooks import StepHook
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.timing import DeviceTimer, Event

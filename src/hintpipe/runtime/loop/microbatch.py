@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from hintpipe.device import to_device
 from hintpipe.runtime.loop.admission import Admission, exchange_sizes
-from hintpipe.runtime.loop.executor import EmulatedExecutor, Executor
+from hintpipe.runtime.loop.emulated import EmulatedExecutor
+from hintpipe.runtime.loop.executor import Executor
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import tensors_of
 from hintpipe.schedule.hint import Hint
