@@ -47,6 +47,27 @@ Faults, one per trial, drawn from the trial's seed:
   checkpoint appears after the kill; then resumed (spawned ranks);
 - ``badinput``: one of several bad command lines: exit 2, exactly one line on
   stderr, no rank started, no checkpoint folder made.
+- ``symlink``: the run stops at a random step; a link to a file of the user's
+  outside the folder is planted as ``latest.tmp``, ``run.lock``, ``run.json``,
+  ``latest`` or a ``step-N.tmp`` the resume will write: ``--resume`` refuses
+  it in one line naming it (exit 2), or goes on past a temporary one (removing
+  it); the file outside is never changed; the user removes the link and resumes;
+- ``tokenizer``: ``--tokenizer`` a folder whose ``tokenizer_config.json`` or
+  ``config.json`` maps (``auto_map``) to a Python file of its own that would
+  create a marker, with a small text ``--data`` file, stdin a ``y``, an open
+  pipe no one writes or ``/dev/null``: exit 2 in one line, nothing on stdout,
+  no question waited on, the marker never appears, nothing written;
+- ``exportduring``: ``hintpipe export CK OUT`` 2-4 times, at random moments of
+  a run saving (and pruning) every step: each export writes a model that
+  builds and loads strictly, or refuses in one line; the run ends with exit 0;
+- ``fifo``: the run stops at a random step; the newest checkpoint's index is
+  forged to read one value from a FIFO in its folder (digests recomputed):
+  ``--resume --timeout 20`` refuses it naming the FIFO (or falls back), never
+  waits on it; the user removes that checkpoint and resumes;
+- ``fulldisk``: a fresh run on a full tmpfs (0 to 64 KiB free: not even the
+  lock, or the lock and no checkpoint): it ends naming the full disk (exit 2
+  in one line at the start, or a save's one line), no traceback; the user
+  frees space and runs the same command again.
 
 Per trial it records: whether a run hung (did not end within ``--hang-after``
 seconds; must never happen), whether the final parameters equal the
@@ -56,13 +77,13 @@ checkpoint that verifies afterwards is older than the newest one seen
 verified while the run ran; for ``corrupt``, the newest one not corrupted;
 for ``foreign``, any change to the folder), whether a process of the run was
 left once its launcher had gone, and the seconds from the fault to the end of
-every process of the run. The kinds of issue 38 also record whether their own
-expected outcome (above) held, whether code ran from disk (the ``forged``
-marker file appeared) and whether a bad input got other than one line.
+every process of the run. The kinds of issue 38 and 51 also record whether their own
+expected outcome (above) held, whether code ran from disk (the ``forged`` or
+``tokenizer`` marker file appeared) and whether a refusal was other than one line.
 
 Run from the repository root::
 
-    python benchmarks/faults/faults.py [--trials 100] [--seed 0] [--kinds KIND ...] [--json FILE]
+    python benchmarks/faults/faults.py [--trials 150] [--seed 0] [--kinds KIND ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -98,6 +119,9 @@ EVERY = 3
 TIMEOUT_S = 30
 KINDS: tuple[str, ...] = ("kill", "corrupt", "sigterm", "savefail", "launcher", "sighup", "fullfs", "savestop")
 KINDS += ("foreign", "tworuns", "resumeinto", "forged", "latestdir", "foreignstep", "norunjson", "agent", "badinput")
+KINDS += ("symlink", "tokenizer", "exportduring", "fifo", "fulldisk")
+UNTRAINED = ("badinput", "tokenizer")  # refused before anything ran: nothing to resume
+LINKED = ("latest.tmp", "run.lock", "run.json", "step-N.tmp", "latest")  # where ``symlink`` plants its link
 MODEL = ["--model", "gpt-mini", "--layers", "4", "--hidden", "128", "--ranks", "2", "--microbatches", "8"]
 OPTIONS = [*MODEL, "--policy", "fixed", "--timeout", str(TIMEOUT_S), "--json"]
 OPTIONS += ["--checkpoint-every", str(EVERY), "--checkpoint-keep", "2"]
@@ -251,6 +275,7 @@ def _ended_lines(process: subprocess.Popen[str], hang_after: float) -> tuple[int
 
 def _expect(out: dict[str, Any], problems: list[str]) -> None:
     """Record whether a trial's own expected outcome held (and what did not)."""
+    problems = [*out.get("problems", []), *problems]  # a trial checks in several places: none undoes another
     out["expected"] = not problems
     if problems:
         out["problems"] = problems
@@ -307,6 +332,79 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def _regular_with(path: Path, data: bytes) -> bool:
+    """Whether ``path`` is still a regular file holding ``data``."""
+    return path.is_file() and not path.is_symlink() and path.read_bytes() == data
+
+
+def _hostile_tokenizer(folder: Path, marker: Path, file: str) -> None:
+    """A tokenizer folder whose ``file`` maps (``auto_map``) to a Python file of its own that creates ``marker``
+    when imported: in ``tokenizer_config.json``, AutoTokenizer's class; in ``config.json``, AutoConfig's."""
+    folder.mkdir()
+    ran = f"import os\nos.system('touch {marker}')\nimport transformers\n"
+    said: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64}
+    if file == "tokenizer_config.json":
+        said |= {"tokenizer_class": "OwnTokenizer", "auto_map": {"AutoTokenizer": [None, "own.OwnTokenizer"]}}
+        (folder / "own.py").write_text(ran + "class OwnTokenizer(transformers.PreTrainedTokenizerFast): ...\n")
+    else:
+        config = {"model_type": "own", "auto_map": {"AutoConfig": "own.OwnConfig"}}
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "own.py").write_text(ran + "class OwnConfig(transformers.PretrainedConfig): ...\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(said))
+
+
+def _said(process: subprocess.Popen[str], hang_after: float) -> tuple[str, list[str]]:
+    """A command's stdout and the lines of its stderr."""
+    try:
+        said, err = process.communicate(timeout=hang_after)
+    except subprocess.TimeoutExpired:
+        for pid in _session(process.pid):
+            os.kill(pid, signal.SIGKILL)
+        process.communicate()
+        raise Hang from None
+    return said, err.strip().splitlines()
+
+
+def _loads(out_dir: Path) -> list[str]:
+    """What is wrong with an exported built-in model (nothing: it builds and loads, strictly, finite)."""
+    from safetensors.torch import load_file
+
+    from hintpipe.apps.models import ModelConfig, whole_model
+
+    try:
+        config = ModelConfig(**json.loads((out_dir / "hintpipe_model.json").read_text()))
+        tensors = load_file(out_dir / "model.safetensors")
+        whole_model(config)[0].load_state_dict(tensors, strict=True)
+    except Exception as exc:  # whatever fails, the export did not load
+        return [f"{out_dir.name} does not load: {type(exc).__name__}: {exc}"[:300]]
+    return [] if all(bool(t.isfinite().all()) for t in tensors.values()) else [f"{out_dir.name}: a value not finite"]
+
+
+def _forge_index(step: Path, rename: Callable[[str], str]) -> None:
+    """Point the values of ``step``'s index at ``rename(file)``, its digests recomputed: it verifies."""
+    from hintpipe.runtime.checkpoint.reading import read_metadata
+
+    metadata = read_metadata(step)
+    for info in metadata.storage_data.values():
+        info.relative_path = rename(info.relative_path)
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    manifest = Manifest.read(step)
+    files = {**manifest.files, ".metadata": digests([step / ".metadata"], step)[".metadata"]}
+    Manifest(manifest.step, manifest.identity, files).write(step)
+
+
+def _fill(path: Path, room: int) -> None:
+    """Fill the file system of ``path`` with ``path``, then free ``room`` bytes."""
+    with path.open("wb", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError:  # full
+            pass
+    with path.open("r+b") as f:
+        f.truncate(max(0, path.stat().st_size - room))
+
+
 class Campaign:
     """What every trial shares: the scratch folder, the uninterrupted run, its length, the hang bound."""
 
@@ -315,6 +413,7 @@ class Campaign:
         some = next((work / "reference").glob("step-*"))
         self.checkpoint_bytes = sum(p.stat().st_size for p in some.iterdir())
         self._foreign: tuple[Path, dict[str, bytes]] | None = None
+        self._checks: list[Callable[[], list[str]]] = []
         self.can_mount = _mount(work / "probe", 1 << 20)
         if self.can_mount:
             _unmount(work / "probe")
@@ -664,6 +763,177 @@ class Campaign:
             out["ranks_started"] = started
         return 0
 
+    # -- links, a tokenizer's code, readers, FIFOs, a full disk at the start (issue 51) ----------------------------
+
+    def symlink(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """A link planted in the run folder, to a file of the user's outside it: ``--resume`` refuses it in one
+        line naming it, or goes on past a temporary one; the file it points to is never changed."""
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        name = rng.choice(LINKED)
+        if name == "step-N.tmp":  # a checkpoint the resume will write
+            name = f"step-{rng.randrange((stop // EVERY + 1) * EVERY, STEPS + 1, EVERY):08d}.tmp"
+        outside = folder.parent / "users-file.txt"
+        data = f"a file of the user's, not the run's ({rng.random()})\n".encode()
+        outside.write_bytes(data)
+        link = folder / name
+        if link.is_file():
+            link.unlink()
+        link.symlink_to(outside)
+        out["fault"] = f"{name} a link to a file outside the folder (run stopped after step {stop})"
+        self._checks.append(lambda: [] if _regular_with(outside, data) else [f"the file {name} pointed to changed"])
+        status, lines, out["left"] = _ended_lines(_start(folder, STEPS, "--resume"), self.hang_after)
+        out["exit"], out["said"] = status, lines[-1] if lines else ""
+        problems = []
+        if status == 2:
+            out["one_line"] = len(lines) == 1 and f"{name} is a link" in lines[0]
+            if not out["one_line"]:
+                problems.append(f"refused, not in one line naming {name}: {lines[-3:]}")
+            link.unlink()  # what the refusal says to do
+        elif status == 0 and name.endswith(".tmp"):
+            out["went_on"] = True
+            if link.is_symlink():
+                problems.append(f"{name} still a link after the resume went on")
+        else:
+            problems.append(f"--resume: exit {status}, {lines[-3:]}")
+        if not _regular_with(outside, data):
+            problems.append(f"the file {name} pointed to changed")
+        _expect(out, problems)
+        return _newest_verified(folder)
+
+    def tokenizer(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """``--tokenizer`` a folder whose config maps to its own Python file: refused in one line at once (nothing
+        on stdout, no question asked, stdin unread), the file never runs."""
+        tokenizer, marker = folder.parent / "tokenizer", folder.parent / "code-ran"
+        out["marker"] = str(marker)
+        _hostile_tokenizer(tokenizer, marker, file := rng.choice(("tokenizer_config.json", "config.json")))
+        text = folder.parent / "text.txt"
+        text.write_text("\n\n".join(f"document {i}: " + "the cat sat on the mat " * (i % 5 + 1) for i in range(40)))
+        stdin = rng.choice(("y", "an open pipe no one writes", "/dev/null"))
+        out["fault"] = f"--tokenizer a folder whose {file} has an auto_map; stdin {stdin}"
+        argv = [*TRAIN, "--steps", "2", "--checkpoint-dir", str(folder), "--data", str(text)]
+        reading, writing = os.pipe()
+        began = time.monotonic()
+        with open(os.devnull) as null:
+            process = subprocess.Popen(
+                [*argv, "--tokenizer", str(tokenizer)],
+                stdin=null if stdin == "/dev/null" else reading,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        os.close(reading)
+        if stdin == "y":
+            os.write(writing, b"y\n")
+        try:
+            said, err = process.communicate(timeout=self.hang_after)
+        except subprocess.TimeoutExpired:
+            for pid in _session(process.pid):
+                os.kill(pid, signal.SIGKILL)
+            process.communicate()
+            raise Hang from None
+        finally:
+            os.close(writing)
+        out["refused_s"] = round(time.monotonic() - began, 2)
+        lines = err.strip().splitlines()
+        out["exit"], out["said"] = process.returncode, lines[-1] if lines else ""
+        out["one_line"] = process.returncode == 2 and len(lines) == 1 and "auto_map" in lines[0]
+        problems = [] if out["one_line"] else [f"exit {process.returncode}, {len(lines)} lines: {lines[-3:]}"]
+        if said:
+            problems.append(f"stdout: {said[-200:]!r}")
+        if folder.exists():
+            problems.append("the checkpoint folder was made")
+        if out["refused_s"] >= 60.0:  # transformers' question (on stdout) waited 15 s; start-up is seconds on 2 cores
+            problems.append(f"refused only after {out['refused_s']} s")
+        _expect(out, problems)
+        return 0
+
+    def exportduring(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """``hintpipe export`` at random moments of a run that saves and prunes every step: each export writes
+        a model that loads, or refuses in one line; the run ends normally."""
+        process = _start(folder, STEPS, "--checkpoint-every", "1")
+        watch = Watch(folder)
+        began, problems, exports = time.monotonic(), [], []
+        moments = sorted(rng.uniform(0.2, 1.0) * self.run_s for _ in range(rng.randint(2, 4)))  # mostly saving
+        for i, at in enumerate(moments):
+            watch.sleep(max(0.0, began + at - time.monotonic()))
+            if process.poll() is not None:
+                break
+            target = folder.parent / f"export-{i}"
+            exporting = subprocess.Popen(
+                [sys.executable, "-m", "hintpipe", "export", str(folder), str(target), "--json"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            said, lines = _said(exporting, self.hang_after)
+            step = json.loads(said)["step"] if exporting.returncode == 0 else None
+            exports.append({"at_s": round(at, 1), "exit": exporting.returncode, "step": step, "said": lines[-1:]})
+            if exporting.returncode == 0:
+                problems += _loads(target)
+            elif exporting.returncode != 2 or len(lines) != 1:
+                problems.append(f"export {i}: exit {exporting.returncode}, {len(lines)} lines: {lines[-3:]}")
+        out["fault"] = f"{len(exports)} exports while the run saves every step"
+        out["exports"] = exports
+        out["exit"], out["said"], _, out["left"] = _ended_after(process, time.monotonic(), self.hang_after)
+        if out["exit"] != 0:
+            problems.append(f"the run ended with exit {out['exit']}: {out['said']}")
+        _expect(out, problems)
+        return watch.newest
+
+    def fifo(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """The newest checkpoint's index forged to read one value from a FIFO, its digests recomputed:
+        ``--resume --timeout 20`` refuses it in one line (or falls back), never waits on the FIFO."""
+        stop = rng.randrange(EVERY, STEPS)
+        _finish(_start(folder, stop), self.hang_after)
+        newest = step_folders_of(folder)[0]
+        victim = rng.choice(sorted(p.name for p in newest.glob("*.distcp")))
+        os.mkfifo(newest / "pipe.distcp")
+        _forge_index(newest, lambda name: "pipe.distcp" if name == victim else name)
+        out["fault"] = f"{newest.name}/.metadata names a FIFO for {victim} (run stopped after step {stop})"
+        began = time.monotonic()
+        status, lines, out["left"] = _ended_lines(_start(folder, STEPS, "--resume", "--timeout", "20"), self.hang_after)
+        out["refused_s"] = round(time.monotonic() - began, 2)
+        out["exit"], out["said"], out["stderr_lines"] = status, lines[-1] if lines else "", len(lines)
+        problems = []
+        if status == 0:
+            out["fell_back"] = True
+        else:
+            out["one_line"] = "which is a FIFO, not a file" in out["said"] and not any("Traceback" in x for x in lines)
+            if not out["one_line"]:
+                problems.append(f"--resume: exit {status}, not refused naming the FIFO: {lines[-3:]}")
+            shutil.rmtree(newest)  # the user removes the forged checkpoint, and resumes from the one before
+        _expect(out, problems)
+        return _newest_verified(folder)
+
+    def fulldisk(self, folder: Path, rng: random.Random, out: dict[str, Any]) -> int:
+        """A fresh run on a file system with no room, or a few pages: not even the lock, or the lock and no
+        checkpoint: ended in one line naming the full disk; the user frees space and starts again."""
+        if not self.can_mount:
+            out["fault"] = "none (no tmpfs can be mounted here)"
+            return 0
+        _mount(folder.parent, 1 << 20)
+        room = rng.choice((0, 0, 1, 2, 4, 16)) * 4096
+        _fill(folder.parent / "filler", room)
+        out["fault"] = f"a full tmpfs with {room // 1024} KiB free"
+        status, lines, out["left"] = _ended_lines(_start(folder), self.hang_after)
+        out["exit"], out["said"], out["stderr_lines"] = status, lines[-1] if lines else "", len(lines)
+        full = "No space left on device" in out["said"] and not any("Traceback" in x for x in lines)
+        out["one_line"] = full and (status != 2 or len(lines) == 1)
+        _expect(out, [] if out["one_line"] and status in (1, 2) else [f"exit {status}: {lines[-3:]}"])
+        kept = self.work / "moved"  # the user frees space: the folder moves to a disk with room
+        if folder.exists():
+            shutil.copytree(folder, kept, symlinks=True)
+        _unmount(folder.parent)
+        shutil.rmtree(folder.parent, ignore_errors=True)
+        folder.parent.mkdir(parents=True)
+        if kept.exists():
+            shutil.move(kept, folder)
+        out["restarted"] = True  # nothing was saved: the same command again, not --resume
+        return 0
+
     # -- a trial ------------------------------------------------------------------------------------------------
 
     def trial(self, seed: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
@@ -686,12 +956,19 @@ class Campaign:
             "norunjson": self.norunjson,
             "agent": self.agent,
             "badinput": self.badinput,
+            "symlink": self.symlink,
+            "tokenizer": self.tokenizer,
+            "exportduring": self.exportduring,
+            "fifo": self.fifo,
+            "fulldisk": self.fulldisk,
         }
-        self._foreign = None
+        self._foreign, self._checks = None, []
         try:
             before = faults.get(kind, functools.partial(self.signalled, kind))(folder, rng, out)
-            if kind == "badinput":
+            if kind in UNTRAINED:
                 return out  # nothing ran: nothing to resume
+            if out.pop("restarted", False):  # nothing was saved: the same command again
+                out["restart_exit"] = _finish(_start(folder), self.hang_after)[0]
             out["lost"] = _newest_verified(folder) < before or out.get("foreign_changed", False)
             out["resumes"] = self._resume(folder, out)
             final = folder / f"step-{STEPS:08d}"
@@ -704,6 +981,8 @@ class Campaign:
                 path, files = self._foreign
                 kept = path.is_dir() and _snapshot(path) == files
                 _expect(out, [] if kept else [f"{path.name} of another run was overwritten or removed"])
+            for check in self._checks:  # what must hold after the resume to the end too
+                _expect(out, check())
         except Hang:
             out["hung"] = True
         finally:
@@ -745,9 +1024,10 @@ def _unmount(folder: Path) -> None:
 def summarize(outcomes: list[dict[str, Any]], run_s: float) -> dict[str, Any]:
     kinds = Counter(o["kind"] for o in outcomes)
     ends = [o["end_s"] for o in outcomes if "end_s" in o]
-    trained = [o for o in outcomes if o["kind"] != "badinput"]
+    trained = [o for o in outcomes if o["kind"] not in UNTRAINED]
     return {
         "trials": len(outcomes),
+        "seeds": [outcomes[0]["seed"], outcomes[-1]["seed"]] if outcomes else [],
         "by_kind": dict(kinds),
         "completed_equal": sum(o.get("equal", False) for o in outcomes),
         "hangs": sum(o["hung"] for o in outcomes),
@@ -755,7 +1035,7 @@ def summarize(outcomes: list[dict[str, Any]], run_s: float) -> dict[str, Any]:
         "not_completed": sum(not o.get("completed", False) for o in trained),
         "expected_outcome_not_met": sum(o.get("expected") is False for o in outcomes),
         "code_run_from_disk": sum(o.get("code_ran", False) for o in outcomes),
-        "bad_input_not_one_line": sum(o["kind"] == "badinput" and not o.get("one_line") for o in outcomes),
+        "bad_input_not_one_line": sum(o.get("one_line") is False for o in outcomes),
         "checkpoints_lost": sum(o["lost"] for o in outcomes),
         "processes_left": sum(o.get("left", False) for o in outcomes),
         "written_after_launcher_died": sum(o.get("written_after", False) for o in outcomes),
@@ -770,14 +1050,16 @@ def table(outcomes: list[dict[str, Any]]) -> str:
     """The result as a markdown table, a row per fault kind and one for all."""
     head = (
         "| fault | trials | ended equal to the uninterrupted run | resumes | hangs | silent mismatches "
-        "| checkpoints lost | processes left | expected outcome not met | longest s from the fault to the end of "
-        "every process |"
+        "| checkpoints lost | processes left | code run from disk | not one line | expected outcome not met "
+        "| longest s from the fault to the end of every process (a refusal: to the refusal) |"
     )
-    rows = [head, "|---|" + "---:|" * 9]
+    rows = [head, "|---|" + "---:|" * 11]
     kinds = [k for k in KINDS if any(o["kind"] == k for o in outcomes)]
     for kind, some in [(k, [o for o in outcomes if o["kind"] == k]) for k in kinds] + [("all", outcomes)]:
-        trained = [o for o in some if o["kind"] != "badinput"]
-        ends = [o["end_s"] for o in some if "end_s" in o]
+        trained = [o for o in some if o["kind"] not in UNTRAINED]
+        ends: list[float] = [
+            o["end_s"] if "end_s" in o else o["refused_s"] for o in some if {"end_s", "refused_s"} & set(o)
+        ]
         cells = [
             len(some),
             sum(o.get("equal", False) for o in trained) if trained else "-",
@@ -786,6 +1068,8 @@ def table(outcomes: list[dict[str, Any]]) -> str:
             sum(o.get("completed", False) and not o["equal"] for o in some),
             sum(o.get("lost", False) for o in some),
             sum(o.get("left", False) for o in some),
+            sum(o.get("code_ran", False) for o in some),
+            sum(o.get("one_line") is False for o in some),
             sum(o.get("expected") is False for o in some),
             max(ends) if ends else "(ends by itself)",
         ]
@@ -796,11 +1080,14 @@ def table(outcomes: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-after", type=float, default=180.0, metavar="S", help="a run longer than this hung")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the faults to draw from")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument(
+        "--stop-after", type=float, metavar="S", help="start no trial after S seconds (the seeds run are said)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as scratch:
         work = Path(scratch)
@@ -810,8 +1097,11 @@ def main() -> None:
         run_s = time.monotonic() - began
         reference = load_merged(work / "reference" / f"step-{STEPS:08d}")
         campaign = Campaign(work, reference, run_s, args.hang_after)
-        outcomes = []
+        outcomes: list[dict[str, Any]] = []
         for seed in range(args.seed, args.seed + args.trials):
+            if args.stop_after is not None and time.monotonic() - began > args.stop_after:
+                print(f"stopped after {len(outcomes)} trials (--stop-after {args.stop_after:g})", flush=True)
+                break
             outcome = campaign.trial(seed, tuple(args.kinds))
             outcomes.append(outcome)
             print(json.dumps(outcome), flush=True)
