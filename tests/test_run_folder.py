@@ -706,6 +706,24 @@ def test_a_group_readable_run_and_a_stricter_umask(tmp_path: Path) -> None:
 # -- a full disk is named (issue 51) -----------------------------------------------------------------------------
 
 
+def test_a_full_disk_at_the_claim_names_run_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The lock fitted and run.json did not (4 KiB free): before, `OSError: [Errno 28] No space left on device`,
+    # naming no file and nothing to do. No run.json is left, and the folder can be claimed once there is room.
+    def no_room(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", no_room)
+        with pytest.raises(CheckpointError) as refused:
+            claim(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path / 'run.json'}: No space left on device; free space on its file system, or use another "
+        "checkpoint folder (the run did not start)"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+    assert len(claim(tmp_path)) == 16
+
+
 def test_a_full_disk_at_the_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Before, a 15-line OSError traceback from the lock's record.
     def no_room(*args: object) -> int:

@@ -29,7 +29,7 @@ def cannot_write(path: Path, exc: OSError) -> str:
 
 
 #: The errors of a write that found no room: a full disk, a quota, the process's file-size limit.
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def full_disk(exc: BaseException, failures: list[tuple[Path, OSError]], where: Path) -> str | None:
@@ -41,14 +41,14 @@ def full_disk(exc: BaseException, failures: list[tuple[Path, OSError]], where: P
     looked: set[int] = set()
     while found is None and seen:
         error = seen.pop()
-        if isinstance(error, OSError) and error.errno in _NO_ROOM:
+        if isinstance(error, OSError) and error.errno in NO_ROOM:
             found = (Path(error.filename) if error.filename else where, error)
         elif error is not None and id(error) not in looked:
             looked.add(id(error))
             pairs = getattr(error, "failures", None)
             seen += [pair[0] for pair in pairs.values() if isinstance(pair, tuple)] if isinstance(pairs, dict) else []
             seen += [error.__cause__, error.__context__]
-    if found is None or found[1].errno not in _NO_ROOM:
+    if found is None or found[1].errno not in NO_ROOM:
         return None
     return f"{cannot_write(*found)}; nothing of this checkpoint was kept, the earlier ones are"
 

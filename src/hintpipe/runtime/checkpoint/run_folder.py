@@ -35,6 +35,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from hintpipe.runtime.checkpoint.disk import NO_ROOM, cannot_write
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, holds
 from hintpipe.runtime.checkpoint.links import refuse_links, remove_temporary
 from hintpipe.runtime.checkpoint.manifest import Manifest, step_folders, step_of, sync_folder
@@ -107,15 +108,22 @@ def write_run(folder: Path, run: str, created: str, *, replace: bool = False) ->
     ``replace`` (the caller holds the folder), in place of the one there by a rename.
 
     Raises:
-        CheckpointError: another process wrote one first (naming its run).
+        CheckpointError: another process wrote one first (naming its run); no room for it (a full disk, the
+            file-size limit: named in one line, as a save's, see :mod:`hintpipe.runtime.checkpoint.disk`).
     """
     path = folder / RUN_FILE
     temporary = folder / f".{RUN_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode()), "w") as f:
-            f.write(json.dumps({"run": run, "created": created}))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(os.open(temporary, flags, file_mode()), "w") as f:
+                f.write(json.dumps({"run": run, "created": created}))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # a full disk: named (the lock fitted, run.json did not)
+            if exc.errno not in NO_ROOM:
+                raise
+            raise CheckpointError(f"{cannot_write(path, exc)} (the run did not start)") from None
         if replace:
             os.replace(temporary, path)
         else:
