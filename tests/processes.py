@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 
+from conftest import allow
+
 
 def children(pid: int) -> list[int]:
     """The process ids whose parent is ``pid``."""
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=30).stdout.split()
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=allow(30)).stdout.split()
     return [int(p) for p in found]
 
 

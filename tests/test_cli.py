@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import allow
 from hintpipe.cli import main
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
@@ -192,6 +193,6 @@ def test_the_command_line_and_the_simulator_run_without_torch() -> None:
         "assert main(['simulate', '--ranks', '2', '--microbatches', '4', '--json']) == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=allow(60))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["makespan_cost"] == 15.0  # (m + p - 1)(F + B) = 5 x (1 + 2)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import allow
 from processes import descendants
 
 #: Seconds a command may take to reach its marker, and then to end once interrupted (a busy 2-core machine).
-WITHIN = 120.0
+WITHIN = allow(120.0)
 
 
 class Running:
@@ -63,8 +64,8 @@ class Running:
         finally:
             if self.process.poll() is None:
                 os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-        while (line := self._new.get(timeout=30)) is not None:
+                self.process.wait(timeout=allow(30))
+        while (line := self._new.get(timeout=allow(30))) is not None:
             self.lines.append(line)
         return code, self.lines
 

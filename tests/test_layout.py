@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import hintpipe
+from conftest import allow
 
 TORCH_FREE = [
     "hintpipe",
@@ -57,14 +58,14 @@ TORCH_FREE = [
 
 def test_the_scheduling_core_imports_no_torch() -> None:
     code = f"import sys\nfor name in {TORCH_FREE!r}:\n    __import__(name)\nassert 'torch' not in sys.modules\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=allow(120))
     assert done.returncode == 0, done.stderr
 
 
 def test_no_part_imports_one_it_must_not() -> None:
     # The planner and the simulator never reach into the runtime; the runtime never into apps or the CLI.
     script = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=allow(60))
     assert done.returncode == 0, done.stderr
     assert "planner -> runtime" not in done.stdout and "sim -> runtime" not in done.stdout
     assert "runtime -> planner" in done.stdout  # the script sees arrows (the facade names the Plan type)
@@ -91,7 +92,7 @@ def test_a_rank_that_trains_imports_only_what_it_uses() -> None:
         "import hintpipe.runtime.pipeline, hintpipe.apps.training, hintpipe.runtime.launch, hintpipe.cli.train\n"
         f"print([name for name in {HEAVY!r} if name in sys.modules])\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=allow(120))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == "[]"
 
@@ -145,3 +146,28 @@ def test_no_test_waits_on_a_process_without_a_timeout() -> None:
             if (runs or waits) and "timeout" not in keywords:
                 unbounded.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert unbounded == []
+
+
+#: The calls whose ``timeout=`` is a test's own wait (on a process, a thread, a queue), not a runtime watchdog.
+_WAITS = (".run", ".communicate", ".wait", ".join", ".get", ".close", ".check_output", ".check_call")
+#: What a wait's timeout may be: scaled by the audit (see [Note: a test's waits are audited] in conftest.py).
+_SCALED = ("allow(", "hang_bound(", "2 * hang_bound(", "WITHIN", "max(0.0, deadline")
+
+
+def test_every_wait_of_a_test_is_scaled_by_the_audit() -> None:
+    """Each test's own timeout is ``allow(...)`` or ``hang_bound(...)``, so that the suite run with
+    ``HINTPIPE_TEST_WAIT_SCALE=0.5`` halves every one of them: a bare number would escape the audit."""
+    bare = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name == "conftest.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            value = None
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(_WAITS):
+                value = next((k.value for k in node.keywords if k.arg == "timeout"), None)
+            elif isinstance(node, ast.BinOp) and ast.unparse(node.left) in ("time.monotonic()", "time.time()"):
+                value = node.right if isinstance(node.op, ast.Add) else None
+            text = "" if value is None else ast.unparse(value)
+            if value is not None and not text.startswith(_SCALED) and text not in ("timeout", "within", "None"):
+                bare.append(f"{path.name}:{getattr(node, 'lineno', 0)}: {text}")
+    assert bare == []

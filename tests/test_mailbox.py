@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from conftest import allow
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value, lost_connection, what_the_peer_said
@@ -45,7 +46,7 @@ def _mailbox_worker(rank: int, world: int) -> list[tuple[int, int, list[Value]]]
             msg = post.get(30)
             assert msg is not None, "a message did not arrive"
             received.append((int(msg.kind), msg.mb, msg.tensors))
-    post.close(timeout=30)
+    post.close(timeout=allow(30))
     return received
 
 
@@ -84,7 +85,7 @@ def _notice_worker(rank: int, world: int) -> tuple[list[tuple[int, int, int]], l
             elif msg.kind is not MessageKind.STOP:  # the peer's goodbye may come before its last notices
                 data.append(msg.mb)
         result = (notices, data, False)
-    post.close(timeout=30)
+    post.close(timeout=allow(30))
     if result is not None:
         result = (result[0], result[1], any(thread.is_alive() for thread in post._threads))
     return result

@@ -21,7 +21,7 @@ import torch
 import transformers
 
 import hf_zoo
-from conftest import parse_cli
+from conftest import allow, parse_cli
 from groups import Case, run_cases, succeeded
 from hintpipe.apps.export import export_checkpoint
 from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
@@ -219,7 +219,7 @@ def test_under_torchrun_rank_0_plans_and_every_rank_trains_its_plan(zoo: Path, r
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     argv = [*torchrun, "-m", "hintpipe", "train", "--model", str(zoo / "gpt2"), *RUN]
     argv += ["--data", str(zoo / "corpus.txt"), "--check-grads", "--timeout", "120", "--json"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=zoo)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=allow(300), cwd=zoo)
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout)  # rank 0's report alone
     spawned = succeeded(runs["gpt2"])[0]

@@ -28,6 +28,7 @@ import torch.fx as fx
 import transformers
 from torch import nn
 
+from conftest import allow
 from hintpipe.planner.inplace import out_of_place
 from hintpipe.planner.op_libraries import op_libraries
 from hintpipe.planner.plan import Plan, node_tables, plan
@@ -227,7 +228,7 @@ with torch.no_grad():
 torch.testing.assert_close(values[0], io["logits"], rtol=0, atol=1e-6)
 print("same logits")
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=allow(120))
     assert done.returncode == 0 and done.stdout.strip() == "same logits", done.stderr[-2000:]
 
 

@@ -23,6 +23,7 @@ import numpy.typing as npt
 import pytest
 
 import hintpipe
+from conftest import allow
 from hintpipe.planner.memory import MemoryModel, range_cost, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.search import PlanError, SearchLimitError, search
@@ -72,7 +73,7 @@ def test_the_search_and_its_tables_import_no_torch() -> None:
         f"import sys; from hintpipe.planner import {modules}; "
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
     )
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=allow(120))
     assert result.returncode == 0, result.stderr
 
 

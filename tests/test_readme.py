@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import allow
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 TIMEOUT = 300
 
@@ -27,7 +29,7 @@ def _run(script: str, folder: Path, *launcher: str) -> subprocess.CompletedProce
     path = folder / "script.py"
     path.write_text(script)
     command = [*(launcher or [sys.executable]), str(path)]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=allow(TIMEOUT))
 
 
 def _numbers(text: str) -> list[float]:

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import SMALL_GPT, hang_bound, small_run
+from conftest import SMALL_GPT, allow, hang_bound, small_run
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.training import _train_rank
@@ -490,7 +490,7 @@ def test_resuming_an_empty_folder_starts_a_run_there_and_says_so(resumed: dict[s
 
 def test_the_command_line_refuses_another_runs_folder_before_starting_ranks(four_steps: Path) -> None:
     argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "2", "--checkpoint-dir", str(four_steps)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=allow(60))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"hintpipe train: error: --checkpoint-dir {four_steps} holds the checkpoints of another run (step-00000002, "
@@ -712,7 +712,7 @@ def _wait_training(process: subprocess.Popen[str], folder: Path) -> list[int]:
     mid-run)."""
     deadline = time.monotonic() + hang_bound(TIMEOUT)
     while not (folder / "latest").exists():
-        assert process.poll() is None, process.communicate(timeout=30)[1]
+        assert process.poll() is None, process.communicate(timeout=allow(30))[1]
         assert time.monotonic() < deadline, "no checkpoint was ever written"
         time.sleep(0.1)
     return descendants(process.pid)
@@ -954,7 +954,7 @@ def test_ranks_blocked_in_file_io_end_naming_what_they_awaited(tmp_path: Path) -
             run_ranks(_read_a_fifo, 2, str(fifo), timeout=2.0)
     finally:
         done.set()
-        valve.join(timeout=10)
+        valve.join(timeout=allow(10))
     assert str(failed.value).splitlines() == [
         f"rank {rank}: CheckpointError: reading {fifo} failed (rank {rank}: its own part of reading {fifo} made no "
         "progress in 7 s (blocked in file I/O: a FIFO, a hung file system?))"
@@ -964,7 +964,7 @@ def test_ranks_blocked_in_file_io_end_naming_what_they_awaited(tmp_path: Path) -
 
 def _group(pid: int) -> list[int]:
     """The processes of the session ``pid`` leads (a launcher started in a session of its own, and its ranks)."""
-    found = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True, timeout=30).stdout.split()
+    found = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True, timeout=allow(30)).stdout.split()
     return [int(p) for p in found if _alive(int(p))]
 
 
@@ -996,14 +996,14 @@ def test_ranks_never_outlive_a_killed_launcher(tmp_path: Path) -> None:
                 time.sleep(max(0.0, began + float(name.split()[0]) - time.monotonic()))
             process.kill()
             at_kill[name] = _published(tmp_path / name)
-            process.wait(timeout=15)  # not communicate(): a rank left alive holds the pipes open
+            process.wait(timeout=allow(15))  # not communicate(): a rank left alive holds the pipes open
         assert at_kill["training"], "the training run was killed before its first checkpoint"
         for name, process in runs.items():
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + allow(15)
             while _group(process.pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert _group(process.pid) == [], f"killed at {name}: ranks left"
-            process.communicate(timeout=15)
+            process.communicate(timeout=allow(15))
         for name in runs:
             assert _nothing_published_after(at_kill[name], _published(tmp_path / name)), (name, at_kill[name])
     finally:  # a rank left alive by a failed check: its session, killed (the launcher led it)
@@ -1014,7 +1014,7 @@ def test_ranks_never_outlive_a_killed_launcher(tmp_path: Path) -> None:
 
 def test_a_dead_launchers_temporary_folder_is_removed_by_the_next() -> None:
     dead = subprocess.Popen(["true"])
-    dead.wait(timeout=30)  # its pid is no one's now
+    dead.wait(timeout=allow(30))  # its pid is no one's now
     stale = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
     (stale / LAUNCHER_FILE).write_text(str(dead.pid))
     (stale / "rank0.pkl").write_bytes(b"left behind")
@@ -1128,13 +1128,13 @@ def test_ranks_never_outlive_a_killed_torchrun_agent(tmp_path: Path) -> None:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         agent.kill()
-        agent.wait(timeout=15)
+        agent.wait(timeout=allow(15))
         log.close()
     from hintpipe.runtime.checkpoint.folder_lock import FolderInUse, FolderLock
 
     # The folder is free once the run's last process is: the lock goes with the process that held it, which the
     # kernel may still be ending a moment after its pid stopped answering (15 s, as for the ranks above).
-    deadline = time.monotonic() + 15.0
+    deadline = time.monotonic() + allow(15.0)
     while True:
         try:
             with FolderLock(folder) as lock:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import hang_bound, small_run
+from conftest import allow, hang_bound, small_run
 from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderInUse, FolderLock
 from hintpipe.runtime.checkpoint.manifest import Manifest, RunIdentity, digests, write_synced
@@ -79,7 +79,7 @@ def test_one_process_holds_a_folder_once_however_many_take_it(tmp_path: Path) ->
     assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()  # the second still holds it
     holder = subprocess.run(
         [sys.executable, "-c", f"from hintpipe.runtime.checkpoint.folder_lock import FolderLock\n"
-         f"FolderLock({str(tmp_path)!r}).acquire()"], capture_output=True, text=True, timeout=60,
+         f"FolderLock({str(tmp_path)!r}).acquire()"], capture_output=True, text=True, timeout=allow(60),
     )  # fmt: skip
     assert holder.returncode == 1 and holder.stderr.strip().splitlines()[-1].endswith(
         f"{tmp_path} is in use by another run ({_holder(tmp_path)}, holding {tmp_path / LOCK_FILE}); wait for it "
@@ -98,7 +98,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_p
         assert str(refused.value) == _in_use(tmp_path)
     finally:
         holder.kill()  # SIGKILL: the kernel releases the lock
-        holder.wait(timeout=30)
+        holder.wait(timeout=allow(30))
     with FolderLock(tmp_path) as lock:
         assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert (tmp_path / LOCK_FILE).read_text() == ""  # released: it names no one
@@ -129,7 +129,7 @@ def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(
         assert str(refused.value) == _in_use(tmp_path)
     finally:
         holder.kill()
-        holder.wait(timeout=30)
+        holder.wait(timeout=allow(30))
     assert started == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
 
@@ -149,7 +149,7 @@ def test_the_python_entry_refuses_a_folder_whose_parent_is_missing(
 
 
 def _refused(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=allow(120))
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -171,7 +171,7 @@ def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_pa
         assert _refused([*CLI, "--steps", "100000", "--checkpoint-dir", str(folder), "--resume"]) == said
     finally:
         os.killpg(running.pid, signal.SIGKILL)
-        running.communicate(timeout=30)
+        running.communicate(timeout=allow(30))
     # Killed: the folder is free again, and its own newest checkpoint resumes.
     step = int((folder / "latest").read_text().removeprefix("step-"))
     resumed = subprocess.run(
@@ -220,7 +220,7 @@ def test_two_claims_racing_for_a_folder_one_wins_the_other_is_refused(tmp_path: 
     said: list[str] = ["", ""]
 
     def one(i: int) -> None:
-        barrier.wait(timeout=30)
+        barrier.wait(timeout=allow(30))
         try:
             said[i] = "claimed " + claim(tmp_path)
         except CheckpointError as exc:
@@ -230,7 +230,7 @@ def test_two_claims_racing_for_a_folder_one_wins_the_other_is_refused(tmp_path: 
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=allow(60))
     won = [text.removeprefix("claimed ") for text in said if text.startswith("claimed ")]
     assert len(won) == 1, said
     run = json.loads((tmp_path / "run.json").read_text())["run"]
@@ -744,7 +744,7 @@ def test_a_full_disk_at_the_start_is_one_line(tmp_path: Path, monkeypatch: pytes
         "def no_room(*args):\n    raise OSError(28, 'No space left on device')\n"
         f"os.pwrite = no_room\nsys.exit(main({[*CLI[3:], '--steps', '1', '--checkpoint-dir', str(folder)]!r}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=allow(120))
     assert (done.returncode, done.stderr.strip().splitlines()) == (
         2,
         [

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import allow
 from groups import Case, run_cases, succeeded
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.sender import UNREAPED, Outgoing, Sender
@@ -165,14 +166,14 @@ def _threaded_mailbox(rank: int, world: int) -> list[tuple[str, int, list[Value]
         for mb, tensors in enumerate(_messages()):
             post.notify(1, 0, 1, mb, MessageKind.ACTIVATION)
             post.send(1, MessageKind.ACTIVATION, 0, 1, mb, tensors)
-        post.close(timeout=30, error="rank 0: done")  # the closing word goes after every message, in order
+        post.close(timeout=allow(30), error="rank 0: done")  # the closing word goes after every message, in order
         return received
     while not received or received[-1][0] != "ABORT":
         msg = post.get(30)
         assert msg is not None, "a message did not arrive"
         if msg.kind is not MessageKind.STARTED:
             received.append((msg.kind.name, msg.mb, msg.tensors, msg.error))
-    post.close(timeout=30)
+    post.close(timeout=allow(30))
     return received
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import hang_bound
+from conftest import allow, hang_bound
 from processes import descendants
 
 TIMEOUT = 20.0
@@ -63,7 +63,7 @@ def test_a_spawned_run_listens_on_loopback_only(tmp_path: Path) -> None:
         by_process = {pid: listening(pid) for pid in [run.pid, *ranks]}
     finally:
         os.killpg(run.pid, signal.SIGKILL)
-        run.communicate(timeout=30)
+        run.communicate(timeout=allow(30))
     assert by_process[run.pid] == []  # the launcher serves no store
     sockets = [s for pid in ranks for s in by_process[pid]]
     assert sockets, by_process  # gloo's own: the ranks do listen, so the lookup above sees sockets

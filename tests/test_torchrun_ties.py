@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hang_bound
+from conftest import allow, hang_bound
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock, describe
 from processes import descendants
 
@@ -131,7 +131,7 @@ def test_ranks_of_a_users_own_process_group_end_with_the_torchrun_agent_and_publ
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         agent.kill()
-        agent.wait(timeout=15)
+        agent.wait(timeout=allow(15))
         log.close()
 
 
@@ -167,7 +167,7 @@ def test_the_readme_s_torchrun_in_a_namespace_of_its_own_listens_where_nothing_o
 ) -> None:
     # torchrun's stores listen on every interface whatever its flags say (torch 2.13): its namespace then has
     # loopback alone, and the machine's own network namespace holds none of the run's listening sockets.
-    if subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=30).returncode != 0:
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=allow(30)).returncode != 0:
         pytest.skip("unprivileged user and network namespaces are not allowed here")
     command = _readme_loopback_command()
     assert command.startswith("unshare -rn sh -c '") and command.endswith("'")
@@ -191,12 +191,12 @@ def test_the_readme_s_torchrun_in_a_namespace_of_its_own_listens_where_nothing_o
             entry.split(b"=", 1) for entry in Path(f"/proc/{ranks[0]}/environ").read_bytes().split(b"\0") if entry
         )
         assert int(environ[b"MASTER_PORT"]) in _listening_ports(agent)  # the agent's store, in its namespace
-        outside = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+        outside = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=allow(30)).stdout
         held = [line for line in outside.splitlines() if any(f"pid={p}," in line for p in tree)]
         assert held == []  # nothing of the run listens in this machine's network namespace
     finally:
         os.killpg(shell.pid, signal.SIGKILL)
-        shell.wait(timeout=15)
+        shell.wait(timeout=allow(15))
         log.close()
 
 
@@ -205,7 +205,10 @@ def test_torchrun_as_the_first_process_of_its_namespace_trains_as_the_command_li
 ) -> None:
     # A container's entry point: torchrun is PID 1 of its namespace, and its ranks' parent. Before: every rank
     # took its parent, PID 1, for init (its agent gone) and exited with status 1 at once, saying nothing.
-    if subprocess.run(["unshare", "-rfp", "--mount-proc", "true"], capture_output=True, timeout=30).returncode != 0:
+    if (
+        subprocess.run(["unshare", "-rfp", "--mount-proc", "true"], capture_output=True, timeout=allow(30)).returncode
+        != 0
+    ):
         pytest.skip("unprivileged user and PID namespaces are not allowed here")
     run = [*TRAIN, "--steps", "2", "--json"]
     first = subprocess.run(

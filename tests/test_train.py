@@ -22,6 +22,7 @@ from rich.progress import Progress
 from torch import nn
 
 import hintpipe
+from conftest import allow
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, loss_fn_for, make_batch, whole_model
 from hintpipe.apps.progress import log_line
@@ -398,7 +399,7 @@ def test_two_node_torchrun_launch_on_loopback(
         )
         for n in (0, 1)
     ]
-    outputs = [node.communicate(timeout=180) for node in nodes]
+    outputs = [node.communicate(timeout=allow(180)) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     out = json.loads(outputs[0][0])
     assert outputs[1][0].strip() == ""  # only rank 0 reports

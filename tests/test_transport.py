@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conftest import hang_bound
+from conftest import allow, hang_bound
 from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import run_ranks
@@ -166,7 +166,7 @@ def _reuse_worker(rank: int, world: int) -> tuple[int, int] | None:
         # Payloads smaller than the posted one are copied out: the posted buffer goes back to the pool and is
         # posted again for the next message, so steady traffic allocates only for full-size messages.
         result = (post.staging.pool.allocated, sum(1 for n in sizes if n == 64))
-    post.close(timeout=30)
+    post.close(timeout=allow(30))
     return result
 
 
@@ -288,7 +288,7 @@ def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[Value]]]:
         assert msg is not None, "a message did not arrive"
         if msg.kind is not MessageKind.STARTED:
             received.append((int(msg.kind), msg.mb, msg.tensors))
-    post.close(timeout=30, error="done here" if rank == 1 else None)
+    post.close(timeout=allow(30), error="done here" if rank == 1 else None)
     last = post.get(30)
     while last is not None and last.kind is MessageKind.STARTED:  # a late notice: notices and data are unordered
         last = post.get(30)
