@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.options import PipelineConfig
 from hintpipe.runtime import liveness
 from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
 from hintpipe.runtime.loop.hooks import StepHook
@@ -44,7 +45,6 @@ from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.parts import Parts
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.rank_graph import RankGraph
 from hintpipe.scoreboard import Policy, Scoreboard
 
@@ -58,16 +58,17 @@ LossCheck = Callable[[Sequence[torch.Tensor], Sequence[int]], None]
 
 
 class StepEngine:
-    """The exchanges of one rank's pipeline (``parts``), in order, until it is closed.
+    """The exchanges of one rank's pipeline (``parts``, built with ``config``), in order, until it is closed.
+    An option a step reads is read here, from ``config``.
 
     Attributes:
         steps: training steps run so far (the number of the next).
         closed: whether the neighbours were told the end (or this rank's failure).
     """
 
-    def __init__(self, parts: Parts, order: MicrobatchOrder) -> None:
+    def __init__(self, parts: Parts, config: PipelineConfig) -> None:
         self.parts = parts
-        self.order = order
+        self.config = config
         self.steps = 0
         self.closed = False
         self._round = 0
@@ -124,8 +125,8 @@ class StepEngine:
         round_ = self._next_round()  # first: a rank refusing its inputs then reaches its neighbours' step
         state = prepare_step(self.steps, parts, inputs, target, loss_divisor)
         state.round = round_
-        check_ends(ends, self.order, parts.microbatches)
-        order_step(state, parts, self.order, ends)
+        check_ends(ends, self.config.microbatch_order, parts.microbatches)
+        order_step(state, parts, self.config.microbatch_order, ends)
         for hook in parts.hooks:
             hook.begin_step(state)
         board = self._training_board(state)

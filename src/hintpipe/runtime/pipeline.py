@@ -153,7 +153,7 @@ class Pipeline:
         self.parts: Parts = parts
         #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
         self.names = names if names is not None else ModelNames()
-        self._engine = StepEngine(parts, self.config.microbatch_order)
+        self._engine = StepEngine(parts, self.config)
         # Its parts, shown as the pipeline's own (read-only: see __setattr__).
         self.hint: Hint = parts.hint
         self.rank: int = parts.rank  #: this rank's position in its pipeline (the hint's rank)
