@@ -8,7 +8,9 @@ one frozen :class:`~hintpipe.runtime.parts.Parts`:
 1. the layout (which pipeline, which position) and the hint (an injection is checked against them);
 2. the device and the transport every rank agrees on;
 3. the stages on the device (sharded by FSDP2 over ``dp`` where asked);
-4. the pipeline's process groups, the transport to the neighbours (any injected delay around it) and the
+4. the pipeline's process groups, the transport to the neighbours (the chosen row of
+   :data:`~hintpipe.runtime.transport.registry.TRANSPORTS`, built from one
+   :class:`~hintpipe.runtime.transport.protocol.Connection`; any injected delay around it) and the
    tensor-parallel coordination: the rank's :class:`~hintpipe.runtime.parts.Wiring`;
 5. the other axes: the emulated tensor-parallel coupling, the data-parallel reduction, tied weights;
 6. the executor (the stages, or sleeps when emulated; any injected faults around it) and the task timer;
