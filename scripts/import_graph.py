@@ -47,8 +47,8 @@ FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "data", "apps", "
 #: The foundation: modules every part may use, which use none of them.
 FOUNDATION = "base"
 #: The runtime's floors, lowest first: a floor's modules are its base modules (``runtime/errors.py``) or
-#: subpackages (``runtime/loop/``); everything else in the runtime is the top floor (assembly, the facade,
-#: the launcher, faults).
+#: subpackages (``runtime/loop/``); everything else in the runtime is the top floor (the assembly, the parts, the
+#: step engine, the facade, the launcher, faults).
 RUNTIME_FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "model_names", "liveness", "launcher_env"}),
     frozenset({"transport", "checkpoint"}),

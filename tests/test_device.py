@@ -7,6 +7,7 @@ CUDA branches are exercised by benchmarks/gpu where a GPU is available.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import time
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ from hintpipe.runtime.loop.executor import StageExecutor
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.runtime.rank_process import gather_over_store
+from hintpipe.runtime.transport.links import NcclTransport
 from hintpipe.runtime.transport.wire import Message, tensors_of
 from hintpipe.schedule.task import Kind, Task
 
@@ -125,14 +127,15 @@ def _device_worker(rank: int, world: int, device: str, links: bool) -> tuple[str
         return spies[-1]
 
     # The NCCL transport's path, its links on gloo; the spy around what carries the messages.
-    seams = Seams(link_backend="gloo" if links else None, watch_transport=spied)
+    on_gloo = functools.partial(NcclTransport.connect, backend="gloo")
+    seams = Seams(transport=on_gloo if links else None, watch_transport=spied)
     torch.manual_seed(0)
     stages = [nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 2)]
     with Pipeline.from_modules(
         stages, loss_fn=nn.functional.mse_loss, microbatches=4, policy="ready", device=device, seams=seams
     ) as pipe:
         (spy,) = spies
-        assert pipe.post_office is spy
+        assert pipe.carrier is spy
         xs = [torch.randn(n, 4) for n in (1, 3, 2, 5)]
         ys = [torch.randn(n, 2) for n in (1, 3, 2, 5)]
         for _ in range(3):

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from conftest import allow
 from hintpipe.runtime.launch import run_ranks
-from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.mailbox import GlooTransport
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value, lost_connection, what_the_peer_said
 
 
@@ -35,7 +35,7 @@ def _messages() -> list[list[Value]]:
 
 def _mailbox_worker(rank: int, world: int) -> list[tuple[int, int, list[Value]]] | None:
     group = dist.new_group(backend="gloo")
-    post = PostOffice([1 - rank], torch.device("cpu"), group=group)
+    post = GlooTransport([1 - rank], torch.device("cpu"), group=group)
     received = None
     if rank == 0:
         for mb, tensors in enumerate(_messages()):
@@ -67,7 +67,7 @@ def test_every_message_arrives_whole_and_in_order() -> None:
 
 def _notice_worker(rank: int, world: int) -> tuple[list[tuple[int, int, int]], list[int], bool] | None:
     group = dist.new_group(backend="gloo")
-    post = PostOffice([1 - rank], torch.device("cpu"), group=group, notices=True)
+    post = GlooTransport([1 - rank], torch.device("cpu"), group=group, notices=True)
     result = None
     if rank == 0:
         for mb, tensors in enumerate(_messages()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import queue
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,9 @@ from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.parallel.fsdp import FsdpOptions, check_sharding, shard_stages
 from hintpipe.runtime.parallel.mesh import DP_AXES, Layout, build_mesh, dp_mesh
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.transport.mailbox import GlooTransport
+from hintpipe.runtime.transport.protocol import Connection
+from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import Kind
 
@@ -303,11 +307,49 @@ def _unsplit_names(stage: int, name: str, offsets: list[int]) -> str:
     return f"{offsets[stage] + int(layer)}.{rest}"
 
 
+class _Relay:
+    """A transport of this test's own, not derived from the built-in ones: it builds the gloo transport from
+    the same connection and passes every call on, counting the messages it sent."""
+
+    def __init__(self, inner: GlooTransport) -> None:
+        self.inner = inner
+        self.inbox: queue.Queue[Message] = inner.inbox
+        self.sent = 0
+
+    @classmethod
+    def connect(cls, connection: Connection) -> _Relay:
+        return cls(GlooTransport.connect(connection))
+
+    def send(self, peer: int, kind: MessageKind, step: int, stage: int, mb: int, tensors: Sequence[Value]) -> None:
+        self.sent += 1
+        self.inner.send(peer, kind, step, stage, mb, tensors)
+
+    def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        self.inner.notify(peer, step, stage, mb, of)
+
+    def get(self, timeout: float | None) -> Message | None:
+        return self.inner.get(timeout)
+
+    def flush(self, timeout: float) -> None:
+        self.inner.flush(timeout)
+
+    def close(self, timeout: float = 30.0, error: str | None = None) -> None:
+        self.inner.close(timeout, error)
+
+
 def _tensor_parallel(
-    rank: int, world: int, policy: str, dp: int, tp: int, coordinate: bool, delays: bool, mode: str = "replicate"
+    rank: int,
+    world: int,
+    policy: str,
+    dp: int,
+    tp: int,
+    coordinate: bool,
+    delays: bool,
+    mode: str = "replicate",
+    relay: bool = False,
 ) -> tuple[float, float, list[tuple[int, int, int]]]:
-    """Train 3 AdamW steps on DP x TP x PP and on the unsplit model; returns the largest gradient difference
-    after step 0, the largest parameter difference after step 2, and the order this rank ran its tasks."""
+    """Train 3 AdamW steps on DP x TP x PP (``relay``: over :class:`_Relay`) and on the unsplit model; returns the
+    largest gradient difference after step 0, the largest parameter difference after step 2, the task order."""
     mesh = build_mesh(world, dp=dp, tp=tp)
     layers = build_layers(MODEL)
     reference = nn.Sequential(*copy.deepcopy(layers))
@@ -331,6 +373,7 @@ def _tensor_parallel(
         seams=Seams(
             coordinate_tp=coordinate,
             injection=Injection.parse([f"comm:{100 * (rank % tp)}ms"] if delays else [], seed=rank),
+            transport=_Relay.connect if relay else None,
         ),
     )
     replica = pipe.layout.replica_of(rank)
@@ -371,6 +414,8 @@ def _tensor_parallel(
             expected_optimizer.step()
             optimizer.zero_grad()
             expected_optimizer.zero_grad()
+    if relay:
+        assert isinstance(pipe.carrier, _Relay) and pipe.carrier.sent > 0 and pipe.coordination is not None
     return grad_diff, differences(of_grad=False), order
 
 
@@ -390,6 +435,16 @@ def test_tensor_parallel_stages_train_as_the_unsplit_model(
 ) -> None:
     group = four_ranks if dp == 1 else eight_ranks
     for grad_diff, param_diff, _ in succeeded(group[f"tp {policy} dp{dp} {mode}"]):  # tolerances as for dp
+        assert grad_diff < 1e-6
+        assert param_diff < 2e-5
+
+
+def test_a_transport_of_its_own_carries_a_coordinated_tensor_parallel_pipeline(
+    four_ranks: dict[str, list[Any]],
+) -> None:
+    # Any class with the protocol's methods and an inbox, built from a Connection, is a transport: the
+    # coordination's decisions join its inbox (no test of a concrete class), and training is the unsplit model's.
+    for grad_diff, param_diff, _ in succeeded(four_ranks["tp ready over a transport of its own"]):
         assert grad_diff < 1e-6
         assert param_diff < 2e-5
 
@@ -716,6 +771,8 @@ def four_ranks() -> dict[str, list[Any]]:
     }
     cases["uncoordinated orders"] = Case(_uncoordinated_orders)
     cases["tp greedy coordinated, delayed"] = Case(_tensor_parallel, ("greedy", 1, 2, True, True))
+    relayed = ("ready", 1, 2, True, False, "replicate", True)
+    cases["tp ready over a transport of its own"] = Case(_tensor_parallel, relayed)
     cases["batched decisions"] = Case(_batched_decisions)
     cases |= {f"coupled {p}": Case(_coupled, (p,)) for p in ("fixed", "ready")}
     cases["mesh device"] = Case(_mesh_device)

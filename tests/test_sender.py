@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from conftest import allow
 from groups import Case, run_cases, succeeded
-from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.mailbox import GlooTransport
 from hintpipe.runtime.transport.sender import UNREAPED, Outgoing, Sender
 from hintpipe.runtime.transport.staging import MIN_BUFFER, StagingPool
 from hintpipe.runtime.transport.wire import MessageKind, Value
@@ -138,7 +138,7 @@ def test_a_send_that_fails_on_the_thread_is_raised_by_the_next_submit() -> None:
 # -- a mailbox whose sends leave from the thread, between two ranks ---------------------------------------
 
 
-class _ThreadedPostOffice(PostOffice):
+class _ThreadedGlooTransport(GlooTransport):
     """A CPU rank's mailbox that posts its sends from the sender thread, as a GPU rank's does."""
 
     def _threaded_sends(self) -> bool:
@@ -159,7 +159,7 @@ def _messages() -> list[list[torch.Tensor | None]]:
 
 def _threaded_mailbox(rank: int, world: int) -> list[tuple[str, int, list[Value], str | None]]:
     group = dist.new_group(backend="gloo")
-    post = _ThreadedPostOffice([1 - rank], torch.device("cpu"), group=group, notices=True)
+    post = _ThreadedGlooTransport([1 - rank], torch.device("cpu"), group=group, notices=True)
     assert post.sender.threaded
     received: list[tuple[str, int, list[Value], str | None]] = []
     if rank == 0:

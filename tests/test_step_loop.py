@@ -171,7 +171,7 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
     # named from the heartbeats; only a barrier that ran for the whole timeout is the watchdog's.
     import torch.distributed as dist
 
-    from hintpipe.runtime import liveness, training_step
+    from hintpipe.runtime import engine, liveness
     from hintpipe.runtime.errors import PeerFailure, WatchdogTimeout
 
     parts = cast(Any, SimpleNamespace(coll=None, timeout=30.0, rank=0))
@@ -183,11 +183,11 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
 
     monkeypatch.setattr(dist, "monitored_barrier", barrier)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
-    monkeypatch.setattr("hintpipe.runtime.training_step.time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr("hintpipe.runtime.engine.time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(liveness, "wait_for_silence", lambda: {1: 3.2})
     spent = 2.0
     with pytest.raises(PeerFailure) as lost:
-        training_step.meet(parts, 0)
+        engine.meet(parts, 0)
     assert (
         str(lost.value)
         == "rank 0: rank 1 failed in the start of step 0 (rank 1 stopped answering (no sign of life for 3 s))"
@@ -195,13 +195,13 @@ def test_a_start_that_fails_before_the_timeout_names_the_lost_rank_not_a_wait(mo
     spent = 30.0  # a barrier that ran for the whole timeout: a wait, naming the rank whose heartbeat stopped
     monkeypatch.setattr(liveness, "silent_ranks", lambda: {1: 31.0})
     with pytest.raises(WatchdogTimeout) as waited:
-        training_step.meet(parts, 0)
+        engine.meet(parts, 0)
     assert str(waited.value) == (
         "rank 0: waited 30 s for the other ranks to start step 0: rank 1 stopped answering (no sign of life for 31 s)"
     )
     monkeypatch.setattr(liveness, "silent_ranks", dict)  # every heartbeat fresh: the barrier's own first line
     with pytest.raises(WatchdogTimeout) as waited:
-        training_step.meet(parts, 0)
+        engine.meet(parts, 0)
     assert str(waited.value) == (
         "rank 0: waited 30 s for the other ranks to start step 0: Rank 1 failed to pass monitoredBarrier in 30000 ms"
     )

@@ -9,6 +9,7 @@ hintpipe.runtime.transport.links).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import queue
@@ -25,9 +26,9 @@ from hintpipe.runtime.assembly import Seams
 from hintpipe.runtime.errors import RankFailure
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
-from hintpipe.runtime.transport.links import Link, LinkPostOffice, as_bytes, deliver_when_arrived
-from hintpipe.runtime.transport.mailbox import PostOffice
-from hintpipe.runtime.transport.protocol import TransportChoice, choose_transport
+from hintpipe.runtime.transport.links import Link, NcclTransport, as_bytes, deliver_when_arrived
+from hintpipe.runtime.transport.mailbox import GlooTransport
+from hintpipe.runtime.transport.registry import TransportChoice, choose_transport
 from hintpipe.runtime.transport.staging import MIN_BUFFER, Staging, StagingPool, size_class
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value, decode_meta, encode_meta, pack, unpack
 
@@ -152,7 +153,7 @@ def test_impossible_transports_are_refused() -> None:
 
 def _reuse_worker(rank: int, world: int) -> tuple[int, int] | None:
     group = dist.new_group(backend="gloo")
-    post = PostOffice([1 - rank], CPU, group=group)
+    post = GlooTransport([1 - rank], CPU, group=group)
     sizes = [64, 64, 10, 20, 30, 40, 50, 60, 5, 64]
     result = None
     if rank == 0:
@@ -277,7 +278,7 @@ def _link_worker(rank: int, world: int) -> list[tuple[int, int, list[Value]]]:
     peer = 1 - rank
     outgoing = {peer: Link(up if rank == 0 else down, peer)}
     incoming = {peer: Link(down if rank == 0 else up, peer)}
-    post = LinkPostOffice([peer], CPU, headers, outgoing=outgoing, incoming=incoming, notices=True)
+    post = NcclTransport([peer], CPU, headers, outgoing=outgoing, incoming=incoming, notices=True)
     # Both directions at once, each with a notice in between: as a pipeline's activations and gradients cross.
     for mb, tensors in enumerate(_link_messages(rank)):
         post.send(peer, MessageKind.ACTIVATION if rank == 0 else MessageKind.GRADIENT, 3, 1, mb, tensors)
@@ -328,7 +329,7 @@ def _layers(stages: int) -> list[nn.Module]:
 
 
 #: The NCCL transport's code path with its payload links on gloo, on CPU ranks.
-LINKS = Seams(link_backend="gloo")
+LINKS = Seams(transport=functools.partial(NcclTransport.connect, backend="gloo"))
 
 
 def _batches(m: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -342,7 +343,7 @@ def _pipeline_worker(rank: int, world: int, hint: str, chunks: int, policy: str)
     with Pipeline.from_modules(
         modules, loss_fn=_mse, microbatches=4, hint=hint, chunks=chunks, policy=policy, timeout=60, seams=LINKS
     ) as pipe:
-        assert isinstance(pipe.post_office, LinkPostOffice)
+        assert isinstance(pipe.carrier, NcclTransport)
         xs, ys = _batches(4)
         pipe.step(xs, ys)
         return {f"{s}.{n}": p.grad.clone() for s in pipe.stages for n, p in modules[s].named_parameters()}  # type: ignore[union-attr]

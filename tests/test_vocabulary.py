@@ -46,8 +46,12 @@ RETIRED = {
         r"\b(?:Hint|from_lists)" + _ARGS + r"\branks=", re.S
     ),
     "Layout.stages_ranks, now Layout.pp": re.compile(r"\.stages_ranks\b"),
-    "Pipeline.messages, now Pipeline.post_office": re.compile(r"\b(?:pipe|pipeline)\.messages\b"),
-    "Parts.transport (the object), now Parts.post_office": re.compile(r"\bparts\.transport\b"),
+    "Pipeline.messages, now Pipeline.carrier": re.compile(r"\b(?:pipe|pipeline)\.messages\b"),
+    "Pipeline.post_office, Parts.post_office, now .carrier": re.compile(
+        r"\b(?:pipe|pipeline|parts|wiring)\.post_office\b"
+    ),
+    "Parts.transport (the object), now Parts.carrier": re.compile(r"\bparts\.transport\b"),
+    "PostOffice, LinkPostOffice, now GlooTransport, NcclTransport": re.compile(r"\b(?:Link)?PostOffice\b"),
     "Simulator.run(slack=, budgets=), now memory_slack=, activation_budget=": re.compile(
         r"\.run" + _ARGS + r"\b(?:slack|budgets)=", re.S
     ),
@@ -275,11 +279,12 @@ def test_each_retired_attribute_still_reads_and_says_its_new_name(
         assert old() == new()
 
 
-def test_pipeline_messages_is_the_post_office_read_only() -> None:
-    # The property's own code on a stand-in (a Pipeline needs a process group): it reads post_office; like
-    # post_office itself (a pipeline's parts are fixed when it is built), it is not written.
-    pipe = SimpleNamespace(post_office="the post office")
-    messages: property = Pipeline.__dict__["messages"]
-    assert messages.fget is not None and messages.fset is None
-    with pytest.warns(DeprecationWarning, match=r"^Pipeline\.messages is now Pipeline\.post_office$"):
-        assert messages.fget(pipe) == "the post office"
+@pytest.mark.parametrize("old", ["messages", "post_office"])
+def test_pipeline_s_old_names_of_its_carrier_read_it_and_are_not_written(old: str) -> None:
+    # The properties' own code on a stand-in (a Pipeline needs a process group): each reads carrier; like
+    # carrier itself (a pipeline's parts are fixed when it is built), neither is written.
+    pipe = SimpleNamespace(carrier="the carrier")
+    retired: property = Pipeline.__dict__[old]
+    assert retired.fget is not None and retired.fset is None
+    with pytest.warns(DeprecationWarning, match=rf"^Pipeline\.{old} is now Pipeline\.carrier$"):
+        assert retired.fget(pipe) == "the carrier"

@@ -1,13 +1,14 @@
 """The runtime: one process per rank, driving the scoreboard with messages and compute.
 
-- :mod:`~hintpipe.runtime.pipeline`: the public :class:`Pipeline`, a facade that checks options and runs steps;
+- :mod:`~hintpipe.runtime.pipeline`: the public :class:`Pipeline`, a facade that checks options and hands each step
+  to :mod:`~hintpipe.runtime.engine` (one rank's steps and evaluations, each a step loop);
 - :mod:`~hintpipe.runtime.assembly`: what a rank's pipeline is made of, built once into the frozen
   :mod:`~hintpipe.runtime.parts` (with the seams given beside the options; the ranks compare their options in
   :mod:`~hintpipe.runtime.option_agreement`);
 - :mod:`~hintpipe.runtime.loop`: one step: the step loop, the executor, admission, the ``ready`` plan,
   tensor-parallel coordination, the step hooks (agreement, reports);
-- :mod:`~hintpipe.runtime.transport`: messages between ranks: the wire format, the gloo mailboxes, staging
-  through host memory, NCCL links;
+- :mod:`~hintpipe.runtime.transport`: messages between ranks: the protocol, the transports by name (the gloo
+  mailboxes, NCCL links), the wire format, staging through host memory;
 - :mod:`~hintpipe.runtime.parallel`: the other axes: the mesh, data parallelism (replicas, FSDP2), tied
   weights;
 - :mod:`~hintpipe.runtime.checkpoint`: checkpoints, collective phases, stopping on a signal;

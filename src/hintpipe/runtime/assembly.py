@@ -8,7 +8,9 @@ one frozen :class:`~hintpipe.runtime.parts.Parts`:
 1. the layout (which pipeline, which position) and the hint (an injection is checked against them);
 2. the device and the transport every rank agrees on;
 3. the stages on the device (sharded by FSDP2 over ``dp`` where asked);
-4. the pipeline's process groups, the transport to the neighbours (any injected delay around it) and the
+4. the pipeline's process groups, the transport to the neighbours (the chosen row of
+   :data:`~hintpipe.runtime.transport.registry.TRANSPORTS`, built from one
+   :class:`~hintpipe.runtime.transport.protocol.Connection`; any injected delay around it) and the
    tensor-parallel coordination: the rank's :class:`~hintpipe.runtime.parts.Wiring`;
 5. the other axes: the emulated tensor-parallel coupling, the data-parallel reduction, tied weights;
 6. the executor (the stages, or sleeps when emulated; any injected faults around it) and the task timer;
@@ -34,7 +36,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
-from hintpipe.modes import DataParallel, Precision, TransportChoice
+from hintpipe.modes import DataParallel, Precision
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.collective import one_line
 from hintpipe.runtime.errors import WatchdogTimeout
@@ -58,9 +60,8 @@ from hintpipe.runtime.parallel.mesh import Layout, dp_mesh
 from hintpipe.runtime.parallel.tied import TiedGradients, TiedParameter
 from hintpipe.runtime.parts import Parts, Seams, Wiring
 from hintpipe.runtime.private_storage import own_storage
-from hintpipe.runtime.transport.links import LinkPostOffice, make_links
-from hintpipe.runtime.transport.mailbox import PostOffice
-from hintpipe.runtime.transport.protocol import Transport, choose_transport
+from hintpipe.runtime.transport.protocol import Connection, InboxTransport, Transport
+from hintpipe.runtime.transport.registry import TRANSPORTS, choose_transport
 from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
 
@@ -112,12 +113,11 @@ def assemble(
     assert p2p is not None and coll is not None
     policy = config.policy
     received = ReceivedBytes()  # what the receiving threads allocate on the device (see allocated_probe)
-    post_office = _connect(
-        layout, hint, rank, global_rank, device, chosen, p2p, policy, config.timeout, seams, received
-    )
+    connection = _connection(layout, hint, rank, global_rank, device, p2p, policy, config.timeout, received)
+    built = (seams.transport or TRANSPORTS[chosen].connect)(connection)
     coordination: Coordination | None = None
     try:  # a pipeline that is never built must not leave its mailboxes receiving
-        coordination = _coordination(layout, global_rank, policy, post_office, seams)
+        coordination = _coordination(layout, global_rank, policy, built, seams)
         wiring = Wiring(
             layout=layout,
             global_rank=global_rank,
@@ -132,12 +132,12 @@ def assemble(
             sharded=sharded,
             p2p=p2p,
             coll=coll,
-            post_office=_transport(post_office, seams),
+            carrier=_carrier(built, seams),
             coordination=coordination,
         )
         return _parts_on(wiring, loss_fn, config, seams, received)
     except BaseException as exc:
-        _tear_down(post_office, coordination, rank, exc)
+        _tear_down(built, coordination, rank, exc)
         raise
 
 
@@ -177,7 +177,7 @@ def _parts_on(wiring: Wiring, loss_fn: LossFn, config: PipelineConfig, seams: Se
     # hintpipe.runtime.loop.hooks): housekeeping, the gradient reductions, admission, device memory, agreement,
     # reporting.
     hooks = (
-        Housekeeping(executor, wiring.post_office, wiring.timeout),
+        Housekeeping(executor, wiring.carrier, wiring.timeout),
         *reductions,
         admission,
         DeviceMemory(wiring.device, compute),
@@ -249,11 +249,11 @@ def _sharded(layout: Layout, config: PipelineConfig, hint: Hint, device: torch.d
     return bool(sharded)
 
 
-def _tear_down(post_office: Transport, coordination: Coordination | None, rank: int, exc: BaseException) -> None:
+def _tear_down(transport: Transport, coordination: Coordination | None, rank: int, exc: BaseException) -> None:
     """Stop what a half-built pipeline started: its coordination and its transport's threads."""
     if coordination is not None:
         coordination.close(timeout=5.0)
-    post_office.close(timeout=5.0, error=f"rank {rank}: {exc}")
+    transport.close(timeout=5.0, error=f"rank {rank}: {exc}")
 
 
 def _check_modules(modules: Mapping[int, nn.Module], hint: Hint, rank: int) -> None:
@@ -296,20 +296,18 @@ def _place(
     return placed
 
 
-def _connect(
+def _connection(
     layout: Layout,
     hint: Hint,
     rank: int,
     global_rank: int,
     device: torch.device,
-    chosen: TransportChoice,
     p2p: dist.ProcessGroup,
     policy: Policy,
     timeout: float,
-    seams: Seams,
     received: ReceivedBytes,
-) -> Transport:
-    """The transport to the neighbours, on the pipeline's own point-to-point group.
+) -> Connection:
+    """What the transport to the neighbours is built from, on the pipeline's own point-to-point group.
 
     Point-to-point traffic gets its own gloo group so that it never interleaves
     with the collectives of the default one; the runtime's collectives get a group
@@ -318,19 +316,24 @@ def _connect(
     stage_rank = hint.placement.stage_rank
     stages = hint.placement.stages_of(rank)
     peers = sorted({stage_rank[s + d] for s in stages for d in (-1, 1) if 0 <= s + d < hint.num_stages})
-    notices = policy is Policy.READY
-    backend = "nccl" if chosen is TransportChoice.NCCL else seams.link_backend
-    if backend is None:
-        return PostOffice(peers, device, group=p2p, notices=notices, received=received)
-    outgoing, incoming = make_links(layout.pipelines, stage_rank, global_rank, backend, timeout)
-    return LinkPostOffice(peers, device, p2p, outgoing=outgoing, incoming=incoming, notices=notices, received=received)
+    return Connection(
+        peers=tuple(peers),
+        device=device,
+        group=p2p,
+        pipelines=tuple(tuple(ranks) for ranks in layout.pipelines),
+        stage_rank=tuple(stage_rank),
+        global_rank=global_rank,
+        timeout=timeout,
+        notices=policy is Policy.READY,
+        received=received,
+    )
 
 
-def _transport(post_office: Transport, seams: Seams) -> Transport:
+def _carrier(transport: InboxTransport, seams: Seams) -> Transport:
     """What carries the rank's messages: the chosen transport's object, delayed where the injection says, watched
     where a test watches it."""
-    transport = injected_transport(post_office, seams.injection)
-    return transport if seams.watch_transport is None else seams.watch_transport(transport)
+    carried = injected_transport(transport, seams.injection)
+    return carried if seams.watch_transport is None else seams.watch_transport(carried)
 
 
 def _computing(
@@ -363,7 +366,7 @@ def _device_timer(device: torch.device, *, emulated: bool, seams: Seams) -> Devi
 
 
 def _coordination(
-    layout: Layout, global_rank: int, policy: Policy, post_office: Transport, seams: Seams
+    layout: Layout, global_rank: int, policy: Policy, transport: InboxTransport, seams: Seams
 ) -> Coordination | None:
     """The tensor-parallel group's coordination, where its members need one decision per task (a collective:
     every rank creates its group, in the same order)."""
@@ -371,8 +374,7 @@ def _coordination(
         return None
     group = layout.groups(layout.tensors)
     assert group is not None
-    assert isinstance(post_office, PostOffice)
-    return Coordination(group, post_office.inbox, layout.tensor_group_of(global_rank)[0])
+    return Coordination(group, transport.inbox, layout.tensor_group_of(global_rank)[0])
 
 
 def _connect_axes(
@@ -418,13 +420,13 @@ class Housekeeping(Hook):
     """The executor chain learns the step (injected faults count by it); the step's sends are flushed within
     ``timeout`` seconds."""
 
-    def __init__(self, executor: Executor, post_office: Transport, timeout: float) -> None:
+    def __init__(self, executor: Executor, carrier: Transport, timeout: float) -> None:
         self.executor = executor
-        self.post_office = post_office
+        self.carrier = carrier
         self.timeout = timeout
 
     def begin_step(self, state: StepState) -> None:
         self.executor.begin_step(state.step)
 
     def end_step(self, state: StepState) -> None:
-        self.post_office.flush(self.timeout)
+        self.carrier.flush(self.timeout)

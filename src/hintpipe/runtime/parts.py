@@ -1,10 +1,12 @@
-"""What one rank's pipeline is made of, fixed once built: :class:`Parts` (built in two frozen stages, the
-rank's :class:`Wiring` first), and the :class:`Seams` it is built with beside its options.
+"""What one rank's pipeline is made of, fixed once built: :class:`Parts` (one frozen dataclass, read by plain
+attribute access; its first fields, the rank's :class:`Wiring`, are built first), and the :class:`Seams` it is
+built with beside its options.
 
 :func:`hintpipe.runtime.assembly.assemble` builds them; the facade
-(:class:`~hintpipe.runtime.pipeline.Pipeline`) and the step's modules read them. Nothing replaces a part of a
-built pipeline: what wraps the executor or the transport (injected faults, a test's spy) is given as a seam
-and built in, so that the step hooks, the coordination and the step loop all hold the same objects.
+(:class:`~hintpipe.runtime.pipeline.Pipeline`) and the step engine
+(:class:`~hintpipe.runtime.engine.StepEngine`) read them. Nothing replaces a part of a built pipeline: what
+wraps the executor or the transport (injected faults, a test's spy) is given as a seam and built in, so that
+the step hooks, the coordination and the step loop all hold the same objects.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from hintpipe.runtime.loop.hooks import StepHook
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.timing import DeviceTimer, Event
 from hintpipe.runtime.parallel.mesh import Layout
-from hintpipe.runtime.transport.protocol import Transport
+from hintpipe.runtime.transport.protocol import Connection, InboxTransport, Transport
 from hintpipe.schedule.hint import Hint
 from hintpipe.scoreboard import Policy
 
@@ -40,8 +42,9 @@ class Seams:
     Attributes:
         coordinate_tp: tensor-parallel members share one decision per task (see
             :mod:`hintpipe.runtime.loop.coordination`); tests turn it off to show what goes wrong without.
-        link_backend: ``"gloo"`` runs the NCCL transport's code path with its payload links on gloo, on CPU
-            ranks (see :mod:`hintpipe.runtime.transport.links`).
+        transport: builds the transport in place of the chosen one's row of
+            :data:`~hintpipe.runtime.transport.registry.TRANSPORTS` (tests run the NCCL transport's code on CPU
+            ranks: ``functools.partial(NcclTransport.connect, backend="gloo")``).
         timing_events: timing events for a CPU rank, to run the GPU's task timing (see
             :mod:`hintpipe.runtime.loop.timing`) where there is no GPU.
         injection: variability and faults to inject (``hintpipe train --variability/--faults``, tests), built
@@ -53,7 +56,7 @@ class Seams:
     """
 
     coordinate_tp: bool = True
-    link_backend: str | None = None
+    transport: Callable[[Connection], InboxTransport] | None = None
     timing_events: Callable[[], Event] | None = None
     injection: Injection = dataclasses.field(default_factory=Injection)
     budget_from_plan: bool = False
@@ -63,7 +66,13 @@ class Seams:
 @dataclasses.dataclass(frozen=True)
 class Wiring:
     """What connects one rank, built first: its place, its stages on its device, its groups and its transport
-    (steps 1-4 of :mod:`hintpipe.runtime.assembly`: the tensor-parallel coordination too)."""
+    (steps 1-4 of :mod:`hintpipe.runtime.assembly`: the tensor-parallel coordination too).
+
+    A phase of its own because what comes next needs it whole and is not yet there: the ranks compare their
+    options and gather each other's byte budgets over its groups
+    (:func:`~hintpipe.runtime.option_agreement.agree_on_options`), and admission, the executor and the step
+    hooks are built from what they agreed. :class:`Parts` extends it, so the built pipeline is one flat object.
+    """
 
     layout: Layout
     global_rank: int
@@ -78,9 +87,9 @@ class Wiring:
     sharded: bool
     p2p: dist.ProcessGroup
     coll: dist.ProcessGroup
-    #: What carries this rank's messages: the chosen transport's object, any injected delay (or a test's watch)
-    #: around it.
-    post_office: Transport
+    #: What carries this rank's messages (the ``transport`` option names its kind): the chosen transport's object,
+    #: any injected delay (or a test's watch) around it.
+    carrier: Transport
     coordination: Coordination | None  # this rank's part in its tensor-parallel group's decisions
 
     @property

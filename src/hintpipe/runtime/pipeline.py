@@ -9,22 +9,23 @@ accumulated into ``.grad`` and never rescaled, so calling :meth:`Pipeline.step`
 twice without zeroing gives exactly twice one step's gradient. The optimizer
 step stays the caller's.
 
-:class:`Pipeline` is a facade: it checks its options (:mod:`hintpipe.options`)
-and runs steps; its parts are built by :mod:`hintpipe.runtime.assembly`. A
-step splits the batch (:mod:`hintpipe.runtime.loop.microbatch`), calls
-``begin_step`` on every step hook, runs the
-:class:`~hintpipe.runtime.loop.step_loop.StepLoop`, then ``end_step`` on every
-hook (:mod:`hintpipe.runtime.loop.hooks`: reductions, admission, the ranks'
-agreement, the report). Only the first step starts with a barrier: later ones
-were synchronised by the previous step's collectives, and a rank that runs
-ahead into the next step only fills its neighbours' inboxes.
+:class:`Pipeline` is a facade: it checks its options (:mod:`hintpipe.options`),
+shows its parts (built once by :mod:`hintpipe.runtime.assembly` into one frozen
+:class:`~hintpipe.runtime.parts.Parts`) and hands each step to its
+:class:`~hintpipe.runtime.engine.StepEngine`, which splits the batch
+(:mod:`hintpipe.runtime.loop.microbatch`), calls ``begin_step`` on every step
+hook, runs the :class:`~hintpipe.runtime.loop.step_loop.StepLoop`, then
+``end_step`` on every hook (:mod:`hintpipe.runtime.loop.hooks`: reductions,
+admission, the ranks' agreement, the report). Only the first step starts with a
+barrier: later ones were synchronised by the previous step's collectives, and a
+rank that runs ahead into the next step only fills its neighbours' inboxes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,8 +36,8 @@ from hintpipe.options import PipelineConfig
 from hintpipe.renamed import retired_attribute
 from hintpipe.runtime.assembly import assemble
 from hintpipe.runtime.clipping import clip_grad_norm
+from hintpipe.runtime.engine import StepEngine
 from hintpipe.runtime.errors import NonFiniteLoss
-from hintpipe.runtime.exchanges import Exchanges
 from hintpipe.runtime.loop.coordination import Coordination
 from hintpipe.runtime.loop.executor import Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch
@@ -81,31 +82,24 @@ def configured(config: PipelineConfig | None, microbatches: int | None, keywords
     return PipelineConfig(**keywords)
 
 
-T = TypeVar("T")
-
-
-class _Part(Generic[T]):
-    """An attribute of :class:`Pipeline` that reads the one of its :class:`~hintpipe.runtime.parts.Parts`
-    (fixed once built: a write is refused, rather than shadowing the part on this object alone)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.attribute = name
-
-    def __set_name__(self, owner: type, attribute: str) -> None:
-        self.attribute = attribute
-
-    @overload
-    def __get__(self, pipe: None, owner: type) -> _Part[T]: ...
-
-    @overload
-    def __get__(self, pipe: Pipeline, owner: type) -> T: ...
-
-    def __get__(self, pipe: Pipeline | None, owner: type) -> T | _Part[T]:
-        return self if pipe is None else cast(T, getattr(pipe.parts, self.name))
-
-    def __set__(self, pipe: Pipeline, value: T) -> None:
-        raise AttributeError(f"Pipeline.{self.attribute} is read-only: a pipeline's parts are fixed when it is built")
+#: The pipeline's parts it shows as attributes of its own, each fixed once it is built (see
+#: :meth:`Pipeline.__setattr__`).
+PARTS_SHOWN = (
+    "hint",
+    "rank",
+    "global_rank",
+    "layout",
+    "stages",
+    "modules",
+    "microbatches",
+    "policy",
+    "device",
+    "transport",
+    "replica_group",
+    "coordination",
+    "executor",
+    "carrier",
+)
 
 
 class Pipeline:
@@ -154,40 +148,48 @@ class Pipeline:
         hint = pipeline_hint(config)
         #: The pipeline's options, checked (a frozen :class:`~hintpipe.options.PipelineConfig`), its hint resolved.
         self.config = config if config.hint is hint else dataclasses.replace(config, hint=hint)
-        self.parts: Parts = assemble(modules, hint, loss_fn=loss_fn, config=self.config, seams=seams or Seams())
+        parts = assemble(modules, hint, loss_fn=loss_fn, config=self.config, seams=seams or Seams())
+        #: What the pipeline is made of (one frozen :class:`~hintpipe.runtime.parts.Parts`).
+        self.parts: Parts = parts
         #: The model's names for the stages' tensors (checkpoints and :meth:`state_dict` speak them).
         self.names = names if names is not None else ModelNames()
-        self._exchanges = Exchanges(self.parts, self.config.microbatch_order)
+        self._engine = StepEngine(parts, self.config)
+        # Its parts, shown as the pipeline's own (read-only: see __setattr__).
+        self.hint: Hint = parts.hint
+        self.rank: int = parts.rank  #: this rank's position in its pipeline (the hint's rank)
+        self.global_rank: int = parts.global_rank
+        self.layout: Layout = parts.layout  #: where this rank sits in data x pipeline x tensor parallelism
+        self.stages: tuple[int, ...] = parts.stages  #: the stages this rank hosts
+        self.modules: dict[int, nn.Module] = parts.modules  #: its stages, on its device (sharded by FSDP2)
+        self.microbatches: int = parts.microbatches
+        self.policy: Policy = parts.policy
+        self.device: torch.device = parts.device
+        self.transport: TransportChoice = parts.transport_choice  #: the option, resolved; the object: carrier
+        #: The ranks holding this rank's stages in the other data-parallel replicas (None without replicas).
+        self.replica_group: dist.ProcessGroup | None = parts.replica_group
+        #: This rank's part in its tensor-parallel group's decisions (None where none are needed).
+        self.coordination: Coordination | None = parts.coordination
+        #: What runs this rank's tasks (an injection given as ``seams=Seams(injection=...)`` is built in around it).
+        self.executor: Executor = parts.executor
+        #: What carries its messages (:class:`~hintpipe.runtime.transport.protocol.Transport`, of the kind
+        #: ``transport`` names; an injected delay or a test's watch built in around it).
+        self.carrier: Transport = parts.carrier
 
-    # -- what the pipeline is (its parts, read through) -------------------------------------
-
-    hint: _Part[Hint] = _Part("hint")
-    rank: _Part[int] = _Part("rank")  #: this rank's position in its pipeline (the hint's rank)
-    global_rank: _Part[int] = _Part("global_rank")
-    layout: _Part[Layout] = _Part("layout")  #: where this rank sits in data x pipeline x tensor parallelism
-    stages: _Part[tuple[int, ...]] = _Part("stages")  #: the stages this rank hosts
-    modules: _Part[dict[int, nn.Module]] = _Part("modules")  #: its stages, on its device (sharded by FSDP2)
-    microbatches: _Part[int] = _Part("microbatches")
-    policy: _Part[Policy] = _Part("policy")
-    device: _Part[torch.device] = _Part("device")
-    transport: _Part[TransportChoice] = _Part("transport_choice")  #: the option, resolved; the object: post_office
-    #: The ranks holding this rank's stages in the other data-parallel replicas (None without replicas).
-    replica_group: _Part[dist.ProcessGroup | None] = _Part("replica_group")
-    #: This rank's part in its tensor-parallel group's decisions (None where none are needed).
-    coordination: _Part[Coordination | None] = _Part("coordination")
-    #: What runs this rank's tasks, and what carries its messages (an injection given as
-    #: ``seams=Seams(injection=...)`` is built in around them).
-    executor: _Part[Executor] = _Part("executor")
-    post_office: _Part[Transport] = _Part("post_office")
+    def __setattr__(self, name: str, value: object) -> None:
+        """Set an attribute, but a part once shown: a pipeline's parts are fixed when it is built (assigning one
+        here would replace it for this object's readers alone, not the step loop's or the hooks')."""
+        if name in PARTS_SHOWN and name in self.__dict__:
+            raise AttributeError(f"Pipeline.{name} is read-only: a pipeline's parts are fixed when it is built")
+        object.__setattr__(self, name, value)
 
     @property
     def step_count(self) -> int:
         """Training steps run so far (a resumed run's count on from its checkpoint's)."""
-        return self._exchanges.steps
+        return self._engine.steps
 
     @step_count.setter
     def step_count(self, steps: int) -> None:
-        self._exchanges.steps = steps
+        self._engine.steps = steps
 
     @property
     def ranks(self) -> int:
@@ -313,7 +315,7 @@ class Pipeline:
             PeerFailure: a neighbour failed or vanished.
             NonFiniteLoss: a loss was NaN or infinite (``on_nonfinite="raise"``).
         """
-        return self._exchanges.step(inputs, target, loss_divisor, broadcast_loss, ends)
+        return self._engine.step(inputs, target, loss_divisor, broadcast_loss, ends)
 
     def eval_step(
         self,
@@ -330,7 +332,7 @@ class Pipeline:
         Raises:
             WatchdogTimeout, PeerFailure: as :meth:`step`.
         """
-        return self._exchanges.evaluate(inputs, target, loss_divisor, broadcast_loss)
+        return self._engine.evaluate(inputs, target, loss_divisor, broadcast_loss)
 
     def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` of the whole model, across every rank of every axis (call on every
@@ -360,7 +362,7 @@ class Pipeline:
 
     def close(self) -> None:
         """Tell the neighbours this rank is done and stop its mailboxes."""
-        self._exchanges.close()
+        self._engine.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -369,15 +371,22 @@ class Pipeline:
         # Leaving on an error (the caller's own, between steps) tells the neighbours at once, as a failed step
         # does: a graceful close would wait for them to close too, while they may wait for this rank.
         if error is not None:
-            self._exchanges.abort(error)
+            self._engine.abort(error)
         else:
             self.close()
 
 
 def _messages(pipe: Pipeline) -> Transport:
-    """Deprecated: :attr:`Pipeline.post_office` (its name before 0.7), read-only as it is."""
-    retired_attribute("Pipeline.messages", "Pipeline.post_office")
-    return pipe.post_office
+    """Deprecated: :attr:`Pipeline.carrier` (its name in 0.6), read-only as it is."""
+    retired_attribute("Pipeline.messages", "Pipeline.carrier")
+    return pipe.carrier
+
+
+def _post_office(pipe: Pipeline) -> Transport:
+    """Deprecated: :attr:`Pipeline.carrier` (its name before 0.7's release), read-only as it is."""
+    retired_attribute("Pipeline.post_office", "Pipeline.carrier")
+    return pipe.carrier
 
 
 Pipeline.messages = property(_messages)  # type: ignore[attr-defined]
+Pipeline.post_office = property(_post_office)  # type: ignore[attr-defined]

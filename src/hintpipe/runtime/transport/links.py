@@ -71,7 +71,8 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.device import EventArrival, ReceivedBytes, new_event, new_stream
-from hintpipe.runtime.transport.mailbox import PostOffice
+from hintpipe.runtime.transport.mailbox import GlooTransport
+from hintpipe.runtime.transport.protocol import Connection
 from hintpipe.runtime.transport.sender import Outgoing
 from hintpipe.runtime.transport.wire import (
     HEADER,
@@ -98,9 +99,9 @@ class Link:
     peer: int
 
 
-class LinkPostOffice(PostOffice):
-    """Headers over gloo, payloads over per-direction links: the NCCL
-    :class:`~hintpipe.runtime.transport.protocol.Transport`.
+class NcclTransport(GlooTransport):
+    """Headers over gloo, payloads over per-direction links: the ``nccl``
+    :class:`~hintpipe.runtime.transport.protocol.Transport` (built by :meth:`connect`).
 
     Args:
         peers: the ranks this rank exchanges messages with, as ranks of ``group``.
@@ -108,7 +109,7 @@ class LinkPostOffice(PostOffice):
         group: the gloo group of the headers.
         outgoing: per peer, the link payloads to it leave on.
         incoming: per peer, the link its payloads come in on.
-        notices, received: as for :class:`~hintpipe.runtime.transport.mailbox.PostOffice`.
+        notices, received: as for :class:`~hintpipe.runtime.transport.mailbox.GlooTransport`.
     """
 
     def __init__(
@@ -129,6 +130,26 @@ class LinkPostOffice(PostOffice):
         self._incoming = dict(incoming)
         self._link_sends: collections.deque[tuple[dist.Work, torch.Tensor]] = collections.deque()
         super().__init__(peers, device, group, notices=notices, received=received)
+
+    @classmethod
+    def connect(cls, connection: Connection, backend: str = "nccl") -> NcclTransport:
+        """This rank's transport over its ``connection``: every directed link of every pipeline created first
+        (collectively, on ``backend``: ``"gloo"`` runs this transport's code on CPU ranks), the headers on the
+        pipeline's point-to-point group."""
+        c = connection
+        outgoing, incoming = make_links(c.pipelines, c.stage_rank, c.global_rank, backend, c.timeout)
+        return cls(
+            c.peers, c.device, c.group, outgoing=outgoing, incoming=incoming, notices=c.notices, received=c.received
+        )
+
+    @staticmethod
+    def refusal(device: torch.device, own_gpu: bool) -> str | None:
+        """Why ranks on ``device`` cannot use NCCL (see :class:`~hintpipe.runtime.transport.protocol.TransportSpec`)."""
+        if device.type != "cuda":
+            return f"moves tensors between GPUs, but the ranks compute on {device.type}"
+        if not own_gpu:
+            return "needs a GPU per rank (NCCL refuses two ranks on one device); use gloo"
+        return None
 
     # -- receiving ------------------------------------------------------------
 

@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from hintpipe.device import ReceivedBytes
+from hintpipe.runtime.transport.protocol import Connection
 from hintpipe.runtime.transport.sender import Outgoing, Sender
 from hintpipe.runtime.transport.staging import Staging
 from hintpipe.runtime.transport.wire import (
@@ -76,9 +77,9 @@ _NOTICE_FIELDS = 5
 SEND_THREAD_ON_CPU = True
 
 
-class PostOffice:
-    """All mailboxes of one rank, plus its outgoing sends: the gloo
-    :class:`~hintpipe.runtime.transport.protocol.Transport`.
+class GlooTransport:
+    """All mailboxes of one rank, plus its outgoing sends: the ``gloo``
+    :class:`~hintpipe.runtime.transport.protocol.Transport` (built by :meth:`connect`).
 
     Args:
         peers: the ranks this rank exchanges messages with, as ranks of ``group``.
@@ -130,6 +131,17 @@ class PostOffice:
                 thread = threading.Thread(target=self._notice_loop, args=(peer,), name=f"notices-{peer}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
+
+    @classmethod
+    def connect(cls, connection: Connection) -> GlooTransport:
+        """This rank's mailboxes to its ``connection``'s peers, on its pipeline's point-to-point group."""
+        return cls(
+            connection.peers,
+            connection.device,
+            group=connection.group,
+            notices=connection.notices,
+            received=connection.received,
+        )
 
     # -- receiving ------------------------------------------------------------
 

@@ -1,18 +1,21 @@
-"""The transport protocol: how the step loop moves messages between ranks.
+"""The transport protocol: how the step loop moves messages between ranks, and the one signature every
+transport is built from.
 
-The loop only posts messages and takes the next one that arrived; how they
-travel is the transport's business. Two implementations:
+The loop only posts messages and takes the next one that arrived; how they travel is the transport's
+business. Each transport the ``transport`` option names is one :class:`TransportSpec` (what builds it from a
+:class:`Connection`, and what it needs of the ranks), one row of
+:data:`~hintpipe.runtime.transport.registry.TRANSPORTS`:
 
-- ``gloo``: :class:`~hintpipe.runtime.transport.mailbox.PostOffice`, per-neighbour
+- ``gloo``: :class:`~hintpipe.runtime.transport.mailbox.GlooTransport`, per-neighbour
   mailboxes over gloo; a GPU rank's tensors are staged through pinned host
   buffers. Works across any fabric and with one GPU shared by several ranks.
-- ``nccl``: :class:`~hintpipe.runtime.transport.links.LinkPostOffice`, headers over the
+- ``nccl``: :class:`~hintpipe.runtime.transport.links.NcclTransport`, headers over the
   same gloo mailboxes, payloads GPU to GPU over NCCL. Needs every rank on a
   GPU of its own (NCCL refuses two ranks on one device).
 
-``auto`` picks ``nccl`` where every rank has its own GPU, ``gloo`` otherwise
-(:func:`choose_transport`). :class:`~hintpipe.runtime.faults.DelayedTransport`
-wraps either to inject network latency.
+``auto`` picks the first row whose needs every rank meets: ``nccl`` where every rank has its own GPU,
+``gloo`` otherwise (:func:`~hintpipe.runtime.transport.registry.choose_transport`).
+:class:`~hintpipe.runtime.faults.DelayedTransport` wraps either to inject network latency.
 
 [Note: producer notices]
 The ``ready`` policy's ETA rule (see :class:`~hintpipe.scoreboard.Policy`)
@@ -29,31 +32,18 @@ nothing, and one of a finished step is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import queue
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
-from hintpipe.modes import TransportChoice
+from hintpipe.device import ReceivedBytes
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 
-__all__ = ["Transport", "TransportChoice", "choose_transport"]
-
-
-def choose_transport(choice: str | TransportChoice, device: torch.device, *, own_gpu: bool) -> TransportChoice:
-    """The transport a rank on ``device`` uses (``own_gpu``: every rank has a GPU to itself).
-
-    Raises:
-        ValueError: ``nccl`` asked for on a CPU rank, or with ranks sharing a GPU.
-    """
-    which = TransportChoice.parse(choice)
-    if which is TransportChoice.AUTO:
-        return TransportChoice.NCCL if device.type == "cuda" and own_gpu else TransportChoice.GLOO
-    if which is TransportChoice.NCCL and device.type != "cuda":
-        raise ValueError(f"transport nccl moves tensors between GPUs, but the ranks compute on {device.type}")
-    if which is TransportChoice.NCCL and not own_gpu:
-        raise ValueError("transport nccl needs a GPU per rank (NCCL refuses two ranks on one device); use gloo")
-    return which
+__all__ = ["Connection", "InboxTransport", "Transport", "TransportSpec"]
 
 
 class Transport(Protocol):
@@ -75,3 +65,58 @@ class Transport(Protocol):
 
     def close(self, timeout: float = 30.0, error: str | None = None) -> None:
         """Tell every neighbour this rank is done (or failed, with ``error``) and stop receiving."""
+
+
+class InboxTransport(Transport, Protocol):
+    """A transport as a :class:`TransportSpec` builds it, before any wrapper goes round it: its inbox, where
+    what arrived waits for the step loop, also takes the tensor-parallel coordination's decisions (see
+    :mod:`hintpipe.runtime.loop.coordination`)."""
+
+    inbox: queue.Queue[Message]
+
+
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """What every transport is built from: this rank's place among its pipeline's ranks.
+
+    Attributes:
+        peers: the neighbours it exchanges messages with, as positions in the pipeline (ranks of ``group``).
+        device: the rank's device: received tensors are placed there.
+        group: the pipeline's own gloo group for point-to-point messages (never the collectives' group).
+        pipelines: every pipeline's global ranks, by position (a transport that creates groups creates them for
+            all: group creation is collective).
+        stage_rank: the pipeline position of each stage.
+        global_rank: this rank in the world.
+        timeout: the watchdog's seconds (a transfer stuck on a dead peer fails after it).
+        notices: whether producer notices travel (see [Note: producer notices]).
+        received: counts the device bytes the receiving threads allocate (see [Note: what a forward left
+            allocated] in :mod:`hintpipe.device`).
+    """
+
+    peers: tuple[int, ...]
+    device: torch.device
+    group: dist.ProcessGroup
+    pipelines: tuple[tuple[int, ...], ...]
+    stage_rank: tuple[int, ...]
+    global_rank: int
+    timeout: float
+    notices: bool
+    received: ReceivedBytes
+
+
+def _anywhere(device: torch.device, own_gpu: bool) -> str | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportSpec:
+    """One transport the ``transport`` option names.
+
+    Attributes:
+        connect: builds this rank's transport (every rank calls it, in the same order: it may create groups).
+        refusal: why ranks on ``device`` (``own_gpu``: every rank has a GPU to itself) cannot use it, after
+            ``transport <name>`` (``"needs a GPU per rank ...; use gloo"``), or None where they can.
+    """
+
+    connect: Callable[[Connection], InboxTransport]
+    refusal: Callable[[torch.device, bool], str | None] = _anywhere
