@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hintpipe.dispatch.expected import plans_for
 from hintpipe.runtime.loop.ready_plan import LONGEST_INTERVAL, ReadyPlanner
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.sim.expected import plans_for
 
 
 def test_the_plan_is_rebuilt_only_when_costs_move_and_costs_are_looked_at_ever_more_rarely() -> None:

@@ -2,8 +2,10 @@
 
 The runtime plans ``ready`` with each stage's median measured costs
 (:func:`stage_medians`), and :func:`plans_for` turns those into every rank's
-:class:`~hintpipe.scoreboard.RankPlan` by a fixed-order run of the hint on the
-simulator. The prediction of a measured step uses the very same costs (a
+:class:`~hintpipe.dispatch.rank_plan.RankPlan` by a fixed-order run of the hint
+on dispatch's engine (:meth:`hintpipe.dispatch.layout.Layout.plans`, the sweep
+the simulator plans with too). The prediction of a measured step
+(:func:`hintpipe.sim.predict.predict_step_time`) uses the very same costs (a
 :class:`~hintpipe.runtime.loop.reports.StepReport` carries the ones its step
 planned with), so "the simulator predicts the runtime" compares like with like.
 
@@ -17,13 +19,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.renamed import renamed
-from hintpipe.schedule.fit import AdmissionUnit
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.layout import Layout
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy, RankPlan
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.simulator import Sample, Simulator
+from hintpipe.schedule.task import Kind
 
 #: ``[stage][kind]`` expected cost of one task (kind = :class:`Kind` value).
 StageCosts = Sequence[Sequence[float]]
@@ -46,8 +47,11 @@ def cost_model_of(costs: StageCosts) -> CostModel:
 
 
 def plans_for(hint: Hint, costs: StageCosts) -> list[RankPlan]:
-    """Every rank's plan: the hint run in fixed order on these per-stage costs."""
-    return Simulator(hint, cost_model_of(costs)).plans()
+    """Every rank's plan: the hint run in fixed order on these per-stage costs (memory in slots)."""
+    model = cost_model_of(costs)
+    model.check_fits(hint.num_stages, hint.microbatches)
+    layout = Layout(hint, [RankGraph(hint, r) for r in range(hint.ranks)])
+    return layout.plans(model.expected(hint.microbatches, hint.split_backward))
 
 
 def moved(old: StageCosts | None, new: StageCosts, threshold: float) -> bool:
@@ -58,42 +62,3 @@ def moved(old: StageCosts | None, new: StageCosts, threshold: float) -> bool:
     a, b = np.asarray(old, dtype=float), np.asarray(new, dtype=float)
     scale = np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-12)
     return bool((np.abs(a - b) / scale > threshold).any())
-
-
-@renamed("predict_step_time", slack="memory_slack")
-def predict_step_time(
-    hint: Hint,
-    records: Sequence[tuple[int, Task, float, float]],
-    plan_costs: StageCosts | None,
-    policy: Policy,
-    memory_slack: float = 0.0,
-    *,
-    budgets: Sequence[float] | None = None,
-    sizes: Sequence[float] | None = None,
-    admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
-) -> float:
-    """The simulator's makespan for a measured step: its measured task times are the
-    sample, and ``ready`` plans with ``plan_costs``, the costs the runtime planned
-    that step with (the step's own medians when it had no plan).
-
-    ``budgets`` (per rank, in admission's units) and ``sizes`` (each slot's input elements) are the step's
-    own where the runtime reported them: under ``admission="size"`` the simulator fits the hint to those
-    budgets as the runtime did (:func:`hintpipe.schedule.by_size.fit_step`), and ``ready`` scales its plan
-    by the sizes relative to their median, as the runtime's does."""
-    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
-    for _, task, start, end in records:
-        durations[task.stage, task.mb, task.kind] = end - start
-    costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
-    relative = None
-    if sizes is not None:
-        typical = float(np.median(sizes)) or 1.0
-        relative = np.asarray(sizes, dtype=float) / typical
-        if budgets is not None and AdmissionUnit.parse(admission) is AdmissionUnit.SIZE:
-            budgets = [b / typical for b in budgets]
-    sample = Sample(durations, np.zeros_like(durations), 0.0, sizes=relative)
-    # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
-    simulator = Simulator(hint, cost_model_of(costs))
-    result = simulator.run(
-        policy, sample, memory_slack=memory_slack, activation_budget=budgets, notices=True, admission=admission
-    )
-    return result.makespan

@@ -1,8 +1,8 @@
 """The dispatch policy: how a rank chooses among its ready, admitted tasks.
 
-The rules are the scoreboard's (:class:`hintpipe.scoreboard.Scoreboard`, which also exports this name); the
-choice is an option every part takes (the simulator, the runtime, the command line), so it stands on its
-own, below all of them.
+The rules are the scoreboard's (:class:`hintpipe.dispatch.scoreboard.Scoreboard`); the choice is an option
+every part takes (the simulator, the runtime, the command line, a step's record), so it is a module of its
+own in :mod:`hintpipe.dispatch`, which every one of them may import.
 
 This module is torch-free.
 """

@@ -24,28 +24,18 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.policy import Policy
+from hintpipe.dispatch.budgets import rank_budget
+from hintpipe.dispatch.per_position import float_view
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.projected_live import ProjectedLive
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.rank_plan import PATIENCE_TOLERANCE, RankPlan
 from hintpipe.schedule import rules
-from hintpipe.schedule.budgets import device_budgets, rank_budget
-from hintpipe.schedule.fit import BudgetError
-from hintpipe.schedule.per_position import float_view
-from hintpipe.schedule.projected_live import ProjectedLive
-from hintpipe.schedule.rank_graph import RankGraph
-from hintpipe.schedule.rank_plan import PATIENCE_TOLERANCE, RankPlan
 from hintpipe.schedule.task import Kind, Task
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = [
-    "PATIENCE_TOLERANCE",
-    "BudgetError",
-    "Policy",
-    "RankGraph",
-    "RankPlan",
-    "Scoreboard",
-    "device_budgets",
-    "rank_budget",
-]
+__all__ = ["LATENESS_TOLERANCE", "Scoreboard"]
 
 
 #: The share of the hint's next task's expected cost by which its input must be past its ETA
@@ -109,7 +99,7 @@ class Scoreboard:
         self.policy = policy
         self.tasks = graph.tasks
         n = len(self.tasks)
-        # Per-position state at 8 bytes a task or less (see hintpipe.schedule.per_position): the
+        # Per-position state at 8 bytes a task or less (see hintpipe.dispatch.per_position): the
         # simulator holds every rank's scoreboard at once.
         self._need: list[int] = graph.need_array.tolist()
         self._first, self._second = graph.successor_lists

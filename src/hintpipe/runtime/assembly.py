@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import DataParallel, Precision, TransportChoice
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.collective import one_line
@@ -62,7 +63,6 @@ from hintpipe.runtime.transport.links import LinkPostOffice, make_links
 from hintpipe.runtime.transport.mailbox import PostOffice
 from hintpipe.runtime.transport.protocol import Transport, choose_transport
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import Policy
 
 __all__ = ["Parts", "Seams", "Wiring", "assemble", "layout_of", "pipeline_budgets"]
 

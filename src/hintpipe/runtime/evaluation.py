@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.runtime.loop.microbatch import Batch, prepare_step
 from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.rank_graph import RankGraph
-from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
     from hintpipe.runtime.parts import Parts

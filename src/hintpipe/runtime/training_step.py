@@ -14,6 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.runtime import liveness
 from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
 from hintpipe.runtime.loop.microbatch import relative_sizes
@@ -21,7 +23,6 @@ from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.parts import Parts
 from hintpipe.runtime.transport.wire import Message
-from hintpipe.scoreboard import Policy, Scoreboard
 
 
 def run_step(parts: Parts, state: StepState, stash: list[Message]) -> torch.Tensor | None:
