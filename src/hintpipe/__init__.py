@@ -7,8 +7,9 @@ the package's layout::
     plan = hintpipe.plan(model, example, ranks=2, microbatches=8)
     pipe = hintpipe.Pipeline.from_plan(plan, loss_fn=loss_fn)
 
-The scheduling core (tasks, hints, the scoreboard, the simulator) imports no
-torch; the runtime and the planner do, and are imported on first use.
+The scheduling core (tasks and hints in ``schedule``, the scoreboard and the rest
+of the state machine in ``dispatch``, the simulator in ``sim``) imports no torch;
+the runtime and the planner do, and are imported on first use.
 """
 
 from __future__ import annotations
