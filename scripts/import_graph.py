@@ -1,19 +1,25 @@
 """Print the import graph between hintpipe's parts, and fail on an arrow that must not exist.
 
-The parts are the folders (``schedule/``, ``sim/``, ``planner/``, ``runtime/``,
-``forming/``, ``apps/``, ``cli/``, ``observe/``), the scoreboard, the options
+The parts are the folders (``schedule/``, ``dispatch/``, ``sim/``, ``planner/``, ``runtime/``,
+``forming/``, ``data/``, ``apps/``, ``cli/``, ``observe/``), the options
 table (``options`` and ``run_options``: the config every part reads, the runtime included, so it stands
 below the runtime, the applications and the command line, and refers only to the enums of
 ``hintpipe.modes`` and of the parts below it) and the foundation below all of them (``choice``,
-``spec``, ``units``, ``option``, ``modes``, ``device``, ``device_choice``, ``policy``, ``tensor_bytes``,
-``sampler``, ``renamed``). Every ``import`` of a hintpipe module counts, wherever it stands (at the
+``spec``, ``units``, ``option``, ``modes``, ``device``, ``device_choice``, ``tensor_bytes``,
+``sampler``, ``renamed``). The 0.7 shims of the old ``hintpipe.scoreboard`` and ``hintpipe.policy`` count as
+``dispatch``, whose names they give. Every ``import`` of a hintpipe module counts, wherever it stands (at the
 top, in a function, under ``TYPE_CHECKING``): a dependency is a dependency, even when it is deferred.
 The one exception is named: the options table may name the runtime's types of its object-valued
 options under ``TYPE_CHECKING`` (:data:`TYPE_ONLY`), for the type checker; it runs none of their code.
 
-Three rules, each failing the script (each a function of a graph, which its tests make up):
+Four rules, each failing the script (each a function of a graph, which its tests make up):
 
 - **forbidden arrows** between parts (:data:`FORBIDDEN`), and the foundation imports only the foundation;
+  the floors of the torch-free core, lowest first: the foundation, ``schedule`` (what a schedule is),
+  ``dispatch`` (the state machine both drivers share), then the simulator and the runtime side by side, neither
+  importing the other;
+- **the torch-free parts** (:data:`TORCH_FREE`: ``schedule``, ``dispatch``, ``sim``) import no torch
+  themselves (what they import of hintpipe is held to the arrows above);
 - **the runtime's floors** (:data:`RUNTIME_FLOORS`): a runtime module imports runtime modules of its own
   floor or below, never above;
 - **no cycle** between modules: two modules that import each other (through any chain) are one concept
@@ -37,13 +43,24 @@ FORBIDDEN = {("planner", "runtime"), ("sim", "runtime"), ("runtime", "apps"), ("
 FORBIDDEN |= {("forming", "runtime"), ("runtime", "forming")}
 #: The data (corpora prepared into shards, read by documents) needs neither the runtime nor the applications.
 FORBIDDEN |= {("data", "runtime"), ("data", "apps"), ("data", "cli")}
+#: Dispatch (the scoreboard, its policy, rank graphs, budgets, the fit, the engine, the expected plan, the bounds,
+#: samples, variability) is the torch-free state machine the simulator and the runtime share: it imports only
+#: the schedule and the foundation, and the schedule (what a schedule is) imports no dispatch.
+FORBIDDEN |= {("dispatch", above) for above in ("runtime", "sim", "planner", "apps", "cli", "options")}
+FORBIDDEN |= {("dispatch", above) for above in ("forming", "data", "observe")}
+FORBIDDEN |= {("schedule", "dispatch")}
+#: The runtime and the simulator are two drivers of dispatch: the runtime takes nothing of the simulator's.
+FORBIDDEN |= {("runtime", "sim")}
 #: The options table is the config every part reads: nothing above it may be imported by it (an arrow up
 #: through the options would make the runtime, which takes its config, import what imports it).
 FORBIDDEN |= {("options", above) for above in ("runtime", "apps", "cli", "planner", "sim", "data")}
 #: Arrows allowed for imports under ``TYPE_CHECKING`` only: the types of the runtime's object-valued options
 #: (``EmulatedCosts``, ``FsdpOptions``, ``TiedParameter``) in the config's fields.
 TYPE_ONLY = {("options", "runtime")}
-FOLDERS = ("schedule", "sim", "planner", "runtime", "forming", "data", "apps", "cli", "observe")
+#: The parts that import no torch: the scheduling core, which ``hintpipe simulate`` and the command line's checks
+#: run without it.
+TORCH_FREE = ("schedule", "dispatch", "sim")
+FOLDERS = ("schedule", "dispatch", "sim", "planner", "runtime", "forming", "data", "apps", "cli", "observe")
 #: The foundation: modules every part may use, which use none of them.
 FOUNDATION = "base"
 #: The runtime's floors, lowest first: a floor's modules are its base modules (``runtime/errors.py``) or
@@ -64,8 +81,10 @@ def part(module: str) -> str:
         return "hintpipe"
     if pieces[1] == "__main__":
         return "cli"
-    if pieces[1] in FOLDERS or pieces[1] == "scoreboard":
+    if pieces[1] in FOLDERS:
         return pieces[1]
+    if pieces[1] in ("scoreboard", "policy"):  # the 0.7 shims of the old names, which give dispatch's
+        return "dispatch"
     if pieces[1] in ("options", "run_options"):  # the options table, in two modules
         return "options"
     return FOUNDATION
@@ -145,6 +164,27 @@ def forbidden(arrows: dict[tuple[str, str], list[tuple[str, str, bool]]]) -> lis
     return out
 
 
+def outside_imports(path: Path) -> set[str]:
+    """The top-level packages other than hintpipe that ``path`` imports (``torch`` for ``torch.distributed``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"hintpipe"}
+
+
+def torch_breaches(outside: dict[str, set[str]]) -> list[str]:
+    """Modules of a :data:`TORCH_FREE` part that import torch (``outside``: module -> what it imports outside
+    hintpipe)."""
+    return [
+        f"torch: {module} imports torch ({part(module)} is torch-free)"
+        for module, names in sorted(outside.items())
+        if part(module) in TORCH_FREE and "torch" in names
+    ]
+
+
 def module_imports() -> dict[str, set[str]]:
     """Module -> the hintpipe modules it imports (each an existing module or package)."""
     found = {module_name(path): set(imports(path)) for path in sorted(SOURCE.rglob("*.py"))}
@@ -212,6 +252,7 @@ def main() -> int:
         typed = sum(type_only for *_, type_only in pairs)
         note = f" ({typed} under TYPE_CHECKING)" if typed else ""
         print(f"{f'{a} -> {b}':<{width}}  {len(pairs):3d} imports{note}{mark}")
+    bad += torch_breaches({module_name(path): outside_imports(path) for path in sorted(SOURCE.rglob("*.py"))})
     for line in bad:
         print(line, file=sys.stderr)
     edges = module_imports()

@@ -17,10 +17,10 @@ import torch
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.cli import build_parser
 from hintpipe.cli.config_file import apply_config
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import SimResult, Simulator
 
 if TYPE_CHECKING:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.engine import drive, fixed_order
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.scoreboard import Scoreboard
+from hintpipe.dispatch.variability import CommDelay, parse_variability
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintError, HintName
-from hintpipe.scoreboard import Policy, Scoreboard
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.engine import drive, fixed_order
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import CommDelay, parse_variability
 
 LATENCIES = (0.0, 0.05, 0.2, 0.5, 1.0, 2.0)
 

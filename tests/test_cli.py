@@ -188,7 +188,7 @@ def test_demo_trains_the_same_model_both_ways(capsys: pytest.CaptureFixture[str]
 def test_the_command_line_and_the_simulator_run_without_torch() -> None:
     # ``hintpipe simulate`` is pure Python and numpy: importing torch would cost it seconds.
     code = (
-        "import sys, hintpipe.cli, hintpipe.sim.simulator, hintpipe.sim.compare, hintpipe.scoreboard\n"
+        "import sys, hintpipe.cli, hintpipe.sim.simulator, hintpipe.sim.compare, hintpipe.dispatch.scoreboard\n"
         "from hintpipe.cli import main\n"
         "assert main(['simulate', '--ranks', '2', '--microbatches', '4', '--json']) == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from hintpipe.dispatch.variability import CommDelay
 from hintpipe.runtime import faults
 from hintpipe.runtime.faults import DelayedTransport, FaultyExecutor, VariedExecutor
 from hintpipe.runtime.injection import Injection
@@ -19,7 +20,6 @@ from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.loop.executor import Tensors
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.task import Kind
-from hintpipe.sim.variability import CommDelay
 
 
 class _Inbox:

@@ -8,16 +8,16 @@ import math
 import numpy as np
 import pytest
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.fit import AdmissionUnit, BudgetError, fit_hint
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.variability import CommDelay, parse_variability
 from hintpipe.options import check_options
-from hintpipe.schedule.fit import AdmissionUnit, BudgetError, fit_hint
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
-from hintpipe.schedule.rank_graph import RankGraph
-from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import run_study
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import CommDelay, parse_variability
 
 
 def _chunks(name: HintName) -> int:

@@ -30,6 +30,20 @@ def rules() -> ModuleType:
         ("hintpipe.data.shards", "hintpipe.apps.batches"),
         ("hintpipe.options", "hintpipe.runtime.loop.executor"),  # an arrow up through the options
         ("hintpipe.run_options", "hintpipe.apps.lr_schedule"),
+        # the runtime and the simulator are two drivers of dispatch: neither takes the other's
+        ("hintpipe.runtime.loop.ready_plan", "hintpipe.sim.simulator"),
+        ("hintpipe.runtime.injection", "hintpipe.sim"),
+        # dispatch stands on the schedule and the foundation alone
+        ("hintpipe.dispatch.scoreboard", "hintpipe.runtime.loop.step_loop"),
+        ("hintpipe.dispatch.expected", "hintpipe.sim.simulator"),
+        ("hintpipe.dispatch.fit", "hintpipe.planner.plan"),
+        ("hintpipe.dispatch.by_size", "hintpipe.apps.training"),
+        ("hintpipe.dispatch.budgets", "hintpipe.cli.train"),
+        ("hintpipe.dispatch.policy", "hintpipe.options"),
+        ("hintpipe.dispatch.sample", "hintpipe.observe.trace"),
+        ("hintpipe.scoreboard", "hintpipe.run_options"),  # the old name's shim is dispatch's
+        # what a schedule is needs no dispatch
+        ("hintpipe.schedule.hint", "hintpipe.dispatch.rank_graph"),
     ],
 )
 def test_a_forbidden_arrow_fails_naming_the_import(rules: ModuleType, source: str, target: str) -> None:
@@ -85,3 +99,38 @@ def test_an_import_under_type_checking_is_told_apart(
         "hintpipe.units": False,  # imported at run time too
         "hintpipe.runtime.parallel.tied": True,
     }
+
+
+def test_dispatch_is_a_part_and_the_old_names_shims_are_its(rules: ModuleType) -> None:
+    parts = [rules.part(m) for m in ("hintpipe.dispatch", "hintpipe.dispatch.scoreboard", "hintpipe.scoreboard")]
+    assert [*parts, rules.part("hintpipe.policy")] == ["dispatch"] * 4
+    above = ("runtime", "sim", "planner", "apps", "cli", "options", "forming", "data", "observe")
+    assert {("dispatch", part) for part in above} | {("runtime", "sim"), ("schedule", "dispatch")} <= rules.FORBIDDEN
+    allowed = {("dispatch", "schedule"): [("hintpipe.dispatch.fit", "hintpipe.schedule.hint", False)]}
+    allowed[("dispatch", "base")] = [("hintpipe.dispatch.policy", "hintpipe.choice", False)]
+    allowed[("runtime", "dispatch")] = [("hintpipe.runtime.loop.ready_plan", "hintpipe.dispatch.expected", False)]
+    allowed[("sim", "dispatch")] = [("hintpipe.sim.simulator", "hintpipe.dispatch.engine", False)]
+    assert rules.forbidden(allowed) == []
+
+
+def test_a_torch_free_part_that_imports_torch_fails(rules: ModuleType) -> None:
+    outside = {
+        "hintpipe.dispatch.scoreboard": {"numpy", "torch"},
+        "hintpipe.schedule.hint": {"torch"},
+        "hintpipe.sim.simulator": {"numpy"},
+        "hintpipe.runtime.pipeline": {"torch"},  # the runtime is torch's
+    }
+    assert rules.torch_breaches(outside) == [
+        "torch: hintpipe.dispatch.scoreboard imports torch (dispatch is torch-free)",
+        "torch: hintpipe.schedule.hint imports torch (schedule is torch-free)",
+    ]
+
+
+def test_what_a_module_imports_outside_hintpipe_is_found(rules: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "engine.py"
+    path.write_text(
+        "import heapq\nimport torch.distributed as dist\nfrom numpy import typing\n"
+        "from hintpipe.dispatch import layout\nfrom . import sample\n"
+        "def late() -> None:\n    from torch import nn\n"
+    )
+    assert rules.outside_imports(path) == {"heapq", "numpy", "torch"}

@@ -42,12 +42,12 @@ from torch import nn
 
 from groups import Case, run_cases, succeeded
 from hintpipe.apps.models import lm_loss
+from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.task import Task
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Simulator
 
 RANKS = 4

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
-from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import run_study
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample
-from hintpipe.sim.variability import parse_variability
 
 
 def test_each_order_on_known_sizes() -> None:

@@ -1,5 +1,5 @@
 """``moe:EXPERTS:TOPK[:SKEW[:SHARE]]``: mixture-of-experts routing as a cost draw (see [Note: expert load] in
-:mod:`hintpipe.sim.variability`): exact draws for a seed, balanced loads that change nothing, the cap TOPK puts
+:mod:`hintpipe.dispatch.variability`): exact draws for a seed, balanced loads that change nothing, the cap TOPK puts
 on the busiest expert, the spec's words."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import ExpertLoad, SpecError, capped_shares, expert_factors, parse_variability
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import ExpertLoad, SpecError, capped_shares, expert_factors, parse_variability
 
 
 def _moe(spec: str) -> ExpertLoad:

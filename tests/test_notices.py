@@ -8,13 +8,15 @@ from typing import Any, cast
 
 import pytest
 
+from hintpipe.dispatch.expected import plans_for
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message, MessageKind
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import B, F
-from hintpipe.scoreboard import Policy, RankGraph, Scoreboard
-from hintpipe.sim.expected import plans_for
 
 
 def _loop(step_clock: float) -> tuple[StepLoop, Scoreboard, list[Message]]:

@@ -19,12 +19,12 @@ import hintpipe.runtime
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import build_parser
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import Precision
 from hintpipe.option import ChoiceField
 from hintpipe.options import OPTIONS, PipelineConfig, check_options, field_option
 from hintpipe.planner.plan import plan
 from hintpipe.runtime.pipeline import Pipeline
-from hintpipe.scoreboard import Policy
 
 #: Flags that are not options of the pipeline or the run: what a command does with its results, and the model.
 COMMAND_ONLY = {

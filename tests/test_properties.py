@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import CommDelay, IidNoise, MicrobatchNoise, Multimodal, Straggler
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
-from hintpipe.sim.variability import CommDelay, IidNoise, MicrobatchNoise, Multimodal, Straggler
 
 
 @st.composite

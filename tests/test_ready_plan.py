@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
 
+import numpy as np
+import pytest
+
+from hintpipe.dispatch.expected import cost_model_of, plans_for
 from hintpipe.runtime.loop.ready_plan import LONGEST_INTERVAL, ReadyPlanner
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.sim.expected import plans_for
+from hintpipe.sim.simulator import Simulator
 
 
 def test_the_plan_is_rebuilt_only_when_costs_move_and_costs_are_looked_at_ever_more_rarely() -> None:
@@ -24,3 +28,15 @@ def test_the_plan_is_rebuilt_only_when_costs_move_and_costs_are_looked_at_ever_m
     assert looked == [0, 1, 3, 7, 15, 31, 47]  # the jump at step 40 is taken up at 47
     assert LONGEST_INTERVAL == 16
     assert planner.plan == plans_for(hint, (costs * 1.5).tolist())[1]
+
+
+@pytest.mark.parametrize(("name", "chunks"), [("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("zbv", 2)])
+def test_the_runtime_s_plan_is_the_simulator_s_on_the_same_costs(name: str, chunks: int) -> None:
+    # The runtime plans with dispatch's engine alone (no simulator); a simulation's ``ready`` plans with the same
+    # sweep: on the same per-stage costs the two are one plan, position for position.
+    hint = generate_hint(name, 3, 6, chunks)
+    costs = [[1.0 + 0.25 * s, 2.0 - 0.1 * s, 0.5 * (s % 2)] for s in range(hint.num_stages)]
+    simulated = Simulator(hint, cost_model_of(costs)).plans()
+    planned = plans_for(hint, costs)
+    assert [dataclasses.astuple(p) for p in planned] == [dataclasses.astuple(p) for p in simulated]
+    assert [len(p.due) for p in planned] == [len(tasks) for tasks in hint.lists]

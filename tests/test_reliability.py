@@ -22,6 +22,11 @@ from torch import nn
 from conftest import SMALL_GPT, hang_bound, small_run
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.training import TrainResult, _train_rank, train
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.rank_plan import RankPlan
+from hintpipe.dispatch.scoreboard import Scoreboard
+from hintpipe.dispatch.variability import SpecError, parse_variability
 from hintpipe.option import Option
 from hintpipe.options import OPTIONS
 from hintpipe.runtime.checkpoint.merged import load_merged
@@ -33,8 +38,6 @@ from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintError, HintName
 from hintpipe.schedule.hint_csv import parse_hint_csv
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard
-from hintpipe.sim.variability import SpecError, parse_variability
 
 MODEL = SMALL_GPT
 

@@ -12,14 +12,15 @@ import itertools
 
 import pytest
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
 from hintpipe.runtime.loop.reports import measured_peak
 from hintpipe.schedule import rules
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.schedule.validation import validate_hint
-from hintpipe.scoreboard import Policy, RankGraph
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Simulator
 
 CHUNKS = {

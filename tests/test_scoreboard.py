@@ -7,10 +7,15 @@ import random
 
 import pytest
 
+from hintpipe.dispatch.budgets import device_budgets
+from hintpipe.dispatch.fit import BudgetError
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.rank_plan import RankPlan
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintName
 from hintpipe.schedule.task import B, F
-from hintpipe.scoreboard import BudgetError, Policy, RankGraph, RankPlan, Scoreboard, device_budgets
 
 
 def test_fixed_follows_the_hint_and_waits() -> None:

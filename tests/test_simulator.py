@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 
 from conftest import simulate
-from hintpipe import scoreboard
+from hintpipe.dispatch import scoreboard
+from hintpipe.dispatch.cost_model import CostModel, CostModelError
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import SpecError, parse_variability
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import chrome_trace
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName, Placement
 from hintpipe.schedule.task import B, F, Kind
-from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import run_study
-from hintpipe.sim.cost_model import CostModel, CostModelError
 from hintpipe.sim.simulator import DeadlockError, Sample, Simulator
-from hintpipe.sim.variability import SpecError, parse_variability
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 7])

@@ -14,10 +14,10 @@ from torch import nn
 
 from groups import Case, run_cases, succeeded
 from hintpipe import Pipeline
+from hintpipe.dispatch.fit import BudgetError
 from hintpipe.schedule import rules
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import BudgetError
 
 FEATURES = 8
 MICROBATCHES = 6

@@ -15,11 +15,13 @@ from typing import Any, cast
 import pytest
 import torch
 
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy, RankGraph, Scoreboard
 
 
 class _Executor:

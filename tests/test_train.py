@@ -29,6 +29,8 @@ from hintpipe.apps.progress import log_line
 from hintpipe.apps.training import EmulatedCosts, TrainConfig, _train_rank, predict_step_time
 from hintpipe.cli import build_parser, main
 from hintpipe.cli.train import config_from, result_json
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import CommDelay, parse_variability
 from hintpipe.planner.plan import plan
 from hintpipe.planner.plan_file import PlanFileError, load_plan, read_plan_file, save_plan
 from hintpipe.runtime.injection import Injection
@@ -37,8 +39,6 @@ from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint_csv import save_hint_csv
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.variability import CommDelay, parse_variability
 from hintpipe.spec import SpecError
 from json_keys import unitless_time_keys
 

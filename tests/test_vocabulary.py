@@ -4,7 +4,9 @@ one (CHANGELOG: "Renamed")."""
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +16,14 @@ import pytest
 import torch
 
 from hintpipe.apps import training
+from hintpipe.dispatch.budgets import device_budgets, rank_budget
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.fit import BudgetError
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.rank_plan import RankPlan
+from hintpipe.dispatch.scoreboard import Scoreboard
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import form_microbatches
 from hintpipe.runtime.launch import run_ranks
@@ -22,12 +32,9 @@ from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, Placement
-from hintpipe.scoreboard import Policy
-from hintpipe.sim import expected
+from hintpipe.sim import predict
 from hintpipe.sim.compare import run_study
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
-from hintpipe.sim.variability import parse_variability
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,10 +73,13 @@ RETIRED = {
     "form_microbatches(order=), form_batch(order=), now microbatch_order=": re.compile(
         r"\bform_(?:microbatches|batch)" + _ARGS + r"\border=", re.S
     ),
+    "import hintpipe.scoreboard, hintpipe.policy, now hintpipe.dispatch.scoreboard, .policy": re.compile(
+        r"\b(?:from|import)\s+hintpipe\.(?:scoreboard|policy)\b|\bfrom\s+hintpipe\s+import\s+(?:scoreboard|policy)\b"
+    ),
 }
 
 #: A line that names a retired spelling on purpose: a shim's warning or decorator.
-_SHIM = re.compile(r"\bretired_attribute\(|@renamed\(")
+_SHIM = re.compile(r"\bretired_(?:attribute|module)\(|@renamed\(")
 
 
 def _sources() -> list[Path]:
@@ -77,7 +87,8 @@ def _sources() -> list[Path]:
     for folder in ("src", "tests", "benchmarks", "scripts"):
         found += sorted((ROOT / folder).rglob("*.py"))
     # they take the retired keywords and attributes, and name them in their warnings and docstrings
-    keepers = {ROOT / "src/hintpipe" / name for name in ("runtime/launch.py", "schedule/hint.py", "renamed.py")}
+    kept = ("runtime/launch.py", "schedule/hint.py", "renamed.py", "scoreboard.py", "policy.py")  # and the old modules
+    keepers = {ROOT / "src/hintpipe" / name for name in kept}
     return [path for path in found if path.name != Path(__file__).name and path not in keepers]
 
 
@@ -195,8 +206,8 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     ),
     (
         "predict_step_time(slack=...) is now predict_step_time(memory_slack=...)",
-        lambda: _predicted(expected, slack=1),
-        lambda: _predicted(expected, memory_slack=1),
+        lambda: _predicted(predict, slack=1),
+        lambda: _predicted(predict, memory_slack=1),
     ),
     (
         "form_microbatches(order=...) is now form_microbatches(microbatch_order=...)",
@@ -237,6 +248,23 @@ def test_the_applications_predict_step_time_takes_slack_too() -> None:
         pytest.raises(ValueError, match="step 3's timelines were not kept"),
     ):
         _loose(training.predict_step_time)(_hint(), report, Policy.READY, slack=1)
+
+
+@pytest.mark.parametrize(("old", "new"), [("scoreboard", "scoreboard"), ("policy", "policy")])
+def test_a_retired_module_still_imports_and_says_its_new_name(
+    old: str, new: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, f"hintpipe.{old}", raising=False)  # imported afresh: its warning again
+    with pytest.warns(DeprecationWarning, match=f"^hintpipe\\.{old} is now hintpipe\\.dispatch\\.{new}$") as caught:
+        module = importlib.import_module(f"hintpipe.{old}")
+    assert len(caught) == 1
+    assert module.Policy is Policy
+    if old == "scoreboard":  # every name the old module gave, the new homes' own objects
+        assert (module.Scoreboard, module.RankGraph, module.RankPlan) == (Scoreboard, RankGraph, RankPlan)
+        assert (module.device_budgets, module.rank_budget) == (device_budgets, rank_budget)
+        assert module.BudgetError is BudgetError
+        given = ["LATENESS_TOLERANCE", "PATIENCE_TOLERANCE", "BudgetError", "Policy", "RankGraph", "RankPlan"]
+        assert sorted(module.__all__) == sorted([*given, "Scoreboard", "device_budgets", "rank_budget"])
 
 
 def test_a_retired_keyword_beside_its_new_name_is_refused() -> None:

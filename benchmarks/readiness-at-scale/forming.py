@@ -44,9 +44,9 @@ import numpy.typing as npt
 import torch
 
 from hintpipe.apps.models import Block, ModelConfig
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
 
 Costs = Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]

@@ -1,6 +1,6 @@
 """``ready`` against ``fixed`` on mixture-of-experts draws: every stage's cost per micro-batch set by its
 busiest expert (``moe:EXPERTS:TOPK[:SKEW[:SHARE]]``, see [Note: expert load] in
-:mod:`hintpipe.sim.variability`), on the simulator, seeded.
+:mod:`hintpipe.dispatch.variability`), on the simulator, seeded.
 
 Per ranks, hint and spec, each seed draws one set of expert loads and both policies run it; the table gives
 ``ready``'s speedup over ``fixed`` on the same hint and work per seed and their mean, and fixed's makespan
@@ -18,11 +18,11 @@ import statistics
 
 import numpy as np
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import parse_variability
 
 HINTS = ("1f1b", "zb-h1", "bfw")
 #: 8 experts top-2 (Mixtral-like) at two skews, and 64 experts top-8 with experts 60% of a stage's cost.

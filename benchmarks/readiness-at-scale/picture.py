@@ -14,12 +14,12 @@ import argparse
 
 import numpy as np
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import parse_variability
 
 
 def main() -> None:

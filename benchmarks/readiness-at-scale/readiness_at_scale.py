@@ -8,7 +8,7 @@ image count, so an order that keeps the longest micro-batches in flight together
 in the same number of slots). The ``size`` budget admits by size (each micro-batch weighted by its
 known size) within exactly fixed 1F1B's busiest rank's size-weighted peak in the given order, and
 runs the hint fitted to it (fixed order too); every cell also gives the lower bound at its memory
-(:func:`hintpipe.sim.bounds.memory_bound`) as the largest speedup it allows.
+(:func:`hintpipe.dispatch.bounds.memory_bound`) as the largest speedup it allows.
 All figures are simulated (cost units, F = B = W = 1), not measured training time.
 """
 
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
-from hintpipe.sim.variability import parse_variability
 
 HINTS = ("1f1b", "zb-h1", "bf", "bfw")
 VARIABILITY = {

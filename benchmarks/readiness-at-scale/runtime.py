@@ -44,13 +44,13 @@ from typing import Any
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.models import ModelConfig, SeqLenDist, make_batch
 from hintpipe.apps.training import TrainConfig, TrainResult, predict_step_time, train
+from hintpipe.dispatch.policy import Policy
 from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.loop.executor import as_tensors
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import microbatch_order
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import Policy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,11 @@ import statistics
 
 import numpy as np
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import mean_one_lognormal
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import mean_one_lognormal
 
 FORWARD_MS, BACKWARD_MS, SIGMA, DRAWS = 8.0, 15.0, 0.5, 400
 

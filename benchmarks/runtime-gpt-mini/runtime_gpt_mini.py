@@ -44,14 +44,14 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 import hintpipe
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch, split_layers
 from hintpipe.apps.training import TrainConfig, TrainResult, predict_step_time, profile_costs, train
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import MicrobatchNoise
 from hintpipe.runtime.injection import CostFactors, Injection
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.variability import MicrobatchNoise
 
 SLACK = 2.0
 SEED = 0

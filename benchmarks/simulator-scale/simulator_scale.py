@@ -26,12 +26,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import run_study
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, Simulator
-from hintpipe.sim.variability import parse_variability
 
 GOAL = 300_000  # simulated tasks per second the project aims for
 HINTS = [("1f1b", 1), ("interleaved-1f1b", 2)]

@@ -62,10 +62,10 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleIn
 
 import hintpipe
 from hintpipe.apps.models import ModelConfig, build_layers, counting_text, lm_loss_sum, split_layers, whole_model
+from hintpipe.dispatch.variability import mean_one_lognormal
 from hintpipe.forming.collate import IGNORE_INDEX, FormedBatch, form_batch
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.profiled import profile_sequence_cost
-from hintpipe.sim.variability import mean_one_lognormal
 
 CONFIG = ModelConfig("gpt-mini", layers=8, hidden=128, heads=4, vocab=512, max_seq_len=512)
 MICROBATCHES = 8

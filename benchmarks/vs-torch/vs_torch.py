@@ -35,7 +35,7 @@ from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import gpt_layers, layer_bounds, lm_loss
 from hintpipe.apps.prediction import predict_step_time
 from hintpipe.apps.split_costs import measure_stage_costs
-from hintpipe.scoreboard import Policy
+from hintpipe.dispatch.policy import Policy
 from hintpipe.sim.hint_choice import choose_hint, predicted_steps
 
 

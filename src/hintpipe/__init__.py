@@ -7,8 +7,9 @@ the package's layout::
     plan = hintpipe.plan(model, example, ranks=2, microbatches=8)
     pipe = hintpipe.Pipeline.from_plan(plan, loss_fn=loss_fn)
 
-The scheduling core (tasks, hints, the scoreboard, the simulator) imports no
-torch; the runtime and the planner do, and are imported on first use.
+The scheduling core (tasks and hints in ``schedule``, the scoreboard and the rest
+of the state machine in ``dispatch``, the simulator in ``sim``) imports no torch;
+the runtime and the planner do, and are imported on first use.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, Placement
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy, Scoreboard
 
 if TYPE_CHECKING:
     from hintpipe.apps.batches import held_out_batches
     from hintpipe.apps.corpus import token_sequences
     from hintpipe.apps.text_files import TextCorpus, text_corpus
+    from hintpipe.dispatch.cost_model import CostModel
     from hintpipe.forming.collate import FormedBatch, form_batch
     from hintpipe.forming.cost import SequenceCost
     from hintpipe.forming.form import Formation, form_microbatches
@@ -54,7 +57,6 @@ if TYPE_CHECKING:
     from hintpipe.runtime.parallel.tied import TiedParameter
     from hintpipe.runtime.pipeline import Pipeline
     from hintpipe.sampler import ReplicaSampler
-    from hintpipe.sim.cost_model import CostModel
     from hintpipe.sim.simulate import simulate
 
 #: Public name -> the module defining it (imported on first use: most of them need torch).
@@ -97,7 +99,7 @@ _LAZY = {
     "held_out_batches": "hintpipe.apps.batches",
     "StepRecord": "hintpipe.observe.step_record",
     "simulate": "hintpipe.sim.simulate",
-    "CostModel": "hintpipe.sim.cost_model",
+    "CostModel": "hintpipe.dispatch.cost_model",
 }
 
 

@@ -22,13 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.device_choice import DeviceChoice
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, ChoiceField, Option
 from hintpipe.run_options import RANKS, RUN_OPTIONS
-from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
-from hintpipe.scoreboard import Policy
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,7 @@ class PipelineConfig:
     """Every option a :class:`~hintpipe.runtime.pipeline.Pipeline` takes, checked once, here: the options table's
     pipeline rows are this class's fields (each field's metadata is its :class:`~hintpipe.option.Option`:
     kind, default, range, help, the commands that take it as a flag). Values are converted as they come in
-    (``"ready"`` becomes :attr:`Policy.READY <hintpipe.scoreboard.Policy.READY>`); a value out of range, or
+    (``"ready"`` becomes :attr:`Policy.READY <hintpipe.dispatch.policy.Policy.READY>`); a value out of range, or
     two of the room options together, is refused naming the option.
 
     ``Pipeline(modules, loss_fn=..., config=PipelineConfig(microbatches=8, policy="ready"))`` or the same as

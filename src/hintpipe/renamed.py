@@ -1,4 +1,4 @@
-"""Keywords renamed in 0.7, still taken for a release (CHANGELOG: "Renamed").
+"""Keywords, attributes and modules renamed in 0.7, still taken for a release (CHANGELOG: "Renamed").
 
 A retired keyword works as its new name does, with a ``DeprecationWarning`` that says
 ``"<where>(<old>=...) is now <where>(<new>=...)"``; giving both is a ``TypeError``.
@@ -38,4 +38,10 @@ def renamed(where: str, **new_of_old: str) -> Callable[[F], F]:
 
 def retired_attribute(old: str, new: str) -> None:
     """Warn that attribute ``old`` (``"Hint.num_microbatches"``) is now ``new``."""
+    warnings.warn(f"{old} is now {new}", DeprecationWarning, stacklevel=3)
+
+
+def retired_module(old: str, new: str) -> None:
+    """Warn, as module ``old`` (``"hintpipe.scoreboard"``) is imported, that it is now ``new``: called from
+    the body of the old module, kept for a release as a shim that re-exports the new one's names."""
     warnings.warn(f"{old} is now {new}", DeprecationWarning, stacklevel=3)

@@ -2,7 +2,7 @@
 
 A spec is ``WORD:ARG[:ARG...]``. One word means one thing wherever it is
 accepted: the simulator and the runtime parse the variability words with the
-same function (:func:`hintpipe.sim.variability.parse_variability`). Times are
+same function (:func:`hintpipe.dispatch.variability.parse_variability`). Times are
 written with a unit (``2ms``, ``150us``, ``0.1s``); a bare number is in the
 simulator's cost units.
 

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from hintpipe.apps.model_spec import BUILT_IN, MODEL_SPECS, SOURCED, ModelSpec
-from hintpipe.sim.variability import mean_one_lognormal
+from hintpipe.dispatch.variability import mean_one_lognormal
 from hintpipe.spec import Spec
 
 #: The built-in models' names, as ``--model`` takes them.

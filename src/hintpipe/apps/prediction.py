@@ -2,19 +2,19 @@
 
 Kept beside the training loop (benchmarks and tests call it on :func:`~hintpipe.apps.training.train`'s
 reports) but apart from it: it reads only a report, and the simulator's side of it is
-:func:`hintpipe.sim.expected.predict_step_time`.
+:func:`hintpipe.sim.predict.predict_step_time`.
 """
 
 from __future__ import annotations
 
 import math
 
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.policy import Policy
 from hintpipe.renamed import renamed
 from hintpipe.runtime.loop.reports import StepReport
-from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.expected import predict_step_time as _predict
+from hintpipe.sim.predict import predict_step_time as _predict
 
 
 @renamed("predict_step_time", slack="memory_slack")
@@ -26,7 +26,7 @@ def predict_step_time(
     *,
     admission: AdmissionUnit | str = "slots",
 ) -> float:
-    """What the simulator predicts for a measured step (see :func:`hintpipe.sim.expected.predict_step_time`),
+    """What the simulator predicts for a measured step (see :func:`hintpipe.sim.predict.predict_step_time`),
     within the budgets the step ran under where its report has every rank's (rank 0's reports), and under
     ``admission="size"`` with the hint fitted to them as the runtime fitted it.
 

@@ -30,9 +30,9 @@ from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
     from hintpipe.apps.split_costs import AutoRun
+    from hintpipe.dispatch.fit import AdmissionUnit
+    from hintpipe.dispatch.policy import Policy
     from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
-    from hintpipe.policy import Policy
-    from hintpipe.schedule.fit import AdmissionUnit
     from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
 

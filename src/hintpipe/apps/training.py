@@ -48,6 +48,7 @@ from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
 from hintpipe.device import rank_device
+from hintpipe.dispatch.policy import Policy
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
@@ -62,7 +63,6 @@ from hintpipe.runtime.parallel.mesh import build_mesh
 from hintpipe.runtime.parts import Seams
 from hintpipe.runtime.pipeline import Pipeline, StepReport
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
-from hintpipe.scoreboard import Policy
 
 
 def train(config: TrainConfig) -> TrainResult | None:

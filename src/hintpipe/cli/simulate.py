@@ -20,14 +20,14 @@ from hintpipe.cli.common import (
     whole_number,
 )
 from hintpipe.cli.config_file import add_config_arguments
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.options import OPTIONS
-from hintpipe.schedule.fit import AdmissionUnit
-from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import Summary, run_study
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.variability import parse_variability
 
 HELP = "simulate a schedule and policy on a virtual clock"
 

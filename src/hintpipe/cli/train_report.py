@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from hintpipe.schedule.fit import AdmissionUnit
+from hintpipe.dispatch.fit import AdmissionUnit
 from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from hintpipe.dispatch.policy import Policy
 from hintpipe.observe.trace import Record
-from hintpipe.policy import Policy
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

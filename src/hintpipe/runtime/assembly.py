@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.device import ReceivedBytes, allocated_probe, gpu_identity, new_event, own_gpu, rank_device
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import DataParallel, Precision
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.collective import one_line
@@ -63,7 +64,6 @@ from hintpipe.runtime.private_storage import own_storage
 from hintpipe.runtime.transport.protocol import Connection, InboxTransport, Transport
 from hintpipe.runtime.transport.registry import TRANSPORTS, choose_transport
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import Policy
 
 __all__ = ["Parts", "Seams", "Wiring", "assemble", "layout_of", "pipeline_budgets"]
 

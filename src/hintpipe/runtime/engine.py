@@ -35,6 +35,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime import liveness
 from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
@@ -45,8 +48,6 @@ from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.parts import Parts
 from hintpipe.runtime.transport.wire import Message
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.rank_graph import RankGraph
-from hintpipe.scoreboard import Policy, Scoreboard
 
 __all__ = ["StepEngine", "broadcast", "evaluating", "meet"]
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from hintpipe.dispatch.variability import CommDelay
 from hintpipe.runtime.checkpoint.manifest import step_of
 from hintpipe.runtime.injection import CostFactors, Injection
 from hintpipe.runtime.loop.emulated import EmulatedExecutor
@@ -51,7 +52,6 @@ from hintpipe.runtime.rank_process import attempt
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.task import Kind
-from hintpipe.sim.variability import CommDelay
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter

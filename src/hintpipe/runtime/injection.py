@@ -57,8 +57,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hintpipe.schedule.task import Kind
-from hintpipe.sim.variability import (
+from hintpipe.dispatch.variability import (
     CommDelay,
     IidNoise,
     MicrobatchNoise,
@@ -71,6 +70,7 @@ from hintpipe.sim.variability import (
     parse_variability,
     straggler_window,
 )
+from hintpipe.schedule.task import Kind
 from hintpipe.spec import Spec, SpecError
 
 _VARIABILITY = ("iid", "mb", "mm", "straggler", "comm", "tp")

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hintpipe.dispatch.fit import AdmissionUnit
 from hintpipe.options import OPTIONS, PipelineConfig
 from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.parts import Wiring
-from hintpipe.schedule.fit import AdmissionUnit
 
 
 def agree_on_options(wiring: Wiring, config: PipelineConfig, own_budget: float | None) -> tuple[float, ...] | None:

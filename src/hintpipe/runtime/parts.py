@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import TransportChoice
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.loop.admission import Admission
@@ -31,7 +32,6 @@ from hintpipe.runtime.loop.timing import DeviceTimer, Event
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.transport.protocol import Connection, InboxTransport, Transport
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import Policy
 
 
 @dataclasses.dataclass(frozen=True)

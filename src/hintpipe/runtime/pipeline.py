@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.dispatch.fit import BudgetError
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import DataParallel, OnNonFinite, TransportChoice
 from hintpipe.options import PipelineConfig
 from hintpipe.renamed import retired_attribute
@@ -50,7 +52,6 @@ from hintpipe.runtime.rank_entry import tie_to_agent
 from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.weights import gather_state_dict
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import BudgetError, Policy
 
 if TYPE_CHECKING:
     from hintpipe.planner.plan import Plan

@@ -142,5 +142,5 @@ def _ranks(values: list[float]) -> list[int]:
 #: sorted step keeps its largest micro-batches in flight together: at 128 ranks the busiest rank held
 #: 1.62x fixed 1F1B's activation bytes under shortest-first, 1.17x under balanced
 #: (benchmarks/readiness-at-scale), so the order that never costs memory is the default. Admission by
-#: size (``simulate --admission size``, :mod:`hintpipe.schedule.fit`) holds any order to the given one's.
+#: size (``simulate --admission size``, :mod:`hintpipe.dispatch.fit`) holds any order to the given one's.
 DEFAULT_ORDER = MicrobatchOrder.GIVEN.value

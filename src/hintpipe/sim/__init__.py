@@ -1,16 +1,17 @@
-"""The event simulator: the scoreboard on a virtual clock, with cost and variability models.
+"""The event simulator: dispatch's scoreboards on a virtual clock, and studies of many steps.
 
-``simulator`` (samples, runs, results) over ``engine`` (the fixed-order sweep and the event loop),
-``layout`` (a hint's graphs and links by position, as arrays) and ``bounds`` (what no policy can beat,
-with any memory or at a budget). Torch-free. The runtime uses :mod:`hintpipe.sim.expected` to plan the
-``ready`` policy from measured task times, so a simulation and the runtime's
-expectations come from the same engine.
+``simulator`` (runs and results), ``compare`` (a study: every policy on the same drawn work), ``simulate``
+(one step as ``hintpipe simulate`` runs it), ``hint_choice`` (the hint that predicts fastest) and ``predict``
+(a measured step's prediction). The engine, the layout, the bounds, the cost model, the samples and the
+variability models are :mod:`hintpipe.dispatch`'s, which the runtime shares: the runtime plans ``ready``
+with :mod:`hintpipe.dispatch.expected` on the same engine, so a simulation and the runtime's expectations
+come from one definition. This package re-exports the names a study needs. Torch-free.
 """
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.sim.compare import Summary, run_study
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import DeadlockError, Sample, SimResult, Simulator
-from hintpipe.sim.variability import parse_variability
 
 __all__ = [
     "CostModel",

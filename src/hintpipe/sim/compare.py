@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import Variability
 from hintpipe.renamed import renamed
-from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
-from hintpipe.sim.variability import Variability
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ def run_study(
         hint: the schedule.
         policies: the policies to compare.
         cost_model: expected costs; default F = B = W = 1.
-        variability: noise models (see :mod:`hintpipe.sim.variability`).
+        variability: noise models (see :mod:`hintpipe.dispatch.variability`).
         trials: number of independent samples.
         seed: seeds the sampling.
         memory_slack: extra micro-batches of room over the hint's own peak.

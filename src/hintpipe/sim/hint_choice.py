@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.policy import Policy
 from hintpipe.schedule.generators import generate_hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import Simulator
 
 #: What ``auto`` chooses among, the first winning ties: 1F1B, and the zero-bubble hint of as many stages (one per

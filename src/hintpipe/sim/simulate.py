@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hintpipe.schedule.fit import AdmissionUnit
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.variability import parse_variability
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
-from hintpipe.scoreboard import Policy
 from hintpipe.sim.compare import run_study
-from hintpipe.sim.cost_model import CostModel
 from hintpipe.sim.simulator import SimResult
-from hintpipe.sim.variability import parse_variability
 
 
 def simulate(
@@ -43,7 +43,7 @@ def simulate(
         hint: a schedule's name, a CSV file, or a :class:`~hintpipe.schedule.hint.Hint`.
         costs: each stage's forward, backward and weight-gradient cost (default: all 1, W split off where the
             hint splits it).
-        variability: ``--variability`` specs (``mb:0.5``, ``moe:8:2``, ...; see :mod:`hintpipe.sim.variability`),
+        variability: ``--variability`` specs (``mb:0.5``, ``moe:8:2``, ...; see :mod:`hintpipe.dispatch.variability`),
             drawn from ``seed``.
         memory_slack, activation_budget, device_budget, microbatch_order, admission: the room and the order, as
             the pipeline takes them.

@@ -1,10 +1,10 @@
 """Discrete-event simulator: the scoreboard driven by a virtual clock.
 
-Every rank is a :class:`~hintpipe.scoreboard.Scoreboard`, exactly as in the
+Every rank is a :class:`~hintpipe.dispatch.scoreboard.Scoreboard`, exactly as in the
 runtime; the simulator only replaces compute by advancing a clock and messages
-by delayed deliveries (:mod:`hintpipe.sim.engine`; a fixed order needs no
+by delayed deliveries (:mod:`hintpipe.dispatch.engine`; a fixed order needs no
 scoreboard at all: one sweep). Costs are sampled once per trial (see
-:mod:`hintpipe.sim.variability`) so that policies are compared on identical work.
+:mod:`hintpipe.dispatch.variability`) so that policies are compared on identical work.
 
 This module is torch-free.
 """
@@ -18,20 +18,23 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.dispatch.bounds import lower_bound, memory_bound
+from hintpipe.dispatch.budgets import device_budgets, rank_budget, slack_room
+from hintpipe.dispatch.by_size import fit_step, size_room, size_weights
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.engine import drive, fixed_order
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.layout import Layout
+from hintpipe.dispatch.per_position import float_view
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_graph import RankGraph
+from hintpipe.dispatch.rank_plan import RankPlan
+from hintpipe.dispatch.sample import Sample
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.observe.step_record import StepRecord
 from hintpipe.observe.trace import Record
 from hintpipe.renamed import renamed, retired_attribute
-from hintpipe.schedule.budgets import slack_room
-from hintpipe.schedule.by_size import fit_step, size_room, size_weights
-from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.per_position import float_view
-from hintpipe.scoreboard import Policy, RankGraph, RankPlan, Scoreboard, device_budgets, rank_budget
-from hintpipe.sim.bounds import lower_bound, memory_bound
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.engine import drive, fixed_order
-from hintpipe.sim.layout import Layout
-from hintpipe.sim.sample import Sample
 
 __all__ = ["DeadlockError", "Sample", "SimResult", "Simulator", "fixed_order", "lower_bound"]
 
@@ -47,10 +50,10 @@ class SimResult(StepRecord):
 
     ``starts[r][i]`` / ``ends[r][i]`` are the times of rank ``r``'s task at
     hint position ``i`` (``hint.lists[r][i]``). Under admission by size ``hint``
-    is the hint as fitted to the budget (see :mod:`hintpipe.schedule.fit`),
+    is the hint as fitted to the budget (see :mod:`hintpipe.dispatch.fit`),
     the order that ran. ``memory_bound`` is the lower bound at the run's
     budgets: the larger of ``lower_bound`` and what the budgets allow (see
-    :func:`~hintpipe.sim.bounds.memory_bound`).
+    :func:`~hintpipe.dispatch.bounds.memory_bound`).
     """
 
     hint: Hint
@@ -123,7 +126,7 @@ class Simulator:
 
     def device_budgets(self, device_budget: float = 0.0) -> list[float]:
         """Every rank: the hint's largest per-rank peak, times ``1 + device_budget``
-        (see :func:`hintpipe.scoreboard.device_budgets`)."""
+        (see :func:`hintpipe.dispatch.budgets.device_budgets`)."""
         return device_budgets([g.peak for g in self.graphs], device_budget)
 
     def plans(self, latency: float = 0.0) -> list[RankPlan]:
@@ -191,7 +194,7 @@ class Simulator:
             admission: ``slots``, or ``size``: each forward weighs its micro-batch's known
                 size (:meth:`size_weights`), ``activation_budget`` is in those units (see
                 :meth:`size_budgets`), and the hint runs fitted to them
-                (:mod:`hintpipe.schedule.fit`): every policy, ``fixed`` too, holds at most
+                (:mod:`hintpipe.dispatch.fit`): every policy, ``fixed`` too, holds at most
                 its budget on every rank.
 
         Raises:

@@ -11,7 +11,7 @@ element each of its stages has kept so far (measured, as
 the bytes ``F(s, mb)`` will keep: that size times that stage's bytes per
 element. The first step runs the hint in order and measures; if it alone
 holds more than the budget, :class:`BudgetError`. Every later step runs the
-hint *fitted* to the budgets (:func:`hintpipe.schedule.by_size.fit_step`, the
+hint *fitted* to the budgets (:func:`hintpipe.dispatch.by_size.fit_step`, the
 function the simulator's admission by size calls): where the hint's own order
 would hold more than a rank's budget (long micro-batches together), the fitted
 order lets a rank's ``F`` wait for room and runs what frees memory first, so
@@ -42,14 +42,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hintpipe.dispatch.budgets import device_budgets, slack_room
+from hintpipe.dispatch.by_size import FittedStep, fit_step, size_room, size_weights
+from hintpipe.dispatch.fit import AdmissionUnit, BudgetError
+from hintpipe.dispatch.rank_graph import RankGraph
 from hintpipe.runtime.errors import WatchdogTimeout
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
-from hintpipe.schedule.budgets import slack_room
-from hintpipe.schedule.by_size import FittedStep, fit_step, size_room, size_weights
-from hintpipe.schedule.fit import AdmissionUnit
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import BudgetError, RankGraph, device_budgets
 
 if TYPE_CHECKING:
     from hintpipe.runtime.loop.step_state import StepState
@@ -73,7 +73,7 @@ class Admission(Hook):
             budget the user gave) or not (a plan's room to run ahead).
         device_budget: instead of ``memory_slack``, slots per device: every rank may
             hold what the hint's busiest rank holds, times ``1 + device_budget``
-            (see :func:`hintpipe.scoreboard.device_budgets`).
+            (see :func:`hintpipe.dispatch.budgets.device_budgets`).
         unit: ``slots``, or ``size`` (see [Note: admission by size without a byte budget]); a byte budget
             always counts by size.
 

@@ -22,14 +22,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.dispatch.expected import stage_medians
+from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import OnNonFinite
 from hintpipe.runtime.errors import NonFiniteLoss, WatchdogTimeout
 from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.runtime.loop.ready_plan import ReadyPlanner
 from hintpipe.runtime.loop.reports import RankSummary, durations_array
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.expected import stage_medians
 
 if TYPE_CHECKING:
     from hintpipe.runtime.loop.step_state import StepState

@@ -21,7 +21,7 @@ whole group (the leader's next collective waits for it): one message's
 latency and hand-over per task. But most of a leader's choices are known
 before it makes them: the hint's next tasks whose inputs have arrived are
 what the scoreboard will take next, whatever arrives meanwhile (see [Note:
-decisions that nothing can change] in :mod:`hintpipe.scoreboard`). So with
+decisions that nothing can change] in :mod:`hintpipe.dispatch.scoreboard`). So with
 each choice the leader announces, in the same message, the tasks it will
 certainly run after it (up to :data:`LOOKAHEAD`), and later only the ones it
 has not announced yet: the followers hold their next decisions before they
@@ -49,8 +49,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from hintpipe.dispatch.policy import Policy
 from hintpipe.runtime.transport.wire import Message, MessageKind
-from hintpipe.scoreboard import Policy
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ``ready`` policy's plan: what each task is expected to cost and when it is due.
 
 Built from each stage's median measured costs with
-:func:`hintpipe.sim.expected.plans_for` (the same function the prediction of
+:func:`hintpipe.dispatch.expected.plans_for` (the same function the prediction of
 a step uses), and rebuilt only when those medians move by more than
 :data:`REFRESH_THRESHOLD`: rebuilding runs the whole hint once, which at
 hundreds of ranks is far too much work to repeat every step.
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from hintpipe.dispatch.expected import moved, plans_for
+from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.schedule.hint import Hint
-from hintpipe.scoreboard import RankPlan
-from hintpipe.sim.expected import moved, plans_for
 
 #: Relative change of any stage's median cost that makes the plan be rebuilt.
 REFRESH_THRESHOLD = 0.1

@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.distributed as dist
 
+from hintpipe.dispatch.bounds import lower_bound
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.sample import Sample
 from hintpipe.observe.step_record import StepRecord
 from hintpipe.observe.trace import Record
 from hintpipe.renamed import retired_attribute
@@ -29,8 +32,6 @@ from hintpipe.runtime.loop.hooks import Hook
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
-from hintpipe.scoreboard import Policy
-from hintpipe.sim.simulator import Sample, lower_bound
 
 if TYPE_CHECKING:
     from hintpipe.runtime.loop.step_state import StepState

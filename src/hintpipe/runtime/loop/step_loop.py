@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hintpipe.device import use_when_ready
+from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
 from hintpipe.runtime.loop.coordination import LOOKAHEAD, Coordination
@@ -28,7 +29,6 @@ from hintpipe.runtime.transport.protocol import Transport
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value, what_the_peer_said
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Scoreboard
 
 if TYPE_CHECKING:
     from hintpipe.runtime.loop.hooks import StepHook

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from hintpipe.device import Arrival
+from hintpipe.dispatch.policy import Policy
 from hintpipe.observe.trace import Record
 from hintpipe.runtime.loop.executor import Tensors, as_input
 from hintpipe.runtime.transport.wire import MessageKind, Value
 from hintpipe.schedule.task import Kind, Task
-from hintpipe.scoreboard import Policy
 
 
 @dataclasses.dataclass

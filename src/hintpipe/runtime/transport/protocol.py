@@ -18,7 +18,7 @@ business. Each transport the ``transport`` option names is one :class:`Transport
 :class:`~hintpipe.runtime.faults.DelayedTransport` wraps either to inject network latency.
 
 [Note: producer notices]
-The ``ready`` policy's ETA rule (see :class:`~hintpipe.scoreboard.Policy`)
+The ``ready`` policy's ETA rule (see :class:`~hintpipe.dispatch.policy.Policy`)
 asks when the input of the hint's next task will come; a rank can tell only
 if the neighbour producing it says when that task started. So, with
 ``ready``, every task whose result goes to another rank sends that rank a

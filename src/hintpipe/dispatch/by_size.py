@@ -1,7 +1,7 @@
 """Admission by size, the part the simulator and the runtime share: what each task weighs, what each rank
 may hold, and the hint fitted to that.
 
-Under admission by size (see [Note: admission by size] in :mod:`hintpipe.schedule.fit`) a forward weighs
+Under admission by size (see [Note: admission by size] in :mod:`hintpipe.dispatch.fit`) a forward weighs
 its micro-batch's known size (input elements: tokens, rows, image patches), times a per-stage factor where
 one is known (the cost model's activation bytes in the simulator, the measured bytes per element in the
 runtime). Without a byte budget, a rank may hold what the hint holds by size *in the step's given order*
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.schedule.budgets import device_budgets, slack_room
-from hintpipe.schedule.fit import fit_hint
+from hintpipe.dispatch.budgets import device_budgets, slack_room
+from hintpipe.dispatch.fit import fit_hint
+from hintpipe.dispatch.rank_graph import RankGraph
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.rank_graph import RankGraph
 from hintpipe.schedule.task import Kind
 
 FloatArray = npt.NDArray[np.float64]

@@ -26,8 +26,8 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 
 if TYPE_CHECKING:
-    from hintpipe.sim.layout import Layout
-    from hintpipe.sim.sample import Sample
+    from hintpipe.dispatch.layout import Layout
+    from hintpipe.dispatch.sample import Sample
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -1,7 +1,7 @@
 """One rank's tasks and how they depend: the fixed part of its dispatch state.
 
 Built once per hint and rank from the dependency rules, and shared by every
-:class:`~hintpipe.scoreboard.Scoreboard` that runs that rank's hint (the
+:class:`~hintpipe.dispatch.scoreboard.Scoreboard` that runs that rank's hint (the
 simulator's trials, the runtime's steps). Byte admission builds one per step,
 with each forward's activation size.
 
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.dispatch.per_position import shared_ints
 from hintpipe.schedule import rules
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.per_position import shared_ints
 from hintpipe.schedule.task import Kind, Task
 from hintpipe.schedule.task_list import TaskList, positions_of
 
@@ -160,7 +160,7 @@ class RankGraph:
     @functools.cached_property
     def successor_lists(self) -> tuple[list[int], list[int]]:
         """:attr:`successor_positions` as lists, for the scoreboard's hot path (of shared ints: see
-        :func:`~hintpipe.schedule.per_position.shared_ints`)."""
+        :func:`~hintpipe.dispatch.per_position.shared_ints`)."""
         first, second = self.successor_positions
         return shared_ints(first), shared_ints(second)
 

@@ -1,4 +1,8 @@
-"""The simulator's two hot paths: the fixed-order sweep and the event loop.
+"""Dispatch's engine, the simulator's two hot paths: the fixed-order sweep and the event loop.
+
+The sweep also plans ``ready`` (:meth:`hintpipe.dispatch.layout.Layout.plans`), in the simulator and in the
+runtime alike; the event loop drives one :class:`~hintpipe.dispatch.scoreboard.Scoreboard` per rank on a
+virtual clock (the simulator's run).
 
 Both time every task of every rank from per-rank lists: ``cost[r][pos]``, how long
 rank ``r``'s task at hint position ``pos`` runs, and ``delay[r][pos]``, how late
@@ -18,8 +22,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.schedule.per_position import shared_ints
-from hintpipe.scoreboard import Scoreboard
+from hintpipe.dispatch.per_position import shared_ints
+from hintpipe.dispatch.scoreboard import Scoreboard
 
 IntArray = npt.NDArray[np.int64]
 

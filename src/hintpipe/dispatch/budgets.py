@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hintpipe.schedule.fit import BudgetError
-from hintpipe.schedule.rank_graph import RankGraph
+from hintpipe.dispatch.fit import BudgetError
+from hintpipe.dispatch.rank_graph import RankGraph
 
 
 def slack_room(graph: RankGraph, memory_slack: float = 0.0) -> float:

@@ -2,7 +2,7 @@
 
 A scoreboard admits a forward ahead of its hint position only if the rest of the hint,
 run in order afterwards, stays within the budget (see [Note: admission never blocks the
-hint] in :mod:`hintpipe.scoreboard`). Running position ``pos`` ahead of the hint's next
+hint] in :mod:`hintpipe.dispatch.scoreboard`). Running position ``pos`` ahead of the hint's next
 position ``k`` moves the projection at every position in between by the task's size: a
 window that spans a hundred positions at 1024 ranks, for each of the millions of tasks
 that run early. Most of these are backward passes (which free memory), and few are

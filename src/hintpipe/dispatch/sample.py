@@ -1,4 +1,7 @@
-"""One trial's drawn work: each task's cost and each message's delay, the same for every policy compared.
+"""One step's work: each task's cost and each message's delay, the same for every policy compared.
+
+The simulator draws it (:meth:`Sample.draw`); the runtime's report builds one of the measured task times for
+its lower bound (:func:`hintpipe.dispatch.bounds.lower_bound`), and a prediction runs the simulator on it.
 
 This module is torch-free.
 """
@@ -11,10 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
-from hintpipe.sim.cost_model import CostModel
-from hintpipe.sim.variability import (
+from hintpipe.dispatch.cost_model import CostModel
+from hintpipe.dispatch.variability import (
     CommDelay,
     Variability,
     comm_delay,
@@ -22,6 +23,8 @@ from hintpipe.sim.variability import (
     sample_message_delays,
     sample_work,
 )
+from hintpipe.schedule.hint import Hint
+from hintpipe.schedule.microbatch_order import MicrobatchOrder, microbatch_order
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A hint laid out for simulation: its rank graphs and, by position, where results go.
+"""A hint laid out for the engine: its rank graphs and, by position, where results go.
 
 Every run of one hint shares its layout: the graphs (dependencies and memory),
 each position's stage, micro-batch and kind (to pick its cost from a sample),
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.dispatch.engine import fixed_order
+from hintpipe.dispatch.per_position import float_view
+from hintpipe.dispatch.rank_graph import RankGraph, linked_positions
+from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.per_position import float_view
-from hintpipe.schedule.rank_graph import RankGraph, linked_positions
-from hintpipe.scoreboard import RankPlan
-from hintpipe.sim.engine import fixed_order
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

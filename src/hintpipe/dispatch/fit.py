@@ -44,8 +44,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hintpipe.choice import Choice
+from hintpipe.dispatch.rank_graph import RankGraph, linked_positions
 from hintpipe.schedule.hint import Hint
-from hintpipe.schedule.rank_graph import RankGraph, linked_positions
 from hintpipe.schedule.task import Kind
 from hintpipe.schedule.task_list import TaskList
 

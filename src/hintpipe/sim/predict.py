@@ -1,0 +1,61 @@
+"""The simulator's prediction of a measured step: its task times as the sample, the plan the runtime had.
+
+``ready`` plans with the costs the runtime planned that step with (:mod:`hintpipe.dispatch.expected`,
+one definition for both), so a prediction and the run it predicts compare like with like.
+
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hintpipe.dispatch.expected import StageCosts, cost_model_of, stage_medians
+from hintpipe.dispatch.fit import AdmissionUnit
+from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.sample import Sample
+from hintpipe.observe.trace import Record
+from hintpipe.renamed import renamed
+from hintpipe.schedule.hint import Hint
+from hintpipe.sim.simulator import Simulator
+
+
+@renamed("predict_step_time", slack="memory_slack")
+def predict_step_time(
+    hint: Hint,
+    records: Sequence[Record],
+    plan_costs: StageCosts | None,
+    policy: Policy,
+    memory_slack: float = 0.0,
+    *,
+    budgets: Sequence[float] | None = None,
+    sizes: Sequence[float] | None = None,
+    admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
+) -> float:
+    """The simulator's makespan for a measured step: its measured task times are the
+    sample, and ``ready`` plans with ``plan_costs``, the costs the runtime planned
+    that step with (the step's own medians when it had no plan).
+
+    ``budgets`` (per rank, in admission's units) and ``sizes`` (each slot's input elements) are the step's
+    own where the runtime reported them: under ``admission="size"`` the simulator fits the hint to those
+    budgets as the runtime did (:func:`hintpipe.dispatch.by_size.fit_step`), and ``ready`` scales its plan
+    by the sizes relative to their median, as the runtime's does."""
+    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
+    for _, task, start, end in records:
+        durations[task.stage, task.mb, task.kind] = end - start
+    costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
+    relative = None
+    if sizes is not None:
+        typical = float(np.median(sizes)) or 1.0
+        relative = np.asarray(sizes, dtype=float) / typical
+        if budgets is not None and AdmissionUnit.parse(admission) is AdmissionUnit.SIZE:
+            budgets = [b / typical for b in budgets]
+    sample = Sample(durations, np.zeros_like(durations), 0.0, sizes=relative)
+    # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
+    simulator = Simulator(hint, cost_model_of(costs))
+    result = simulator.run(
+        policy, sample, memory_slack=memory_slack, activation_budget=budgets, notices=True, admission=admission
+    )
+    return result.makespan
