@@ -10,7 +10,7 @@ the header describes and hands the finished message to the rank's inbox.
 Per peer, messages arrive in the order they were sent (one receiving thread,
 one tag), so no backend-specific tags are needed. Sends are asynchronous;
 their buffers are held until the backend reports them complete. When nothing
-is ready, the rank blocks on its inbox (a ``queue.Queue``), not in a busy loop.
+is ready, the rank blocks on its inbox (a ``queue.SimpleQueue``), not in a busy loop.
 
 The wire format is in :mod:`hintpipe.runtime.transport.wire`. gloo moves host memory:
 on a GPU rank, payloads are staged through pinned host buffers
@@ -115,7 +115,9 @@ class PostOffice:
         #: gloo moves host memory: a GPU rank's tensors are staged through pinned buffers.
         self.staging = Staging(device, received)
         self.received = self.staging.received
-        self.inbox: queue.Queue[Message] = queue.Queue()
+        #: A ``SimpleQueue``: a put and a blocking get cost a third less CPU than ``queue.Queue``'s (no lock and
+        #: condition in Python), once or twice a task on the computing thread and each receiving thread.
+        self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         #: Posts the data channel's sends in order (on a thread of its own where they wait for a staging copy).
         self.sender = Sender(
             self._post_data,
