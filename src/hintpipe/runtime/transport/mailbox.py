@@ -65,11 +65,12 @@ from hintpipe.runtime.transport.wire import (
     MessageKind,
     Value,
     decode_meta,
-    encode_header,
     encode_meta,
+    header_fields,
     lost_connection,
     pack,
     unpack,
+    write_header,
 )
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,9 @@ class PostOffice:
         self._post_notice(peer, [int(MessageKind.STARTED), step, stage, mb, int(of)])
 
     def _post_notice(self, peer: int, fields: list[int]) -> None:
-        notice = torch.tensor(fields, dtype=torch.int64)
+        buffer = bytearray(8 * _NOTICE_FIELDS)
+        write_header(fields, buffer)  # (a tenth of torch.tensor's cost, on the computing thread)
+        notice = torch.frombuffer(buffer, dtype=torch.int64)
         self.sender.post_now(notice, [], lambda: dist.isend(notice, group=self.group, group_dst=peer, tag=_NOTICE_TAG))
 
     def _threaded_sends(self) -> bool:
@@ -266,15 +269,18 @@ class PostOffice:
             payload, nbytes = t.reshape(-1).view(torch.uint8), t.nbytes
         else:
             payload, nbytes = pack(tensors, self.device)
-        header, extra = encode_header(kind, step, stage, mb, len(tensors), meta, nbytes)
+        values, extra = header_fields(kind, step, stage, mb, len(tensors), meta, nbytes)
         first = min(nbytes, capacity)  # the payload's bytes that travel with the header
         host, staged, ready = self.staging.outgoing(payload, head=HEAD)
         if staged is not None:  # staged behind the header's room: the header goes in front, no copy more
-            host[:HEAD].copy_(header.view(torch.uint8))
+            header = bytearray(HEAD)
+            write_header(values, header)
+            host[:HEAD].copy_(torch.frombuffer(header, dtype=torch.uint8))
             message, rest = host[: HEAD + first], host[HEAD + first : HEAD + nbytes]
         else:
-            message, rest = torch.empty(HEAD + first, dtype=torch.uint8), payload[first:nbytes]
-            message[:HEAD].copy_(header.view(torch.uint8))
+            whole = bytearray(HEAD + first)
+            write_header(values, whole)
+            message, rest = torch.frombuffer(whole, dtype=torch.uint8), payload[first:nbytes]
             if first:
                 ready = _copier(message[HEAD:], payload[:first])  # on the sender thread, where there is one
         parts = [message]
