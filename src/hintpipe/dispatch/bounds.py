@@ -26,7 +26,7 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 
 if TYPE_CHECKING:
-    from hintpipe.dispatch.layout import Layout
+    from hintpipe.dispatch.layout import HintLayout
     from hintpipe.dispatch.sample import Sample
 
 FloatArray = npt.NDArray[np.float64]
@@ -60,7 +60,7 @@ def _busy(hint: Hint, costs: FloatArray) -> list[float]:
     return [float(costs[tasks.stage, tasks.mb, tasks.kind].sum()) for tasks in hint.lists]
 
 
-def memory_bound(layout: Layout, sample: Sample, budgets: Sequence[float]) -> float:
+def memory_bound(layout: HintLayout, sample: Sample, budgets: Sequence[float]) -> float:
     """The makespan no policy can beat while each rank ``r`` holds at most ``budgets[r]``
     (in the units of the layout's graphs: slots, bytes or sizes); see the module docstring.
     Not below :func:`lower_bound`'s memory-free terms, which it leaves to the caller."""

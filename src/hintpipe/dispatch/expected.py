@@ -3,7 +3,7 @@
 The runtime plans ``ready`` with each stage's median measured costs
 (:func:`stage_medians`), and :func:`plans_for` turns those into every rank's
 :class:`~hintpipe.dispatch.rank_plan.RankPlan` by a fixed-order run of the hint
-on dispatch's engine (:meth:`hintpipe.dispatch.layout.Layout.plans`, the sweep
+on dispatch's engine (:meth:`hintpipe.dispatch.layout.HintLayout.plans`, the sweep
 the simulator plans with too). The prediction of a measured step
 (:func:`hintpipe.sim.predict.predict_step_time`) uses the very same costs (a
 :class:`~hintpipe.runtime.loop.reports.StepReport` carries the ones its step
@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hintpipe.dispatch.cost_model import CostModel
-from hintpipe.dispatch.layout import Layout
+from hintpipe.dispatch.layout import HintLayout
 from hintpipe.dispatch.rank_graph import RankGraph
 from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.schedule.hint import Hint
@@ -50,7 +50,7 @@ def plans_for(hint: Hint, costs: StageCosts) -> list[RankPlan]:
     """Every rank's plan: the hint run in fixed order on these per-stage costs (memory in slots)."""
     model = cost_model_of(costs)
     model.check_fits(hint.num_stages, hint.microbatches)
-    layout = Layout(hint, [RankGraph(hint, r) for r in range(hint.ranks)])
+    layout = HintLayout(hint, [RankGraph(hint, r) for r in range(hint.ranks)])
     return layout.plans(model.expected(hint.microbatches, hint.split_backward))
 
 

@@ -27,7 +27,7 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 
-class Layout:
+class HintLayout:
     """One hint's graphs and links by position.
 
     Args:
@@ -36,7 +36,7 @@ class Layout:
         like: a layout of the same hint whose links can be shared (they do not depend on sizes).
     """
 
-    def __init__(self, hint: Hint, graphs: Sequence[RankGraph], like: Layout | None = None) -> None:
+    def __init__(self, hint: Hint, graphs: Sequence[RankGraph], like: HintLayout | None = None) -> None:
         self.hint = hint
         self.graphs = list(graphs)
         self.stage = [tasks.stage for tasks in hint.lists]

@@ -24,7 +24,7 @@ from hintpipe.dispatch.by_size import fit_step, size_room, size_weights
 from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.dispatch.engine import drive, fixed_order
 from hintpipe.dispatch.fit import AdmissionUnit
-from hintpipe.dispatch.layout import Layout
+from hintpipe.dispatch.layout import HintLayout
 from hintpipe.dispatch.per_position import float_view
 from hintpipe.dispatch.policy import Policy
 from hintpipe.dispatch.rank_graph import RankGraph
@@ -100,9 +100,9 @@ class Simulator:
             for r, tasks in enumerate(hint.lists)
         ]
         #: The hint's graphs and links; runs under admission by size may run a fitted hint's.
-        self.layout = Layout(hint, graphs)
+        self.layout = HintLayout(hint, graphs)
         self._expected = cost_model.expected(hint.microbatches, hint.split_backward)
-        self._fitted: tuple[tuple[bytes, tuple[float, ...] | None, float], Layout, list[float]] | None = None
+        self._fitted: tuple[tuple[bytes, tuple[float, ...] | None, float], HintLayout, list[float]] | None = None
 
     @property
     def graphs(self) -> list[RankGraph]:
@@ -153,7 +153,7 @@ class Simulator:
         and it holds no more than the given order would."""
         return size_room(self.hint, self.size_weights(given), memory_slack=memory_slack, device_budget=device_budget)
 
-    def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[Layout, list[float]]:
+    def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[HintLayout, list[float]]:
         """The layout a run under admission by size runs, and its budgets: the hint fitted to them,
         each forward weighted by its size (the last one is kept: a study runs every policy on it)."""
         weights = self.size_weights(sample)
@@ -164,7 +164,7 @@ class Simulator:
         room = list(given) if given is not None else size_room(self.hint, weights, memory_slack=slack)
         fitted = fit_step(self.hint, weights, room)
         like = self.layout if fitted.hint is self.hint else None
-        layout = Layout(fitted.hint, list(fitted.graphs), like=like)
+        layout = HintLayout(fitted.hint, list(fitted.graphs), like=like)
         self._fitted = (key, layout, room)
         return layout, room
 
@@ -263,7 +263,7 @@ class Simulator:
 
     def _event_loop(
         self,
-        layout: Layout,
+        layout: HintLayout,
         policy: Policy,
         room: list[float],
         plans: list[RankPlan] | None,
