@@ -35,7 +35,7 @@ def test_the_runtime_s_plan_is_the_simulator_s_on_the_same_costs(name: str, chun
     # The runtime plans with dispatch's engine alone (no simulator); a simulation's ``ready`` plans with the same
     # sweep: on the same per-stage costs the two are one plan, position for position.
     hint = generate_hint(name, 3, 6, chunks)
-    costs = [[1.0 + 0.25 * s, 2.0 - 0.1 * s, 0.5 * (s % 2)] for s in range(hint.num_stages)]
+    costs = [[1.0 + 0.25 * s, 2.0 - 0.1 * s, 0.5 * (s % 2)] for s in range(hint.stages)]
     simulated = Simulator(hint, cost_model_of(costs)).plans()
     planned = plans_for(hint, costs)
     assert [dataclasses.astuple(p) for p in planned] == [dataclasses.astuple(p) for p in simulated]

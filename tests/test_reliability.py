@@ -372,7 +372,7 @@ def test_scoreboards_complete_under_any_message_order(
                         needed.append(Task(s - 1, Kind.F, mb))
                     if kind is Kind.B:
                         needed.append(Task(s, Kind.F, mb))
-                        if s < hint.num_stages - 1:
+                        if s < hint.stages - 1:
                             needed.append(Task(s + 1, Kind.B, mb))
                     if kind is Kind.W:
                         needed.append(Task(s, Kind.B, mb))

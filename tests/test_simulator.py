@@ -282,7 +282,7 @@ BEFORE_THE_REWRITE = {
 
 def _digest(name: str, chunks: int, ranks: int, microbatches: int, activation: bool) -> str:
     hint = generate_hint(name, ranks, microbatches, chunks)
-    stages = hint.num_stages
+    stages = hint.stages
     sized = {
         "activation": [100.0 + s for s in range(stages)],
         "microbatch_scale": [0.5 + (i % 3) / 2 for i in range(microbatches)],

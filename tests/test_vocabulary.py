@@ -4,9 +4,11 @@ one (CHANGELOG: "Renamed")."""
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +28,8 @@ from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.dispatch.variability import parse_variability
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import form_microbatches
+from hintpipe.planner.plan import Plan
+from hintpipe.runtime import rank_process
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.parallel.mesh import Layout
@@ -44,8 +48,12 @@ _ARGS = r"\((?:[^()]|\([^()]*\))*?"
 #: Retired spelling -> the pattern that finds it (a call of the public API with the old keyword, an attribute).
 RETIRED = {
     "run_ranks(timeout_s=...), now run_ranks(timeout=...)": re.compile(r"\brun_ranks" + _ARGS + r"\btimeout_s=", re.S),
+    "init_rank(timeout_s=...), now init_rank(timeout=...)": re.compile(r"\binit_rank" + _ARGS + r"\btimeout_s=", re.S),
     "Hint.num_ranks, Placement.num_ranks, now .ranks": re.compile(r"\.num_ranks\b"),
     "Hint.num_microbatches, Hint(num_microbatches=...), now microbatches": re.compile(r"\bnum_microbatches\b"),
+    "Hint.num_stages, Placement.num_stages, Plan.num_stages, CostModel.num_stages, now .stages": re.compile(
+        r"\.num_stages\b"
+    ),
     "Hint.ranks as the task lists, now Hint.lists": re.compile(
         r"\b\w*hint\.ranks\s*\[|\bin\s+[\w.]*hint\.ranks\b|\b(?:enumerate|len|zip)\([\w.]*hint\.ranks\b"
     ),
@@ -113,6 +121,33 @@ def _rank(rank: int, world: int) -> int:
 def test_a_retired_keyword_still_works_and_says_its_new_name() -> None:
     with pytest.warns(DeprecationWarning, match=r"^run_ranks\(timeout_s=\.\.\.\) is now run_ranks\(timeout=\.\.\.\)$"):
         assert run_ranks(_rank, 1, timeout_s=60, device="cpu") == [1]
+
+
+class _Waited(Exception):
+    """How long the store would wait: where the test stops :func:`init_rank`, before any process group."""
+
+
+class _Store:
+    def __init__(self, path: str, world: int) -> None:
+        pass
+
+    def set_timeout(self, wait: datetime.timedelta) -> None:
+        raise _Waited(wait)
+
+
+@pytest.mark.parametrize("keyword", ["timeout_s", "timeout"])
+def test_init_rank_s_retired_timeout_s_is_its_timeout(keyword: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Up to the store, with nothing of this process changed (its threads, its switch interval, its device).
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(sys, "setswitchinterval", lambda interval: None)
+    monkeypatch.setattr(rank_process, "rank_device", lambda device, rank: torch.device("cpu"))
+    monkeypatch.setattr(rank_process, "FileStore", _Store)
+    said = r"^init_rank\(timeout_s=\.\.\.\) is now init_rank\(timeout=\.\.\.\)$"
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(_Waited) as waited:
+        warnings.simplefilter("always")
+        _loose(rank_process.init_rank)(0, 1, device="cpu", store_file="unused", **{keyword: 45})
+    assert waited.value.args == (datetime.timedelta(seconds=45),)
+    assert [re.match(said, str(w.message)) is not None for w in caught] == ([True] if keyword == "timeout_s" else [])
 
 
 def _loose(fn: Any) -> Any:
@@ -277,6 +312,10 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     ("Hint.num_microbatches is now Hint.microbatches", lambda: _hint().num_microbatches, lambda: _hint().microbatches),
     ("Hint.num_ranks is now Hint.ranks", lambda: _hint().num_ranks, lambda: _hint().ranks),
     ("Placement.num_ranks is now Placement.ranks", lambda: Placement.v_shape(3).num_ranks, lambda: 3),
+    ("Hint.num_stages is now Hint.stages", lambda: _hint().num_stages, lambda: _hint().stages),
+    ("Placement.num_stages is now Placement.stages", lambda: Placement.v_shape(3).num_stages, lambda: 6),
+    ("CostModel.num_stages is now CostModel.stages", lambda: CostModel.uniform(3).num_stages, lambda: 3),
+    ("Plan.num_stages is now Plan.stages", lambda: _plan().num_stages, lambda: 2),
     ("Layout.stages_ranks is now Layout.pp", lambda: Layout.world(4).stages_ranks, lambda: Layout.world(4).pp),
     ("StepReport.step_time is now StepReport.makespan", lambda: _report().step_time, lambda: _report().makespan),
     ("StepReport.admission_budget is now StepReport.budget", lambda: _report().admission_budget, lambda: (2.0, 1.0)),
@@ -295,8 +334,15 @@ def _report() -> StepReport:
     )  # fmt: skip
 
 
+def _plan() -> Plan:
+    # Only the cuts count here (a plan of two stages: nodes 0-2 and 3-4); making one profiles a model.
+    cuts = cast(Any, SimpleNamespace(cuts=(0, 3, 5)))
+    nothing = cast(Any, None)
+    return Plan("1f1b", 2, 1, 4, 1, cuts, {}, (), (), graph=nothing, profiles=())
+
+
 def _simulated() -> SimResult:
-    return Simulator(_hint(), CostModel.uniform(_hint().num_stages)).run(Policy.FIXED)
+    return Simulator(_hint(), CostModel.uniform(_hint().stages)).run(Policy.FIXED)
 
 
 @pytest.mark.parametrize(("message", "old", "new"), ATTRIBUTES, ids=[a[0].split(" is now")[0] for a in ATTRIBUTES])

@@ -49,7 +49,7 @@ def cost_model_of(costs: StageCosts) -> CostModel:
 def plans_for(hint: Hint, costs: StageCosts) -> list[RankPlan]:
     """Every rank's plan: the hint run in fixed order on these per-stage costs (memory in slots)."""
     model = cost_model_of(costs)
-    model.check_fits(hint.num_stages, hint.microbatches)
+    model.check_fits(hint.stages, hint.microbatches)
     layout = Layout(hint, [RankGraph(hint, r) for r in range(hint.ranks)])
     return layout.plans(model.expected(hint.microbatches, hint.split_backward))
 

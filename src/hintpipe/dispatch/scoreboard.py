@@ -156,7 +156,7 @@ class Scoreboard:
         """Per position, the known size of its own task and of its remote producer (an ``F``'s on the
         stage before, a ``B``'s on the stage after; its own where sizes are per micro-batch)."""
         values = np.asarray(sizes, dtype=float)
-        mbs, stages = self.hint.microbatches, self.hint.num_stages
+        mbs, stages = self.hint.microbatches, self.hint.stages
         tasks = self.graph.tasks
         if values.ndim == 1:
             if len(values) != mbs:
@@ -420,7 +420,7 @@ class Scoreboard:
         """What the task at ``pos`` still waits for, in words."""
         task = self.tasks[pos]
         stage_rank = self.hint.placement.stage_rank
-        deps = rules.dependencies(task, self.hint.num_stages)
+        deps = rules.dependencies(task, self.hint.stages)
         local_missing = [d for d in deps if d in self.index and not self.finished[self.index[d]]]
         # The remote input (at most one) is the dependency left once every local one is met.
         remote_missing = self._need[pos] - len(local_missing)

@@ -42,7 +42,7 @@ def predict_step_time(
     own where the runtime reported them: under ``admission="size"`` the simulator fits the hint to those
     budgets as the runtime did (:func:`hintpipe.dispatch.by_size.fit_step`), and ``ready`` scales its plan
     by the sizes relative to their median, as the runtime's does."""
-    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
+    durations = np.zeros((hint.stages, hint.microbatches, 3))
     for _, task, start, end in records:
         durations[task.stage, task.mb, task.kind] = end - start
     costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()

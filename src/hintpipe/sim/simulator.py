@@ -91,7 +91,7 @@ class Simulator:
     """
 
     def __init__(self, hint: Hint, cost_model: CostModel) -> None:
-        cost_model.check_fits(hint.num_stages, hint.microbatches)
+        cost_model.check_fits(hint.stages, hint.microbatches)
         self.hint = hint
         self.cost_model = cost_model
         sizes = cost_model.activation_sizes(hint.microbatches)

@@ -132,7 +132,7 @@ class Agreement(Hook):
                 f"rank {self.rank}: waited {self.timeout:g} s for the other ranks to finish step {state.step}: {exc}"
             ) from None
         result = values.numpy()
-        return result[:-1].reshape(hint.num_stages, 3), bool(result[-1] > 0)
+        return result[:-1].reshape(hint.stages, 3), bool(result[-1] > 0)
 
     def _drop_gradients(self, step: int) -> None:
         """on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere."""

@@ -166,7 +166,7 @@ def measured_peak(records: Sequence[Record], split_backward: bool) -> int:
 
 def durations_array(hint: Hint, summaries: Sequence[RankSummary]) -> np.ndarray[Any, np.dtype[np.float64]]:
     """``[stage, mb, kind]`` seconds from the summaries' task durations."""
-    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
+    durations = np.zeros((hint.stages, hint.microbatches, 3))
     for summary in summaries:
         for stage, mb, kind, seconds in summary.durations:
             durations[stage, mb, kind] = seconds
