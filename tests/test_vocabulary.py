@@ -22,8 +22,8 @@ from hintpipe.dispatch.budgets import device_budgets, rank_budget
 from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.dispatch.fit import BudgetError
 from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.dispatch.variability import parse_variability
 from hintpipe.forming.collate import form_batch
@@ -81,6 +81,13 @@ RETIRED = {
     "form_microbatches(order=), form_batch(order=), now microbatch_order=": re.compile(
         r"\bform_(?:microbatches|batch)" + _ARGS + r"\border=", re.S
     ),
+    "RankPlan, hintpipe.dispatch.rank_plan, now RankForecast, hintpipe.dispatch.rank_forecast": re.compile(
+        r"\bRankPlan\b|\brank_plan\b"
+    ),
+    "ReadyPlanner, .plan_for(), plans_for, hintpipe.runtime.loop.ready_plan, now ReadyForecaster, .forecast_for(), "
+    "forecasts_for, ready_forecast": re.compile(r"\bReadyPlanner\b|\.plan_for\(|\bplans_for\b|\bready_plan\b"),
+    "Simulator.plans(), Layout.plans(), now .forecasts()": re.compile(r"\.plans\("),
+    "Scoreboard(plan=...), now Scoreboard(forecast=...)": re.compile(r"\bScoreboard" + _ARGS + r"\bplan=", re.S),
     "import hintpipe.scoreboard, hintpipe.policy, now hintpipe.dispatch.scoreboard, .policy": re.compile(
         r"\b(?:from|import)\s+hintpipe\.(?:scoreboard|policy)\b|\bfrom\s+hintpipe\s+import\s+(?:scoreboard|policy)\b"
     ),
@@ -245,6 +252,11 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: _predicted(predict, memory_slack=1),
     ),
     (
+        "Scoreboard(plan=...) is now Scoreboard(forecast=...)",
+        lambda: list(_loose(Scoreboard)(RankGraph(_hint(), 1), plan=_simulator().forecasts()[1], notices=True).lead),
+        lambda: list(Scoreboard(RankGraph(_hint(), 1), forecast=_simulator().forecasts()[1], notices=True).lead),
+    ),
+    (
         "form_microbatches(order=...) is now form_microbatches(microbatch_order=...)",
         lambda: _loose(form_microbatches)([5, 1, 3, 4, 2, 8], 3, order="given"),
         lambda: form_microbatches([5, 1, 3, 4, 2, 8], 3, microbatch_order="given"),
@@ -295,7 +307,7 @@ def test_a_retired_module_still_imports_and_says_its_new_name(
     assert len(caught) == 1
     assert module.Policy is Policy
     if old == "scoreboard":  # every name the old module gave, the new homes' own objects
-        assert (module.Scoreboard, module.RankGraph, module.RankPlan) == (Scoreboard, RankGraph, RankPlan)
+        assert (module.Scoreboard, module.RankGraph, module.RankPlan) == (Scoreboard, RankGraph, RankForecast)
         assert (module.device_budgets, module.rank_budget) == (device_budgets, rank_budget)
         assert module.BudgetError is BudgetError
         given = ["LATENESS_TOLERANCE", "PATIENCE_TOLERANCE", "BudgetError", "Policy", "RankGraph", "RankPlan"]
@@ -319,6 +331,7 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     ("Layout.stages_ranks is now Layout.pp", lambda: Layout.world(4).stages_ranks, lambda: Layout.world(4).pp),
     ("StepReport.step_time is now StepReport.makespan", lambda: _report().step_time, lambda: _report().makespan),
     ("StepReport.admission_budget is now StepReport.budget", lambda: _report().admission_budget, lambda: (2.0, 1.0)),
+    ("Simulator.plans() is now Simulator.forecasts()", lambda: _simulator().plans(), lambda: _simulator().forecasts()),
     (
         "SimResult.records() is now SimResult.timeline()",
         lambda: _simulated().records(),

@@ -1,6 +1,6 @@
 """Dispatch's engine, the simulator's two hot paths: the fixed-order sweep and the event loop.
 
-The sweep also plans ``ready`` (:meth:`hintpipe.dispatch.layout.Layout.plans`), in the simulator and in the
+The sweep also forecasts for ``ready`` (:meth:`hintpipe.dispatch.layout.Layout.forecasts`), in the simulator and in the
 runtime alike; the event loop drives one :class:`~hintpipe.dispatch.scoreboard.Scoreboard` per rank on a
 virtual clock (the simulator's run).
 

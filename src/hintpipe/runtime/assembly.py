@@ -50,7 +50,7 @@ from hintpipe.runtime.loop.device_memory import DeviceMemory
 from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.loop.executor import Executor, LossFn, StageExecutor
 from hintpipe.runtime.loop.hooks import Hook, StepHook
-from hintpipe.runtime.loop.ready_plan import ReadyPlanner
+from hintpipe.runtime.loop.ready_forecast import ReadyForecaster
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer
@@ -162,7 +162,7 @@ def _parts_on(wiring: Wiring, loss_fn: LossFn, config: PipelineConfig, seams: Se
         coll=wiring.coll,
         timeout=wiring.timeout,
         modules=wiring.modules,
-        planner=ReadyPlanner(hint, wiring.rank),
+        forecaster=ReadyForecaster(hint, wiring.rank),
         on_nonfinite=config.on_nonfinite,
     )
     reporting = Reporting(
