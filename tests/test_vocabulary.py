@@ -78,6 +78,9 @@ RETIRED = {
     ),
     "predict_step_time(slack=), now memory_slack=": re.compile(r"\bpredict_step_time" + _ARGS + r"\bslack=", re.S),
     "StepReport.step_time, now StepReport.makespan": re.compile(r"\.step_time\b"),
+    "StepReport.plan_costs, predict_step_time(plan_costs=...), now forecast_costs": re.compile(
+        r"\.plan_costs\b|\bplan_costs="
+    ),
     "form_microbatches(order=), form_batch(order=), now microbatch_order=": re.compile(
         r"\bform_(?:microbatches|batch)" + _ARGS + r"\border=", re.S
     ),
@@ -181,6 +184,12 @@ def _study(**options: Any) -> list[float]:
     return [study[p].makespan for p in Policy]
 
 
+def _forecast_with(**costs: Any) -> float:
+    hint = _hint()
+    records = Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED).timeline()
+    return float(_loose(predict.predict_step_time)(hint, records, policy=Policy.READY, **costs))
+
+
 def _predicted(module: Any, **room: Any) -> float:
     hint = _hint()
     records = Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED).timeline()
@@ -257,6 +266,11 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: list(Scoreboard(RankGraph(_hint(), 1), forecast=_simulator().forecasts()[1], notices=True).lead),
     ),
     (
+        "predict_step_time(plan_costs=...) is now predict_step_time(forecast_costs=...)",
+        lambda: _forecast_with(plan_costs=[[1.0, 3.0, 0.0]] * 2),
+        lambda: _forecast_with(forecast_costs=[[1.0, 3.0, 0.0]] * 2),
+    ),
+    (
         "form_microbatches(order=...) is now form_microbatches(microbatch_order=...)",
         lambda: _loose(form_microbatches)([5, 1, 3, 4, 2, 8], 3, order="given"),
         lambda: form_microbatches([5, 1, 3, 4, 2, 8], 3, microbatch_order="given"),
@@ -331,6 +345,11 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     ("Layout.stages_ranks is now Layout.pp", lambda: Layout.world(4).stages_ranks, lambda: Layout.world(4).pp),
     ("StepReport.step_time is now StepReport.makespan", lambda: _report().step_time, lambda: _report().makespan),
     ("StepReport.admission_budget is now StepReport.budget", lambda: _report().admission_budget, lambda: (2.0, 1.0)),
+    (
+        "StepReport.plan_costs is now StepReport.forecast_costs",
+        lambda: _report().plan_costs,
+        lambda: ((1.0, 2.0, 0.0),),
+    ),
     ("Simulator.plans() is now Simulator.forecasts()", lambda: _simulator().plans(), lambda: _simulator().forecasts()),
     (
         "SimResult.records() is now SimResult.timeline()",
@@ -343,7 +362,7 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
 def _report() -> StepReport:
     return StepReport(
         policy=Policy.FIXED, makespan=1.5, lower_bound=1.0, busy=(1.0, 1.0), peak_live=(2.0, 1.0), budget=(2.0, 1.0),
-        step=0, rank=0, records=(), peak_live_bytes=(0, 0), loss=None,
+        step=0, rank=0, records=(), peak_live_bytes=(0, 0), loss=None, forecast_costs=((1.0, 2.0, 0.0),),
     )  # fmt: skip
 
 

@@ -144,7 +144,7 @@ class StepEngine:
         forecaster = parts.agreement.forecaster
         ready = parts.policy is Policy.READY and forecaster.forecast is not None
         state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy
-        state.plan_costs = forecaster.costs if ready else None
+        state.forecast_costs = forecaster.costs if ready else None
         graph, budget = parts.admission.for_step(state.elements, state.given_elements, step=state.step)
         fitted = parts.admission.fitted
         return Scoreboard(
