@@ -4,8 +4,11 @@ public API is importable from the package."""
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +189,35 @@ def test_every_wait_of_a_test_is_scaled_by_the_audit() -> None:
             if value is not None and not text.startswith(_SCALED) and text not in ("timeout", "within", "None"):
                 bare.append(f"{path.name}:{getattr(node, 'lineno', 0)}: {text}")
     assert bare == []
+
+
+#: A cross-reference in a docstring or a comment: ``:class:`~hintpipe.dispatch.scoreboard.Scoreboard```.
+_REFERENCE = re.compile(r":(?:class|func|mod|meth|attr|data|exc):`~?(hintpipe(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`")
+
+
+def _resolves(reference: str) -> bool:
+    """Whether ``reference`` names a module, or a name (a class's field included) inside one."""
+    parts = reference.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            fields = {**getattr(found, "__dataclass_fields__", {}), **getattr(found, "__annotations__", {})}
+            if not hasattr(found, name):
+                return name in fields and name == parts[-1]
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_every_cross_reference_names_what_exists() -> None:
+    """A module or name that moved leaves its old path in docstrings (``hintpipe.hint.Hint`` after ``schedule/``
+    was made): every ``:class:`hintpipe...``` reference in the source resolves."""
+    source = Path(hintpipe.__file__).parent
+    references = {found for path in source.rglob("*.py") for found in _REFERENCE.findall(path.read_text())}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the 0.7 shims of moved modules
+        stale = sorted(reference for reference in references if not _resolves(reference))
+    assert len(references) > 200 and stale == []

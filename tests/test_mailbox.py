@@ -6,13 +6,17 @@ in the header] in hintpipe.runtime.transport.wire)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 from conftest import allow
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.transport.mailbox import GlooTransport
-from hintpipe.runtime.transport.wire import Message, MessageKind, Value, lost_connection, what_the_peer_said
+from hintpipe.runtime.transport.wire import HEADER, Message, MessageKind, Value, lost_connection, what_the_peer_said
+
+HEAD = HEADER * 8  # a header's bytes
 
 
 def _messages() -> list[list[Value]]:
@@ -21,7 +25,7 @@ def _messages() -> list[list[Value]]:
         [torch.randn(4, 8, generator=g)],  # the first: nothing pre-posted yet
         [torch.randn(4, 8, generator=g)],  # the same size: the pre-posted receive takes it whole
         [torch.randn(2, 3, generator=g)],  # smaller: into the pre-posted receive, its own bytes only
-        [torch.empty(0)],  # no bytes: a placeholder meets the pre-posted receive
+        [torch.empty(0)],  # no bytes: the header alone meets the pre-posted receive
         [torch.randn(16, 8, generator=g)],  # larger: the pre-posted part, then the rest
         [torch.randint(0, 9, (5,), generator=g), None, torch.randn(3, dtype=torch.float64, generator=g)],
         [torch.ones(3, dtype=torch.bool), torch.empty(0, 4)],  # odd byte counts and an empty tensor
@@ -115,3 +119,42 @@ def test_a_lost_connection_is_worded_as_one_and_a_peers_abort_as_its_words() -> 
     assert what_the_peer_said(lost_connection(1, RuntimeError(""))) == "its connection closed (no reason given)"
     said = Message(MessageKind.ABORT, -1, -1, -1, [], 1, 0.0, "rank 1: out of memory")
     assert what_the_peer_said(said) == "it said: rank 1: out of memory"
+
+
+def _sends_worker(rank: int, world: int) -> list[list[int]] | None:
+    group = dist.new_group(backend="gloo")
+    post = GlooTransport([1 - rank], torch.device("cpu"), group=group)
+    sizes: list[int] = []
+    if rank == 0:
+        post_data = post.sender._post
+
+        def counted(tensor: torch.Tensor, peer: int) -> Any:
+            sizes.append(tensor.nbytes)
+            return post_data(tensor, peer)
+
+        post.sender._post = counted
+        per_message = []
+        for mb, tensors in enumerate(_messages()[:5]):
+            post.send(1, MessageKind.ACTIVATION, 0, 1, mb, tensors)
+            post.flush(allow(30))
+            per_message.append(list(sizes))
+            sizes.clear()
+    else:
+        for _ in range(5):
+            assert post.get(30) is not None, "a message did not arrive"
+    post.close(timeout=allow(30))
+    return per_message if rank == 0 else None
+
+
+def test_a_message_whose_payload_fits_the_posted_receive_is_one_send() -> None:
+    # Header and payload travel as one gloo message into the one posted receive ([Note: pre-posted payloads]):
+    # 512 header bytes, then the payload's bytes up to what is posted (the largest payload so far), the rest
+    # as a message of its own.
+    sent = run_ranks(_sends_worker, 2, timeout=60)[0]
+    assert sent == [
+        [HEAD, 128],  # the first: nothing posted for its payload yet
+        [HEAD + 128],  # the same size: one send
+        [HEAD + 24],  # smaller: one send, its own bytes only
+        [HEAD],  # no bytes: the header alone
+        [HEAD + 128, 512 - 128],  # larger: the posted part with the header, then the rest
+    ]

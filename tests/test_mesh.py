@@ -313,7 +313,7 @@ class _Relay:
 
     def __init__(self, inner: GlooTransport) -> None:
         self.inner = inner
-        self.inbox: queue.Queue[Message] = inner.inbox
+        self.inbox: queue.SimpleQueue[Message] = inner.inbox
         self.sent = 0
 
     @classmethod

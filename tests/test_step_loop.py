@@ -22,6 +22,7 @@ from hintpipe.runtime.loop.step_loop import StepLoop
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.transport.wire import Message, MessageKind, Value
 from hintpipe.schedule.generators import generate_hint
+from hintpipe.schedule.task_list import TaskList
 
 
 class _Executor:
@@ -238,3 +239,31 @@ def test_a_first_stage_given_more_tensors_than_it_takes_is_refused_before_it_run
     check_arity(TakesMask(), 1, 0)  # the optional one may be left out
     check_arity(TakesMask(), 2, 0)
     check_arity(nn.Sequential(nn.Identity()), 1, 0)
+
+
+def test_the_loop_makes_each_task_once_per_step_not_once_per_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A scoreboard keeps its tasks as arrays; the loop makes their Task objects once, when it is built, and
+    # then only looks them up (a Task made per look cost the computing thread microseconds a task).
+    hint = generate_hint("1f1b", 2, 4)
+    board = Scoreboard(RankGraph(hint, 1), Policy.FIXED)
+    arrived = [Message(MessageKind.ACTIVATION, 0, 1, mb, [torch.ones(2)], peer=0) for mb in range(4)]
+    made: list[int] = []
+    look = TaskList.__getitem__
+
+    def counted(self: TaskList, index: Any) -> Any:
+        made.append(index)
+        return look(self, index)
+
+    monkeypatch.setattr(TaskList, "__getitem__", counted)
+    loop = StepLoop(
+        rank=1,
+        board=board,
+        executor=_Executor([]),
+        transport=cast(Any, _Transport()),
+        admission=cast(Any, None),
+        timeout=5.0,
+        stash=arrived,
+        check_losses=lambda losses, slots: None,
+    )
+    loop.run(StepState(step=0, activations={}))
+    assert board.done and made == []

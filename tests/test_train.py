@@ -31,6 +31,7 @@ from hintpipe.cli import build_parser, main
 from hintpipe.cli.train import config_from, result_json
 from hintpipe.dispatch.policy import Policy
 from hintpipe.dispatch.variability import CommDelay, parse_variability
+from hintpipe.option import said_as_flags
 from hintpipe.planner.plan import plan
 from hintpipe.planner.plan_file import PlanFileError, load_plan, read_plan_file, save_plan
 from hintpipe.runtime.injection import Injection
@@ -195,6 +196,51 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
 def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     assert main(["train", "--ranks", "2", "--microbatches", "4", "--steps", "1", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("changes", "message", "flags"),
+    [
+        ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint_dir", "--checkpoint-every needs --checkpoint-dir"),
+        (
+            {"resume": True, "group_readable": True},
+            "resume and group_readable need checkpoint_dir",
+            "--resume and --group-readable need --checkpoint-dir",
+        ),
+        (
+            {"checkpoint_dir": "ck", "resume": True, "replace_checkpoints": True},
+            "resume continues the folder's run, replace_checkpoints deletes it: give one",
+            "--resume continues the folder's run, --replace-checkpoints deletes it: give one",
+        ),
+        (
+            {"faults": ("savefail:0:0",)},
+            "faults savefail and savestop need checkpoint_dir and checkpoint_every",
+            "--faults savefail and savestop need --checkpoint-dir and --checkpoint-every",
+        ),
+        (
+            {"steps": 3, "warmup_steps": 4},
+            "warmup_steps 4 is more than steps 3: the warm-up would never end; use warmup_steps 3 or fewer",
+            "--warmup-steps 4 is more than --steps 3: the warm-up would never end; use --warmup-steps 3 or fewer",
+        ),
+        pytest.param(
+            {"transport": "nccl"},
+            "transport nccl moves tensors between GPUs; it needs device cuda on a machine with CUDA",
+            "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA"),
+        ),
+    ],
+)
+def test_a_run_s_rules_are_the_config_s_in_the_caller_s_words(
+    changes: dict[str, Any], message: str, flags: str
+) -> None:
+    # Before, only the command line checked these: TrainConfig(checkpoint_every=2) without a folder, or
+    # resume=True, trained afresh and saved nothing, saying nothing.
+    with pytest.raises(ValueError) as refused:
+        TrainConfig(model=ModelConfig("mlp"), ranks=2, microbatches=2, **changes)
+    assert str(refused.value) == message
+    with said_as_flags(), pytest.raises(ValueError) as refused:
+        TrainConfig(model=ModelConfig("mlp"), ranks=2, microbatches=2, **changes)
+    assert str(refused.value) == flags
 
 
 def test_injection_is_the_same_for_every_policy() -> None:

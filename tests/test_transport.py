@@ -237,7 +237,7 @@ def test_a_link_moves_every_dtype_as_its_bytes() -> None:
 class _Arrival:
     """A transfer that records what the inbox held when it was waited for."""
 
-    def __init__(self, inbox: queue.Queue[Message]) -> None:
+    def __init__(self, inbox: queue.SimpleQueue[Message]) -> None:
         self.inbox = inbox
         self.waited_with: list[int] = []
 
@@ -249,7 +249,7 @@ class _Arrival:
 
 
 def test_a_link_message_enters_the_inbox_once_its_payload_is_here() -> None:
-    inbox: queue.Queue[Message] = queue.Queue()
+    inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
     arrival = _Arrival(inbox)
     message = Message(MessageKind.ACTIVATION, 0, 1, 2, [torch.ones(1)], peer=0, ready=arrival)
     deliver_when_arrived(inbox, message)

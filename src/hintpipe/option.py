@@ -9,8 +9,11 @@ This module is torch-free.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar, overload
 
 from hintpipe.choice import Choice
@@ -21,6 +24,28 @@ AGREEMENTS = ("equal", "given", "own", "resolved")
 #: The longest watchdog timeout: a week. The watchdog exists to end a stuck run, and far larger values
 #: overflow the process groups' own timeouts (``datetime.timedelta``).
 MAX_TIMEOUT = 7 * 24 * 3600.0
+#: Whether a config being built names its options as flags (see :func:`said_as_flags`).
+_AS_FLAGS: contextvars.ContextVar[bool] = contextvars.ContextVar("hintpipe_options_as_flags", default=False)
+
+
+@contextlib.contextmanager
+def said_as_flags() -> Iterator[None]:
+    """Within: a config's checks name its options as flags (``--warmup-steps``), not keywords
+    (``warmup_steps``). The command line builds its config here, so that each rule of a config is checked once,
+    in the config, and still speaks to the command line's user in the words they typed."""
+    token = _AS_FLAGS.set(True)
+    try:
+        yield
+    finally:
+        _AS_FLAGS.reset(token)
+
+
+def said(name: str, *, cli: bool = False) -> str:
+    """How a message names the option or field ``name``: its flag on the command line (``cli``, or within
+    :func:`said_as_flags`), its keyword in Python."""
+    return "--" + name.replace("_", "-") if cli or _AS_FLAGS.get() else name
+
+
 #: The shortest watchdog timeout: below a second, a message delayed by a busy machine would end the run.
 MIN_TIMEOUT = 1.0
 
@@ -72,8 +97,9 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
     def label(self, cli: bool) -> str:
-        """How a message names the option: its flag on the command line, its keyword in Python."""
-        return self.flag if cli else self.name
+        """How a message names the option: its flag on the command line, its keyword in Python (see
+        :func:`said`)."""
+        return said(self.name, cli=cli)
 
     def check(self, value: Any, *, cli: bool = False) -> Any:
         """``value`` converted (a choice's string to its enum) and checked against the range.

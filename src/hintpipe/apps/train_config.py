@@ -14,6 +14,7 @@ import torch
 from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
+from hintpipe.apps.run_rules import check_run_rules
 from hintpipe.data.prepared import open_prepared
 from hintpipe.data.run_data import resolve_data
 from hintpipe.forming.cost import SequenceCost
@@ -148,11 +149,7 @@ class TrainConfig(PipelineConfig):
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
         parse_betas(self.betas, "betas")
-        if self.warmup_steps > self.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
-            raise ValueError(
-                f"warmup_steps {self.warmup_steps} is more than steps {self.steps}: the warm-up would never end; use "
-                f"warmup_steps {self.steps} or fewer"
-            )
+        check_run_rules(self)
         self._check_data()
 
     def _check_data(self) -> None:

@@ -27,7 +27,7 @@ from hintpipe.cli.common import (
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import add_model_flags, model_config
 from hintpipe.cli.train_checks import (
-    check_config,
+    check_checkpoint_folder,
     check_memory,
     check_model_flags,
     check_model_memory,
@@ -50,6 +50,7 @@ from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
+from hintpipe.option import said_as_flags
 from hintpipe.options import OPTIONS, ROOM
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint
@@ -192,12 +193,14 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "dp": dp,
         "tp": tp,
     }
-    config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
+    with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.run_rules)
+        config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
     if config.tensorboard is not None:
         check_folder_writable(config.tensorboard, "--tensorboard", "TensorBoard")
-    check_config(config, injection)
+    if config.checkpoint_dir is not None:
+        check_checkpoint_folder(config)
     if args.emulate and not planned_elsewhere():
         config = dataclasses.replace(config, emulate=profile_costs(config))
     return config

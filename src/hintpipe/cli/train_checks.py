@@ -18,34 +18,6 @@ if TYPE_CHECKING:
     from hintpipe.apps.training import TrainConfig
 
 
-def check_config(config: TrainConfig, injection: Injection) -> None:
-    """Refuse option combinations of a built config: a device the machine lacks, checkpoint settings."""
-    if config.device != "cpu" or config.transport == "nccl":
-        import torch
-
-        cuda = torch.cuda.is_available()
-        if config.device == "cuda" and not cuda:
-            raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine")
-        if config.transport == "nccl" and (config.device == "cpu" or not cuda):
-            raise ValueError(
-                "--transport nccl moves tensors between GPUs; it needs --device cuda on a machine with CUDA"
-            )
-    if config.checkpoint_dir is None:
-        flags = {
-            "--resume": config.resume,
-            "--replace-checkpoints": config.replace_checkpoints,
-            "--checkpoint-every": bool(config.checkpoint_every),
-            "--group-readable": config.group_readable,
-        }
-        given = [flag for flag, on in flags.items() if on]
-        if given:
-            raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --checkpoint-dir")
-    else:
-        check_checkpoint_folder(config)
-    if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
-        raise ValueError("--faults savefail and savestop need --checkpoint-dir and --checkpoint-every")
-
-
 def available_memory() -> float | None:
     """Bytes of memory this machine has available now (``MemAvailable``), or None where it cannot tell."""
     try:
@@ -125,8 +97,6 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
 
     assert config.checkpoint_dir is not None
     folder = Path(config.checkpoint_dir)
-    if config.resume and config.replace_checkpoints:
-        raise ValueError("--resume continues the folder's run, --replace-checkpoints deletes it: give one")
     check_writable(folder)
     try:
         check_layout(folder)

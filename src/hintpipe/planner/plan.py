@@ -256,7 +256,7 @@ def plan(
             afresh otherwise.
 
     Raises:
-        hintpipe.capture.CaptureError: the model cannot be captured.
+        hintpipe.planner.capture.CaptureError: the model cannot be captured.
         hintpipe.planner.PlanError: no cut fits the budgets (names the stage and the bytes short), or a split
             point that names no submodule, falls where a value other than a tensor crosses, or is out of order.
     """

@@ -207,6 +207,18 @@ class Pipeline:
         return self.parts.reporting.reports
 
     @property
+    def messages(self) -> Transport:
+        """Deprecated: :attr:`carrier` (its name in 0.6), read-only as it is."""
+        retired_attribute("Pipeline.messages", "Pipeline.carrier")
+        return self.carrier
+
+    @property
+    def post_office(self) -> Transport:
+        """Deprecated: :attr:`carrier` (its name before 0.7's release), read-only as it is."""
+        retired_attribute("Pipeline.post_office", "Pipeline.carrier")
+        return self.carrier
+
+    @property
     def nonfinite_steps(self) -> list[int]:
         """Steps that had a non-finite loss (skipped, under ``on_nonfinite="skip"``)."""
         return self.parts.agreement.nonfinite_steps
@@ -375,19 +387,3 @@ class Pipeline:
             self._engine.abort(error)
         else:
             self.close()
-
-
-def _messages(pipe: Pipeline) -> Transport:
-    """Deprecated: :attr:`Pipeline.carrier` (its name in 0.6), read-only as it is."""
-    retired_attribute("Pipeline.messages", "Pipeline.carrier")
-    return pipe.carrier
-
-
-def _post_office(pipe: Pipeline) -> Transport:
-    """Deprecated: :attr:`Pipeline.carrier` (its name before 0.7's release), read-only as it is."""
-    retired_attribute("Pipeline.post_office", "Pipeline.carrier")
-    return pipe.carrier
-
-
-Pipeline.messages = property(_messages)  # type: ignore[attr-defined]
-Pipeline.post_office = property(_post_office)  # type: ignore[attr-defined]

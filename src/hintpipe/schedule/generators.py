@@ -1,6 +1,6 @@
 """Hint generators: the classic pipeline schedules as per-rank task lists.
 
-Each generator returns a :class:`~hintpipe.hint.Hint`. With ``p`` ranks and
+Each generator returns a :class:`~hintpipe.schedule.hint.Hint`. With ``p`` ranks and
 ``m`` micro-batches, 1F1B on 4 ranks and 6 micro-batches reads (``F``/``B``
 with the micro-batch, one column per rank)::
 

@@ -46,7 +46,7 @@ def load_hint_csv(path: str | Path) -> Hint:
     Raises:
         HintError: for an unreadable file, a malformed cell (with its line and
             column), an inconsistent placement, or a hint that breaks a rule of
-            :func:`~hintpipe.validation.validate_hint`.
+            :func:`~hintpipe.schedule.validation.validate_hint`.
     """
     try:
         text = Path(path).read_text()

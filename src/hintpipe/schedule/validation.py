@@ -1,7 +1,7 @@
 """Hint validation: every task exactly once, dependencies respected within a
 rank, and the hint completes under fixed-order execution.
 
-A bad hint is refused with a :class:`~hintpipe.hint.HintError` that names the
+A bad hint is refused with a :class:`~hintpipe.schedule.hint.HintError` that names the
 rank, the position and the rule broken, followed by the step-by-rank grid with
 the offending cell marked.
 

@@ -1,6 +1,6 @@
 """Simulation studies: several trials, several policies, identical sampled work.
 
-Every trial draws one :class:`~hintpipe.simulator.Sample` and runs each policy
+Every trial draws one :class:`~hintpipe.dispatch.sample.Sample` and runs each policy
 on it, so ratios between policies measure the policies, not the dice.
 
 This module is torch-free.

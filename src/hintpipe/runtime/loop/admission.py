@@ -57,6 +57,9 @@ from hintpipe.units import format_size
 
 log = logging.getLogger(__name__)
 
+#: The distinct step shapes whose fits are kept (:meth:`Admission._fit`).
+FITS_KEPT = 64
+
 
 class Admission(Hook):
     """One rank's admission rule: the hint's own peak plus slack in slots, or by size (a byte budget, or the
@@ -123,7 +126,8 @@ class Admission(Hook):
         #: Per stage of the pipeline, the bytes per input element every rank agreed on at the step's start
         #: (None until every stage has measured one).
         self.factors: np.ndarray[tuple[int], np.dtype[np.float64]] | None = None
-        self._last: tuple[tuple[int, ...], tuple[int, ...] | None, bytes, FittedStep | None] | None = None
+        #: The fits made so far, by the step's sizes (see :meth:`_fit`), oldest first.
+        self._fits: dict[tuple[tuple[int, ...], tuple[int, ...] | None, bytes], FittedStep | None] = {}
 
     @property
     def by_bytes(self) -> bool:
@@ -170,11 +174,13 @@ class Admission(Hook):
         return graph, budget
 
     def _fit(self, elements: Sequence[int], given: Sequence[int], step: int) -> FittedStep | None:
-        """The hint fitted to the step's budgets; a step with the same sizes as the last reuses its fit."""
+        """The hint fitted to the step's budgets, made once per distinct step shape: a step with the sizes of
+        one of the last :data:`FITS_KEPT` distinct shapes reuses its fit (a fit runs the whole hint; variable
+        lengths come back to a few shapes, packed rows to one)."""
         factors = self.factors if self.by_bytes else None
         key = (tuple(elements), None if self.by_bytes else tuple(given), b"" if factors is None else factors.tobytes())
-        if self._last is not None and self._last[:3] == key:
-            return self._last[3]
+        if key in self._fits:
+            return self._fits[key]
         weights = size_weights(self.hint, elements, factors)
         if self.budgets is not None:
             room = list(self.budgets)
@@ -201,7 +207,9 @@ class Admission(Hook):
                 exc,
             )
             fitted = None
-        self._last = (*key, fitted)
+        if len(self._fits) >= FITS_KEPT:
+            del self._fits[next(iter(self._fits))]
+        self._fits[key] = fitted
         return fitted
 
     def end_step(self, state: StepState) -> None:

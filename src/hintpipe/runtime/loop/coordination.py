@@ -74,7 +74,7 @@ class Coordination:
         leader: the leader's global rank (for error messages).
     """
 
-    def __init__(self, group: dist.ProcessGroup, inbox: queue.Queue[Message], leader: int) -> None:
+    def __init__(self, group: dist.ProcessGroup, inbox: queue.SimpleQueue[Message], leader: int) -> None:
         self.group = group
         self.member = dist.get_rank(group)
         self.size = dist.get_world_size(group)
@@ -110,7 +110,7 @@ class Coordination:
         while len(self._pending) > 64:  # gloo learns that a send finished only when waited on
             self._pending.pop(0)[0].wait()
 
-    def _receive(self, inbox: queue.Queue[Message]) -> None:
+    def _receive(self, inbox: queue.SimpleQueue[Message]) -> None:
         decision = torch.zeros(_WIDTH, dtype=torch.int64)
         try:
             while True:

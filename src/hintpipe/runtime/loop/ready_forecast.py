@@ -21,6 +21,8 @@ from hintpipe.schedule.hint import Hint
 REFRESH_THRESHOLD = 0.1
 #: The most steps between two looks at the measured costs once they have settled.
 LONGEST_INTERVAL = 16
+#: The fitted hints whose forecasts are kept (one per distinct step shape: see :meth:`ReadyForecaster.forecast_for`).
+FITTED_KEPT = 64
 
 
 class ReadyForecaster:
@@ -45,17 +47,25 @@ class ReadyForecaster:
         self.rebuilds = 0
         self._interval = 1
         self._next = 0
-        self._fitted: tuple[Hint, tuple[tuple[float, ...], ...], RankForecast] | None = None
+        #: Forecasts of fitted hints, by the hint's identity, with the hint and the costs they were made on.
+        self._fitted: dict[int, tuple[Hint, tuple[tuple[float, ...], ...], RankForecast]] = {}
 
     def forecast_for(self, fitted: Hint | None) -> RankForecast | None:
         """The forecast for a step that runs ``fitted``, the hint fitted to the step's budgets by size (see
         [Note: byte admission] in :mod:`hintpipe.runtime.loop.admission`; None: the hint itself): its
-        positions are another order's, so it is forecast afresh on the same costs (once per fitted hint)."""
+        positions are another order's, so it is forecast afresh on the same costs, once per fitted hint and
+        costs: admission keeps one fitted hint per distinct step shape, and steps that come back to a shape
+        reuse its forecast)."""
         if fitted is None or fitted is self.hint or self.costs is None:
             return self.forecast
-        if self._fitted is None or self._fitted[0] is not fitted or self._fitted[1] != self.costs:
-            self._fitted = (fitted, self.costs, forecasts_for(fitted, self.costs)[self.rank])
-        return self._fitted[2]
+        kept = self._fitted.get(id(fitted))
+        if kept is not None and kept[0] is fitted and kept[1] == self.costs:
+            return kept[2]
+        if kept is None and len(self._fitted) >= FITTED_KEPT:
+            del self._fitted[next(iter(self._fitted))]
+        forecast = forecasts_for(fitted, self.costs)[self.rank]
+        self._fitted[id(fitted)] = (fitted, self.costs, forecast)
+        return forecast
 
     def due(self, step: int) -> bool:
         """Whether the step that just ended should share its measured costs."""

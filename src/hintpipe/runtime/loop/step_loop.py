@@ -77,6 +77,9 @@ class StepLoop:
         self.timer = timer
         self.board = board
         self.hint = board.hint
+        #: The step's tasks by position, built once: a scoreboard keeps them as arrays, and a ``Task`` made from
+        #: them per look costs the computing thread microseconds a task.
+        self.tasks = list(board.tasks)
         self.executor = executor
         self.transport = transport
         self.admission = admission
@@ -139,7 +142,7 @@ class StepLoop:
             end = time.perf_counter()
             task_cpu += time.thread_time() - computing
             board.finish(pos, end - t0)
-            task = board.tasks[pos]
+            task = self.tasks[pos]
             state.records.append((self.rank, task, start - t0, end - t0))
             if task.kind is self._last_kind:
                 self._gradient_done(task.stage)
@@ -242,7 +245,7 @@ class StepLoop:
 
     def _run(self, pos: int, state: StepState) -> None:
         """Compute the task at ``pos`` and pass its result on (to this rank's next stage, or a neighbour)."""
-        task = self.board.tasks[pos]
+        task = self.tasks[pos]
         s, kind, mb = task
         try:
             # [Note: the compute stream waits last] A received input is ready when its bytes are on this
@@ -296,4 +299,4 @@ class StepLoop:
             peer, consumer = out
             self.transport.send(peer, kind, state.round, consumer.stage, consumer.mb, tensors)
         else:  # the scoreboard already counted the local dependency when the task finished
-            state.receive(kind, stage, self.board.tasks[pos].mb, tensors)
+            state.receive(kind, stage, self.tasks[pos].mb, tensors)

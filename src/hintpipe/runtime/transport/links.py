@@ -262,7 +262,7 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
-def deliver_when_arrived(inbox: queue.Queue[Message], message: Message) -> None:
+def deliver_when_arrived(inbox: queue.SimpleQueue[Message], message: Message) -> None:
     """Put ``message`` in ``inbox`` once its payload is on this rank (see [Note: ready when the data is
     there]); the time it arrived is then."""
     if message.ready is not None:

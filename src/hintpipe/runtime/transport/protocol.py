@@ -72,7 +72,7 @@ class InboxTransport(Transport, Protocol):
     what arrived waits for the step loop, also takes the tensor-parallel coordination's decisions (see
     :mod:`hintpipe.runtime.loop.coordination`)."""
 
-    inbox: queue.Queue[Message]
+    inbox: queue.SimpleQueue[Message]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,16 +8,16 @@ sends, so that the computing thread goes on to its next task at once:
   thread would hold the host to the device's pace, one task ahead at most, and the GPU would idle while
   Python dispatches the next task. The thread waits for the copy's event, then posts.
 - On a CPU rank the bytes are the tensor's own, there when the task returns; but posting them is not free:
-  two gloo sends per message (header and payload) and a producer notice per task under ``ready`` cost the
-  computing thread tens of microseconds each, on the critical path of every micro-batch of a 1F1B hint,
-  where torch's own schedules pay one. Posted by the thread, they overlap the next task's compute (torch's
+  a gloo send per message (header and payload together, behind a copy of the payload) and a producer notice
+  per task under ``ready`` cost the computing thread tens of microseconds each, on the critical path of
+  every micro-batch of a 1F1B hint. Posted by the thread, they overlap the next task's compute (torch's
   kernels release the GIL). ``SEND_THREAD_ON_CPU`` in :mod:`hintpipe.runtime.transport.mailbox` turns it off
   (the computing thread then posts, as before 0.7; ``benchmarks/vs-torch`` measures both).
 
 [Note: the sender thread]
 - **Order.** gloo matches a peer's sends and receives on one tag in the
-  order they were posted, and the receiver reads header, payload, rest,
-  description in that order (:mod:`hintpipe.runtime.transport.mailbox`). So
+  order they were posted, and the receiver reads header and payload (one
+  message), rest, description in that order (:mod:`hintpipe.runtime.transport.mailbox`). So
   every send of the data channel goes through the one queue, closing words
   included, and the thread posts them first in, first out: a message whose
   copy is late holds back the ones behind it, never reorders them.
@@ -29,7 +29,7 @@ sends, so that the computing thread goes on to its next task at once:
   send completed only to whoever waits on it. Once it has posted a message,
   the thread waits on the sends of every message before it, and on all of
   them whenever its queue is empty (every peer keeps a receive posted for
-  the next header and payload, so these waits are short, and the thread has
+  the next message, so these waits are short, and the thread has
   nothing else to do); each message's staging buffer goes back to the pool
   as its last send completes. So the pool's bound holds, instead of buffers
   piling up in torch's pinned cache behind a queue of unreaped sends.

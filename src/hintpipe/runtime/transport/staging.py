@@ -153,17 +153,21 @@ class Staging:
         self._stream: torch.cuda.Stream | None = new_stream(device) if self.staged else None
         self._streams = threading.local()  # one host-to-device stream per receiving thread
 
-    def outgoing(self, payload: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Callable[[], None] | None]:
-        """``payload`` (bytes on the device) on its way to host memory; returns the host bytes, the pool
-        buffer to give back once the send completed (None: nothing was staged), and what waits for the copy
-        to land (None: the bytes are there now). Nothing here waits: the compute goes on."""
+    def outgoing(
+        self, payload: torch.Tensor, head: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Callable[[], None] | None]:
+        """``payload`` (bytes on the device) on its way to host memory, behind ``head`` bytes left for the
+        caller's header; returns the host bytes (the head's room included), the pool buffer to give back once
+        the send completed (None: nothing was staged, and the host bytes are ``payload`` itself, without the
+        room), and what waits for the copy to land (None: the bytes are there now). Nothing here waits: the
+        compute goes on."""
         if not self.staged or not payload.is_cuda:  # (an emulated rank's stand-ins stay on the host)
             return payload, None, None
         assert self._stream is not None
-        buffer = self.pool.take(payload.numel())
+        buffer = self.pool.take(head + payload.numel())
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            buffer.copy_(payload, non_blocking=True)
+            buffer[head:].copy_(payload, non_blocking=True)
             copied = new_event()
             copied.record(self._stream)
         payload.record_stream(self._stream)

@@ -112,9 +112,24 @@ def encode_header(
     kind: MessageKind, step: int, stage: int, mb: int, count: int, meta: list[int], nbytes: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A message's header, and its tensor description as a message of its own when too long to fit (else None)."""
+    values, extra = header_fields(kind, step, stage, mb, count, meta, nbytes)
+    return torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64), extra
+
+
+def header_fields(
+    kind: MessageKind, step: int, stage: int, mb: int, count: int, meta: list[int], nbytes: int
+) -> tuple[list[int], torch.Tensor | None]:
+    """A message's header fields (the header's first ones, the rest being zeros), and its tensor description
+    as a message of its own when too long to fit (else None)."""
     values = [int(kind), step, stage, mb, count, len(meta), nbytes] + (meta if len(meta) <= INLINE else [])
-    header = torch.tensor(values + [0] * (HEADER - len(values)), dtype=torch.int64)
-    return header, (torch.tensor(meta, dtype=torch.int64) if len(meta) > INLINE else None)
+    return values, (torch.tensor(meta, dtype=torch.int64) if len(meta) > INLINE else None)
+
+
+def write_header(values: Sequence[int], into: bytearray) -> None:
+    """Write the header fields ``values`` into the first bytes of ``into`` (int64 in the host's order, as a
+    tensor's view reads them back; the rest of a new ``bytearray`` is zeros): a header built without a tensor of
+    its own costs a third of one."""
+    struct.pack_into(f"={len(values)}q", into, 0, *values)
 
 
 def encode_meta(values: Sequence[Value]) -> list[int]:
@@ -223,7 +238,7 @@ def unpack(payload: torch.Tensor, specs: Sequence[TensorSpec | Number | None]) -
             continue
         dtype, shape = spec
         count = math.prod(shape)
-        size = count * torch.empty((), dtype=dtype).element_size()
+        size = count * dtype.itemsize
         if count == 0:
             out.append(torch.empty(shape, dtype=dtype, device=payload.device))
             continue
