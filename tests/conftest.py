@@ -51,7 +51,7 @@ def simulate(
     """One run of ``hint`` on expected (noise-free) costs."""
     if isinstance(hint, str):
         hint = generate_hint(hint, ranks, microbatches, chunks)
-    costs = CostModel.uniform(hint.num_stages, forward=forward, backward=backward, weight=weight)
+    costs = CostModel.uniform(hint.stages, forward=forward, backward=backward, weight=weight)
     return Simulator(hint, costs).run(policy)
 
 

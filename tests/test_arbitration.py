@@ -44,7 +44,7 @@ def test_ready_never_loses_to_fixed_with_latency_and_no_jitter(name: HintName, p
     # ETA rule knows when each input will land, so it deviates only where the next task
     # cannot be delayed; it equals fixed order exactly without latency.
     hint = generate_hint(name, p, m, _chunks(name))
-    sim = Simulator(hint, CostModel.uniform(hint.num_stages))
+    sim = Simulator(hint, CostModel.uniform(hint.stages))
     for latency in LATENCIES:
         sample = Sample.expected(hint, sim.cost_model, CommDelay(latency))
         fixed = sim.run(Policy.FIXED, sample).makespan
@@ -70,7 +70,7 @@ def test_patience_without_notices_can_lose_with_latency() -> None:
 @pytest.mark.parametrize("name", [h.value for h in HintName])
 def test_the_fixed_order_sweep_times_every_task_as_the_event_loop_does(name: str) -> None:
     hint = generate_hint(name, 4, 8, _chunks(HintName(name)))
-    sim = Simulator(hint, CostModel.uniform(hint.num_stages))
+    sim = Simulator(hint, CostModel.uniform(hint.stages))
     models = [parse_variability("mb:0.5"), parse_variability("comm:0.2:0.2")]
     sample = Sample.draw(hint, sim.cost_model, models, np.random.default_rng(4))
     cost = [sample.costs[ts.stage, ts.mb, ts.kind].tolist() for ts in hint.lists]

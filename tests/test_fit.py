@@ -84,7 +84,7 @@ def test_a_hint_fitted_below_its_own_peak_holds_its_budget_and_ready_never_loses
     # Budgets one micro-batch below each rank's own peak: the hint itself no longer fits. The 1F1B family's
     # fitted lists leave no gap ready could fill, so there ready equals fixed; the others leave gaps it fills.
     hint = generate_hint(name, 4, 8, _chunks(name))
-    simulator = Simulator(hint, CostModel.uniform(hint.num_stages))
+    simulator = Simulator(hint, CostModel.uniform(hint.stages))
     budgets = [max(_chunks(name), math.ceil(g.peak) - 1) for g in simulator.graphs]
     for latency in (0.0, 0.3):
         sample = Sample.expected(hint, simulator.cost_model, CommDelay(latency))

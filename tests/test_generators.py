@@ -72,7 +72,7 @@ def test_every_generated_hint_is_valid(name: str, p: int, m: int) -> None:
     validate_hint(hint)
     split = name in ("zb-h1", "zbv", "bfw")
     assert hint.split_backward is split
-    assert hint.num_tasks == hint.num_stages * m * (3 if split else 2)
+    assert hint.num_tasks == hint.stages * m * (3 if split else 2)
 
 
 def test_1f1b_order_is_the_textbook_one() -> None:

@@ -132,7 +132,7 @@ def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(
 
 def test_every_stage_of_a_planned_hugging_face_model_starts_without_gradients() -> None:
     planned = plan(_gpt2(), torch.randint(0, VOCAB, (2, 9)), ranks=2, microbatches=2, repeats=1, kwargs=KWARGS)
-    for index in range(planned.num_stages):
+    for index in range(planned.stages):
         assert all(p.grad is None for p in planned.build_stage(index).parameters())
 
 
@@ -178,7 +178,7 @@ def test_a_tensor_keyword_input_becomes_a_first_stage_input() -> None:
     padded = torch.ones(2, 12, dtype=torch.int64)
     padded[1, 8:] = 0  # the second row is 8 tokens long
     values: tuple[torch.Tensor, ...] = (x, padded)
-    for index in range(planned.num_stages):
+    for index in range(planned.stages):
         out = planned.build_stage(index)(*values)
         values = out if isinstance(out, tuple) else (out,)
     expected = model(x, attention_mask=padded, **KWARGS).logits

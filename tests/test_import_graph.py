@@ -31,7 +31,7 @@ def rules() -> ModuleType:
         ("hintpipe.options", "hintpipe.runtime.loop.executor"),  # an arrow up through the options
         ("hintpipe.run_options", "hintpipe.apps.lr_schedule"),
         # the runtime and the simulator are two drivers of dispatch: neither takes the other's
-        ("hintpipe.runtime.loop.ready_plan", "hintpipe.sim.simulator"),
+        ("hintpipe.runtime.loop.ready_forecast", "hintpipe.sim.simulator"),
         ("hintpipe.runtime.injection", "hintpipe.sim"),
         # dispatch stands on the schedule and the foundation alone
         ("hintpipe.dispatch.scoreboard", "hintpipe.runtime.loop.step_loop"),
@@ -108,7 +108,7 @@ def test_dispatch_is_a_part_and_the_old_names_shims_are_its(rules: ModuleType) -
     assert {("dispatch", part) for part in above} | {("runtime", "sim"), ("schedule", "dispatch")} <= rules.FORBIDDEN
     allowed = {("dispatch", "schedule"): [("hintpipe.dispatch.fit", "hintpipe.schedule.hint", False)]}
     allowed[("dispatch", "base")] = [("hintpipe.dispatch.policy", "hintpipe.choice", False)]
-    allowed[("runtime", "dispatch")] = [("hintpipe.runtime.loop.ready_plan", "hintpipe.dispatch.expected", False)]
+    allowed[("runtime", "dispatch")] = [("hintpipe.runtime.loop.ready_forecast", "hintpipe.dispatch.expected", False)]
     allowed[("sim", "dispatch")] = [("hintpipe.sim.simulator", "hintpipe.dispatch.engine", False)]
     assert rules.forbidden(allowed) == []
 

@@ -71,7 +71,7 @@ def _ready_orders(rank: int, world: int, names: tuple[str, ...] = NAMES) -> dict
     for name in map(HintName, names):
         hint = generate_hint(name, world, MICROBATCHES)
         backward, weight = (UNIT, UNIT) if hint.split_backward else (2 * UNIT, 0.0)
-        stages = hint.num_stages
+        stages = hint.stages
         costs = EmulatedCosts((UNIT,) * stages, (backward,) * stages, (weight,) * stages, reference_size=1)
         modules = {s: nn.Identity() for s in hint.placement.stages_of(rank)}
         pipe = Pipeline(modules, loss_fn=lm_loss, microbatches=MICROBATCHES, hint=hint, policy="ready", emulate=costs)
@@ -115,10 +115,10 @@ def _choices(name: str, rank: int) -> list[list[str]]:
 
 
 def _unit_costs(hint: Hint) -> CostModel:
-    ones = (1.0,) * hint.num_stages
+    ones = (1.0,) * hint.stages
     if hint.split_backward:
         return CostModel(ones, ones, ones)
-    return CostModel(ones, (2.0,) * hint.num_stages, (0.0,) * hint.num_stages)
+    return CostModel(ones, (2.0,) * hint.stages, (0.0,) * hint.stages)
 
 
 def _kept(name: str) -> set[tuple[tuple[str, ...], ...]]:

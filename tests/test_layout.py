@@ -49,7 +49,7 @@ TORCH_FREE = [
     "hintpipe.forming.cost",
     "hintpipe.forming.form",
     "hintpipe.sim.predict",
-    "hintpipe.runtime.loop.ready_plan",
+    "hintpipe.runtime.loop.ready_forecast",
     "hintpipe.scoreboard",
     "hintpipe.policy",
     # dispatch, the state machine the simulator and the runtime share: every module
@@ -66,7 +66,7 @@ TORCH_FREE = [
     "hintpipe.dispatch.policy",
     "hintpipe.dispatch.projected_live",
     "hintpipe.dispatch.rank_graph",
-    "hintpipe.dispatch.rank_plan",
+    "hintpipe.dispatch.rank_forecast",
     "hintpipe.dispatch.sample",
     "hintpipe.dispatch.scoreboard",
     "hintpipe.dispatch.variability",

@@ -169,7 +169,7 @@ def _check(planned: Plan, stages: list[nn.Module], model: nn.Module, where: str)
 
 def test_two_planned_stages_give_the_model_s_logits_and_gradients(planned: tuple[nn.Module, Plan]) -> None:
     model, made = planned
-    assert made.num_stages == 2
+    assert made.stages == 2
     _check(made, [made.build_stage(i) for i in range(2)], model, f"cuts {made.partition.cuts}")
 
 
@@ -219,7 +219,7 @@ import pickle, sys, torch
 assert "transformers.integrations.moe" not in sys.modules
 made = pickle.loads(open({str(tmp_path / "plan.pkl")!r}, "rb").read())
 io = torch.load({str(tmp_path / "io.pt")!r})
-stages = [made.build_stage(i).eval() for i in range(made.num_stages)]
+stages = [made.build_stage(i).eval() for i in range(made.stages)]
 with torch.no_grad():
     values = (io["ids"],)
     for stage in stages:

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from hintpipe.dispatch.expected import plans_for
+from hintpipe.dispatch.expected import forecasts_for
 from hintpipe.dispatch.policy import Policy
 from hintpipe.dispatch.rank_graph import RankGraph
 from hintpipe.dispatch.scoreboard import Scoreboard
@@ -22,7 +22,7 @@ from hintpipe.schedule.task import B, F
 def _loop(step_clock: float) -> tuple[StepLoop, Scoreboard, list[Message]]:
     hint = generate_hint("1f1b", 2, 4)
     costs = [[1.0, 2.0, 0.0], [1.0, 2.0, 0.0]]  # per stage: F, B, W
-    board = Scoreboard(RankGraph(hint, 0), Policy.READY, plan=plans_for(hint, costs)[0], notices=True)
+    board = Scoreboard(RankGraph(hint, 0), Policy.READY, forecast=forecasts_for(hint, costs)[0], notices=True)
     stash: list[Message] = []
     none = cast(Any, None)
     loop = StepLoop(

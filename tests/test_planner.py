@@ -322,7 +322,7 @@ def test_stages_built_from_a_plan_hold_no_gradients_and_the_model_is_untouched()
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 6))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     planned = plan(model, torch.randn(8, 6), ranks=2, microbatches=4, repeats=1)
-    for index in range(planned.num_stages):
+    for index in range(planned.stages):
         assert all(p.grad is None for p in planned.build_stage(index).parameters())
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

@@ -75,7 +75,7 @@ def test_dropout_follows_the_stage_mode_not_the_mode_at_planning(
     planned_in_each_mode: dict[str, tuple[nn.Module, Plan]], planned_in: str
 ) -> None:
     model, planned = planned_in_each_mode[planned_in]
-    stages = [planned.build_stage(i) for i in range(planned.num_stages)]
+    stages = [planned.build_stage(i) for i in range(planned.stages)]
     x = torch.randint(0, VOCAB, (2, 12))
     for stage in stages:
         stage.eval()
@@ -97,7 +97,7 @@ def test_a_stage_names_no_device_and_keeps_its_tensors_as_parameters_or_buffers(
 ) -> None:
     _, planned = planned_in_each_mode["train"]
     assert "device" not in planned.graph.module.code
-    for i in range(planned.num_stages):
+    for i in range(planned.stages):
         stage = planned.build_stage(i)
         assert isinstance(stage, fx.GraphModule) and "device" not in stage.code
         held = {id(t) for t in [*stage.parameters(), *stage.buffers()]}

@@ -33,7 +33,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Hint, CostModel, Sample, Policy, float]:
     if name in (HintName.INTERLEAVED_1F1B, HintName.BF, HintName.BFW) and chunks > 1:
         microbatches = ranks * draw(st.integers(1, 3))  # interleaving needs whole rounds
     hint = generate_hint(name, ranks, microbatches, chunks)
-    stages = hint.num_stages
+    stages = hint.stages
     positive = st.floats(0.1, 5.0)
     costs = CostModel.uniform(
         stages,
@@ -75,7 +75,7 @@ def _check(hint: Hint, sample: Sample, result: SimResult) -> None:
         delay = sample.delays[dep.stage, dep.mb, dep.kind] if stage_rank[dep.stage] != stage_rank[task.stage] else 0
         assert when[task][0] >= when[dep][1] + delay - 1e-9, f"{task} started before {dep} arrived"
 
-    last = hint.num_stages - 1
+    last = hint.stages - 1
     for t in when:
         if t.kind is Kind.F and t.stage > 0:
             after(t, Task(t.stage - 1, Kind.F, t.mb))

@@ -23,8 +23,8 @@ from conftest import SMALL_GPT, hang_bound, small_run
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.training import TrainResult, _train_rank, train
 from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.dispatch.variability import SpecError, parse_variability
 from hintpipe.option import Option
@@ -351,8 +351,10 @@ def test_scoreboards_complete_under_any_message_order(
     for r in range(hint.ranks):
         graph = RankGraph(hint, r)
         n = len(graph.tasks)
-        plan = RankPlan(tuple(rng.uniform(0, 2) for _ in range(n)), tuple(float(i) for i in range(n)), (1.0,) * n)
-        boards.append(Scoreboard(graph, policy, budget=graph.peak + slack, plan=plan))
+        forecast = RankForecast(
+            tuple(rng.uniform(0, 2) for _ in range(n)), tuple(float(i) for i in range(n)), (1.0,) * n
+        )
+        boards.append(Scoreboard(graph, policy, budget=graph.peak + slack, forecast=forecast))
     queues: dict[tuple[int, int], list[Task]] = {}
     running: dict[int, int] = {}
     done: set[Task] = set()
@@ -372,7 +374,7 @@ def test_scoreboards_complete_under_any_message_order(
                         needed.append(Task(s - 1, Kind.F, mb))
                     if kind is Kind.B:
                         needed.append(Task(s, Kind.F, mb))
-                        if s < hint.num_stages - 1:
+                        if s < hint.stages - 1:
                             needed.append(Task(s + 1, Kind.B, mb))
                     if kind is Kind.W:
                         needed.append(Task(s, Kind.B, mb))

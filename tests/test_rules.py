@@ -49,9 +49,9 @@ def test_the_scoreboard_graph_is_the_dependency_rule(name: HintName, ranks: int,
     for r in range(hint.ranks):
         graph = RankGraph(hint, r)
         for i, task in enumerate(graph.tasks):
-            deps = rules.dependencies(task, hint.num_stages)
+            deps = rules.dependencies(task, hint.stages)
             assert graph.need[i] == len(deps)
-            succ = rules.successors(task, hint.num_stages, hint.split_backward)
+            succ = rules.successors(task, hint.stages, hint.split_backward)
             local = {graph.tasks[j] for j in graph.local[i]}
             link = graph.remote[i]
             remote = {link[1]} if link is not None else set()
@@ -66,15 +66,15 @@ def test_successors_invert_dependencies(name: HintName, ranks: int, chunks: int)
     tasks = [t for per_rank in hint.lists for t in per_rank]
     for a, b in itertools.product(tasks, repeat=2):
         if a.mb == b.mb:
-            assert (a in rules.dependencies(b, hint.num_stages)) == (
-                b in rules.successors(a, hint.num_stages, hint.split_backward)
+            assert (a in rules.dependencies(b, hint.stages)) == (
+                b in rules.successors(a, hint.stages, hint.split_backward)
             )
 
 
 @pytest.mark.parametrize(("name", "ranks", "chunks"), CASES)
 def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) -> None:
     hint = _hint(name, ranks, chunks)
-    result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(Policy.FIXED)
+    result = Simulator(hint, CostModel.uniform(hint.stages)).run(Policy.FIXED)
     records = result.timeline()
     for r in range(hint.ranks):
         by_rule = rules.in_flight_peak(hint.lists[r], hint.split_backward)
@@ -84,7 +84,7 @@ def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) 
         # with uniform costs the fixed-order timeline holds exactly the hint's peak.
         mine = [rec for rec in records if rec[0] == r]
         assert measured_peak(mine, hint.split_backward) == by_rule
-    for s in range(hint.num_stages):
+    for s in range(hint.stages):
         stage_records = [rec for rec in records if rec[1].stage == s]
         assert measured_peak(stage_records, hint.split_backward) == hint.stage_peaks[s]
 
@@ -93,11 +93,11 @@ def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) 
 def test_the_simulator_respects_every_dependency(name: HintName, ranks: int, chunks: int) -> None:
     hint = _hint(name, ranks, chunks)
     for policy in Policy:
-        result = Simulator(hint, CostModel.uniform(hint.num_stages)).run(policy, memory_slack=1)
+        result = Simulator(hint, CostModel.uniform(hint.stages)).run(policy, memory_slack=1)
         start = {task: begin for _, task, begin, _ in result.timeline()}
         end = {task: finish for _, task, _, finish in result.timeline()}
         for task in start:
-            for dep in rules.dependencies(task, hint.num_stages):
+            for dep in rules.dependencies(task, hint.stages):
                 assert start[task] >= end[dep]
 
 

@@ -282,7 +282,7 @@ BEFORE_THE_REWRITE = {
 
 def _digest(name: str, chunks: int, ranks: int, microbatches: int, activation: bool) -> str:
     hint = generate_hint(name, ranks, microbatches, chunks)
-    stages = hint.num_stages
+    stages = hint.stages
     sized = {
         "activation": [100.0 + s for s in range(stages)],
         "microbatch_scale": [0.5 + (i % 3) / 2 for i in range(microbatches)],
@@ -318,18 +318,18 @@ def test_seeded_runs_are_bitwise_those_of_the_simulator_before_its_rewrite(
     assert _digest(*case) == BEFORE_THE_REWRITE[case]
 
 
-def test_ready_plans_with_each_stages_known_factor_where_the_stages_differ() -> None:
+def test_ready_forecasts_with_each_stages_known_factor_where_the_stages_differ() -> None:
     # mm: the encoder's stages know the image factor, the decoder's the text factor; ready's ETAs scale each
     # stage's expected costs by its own. mb: one factor for every stage, the micro-batch's size.
     hint = generate_hint("1f1b", 8, 16)
     costs = CostModel.uniform(8)
     mm = Sample.draw(hint, costs, [parse_variability("mm:1.0:0.5")], np.random.default_rng(0))
     assert mm.known is not None and mm.sizes is not None
-    assert Simulator._plan_sizes(mm) is mm.known
+    assert Simulator._forecast_sizes(mm) is mm.known
     assert mm.known[0].tolist() != mm.known[-1].tolist()
     mb = Sample.draw(hint, costs, [parse_variability("mb:0.5")], np.random.default_rng(0))
     assert mb.sizes is not None
-    assert Simulator._plan_sizes(mb) is mb.sizes
+    assert Simulator._forecast_sizes(mb) is mb.sizes
 
 
 def test_a_policy_by_name_runs_as_the_policy_itself() -> None:

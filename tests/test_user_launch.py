@@ -93,7 +93,7 @@ def _rank(rank: int, world: int, port: int, cases: list[Case], folder: str) -> N
         shared = sum(t.untyped_storage().is_shared() for t in planned.graph.module.parameters())
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")) if world == 4 else None
         if as_modules:  # the stage modules themselves were spawn arguments, beside the plan they came from
-            stages = [planned.build_stage(s) for s in range(planned.num_stages)]
+            stages = [planned.build_stage(s) for s in range(planned.stages)]
             tied = [TiedParameter(n, s) for n, s in zip(planned.tied, planned.tied_stages, strict=True)]
             shared = sum(p.untyped_storage().is_shared() for m in stages for p in m.parameters())
             pipe = Pipeline.from_modules(

@@ -4,9 +4,11 @@ one (CHANGELOG: "Renamed")."""
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,12 +22,14 @@ from hintpipe.dispatch.budgets import device_budgets, rank_budget
 from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.dispatch.fit import BudgetError
 from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.dispatch.variability import parse_variability
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import form_microbatches
+from hintpipe.planner.plan import Plan
+from hintpipe.runtime import rank_process
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.parallel.mesh import Layout
@@ -44,8 +48,12 @@ _ARGS = r"\((?:[^()]|\([^()]*\))*?"
 #: Retired spelling -> the pattern that finds it (a call of the public API with the old keyword, an attribute).
 RETIRED = {
     "run_ranks(timeout_s=...), now run_ranks(timeout=...)": re.compile(r"\brun_ranks" + _ARGS + r"\btimeout_s=", re.S),
+    "init_rank(timeout_s=...), now init_rank(timeout=...)": re.compile(r"\binit_rank" + _ARGS + r"\btimeout_s=", re.S),
     "Hint.num_ranks, Placement.num_ranks, now .ranks": re.compile(r"\.num_ranks\b"),
     "Hint.num_microbatches, Hint(num_microbatches=...), now microbatches": re.compile(r"\bnum_microbatches\b"),
+    "Hint.num_stages, Placement.num_stages, Plan.num_stages, CostModel.num_stages, now .stages": re.compile(
+        r"\.num_stages\b"
+    ),
     "Hint.ranks as the task lists, now Hint.lists": re.compile(
         r"\b\w*hint\.ranks\s*\[|\bin\s+[\w.]*hint\.ranks\b|\b(?:enumerate|len|zip)\([\w.]*hint\.ranks\b"
     ),
@@ -70,9 +78,19 @@ RETIRED = {
     ),
     "predict_step_time(slack=), now memory_slack=": re.compile(r"\bpredict_step_time" + _ARGS + r"\bslack=", re.S),
     "StepReport.step_time, now StepReport.makespan": re.compile(r"\.step_time\b"),
+    "StepReport.plan_costs, predict_step_time(plan_costs=...), now forecast_costs": re.compile(
+        r"\.plan_costs\b|\bplan_costs="
+    ),
     "form_microbatches(order=), form_batch(order=), now microbatch_order=": re.compile(
         r"\bform_(?:microbatches|batch)" + _ARGS + r"\border=", re.S
     ),
+    "RankPlan, hintpipe.dispatch.rank_plan, now RankForecast, hintpipe.dispatch.rank_forecast": re.compile(
+        r"\bRankPlan\b|\brank_plan\b"
+    ),
+    "ReadyPlanner, .plan_for(), plans_for, hintpipe.runtime.loop.ready_plan, now ReadyForecaster, .forecast_for(), "
+    "forecasts_for, ready_forecast": re.compile(r"\bReadyPlanner\b|\.plan_for\(|\bplans_for\b|\bready_plan\b"),
+    "Simulator.plans(), Layout.plans(), now .forecasts()": re.compile(r"\.plans\("),
+    "Scoreboard(plan=...), now Scoreboard(forecast=...)": re.compile(r"\bScoreboard" + _ARGS + r"\bplan=", re.S),
     "import hintpipe.scoreboard, hintpipe.policy, now hintpipe.dispatch.scoreboard, .policy": re.compile(
         r"\b(?:from|import)\s+hintpipe\.(?:scoreboard|policy)\b|\bfrom\s+hintpipe\s+import\s+(?:scoreboard|policy)\b"
     ),
@@ -115,6 +133,33 @@ def test_a_retired_keyword_still_works_and_says_its_new_name() -> None:
         assert run_ranks(_rank, 1, timeout_s=60, device="cpu") == [1]
 
 
+class _Waited(Exception):
+    """How long the store would wait: where the test stops :func:`init_rank`, before any process group."""
+
+
+class _Store:
+    def __init__(self, path: str, world: int) -> None:
+        pass
+
+    def set_timeout(self, wait: datetime.timedelta) -> None:
+        raise _Waited(wait)
+
+
+@pytest.mark.parametrize("keyword", ["timeout_s", "timeout"])
+def test_init_rank_s_retired_timeout_s_is_its_timeout(keyword: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Up to the store, with nothing of this process changed (its threads, its switch interval, its device).
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(sys, "setswitchinterval", lambda interval: None)
+    monkeypatch.setattr(rank_process, "rank_device", lambda device, rank: torch.device("cpu"))
+    monkeypatch.setattr(rank_process, "FileStore", _Store)
+    said = r"^init_rank\(timeout_s=\.\.\.\) is now init_rank\(timeout=\.\.\.\)$"
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(_Waited) as waited:
+        warnings.simplefilter("always")
+        _loose(rank_process.init_rank)(0, 1, device="cpu", store_file="unused", **{keyword: 45})
+    assert waited.value.args == (datetime.timedelta(seconds=45),)
+    assert [re.match(said, str(w.message)) is not None for w in caught] == ([True] if keyword == "timeout_s" else [])
+
+
 def _loose(fn: Any) -> Any:
     """``fn`` as mypy takes any keyword: the retired ones are not in the signatures."""
     return fn
@@ -137,6 +182,12 @@ def _study(**options: Any) -> list[float]:
     mb = [parse_variability("mb:0.5")]
     study = run_study(_hint(), list(Policy), variability=mb, trials=2, admission="size", **options)
     return [study[p].makespan for p in Policy]
+
+
+def _forecast_with(**costs: Any) -> float:
+    hint = _hint()
+    records = Simulator(hint, CostModel.uniform(2)).run(Policy.FIXED).timeline()
+    return float(_loose(predict.predict_step_time)(hint, records, policy=Policy.READY, **costs))
 
 
 def _predicted(module: Any, **room: Any) -> float:
@@ -210,6 +261,16 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: _predicted(predict, memory_slack=1),
     ),
     (
+        "Scoreboard(plan=...) is now Scoreboard(forecast=...)",
+        lambda: list(_loose(Scoreboard)(RankGraph(_hint(), 1), plan=_simulator().forecasts()[1], notices=True).lead),
+        lambda: list(Scoreboard(RankGraph(_hint(), 1), forecast=_simulator().forecasts()[1], notices=True).lead),
+    ),
+    (
+        "predict_step_time(plan_costs=...) is now predict_step_time(forecast_costs=...)",
+        lambda: _forecast_with(plan_costs=[[1.0, 3.0, 0.0]] * 2),
+        lambda: _forecast_with(forecast_costs=[[1.0, 3.0, 0.0]] * 2),
+    ),
+    (
         "form_microbatches(order=...) is now form_microbatches(microbatch_order=...)",
         lambda: _loose(form_microbatches)([5, 1, 3, 4, 2, 8], 3, order="given"),
         lambda: form_microbatches([5, 1, 3, 4, 2, 8], 3, microbatch_order="given"),
@@ -260,7 +321,7 @@ def test_a_retired_module_still_imports_and_says_its_new_name(
     assert len(caught) == 1
     assert module.Policy is Policy
     if old == "scoreboard":  # every name the old module gave, the new homes' own objects
-        assert (module.Scoreboard, module.RankGraph, module.RankPlan) == (Scoreboard, RankGraph, RankPlan)
+        assert (module.Scoreboard, module.RankGraph, module.RankPlan) == (Scoreboard, RankGraph, RankForecast)
         assert (module.device_budgets, module.rank_budget) == (device_budgets, rank_budget)
         assert module.BudgetError is BudgetError
         given = ["LATENESS_TOLERANCE", "PATIENCE_TOLERANCE", "BudgetError", "Policy", "RankGraph", "RankPlan"]
@@ -277,9 +338,19 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     ("Hint.num_microbatches is now Hint.microbatches", lambda: _hint().num_microbatches, lambda: _hint().microbatches),
     ("Hint.num_ranks is now Hint.ranks", lambda: _hint().num_ranks, lambda: _hint().ranks),
     ("Placement.num_ranks is now Placement.ranks", lambda: Placement.v_shape(3).num_ranks, lambda: 3),
+    ("Hint.num_stages is now Hint.stages", lambda: _hint().num_stages, lambda: _hint().stages),
+    ("Placement.num_stages is now Placement.stages", lambda: Placement.v_shape(3).num_stages, lambda: 6),
+    ("CostModel.num_stages is now CostModel.stages", lambda: CostModel.uniform(3).num_stages, lambda: 3),
+    ("Plan.num_stages is now Plan.stages", lambda: _plan().num_stages, lambda: 2),
     ("Layout.stages_ranks is now Layout.pp", lambda: Layout.world(4).stages_ranks, lambda: Layout.world(4).pp),
     ("StepReport.step_time is now StepReport.makespan", lambda: _report().step_time, lambda: _report().makespan),
     ("StepReport.admission_budget is now StepReport.budget", lambda: _report().admission_budget, lambda: (2.0, 1.0)),
+    (
+        "StepReport.plan_costs is now StepReport.forecast_costs",
+        lambda: _report().plan_costs,
+        lambda: ((1.0, 2.0, 0.0),),
+    ),
+    ("Simulator.plans() is now Simulator.forecasts()", lambda: _simulator().plans(), lambda: _simulator().forecasts()),
     (
         "SimResult.records() is now SimResult.timeline()",
         lambda: _simulated().records(),
@@ -291,12 +362,19 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
 def _report() -> StepReport:
     return StepReport(
         policy=Policy.FIXED, makespan=1.5, lower_bound=1.0, busy=(1.0, 1.0), peak_live=(2.0, 1.0), budget=(2.0, 1.0),
-        step=0, rank=0, records=(), peak_live_bytes=(0, 0), loss=None,
+        step=0, rank=0, records=(), peak_live_bytes=(0, 0), loss=None, forecast_costs=((1.0, 2.0, 0.0),),
     )  # fmt: skip
 
 
+def _plan() -> Plan:
+    # Only the cuts count here (a plan of two stages: nodes 0-2 and 3-4); making one profiles a model.
+    cuts = cast(Any, SimpleNamespace(cuts=(0, 3, 5)))
+    nothing = cast(Any, None)
+    return Plan("1f1b", 2, 1, 4, 1, cuts, {}, (), (), graph=nothing, profiles=())
+
+
 def _simulated() -> SimResult:
-    return Simulator(_hint(), CostModel.uniform(_hint().num_stages)).run(Policy.FIXED)
+    return Simulator(_hint(), CostModel.uniform(_hint().stages)).run(Policy.FIXED)
 
 
 @pytest.mark.parametrize(("message", "old", "new"), ATTRIBUTES, ids=[a[0].split(" is now")[0] for a in ATTRIBUTES])

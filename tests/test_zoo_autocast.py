@@ -44,7 +44,7 @@ def _staged(made: Plan, ids: torch.Tensor) -> torch.Tensor:
     """The logits of ``made``'s stages run one after another in eval mode, each fed what the stage before sent as
     a pipeline feeds it."""
     values: tuple[Value, ...] = (ids,)
-    for index in range(made.num_stages):
+    for index in range(made.stages):
         stage = made.build_stage(index).eval()
         out: Any = stage(*(values if index == 0 else tuple(as_input(v) for v in values)))
         values = out if isinstance(out, tuple) else (out,)
@@ -57,7 +57,7 @@ def test_the_stages_under_autocast_give_the_unsplit_model_s_autocast_logits(
     planned: tuple[str, nn.Module, Plan],
 ) -> None:
     name, model, made = planned
-    assert made.num_stages == STAGES
+    assert made.stages == STAGES
     ids = _ids()
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         expected = copy.deepcopy(model).eval()(ids, **KWARGS).logits

@@ -48,8 +48,8 @@ def _forward(stage: nn.Module, values: tuple[Value, ...], first: bool) -> tuple[
 
 def test_no_stage_names_a_device(planned: tuple[str, nn.Module, Plan]) -> None:
     name, _, made = planned
-    assert made.num_stages == STAGES
-    for index in range(made.num_stages):
+    assert made.stages == STAGES
+    for index in range(made.stages):
         stage = made.build_stage(index)
         assert named_devices(stage) == [], f"{name}, cuts {made.partition.cuts}, stage {index}"
         assert ".item()" not in str(stage.code)  # a number it receives is a number, never a tensor to read back
@@ -60,7 +60,7 @@ def test_every_stage_runs_on_meta_fed_the_stage_before(planned: tuple[str, nn.Mo
     the numbers it sends (the sequence length, at every cut of these models) are Python numbers."""
     name, _, made = planned
     values: tuple[Value, ...] = (_ids().to("meta"),)
-    for index in range(made.num_stages):
+    for index in range(made.stages):
         where = f"{name}, cuts {made.partition.cuts}, stage {index}"
         stage = copy.deepcopy(made.build_stage(index)).to("meta")  # a copy: the plan's parameters stay
         values = _forward(stage, values, first=index == 0)
@@ -68,7 +68,7 @@ def test_every_stage_runs_on_meta_fed_the_stage_before(planned: tuple[str, nn.Mo
         numbers = [v for v in values if not isinstance(v, torch.Tensor)]
         assert [t.device.type for t in tensors] == ["meta"] * len(tensors), where
         assert all(isinstance(n, (int, float)) for n in numbers), where
-        if index < made.num_stages - 1:
+        if index < made.stages - 1:
             assert 12 in numbers, where  # the sequence length crosses the cut as the number it is
     (logits,) = values
     assert isinstance(logits, torch.Tensor) and logits.shape == (2, 12, VOCAB), name
@@ -80,7 +80,7 @@ def test_the_stages_give_the_unsplit_model_s_eval_logits_exactly(planned: tuple[
     with torch.no_grad():
         expected = copy.deepcopy(model).eval()(ids, **KWARGS).logits
         values: tuple[Value, ...] = (ids,)
-        for index in range(made.num_stages):
+        for index in range(made.stages):
             values = _forward(made.build_stage(index).eval(), values, first=index == 0)
     (logits,) = values
     assert isinstance(logits, torch.Tensor)

@@ -219,7 +219,7 @@ def trains_under_cap(planned: Plan, size: int, name: str, sizes: HfSizes, device
     process's device memory: parameters, AdamW state, and 1F1B's in-flight micro-batches (stage s of p holds
     p - s) kept for backward, each stage on its own."""
     values: tuple[Any, ...] | None = (example(name, sizes, torch.device("cpu"), size),)
-    stages = planned.num_stages
+    stages = planned.stages
     for index in range(stages):
         assert values is not None
         values = _one_stage(planned.build_stage(index), values, stages - index, device, cap)

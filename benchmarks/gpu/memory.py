@@ -100,9 +100,9 @@ def measure_plan(
     anything is measured)."""
     values: list[Value] = [x]
     out = []
-    for index in range(planned.num_stages):
+    for index in range(planned.stages):
         module = planned.build_stage(index).to(device)
-        first, last = index == 0, index == planned.num_stages - 1
+        first, last = index == 0, index == planned.stages - 1
         run_backward(run_forward(module, stage_inputs(values, first), y, last))
         inputs = stage_inputs(values, first)
         if device.type == "cuda":

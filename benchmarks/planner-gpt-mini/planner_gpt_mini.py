@@ -356,7 +356,7 @@ def measure_stages(planned: Plan, example: torch.Tensor, target: torch.Tensor, r
     each forward through ``StageExecutor.forward`` (bytes per micro-batch: ``live_bytes`` after minus before),
     the received tensors made leaf inputs, then each backward with the next stage's input gradients. Stage
     time: forward + backward, median of ``runs`` runs after one warm-up."""
-    n = planned.num_stages
+    n = planned.stages
     modules = {s: planned.build_stage(s) for s in range(n)}
     executor = StageExecutor(modules, n - 1, lm_loss, split_backward=False)
     live: list[list[int]] = [[] for _ in range(n)]

@@ -143,9 +143,9 @@ def simulate(
     on every stage (backward twice that, split into B and W where the hint splits)."""
     m = len(costs)
     hint = generate_hint(hint_name, ranks, m)
-    per_stage = costs / hint.num_stages * ranks  # a rank's stages share its layers
+    per_stage = costs / hint.stages * ranks  # a rank's stages share its layers
     model = CostModel.uniform(
-        hint.num_stages,
+        hint.stages,
         forward=1.0,
         backward=2.0 if not hint.split_backward else 1.0,
         weight=1.0 if hint.split_backward else 0.0,

@@ -37,7 +37,7 @@ def orders(rank: int, world: int, unit: float) -> Orders:
     out = {}
     for name in HintName:
         hint = generate_hint(name, world, 8)
-        stages = hint.num_stages
+        stages = hint.stages
         b, w = (unit, unit) if hint.split_backward else (2 * unit, 0.0)
         costs = EmulatedCosts((unit,) * stages, (b,) * stages, (w,) * stages, reference_size=1)
         runs = []

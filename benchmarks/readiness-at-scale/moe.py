@@ -33,7 +33,7 @@ def row(ranks: int, microbatches: int, hint_name: str, spec: str, seeds: list[in
     """One row: what ran, fixed's makespan over the one without variability (mean), ready over fixed per seed
     and the mean."""
     hint = generate_hint(hint_name, ranks, microbatches)
-    sim = Simulator(hint, CostModel.uniform(hint.num_stages))
+    sim = Simulator(hint, CostModel.uniform(hint.stages))
     calm = sim.run(Policy.FIXED).makespan
     cost, speedups = [], []
     for seed in seeds:

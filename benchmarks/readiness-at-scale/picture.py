@@ -39,7 +39,7 @@ def main() -> None:
     ]
     for name, order, policy, device in runs:
         hint = generate_hint(name, args.ranks, args.microbatches)
-        simulator = Simulator(hint, CostModel.uniform(hint.num_stages))
+        simulator = Simulator(hint, CostModel.uniform(hint.stages))
         drawn = Sample.draw(hint, simulator.cost_model, models, np.random.default_rng((args.seed, 0)))
         budgets = simulator.device_budgets() if device else None
         result = simulator.run(policy, drawn.ordered(order), activation_budget=budgets)

@@ -107,7 +107,7 @@ def study(
     seed: int,
 ) -> dict[str, Any]:
     hints = {h: generate_hint(h, ranks, microbatches) for h in hint_names}
-    sims = {h: Simulator(hint, CostModel.uniform(hint.num_stages)) for h, hint in hints.items()}
+    sims = {h: Simulator(hint, CostModel.uniform(hint.stages)) for h, hint in hints.items()}
     slots = [b for b in budget_names if b != SIZE]
     budgets = {}
     for h in hint_names:

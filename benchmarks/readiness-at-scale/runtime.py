@@ -124,9 +124,9 @@ def profiled(config: TrainConfig) -> EmulatedCosts:
     against fixed 1F1B come out 0.75x in one run and 1.49x in another).
     """
     hint = config.resolved_hint
-    key = (config.model.name, config.ranks, hint.num_stages)
+    key = (config.model.name, config.ranks, hint.stages)
     if key not in _PROFILES:
-        chunks = hint.num_stages // config.ranks
+        chunks = hint.stages // config.ranks
         split = config if hint.split_backward else dataclasses.replace(config, hint="zb-h1" if chunks == 1 else "bfw")
         _PROFILES[key] = profile_costs(split, repeats=3)
     costs = _PROFILES[key]

@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--variability", default="mb:0.5")
     args = parser.parse_args()
     hint = generate_hint(args.hint, args.ranks, args.microbatches)
-    model = CostModel.uniform(hint.num_stages)
+    model = CostModel.uniform(hint.stages)
     sample = Sample.draw(hint, model, [parse_variability(args.variability)], np.random.default_rng(0))
     seconds: dict[str, list[float]] = {p.value: [] for p in Policy}
     for _ in range(args.repeats):

@@ -452,12 +452,12 @@ def batch(v: Variant, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]
 def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
     """One rank of a part D run: build the same stage, train ``v.steps`` steps, time each step."""
     hint = generate_hint(v.hint if v.runtime == "hintpipe" else "1f1b", world, v.microbatches)
-    modules = split_layers(build_layers(v.model), hint.num_stages)
+    modules = split_layers(build_layers(v.model), hint.stages)
     stages = {}
     for s in hint.placement.stages_of(rank):
         module = modules[s]
         assert isinstance(module, nn.Sequential)
-        stages[s] = InjectedStage(module, s, hint.num_stages, v.microbatches, v.sigma, SEED)
+        stages[s] = InjectedStage(module, s, hint.stages, v.microbatches, v.sigma, SEED)
     optimizer = torch.optim.AdamW([p for m in stages.values() for p in m.parameters()], lr=v.lr)
     first, last = rank == 0, rank == world - 1
     run_step: Callable[[list[torch.Tensor], list[torch.Tensor]], float | None]
@@ -534,7 +534,7 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
         for report in pipe.reports:
             internal.append(report.makespan)
             for kind in (Kind.F, Kind.B):
-                for s in range(hint.num_stages):
+                for s in range(hint.stages):
                     mbs = [t.mb for _, t, _, _ in report.records if t.stage == s and t.kind is kind]
                     in_order &= mbs == sorted(mbs)
     reports = list(pipe.reports) if pipe is not None and rank == 0 else []

@@ -74,7 +74,7 @@ def throughput(ranks: int, microbatches: int) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for name, chunks in HINTS:
         hint = generate_hint(name, ranks, microbatches, chunks)
-        cost_model = CostModel.uniform(hint.num_stages)
+        cost_model = CostModel.uniform(hint.stages)
         noisy = Sample.draw(hint, cost_model, [parse_variability("mb:0.5")], np.random.default_rng(0))
         for costs, sample in [("expected", Sample.expected(hint, cost_model)), ("mb:0.5", noisy)]:
             seconds: dict[str, list[float]] = {"fixed": [], "greedy": [], "ready (cold)": [], "ready (warm)": []}

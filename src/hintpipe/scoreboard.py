@@ -9,8 +9,9 @@ from __future__ import annotations
 from hintpipe.dispatch.budgets import device_budgets, rank_budget
 from hintpipe.dispatch.fit import BudgetError
 from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_forecast import PATIENCE_TOLERANCE
+from hintpipe.dispatch.rank_forecast import RankForecast as RankPlan
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import PATIENCE_TOLERANCE, RankPlan
 from hintpipe.dispatch.scoreboard import LATENESS_TOLERANCE, Scoreboard
 from hintpipe.renamed import retired_module
 

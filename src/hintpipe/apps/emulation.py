@@ -40,7 +40,7 @@ def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
     from hintpipe.apps.split_costs import measure_stage_costs
 
     torch.set_num_threads(1)
-    stages = config.resolved_hint.num_stages
+    stages = config.resolved_hint.stages
     modules = split_layers(build_layers(config.model), stages)
     inputs, targets, _ = make_batch(
         config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len_dist.mean), 0, config.seed

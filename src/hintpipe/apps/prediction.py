@@ -43,7 +43,7 @@ def predict_step_time(
     return _predict(
         hint,
         report.records,
-        report.plan_costs,
+        report.forecast_costs,
         policy,
         memory_slack,
         budgets=budgets if whole else None,

@@ -80,4 +80,4 @@ def unsplit_model(config: TrainConfig) -> Whole:
 def unsplit_stages(config: TrainConfig) -> list[torch.nn.Module]:
     """The built-in model's stages as every rank builds them before any sharding or tensor parallelism: the
     reference ``--check-grads`` runs unsplit, on one process."""
-    return split_layers(build_layers(config.model), config.resolved_hint.num_stages)
+    return split_layers(build_layers(config.model), config.resolved_hint.stages)

@@ -268,7 +268,7 @@ class TrainResult:
 
     @property
     def measured(self) -> tuple[StepReport, ...]:
-        """Steps after the first (the first warms up and, for ``ready``, has no plan yet)."""
+        """Steps after the first (the first warms up and, for ``ready``, has no forecast yet)."""
         return self.reports[1:] if len(self.reports) > 1 else self.reports
 
     @property

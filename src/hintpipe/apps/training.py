@@ -122,7 +122,7 @@ def _build_pipeline(
         pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, config=pipeline, seams=seams)
     else:
         layers = build_layers(config.model)
-        modules = split_layers(layers, hint.num_stages)
+        modules = split_layers(layers, hint.stages)
         # Named by layer, as the unsplit model's nn.Sequential names them: checkpoints then resume with
         # another stage count. Tensor-parallel layers hold q, k and v apart (the unsplit model's qkv): their
         # names are the layers' own.

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(_finite(result.to_json()))
         return 0
     stdout.print(
-        f"{config.label} ({config.layers} layers, hidden {config.hidden}), {result.num_stages} stages, {args.hint}"
+        f"{config.label} ({config.layers} layers, hidden {config.hidden}), {result.stages} stages, {args.hint}"
     )
     memory = "unlimited" if args.stage_memory is None else args.stage_memory
     stdout.print(f"{args.microbatches} micro-batches of {args.microbatch_size}, stage memory {memory}")

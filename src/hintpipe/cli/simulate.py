@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     values = checked(args, ["seed", "policy", "microbatch_order", "admission"])
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
-    cost_model = CostModel.from_json(args.costs, hint.num_stages) if args.costs else None
+    cost_model = CostModel.from_json(args.costs, hint.stages) if args.costs else None
     slack, budgets, device_budget = room(args, hint.ranks)
     by_size = values["admission"] is AdmissionUnit.SIZE
     in_bytes = cost_model is not None and cost_model.activation is not None
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             payload = shown.to_json(unit) | {"policy": shown.policy.value}
         payload |= {
             "hint": hint.name,
-            "stages": hint.num_stages,
+            "stages": hint.stages,
             "ranks": hint.ranks,
             "microbatches": hint.microbatches,
             "variability": args.variability,
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(payload)
         return 0
     title = (
-        f"{hint.name}: {hint.ranks} ranks, {hint.num_stages} stages, {hint.microbatches} micro-batches"
+        f"{hint.name}: {hint.ranks} ranks, {hint.stages} stages, {hint.microbatches} micro-batches"
         + (f", variability {' '.join(args.variability)}" if args.variability else "")
         + f", {args.trials} trial{'s' if args.trials != 1 else ''}"
     )

@@ -157,7 +157,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     hint = build_hint(args)
     dp, tp = values.get("dp", 1), values.get("tp", 1)
     injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
-    injection.check(args.ranks * dp * tp, hint.num_stages, args.microbatches, tp)
+    injection.check(args.ranks * dp * tp, hint.stages, args.microbatches, tp)
     forming = values.get("forming", Forming.CROP)
     check_model_flags(model, data, tp, forming, injection, values["steps"])
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
@@ -237,7 +237,7 @@ def _planned(
     if plan_file is None:
         if model.spec.planned:
             return plan_once(args, model, hint)
-        _check_layers(model, hint.num_stages, world)
+        _check_layers(model, hint.stages, world)
         return None
     try:
         planned = planned_model(args, args.plan, plan_file, model)

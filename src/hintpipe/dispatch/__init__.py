@@ -12,20 +12,20 @@ The state machine:
 - ``scoreboard``: one rank's state: ready, admitted, running, done, live memory; ``take`` picks the next task.
 - ``policy``: ``fixed``, ``greedy``, ``ready``: the rules ``take`` picks by.
 - ``rank_graph``: one rank's tasks and their dependencies, memory per position (the scoreboard's fixed part).
-- ``rank_plan``: what ``ready`` expects of each task: when it is due, what it costs.
+- ``rank_forecast``: what ``ready`` expects of each task: when it is due, what it costs.
 - ``budgets``: how much a rank may hold in flight (slots, bytes, a device's share).
 - ``projected_live``: the live memory admission looks ahead at.
 - ``fit``: a hint fitted into a memory budget; ``AdmissionUnit`` (slots or sizes).
 - ``by_size``: admission by size: what each forward weighs, each rank's room, a step's fitted hint.
 - ``per_position``: the flat per-position arrays the hot paths index.
 
-What the state machine plans and is measured on:
+What the state machine forecasts and is measured on:
 
-- ``engine``: the fixed-order sweep (planning ``ready``; every fixed run) and the event loop that drives
-  scoreboards (the simulator's clock). The simulator runs on this engine, the runtime plans with it.
-- ``layout``: a hint's graphs and cross-rank links by position, and its plans (a fixed-order run on
+- ``engine``: the fixed-order sweep (forecasting for ``ready``; every fixed run) and the event loop that drives
+  scoreboards (the simulator's clock). The simulator runs on this engine, the runtime forecasts with it.
+- ``layout``: a hint's graphs and cross-rank links by position, and its forecasts (a fixed-order run on
   expected costs).
-- ``expected``: the ``ready`` plan from measured per-stage medians (the runtime's, and a prediction's).
+- ``expected``: the ``ready`` forecast from measured per-stage medians (the runtime's, and a prediction's).
 - ``bounds``: what no policy can beat, with any memory or at a budget (the simulator's results, the
   runtime's reports).
 - ``cost_model``: each task's expected cost and activation size.

@@ -35,7 +35,7 @@ FloatArray = npt.NDArray[np.float64]
 def _hops_after(hint: Hint) -> tuple[FloatArray, float]:
     """Per stage, the cross-rank hops from it up to the last stage; and all of them."""
     stage_rank = hint.placement.stage_rank
-    cross = np.array([stage_rank[s] != stage_rank[s + 1] for s in range(hint.num_stages - 1)] + [False], dtype=float)
+    cross = np.array([stage_rank[s] != stage_rank[s + 1] for s in range(hint.stages - 1)] + [False], dtype=float)
     return np.cumsum(cross[::-1])[::-1], float(cross.sum())
 
 

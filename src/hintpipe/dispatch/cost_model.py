@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hintpipe.renamed import retired_attribute
 from hintpipe.schedule.task import Kind
 
 
@@ -101,12 +102,19 @@ class CostModel:
         return cls.uniform(stages, **data)
 
     @property
-    def num_stages(self) -> int:
+    def stages(self) -> int:
+        """The number of stages the costs are for."""
         return len(self.forward)
 
+    @property
+    def num_stages(self) -> int:
+        """Deprecated: :attr:`stages` (its name before 0.7)."""
+        retired_attribute("CostModel.num_stages", "CostModel.stages")
+        return self.stages
+
     def check_fits(self, stages: int, microbatches: int) -> None:
-        if self.num_stages != stages:
-            raise CostModelError(f"cost model has {self.num_stages} stages, the pipeline has {stages}")
+        if self.stages != stages:
+            raise CostModelError(f"cost model has {self.stages} stages, the pipeline has {stages}")
         if self.microbatch_scale is not None and len(self.microbatch_scale) != microbatches:
             raise CostModelError(
                 f"microbatch_scale has {len(self.microbatch_scale)} entries, the step has {microbatches} micro-batches"
@@ -114,7 +122,7 @@ class CostModel:
 
     def expected(self, microbatches: int, split_backward: bool) -> npt.NDArray[np.float64]:
         """Array ``[stage, mb, kind]`` of expected costs (kind = :class:`Kind` value)."""
-        base = np.empty((self.num_stages, 3))
+        base = np.empty((self.stages, 3))
         base[:, Kind.F] = self.forward
         base[:, Kind.B] = self.backward
         base[:, Kind.W] = self.weight

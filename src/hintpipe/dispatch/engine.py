@@ -1,7 +1,7 @@
 """Dispatch's engine, the simulator's two hot paths: the fixed-order sweep and the event loop.
 
-The sweep also plans ``ready`` (:meth:`hintpipe.dispatch.layout.HintLayout.plans`), in the simulator and in the
-runtime alike; the event loop drives one :class:`~hintpipe.dispatch.scoreboard.Scoreboard` per rank on a
+The sweep also forecasts for ``ready`` (:meth:`hintpipe.dispatch.layout.HintLayout.forecasts`), in the simulator
+and in the runtime alike; the event loop drives one :class:`~hintpipe.dispatch.scoreboard.Scoreboard` per rank on a
 virtual clock (the simulator's run).
 
 Both time every task of every rank from per-rank lists: ``cost[r][pos]``, how long

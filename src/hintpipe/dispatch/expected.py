@@ -1,10 +1,10 @@
 """What the ``ready`` policy expects, from measured task times: one definition.
 
-The runtime plans ``ready`` with each stage's median measured costs
-(:func:`stage_medians`), and :func:`plans_for` turns those into every rank's
-:class:`~hintpipe.dispatch.rank_plan.RankPlan` by a fixed-order run of the hint
-on dispatch's engine (:meth:`hintpipe.dispatch.layout.HintLayout.plans`, the sweep
-the simulator plans with too). The prediction of a measured step
+The runtime forecasts for ``ready`` with each stage's median measured costs
+(:func:`stage_medians`), and :func:`forecasts_for` turns those into every rank's
+:class:`~hintpipe.dispatch.rank_forecast.RankForecast` by a fixed-order run of the hint
+on dispatch's engine (:meth:`hintpipe.dispatch.layout.HintLayout.forecasts`, the sweep
+the simulator forecasts with too). The prediction of a measured step
 (:func:`hintpipe.sim.predict.predict_step_time`) uses the very same costs (a
 :class:`~hintpipe.runtime.loop.reports.StepReport` carries the ones its step
 planned with), so "the simulator predicts the runtime" compares like with like.
@@ -21,8 +21,8 @@ import numpy.typing as npt
 
 from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.dispatch.layout import HintLayout
+from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.task import Kind
 
@@ -46,17 +46,17 @@ def cost_model_of(costs: StageCosts) -> CostModel:
     )
 
 
-def plans_for(hint: Hint, costs: StageCosts) -> list[RankPlan]:
-    """Every rank's plan: the hint run in fixed order on these per-stage costs (memory in slots)."""
+def forecasts_for(hint: Hint, costs: StageCosts) -> list[RankForecast]:
+    """Every rank's forecast: the hint run in fixed order on these per-stage costs (memory in slots)."""
     model = cost_model_of(costs)
-    model.check_fits(hint.num_stages, hint.microbatches)
+    model.check_fits(hint.stages, hint.microbatches)
     layout = HintLayout(hint, [RankGraph(hint, r) for r in range(hint.ranks)])
-    return layout.plans(model.expected(hint.microbatches, hint.split_backward))
+    return layout.forecasts(model.expected(hint.microbatches, hint.split_backward))
 
 
 def moved(old: StageCosts | None, new: StageCosts, threshold: float) -> bool:
     """Whether any cost moved by more than ``threshold`` (relative) since ``old``:
-    the runtime rebuilds its plan only then."""
+    the runtime rebuilds its forecast only then."""
     if old is None:
         return True
     a, b = np.asarray(old, dtype=float), np.asarray(new, dtype=float)

@@ -19,8 +19,8 @@ import numpy.typing as npt
 
 from hintpipe.dispatch.engine import fixed_order
 from hintpipe.dispatch.per_position import float_view
+from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph, linked_positions
-from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.schedule.hint import Hint
 
 IntArray = npt.NDArray[np.int64]
@@ -56,7 +56,7 @@ class HintLayout:
             self.source_pos = [linked_positions(self.graphs, g.source_rank, g.source_key) for g in self.graphs]
             self.link_rank = [g.remote_rank for g in self.graphs]
             self.link_pos = [linked_positions(self.graphs, g.remote_rank, g.remote_key) for g in self.graphs]
-        self._plans: dict[tuple[float, bytes], list[RankPlan]] = {}
+        self._forecasts: dict[tuple[float, bytes], list[RankForecast]] = {}
 
     def gather(self, values: FloatArray, rank: int) -> FloatArray:
         """``values[stage, mb, kind]`` of each of ``rank``'s positions."""
@@ -72,11 +72,11 @@ class HintLayout:
         """``sources[r][pos]``: (rank, position there) of the remote task that feeds ``pos``, or None."""
         return _pairs(self.source_rank, self.source_pos)
 
-    def plans(self, expected: FloatArray, latency: float = 0.0) -> list[RankPlan]:
+    def forecasts(self, expected: FloatArray, latency: float = 0.0) -> list[RankForecast]:
         """Per rank, what ``ready`` expects: a fixed-order run on ``expected`` costs ``[stage, mb, kind]``
         (cached per latency and costs)."""
         key = (latency, expected.tobytes())
-        if key not in self._plans:
+        if key not in self._forecasts:
             ranks = range(self.hint.ranks)
             costs = [self.gather(expected, r) for r in ranks]
             cost = [float_view(c) for c in costs]
@@ -84,17 +84,17 @@ class HintLayout:
             timeline = fixed_order(cost, delay, self.source_rank, self.source_pos)
             assert timeline is not None, "a valid hint runs in its own order"
             starts, ends = timeline
-            plans = []
+            forecasts = []
             for r in ranks:
                 src_rank, src_pos = self.source_rank[r], self.source_pos[r]
                 producer = np.zeros(len(costs[r]))
                 for q in np.unique(src_rank[src_rank >= 0]).tolist():
                     where = src_rank == q
                     producer[where] = costs[q][src_pos[where]]
-                plans.append(RankPlan.from_timeline(starts[r], ends[r], costs[r], producer, latency))
+                forecasts.append(RankForecast.from_timeline(starts[r], ends[r], costs[r], producer, latency))
                 starts[r] = ends[r] = []  # a rank's timeline at a time: its floats are 64 bytes a task
-            self._plans[key] = plans
-        return self._plans[key]
+            self._forecasts[key] = forecasts
+        return self._forecasts[key]
 
 
 def _pairs(ranks: Sequence[IntArray], positions: Sequence[IntArray]) -> list[list[tuple[int, int] | None]]:

@@ -33,7 +33,7 @@ class Policy(Choice):
       quarter go to the hint and a producer not heard of is expected by
       ``k``'s due time (see [Note: ETAs in the runtime]). Without notices (a
       driver that cannot tell) it is the older *patience* rule: ``best`` runs
-      if it fits before ``k`` is due by the plan (its planned gap after its
+      if it fits before ``k`` is due by the forecast (its planned gap after its
       predecessor plus a quarter of its cost, never before its planned
       start), or once ``k`` is overdue. Either way, without variability and
       latency it takes the makespan of ``fixed`` (zb-h1's own gaps it fills

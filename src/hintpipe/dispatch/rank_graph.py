@@ -57,7 +57,7 @@ class RankGraph:
         n = len(self.tasks)
         if sizes is not None and len(sizes) != n:
             raise ValueError(f"sizes has {len(sizes)} entries, rank {rank} has {n} tasks")
-        stages, mbs = hint.num_stages, hint.microbatches
+        stages, mbs = hint.stages, hint.microbatches
         stage_rank = np.asarray(hint.placement.stage_rank, dtype=np.int64)
         stage, kind, mb = self.tasks.stage, self.tasks.kind, self.tasks.mb
         is_f, is_b = kind == Kind.F, kind == Kind.B

@@ -51,7 +51,7 @@ class Sample:
         rng: np.random.Generator | None = None,
     ) -> Sample:
         """Sample costs and message delays for ``hint`` under ``models``."""
-        cost_model.check_fits(hint.num_stages, hint.microbatches)
+        cost_model.check_fits(hint.stages, hint.microbatches)
         rng = rng if rng is not None else np.random.default_rng(0)
         expected = cost_model.expected(hint.microbatches, hint.split_backward)
         costs, sizes, known = sample_work(expected, list(models), rng)
@@ -80,7 +80,7 @@ class Sample:
     @classmethod
     def expected(cls, hint: Hint, cost_model: CostModel, comm: CommDelay | None = None) -> Sample:
         """The expected work: no noise, messages take exactly the latency."""
-        cost_model.check_fits(hint.num_stages, hint.microbatches)
+        cost_model.check_fits(hint.stages, hint.microbatches)
         costs = cost_model.expected(hint.microbatches, hint.split_backward)
         latency = comm.latency if comm is not None else 0.0
         return cls(costs, np.full(costs.shape, latency), latency)

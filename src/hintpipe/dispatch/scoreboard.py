@@ -28,8 +28,9 @@ from hintpipe.dispatch.budgets import rank_budget
 from hintpipe.dispatch.per_position import float_view
 from hintpipe.dispatch.policy import Policy
 from hintpipe.dispatch.projected_live import ProjectedLive
+from hintpipe.dispatch.rank_forecast import PATIENCE_TOLERANCE, RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import PATIENCE_TOLERANCE, RankPlan
+from hintpipe.renamed import renamed
 from hintpipe.schedule import rules
 from hintpipe.schedule.task import Kind, Task
 
@@ -51,7 +52,7 @@ class Scoreboard:
         policy: how to choose among ready tasks.
         budget: live activation limit. ``None``: the hint's own peak, so the
             rank never holds more than a fixed-order pipeline would.
-        plan: for ``ready``, when each task is expected (see :class:`RankPlan`).
+        forecast: for ``ready``, when each task is expected (see :class:`RankForecast`).
             ``None``: no patience (behaves as ``greedy``).
         notices: whether the driver reports each remote producer's start and
             end (:meth:`producer_started`, :meth:`producer_finished`); then
@@ -60,7 +61,7 @@ class Scoreboard:
             instant): then the ETA rule counts a quarter of the next task's cost either side of an
             ETA as a tie, and a producer not heard of as one that may have started until the next
             task is due (see [Note: ETAs in the runtime]).
-        sizes: each micro-batch's known size relative to the plan's (sequence
+        sizes: each micro-batch's known size relative to the forecast's (sequence
             length over the typical one; ``None``: all 1), or per stage and
             micro-batch (``sizes[stage][mb]``: a vision-language model's encoder
             stages scale with its images, its decoder stages with its text). The
@@ -82,13 +83,14 @@ class Scoreboard:
     rank hosts.
     """
 
+    @renamed("Scoreboard", plan="forecast")
     def __init__(
         self,
         graph: RankGraph,
         policy: Policy = Policy.READY,
         *,
         budget: float | None = None,
-        plan: RankPlan | None = None,
+        forecast: RankForecast | None = None,
         notices: bool = False,
         notices_travel: bool = False,
         sizes: Sequence[float] | Sequence[Sequence[float]] | FloatArray | None = None,
@@ -107,26 +109,26 @@ class Scoreboard:
         self._projected = ProjectedLive(graph.projected_array)
         self.hint_peak = graph.peak
         self.budget = rank_budget(graph, budget)
-        if plan is not None and len(plan.due) != n:
-            raise ValueError(f"the plan has {len(plan.due)} tasks, rank {rank} has {n}")
-        self._plan = plan if policy is Policy.READY else None
+        if forecast is not None and len(forecast.due) != n:
+            raise ValueError(f"the forecast has {len(forecast.due)} tasks, rank {rank} has {n}")
+        self._forecast = forecast if policy is Policy.READY else None
         self.notices = notices
-        self._eta_rule = notices and self._plan is not None
+        self._eta_rule = notices and self._forecast is not None
         self._notices_travel = notices_travel
         #: Per position, how long after its remote producer starts its input is expected
         #: (zeros when the ETA rule is off: nothing reads ``eta`` then).
         self.lead: Sequence[float] = (0.0,) * n
         self._expected: Sequence[float] = ()
         if self._eta_rule:
-            assert plan is not None
-            producer = np.asarray(plan.producer_cost if plan.producer_cost else np.zeros(n), dtype=float)
+            assert forecast is not None
+            producer = np.asarray(forecast.producer_cost if forecast.producer_cost else np.zeros(n), dtype=float)
             if sizes is None:
-                self._expected = plan.expected
-                self.lead = float_view(producer + plan.latency)
+                self._expected = forecast.expected
+                self.lead = float_view(producer + forecast.latency)
             else:
                 scale, producer_scale = self._scales(sizes)
-                self._expected = float_view(np.asarray(plan.expected, dtype=float) * scale)
-                self.lead = float_view(producer * producer_scale + plan.latency)
+                self._expected = float_view(np.asarray(forecast.expected, dtype=float) * scale)
+                self.lead = float_view(producer * producer_scale + forecast.latency)
         #: Per position, when its remote input is expected (inf: its producer has not started).
         self.eta = float_view(np.full(n, math.inf))
         self._taken = [False] * n
@@ -156,7 +158,7 @@ class Scoreboard:
         """Per position, the known size of its own task and of its remote producer (an ``F``'s on the
         stage before, a ``B``'s on the stage after; its own where sizes are per micro-batch)."""
         values = np.asarray(sizes, dtype=float)
-        mbs, stages = self.hint.microbatches, self.hint.num_stages
+        mbs, stages = self.hint.microbatches, self.hint.stages
         tasks = self.graph.tasks
         if values.ndim == 1:
             if len(values) != mbs:
@@ -206,8 +208,8 @@ class Scoreboard:
         at ``at`` + the latency. The driver asks :meth:`take` again afterwards: a producer
         that ran long moves the ETA later, which may let other work fit before it."""
         if self._eta_rule:
-            assert self._plan is not None
-            self.eta[pos] = at + self._plan.latency
+            assert self._forecast is not None
+            self.eta[pos] = at + self._forecast.latency
 
     def take(self, now: float) -> int:
         """The position of the task to run now, already started (:meth:`start`); -1 to wait.
@@ -237,9 +239,11 @@ class Scoreboard:
         if k >= self._n or not self._queue_ready:  # done, or fixed order waits
             return -1
         best = self._best_ready()
-        plan = self._plan
-        if best >= 0 and plan is not None:
-            best = self._eta_choice(now, k, best, plan) if self._eta_rule else self._patience(now, k, best, plan)
+        forecast = self._forecast
+        if best >= 0 and forecast is not None:
+            best = (
+                self._eta_choice(now, k, best, forecast) if self._eta_rule else self._patience(now, k, best, forecast)
+            )
         if best >= 0:
             self.start(best)
         return best
@@ -327,28 +331,28 @@ class Scoreboard:
 
     # -- decision -----------------------------------------------------------
 
-    def _due(self, k: int, plan: RankPlan) -> float:
+    def _due(self, k: int, forecast: RankForecast) -> float:
         """When the hint's next task ``k`` is overdue: its allowance after its predecessor ended, never
         before its planned start plus the tolerance."""
-        allowed = (self._end_time[k - 1] if k else 0.0) + plan.allowance[k]
-        due = plan.due[k]
+        allowed = (self._end_time[k - 1] if k else 0.0) + forecast.allowance[k]
+        due = forecast.due[k]
         return due if due > allowed else allowed  # max(allowed, due), without the call
 
-    def _patience(self, now: float, k: int, best: int, plan: RankPlan) -> int:
+    def _patience(self, now: float, k: int, best: int, forecast: RankForecast) -> int:
         """Without notices: ``best`` if ``k`` is overdue or ``best`` fits before ``k`` is due; else wait."""
-        due = self._due(k, plan)
-        if now >= due or now + plan.expected[best] <= due:
+        due = self._due(k, forecast)
+        if now >= due or now + forecast.expected[best] <= due:
             return best
         self.wake_at = due
         return -1
 
-    def _eta_choice(self, now: float, k: int, best: int, plan: RankPlan) -> int:
+    def _eta_choice(self, now: float, k: int, best: int, forecast: RankForecast) -> int:
         """Steps (4)-(6) of the ETA rule: ``best`` if it ends before ``k``'s input is
         expected; an ``F`` also once that input is late or ``k`` is overdue; else wait."""
         eta = self.eta[k]
-        allowed = (self._end_time[k - 1] if k else 0.0) + plan.allowance[k]
-        due = plan.due[k]
-        due = due if due > allowed else allowed  # self._due(k, plan), inline: the simulator's hot path
+        allowed = (self._end_time[k - 1] if k else 0.0) + forecast.allowance[k]
+        due = forecast.due[k]
+        due = due if due > allowed else allowed  # self._due(k, forecast), inline: the simulator's hot path
         expected = self._expected
         tie = LATENESS_TOLERANCE * expected[k]
         unheard = False
@@ -365,7 +369,7 @@ class Scoreboard:
             # heard of by its due time is taken as not started, and then anything fits.
             self.wake_at = due if unheard else math.inf
             return -1
-        late = eta + tie  # on time by less is a tie in the plan
+        late = eta + tie  # on time by less is a tie in the forecast
         if now >= late or now >= due:
             return best
         self.wake_at = due if due < late else late  # min(late, due), without the call
@@ -373,15 +377,15 @@ class Scoreboard:
 
     # [Note: ETAs in the runtime]
     # In the simulator an ETA is exact where costs are known: notices are instant, and a producer not
-    # heard of has not started. In the runtime neither holds. A notice travels, so a producer the plan
-    # starts at about the moment this rank decides (a tie in the plan: zbv's V, the last stage's first
+    # heard of has not started. In the runtime neither holds. A notice travels, so a producer the forecast
+    # starts at about the moment this rank decides (a tie in the forecast: zbv's V, the last stage's first
     # backward) may have started with its notice still on the way; and ETAs carry the noise of measured
     # costs, sleeps and message times, a millisecond or more. Read exactly, that noise reorders a step
     # that had nothing to gain: a task "fits" by a fraction of a millisecond, or an input is "late" by
     # one, and the order then differs from run to run. So where notices travel, a quarter of the next
     # task's cost either side of its ETA is a tie, and ties go to the hint (lateness has that margin
     # everywhere); and a producer not heard of is expected no later than the hint's next task is due by
-    # the plan (its planned gap and a quarter of its cost). Once that has passed with no notice the
+    # the forecast (its planned gap and a quarter of its cost). Once that has passed with no notice the
     # producer is late, and the rule reads it as not started, as the simulator does; the wait this adds
     # is bounded by that allowance. Measured with benchmarks/readiness-at-scale/kept_order.py (the
     # README's "Kept order"); the rule itself is tested in tests/test_scoreboard.py, and the runtime's
@@ -420,7 +424,7 @@ class Scoreboard:
         """What the task at ``pos`` still waits for, in words."""
         task = self.tasks[pos]
         stage_rank = self.hint.placement.stage_rank
-        deps = rules.dependencies(task, self.hint.num_stages)
+        deps = rules.dependencies(task, self.hint.stages)
         local_missing = [d for d in deps if d in self.index and not self.finished[self.index[d]]]
         # The remote input (at most one) is the dependency left once every local one is met.
         remote_missing = self._need[pos] - len(local_missing)

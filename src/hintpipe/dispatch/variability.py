@@ -291,7 +291,7 @@ def sample_work(
     mb]``: an ``mm`` micro-batch's encoder factor on the encoder's stages, its decoder factor
     on the rest). Task noise, stragglers, tensor-parallel members and expert loads are not known in advance
     and leave the sizes alone. Micro-batch order uses the sizes (``front-then-back``: the
-    known factors at the first and the last stage), ``ready``'s plan the known factors.
+    known factors at the first and the last stage), ``ready``'s forecast the known factors.
 
     Raises:
         SpecError: if a straggler names a stage or micro-batch that does not exist.

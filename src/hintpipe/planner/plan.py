@@ -30,6 +30,7 @@ from hintpipe.planner.profile import profile
 from hintpipe.planner.search import PlanError, search
 from hintpipe.planner.stagegen import crossing, extract
 from hintpipe.planner.tables import NodeTables
+from hintpipe.renamed import retired_attribute
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.tensor_bytes import nbytes, tensors_in
@@ -59,8 +60,15 @@ class Plan:
     hf_model: tuple[str, str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
-    def num_stages(self) -> int:
+    def stages(self) -> int:
+        """The number of stages (the partition's: ``to_json()["stages"]`` lists them)."""
         return len(self.partition.cuts) - 1
+
+    @property
+    def num_stages(self) -> int:
+        """Deprecated: :attr:`stages` (its name before 0.7)."""
+        retired_attribute("Plan.num_stages", "Plan.stages")
+        return self.stages
 
     @property
     def fingerprint(self) -> str:
@@ -117,13 +125,13 @@ class Plan:
         tensor share it here too; :meth:`Pipeline.from_plan <hintpipe.runtime.pipeline.Pipeline.from_plan>`
         trains copies of them.
         """
-        if not 0 <= index < self.num_stages:
-            raise IndexError(f"the plan has stages 0..{self.num_stages - 1}, got {index}")
+        if not 0 <= index < self.stages:
+            raise IndexError(f"the plan has stages 0..{self.stages - 1}, got {index}")
         graph = self.graph
         a, b = self.partition.cuts[index], self.partition.cuts[index + 1]
         nodes = graph.nodes[a:b]
         inputs = crossing(graph, a) if index else list(graph.inputs)
-        last = index == self.num_stages - 1
+        last = index == self.stages - 1
         outputs = list(graph.output.all_input_nodes) if last else crossing(graph, b)
         stage = self.partition.stages[index]
         by_name = {n.name: n for n in nodes}
@@ -260,11 +268,11 @@ def plan(
     hint_obj = resolve_hint(hint, ranks, microbatches, chunks)
     size = microbatch_size or profiled
     memory = _memory_model(model, hint_obj, stage_memory, optimizer_factor, host_bandwidth, scale=size / profiled)
-    partition, baselines, tied = _cut(graph, profiles, memory, hint_obj.num_stages, profiled, split_points)
+    partition, baselines, tied = _cut(graph, profiles, memory, hint_obj.stages, profiled, split_points)
     return Plan(
         hint=hint_obj.name,
         ranks=ranks,
-        chunks=hint_obj.num_stages // ranks,
+        chunks=hint_obj.stages // ranks,
         microbatches=microbatches,
         microbatch_size=size,
         partition=partition,
@@ -314,7 +322,7 @@ def _memory_model(
     to none for a model on the CPU (the host is the device), else 10e9 bytes/s."""
     if host_bandwidth is None:
         host_bandwidth = 0.0 if all(p.device.type == "cpu" for p in model.parameters()) else 10e9
-    budgets = parse_sizes(stage_memory, hint.num_stages, "stage_memory")
+    budgets = parse_sizes(stage_memory, hint.stages, "stage_memory")
     return MemoryModel(hint.stage_peaks, budgets, optimizer_factor, host_bandwidth, scale=scale)
 
 

@@ -36,7 +36,7 @@ def measure_stages(plan: Plan, inputs: Sequence[Any], *, repeats: int = 5, devic
     marks = marks_for(where)
     values: tuple[Any, ...] = tuple(_moved(v, where) for v in inputs)
     seconds = []
-    for index in range(own.num_stages):
+    for index in range(own.stages):
         stage = own.build_stage(index).to(where)
         best = float("inf")
         for attempt in range(repeats + 1):

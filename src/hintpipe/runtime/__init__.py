@@ -5,7 +5,7 @@
 - :mod:`~hintpipe.runtime.assembly`: what a rank's pipeline is made of, built once into the frozen
   :mod:`~hintpipe.runtime.parts` (with the seams given beside the options; the ranks compare their options in
   :mod:`~hintpipe.runtime.option_agreement`);
-- :mod:`~hintpipe.runtime.loop`: one step: the step loop, the executor, admission, the ``ready`` plan,
+- :mod:`~hintpipe.runtime.loop`: one step: the step loop, the executor, admission, the ``ready`` forecast,
   tensor-parallel coordination, the step hooks (agreement, reports);
 - :mod:`~hintpipe.runtime.transport`: messages between ranks: the protocol, the transports by name (the gloo
   mailboxes, NCCL links), the wire format, staging through host memory;

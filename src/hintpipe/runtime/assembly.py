@@ -50,7 +50,7 @@ from hintpipe.runtime.loop.device_memory import DeviceMemory
 from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
 from hintpipe.runtime.loop.executor import Executor, LossFn, StageExecutor
 from hintpipe.runtime.loop.hooks import Hook, StepHook
-from hintpipe.runtime.loop.ready_plan import ReadyPlanner
+from hintpipe.runtime.loop.ready_forecast import ReadyForecaster
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.step_state import StepState
 from hintpipe.runtime.loop.timing import DeviceTimer
@@ -99,7 +99,7 @@ def assemble(
     _check_modules(modules, hint, rank)
     if emulate is not None and config.activation_budget is not None:
         raise ValueError("activation_budget needs real compute: emulated tasks hold no activations; use memory_slack")
-    seams.injection.check(layout.pp * layout.dp * layout.tp, hint.num_stages, microbatches, layout.tp)
+    seams.injection.check(layout.pp * layout.dp * layout.tp, hint.stages, microbatches, layout.tp)
     owned = own_storage(modules)
     if owned:
         log.info("rank %d: %d tensors arrived in shared memory; the rank trains copies of its own", global_rank, owned)
@@ -148,7 +148,7 @@ def _parts_on(wiring: Wiring, loss_fn: LossFn, config: PipelineConfig, seams: Se
     replica_group, reductions, couple = _connect_axes(wiring, config.tied, emulated=emulate is not None)
     layout, hint = wiring.layout, wiring.hint
     member = layout.tensor_group_of(wiring.global_rank).index(wiring.global_rank)
-    factors = cost_factors(seams.injection, hint.num_stages, wiring.microbatches, member)
+    factors = cost_factors(seams.injection, hint.stages, wiring.microbatches, member)
     autocast = (wiring.device.type, torch.bfloat16) if config.precision is Precision.BF16 else None
     compute = _computing(wiring, loss_fn, emulate, autocast, received, factors, couple)
     executor = injected_executor(compute, seams.injection, factors, wiring.global_rank)  # faults name world ranks
@@ -162,7 +162,7 @@ def _parts_on(wiring: Wiring, loss_fn: LossFn, config: PipelineConfig, seams: Se
         coll=wiring.coll,
         timeout=wiring.timeout,
         modules=wiring.modules,
-        planner=ReadyPlanner(hint, wiring.rank),
+        forecaster=ReadyForecaster(hint, wiring.rank),
         on_nonfinite=config.on_nonfinite,
     )
     reporting = Reporting(
@@ -315,7 +315,7 @@ def _connection(
     """
     stage_rank = hint.placement.stage_rank
     stages = hint.placement.stages_of(rank)
-    peers = sorted({stage_rank[s + d] for s in stages for d in (-1, 1) if 0 <= s + d < hint.num_stages})
+    peers = sorted({stage_rank[s + d] for s in stages for d in (-1, 1) if 0 <= s + d < hint.stages})
     return Connection(
         peers=tuple(peers),
         device=device,
@@ -348,7 +348,7 @@ def _computing(
     """The executor of this rank's tasks: its stages (checked against the allocator on a GPU, less what the
     receiving threads allocate), or sleeps (scaled by the injected ``factors``, ended by the tensor-parallel
     group's ``couple``)."""
-    last = wiring.hint.num_stages - 1
+    last = wiring.hint.stages - 1
     if emulate is not None:
         return EmulatedExecutor(emulate, last, factors, couple=couple)
     probe = allocated_probe(wiring.device, received)

@@ -11,7 +11,7 @@ facade -> :class:`StepEngine` -> ``StepLoop``. What the engine keeps between exc
   out their watchdogs; the end is told to them, and waits for them (:meth:`StepEngine.close`).
 
 A training step calls ``begin_step`` on every step hook, runs the loop over the step's scoreboard (the hint's
-tasks, under the policy; ``ready`` runs the hint in order until it has a plan of measured costs), then
+tasks, under the policy; ``ready`` runs the hint in order until it has a forecast from measured costs), then
 ``end_step`` on every hook (:mod:`hintpipe.runtime.loop.hooks`: reductions, admission, the ranks' agreement,
 the report).
 
@@ -139,19 +139,19 @@ class StepEngine:
         return broadcast(parts, state.loss, f"step {state.step}") if broadcast_loss else state.loss
 
     def _training_board(self, state: StepState) -> Scoreboard:
-        """The step's scoreboard: ``ready`` runs the hint in order until it has a plan of measured costs."""
+        """The step's scoreboard: ``ready`` runs the hint in order until it has a forecast from measured costs."""
         parts = self.parts
-        planner = parts.agreement.planner
-        ready = parts.policy is Policy.READY and planner.plan is not None
+        forecaster = parts.agreement.forecaster
+        ready = parts.policy is Policy.READY and forecaster.forecast is not None
         state.policy = Policy.FIXED if parts.policy is Policy.READY and not ready else parts.policy
-        state.plan_costs = planner.costs if ready else None
+        state.forecast_costs = forecaster.costs if ready else None
         graph, budget = parts.admission.for_step(state.elements, state.given_elements, step=state.step)
         fitted = parts.admission.fitted
         return Scoreboard(
             graph,
             state.policy,
             budget=budget,
-            plan=planner.plan_for(fitted.hint if fitted is not None else None) if ready else None,
+            forecast=forecaster.forecast_for(fitted.hint if fitted is not None else None) if ready else None,
             notices=ready,
             notices_travel=True,
             sizes=relative_sizes(state.elements) if ready else None,

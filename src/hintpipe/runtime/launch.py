@@ -255,7 +255,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> tuple[bool, set[int]]:
+def _watch(processes: list[Any], signals: _Signals, timeout: float) -> tuple[bool, set[int]]:
     """Wait for the ranks; returns whether they had to be killed on a signal, and the ranks this launcher
     killed (a rank killed by anyone else is reported as such).
 
@@ -272,12 +272,12 @@ def _watch(processes: list[Any], signals: _Signals, timeout_s: float) -> tuple[b
             failed_at = now
         if signalled_at is None and signals.received:
             signalled_at = now
-        late_failure = failed_at is not None and now - failed_at > min(timeout_s + 5.0, FAILURE_GRACE_S)
+        late_failure = failed_at is not None and now - failed_at > min(timeout + 5.0, FAILURE_GRACE_S)
         # A rank stopped by SIGSTOP cannot notice anything: once a peer has failed and every
         # rank still alive is stopped, nobody is left to report, so waiting out the grace is waste.
         if failed_at is not None and all(_stopped(p.pid) for p in processes if p.is_alive()):
             late_failure = True
-        late_stop = signalled_at is not None and now - signalled_at > timeout_s + 10.0
+        late_stop = signalled_at is not None and now - signalled_at > timeout + 10.0
         if signals.at_once or late_stop or late_failure:
             killed = signals.at_once or late_stop
             for rank, process in enumerate(processes):

@@ -38,7 +38,7 @@ class _Liveness:
         self.store: Any = None
         self.world = 0
         self.group: dist.ProcessGroup | None = None
-        self.timeout_s: float | None = None
+        self.timeout: float | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -46,10 +46,10 @@ class _Liveness:
 _STATE = _Liveness()
 
 
-def start(store: Any, rank: int, world: int, timeout_s: float) -> None:
+def start(store: Any, rank: int, world: int, timeout: float) -> None:
     """Beat every second into ``store`` and make the phases' group (call on every rank, after joining)."""
-    _STATE.store, _STATE.world, _STATE.timeout_s = store, world, timeout_s
-    _STATE.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    _STATE.store, _STATE.world, _STATE.timeout = store, world, timeout
+    _STATE.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
 
     def once() -> bool:
         try:
@@ -88,7 +88,7 @@ def phase_group() -> dist.ProcessGroup | None:
 def phase_timeout() -> float | None:
     """The seconds a rank waits on a peer in a phase (the watchdog's), or None where hintpipe did not start
     this process."""
-    return _STATE.timeout_s if _STATE.group is not None else None
+    return _STATE.timeout if _STATE.group is not None else None
 
 
 def silent_ranks(world: int | None = None) -> dict[int, float]:

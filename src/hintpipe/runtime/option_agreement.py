@@ -51,7 +51,7 @@ def compared_options(wiring: Wiring, config: PipelineConfig, by_bytes: bool) -> 
     hint = wiring.hint
     mine: dict[str, Any] = {
         "hint": hint.name,
-        "stages": hint.num_stages,
+        "stages": hint.stages,
         "split_backward": hint.split_backward,
         "transport": wiring.transport_choice.value,
         "byte_admission": by_bytes,

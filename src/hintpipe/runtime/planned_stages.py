@@ -46,10 +46,10 @@ def stages_of_this_rank(modules: Sequence[nn.Module], hint: Hint, mesh: DeviceMe
     Raises:
         ValueError: a module count other than the hint's stage count.
     """
-    if len(modules) != hint.num_stages:
+    if len(modules) != hint.stages:
         raise ValueError(
             f"got {len(modules)} stage modules; hint {hint.name!r} on {hint.ranks} ranks needs "
-            f"{hint.num_stages} ({hint.num_stages // hint.ranks} per rank)"
+            f"{hint.stages} ({hint.stages // hint.ranks} per rank)"
         )
     return {s: modules[s] for s in hint.placement.stages_of(layout_of(mesh).position_of(dist.get_rank()))}
 

@@ -160,7 +160,7 @@ def start_rank(
     world: int,
     packed: bytes,
     out: str,
-    timeout_s: float,
+    timeout: float,
     device: str = "auto",
     environment: dict[str, str] | None = None,
     streams: LauncherStreams | None = None,
@@ -182,7 +182,7 @@ def start_rank(
         from hintpipe.runtime.rank_process import run_rank
     except KeyboardInterrupt:  # Ctrl-C to the process group while this rank started: said by the launcher
         os._exit(_INTERRUPTED_STATUS)
-    run_rank(rank, world, packed, out, timeout_s, device)
+    run_rank(rank, world, packed, out, timeout, device)
 
 
 #: :data:`hintpipe.runtime.rank_process.INTERRUPTED_STATUS` (not imported: this module imports nothing slow).

@@ -28,6 +28,7 @@ from torch.distributed.rendezvous import rendezvous
 
 from hintpipe.device import gpu_identity, own_gpu, rank_device
 from hintpipe.device_choice import DeviceChoice
+from hintpipe.renamed import renamed
 from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint.stopping import STOP_FILE_ENV
 from hintpipe.runtime.errors import PeerFailure
@@ -47,16 +48,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@renamed("init_rank", timeout_s="timeout")
 def init_rank(
     rank: int,
     world: int,
-    timeout_s: float = 300.0,
+    timeout: float = 300.0,
     device: str | DeviceChoice = DeviceChoice.AUTO,
     store_file: str | None = None,
 ) -> torch.device:
     """Join the process group on ``device`` (a choice: the rank's GPU where there is one with ``auto``); returns
     the rank's device. The ranks meet in the file store ``store_file`` (spawned by :func:`run_ranks`, see [Note:
     no listening socket beyond loopback]), or where the environment says (MASTER_ADDR/PORT: torchrun's store).
+    ``timeout``: seconds a rank waits on its peers (at least 30; ``timeout_s`` before 0.7, still taken, with a
+    ``DeprecationWarning``).
 
     On CUDA, the default group takes CPU tensors over gloo and CUDA tensors over
     NCCL, and gloo alone where ranks share a GPU (NCCL refuses two ranks on one
@@ -68,13 +72,13 @@ def init_rank(
     # thread computes: hand it over every 0.5 ms instead of every 5 ms.
     sys.setswitchinterval(0.0005)
     chosen = rank_device(device, rank)  # the rank's GPU where asked and present, set current
-    timeout = datetime.timedelta(seconds=max(timeout_s, 30.0))
+    wait = datetime.timedelta(seconds=max(timeout, 30.0))
     store: Any
     if store_file is not None:
         store = FileStore(store_file, world)
-        store.set_timeout(timeout)
+        store.set_timeout(wait)
     else:
-        store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
+        store, _, _ = next(rendezvous("env://", rank, world, timeout=wait))
     prefixed = PrefixStore(f"hintpipe/attempt-{attempt()}", store)
     gpus = gather_over_store(prefixed, rank, world, "hintpipe/gpu", gpu_identity(chosen))
     dist.init_process_group(
@@ -82,9 +86,9 @@ def init_rank(
         store=prefixed,
         rank=rank,
         world_size=world,
-        timeout=timeout,
+        timeout=wait,
     )
-    liveness.start(prefixed, rank, world, timeout_s)  # see [Note: naming a frozen rank]
+    liveness.start(prefixed, rank, world, timeout)  # see [Note: naming a frozen rank]
     return chosen
 
 
@@ -116,7 +120,7 @@ def attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, device: str = "auto") -> None:
+def run_rank(rank: int, world: int, packed: bytes, out: str, timeout: float, device: str = "auto") -> None:
     """One spawned rank (started by :func:`hintpipe.runtime.rank_entry.start_rank`, already tied to its
     launcher): join the group on ``device``, run the function ``packed`` holds, and leave its result in
     ``out``."""
@@ -131,7 +135,7 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout_s: float, d
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
     path = Path(out) / f"rank{rank}.pkl"
     try:
-        init_rank(rank, world, timeout_s, device, store_file=str(Path(out) / STORE_FILE))
+        init_rank(rank, world, timeout, device, store_file=str(Path(out) / STORE_FILE))
         fn, args = pickle.loads(packed)
         result = fn(rank, world, *args)
         path.write_bytes(pickle.dumps(("ok", result)))

@@ -190,7 +190,7 @@ def _rank_by_kind(name: HintName, p: int, m: int, v: int, split: bool) -> Hint:
     reference = _interleaved(p, m, v) if v > 1 else _one_f_one_b(p, m, v)
     placement = reference.placement
     quota = reference.stage_peaks
-    stages = placement.num_stages
+    stages = placement.stages
     cost = {Kind.F: 1, Kind.B: 1 if split else 2, Kind.W: 1}
     release = rules.releaser(split)
 

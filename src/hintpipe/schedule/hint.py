@@ -70,8 +70,15 @@ class Placement:
             raise ValueError(f"ranks {sorted(missing)} host no stage")
 
     @property
-    def num_stages(self) -> int:
+    def stages(self) -> int:
+        """The number of stages."""
         return len(self.stage_rank)
+
+    @property
+    def num_stages(self) -> int:
+        """Deprecated: :attr:`stages` (its name before 0.7)."""
+        retired_attribute("Placement.num_stages", "Placement.stages")
+        return self.stages
 
     @property
     def ranks(self) -> int:
@@ -154,8 +161,15 @@ class Hint:
         return self.microbatches
 
     @property
+    def stages(self) -> int:
+        """The number of stages (its placement's)."""
+        return self.placement.stages
+
+    @property
     def num_stages(self) -> int:
-        return self.placement.num_stages
+        """Deprecated: :attr:`stages` (its name before 0.7)."""
+        retired_attribute("Hint.num_stages", "Hint.stages")
+        return self.stages
 
     @functools.cached_property
     def split_backward(self) -> bool:
@@ -165,7 +179,7 @@ class Hint:
     @functools.cached_property
     def stage_peaks(self) -> tuple[int, ...]:
         """Per stage, the most micro-batches a fixed-order run holds at once (see :mod:`~hintpipe.schedule.rules`)."""
-        return tuple(rules.stage_peaks(self.lists, self.num_stages, self.split_backward))
+        return tuple(rules.stage_peaks(self.lists, self.stages, self.split_backward))
 
     @property
     def num_tasks(self) -> int:

@@ -100,14 +100,14 @@ def parse_hint_csv(text: str, name: str = "<csv>") -> Hint:
                     f"{name}, line {line}, column {column}: stage {stage} is on rank {owner} "
                     f"(line {owner + 1}) and on rank {rank}; a stage lives on one rank"
                 )
-    num_stages = max(stage_rank) + 1
-    missing = sorted(set(range(num_stages)) - set(stage_rank))
+    stages = max(stage_rank) + 1
+    missing = sorted(set(range(stages)) - set(stage_rank))
     if missing:
         raise HintError(f"{name}: stages {missing} have no actions")
     idle = [rank for rank, row in enumerate(rows) if not row]
     if idle:
         raise HintError(f"{name}: ranks {idle} (lines {[r + 1 for r in idle]}) have no actions")
-    placement = Placement(tuple(stage_rank[s] for s in range(num_stages)))
+    placement = Placement(tuple(stage_rank[s] for s in range(stages)))
     microbatches = max(a[2] for row in rows for a in row) + 1
     hint = Hint.from_lists(
         name,

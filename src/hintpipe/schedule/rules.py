@@ -29,23 +29,23 @@ _WHY = {
 }
 
 
-def dependencies(task: Task, num_stages: int) -> tuple[Task, ...]:
+def dependencies(task: Task, stages: int) -> tuple[Task, ...]:
     """The tasks whose results ``task`` needs, all of the same micro-batch."""
     s, kind, mb = task
     if kind is Kind.F:
         return (Task(s - 1, Kind.F, mb),) if s > 0 else ()
     if kind is Kind.B:
-        if s < num_stages - 1:
+        if s < stages - 1:
             return (Task(s, Kind.F, mb), Task(s + 1, Kind.B, mb))
         return (Task(s, Kind.F, mb),)
     return (Task(s, Kind.B, mb),)
 
 
-def successors(task: Task, num_stages: int, split_backward: bool) -> tuple[Task, ...]:
+def successors(task: Task, stages: int, split_backward: bool) -> tuple[Task, ...]:
     """The tasks that need ``task``'s result: the inverse of :func:`dependencies`,
     derived from it (for a stage with the same neighbours, hence cached)."""
     s, kind, mb = task
-    before, after = min(s, 1), min(num_stages - 1 - s, 1)
+    before, after = min(s, 1), min(stages - 1 - s, 1)
     offsets = _successor_offsets(kind, before, after, split_backward)
     return tuple(Task(s + d, k, mb) for d, k in offsets)
 
@@ -97,10 +97,10 @@ def in_flight_peak(tasks: Iterable[Task], split_backward: bool) -> int:
     return max(in_flight(tasks, split_backward), default=0)
 
 
-def stage_peaks(ranks: Sequence[Sequence[Task]], num_stages: int, split_backward: bool) -> list[int]:
+def stage_peaks(lists: Sequence[Sequence[Task]], stages: int, split_backward: bool) -> list[int]:
     """Per stage, the most micro-batches a fixed-order run of the per-rank lists holds at once."""
-    peaks = [0] * num_stages
-    for tasks in ranks:
+    peaks = [0] * stages
+    for tasks in lists:
         for s in {t.stage for t in tasks}:
             peaks[s] = in_flight_peak((t for t in tasks if t.stage == s), split_backward)
     return peaks

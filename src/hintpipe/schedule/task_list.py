@@ -106,6 +106,6 @@ def positions_of(tasks: TaskList, microbatches: int) -> tuple[IntArray, IntArray
     return keys[order], order
 
 
-def as_task_lists(ranks: Sequence[Sequence[Task]]) -> tuple[TaskList, ...]:
+def as_task_lists(lists: Sequence[Sequence[Task]]) -> tuple[TaskList, ...]:
     """Every rank's tasks as a :class:`TaskList`."""
-    return tuple(TaskList.of(tasks) for tasks in ranks)
+    return tuple(TaskList.of(tasks) for tasks in lists)

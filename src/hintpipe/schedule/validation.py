@@ -31,7 +31,7 @@ def validate_hint(hint: Hint) -> None:
        B, B before its W, and stage order between stages of the same rank);
     5. a fixed-order run completes (no cross-rank deadlock).
     """
-    stages, mbs = hint.num_stages, hint.microbatches
+    stages, mbs = hint.stages, hint.microbatches
     stage_rank = hint.placement.stage_rank
     if len(hint.lists) != hint.ranks:
         raise HintError(f"hint {hint.name!r} has {len(hint.lists)} rank lists, its placement has {hint.ranks} ranks")
@@ -69,7 +69,7 @@ def validate_hint(hint: Hint) -> None:
 def _fixed_order_stuck(hint: Hint) -> str:
     """Run every rank's list in order, each task once its dependencies are done; a dump
     of the ranks left waiting (a cycle between ranks), or "" when all complete."""
-    stages, stage_rank = hint.num_stages, hint.placement.stage_rank
+    stages, stage_rank = hint.stages, hint.placement.stage_rank
     done: set[Task] = set()
     position = [0] * hint.ranks
     progress = True

@@ -126,7 +126,7 @@ def run_study(
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
-    cost_model = cost_model or CostModel.uniform(hint.num_stages)
+    cost_model = cost_model or CostModel.uniform(hint.stages)
     if MicrobatchOrder.parse(microbatch_order) is not MicrobatchOrder.GIVEN and cost_model.microbatch_scale is not None:
         raise ValueError(
             "a micro-batch order with a cost model's microbatch_scale: the scales are fixed per micro-batch; "

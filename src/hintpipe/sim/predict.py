@@ -1,6 +1,6 @@
-"""The simulator's prediction of a measured step: its task times as the sample, the plan the runtime had.
+"""The simulator's prediction of a measured step: its task times as the sample, the forecast the runtime had.
 
-``ready`` plans with the costs the runtime planned that step with (:mod:`hintpipe.dispatch.expected`,
+``ready`` forecasts with the costs the runtime forecast that step with (:mod:`hintpipe.dispatch.expected`,
 one definition for both), so a prediction and the run it predicts compare like with like.
 
 This module is torch-free.
@@ -22,11 +22,11 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.sim.simulator import Simulator
 
 
-@renamed("predict_step_time", slack="memory_slack")
+@renamed("predict_step_time", slack="memory_slack", plan_costs="forecast_costs")
 def predict_step_time(
     hint: Hint,
     records: Sequence[Record],
-    plan_costs: StageCosts | None,
+    forecast_costs: StageCosts | None,
     policy: Policy,
     memory_slack: float = 0.0,
     *,
@@ -35,17 +35,17 @@ def predict_step_time(
     admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
 ) -> float:
     """The simulator's makespan for a measured step: its measured task times are the
-    sample, and ``ready`` plans with ``plan_costs``, the costs the runtime planned
-    that step with (the step's own medians when it had no plan).
+    sample, and ``ready`` forecasts with ``forecast_costs`` (``plan_costs`` before 0.7), the costs the runtime
+    forecast that step with (the step's own medians when it had no forecast).
 
     ``budgets`` (per rank, in admission's units) and ``sizes`` (each slot's input elements) are the step's
     own where the runtime reported them: under ``admission="size"`` the simulator fits the hint to those
-    budgets as the runtime did (:func:`hintpipe.dispatch.by_size.fit_step`), and ``ready`` scales its plan
+    budgets as the runtime did (:func:`hintpipe.dispatch.by_size.fit_step`), and ``ready`` scales its forecast
     by the sizes relative to their median, as the runtime's does."""
-    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
+    durations = np.zeros((hint.stages, hint.microbatches, 3))
     for _, task, start, end in records:
         durations[task.stage, task.mb, task.kind] = end - start
-    costs = plan_costs if plan_costs is not None else stage_medians(durations).tolist()
+    costs = forecast_costs if forecast_costs is not None else stage_medians(durations).tolist()
     relative = None
     if sizes is not None:
         typical = float(np.median(sizes)) or 1.0

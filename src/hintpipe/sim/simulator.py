@@ -27,8 +27,8 @@ from hintpipe.dispatch.fit import AdmissionUnit
 from hintpipe.dispatch.layout import HintLayout
 from hintpipe.dispatch.per_position import float_view
 from hintpipe.dispatch.policy import Policy
+from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
-from hintpipe.dispatch.rank_plan import RankPlan
 from hintpipe.dispatch.sample import Sample
 from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.observe.step_record import StepRecord
@@ -91,7 +91,7 @@ class Simulator:
     """
 
     def __init__(self, hint: Hint, cost_model: CostModel) -> None:
-        cost_model.check_fits(hint.num_stages, hint.microbatches)
+        cost_model.check_fits(hint.stages, hint.microbatches)
         self.hint = hint
         self.cost_model = cost_model
         sizes = cost_model.activation_sizes(hint.microbatches)
@@ -129,9 +129,14 @@ class Simulator:
         (see :func:`hintpipe.dispatch.budgets.device_budgets`)."""
         return device_budgets([g.peak for g in self.graphs], device_budget)
 
-    def plans(self, latency: float = 0.0) -> list[RankPlan]:
+    def forecasts(self, latency: float = 0.0) -> list[RankForecast]:
         """Per rank, what ``ready`` expects: a fixed-order run on expected costs."""
-        return self.layout.plans(self._expected, latency)
+        return self.layout.forecasts(self._expected, latency)
+
+    def plans(self, latency: float = 0.0) -> list[RankForecast]:
+        """Deprecated: :meth:`forecasts` (its name before 0.7)."""
+        retired_attribute("Simulator.plans()", "Simulator.forecasts()")
+        return self.forecasts(latency)
 
     # -- admission by size ------------------------------------------------------------------
 
@@ -217,8 +222,8 @@ class Simulator:
         room = [rank_budget(g, None if budgets is None else budgets[r]) for r, g in enumerate(graphs)]
         hint = layout.hint
         ranks = range(hint.ranks)
-        plans = layout.plans(self._expected, sample.latency) if policy is Policy.READY else None
-        sizes = None if policy is not Policy.READY else self._plan_sizes(sample)
+        forecasts = layout.forecasts(self._expected, sample.latency) if policy is Policy.READY else None
+        sizes = None if policy is not Policy.READY else self._forecast_sizes(sample)
         # Under greedy and ready a tensor-parallel group's leader announces each task (see
         # hintpipe.runtime.loop.coordination); fixed order needs no announcement.
         extra = sample.decision if policy is not Policy.FIXED else 0.0
@@ -231,7 +236,7 @@ class Simulator:
             starts, ends = timeline
             peaks = tuple(g.peak for g in graphs)
         else:  # the event loop (also for a fixed order that deadlocks: its dump)
-            starts, ends, peaks = self._event_loop(layout, policy, room, plans, sizes, notices, cost, delay)
+            starts, ends, peaks = self._event_loop(layout, policy, room, forecasts, sizes, notices, cost, delay)
         makespan = max((max(e) for e in ends if e), default=0.0)
         busy = tuple(sum(c) for c in cost)
         result_starts = tuple(tuple(s) for s in starts)
@@ -253,8 +258,8 @@ class Simulator:
         )
 
     @staticmethod
-    def _plan_sizes(sample: Sample) -> npt.NDArray[np.float64] | None:
-        """What ``ready``'s plan scales its expected costs by: each micro-batch's known size, or, where the
+    def _forecast_sizes(sample: Sample) -> npt.NDArray[np.float64] | None:
+        """What ``ready``'s forecast scales its expected costs by: each micro-batch's known size, or, where the
         known factors differ between stages (``mm``: encoder and decoder), the factor of each stage."""
         known = sample.known
         if known is not None and len(known) > 1 and not np.all(known == known[:1]):
@@ -266,7 +271,7 @@ class Simulator:
         layout: HintLayout,
         policy: Policy,
         room: list[float],
-        plans: list[RankPlan] | None,
+        forecasts: list[RankForecast] | None,
         sizes: npt.NDArray[np.float64] | None,
         notices: bool,
         cost: Sequence[Sequence[float]],
@@ -282,7 +287,7 @@ class Simulator:
                 graph,
                 policy,
                 budget=room[r],
-                plan=None if plans is None else plans[r],
+                forecast=None if forecasts is None else forecasts[r],
                 notices=notices,
                 sizes=sizes,
             )

@@ -141,7 +141,7 @@ class Admission(Hook):
     def measured_factors(self) -> list[float]:
         """Per stage of the pipeline, this rank's bytes per input element (-inf for stages it does not host
         or has not measured): what it contributes to the agreement at the next step's start."""
-        return [self.bytes_per_element.get(s, -np.inf) for s in range(self.hint.num_stages)]
+        return [self.bytes_per_element.get(s, -np.inf) for s in range(self.hint.stages)]
 
     def agree(self, factors: Sequence[float]) -> None:
         """Every stage's bytes per input element, as every rank agreed on them (the largest measured)."""

@@ -1,8 +1,8 @@
-"""What the ranks agree on after a step: the measured costs (the ``ready`` plan) and non-finite losses.
+"""What the ranks agree on after a step: the measured costs (the ``ready`` forecast) and non-finite losses.
 
 [Note: collectives per step]
 A step's only collectives are the ones something needs: the sizes for byte
-admission, the all-reduce of measured costs when the ``ready`` plan looks at
+admission, the all-reduce of measured costs when the ``ready`` forecast looks at
 them (after steps 0, 1, 3, 7, ..., then every 16) or of non-finite losses
 (``on_nonfinite="skip"``), the sum of tied gradients, the report's gather
 (``report_every``), the loss broadcast (``broadcast_loss``). Otherwise
@@ -27,7 +27,7 @@ from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import OnNonFinite
 from hintpipe.runtime.errors import NonFiniteLoss, WatchdogTimeout
 from hintpipe.runtime.loop.hooks import Hook
-from hintpipe.runtime.loop.ready_plan import ReadyPlanner
+from hintpipe.runtime.loop.ready_forecast import ReadyForecaster
 from hintpipe.runtime.loop.reports import RankSummary, durations_array
 from hintpipe.schedule.hint import Hint
 
@@ -47,7 +47,7 @@ class Agreement(Hook):
         coll: the pipeline's group for the runtime's collectives.
         timeout: the watchdog's seconds (``coll`` waits that long), for the error that names them.
         modules: this rank's stages (a skipped step's gradients are dropped from them).
-        planner: the ``ready`` policy's plan, refreshed from the agreed costs.
+        forecaster: the ``ready`` policy's forecast, refreshed from the agreed costs.
         on_nonfinite: what a non-finite loss does.
     """
 
@@ -60,7 +60,7 @@ class Agreement(Hook):
         coll: dist.ProcessGroup,
         timeout: float,
         modules: Mapping[int, nn.Module],
-        planner: ReadyPlanner,
+        forecaster: ReadyForecaster,
         on_nonfinite: OnNonFinite,
     ) -> None:
         self.hint = hint
@@ -69,7 +69,7 @@ class Agreement(Hook):
         self.coll = coll
         self.timeout = timeout
         self.modules = modules
-        self.planner = planner
+        self.forecaster = forecaster
         self.on_nonfinite = on_nonfinite
         #: Steps that had a non-finite loss (their gradients were dropped under ``skip``).
         self.nonfinite_steps: list[int] = []
@@ -107,13 +107,13 @@ class Agreement(Hook):
 
     def end_step(self, state: StepState) -> None:
         ready = self.policy is Policy.READY
-        if not (self.on_nonfinite is OnNonFinite.SKIP or (ready and self.planner.due(state.step))):
+        if not (self.on_nonfinite is OnNonFinite.SKIP or (ready and self.forecaster.due(state.step))):
             return
         medians, poisoned = self._agree(state)
         if poisoned:
             self._drop_gradients(state.step)
         if ready:
-            self.planner.update(state.step, medians)
+            self.forecaster.update(state.step, medians)
 
     def _agree(self, state: StepState) -> tuple[np.ndarray[Any, np.dtype[np.float64]], bool]:
         """One all-reduce: every stage's median costs (each rank fills its own) and any non-finite loss.
@@ -132,7 +132,7 @@ class Agreement(Hook):
                 f"rank {self.rank}: waited {self.timeout:g} s for the other ranks to finish step {state.step}: {exc}"
             ) from None
         result = values.numpy()
-        return result[:-1].reshape(hint.num_stages, 3), bool(result[-1] > 0)
+        return result[:-1].reshape(hint.stages, 3), bool(result[-1] > 0)
 
     def _drop_gradients(self, step: int) -> None:
         """on_nonfinite="skip": the whole step's gradients are poisoned; drop them everywhere."""

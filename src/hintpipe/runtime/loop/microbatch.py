@@ -169,7 +169,7 @@ def prepare_step(
             if not emulated:
                 check_arity(parts.modules[0], len(given), mb)
             state.activations[(0, mb)] = to_device(given, parts.device)
-    if parts.hint.num_stages - 1 in parts.stages and not emulated:
+    if parts.hint.stages - 1 in parts.stages and not emulated:
         if target is None:
             raise ValueError(f"rank {parts.rank} hosts the last stage and needs the target")
         state.targets = to_device(split_microbatches(target, m, "target"), parts.device)

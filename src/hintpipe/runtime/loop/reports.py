@@ -7,7 +7,7 @@ full timelines (every task's start and end) travel only when the pipeline
 was asked to keep them (``timelines=True``: a trace, a picture, a
 prediction). Rank 0's :attr:`Pipeline.reports` therefore cover every rank
 (``ranks`` lists them); another rank's cover itself. Nothing here runs a
-simulation: the ``ready`` plan is refreshed elsewhere, and only when the
+simulation: the ``ready`` forecast is refreshed elsewhere, and only when the
 measured costs move.
 """
 
@@ -54,9 +54,9 @@ class StepReport(StepRecord):
             ``admission_budget`` before 0.7).
         records: ``(rank, task, start, end)``: this rank's tasks, or on rank 0
             with timelines kept, every rank's, in start order.
-        plan_costs: the per-stage ``[F, B, W]`` costs ``ready`` planned this step
-            with (None when it had no plan): :func:`hintpipe.apps.training.predict_step_time`
-            uses them, so a prediction uses the plan the runtime used.
+        forecast_costs: the per-stage ``[F, B, W]`` costs ``ready`` forecast this step
+            with (None when it had no forecast): :func:`hintpipe.apps.training.predict_step_time`
+            uses them, so a prediction uses the forecast the runtime used (``plan_costs`` before 0.7).
     """
 
     step: int
@@ -65,7 +65,7 @@ class StepReport(StepRecord):
     peak_live_bytes: tuple[int, ...]
     loss: float | None
     ranks: tuple[int, ...] = ()
-    plan_costs: tuple[tuple[float, ...], ...] | None = None
+    forecast_costs: tuple[tuple[float, ...], ...] | None = None
     #: Per covered rank, with data parallelism: how long its earliest-starting gradient reduction had to
     #: overlap the rest of the step (its start to the step's end), and how long the rank waited on its
     #: reductions (at the step's end, or inline where the reduction blocks); NaN without replicas.
@@ -101,6 +101,12 @@ class StepReport(StepRecord):
         """:attr:`budget`'s name before 0.7."""
         retired_attribute("StepReport.admission_budget", "StepReport.budget")
         return self.budget
+
+    @property
+    def plan_costs(self) -> tuple[tuple[float, ...], ...] | None:
+        """:attr:`forecast_costs`' name before 0.7."""
+        retired_attribute("StepReport.plan_costs", "StepReport.forecast_costs")
+        return self.forecast_costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +172,7 @@ def measured_peak(records: Sequence[Record], split_backward: bool) -> int:
 
 def durations_array(hint: Hint, summaries: Sequence[RankSummary]) -> np.ndarray[Any, np.dtype[np.float64]]:
     """``[stage, mb, kind]`` seconds from the summaries' task durations."""
-    durations = np.zeros((hint.num_stages, hint.microbatches, 3))
+    durations = np.zeros((hint.stages, hint.microbatches, 3))
     for summary in summaries:
         for stage, mb, kind, seconds in summary.durations:
             durations[stage, mb, kind] = seconds
@@ -181,7 +187,7 @@ def gather_report(
     policy: Policy,
     loss: float | None,
     timelines: bool,
-    plan_costs: tuple[tuple[float, ...], ...] | None,
+    forecast_costs: tuple[tuple[float, ...], ...] | None,
     group: dist.ProcessGroup | None,
 ) -> StepReport:
     """Send this rank's summary to rank 0 and build the step's report there (this rank's own
@@ -218,7 +224,7 @@ def gather_report(
         loss=loss,
         busy=tuple(s.busy for s in summaries),
         ranks=tuple(s.rank for s in summaries),
-        plan_costs=plan_costs,
+        forecast_costs=forecast_costs,
         dp_overlap=tuple(s.dp_overlap for s in summaries),
         dp_exposed=tuple(s.dp_exposed for s in summaries),
         device_peak_bytes=tuple(s.device_peak for s in summaries),
@@ -264,7 +270,7 @@ class Reporting(Hook):
             policy=state.policy,
             loss=None if state.loss is None else float(state.loss),
             timelines=self.timelines,
-            plan_costs=state.plan_costs,
+            forecast_costs=state.forecast_costs,
             group=self.group if gather else None,
         )
         self.reports.append(report)

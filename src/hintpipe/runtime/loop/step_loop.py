@@ -260,7 +260,7 @@ class StepLoop:
             if kind is Kind.F:
                 self._forward(pos, task, state)
             elif kind is Kind.B:
-                last = s == self.hint.num_stages - 1
+                last = s == self.hint.stages - 1
                 grads = self.executor.backward(s, mb, None if last else state.gradients.pop((s, mb)))
                 if s > 0:
                     self._pass_on(pos, s - 1, MessageKind.GRADIENT, grads, state)
@@ -288,7 +288,7 @@ class StepLoop:
         state.peak_bytes = max(state.peak_bytes, self.executor.live_bytes)
         if state.elements is not None:
             self.admission.observe(s, self.executor.live_bytes - before, state.elements[mb])
-        if s < self.hint.num_stages - 1:
+        if s < self.hint.stages - 1:
             self._pass_on(pos, s + 1, MessageKind.ACTIVATION, outputs, state)
 
     def _pass_on(self, pos: int, stage: int, kind: MessageKind, tensors: Sequence[Value], state: StepState) -> None:

@@ -44,7 +44,7 @@ class StepState:
     order: list[int] = dataclasses.field(default_factory=list)  # slot -> the given micro-batch it runs
     loop_time: float = 0.0  # from the loop's start to its last task's end
     policy: Policy = Policy.FIXED  # the policy the step ran (``ready`` runs fixed until it has a plan)
-    plan_costs: tuple[tuple[float, ...], ...] | None = None  # the per-stage costs ``ready`` planned with
+    forecast_costs: tuple[tuple[float, ...], ...] | None = None  # the per-stage costs ``ready`` forecast with
     loss: torch.Tensor | None = None  # the sum of the scaled micro-batch losses (the last stage's rank)
     #: Figures the step's hooks measured for its report (see :class:`~hintpipe.runtime.loop.reports.RankSummary`).
     measured: dict[str, float] = dataclasses.field(default_factory=dict)

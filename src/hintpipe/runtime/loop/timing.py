@@ -6,7 +6,7 @@ queued; the wall clock measures the launch, not the work. So a GPU rank
 records a CUDA event on the compute stream before and after each task and,
 at the step's end, turns the events into times on the device's own clock:
 seconds from an event recorded at the loop's start. Those times replace the
-host's in the step's records, so the reports and the ``ready`` plan's
+host's in the step's records, so the reports and the ``ready`` forecast's
 measured costs read device time exactly as they read wall time on a CPU.
 
 The dispatch itself (what is ready, what is due) stays on the host clock:

@@ -25,14 +25,14 @@ PATIENCE_TOLERANCE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
-class RankPlan:
+class RankForecast:
     """What the ``ready`` policy expects of one rank's hint, by position.
 
     Attributes:
         allowance: how long after its hint predecessor ends a task may take
             to become ready (its planned gap plus the tolerance).
         due: the planned start plus the tolerance: a task is never due
-            earlier than this, even when the rank runs ahead of its plan.
+            earlier than this, even when the rank runs ahead of its forecast.
         expected: expected cost, for backfilling.
         producer_cost: for the ETA rule, the expected cost of the remote task
             that feeds each position (0 where there is none; empty: all 0).
@@ -53,7 +53,7 @@ class RankPlan:
         expected: Sequence[float] | FloatArray,
         producer_cost: Sequence[float] | FloatArray | None = None,
         latency: float = 0.0,
-    ) -> RankPlan:
+    ) -> RankForecast:
         """Build from a fixed-order timeline (planned or measured) of the hint;
         ``producer_cost[i]``: the expected cost of the remote task feeding position ``i``."""
         if not len(starts) == len(ends) == len(expected):
@@ -73,6 +73,6 @@ class RankPlan:
 
 
 def _doubles(values: FloatArray) -> array[float]:
-    """A plan's per-position figures at 8 bytes each, not a tuple's 32: the simulator holds every rank's
-    plan at once, 8.4 million positions at 1024 x 4096 (an array, unlike a memoryview, pickles)."""
+    """A forecast's per-position figures at 8 bytes each, not a tuple's 32: the simulator holds every rank's
+    forecast at once, 8.4 million positions at 1024 x 4096 (an array, unlike a memoryview, pickles)."""
     return array("d", np.ascontiguousarray(values, dtype=np.float64).tobytes())
