@@ -448,21 +448,28 @@ def test_a_killed_rank_ends_every_rank_with_an_error() -> None:
 def _hang_worker(rank: int, world: int) -> None:
     # Stops in the second step, on micro-batch 1.
     modules: list[nn.Module] = [nn.Linear(6, 6), _Fault(4 + 2, "hang")]
-    pipe = Pipeline.from_modules(modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy="fixed", timeout=3)
+    pipe = Pipeline.from_modules(
+        modules, loss_fn=_mse, microbatches=4, hint="1f1b", policy="fixed", timeout=HANG_WATCHDOG
+    )
     xs, ys = _batches(False, 4)
     pipe.step(xs, ys)
     pipe.step(xs, ys)
 
 
+#: The hang test's watchdog: long enough that a healthy first step on a loaded 2-core machine (gloo connects its
+#: pairs at the first send) never goes that long without a message, as a 3 s one once did (rank 1 in step 0).
+HANG_WATCHDOG = 8
+
+
 def test_a_stuck_rank_trips_the_watchdog_with_what_was_awaited() -> None:
     began = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_ranks(_hang_worker, 2, timeout=3)
-    # Rank 0 gives up after 3 s; the launcher stops the stuck rank 3 + 5 s after that.
-    assert time.monotonic() - began < hang_bound(3)
+        run_ranks(_hang_worker, 2, timeout=HANG_WATCHDOG)
+    # Rank 0 gives up after 8 s; the launcher stops the stuck rank 8 + 5 s after that.
+    assert time.monotonic() - began < hang_bound(HANG_WATCHDOG)
     lines = str(info.value).splitlines()
     # Rank 0 ran 0F0, 0F1, 0B0 and 0F2 ... it waits for 1B1, which rank 1 never sends.
-    assert lines[0].startswith("rank 0: WatchdogTimeout: rank 0: waited 3 s with nothing ready in step 1; rank 0: ")
+    assert lines[0].startswith("rank 0: WatchdogTimeout: rank 0: waited 8 s with nothing ready in step 1; rank 0: ")
     assert "waits for gradient of stage 1 from rank 1" in lines[0]
     assert lines[1:] == ["rank 1: exited without a result (stopped by the launcher)"]
 
