@@ -347,7 +347,8 @@ def test_whole_graph_timing_gives_each_node_its_own_forward_and_backward(monkeyp
 
 def test_measured_stage_times_are_each_built_stage_s_forward_and_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two stages cut before node 2 by ``split_points``, of nodes that sleep (20 ms, then 100 ms forward and
-    backward): each stage's measured time holds at least its sleeps, and the plan's parameters get no
+    backward): each stage's measured time holds at least its sleeps (a sleep is never shorter; on a loaded machine
+    anything may take longer, so no upper bound and no order between the two), and the plan's parameters get no
     gradient from the measurement (it runs a copy)."""
     from hintpipe.planner.stage_timing import measure_stages
 
@@ -358,5 +359,5 @@ def test_measured_stage_times_are_each_built_stage_s_forward_and_backward(monkey
     assert planned.partition.cuts == (0, 2, 3)
     monkeypatch.setattr("hintpipe.planner.stage_timing.marks_for", lambda device: HostMarks())
     first, second = measure_stages(planned, [torch.ones(2, 4)], repeats=1)
-    assert first >= 0.02 and second >= 0.10 and second > first
+    assert first >= 0.02 and second >= 0.10
     assert [p.grad for p in planned.graph.module.parameters()] == [None, None]
