@@ -32,6 +32,12 @@ if "HINTPIPE_CACHE" not in os.environ:
     os.environ["HINTPIPE_CACHE"] = tempfile.mkdtemp(prefix="hintpipe-test-cache-")
     atexit.register(shutil.rmtree, os.environ["HINTPIPE_CACHE"], True)
 
+# The session's Hugging Face zoo plans, made once for every worker ([Note: zoo plans are made once per test
+# session] in tests/hf_zoo.py).
+if "HINTPIPE_TEST_ZOO_PLANS" not in os.environ:
+    os.environ["HINTPIPE_TEST_ZOO_PLANS"] = tempfile.mkdtemp(prefix="hintpipe-test-zoo-plans-")
+    atexit.register(shutil.rmtree, os.environ["HINTPIPE_TEST_ZOO_PLANS"], True)
+
 # One intra-op thread, as every CPU rank runs: two test workers share the machine's two cores, and the planner
 # times nodes by the thread's CPU time only then (see [Note: a CPU's clock] in hintpipe.device).
 torch.set_num_threads(1)
@@ -138,7 +144,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 #: summed over setup, calls and teardown in a clean clone's run on 2 workers of a 2-core machine). They start
 #: first: each worker takes one file at a time, so a long file started last runs on alone at the end, and the
 #: suite's wall clock is then its share of the sum plus that tail. A file missing here keeps its place after
-#: them.
+#: them: test_zoo_stages among those, as it loads the plans test_zoo_autocast makes (see [Note: zoo plans are
+#: made once per test session] in tests/hf_zoo.py).
 LONGEST_FILES = (
     "test_recovery.py",
     "test_run_folder.py",
@@ -151,7 +158,6 @@ LONGEST_FILES = (
     "test_zoo_autocast.py",
     "test_reliability.py",
     "test_mesh.py",
-    "test_zoo_stages.py",
     "test_torchrun_ties.py",
     "test_user_launch.py",
     "test_hf_plans.py",

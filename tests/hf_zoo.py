@@ -7,6 +7,8 @@ Dropout is off in every config, so that a pipeline and the unsplit model compute
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,19 +74,63 @@ ARCHITECTURES: dict[str, Callable[[], Any]] = {
 #: The keyword inputs every zoo model is captured with: logits alone, no key-value cache.
 KWARGS = {"use_cache": False}
 _PLANS: dict[tuple[str, int], tuple[torch.nn.Module, Any]] = {}
+#: The test session's folder of zoo plans, shared by its workers (set by tests/conftest.py; see [Note: zoo plans
+#: are made once per test session]).
+PLANS_ENV = "HINTPIPE_TEST_ZOO_PLANS"
+
+# [Note: zoo plans are made once per test session]
+# A zoo model's capture costs seconds of CPU (torch.export), and test_zoo_stages and test_zoo_autocast plan all
+# eleven architectures alike, on other workers of the same session when pytest-xdist runs them. So a plan is
+# saved, with its model in one pickle, to the session's folder the first time any worker makes it, and every
+# test process, the maker too, takes it from that file: each test sees the plan as a rank receives one (pickled:
+# the captured graph re-traced from its code), whichever worker made it. The folder belongs to one session (the
+# code under test cannot change within it), so the name and the stages are all that determine a plan. A file is
+# written whole, then renamed into place; a worker that finds another planning the same model waits for its
+# file (no CPU), within a bound, and plans it itself past that.
 
 
 def planned(name: str, stages: int) -> tuple[torch.nn.Module, Any]:
     """Architecture ``name`` from its config (weights from seed 0) and its plan into ``stages`` stages from a real
-    profile, made once per test process (several test files share it), on a batch of 2 rows of 9 ids."""
+    profile, made once per test session (several test files share it), on a batch of 2 rows of 9 ids."""
+    if (name, stages) not in _PLANS:
+        folder = os.environ.get(PLANS_ENV)
+        _PLANS[name, stages] = _made(name, stages) if folder is None else _shared(Path(folder), name, stages)
+    return _PLANS[name, stages]
+
+
+def _made(name: str, stages: int) -> tuple[torch.nn.Module, Any]:
     from hintpipe.planner.plan import plan
 
-    if (name, stages) not in _PLANS:
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())  # type: ignore[no-untyped-call]
-        ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
-        _PLANS[name, stages] = model, plan(model, ids, ranks=stages, microbatches=stages, repeats=1, kwargs=KWARGS)
-    return _PLANS[name, stages]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[name]())  # type: ignore[no-untyped-call]
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    return model, plan(model, ids, ranks=stages, microbatches=stages, repeats=1, kwargs=KWARGS)
+
+
+def _shared(folder: Path, name: str, stages: int) -> tuple[torch.nn.Module, Any]:
+    """The plan from the session's folder, made and saved there first if no process has."""
+    from conftest import allow  # here: a run's ranks import this module for ``hf_zoo:user_model``
+
+    path = folder / f"{name}-{stages}.pt"
+    try:
+        claim = os.open(folder / f"{path.name}.making", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:  # another process makes it: wait for its file
+        deadline = time.monotonic() + allow(300)
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if path.exists():
+            return _load(path)
+        return _made(name, stages)
+    os.close(claim)
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    torch.save(_made(name, stages), partial)
+    os.replace(partial, path)
+    return _load(path)
+
+
+def _load(path: Path) -> tuple[torch.nn.Module, Any]:
+    loaded: tuple[torch.nn.Module, Any] = torch.load(path, weights_only=False)
+    return loaded
 
 
 def corpus(path: Path) -> Path:

@@ -15,6 +15,7 @@ sign at the default ``eps=1e-8``.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import pytest
@@ -93,7 +94,10 @@ def _train_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> dic
 BUILDERS = {"gpt2": _gpt2, "llama": _llama}
 
 
+@functools.cache
 def _planned(name: str, stages: int) -> tuple[nn.Module, Plan]:
+    """The model and its plan, made once for the module: the ranks' fixture and the test share them (planning
+    leaves the model untouched; each user copies what it changes)."""
     torch.manual_seed(0)
     model = BUILDERS[name]()
     planned = plan(model, torch.randint(0, VOCAB, (2, 9)), ranks=stages, microbatches=4, repeats=1, kwargs=KWARGS)
@@ -199,6 +203,7 @@ def _dropout_worker(rank: int, world: int, planned: Plan, steps: list[Any]) -> d
     return {"eval": evaluations, "train": trainings}
 
 
+@functools.cache
 def _planned_in_eval_mode() -> tuple[nn.Module, Plan]:
     """GPT-2 with dropout 0.1 planned in eval mode, as after ``from_pretrained``."""
     torch.manual_seed(0)

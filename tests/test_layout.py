@@ -115,6 +115,23 @@ def test_a_rank_that_trains_imports_only_what_it_uses() -> None:
     assert done.stdout.split("\n")[-2] == "[]"
 
 
+def _first_optimizer_imports(rank: int, world: int) -> list[str]:
+    import torch
+
+    before = set(sys.modules)
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    return sorted(name for name in set(sys.modules) - before if name.startswith("torch."))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ranks are forked from the fork server on Linux only")
+def test_a_rank_forked_from_the_fork_server_builds_its_first_optimizer_without_importing() -> None:
+    # Before, a rank's first optimizer imported torch._dynamo (1.5-3 s of CPU per rank per launch): see [Note: a
+    # rank's first optimizer imports dynamo] in hintpipe.runtime.fork_server.
+    from hintpipe.runtime.launch import run_ranks
+
+    assert run_ranks(_first_optimizer_imports, 1, timeout=60.0) == [[]]
+
+
 def _import_graph() -> Any:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     try:

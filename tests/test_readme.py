@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,10 +47,23 @@ def test_the_readme_has_the_blocks_it_shows() -> None:
     assert sum("share_plan" in b for b in blocks) == 1
 
 
+@pytest.fixture(scope="module")
+def checkpointing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The README's two checkpointing scripts pasted in order into one fresh folder and run: the first is also
+    its block's run as pasted (a fresh folder either way) and the first run of the training block run again."""
+    folder = tmp_path_factory.mktemp("checkpointing")
+    scripts = [b for b in python_blocks() if "Checkpointer(" in b]
+    runs = [_run(block, folder) for block in scripts]
+    listing = sorted(p.name for p in folder.iterdir() if p.name.startswith("ckpt"))
+    return {"folder": folder, "scripts": scripts, "runs": runs, "listing": listing}
+
+
 @pytest.mark.parametrize("index", range(8))
-def test_every_python_block_of_the_readme_runs_as_pasted(index: int, tmp_path: Path) -> None:
+def test_every_python_block_of_the_readme_runs_as_pasted(
+    index: int, tmp_path: Path, checkpointing: dict[str, Any]
+) -> None:
     block = python_blocks()[index]
-    done = _run(block, tmp_path)
+    done = checkpointing["runs"][0] if block == checkpointing["scripts"][0] else _run(block, tmp_path)
     assert done.returncode == 0, f"block {index} ({_titled(block)}):\n{done.stderr[-3000:]}"
     assert done.stdout.strip(), "every block prints what it computed"
     if "hintpipe.simulate(" in block:  # 1F1B on 2 ranks, 4 micro-batches, F = 1, B = 2: the maths, exactly
@@ -69,12 +83,13 @@ def test_every_python_block_of_the_readme_runs_as_pasted(index: int, tmp_path: P
         assert all(0 < loss < 10 for loss in spawned + under_torchrun)
 
 
-def test_the_training_block_run_again_in_its_folder_says_there_is_nothing_left(tmp_path: Path) -> None:
+def test_the_training_block_run_again_in_its_folder_says_there_is_nothing_left(checkpointing: dict[str, Any]) -> None:
     block = next(b for b in python_blocks() if "Checkpointer" in b)
-    first = _run(block, tmp_path)
+    assert block == checkpointing["scripts"][0]
+    first = checkpointing["runs"][0]  # the block's first run in its folder
     assert first.returncode == 0, first.stderr[-3000:]
     assert len(_numbers(first.stdout)) == 2  # each rank's loss
-    again = _run(block, tmp_path)
+    again = _run(block, checkpointing["folder"])
     assert again.returncode == 0, again.stderr[-3000:]
     said = "ckpt holds all 4 steps of its run: nothing left to train (delete it to start again)"
     assert again.stdout.strip() == repr([said, said])
@@ -93,11 +108,11 @@ def test_the_training_block_without_its_main_guard_is_refused_in_one_line(tmp_pa
     )
 
 
-def test_the_readme_s_checkpointing_scripts_pasted_in_order_into_one_folder_both_run(tmp_path: Path) -> None:
+def test_the_readme_s_checkpointing_scripts_pasted_in_order_into_one_folder_both_run(
+    checkpointing: dict[str, Any],
+) -> None:
     # Each keeps its own checkpoint folder: the second is not refused as "written for another model".
-    scripts = [b for b in python_blocks() if "Checkpointer(" in b]
-    assert len(scripts) == 2
-    for block in scripts:
-        done = _run(block, tmp_path)
+    assert len(checkpointing["scripts"]) == 2
+    for done in checkpointing["runs"]:
         assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt", "ckpt-loop"]
+    assert checkpointing["listing"] == ["ckpt", "ckpt-loop"]

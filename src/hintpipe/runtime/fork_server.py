@@ -22,6 +22,16 @@ multiprocessing makes the server ignore SIGINT; this module makes it ignore
 SIGTERM and SIGHUP as well, and a rank puts their default actions back as it
 starts (:func:`~hintpipe.runtime.rank_entry.start_rank`). Torch's import
 starts no thread, so forking after it is safe; CUDA is not initialised here.
+
+[Note: a rank's first optimizer imports dynamo]
+torch's optimizers are wrapped by ``torch._disable_dynamo``, which imports
+``torch._dynamo`` on the first call: a rank's first ``torch.optim.AdamW(...)``
+spent 1.5 s of CPU (3 s on a loaded 2-core machine) importing dynamo, sympy
+and FSDP's modules, every rank of every launch, though hintpipe's own code
+imports none of them (tests/test_layout.py's HEAVY). The server imports it
+once, with torch (no thread either), and every rank it forks inherits it: a
+launcher's first launch pays it once, its ranks never. A rank of ``torchrun``
+or a spawned one still pays it, as before, when it builds an optimizer.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ IGNORED = (signal.SIGTERM, signal.SIGHUP)
 for _sig in IGNORED:
     signal.signal(_sig, signal.SIG_IGN)
 
-import torch  # noqa: E402, F401  (what the server is for: imported once, inherited by every rank)
+import torch  # noqa: E402  (what the server is for: imported once, inherited by every rank)
+import torch._dynamo  # noqa: E402, F401  (see [Note: a rank's first optimizer imports dynamo])
 
 import hintpipe.runtime.rank_process  # noqa: E402, F401
