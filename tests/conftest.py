@@ -82,7 +82,7 @@ WAIT_SCALE = float(os.environ.get("HINTPIPE_TEST_WAIT_SCALE", "1"))
 # [Note: a test's waits are audited]
 # A test's own timeout (how long it waits on a process, a thread or a queue, or polls to a deadline) that sits
 # close to the time the test takes on a quiet machine fails on a busy one. Every such wait is ``allow(seconds)``
-# or :func:`hang_bound` (tests/test_layout.py holds the suite to it), and both scale by WAIT_SCALE: the suite
+# or :func:`hang_bound` (tests/tree/test_layout.py holds the suite to it), and both scale by WAIT_SCALE: the suite
 # run with HINTPIPE_TEST_WAIT_SCALE=0.5 on a quiet machine passes only if every wait is at least twice what it
 # needs. The runtime's own watchdogs (``timeout=`` of a pipeline, of run_ranks) are not a test's waits: the
 # fault tests set them short on purpose, and scaling them would change what those tests test.
@@ -148,6 +148,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 #: made once per test session] in tests/hf_zoo.py).
 LONGEST_FILES = (
     "test_recovery.py",
+    "test_stopping.py",
     "test_run_folder.py",
     "test_gpu_check.py",
     "test_model_folders.py",

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 GROUP_TIMEOUT_S = 90.0
 #: A command line check's limit.
 COMMAND_TIMEOUT_S = 180.0
-#: ``train --check-grads``'s largest relative difference allowed (tests/test_train.py's on CPU).
+#: ``train --check-grads``'s largest relative difference allowed (tests/apps/test_train.py's on CPU).
 CHECK_GRADS_REL = {"cpu": 1e-5, "cuda": 1e-4}
 
 

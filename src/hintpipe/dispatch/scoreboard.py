@@ -388,8 +388,8 @@ class Scoreboard:
     # the forecast (its planned gap and a quarter of its cost). Once that has passed with no notice the
     # producer is late, and the rule reads it as not started, as the simulator does; the wait this adds
     # is bounded by that allowance. Measured with benchmarks/readiness-at-scale/kept_order.py (the
-    # README's "Kept order"); the rule itself is tested in tests/test_scoreboard.py, and the runtime's
-    # exact orders without variability in tests/test_kept_order.py, at tasks long enough that a loaded
+    # README's "Kept order"); the rule itself is tested in tests/dispatch/test_scoreboard.py, and the runtime's
+    # exact orders without variability in tests/runtime/test_kept_order.py, at tasks long enough that a loaded
     # machine's overshoot stays inside the margin.
 
     def _best_ready(self) -> int:

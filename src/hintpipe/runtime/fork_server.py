@@ -28,7 +28,7 @@ torch's optimizers are wrapped by ``torch._disable_dynamo``, which imports
 ``torch._dynamo`` on the first call: a rank's first ``torch.optim.AdamW(...)``
 spent 1.5 s of CPU (3 s on a loaded 2-core machine) importing dynamo, sympy
 and FSDP's modules, every rank of every launch, though hintpipe's own code
-imports none of them (tests/test_layout.py's HEAVY). The server imports it
+imports none of them (tests/tree/test_layout.py's HEAVY). The server imports it
 once, with torch (no thread either), and every rank it forks inherits it: a
 launcher's first launch pays it once, its ranks never. A rank of ``torchrun``
 or a spawned one still pays it, as before, when it builds an optimizer.

@@ -39,7 +39,7 @@ run, though ranks spawned on one machine need no network to meet. So they
 meet in a ``torch.distributed.FileStore`` in the launcher's temporary folder
 (made by :func:`tempfile.mkdtemp`: mode 0700, this user's alone); only
 gloo's own connections between the ranks remain, on the loopback interface
-(``GLOO_SOCKET_IFNAME``, and NCCL's, unless the caller set them; ``tests/test_sockets.py`` lists every listening
+(``GLOO_SOCKET_IFNAME``, and NCCL's, unless the caller set them; ``tests/runtime/test_sockets.py`` lists every listening
 socket of a run and finds none elsewhere). Heartbeats append to the file
 (about 60 bytes per rank per second); it goes with the folder. Under
 ``torchrun`` the store is torchrun's (see the README's "Under torchrun").

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "import_graph.py"
 
 
 @pytest.fixture(scope="module")

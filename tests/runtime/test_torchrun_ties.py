@@ -135,7 +135,7 @@ def test_ranks_of_a_users_own_process_group_end_with_the_torchrun_agent_and_publ
         log.close()
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _readme_loopback_command() -> str:

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import allow
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 TIMEOUT = 300
 
 

@@ -22,7 +22,7 @@ import torch
 
 from conftest import allow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
 
 import correctness  # noqa: E402  (benchmark scripts, importable from their folder)

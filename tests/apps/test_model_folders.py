@@ -233,7 +233,7 @@ def test_the_readme_s_fine_tune_runs_and_its_printed_config_runs_it_again(
     import re
     import shutil
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = re.findall(r"^```toml\n(.*?)^```", readme, flags=re.DOTALL | re.MULTILINE)[0]
     assert 'model = "gpt2-small"' in block
     shutil.copytree(zoo / "gpt2", tmp_path / "gpt2-small")  # a saved pretrained GPT-2, its tokenizer beside it

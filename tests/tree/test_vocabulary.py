@@ -40,7 +40,7 @@ from hintpipe.sim import predict
 from hintpipe.sim.compare import run_study
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: A call's arguments, up to the keyword (one level of parentheses inside).
 _ARGS = r"\((?:[^()]|\([^()]*\))*?"

@@ -28,7 +28,7 @@ from hintpipe.cli.train import config_from
 from hintpipe.options import OPTIONS, ROOM
 from hintpipe.schedule.hint import HintName
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 HINTS = ", ".join(h.value for h in HintName)
 
 #: What each command needs whatever else is given.
@@ -200,7 +200,7 @@ def test_print_config_writes_the_model_and_the_checkpoints_and_leaves_out_what_i
 
 def _readme_config() -> str:
     blocks: list[str] = re.findall(r"^```toml\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
-    assert len(blocks) == 2  # the fine-tune's (tests/test_model_folders.py), then this one
+    assert len(blocks) == 2  # the fine-tune's (tests/apps/test_model_folders.py), then this one
     return blocks[1]
 
 
