@@ -49,9 +49,9 @@ def _run_all(rank: int, world: int, cases: list[tuple[str, Case]]) -> dict[str, 
     return results
 
 
-def run_cases(world: int, cases: Mapping[str, Case], *, timeout_s: float = 120.0) -> dict[str, list[Any]]:
+def run_cases(world: int, cases: Mapping[str, Case], *, timeout: float = 120.0) -> dict[str, list[Any]]:
     """Run every case, in order, on one group of ``world`` spawned ranks; returns each case's per-rank results."""
-    results = run_ranks(_run_all, world, list(cases.items()), timeout=timeout_s)
+    results = run_ranks(_run_all, world, list(cases.items()), timeout=timeout)
     return {name: [per_rank[name] for per_rank in results] for name in cases}
 
 

@@ -234,7 +234,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     cases |= {f"train {n}": Case(_train_rank, (_cli_run(n),)) for n in ("hf-gpt2", "hf-llama")}
     cases["train hf-gpt2 plan file"] = Case(_train_rank, (_from_plan_file(tmp_path_factory),))
     cases["dropout"] = Case(_dropout_worker, (_planned_in_eval_mode()[1], _steps(2)))
-    return run_cases(2, cases, timeout_s=300)
+    return run_cases(2, cases, timeout=300)
 
 
 def _from_plan_file(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:

@@ -67,7 +67,7 @@ def factory_config(zoo: Path) -> TrainConfig:
 def runs(configs: dict[str, TrainConfig], factory_config: TrainConfig) -> dict[str, list[Any]]:
     cases = {name: Case(_train_rank, (config,)) for name, config in configs.items()}
     cases["factory"] = Case(_train_rank, (factory_config,))
-    return run_cases(2, cases, timeout_s=240)
+    return run_cases(2, cases, timeout=240)
 
 
 def _unsplit_loss(folder: Path, config: TrainConfig) -> float:

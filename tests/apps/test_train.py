@@ -711,7 +711,7 @@ def two_ranks(csv_hint: Path, plan_file: str, tensorboard_dir: Path) -> dict[str
         "loop": Case(_train_rank, (_from_cli([*LOOP, "--tensorboard", str(tensorboard_dir)]),)),
         "plan from python": Case(_from_plan_worker, (plan_file, 3)),
     }
-    return run_cases(2, cases, timeout_s=120)
+    return run_cases(2, cases, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -721,7 +721,7 @@ def four_ranks() -> dict[str, list[Any]]:
         "device budget": Case(_train_rank, (_device_budget_config(),)),
         "local dp2": Case(_train_rank, (_local_config(2),)),
     }
-    return run_cases(4, cases, timeout_s=120)
+    return run_cases(4, cases, timeout=120)
 
 
 def test_version_names_hintpipe_torch_and_python(capsys: pytest.CaptureFixture[str]) -> None:

@@ -339,4 +339,4 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     cases["eval dp"] = Case(_evaluation, ("ready", 2))
     cases["hf state_dict"] = Case(_hugging_face)
     cases["scheduler"] = Case(_scheduled, (str(folder),))
-    return run_cases(4, cases, timeout_s=180)
+    return run_cases(4, cases, timeout=180)

@@ -117,7 +117,7 @@ def _too_large_worker(rank: int, world: int) -> str:
 @pytest.fixture(scope="module")
 def two_ranks() -> dict[str, list[Any]]:
     cases = {"sized": Case(_sized_worker), "too large": Case(_too_large_worker)}
-    return run_cases(2, cases, timeout_s=300)
+    return run_cases(2, cases, timeout=300)
 
 
 def _held_by_size(records: list[tuple[int, int, int, float, float]], sizes: list[int], split: bool) -> float:

@@ -87,7 +87,7 @@ def _ready_orders(rank: int, world: int, names: tuple[str, ...] = NAMES) -> dict
 
 @pytest.fixture(scope="module")
 def orders() -> dict[str, list[Any]]:
-    return run_cases(RANKS, {"ready": Case(_ready_orders)}, timeout_s=300)
+    return run_cases(RANKS, {"ready": Case(_ready_orders)}, timeout=300)
 
 
 def _moved(order: list[str], task: str, before: str) -> list[str]:
@@ -184,6 +184,6 @@ def test_ready_runs_the_hint_exactly_without_variability(orders: dict[str, list[
     assert [[policy for policy, _ in steps] for steps in per_rank] == [["ready", "ready"]] * RANKS
     kept = _kept(name)
     if _unkept(per_rank, kept):
-        again = run_cases(RANKS, {"again": Case(_ready_orders, ((name,),))}, timeout_s=300)
+        again = run_cases(RANKS, {"again": Case(_ready_orders, ((name,),))}, timeout=300)
         per_rank = [per_hint[name] for per_hint in succeeded(again["again"])]
         assert _unkept(per_rank, kept) == []

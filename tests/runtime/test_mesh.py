@@ -776,7 +776,7 @@ def four_ranks() -> dict[str, list[Any]]:
     cases["batched decisions"] = Case(_batched_decisions)
     cases |= {f"coupled {p}": Case(_coupled, (p,)) for p in ("fixed", "ready")}
     cases["mesh device"] = Case(_mesh_device)
-    return run_cases(4, cases, timeout_s=TIMEOUT)
+    return run_cases(4, cases, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -789,4 +789,4 @@ def eight_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]
     cases["axes 2 steps"] = Case(_train_rank, (_three_axes_config(folder, 2),))
     cases["axes resumed"] = Case(_train_rank, (_three_axes_config(folder, 4, resume=True),))
     cases["axes 4 steps"] = Case(_train_rank, (_three_axes_config(folder, 4, save=False, check_grads=True),))
-    return run_cases(8, cases, timeout_s=TIMEOUT)
+    return run_cases(8, cases, timeout=TIMEOUT)

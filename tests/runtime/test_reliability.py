@@ -68,7 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         **{f"bad input {case}": Case(_bad_input_worker, (case,)) for case in BAD_INPUT},
         **{f"disagree on {name}": Case(_disagreeing_worker, (name, values)) for name, values in DISAGREEING.items()},
     }
-    return {"folder": Path(folder), "results": run_cases(2, cases, timeout_s=60)}
+    return {"folder": Path(folder), "results": run_cases(2, cases, timeout=60)}
 
 
 # -- checkpoint and resume --------------------------------------------------------------------------

@@ -637,4 +637,4 @@ def two_ranks() -> dict[str, list[Any]]:
         "built once": GroupCase(_built_once_worker),
         "formed": GroupCase(_formed_worker),
     }
-    return run_cases(2, cases, timeout_s=120)
+    return run_cases(2, cases, timeout=120)

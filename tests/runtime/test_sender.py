@@ -179,7 +179,7 @@ def _threaded_mailbox(rank: int, world: int) -> list[tuple[str, int, list[Value]
 
 @pytest.fixture(scope="module")
 def two_ranks() -> dict[str, list[Any]]:
-    return run_cases(2, {"threaded mailbox": Case(_threaded_mailbox)}, timeout_s=120)
+    return run_cases(2, {"threaded mailbox": Case(_threaded_mailbox)}, timeout=120)
 
 
 def test_a_mailbox_with_the_sender_thread_delivers_every_message_whole_and_in_order(

@@ -193,7 +193,7 @@ def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             ),
         ),
     }
-    return {"folders": folders, "results": run_cases(2, cases, timeout_s=120)}
+    return {"folders": folders, "results": run_cases(2, cases, timeout=120)}
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +312,7 @@ def resumed(four_steps: Path, first_runs: dict[str, Any], tmp_path_factory: pyte
     cases["other rate"] = Case(_train_rank, (_config(checkpoint_dir=str(folder), resume=True, lr=2e-3),))
     folders["empty"] = root / "empty" / "ck"
     cases["empty"] = Case(_train_rank, (_config(steps=2, checkpoint_dir=str(folders["empty"]), resume=True),))
-    return {"results": run_cases(2, cases, timeout_s=120), "said": said, "folders": folders, "before": before}
+    return {"results": run_cases(2, cases, timeout=120), "said": said, "folders": folders, "before": before}
 
 
 @pytest.mark.parametrize("damage", ["_truncate", "_flip", "_no_metadata", "_no_manifest"])
