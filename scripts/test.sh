@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv, then run the linters, the type checker, the import graph's rules and the test suite.
-# pytest runs the test files on three workers (pytest-xdist; each file on one worker, so a file's spawned rank
+# pytest runs the test files on four workers (pytest-xdist; each file on one worker, so a file's spawned rank
 # groups are shared by its tests as in a serial run) and prints the 25 slowest tests and the seconds each test
-# file took (the suite's time budget; summed over the workers). Three on two cores: the longest files wait more
+# file took (the suite's time budget; summed over the workers). Four on two cores: the longest files wait more
 # than they compute (test_kept_order sleeps its emulated tasks for 3 minutes, the fault tests wait for
-# timeouts), and a third worker runs other files meanwhile. The longest files start first, in the order
+# timeouts), and the other workers run other files meanwhile. The longest files start first, in the order
 # tests/conftest.py gives (LONGEST_FILES). Pass -n 0 to run serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +13,4 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
-.venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+.venv/bin/python -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

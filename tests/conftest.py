@@ -140,31 +140,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"{sum(seconds.values()):7.1f}  in all")
 
 
-#: The test files that take longest, longest first (208 s for test_recovery down to 27 s for test_planner_search,
-#: summed over setup, calls and teardown in a clean clone's run on 2 workers of a 2-core machine). They start
+#: The test files that take longest, longest first (253 s for test_run_folder down to 42 s for test_moe_capture,
+#: summed over setup, calls and teardown in a clean clone's run on 3 workers of a 2-core machine, one core busy). They start
 #: first: each worker takes one file at a time, so a long file started last runs on alone at the end, and the
 #: suite's wall clock is then its share of the sum plus that tail. A file missing here keeps its place after
 #: them: test_zoo_stages among those, as it loads the plans test_zoo_autocast makes (see [Note: zoo plans are
 #: made once per test session] in tests/hf_zoo.py).
 LONGEST_FILES = (
-    "test_recovery.py",
-    "test_stopping.py",
     "test_run_folder.py",
-    "test_gpu_check.py",
+    "test_stopping.py",
     "test_model_folders.py",
     "test_kept_order.py",
-    "test_hf_models.py",
     "test_readme.py",
-    "test_train.py",
+    "test_gpu_check.py",
     "test_zoo_autocast.py",
+    "test_recovery.py",
     "test_reliability.py",
     "test_mesh.py",
-    "test_torchrun_ties.py",
+    "test_train.py",
     "test_user_launch.py",
+    "test_hf_models.py",
     "test_hf_plans.py",
     "test_runtime.py",
-    "test_moe_capture.py",
+    "test_torchrun_ties.py",
     "test_planner_search.py",
+    "test_moe_capture.py",
 )
 
 
