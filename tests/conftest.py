@@ -140,8 +140,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"{sum(seconds.values()):7.1f}  in all")
 
 
-#: The test files that take longest, longest first (253 s for test_run_folder down to 42 s for test_moe_capture,
-#: summed over setup, calls and teardown in a clean clone's run on 3 workers of a 2-core machine, one core busy). They start
+#: The test files that take longest, longest first (253 s for test_run_folder down to 42 s for
+#: test_moe_capture, summed over setup, calls and teardown in a clean clone's run on 3 workers of a 2-core
+#: machine, one core busy). They start
 #: first: each worker takes one file at a time, so a long file started last runs on alone at the end, and the
 #: suite's wall clock is then its share of the sum plus that tail. A file missing here keeps its place after
 #: them: test_zoo_stages among those, as it loads the plans test_zoo_autocast makes (see [Note: zoo plans are
