@@ -106,6 +106,17 @@ def hang_bound(watchdog: float, grace: float = 5.0) -> float:
 SMALL_GPT = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
 
 
+#: The command line's flags of a small 2-rank run of :data:`SMALL_GPT` (the checkpoint tests' runs, with a 20 s
+#: watchdog).
+SMALL_CLI = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
+SMALL_CLI += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", "20.0"]
+
+
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Whether two state dicts hold the same names and bitwise equal tensors."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def small_run(**changes: object) -> TrainConfig:
     """A 2-rank, 6-step, ``fixed`` training run of :data:`SMALL_GPT` on variable lengths that returns its
     parameters; ``changes`` override any field."""

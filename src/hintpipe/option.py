@@ -40,10 +40,15 @@ def said_as_flags() -> Iterator[None]:
         _AS_FLAGS.reset(token)
 
 
+def flag_of(name: str) -> str:
+    """The command line's flag of the option or field ``name`` (``warmup_steps``: ``--warmup-steps``)."""
+    return "--" + name.replace("_", "-")
+
+
 def said(name: str, *, cli: bool = False) -> str:
     """How a message names the option or field ``name``: its flag on the command line (``cli``, or within
     :func:`said_as_flags`), its keyword in Python."""
-    return "--" + name.replace("_", "-") if cli or _AS_FLAGS.get() else name
+    return flag_of(name) if cli or _AS_FLAGS.get() else name
 
 
 #: The shortest watchdog timeout: below a second, a message delayed by a busy machine would end the run.
@@ -94,7 +99,7 @@ class Option:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return flag_of(self.name)
 
     def label(self, cli: bool) -> str:
         """How a message names the option: its flag on the command line, its keyword in Python (see

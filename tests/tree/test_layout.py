@@ -305,7 +305,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.apps.model_config",
         "hintpipe.apps.optimizer",
         "hintpipe.apps.prediction",
-        "hintpipe.apps.run_rules",
         "hintpipe.apps.split_costs",
         "hintpipe.apps.text_files",
         "hintpipe.choice",

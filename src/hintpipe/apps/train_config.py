@@ -14,13 +14,13 @@ import torch
 from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
-from hintpipe.apps.run_rules import check_run_rules
 from hintpipe.data.prepared import open_prepared
 from hintpipe.data.run_data import resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
+from hintpipe.modes import TransportChoice
 from hintpipe.observe.trace import Record
-from hintpipe.option import ChoiceField
+from hintpipe.option import ChoiceField, said
 from hintpipe.options import OPTIONS, PipelineConfig, check_options
 from hintpipe.planner.plan import Plan
 from hintpipe.run_options import run_option
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from hintpipe.apps.split_costs import AutoRun
     from hintpipe.dispatch.fit import AdmissionUnit
     from hintpipe.dispatch.policy import Policy
-    from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
+    from hintpipe.modes import DataParallel, OnNonFinite, Precision
     from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
 
@@ -195,6 +195,58 @@ class TrainConfig(PipelineConfig):
     def split_backward(self) -> bool:
         """Whether the run's hint splits weight gradients off (W tasks)."""
         return self.resolved_hint.split_backward
+
+
+def check_run_rules(config: TrainConfig) -> None:
+    """Refuse fields that contradict each other, in one line naming them: checkpoint settings without a folder, a
+    fault that needs a save, a device the machine lacks, a warm-up longer than the run. Checked once, here, as a
+    config is made: before, the command line checked these alone, so that ``TrainConfig(resume=True)`` without a
+    folder trained afresh, saying nothing. Each message names the fields as the caller wrote them (keywords in
+    Python, flags on the command line, which builds its config within :func:`~hintpipe.option.said_as_flags`).
+
+    Raises:
+        ValueError: the first rule broken.
+    """
+    _check_checkpointing(config)
+    _check_device(config)
+    if config.warmup_steps > config.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
+        warmup, steps = said("warmup_steps"), said("steps")
+        raise ValueError(
+            f"{warmup} {config.warmup_steps} is more than {steps} {config.steps}: the warm-up would never end; use "
+            f"{warmup} {config.steps} or fewer"
+        )
+
+
+def _check_checkpointing(config: TrainConfig) -> None:
+    if config.checkpoint_dir is None:
+        flags = ("resume", "replace_checkpoints", "checkpoint_every", "group_readable")
+        given = [said(name) for name in flags if getattr(config, name)]
+        if given:
+            needs = "needs" if len(given) == 1 else "need"
+            raise ValueError(f"{' and '.join(given)} {needs} {said('checkpoint_dir')}")
+    elif config.resume and config.replace_checkpoints:
+        raise ValueError(
+            f"{said('resume')} continues the folder's run, {said('replace_checkpoints')} deletes it: give one"
+        )
+    injection = config.injection
+    if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
+        raise ValueError(
+            f"{said('faults')} savefail and savestop need {said('checkpoint_dir')} and {said('checkpoint_every')}"
+        )
+
+
+def _check_device(config: TrainConfig) -> None:
+    nccl = config.transport is TransportChoice.NCCL
+    if config.device == "cpu" and not nccl:
+        return
+    cuda = torch.cuda.is_available()
+    if config.device == "cuda" and not cuda:
+        raise ValueError(f"{said('device')} cuda was asked for, but torch.cuda.is_available() is False on this machine")
+    if nccl and (config.device == "cpu" or not cuda):
+        raise ValueError(
+            f"{said('transport')} nccl moves tensors between GPUs; it needs {said('device')} cuda on a machine "
+            "with CUDA"
+        )
 
 
 def check_eval_batches(config: TrainConfig | Any, folders: tuple[str, ...], *, cli: bool = False) -> None:

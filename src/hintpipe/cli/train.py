@@ -193,7 +193,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "dp": dp,
         "tp": tp,
     }
-    with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.run_rules)
+    with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
         config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import SMALL_GPT, allow, hang_bound, small_run
+from conftest import SMALL_CLI, SMALL_GPT, allow, hang_bound, same_tensors, small_run
 from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.models import ModelConfig
 from hintpipe.apps.training import _train_rank
@@ -46,13 +46,7 @@ TIMEOUT = 20.0
 
 
 _config = small_run  # this file's runs: 2 ranks, 6 steps, fixed, unless a test says otherwise
-CLI_MODEL = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
-CLI_MODEL += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", str(TIMEOUT)]
 MLP = ModelConfig("mlp", layers=4, hidden=16)
-
-
-def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -324,7 +318,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     assert result is not None and result.state is not None
     assert result.notes == (resumed["said"][damage],)
     assert (result.resumed_from, result.resumed_checkpoint) == (2, str(folder / "step-00000002"))
-    assert _equal(result.state, uninterrupted)  # steps 2..5 again, bitwise the same as without the fault
+    assert same_tensors(result.state, uninterrupted)  # steps 2..5 again, bitwise the same as without the fault
     # The good checkpoint survived the run, byte for byte: pruning keeps 3 verified checkpoints (step-6, the new
     # step-4, and step-2).
     good = {k.removeprefix("step-00000002/"): v for k, v in resumed["before"][damage].items() if "step-00000002" in k}
@@ -345,7 +339,7 @@ def test_an_empty_latest_pointer_does_not_matter(
     result = succeeded(resumed["results"]["_empty_latest"])[0]
     assert result is not None and result.state is not None
     assert (result.resumed_from, result.notes) == (4, ())
-    assert _equal(result.state, uninterrupted)
+    assert same_tensors(result.state, uninterrupted)
 
 
 def test_no_usable_checkpoint_is_one_line_naming_each(resumed: dict[str, Any]) -> None:
@@ -429,7 +423,7 @@ def test_the_command_line_resumes_with_more_ranks(tmp_path: Path) -> None:
     two, three = tmp_path / "two", tmp_path / "three"
 
     def train(ranks: int, steps: int, folder: Path, *more: str) -> list[str]:
-        argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--ranks", str(ranks), "--json"]
+        argv = [sys.executable, "-m", "hintpipe", "train", *SMALL_CLI, "--ranks", str(ranks), "--json"]
         return [*argv, "--steps", str(steps), "--checkpoint-dir", str(folder), "--checkpoint-every", "2", *more]
 
     straight = subprocess.Popen(train(2, 4, two), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -469,8 +463,8 @@ def test_replacing_another_runs_checkpoints_starts_a_new_run(
     assert new_run != old_run
     assert {Manifest.read(folder / name).identity.run for name in ("step-00000002", "step-00000004")} == {new_run}
     # The same 4 steps as the run it replaced: the same parameters, in checkpoints of its own.
-    assert _equal(result.state, succeeded(first_runs["results"]["four"])[0].state)
-    assert _equal(load_merged(folder / "step-00000004"), result.state)
+    assert same_tensors(result.state, succeeded(first_runs["results"]["four"])[0].state)
+    assert same_tensors(load_merged(folder / "step-00000004"), result.state)
 
 
 def test_resuming_an_empty_folder_starts_a_run_there_and_says_so(resumed: dict[str, Any]) -> None:
@@ -484,7 +478,7 @@ def test_resuming_an_empty_folder_starts_a_run_there_and_says_so(resumed: dict[s
 
 
 def test_the_command_line_refuses_another_runs_folder_before_starting_ranks(four_steps: Path) -> None:
-    argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "2", "--checkpoint-dir", str(four_steps)]
+    argv = [sys.executable, "-m", "hintpipe", "train", *SMALL_CLI, "--steps", "2", "--checkpoint-dir", str(four_steps)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=allow(60))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
@@ -624,9 +618,11 @@ def test_the_last_step_is_saved_whatever_the_interval(first_runs: dict[str, Any]
         "step-00000003",
         "step-00000005",
     ]
-    assert _equal(load_merged(folder / "step-00000005"), result.state)
+    assert same_tensors(load_merged(folder / "step-00000005"), result.state)
     # A folder, or its latest pointer, is its newest verified checkpoint.
-    assert _equal(load_merged(folder), result.state) and _equal(load_merged(folder / "latest"), result.state)
+    assert same_tensors(load_merged(folder), result.state) and same_tensors(
+        load_merged(folder / "latest"), result.state
+    )
 
 
 def test_pruning_waits_for_a_verified_newer_checkpoint(four_steps: Path, tmp_path: Path) -> None:

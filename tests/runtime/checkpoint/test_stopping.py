@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import SMALL_GPT, allow, hang_bound
+from conftest import SMALL_CLI, SMALL_GPT, allow, hang_bound, same_tensors
 from hintpipe.apps.models import SeqLenDist
 from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint import stopping
@@ -43,19 +43,11 @@ MODEL = SMALL_GPT
 TIMEOUT = 20.0
 
 
-CLI_MODEL = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
-CLI_MODEL += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", str(TIMEOUT)]
-
-
-def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 # -- signals -------------------------------------------------------------------------------------------------
 
 
 def _launch(folder: Path, steps: int = 100000, every: int = 2, *extra: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", str(steps), "--json"]
+    argv = [sys.executable, "-m", "hintpipe", "train", *SMALL_CLI, "--steps", str(steps), "--json"]
     argv += ["--checkpoint-dir", str(folder), "--checkpoint-every", str(every), *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -259,12 +251,12 @@ def test_a_run_stopped_by_a_signal_resumes_bitwise(tmp_path: Path) -> None:
     assert _folders_of(process.pid) == []  # this run left no temporary folder behind
     end = str(step + 2)
     for folder, more in ((stopped, ["--resume"]), (reference, [])):
-        argv = [sys.executable, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", end, "--json"]
+        argv = [sys.executable, "-m", "hintpipe", "train", *SMALL_CLI, "--steps", end, "--json"]
         argv += ["--checkpoint-dir", str(folder), "--checkpoint-every", "1", *more]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_bound(TIMEOUT))
         assert done.returncode == 0, done.stderr[-3000:]
     final = f"step-{step + 2:08d}"
-    assert _equal(load_merged(stopped / final), load_merged(reference / final))
+    assert same_tensors(load_merged(stopped / final), load_merged(reference / final))
 
 
 @pytest.mark.parametrize("frozen", [0, 1])
@@ -439,7 +431,7 @@ def test_the_readme_loop_stops_saved_and_resumes(tmp_path: Path) -> None:
 # -- elastic restarts under torchrun ----------------------------------------------------------------------------
 
 
-def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> None:
+def test_an_elastic_restart_resumes_and_ends_bitwisesame_tensors(tmp_path: Path) -> None:
     common = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks", "2", "--microbatches", "4"]
     common += ["--policy", "fixed", "--steps", "6", "--checkpoint-every", "1", "--json", "--timeout", str(TIMEOUT)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -460,7 +452,7 @@ def test_an_elastic_restart_resumes_and_ends_bitwise_equal(tmp_path: Path) -> No
         timeout=hang_bound(TIMEOUT),
     )
     assert plain.returncode == 0, plain.stderr[-3000:]
-    assert _equal(load_merged(restarted / "step-00000006"), load_merged(reference / "step-00000006"))
+    assert same_tensors(load_merged(restarted / "step-00000006"), load_merged(reference / "step-00000006"))
 
 
 def test_ranks_never_outlive_a_killed_torchrun_agent(tmp_path: Path) -> None:
@@ -470,7 +462,7 @@ def test_ranks_never_outlive_a_killed_torchrun_agent(tmp_path: Path) -> None:
     # left alive, and reading it would wait for that rank instead of failing.
     folder = tmp_path / "ck"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv = [*torchrun, "-m", "hintpipe", "train", *CLI_MODEL, "--steps", "100000", "--json"]
+    argv = [*torchrun, "-m", "hintpipe", "train", *SMALL_CLI, "--steps", "100000", "--json"]
     log = (tmp_path / "agent.txt").open("w")
     agent = subprocess.Popen(
         [*argv, "--checkpoint-dir", str(folder), "--checkpoint-every", "1"],
