@@ -15,8 +15,6 @@ from hintpipe.dispatch import scoreboard
 from hintpipe.dispatch.cost_model import CostModel, CostModelError
 from hintpipe.dispatch.policy import Policy
 from hintpipe.dispatch.variability import SpecError, parse_variability
-from hintpipe.observe.timeline import plot_timelines
-from hintpipe.observe.trace import chrome_trace
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, HintName, Placement
@@ -146,20 +144,6 @@ def test_deadlock_is_an_error_with_a_per_rank_dump() -> None:
         "rank 0: 3 tasks pending; next in hint 0B0 (position 1) waits for gradient of stage 1 from rank 1\n"
         "rank 1: 4 tasks pending; next in hint 1F1 (position 0) waits for activation of stage 0 from rank 0"
     )
-
-
-def test_trace_has_one_slice_per_task_on_its_rank(tmp_path: Path) -> None:
-    result = simulate("zb-h1", 3, 4)
-    trace = chrome_trace(result.timeline())
-    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert len(slices) == result.tasks == 36
-    first = min(slices, key=lambda e: (e["ts"], e["tid"]))
-    assert (first["name"], first["tid"], first["ts"], first["dur"]) == ("0F0", 0, 0.0, 1000.0)
-    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
-    assert names == {"rank 0", "rank 1", "rank 2"}
-    png = tmp_path / "t.png"
-    plot_timelines([("zb-h1", result.timeline())], png)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_mismatched_cost_model_is_refused() -> None:

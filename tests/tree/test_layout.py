@@ -323,9 +323,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.data.sources",
         "hintpipe.data.split",
         "hintpipe.data.tokenizer_record",
-        "hintpipe.observe.step_record",
-        "hintpipe.observe.timeline",
-        "hintpipe.observe.trace",
         "hintpipe.planner.autocast_dtypes",
         "hintpipe.planner.baselines",
         "hintpipe.planner.example_values",
@@ -357,9 +354,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.runtime.private_storage",
         "hintpipe.runtime.rank_entry",
         "hintpipe.runtime.weights",
-        "hintpipe.schedule.resolve",
         "hintpipe.scoreboard",
-        "hintpipe.sim.predict",
-        "hintpipe.sim.simulate",
     )
 )
