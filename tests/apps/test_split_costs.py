@@ -1,0 +1,39 @@
+"""``hint="auto"`` (:mod:`hintpipe.apps.split_costs`): the split backward measured as the runtime runs it, once,
+in the launcher, leaving the model's gradients as they were; the run keeps the hint chosen on those costs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.models import SeqLenDist, gpt_layers, lm_loss, split_layers
+from hintpipe.apps.split_costs import measure_stage_costs
+from hintpipe.apps.train_config import TrainConfig
+
+
+def test_the_costs_are_measured_both_ways_and_leave_the_gradients_as_they_were() -> None:
+    torch.manual_seed(0)
+    modules = split_layers(gpt_layers(ModelConfig(layers=2, hidden=32, vocab=64)), 2)
+    before = [p.grad for m in modules for p in m.parameters()]
+    tokens = torch.randint(0, 64, (2, 17))
+    costs = measure_stage_costs(modules, [tokens[:, :-1]], tokens[:, 1:], lm_loss, repeats=2)
+    assert [len(column) for column in (costs.forward, costs.backward, costs.backward_input, costs.weight)] == [2] * 4
+    assert all(c > 0 for c in (*costs.forward, *costs.backward, *costs.weight, costs.backward_input[1]))
+    assert [p.grad for m in modules for p in m.parameters()] == before
+
+
+def test_auto_names_its_choice_and_the_run_keeps_it(capsys: pytest.CaptureFixture[str]) -> None:
+    config = TrainConfig(model=ModelConfig(layers=2, hidden=32), ranks=2, microbatches=4, hint="auto")
+    assert config.hint in ("1f1b", "zb-h1") and config.resolved_hint.name == config.hint
+    assert capsys.readouterr().err.startswith(f"hint auto: {config.hint} (the step simulated on the stages' ")
+
+
+def test_auto_is_refused_where_it_cannot_measure_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ModelConfig(layers=2, hidden=32)
+    with pytest.raises(ValueError, match=r"^hint auto chooses among hints of one stage per rank, got chunks 2$"):
+        TrainConfig(model=model, ranks=2, microbatches=4, hint="auto", chunks=2, seq_len_dist=SeqLenDist(16))
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():  # torchrun's
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"^hint auto measures the stages in the launcher, and under torchrun "):
+        TrainConfig(model=model, ranks=2, microbatches=4, hint="auto")
