@@ -320,8 +320,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.runtime.fork_server",
         "hintpipe.runtime.loop.agreement",
         "hintpipe.runtime.loop.coordination",
-        "hintpipe.runtime.loop.reports",
-        "hintpipe.runtime.model_names",
         "hintpipe.runtime.option_agreement",
         "hintpipe.runtime.parallel.data_parallel",
         "hintpipe.runtime.parallel.tied",

@@ -65,7 +65,8 @@ class ModelNames:
 
     @classmethod
     def of_sequential(cls, model: nn.Sequential, bounds: Sequence[int]) -> ModelNames:
-        """Slices ``model[bounds[s]:bounds[s + 1]]``."""
+        """Stages of ``model``'s layers ``bounds[s]:bounds[s + 1]``, each counting its own from 0
+        (``nn.Sequential(*model[a:b])``; a slice ``model[a:b]`` keeps the model's names: :meth:`of_model`)."""
         return cls(Naming.SEQUENTIAL, tuple(model.state_dict()), offsets=tuple(bounds[:-1]))
 
     def model_key(self, stage: int, local: str) -> str | None:
