@@ -817,18 +817,3 @@ def test_a_hand_made_plan_file_with_wrong_fields_is_one_line(
             f"hintpipe train: error: {path} says it is a hintpipe plan file but its fields are not a plan's ({what}); "
             "write it again with `hintpipe plan ... --save FILE`\n"
         )
-
-
-def test_a_simulation_too_large_for_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from hintpipe.cli import simulate
-
-    def no_memory(args: object) -> int:
-        raise MemoryError
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(simulate, "run", no_memory)
-        assert main(["simulate", "--ranks", "20000", "--microbatches", "20000"]) == 2
-    assert capsys.readouterr().err == (
-        "hintpipe simulate: error: --ranks 20000 --microbatches 20000 does not fit in this process's memory; use "
-        "fewer ranks or micro-batches\n"
-    )
