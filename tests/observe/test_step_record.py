@@ -26,4 +26,4 @@ def test_an_empty_step_is_perfectly_efficient_and_idle_nowhere() -> None:
 def test_a_record_is_made_by_keyword_only() -> None:
     # A positional record would be read wrong the day a field is added: the simulator's and the runtime's differ.
     with pytest.raises(TypeError, match=r"^StepRecord.__init__\(\) takes 1 positional argument but 6 were given$"):
-        StepRecord(Policy.FIXED, 1.0, 1.0, (1.0,), (1,))  # type: ignore[misc]
+        StepRecord(Policy.FIXED, 1.0, 1.0, (1.0,), (1,))  # type: ignore[call-arg]

@@ -19,7 +19,8 @@ class Counting(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.size(0)  # a number
         mask = torch.ones_like(x)  # a float no gradient flows into
-        return self.frozen(x) * mask * rows
+        out: torch.Tensor = self.frozen(x) * mask * rows
+        return out
 
 
 def test_numbers_and_values_without_a_gradient_are_found_by_running_the_graph() -> None:

@@ -17,7 +17,8 @@ class Block(nn.Module):
         self.mlp = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.relu(self.attn(x)))
+        out: torch.Tensor = self.mlp(torch.relu(self.attn(x)))
+        return out
 
 
 def _graph() -> fx.GraphModule:

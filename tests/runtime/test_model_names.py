@@ -19,7 +19,8 @@ def test_a_sequentials_slices_are_named_by_the_models_layers() -> None:
     assert names.model_key(1, "0.weight") == "2.weight"
     assert names.model_key(1, "0.unknown") is None  # a name the model does not have
     # Each stage counts its layers from 0 (``nn.Sequential(*model[a:b])``, as split_layers makes them).
-    held = names.named_tensors({0: nn.Sequential(*model[0:2]), 1: nn.Sequential(*model[2:3])})
+    layers = list(model)
+    held = names.named_tensors({0: nn.Sequential(*layers[0:2]), 1: nn.Sequential(*layers[2:3])})
     assert list(held) == list(model.state_dict())
     assert held["2.bias"] is model[2].bias  # the tensors themselves, parameters as parameters
 
