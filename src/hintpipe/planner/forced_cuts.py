@@ -26,7 +26,8 @@ def forced_cuts(graph: CapturedGraph, tables: NodeTables, names: Sequence[str], 
     cuts = [0]
     for name in names:
         if name not in modules:
-            near = sorted(m for m in modules if m and m.rsplit(".", 1)[0] == name.rsplit(".", 1)[0])[:5]
+            parent = name.rpartition(".")[0]  # its siblings: the parent's children, the model's own at the top
+            near = sorted(m for m in modules if m and m.rpartition(".")[0] == parent)[:5]
             raise PlanError(f"split point {name!r} names no submodule of the model (beside it: {near})")
         at = next((i for i, node in enumerate(graph.nodes) if _uses(node, name)), None)
         if at is None:
