@@ -301,8 +301,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.cli.demo",
         "hintpipe.cli.plan",
         "hintpipe.cli.train_model",
-        "hintpipe.data.hf_datasets",
-        "hintpipe.data.run_data",
         "hintpipe.policy",
         "hintpipe.run_options",
         "hintpipe.runtime.checkpoint.files",
