@@ -303,7 +303,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.cli.train_model",
         "hintpipe.policy",
         "hintpipe.run_options",
-        "hintpipe.runtime.checkpoint.rank_state",
         "hintpipe.runtime.clipping",
         "hintpipe.runtime.fork_server",
         "hintpipe.runtime.loop.agreement",
