@@ -18,7 +18,7 @@ PLANNED = ModelConfig("gpt-mini", layers=2, hidden=32)
 
 
 def _args(**given: Any) -> argparse.Namespace:
-    flags = {"plan": None, "ranks": None, "microbatches": None, "hint": None, "chunks": None, "seed": 0}
+    flags: dict[str, Any] = {"plan": None, "ranks": None, "microbatches": None, "hint": None, "chunks": None, "seed": 0}
     flags |= {"model": None, "init": None, "layers": None, "hidden": None, "heads": None, "vocab": None}
     flags |= {"max_seq_len": None, "dropout": None, "data": "synthetic", "tokenizer": None}
     return argparse.Namespace(**(flags | given))

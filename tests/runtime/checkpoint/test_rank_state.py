@@ -26,7 +26,7 @@ class Position:
         self.at = state_dict["at"]
 
 
-def _stages() -> dict[int, nn.Module]:
+def _stages() -> dict[int, nn.Linear]:
     torch.manual_seed(0)
     return {1: nn.Linear(2, 2), 3: nn.Linear(2, 1)}
 
@@ -38,7 +38,7 @@ def test_a_ranks_entries_are_put_back_as_they_were_saved() -> None:
     entries = state.entries(step=12, rank=2)
     assert sorted(entries) == ["model", "optim", "rng-rank2", "step", "user-data"]
     assert sorted(entries["model"]) == ["1.bias", "1.weight", "3.bias", "3.weight"] and entries["optim"] == {}
-    saved = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries.items()}
+    saved: dict[str, Any] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries.items()}
     saved["model"] = {k: v.detach().clone() for k, v in entries["model"].items()}
     expected_draw = torch.rand(3)  # what the RNG draws next after the save
     with torch.no_grad():
