@@ -306,7 +306,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.runtime.option_agreement",
         "hintpipe.runtime.parallel.data_parallel",
         "hintpipe.runtime.parallel.tied",
-        "hintpipe.runtime.planned_stages",
         "hintpipe.runtime.rank_entry",
         "hintpipe.runtime.weights",
         "hintpipe.scoreboard",
