@@ -301,8 +301,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.run_options",
         "hintpipe.runtime.clipping",
         "hintpipe.runtime.fork_server",
-        "hintpipe.runtime.loop.agreement",
-        "hintpipe.runtime.loop.coordination",
         "hintpipe.runtime.option_agreement",
         "hintpipe.runtime.parallel.data_parallel",
         "hintpipe.runtime.parallel.tied",
