@@ -303,7 +303,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.runtime.fork_server",
         "hintpipe.runtime.option_agreement",
         "hintpipe.runtime.parallel.data_parallel",
-        "hintpipe.runtime.parallel.tied",
         "hintpipe.runtime.rank_entry",
         "hintpipe.runtime.weights",
         "hintpipe.scoreboard",
