@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import json
 import math
 import time
 from typing import Any
@@ -16,7 +15,6 @@ import torch
 from torch import nn
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
-from hintpipe.cli import main
 from hintpipe.device import DeviceClock, HostClock, ThreadClock, clock_for
 from hintpipe.planner.capture import CaptureError, capture, split_point
 from hintpipe.planner.memory import MemoryModel, stage_cost
@@ -30,7 +28,6 @@ from hintpipe.runtime.errors import OptionMismatch
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.tensor_bytes import count_saved, parameter_storages
-from json_keys import unitless_time_keys
 
 # -- the search against exhaustive enumeration ------------------------------------------
 
@@ -456,37 +453,6 @@ def test_predicted_memory_matches_a_real_run() -> None:
         assert last.peak_live_bytes[s] == pytest.approx(predicted, rel=0.02)
 
 
-def test_plan_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "plan",
-        "--model",
-        "gpt-mini",
-        "--layers",
-        "2",
-        "--hidden",
-        "32",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "4",
-        "--stage-memory",
-        "64MiB",
-        "--repeats",
-        "1",
-        "--json",
-    ]
-    assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert len(out["stages"]) == 2
-    for key in ("first_node", "last_node", "time_ms", "memory_bytes", "recompute", "offload"):
-        assert key in out["stages"][0]
-    assert {"bottleneck_ms", "max_microbatch_size"} <= set(out)
-    for name in ("uniform", "params", "time"):
-        assert {"bottleneck_ms", "max_microbatch_size"} <= set(out["baselines"][name])
-    assert out["bottleneck_ms"] == pytest.approx(max(s["time_ms"] for s in out["stages"]))
-    assert unitless_time_keys(out) == []
-
-
 def _lm(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
@@ -625,15 +591,3 @@ def test_offload_leaves_parameters_and_buffers_where_they_are() -> None:
     layer(x).sum().backward()  # plain autograd: the same gradients
     assert all(torch.equal(offloaded[n], p.grad) for n, p in layer.named_parameters() if p.grad is not None)
     assert x_grad is not None and x.grad is not None and torch.equal(x_grad, x.grad)
-
-
-def test_plan_cli_without_a_stage_memory_plans_without_a_limit(capsys: pytest.CaptureFixture[str]) -> None:
-    # As hintpipe.plan does by default: no budget, so no largest micro-batch to report.
-    argv = ["plan", "--model", "gpt-mini", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "4"]
-    assert main([*argv, "--repeats", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "4 micro-batches of 4, stage memory unlimited" in out
-    assert out.count("no limit") == 4  # the plan and its three baselines
-    assert main([*argv, "--repeats", "1", "--json"]) == 0
-    stages = json.loads(capsys.readouterr().out)["stages"]
-    assert [s["budget_bytes"] for s in stages] == [None, None]  # no budget (JSON has no infinity)
