@@ -302,7 +302,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.runtime.fork_server",
         "hintpipe.runtime.option_agreement",
         "hintpipe.runtime.rank_entry",
-        "hintpipe.runtime.weights",
         "hintpipe.scoreboard",
     )
 )
