@@ -299,7 +299,6 @@ NOT_YET_REACHED = frozenset(
         "hintpipe.policy",
         "hintpipe.run_options",
         "hintpipe.runtime.fork_server",
-        "hintpipe.runtime.option_agreement",
         "hintpipe.runtime.rank_entry",
         "hintpipe.scoreboard",
     )
