@@ -348,5 +348,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
 
 
 def run_option(name: str) -> Option:
-    """The run's option ``name`` (a key error for another)."""
-    return next(option for option in RUN_OPTIONS if option.name == name)
+    """The run's option ``name``.
+
+    Raises:
+        KeyError: ``name`` is no run option (``next`` alone raised StopIteration, which a generator calling this
+            would turn into a RuntimeError).
+    """
+    found = next((option for option in RUN_OPTIONS if option.name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found

@@ -297,7 +297,6 @@ def test_every_module_is_reached_by_a_test_of_its_own_package() -> None:
 NOT_YET_REACHED = frozenset(
     (
         "hintpipe.policy",
-        "hintpipe.run_options",
         "hintpipe.runtime.fork_server",
         "hintpipe.runtime.rank_entry",
         "hintpipe.scoreboard",
