@@ -298,7 +298,6 @@ NOT_YET_REACHED = frozenset(
     (
         "hintpipe.policy",
         "hintpipe.runtime.fork_server",
-        "hintpipe.runtime.rank_entry",
         "hintpipe.scoreboard",
     )
 )
