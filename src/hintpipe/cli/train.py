@@ -105,7 +105,7 @@ def register(commands: Any) -> None:
             add_option(parser, name, default=None, required=False, help=help_text)
         else:
             add_option(parser, name)
-    add_room_arguments(parser, activation_unit="bytes, e.g. 64MiB")
+    add_room_arguments(parser, activation_unit="bytes, or a size such as 64MiB")
     add_model_arguments(parser)
     parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
     parser.add_argument(
@@ -161,7 +161,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     forming = values.get("forming", Forming.CROP)
     check_model_flags(model, data, tp, forming, injection, values["steps"])
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
-    slack, budgets, device_budget = room(args, args.ranks)
+    slack, budgets, device_budget_fraction = room(args, args.ranks)
     if budgets is not None:
         _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
     # Every option given as a flag, checked above, fills the field of its name; then what the command line
@@ -175,8 +175,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "hint": args.hint,
         "chunks": args.chunks,
         "policy": policy,
-        "memory_slack": slack,
-        "device_budget": device_budget,
+        "slack_microbatches": slack,
+        "device_budget_fraction": device_budget_fraction,
         "activation_budget": None if budgets is None else tuple(budgets),
         "seq_len_dist": seq_len,
         "variability": tuple(values.get("variability", ())),
