@@ -277,12 +277,9 @@ def _check_layers(model: ModelConfig, stages: int, world: int) -> None:
     allocated), and the whole model's layers and parameters follow from them, as ``--layers`` adds like
     layers (this check built the whole model before: ``--hidden 16384`` or ``--layers 1000000000`` ended in
     ``std::bad_alloc`` minutes later)."""
-    import torch
+    from hintpipe.apps.models import meta_layers
 
-    from hintpipe.apps.models import build_layers
-
-    with torch.device("meta"):
-        one, two = (build_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
+    one, two = (meta_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
     sizes = [sum(p.numel() for layer in built for p in layer.parameters()) for built in (one, two)]
     per_layer = sizes[1] - sizes[0]
     check_model_memory(model, sizes[0] + per_layer * (model.layers - 1), world)
