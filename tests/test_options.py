@@ -19,6 +19,7 @@ import hintpipe.runtime
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import build_parser
+from hintpipe.cli.common import RetiredFlag
 from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import Precision
 from hintpipe.option import ChoiceField
@@ -29,17 +30,17 @@ from hintpipe.runtime.pipeline import Pipeline
 #: Flags that are not options of the pipeline or the run: what a command does with its results, and the model.
 COMMAND_ONLY = {
     "train": {"json", "trace", "timeline", "plan", "checkpoint_dir", "resume", "check_grads", "emulate", "model",
-              "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout", "seq_len_dist", "memory_slack",
-              "activation_budget", "device_budget"},
-    "simulate": {"json", "trace", "timeline", "compare", "costs", "trials", "memory_slack", "activation_budget",
-                 "device_budget"},
+              "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout", "seq_len_dist",
+              "slack_microbatches", "activation_budget", "device_budget_fraction"},
+    "simulate": {"json", "trace", "timeline", "compare", "costs", "trials", "slack_microbatches", "activation_budget",
+                 "device_budget_fraction"},
     "plan": {"json", "save", "model", "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout",
              "seq_len"},
 }  # fmt: skip
 for _flags_of_a_command in COMMAND_ONLY.values():
     _flags_of_a_command |= {"config", "print_config"}  # --config FILE and --print-config, in every command
 #: The room options are flags of both commands, in a group of their own (at most one of them).
-ROOM_FLAGS = {"memory_slack", "activation_budget", "device_budget"}
+ROOM_FLAGS = {"slack_microbatches", "activation_budget", "device_budget_fraction"}
 #: ``train --plan FILE`` takes these from the file: their flags default to None (resolved after parsing); so
 #: does the tokenizer (a model folder's own, where it has one).
 FROM_PLAN = {"ranks", "microbatches", "hint", "chunks", "tokenizer"}
@@ -52,7 +53,8 @@ DATA = ("data", "data_field", "data_split", "tokenizer")
 def _flags(command: str) -> dict[str, argparse.Action]:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {a.dest: a for a in commands.choices[command]._actions if a.dest != "help"}
+    actions = commands.choices[command]._actions  # a renamed option's flag before: see tests/cli/test_renamed_flags.py
+    return {a.dest: a for a in actions if a.dest != "help" and not isinstance(a, RetiredFlag)}
 
 
 def _default(value: Any) -> Any:
@@ -100,8 +102,10 @@ def test_a_pipeline_config_converts_and_checks_its_values_once() -> None:
     config = PipelineConfig(microbatches=8, policy="fixed", precision="bf16")
     assert (config.policy, config.precision, config.hint) == (Policy.FIXED, Precision.BF16, "1f1b")
     assert dataclasses.replace(config, policy="ready").policy is Policy.READY
-    with pytest.raises(ValueError, match=r"^give one of memory_slack, activation_budget, device_budget, got "):
-        PipelineConfig(microbatches=8, memory_slack=1.0, device_budget=0.5)
+    with pytest.raises(
+        ValueError, match=r"^give one of slack_microbatches, activation_budget, device_budget_fraction, got "
+    ):
+        PipelineConfig(microbatches=8, slack_microbatches=1.0, device_budget_fraction=0.5)
     with pytest.raises(ValueError, match=r"^microbatches must be at least 1, got 0$"):
         PipelineConfig(microbatches=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -188,11 +192,14 @@ def test_the_planner_takes_the_plan_options_by_the_same_names() -> None:
         ({"timeout": 0.5}, "timeout must be between 1 and 604800, got 0.5 (1 s: a busy machine delays messages"),
         ({"microbatches": 0}, "microbatches must be at least 1, got 0"),
         ({"microbatches": 2.5}, "microbatches must be an integer, got 2.5"),
-        ({"memory_slack": math.nan}, "memory_slack must be finite, got nan"),
-        ({"device_budget": -0.5}, "device_budget must be >= 0, got -0.5"),
+        ({"slack_microbatches": math.nan}, "slack_microbatches must be finite, got nan"),
+        ({"device_budget_fraction": -0.5}, "device_budget_fraction must be >= 0, got -0.5"),
         ({"activation_budget": "lots"}, "activation_budget: bad size 'lots'"),
         ({"policy": "eager"}, "policy 'eager' is unknown: choose one of fixed, greedy, ready"),
-        ({"memory_slack": 1.0, "activation_budget": 1e6}, "give one of memory_slack, activation_budget, device_budget"),
+        (
+            {"slack_microbatches": 1.0, "activation_budget": 1e6},
+            "give one of slack_microbatches, activation_budget, device_budget_fraction",
+        ),
     ],
 )
 def test_a_value_out_of_range_is_refused_naming_the_option(values: dict[str, Any], message: str) -> None:
@@ -202,6 +209,6 @@ def test_a_value_out_of_range_is_refused_naming_the_option(values: dict[str, Any
 
 
 def test_the_command_line_names_the_flag() -> None:
-    with pytest.raises(ValueError, match=r"^--memory-slack must be >= 0, got -3$"):
-        check_options({"memory_slack": -3.0}, cli=True)
+    with pytest.raises(ValueError, match=r"^--slack-microbatches must be >= 0, got -3$"):
+        check_options({"slack_microbatches": -3.0}, cli=True)
     assert check_options({"activation_budget": "2GiB"})["activation_budget"] == 2.0 * 2**30

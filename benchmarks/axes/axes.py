@@ -48,7 +48,7 @@ def configure(dp: int, pp: int, tp: int, mode: str, policy: str, steps: int) -> 
         microbatch_size=2,
         steps=steps,
         policy=policy,
-        memory_slack=2.0 if policy == "ready" else 0.0,
+        slack_microbatches=2.0 if policy == "ready" else 0.0,
         seq_len_dist=SeqLenDist(32, 0.5),
         variability=("mb:0.5", "tp:2:0.3") if tp == 2 else ("mb:0.5",),
         timeout=120.0,

@@ -108,7 +108,7 @@ def shared_gpu_rank(rank: int, world: int, setup: Setup) -> dict[str, Any]:
             loss_fn=lm_loss,
             microbatches=sizes.microbatches,
             policy=policy,
-            memory_slack=SLACK,
+            slack_microbatches=SLACK,
             device=setup.device,
             transport="gloo",
             timeout=TIMEOUT_S,

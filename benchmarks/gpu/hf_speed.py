@@ -87,7 +87,7 @@ def throughput_rank(rank: int, world: int, device_name: str, planned: Plan, runs
         if runtime == "hintpipe":
             pipe = Pipeline.from_plan(
                 copy.deepcopy(planned), loss_fn=lm_loss, policy=policy, precision=precision, device=device_name,
-                transport="gloo", timeout=TIMEOUT_S, memory_slack=2,
+                transport="gloo", timeout=TIMEOUT_S, slack_microbatches=2,
             )  # fmt: skip
             params = [p for m in pipe.modules.values() for p in m.parameters()]
 
@@ -205,7 +205,7 @@ def check_hf_throughput(device_name: str, result: Any, group_timeout_s: float) -
     result.notes += [
         f"GPT-2 {sizes.layers} layers, hidden {sizes.hidden}, 2 stages on 2 ranks sharing one {device_name}; "
         f"{sizes.microbatches} micro-batches of {sizes.microbatch_size} x {sizes.seq_len} tokens, {sizes.steps} steps "
-        "with AdamW, the first left out, median step (the slowest rank's); hint 1f1b, memory slack 2, gloo.",
+        "with AdamW, the first left out, median step (the slowest rank's); hint 1f1b, slack_microbatches 2, gloo.",
         "The unsplit model in one process runs both stages' work in sequence with no pipeline: the bound for ranks "
         "that time-share one GPU; the last column is each run's step over it (1.000x: no overhead).",
     ]

@@ -1,7 +1,7 @@
 """Check 12: "bf16 on the GPU looks 10x slow: bf16 or the hint?".
 
 The project's issue quotes two runs of ``hintpipe train`` on one GPU: ``--hint bfw --policy ready --precision
-bf16`` at 1.27-1.50 s a step, and ``--hint zbv --policy ready --memory-slack 2`` in float32 at 0.11-0.14 s.
+bf16`` at 1.27-1.50 s a step, and ``--hint zbv --policy ready --slack-microbatches 2`` in float32 at 0.11-0.14 s.
 They differ in the hint (and its room) and in the precision at once. This check runs both as quoted, and each
 in the other precision, through the command line's own parsing (:func:`hintpipe.cli.train.config_from`) and
 :func:`hintpipe.apps.training.train`: the bf16 / fp32 ratio of one hint says what bf16 costs, bfw / zbv in one
@@ -24,7 +24,7 @@ from hintpipe.cli.train import config_from
 #: The two quoted runs, less their precision: the hint, the flags it came with, and the precision it was quoted in.
 QUOTED: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("bfw", (), "bf16"),
-    ("zbv", ("--memory-slack", "2"), "fp32"),
+    ("zbv", ("--slack-microbatches", "2"), "fp32"),
 )
 PRECISIONS = ("fp32", "bf16")
 
@@ -46,7 +46,9 @@ class Variant:
 
     @property
     def slack(self) -> str:
-        return self.flags[self.flags.index("--memory-slack") + 1] if "--memory-slack" in self.flags else "none"
+        return (
+            self.flags[self.flags.index("--slack-microbatches") + 1] if "--slack-microbatches" in self.flags else "none"
+        )
 
 
 def variants() -> list[Variant]:
@@ -120,11 +122,11 @@ def slow_bf16_table(device: str, sizes: Sequence[str]) -> Table:
     for variant, got in measured.items():
         fp32 = next((g for v, g in measured.items() if v.hint == variant.hint and v.precision == "fp32"), None)
         rows.append(cells(variant, got, fp32))
-    headers = ["hint", "precision", "memory slack", "as quoted", "step ms (min-max)", "wall ms / step"]
+    headers = ["hint", "precision", "slack (micro-batches)", "as quoted", "step ms (min-max)", "wall ms / step"]
     headers += ["runtime CPU ms per rank", "bf16 / fp32"]
     command = " ".join(["hintpipe", *variants()[0].argv([*sizes, "--device", device])[:-1]])
     notes = [
-        f"`{command}` and the same with `--hint zbv --memory-slack 2`, each in fp32 and bf16: step times are the "
+        f"`{command}` and the same with `--hint zbv --slack-microbatches 2`, each in fp32 and bf16: step times are the "
         "runs' own (`StepReport.makespan`, the step lines' figure), over the steps after the first; wall ms / step: "
         "every step's whole time on rank 0 (the optimizer too), the first included.",
         "Runtime CPU: each rank's CPU time in hintpipe's runtime per step (messages, staging, notices, "

@@ -152,7 +152,7 @@ def hintpipe_stepper(sizes: Throughput, run: Run) -> tuple[Stepper, Pipeline]:
         chunks=run.chunks,
         policy=run.policy,
         precision=run.precision,
-        memory_slack=SLACK,
+        slack_microbatches=SLACK,
         device=sizes.device,
         transport="gloo",
         timeout=TIMEOUT_S,
@@ -417,7 +417,7 @@ def throughput_notes(sizes: Throughput, reference: Run) -> list[str]:
         f"gpt-mini {model.layers} blocks, hidden {model.hidden}, {RANKS} ranks, both on {sizes.device}; "
         f"{sizes.microbatches} micro-batches of {sizes.microbatch_size} x {sizes.seq_len} tokens (variable: "
         f"lognormal lengths of the same mean, sigma 0.5), {sizes.steps} steps with AdamW, the first left out; a "
-        f"step lasts from a barrier to the slowest rank's device work done. hintpipe: memory slack {SLACK:g}, "
+        f"step lasts from a barrier to the slowest rank's device work done. hintpipe: slack_microbatches {SLACK:g}, "
         'transport gloo; bf16 is `Pipeline(precision="bf16")`: forwards and the loss under autocast to bfloat16, '
         "parameters, gradients and AdamW state float32.",
         f"Stages: one chunk per rank is torch's rows' {RANKS}-stage split; interleaved-1f1b and zbv run two chunks "

@@ -91,7 +91,9 @@ def rank_run(rank: int, world: int, planned: Plan, runtime: str, steps: int) -> 
     pipe: Pipeline | None = None
     schedule: Schedule1F1B | None = None
     if runtime.startswith("hintpipe"):
-        pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy=runtime.split()[1], memory_slack=2, timeout=300)
+        pipe = Pipeline.from_plan(
+            planned, loss_fn=lm_loss, policy=runtime.split()[1], slack_microbatches=2, timeout=300
+        )
         params = [p for m in pipe.modules.values() for p in m.parameters()]
     else:
         module = planned.build_stage(rank)

@@ -698,7 +698,7 @@ def train_worker(rank: int, world: int, cases: list[Case], work: Workload) -> li
         planned = copy.deepcopy(case.plan)  # fresh weights: the cases share one captured graph
         kwargs: dict[str, Any] = {"policy": case.policy, "timeout": 120.0}
         if case.slack is not None:
-            kwargs["memory_slack"] = case.slack
+            kwargs["slack_microbatches"] = case.slack
         pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, **kwargs)
         params = [p for s in pipe.stages for p in pipe.modules[s].parameters()]
         optimizer = torch.optim.AdamW(params, lr=1e-3)

@@ -137,7 +137,7 @@ def balanced_groups(order: npt.NDArray[np.int64], m: int, a: float, b: float) ->
 
 
 def simulate(
-    costs: npt.NDArray[np.float64], ranks: int, hint_name: str, policy: Policy, order: str, device_budget: bool
+    costs: npt.NDArray[np.float64], ranks: int, hint_name: str, policy: Policy, order: str, by_device: bool
 ) -> float:
     """The makespan (simulated seconds) of one step whose micro-batch ``i`` has forward cost ``costs[i]``
     on every stage (backward twice that, split into B and W where the hint splits)."""
@@ -155,7 +155,7 @@ def simulate(
     factor = per_stage / mean
     sample = Sample(expected * factor[None, :, None], np.zeros_like(expected), 0.0, sizes=factor).ordered(order)
     simulator = Simulator(hint, model)
-    budgets = simulator.device_budgets() if device_budget else None
+    budgets = simulator.device_budgets() if by_device else None
     return simulator.run(policy, sample, activation_budget=budgets).makespan * mean
 
 

@@ -5,7 +5,7 @@ busiest expert (``moe:EXPERTS:TOPK[:SKEW[:SHARE]]``, see [Note: expert load] in
 Per ranks, hint and spec, each seed draws one set of expert loads and both policies run it; the table gives
 ``ready``'s speedup over ``fixed`` on the same hint and work per seed and their mean, and fixed's makespan
 over the one without variability (what the imbalance costs). ``ready`` has the hint's own memory (its
-default budget) or ``--memory-slack`` more micro-batches. All figures are simulated (cost units, F = B = W
+default budget) or ``--slack-microbatches`` more micro-batches. All figures are simulated (cost units, F = B = W
 = 1). Run from the repository root::
 
     .venv/bin/python benchmarks/readiness-at-scale/moe.py [--ranks 8,32] [--seeds 0,1,2]
@@ -39,7 +39,7 @@ def row(ranks: int, microbatches: int, hint_name: str, spec: str, seeds: list[in
     for seed in seeds:
         sample = Sample.draw(hint, sim.cost_model, [parse_variability(spec)], np.random.default_rng(seed))
         fixed = sim.run(Policy.FIXED, sample).makespan
-        ready = sim.run(Policy.READY, sample, memory_slack=slack).makespan
+        ready = sim.run(Policy.READY, sample, slack_microbatches=slack).makespan
         cost.append(fixed / calm)
         speedups.append(fixed / ready)
     return [
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--per-rank", type=int, default=4, help="micro-batches per rank (default 4)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--specs", default=",".join(SPECS), help="comma-separated moe specs")
-    parser.add_argument("--memory-slack", type=float, default=0.0, help="ready's extra micro-batches (default 0)")
+    parser.add_argument("--slack-microbatches", type=float, default=0.0, help="ready's extra micro-batches (default 0)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     headers = ["ranks x mbs", "hint", "spec", "fixed / no variability"]
@@ -68,7 +68,7 @@ def main() -> None:
     for ranks in (int(r) for r in args.ranks.split(",")):
         for hint in HINTS:
             for spec in args.specs.split(","):
-                cells = row(ranks, args.per_rank * ranks, hint, spec, seeds, args.memory_slack)
+                cells = row(ranks, args.per_rank * ranks, hint, spec, seeds, args.slack_microbatches)
                 print("| " + " | ".join(cells) + " |", flush=True)
 
 

@@ -127,7 +127,7 @@ def study(
             for h in hint_names:
                 drawn = Sample.draw(hints[h], sims[h].cost_model, models, np.random.default_rng(trial_seed))
                 if h == "1f1b":
-                    by_size = sims[h].size_budgets(drawn, device_budget=0.0)
+                    by_size = sims[h].size_budgets(drawn, device_budget_fraction=0.0)
                 for order in orders:
                     sample = drawn.ordered(order)
                     sizes = sample.sizes if sample.sizes is not None else np.ones(microbatches)

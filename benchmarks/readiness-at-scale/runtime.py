@@ -61,7 +61,7 @@ class Setup:
     hint: str
     order: str
     policy: str
-    device_budget: float | None = None
+    device_budget_fraction: float | None = None
     admission: str = "slots"
 
 
@@ -99,7 +99,7 @@ def config_for(name: str, ranks: int, microbatches: int, steps: int, setup: Setu
         hint=setup.hint,
         policy=setup.policy,
         steps=steps,
-        device_budget=setup.device_budget,
+        device_budget_fraction=setup.device_budget_fraction,
         seq_len_dist=SeqLenDist(32, 0.5),
         timeout=600.0,
         timelines=True,
@@ -265,7 +265,7 @@ def real(steps: int, repeats: int) -> str:
                 seq_len=varied,
                 hint=setup.hint,
                 order=setup.order,
-                device_budget=setup.device_budget,
+                device_budget_fraction=setup.device_budget_fraction,
                 **common,
             )
             for setup in (RECOMMENDED, fastest)

@@ -39,9 +39,9 @@ def main() -> None:
         costs[:, :, 1] = BACKWARD_MS * factor
         sample = Sample(costs, np.zeros_like(costs), 0.0)
         fixed = sim.run(Policy.FIXED, sample).makespan
-        gains["ready, slack 2"].append(fixed / sim.run(Policy.READY, sample, memory_slack=2).makespan)
-        gains["greedy, slack 2"].append(fixed / sim.run(Policy.GREEDY, sample, memory_slack=2).makespan)
-        gains["greedy, unlimited room"].append(fixed / sim.run(Policy.GREEDY, sample, memory_slack=100).makespan)
+        gains["ready, slack 2"].append(fixed / sim.run(Policy.READY, sample, slack_microbatches=2).makespan)
+        gains["greedy, slack 2"].append(fixed / sim.run(Policy.GREEDY, sample, slack_microbatches=2).makespan)
+        gains["greedy, unlimited room"].append(fixed / sim.run(Policy.GREEDY, sample, slack_microbatches=100).makespan)
     for name, values in gains.items():
         print(f"{name}: fixed / policy makespan, mean over {DRAWS} draws: {statistics.mean(values):.3f}x")
 

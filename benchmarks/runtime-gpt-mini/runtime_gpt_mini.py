@@ -233,7 +233,7 @@ def part_a(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
         microbatch_size=4,
         hint="1f1b",
         steps=3 if quick else 8,
-        memory_slack=SLACK,
+        slack_microbatches=SLACK,
         seq_len_dist=SeqLenDist(96),
         seed=SEED,
         timeout=120.0,
@@ -270,7 +270,7 @@ def part_b(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
             microbatch_size=4,
             hint="1f1b",
             steps=3 if quick else 6,
-            memory_slack=SLACK,
+            slack_microbatches=SLACK,
             seq_len_dist=SeqLenDist(96),
             seed=SEED,
             timeout=120.0,
@@ -316,7 +316,7 @@ def agreement_from_runs(runs: dict[str, dict[str, PolicyRuns]]) -> dict[str, Agr
         hint = c.resolved_hint
         out[label] = Agreement(
             hint,
-            c.memory_slack,
+            c.slack_microbatches,
             {
                 p: [s for r in pr.results for s in r.measured if len(s.records) == hint.num_tasks]
                 for p, pr in by_policy.items()
@@ -437,7 +437,7 @@ class Variant:
     lr: float = 1e-3
     hint: str = "1f1b"  # hintpipe: the hint (stages per rank as the hint says)
     order: str = "given"  # hintpipe: the micro-batch order
-    device_budget: float | None = None  # hintpipe: a per-device budget instead of the memory slack
+    device_budget_fraction: float | None = None  # hintpipe: a per-device budget instead of the slack in micro-batches
 
 
 def batch(v: Variant, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
@@ -492,8 +492,8 @@ def compare_rank(rank: int, world: int, v: Variant) -> dict[str, Any]:
             microbatches=v.microbatches,
             hint=hint,
             policy=v.schedule,
-            memory_slack=SLACK if v.device_budget is None else 0.0,
-            device_budget=v.device_budget,
+            slack_microbatches=SLACK if v.device_budget_fraction is None else 0.0,
+            device_budget_fraction=v.device_budget_fraction,
             microbatch_order=v.order,
             timeout=120.0,
             timelines=True,  # every rank's task records on rank 0, for part C and the order check

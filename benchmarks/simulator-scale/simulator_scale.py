@@ -3,7 +3,7 @@
 Part 1 times ``Simulator.run`` (the scoreboards plus the virtual clock) for every policy, because
 studies at realistic pipeline depths need hundreds of thousands of simulated tasks per second.
 Part 2 uses that speed for what the simulator is for: comparing the policies on identical sampled
-work under each variability model, with and without memory slack.
+work under each variability model, with and without slack (room for more micro-batches).
 
 Run from the repository root::
 
@@ -83,10 +83,10 @@ def throughput(ranks: int, microbatches: int) -> list[dict[str, Any]]:
                 began = time.perf_counter()
                 sim = Simulator(hint, cost_model)
                 builds.append(time.perf_counter() - began)
-                seconds["ready (cold)"].append(sim.run(Policy.READY, sample, memory_slack=SLACK).sim_seconds)
+                seconds["ready (cold)"].append(sim.run(Policy.READY, sample, slack_microbatches=SLACK).sim_seconds)
                 for policy in Policy:
                     key = "ready (warm)" if policy is Policy.READY else policy.value
-                    seconds[key].append(sim.run(policy, sample, memory_slack=SLACK).sim_seconds)
+                    seconds[key].append(sim.run(policy, sample, slack_microbatches=SLACK).sim_seconds)
             for policy_label, values in seconds.items():
                 best, median = min(values), statistics.median(values)
                 records.append(
@@ -113,7 +113,7 @@ def study(ranks: int, microbatches: int, trials: int) -> list[dict[str, Any]]:
         for slack in (0.0, SLACK):
             began = time.perf_counter()
             res = run_study(
-                hint, list(Policy), variability=[parse_variability(spec)], trials=n, seed=0, memory_slack=slack
+                hint, list(Policy), variability=[parse_variability(spec)], trials=n, seed=0, slack_microbatches=slack
             )
             fixed = res[Policy.FIXED].makespan
             rows.append(

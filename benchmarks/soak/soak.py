@@ -57,7 +57,7 @@ def worker(rank: int, world: int, steps: int, sigma: float) -> dict[str, Any]:
         microbatches=8,
         hint="1f1b",
         policy="ready",
-        memory_slack=2,
+        slack_microbatches=2,
         timeout=120,
         seams=Seams(injection=Injection.parse([JITTER], seed=1)),
     )

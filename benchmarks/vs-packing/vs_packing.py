@@ -18,7 +18,7 @@ one cropped to fit), on 2 real ranks (gloo, one thread each):
   planner's profile at two lengths): rows of one document each (padded to
   each micro-batch's longest), or packed rows with document masks; fixed
   1F1B, and the recommended configuration (``bfw`` hint, ``ready``,
-  ``device_budget=0``). Also hintpipe fixed 1F1B on torch's packed rows (the
+  ``device_budget_fraction=0``). Also hintpipe fixed 1F1B on torch's packed rows (the
   runtimes on identical work).
 
 ``--row R --rows N`` packs torch's rows ``R`` tokens long, ``N`` a
@@ -93,11 +93,11 @@ class Variant:
     schedule: str = "1f1b"  # torch: "1f1b" or "interleaved"; hintpipe: its hint
     chunks: int = 1  # stages per rank
     policy: str = "fixed"
-    device_budget: float | None = None
+    device_budget_fraction: float | None = None
 
 
 #: torch's and hintpipe's runs; "formed": whole documents, one per row; "formed, masks": packed rows of whole
-#: documents with document masks; "recommended": the bfw hint, ready, device_budget=0; "x2": two stages a rank.
+#: documents with document masks; "recommended": the bfw hint, ready, device_budget_fraction=0; "x2": two stages a rank.
 VARIANTS = [
     Variant("torch 1F1B, packed rows", "torch", "packed"),
     Variant("torch interleaved 1F1B x2, packed rows", "torch", "packed", "interleaved", 2),
@@ -219,8 +219,8 @@ def rank_main(
 
     else:
         options: dict[str, Any] = {"hint": v.schedule, "chunks": v.chunks, "policy": v.policy, "timeout": 120.0}
-        if v.device_budget is not None:
-            options["device_budget"] = v.device_budget
+        if v.device_budget_fraction is not None:
+            options["device_budget_fraction"] = v.device_budget_fraction
         pipe = hintpipe.Pipeline.from_modules(
             modules, loss_fn=lm_loss_sum, microbatches=MICROBATCHES, report_every=0, **options
         )

@@ -61,9 +61,13 @@ class Option:
 
     Attributes:
         name: the Python keyword and config field; the command line's flag is ``--`` + ``name`` with dashes.
-        kind: ``int``, ``float``, ``bool``, ``choice``, ``size`` (bytes, or ``2GiB``), ``str`` (a name or a path),
-            ``specs`` (a repeatable flag: a tuple of strings), ``sources`` (a repeatable flag whose one value is a
-            string: one string, or a tuple of several) or ``object`` (Python only).
+        kind: ``int``, ``float``, ``bool``, ``choice``, ``size``, ``str`` (a name or a path), ``specs`` (a
+            repeatable flag: a tuple of strings), ``sources`` (a repeatable flag whose one value is a string: one
+            string, or a tuple of several) or ``object`` (Python only). A ``size`` is an amount of memory whose
+            value carries its unit: a string such as ``"2GiB"`` or ``"512MB"``, a bare number being bytes; so a
+            size's name says what it measures and no unit (``activation_budget``, ``stage_memory``), where a
+            number of another kind names its unit (``slack_microbatches``: micro-batches;
+            ``device_budget_fraction``: a fraction; ``timeout``: seconds, as Python's own timeouts are).
         default: the default value (as the Python API takes it).
         help: what the option does, for ``--help`` and the docstrings.
         choices: the enum of a ``choice`` option.
@@ -78,6 +82,10 @@ class Option:
             objects each rank builds its own of, a mesh, FSDP's options, emulated costs), ``own`` (each rank
             its own: byte budgets, how much history it keeps) or ``resolved`` (compared as what it resolves
             to: the hint and its chunks as the hint's name and stages).
+        before: the option's name before a rename, still taken until :data:`~hintpipe.renamed.REMOVED_IN`, each
+            use warned with the new name: a keyword of the configs and of the pipeline's constructors, an attribute
+            read (:func:`~hintpipe.options.taking_names_before`), a flag of the command line (hidden from
+            ``--help``: :class:`~hintpipe.cli.common.RetiredFlag`) and a key of a config file. None: never renamed.
     """
 
     name: str
@@ -93,6 +101,7 @@ class Option:
     commands: frozenset[str] = frozenset()
     pipeline: bool = True
     agreement: str = "equal"
+    before: str | None = None
 
     def __post_init__(self) -> None:
         assert self.agreement in AGREEMENTS, self.agreement

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hintpipe.device_choice import DeviceChoice
 from hintpipe.dispatch.fit import AdmissionUnit
 from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import DataParallel, OnNonFinite, Precision, TransportChoice
 from hintpipe.option import MAX_TIMEOUT, MIN_TIMEOUT, ChoiceField, Option
+from hintpipe.renamed import renamed, retired_attribute
 from hintpipe.run_options import RANKS, RUN_OPTIONS
 from hintpipe.schedule.hint import Hint, HintName
 from hintpipe.schedule.microbatch_order import DEFAULT_ORDER, MicrobatchOrder
@@ -115,7 +116,7 @@ class PipelineConfig:
         commands=_ALL,
         agreement="resolved",
     )
-    memory_slack: float = _option(
+    slack_microbatches: float = _option(
         "float",
         0.0,
         "room for this many more in-flight micro-batches of activations than the hint's own peak",
@@ -123,18 +124,20 @@ class PipelineConfig:
         metavar="K",
         commands=_RUN,
         agreement="own",
+        before="memory_slack",
     )
     activation_budget: float | tuple[float, ...] | None = _option(
         "size",
         None,
-        "activation bytes a rank may hold, each micro-batch counted by its own size (instead of memory_slack)",
+        "activations a rank may hold, in bytes or a size such as 2GiB, each micro-batch counted by its own size "
+        "(instead of slack_microbatches)",
         minimum=0.0,
         optional=True,
         metavar="SIZE",
         commands=_RUN,
         agreement="own",
     )
-    device_budget: float | None = _option(
+    device_budget_fraction: float | None = _option(
         "float",
         None,
         "every rank may hold as many micro-batches as the hint's busiest rank, times 1 + this fraction "
@@ -144,14 +147,15 @@ class PipelineConfig:
         metavar="FRACTION",
         commands=_RUN,
         agreement="own",
+        before="device_budget",
     )
     admission: ChoiceField[AdmissionUnit] = _option(
         "choice",
         AdmissionUnit.SLOTS,
         "what admission counts a micro-batch as: one slot (slots), or its known size in input elements (size), "
         "so that a sorted microbatch_order runs within what the given order holds by size (the hint runs "
-        "fitted to that room; memory_slack and device_budget add to it); an activation_budget always counts "
-        "by size",
+        "fitted to that room; slack_microbatches and device_budget_fraction add to it); an activation_budget "
+        "always counts by size",
         choices=AdmissionUnit,
         commands=_RUN,
     )
@@ -282,8 +286,40 @@ OPTIONS: Mapping[str, Option] = {
     )
 }
 
+#: Each renamed option's name before (:attr:`Option.before <hintpipe.option.Option.before>`) -> its name now.
+RENAMED_OPTIONS: Mapping[str, str] = {o.before: o.name for o in OPTIONS.values() if o.before is not None}
+
+T = TypeVar("T")
+
+
+def taking_names_before(config_class: type[T]) -> type[T]:
+    """``config_class`` (:class:`PipelineConfig`, or a config with its fields) taking each renamed option's name
+    before (:data:`RENAMED_OPTIONS`) until :data:`~hintpipe.renamed.REMOVED_IN`, as a keyword of its constructor
+    and as an attribute read, each with a ``DeprecationWarning`` that names the new one (:mod:`hintpipe.renamed`):
+    the class itself, changed. A class decorator, so that a config that adds fields (the run's) takes them too."""
+    where = config_class.__name__
+    config_class.__init__ = renamed(where, **RENAMED_OPTIONS)(config_class.__init__)  # type: ignore[method-assign]
+    for old, new in RENAMED_OPTIONS.items():
+        setattr(config_class, old, _read_as(old, new))
+    return config_class
+
+
+def _read_as(old: str, new: str) -> property:
+    """A read-only attribute, ``old``, that reads ``new`` with a warning naming the class it is read from."""
+
+    def read(self: object) -> Any:
+        kind = type(self).__name__
+        retired_attribute(f"{kind}.{old}", f"{kind}.{new}")
+        return getattr(self, new)
+
+    read.__doc__ = f"Deprecated: :attr:`{new}` (its name before 0.7)."
+    return property(read)
+
+
+taking_names_before(PipelineConfig)  # after the table: the names before are its options'
+
 #: The options that say how much a rank may hold in flight; at most one of them is given.
-ROOM = ("memory_slack", "activation_budget", "device_budget")
+ROOM = ("slack_microbatches", "activation_budget", "device_budget_fraction")
 
 
 def check_options(values: Mapping[str, Any], *, cli: bool = False) -> dict[str, Any]:
@@ -297,7 +333,9 @@ def check_options(values: Mapping[str, Any], *, cli: bool = False) -> dict[str, 
         raise TypeError(f"unknown options {unknown}; known: {', '.join(OPTIONS)}")
     checked = {name: OPTIONS[name].check(value, cli=cli) for name, value in values.items()}
     given = [
-        name for name in ROOM if checked.get(name) is not None and not (name == "memory_slack" and not checked[name])
+        name
+        for name in ROOM
+        if checked.get(name) is not None and not (name == "slack_microbatches" and not checked[name])
     ]
     if len(given) > 1:
         labels = [OPTIONS[name].label(cli) for name in given]

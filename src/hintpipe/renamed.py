@@ -15,6 +15,9 @@ from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The release that drops the names retired in 0.7 (what the command line's warnings say).
+REMOVED_IN = "0.8"
+
 
 def renamed(where: str, **new_of_old: str) -> Callable[[F], F]:
     """A decorator: ``fn(old=...)`` is ``fn(new=...)`` for each ``old="new"`` given, with a warning naming

@@ -317,7 +317,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "size",
         None,
         "total memory of each stage's device (parameters, gradients, optimizer state and activations), "
-        "e.g. 512MiB or 2GiB; or one per stage, comma-separated",
+        "in bytes or a size such as 512MiB or 2GiB; or one per stage, comma-separated",
         optional=True,
         metavar="SIZE",
         commands=_PLAN,

@@ -148,8 +148,8 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
         (["--timeout", "nan"], "--timeout must be finite, got nan"),
         (["--timeout", "1e15"], "--timeout must be between 1 and 604800, got 1e+15"),
         (["--seed", "-1"], "--seed must be between 0 and 4294967295, got -1"),
-        (["--memory-slack", "nan"], "--memory-slack must be finite, got nan"),
-        (["--memory-slack", "-3"], "--memory-slack must be >= 0, got -3"),
+        (["--slack-microbatches", "nan"], "--slack-microbatches must be finite, got nan"),
+        (["--slack-microbatches", "-3"], "--slack-microbatches must be >= 0, got -3"),
         (["--microbatch-size", "0"], "--microbatch-size must be at least 1, got 0"),
         (["--seq-len-dist", "fixed:0"], "bad sequence length distribution 'fixed:0': T '0' is not an integer >= 1"),
         (["--seq-len-dist", "fixed:-3"], "bad sequence length distribution 'fixed:-3': T '-3' is not an integer"),
@@ -174,8 +174,11 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
         (["--trace", "/proc/t.json"], "--trace /proc/t.json cannot be written: No such file or directory"),
         (["--faults", "savefail:0:0"], "--faults savefail and savestop need --checkpoint-dir and --checkpoint-every"),
         (["--faults", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
-        (["--device-budget", "-5"], "--device-budget must be >= 0, got -5"),
-        (["--memory-slack", "1", "--device-budget", "0"], "not allowed with argument --memory-slack"),
+        (["--device-budget-fraction", "-5"], "--device-budget-fraction must be >= 0, got -5"),
+        (
+            ["--slack-microbatches", "1", "--device-budget-fraction", "0"],
+            "not allowed with argument --slack-microbatches",
+        ),
         pytest.param(
             ["--device", "cuda"],
             "--device cuda was asked for, but torch.cuda.is_available() is False on this machine",
@@ -309,7 +312,7 @@ def _device_budget_config() -> TrainConfig:
         microbatch_size=4,
         policy="greedy",
         steps=2,
-        device_budget=0.0,
+        device_budget_fraction=0.0,
         emulate=EmulatedCosts((0.01,) * 4, (0.01, 0.01, 0.01, 0.2), (0.0,) * 4, reference_size=4 * 8),
         timeout=60,
     )
@@ -335,7 +338,7 @@ def _predicted_config(policy: str) -> TrainConfig:
         microbatch_size=4,
         policy=policy,
         steps=3,
-        memory_slack=1,
+        slack_microbatches=1,
         variability=("mb:0.5",),
         emulate=EmulatedCosts((0.1, 0.1), (0.2, 0.2), (0.0, 0.0), reference_size=4 * 8),
         timeout=60,
@@ -352,7 +355,7 @@ def test_simulator_predicts_emulated_steps_from_their_task_times(two_ranks: dict
     result = succeeded(two_ranks[f"predict {policy}"])[0]
     hint = generate_hint("1f1b", 2, 4)
     for report in result.reports[1:]:
-        predicted = predict_step_time(hint, report, Policy(policy), memory_slack=1)
+        predicted = predict_step_time(hint, report, Policy(policy), slack_microbatches=1)
         low = 0.999 if policy == "fixed" else 0.9  # ready may choose otherwise than the runtime did
         assert low * predicted <= report.makespan <= 1.5 * predicted
 
@@ -362,7 +365,7 @@ def _one_record_config() -> TrainConfig:
     return dataclasses.replace(
         _predicted_config("fixed"),
         variability=(),
-        memory_slack=0,
+        slack_microbatches=0,
         steps=2,
         emulate=EmulatedCosts((0.05, 0.05), (0.1, 0.1), (0.0, 0.0), reference_size=4 * 8),
     )

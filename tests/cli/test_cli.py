@@ -34,7 +34,7 @@ def test_compare_speedup_under_variable_lengths(capsys: pytest.CaptureFixture[st
         "1f1b",
         "--variability",
         "mb:0.5",
-        "--memory-slack",
+        "--slack-microbatches",
         "2",
         "--trials",
         "20",
@@ -75,7 +75,7 @@ def test_ready_never_loses_without_variability(capsys: pytest.CaptureFixture[str
         *chunks,
         "--variability",
         "iid:0.0",
-        "--memory-slack",
+        "--slack-microbatches",
         "2",
         "--compare",
     )
@@ -109,7 +109,7 @@ def test_single_policy_json_and_outputs(capsys: pytest.CaptureFixture[str], tmp_
 
 def test_admission_by_size_holds_a_sorted_order_to_the_given_orders_memory(capsys: pytest.CaptureFixture[str]) -> None:
     common = ["simulate", "--ranks", "8", "--microbatches", "32", "--hint", "bfw", "--variability", "mb:0.5"]
-    common += ["--microbatch-order", "shortest-first", "--device-budget", "--trials", "3", "--compare"]
+    common += ["--microbatch-order", "shortest-first", "--device-budget-fraction", "--trials", "3", "--compare"]
     by_size = run_json(capsys, *common, "--admission", "size")
     by_slots = run_json(capsys, *common)
     assert by_size["admission"] == "size"
@@ -178,7 +178,7 @@ def test_demo_trains_the_same_model_both_ways(capsys: pytest.CaptureFixture[str]
     # Same data, same maths: the policies differ in order, not in the losses.
     assert ready["losses"] == pytest.approx(fixed["losses"], rel=1e-5)
     assert fixed["peak_live_slots"] == [2, 1]  # 1F1B on 2 ranks
-    assert ready["peak_live_slots"][0] <= 4  # its budget: 2 + memory slack 2
+    assert ready["peak_live_slots"][0] <= 4  # its budget: 2 + slack_microbatches 2
     assert (fixed["device"], fixed["transport"], fixed["device_peak_bytes"]) == ("cpu", "gloo", None)  # auto: gloo
     assert unitless_time_keys(out) == []
     assert out["speedup"] == pytest.approx(ready["tokens_per_s"] / fixed["tokens_per_s"])

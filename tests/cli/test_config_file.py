@@ -259,12 +259,12 @@ def test_flags_override_the_file_and_a_run_s_config_equals_its_flags(tmp_path: P
     path = tmp_path / "run.toml"
     path.write_text(
         '[model]\nmodel = "mlp"\nlayers = 2\n[training]\nmicrobatches = 8\nsteps = 3\n'
-        '[parallelism]\nranks = 2\npolicy = "fixed"\nmemory_slack = 1.0\n'
+        '[parallelism]\nranks = 2\npolicy = "fixed"\nslack_microbatches = 1.0\n'
     )
-    from_file = parse_cli(["train", "--config", str(path), "--policy", "greedy", "--device-budget", "0.5"])
+    from_file = parse_cli(["train", "--config", str(path), "--policy", "greedy", "--device-budget-fraction", "0.5"])
     from_flags = parse_cli(["train", "--ranks", "2", "--microbatches", "8", "--steps", "3", "--policy", "greedy"])
     from_flags.model, from_flags.layers = "mlp", 2
-    from_flags.device_budget = 0.5  # the room the flags give replaces the file's memory_slack
+    from_flags.device_budget_fraction = 0.5  # the room the flags give replaces the file's slack_microbatches
     assert vars(from_file) == vars(from_flags)
     assert config_from(from_file, from_file.policy) == config_from(from_flags, from_flags.policy)
 

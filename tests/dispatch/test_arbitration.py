@@ -49,7 +49,7 @@ def test_ready_never_loses_to_fixed_with_latency_and_no_jitter(name: HintName, p
         sample = Sample.expected(hint, sim.cost_model, CommDelay(latency))
         fixed = sim.run(Policy.FIXED, sample).makespan
         for slack in (0, 2):
-            ready = sim.run(Policy.READY, sample, memory_slack=slack).makespan
+            ready = sim.run(Policy.READY, sample, slack_microbatches=slack).makespan
             if latency == 0.0:
                 assert ready == fixed
             else:

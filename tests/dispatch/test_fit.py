@@ -35,7 +35,7 @@ def test_a_sorted_order_runs_within_what_the_given_order_holds() -> None:
     # Given sizes 1 2 1 2: rank 0 of 1F1B holds at most 3 (two micro-batches in flight). Shortest first
     # (1 1 2 2) would hold the two long ones together, 4: fitted, rank 0 lets B2 go before F3.
     simulator, given = _sized([1.0, 2.0, 1.0, 2.0])
-    budgets = simulator.size_budgets(given, device_budget=0.0)
+    budgets = simulator.size_budgets(given, device_budget_fraction=0.0)
     assert budgets == [3.0, 3.0]
     sample = given.ordered("shortest-first")
     by_slots = simulator.run(Policy.FIXED, sample)
@@ -107,7 +107,7 @@ def test_the_bound_at_a_budget_is_what_holding_each_microbatch_for_its_chain_tak
     sample = Sample.expected(hint, simulator.cost_model, CommDelay(0.5))
     result = simulator.run(Policy.FIXED, sample)
     assert (result.lower_bound, result.memory_bound, result.makespan) == (24.0, 28.0, 31.0)
-    roomy = simulator.run(Policy.READY, sample, memory_slack=2)  # room for 4 and 3: the work bound again
+    roomy = simulator.run(Policy.READY, sample, slack_microbatches=2)  # room for 4 and 3: the work bound again
     assert (roomy.memory_bound, roomy.makespan) == (24.0, 28.0)
 
 

@@ -240,7 +240,7 @@ def test_device_budgets_lend_the_busiest_ranks_room_to_every_rank() -> None:
     assert device_budgets(peaks) == [4, 4, 4, 4]
     assert device_budgets(peaks, 0.25) == [5, 5, 5, 5]
     with pytest.raises(
-        ValueError, match=r"^device_budget must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1$"
+        ValueError, match=r"^device_budget_fraction must be a finite fraction >= 0 \(0.25 for 25% more\), got -0.1$"
     ):
         device_budgets(peaks, -0.1)
 
@@ -295,15 +295,16 @@ def test_runtime_device_budget_gives_every_rank_the_busiest_ranks_slots() -> Non
 
     hint = generate_hint("1f1b", 4, 8)  # own peaks 4, 3, 2, 1
     assert [Admission(hint, r, 0.0, None).slots for r in range(4)] == [4, 3, 2, 1]
-    assert [Admission(hint, r, 0.0, None, device_budget=0.0).slots for r in range(4)] == [4, 4, 4, 4]
-    assert [Admission(hint, r, 0.0, None, device_budget=0.5).slots for r in range(4)] == [6, 6, 6, 6]
+    assert [Admission(hint, r, 0.0, None, device_budget_fraction=0.0).slots for r in range(4)] == [4, 4, 4, 4]
+    assert [Admission(hint, r, 0.0, None, device_budget_fraction=0.5).slots for r in range(4)] == [6, 6, 6, 6]
     assert Admission(hint, 3, 1.0, None).slots == 2  # slack: one more than its own peak
     with pytest.raises(
         ValueError,
-        match=r"^give one of memory_slack, activation_budget, device_budget, got memory_slack and device_budget$",
+        match=r"^give one of slack_microbatches, activation_budget, device_budget_fraction, "
+        r"got slack_microbatches and device_budget_fraction$",
     ):
-        check_options({"memory_slack": 1.0, "device_budget": 0.0})
-    check_options({"memory_slack": 0.0, "device_budget": 0.0})  # no slack is no room given
+        check_options({"slack_microbatches": 1.0, "device_budget_fraction": 0.0})
+    check_options({"slack_microbatches": 0.0, "device_budget_fraction": 0.0})  # no slack is no room given
 
 
 @pytest.mark.parametrize("name", [h.value for h in HintName])

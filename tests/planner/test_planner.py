@@ -431,7 +431,7 @@ def _forced(planned: Plan, action: str) -> Plan:
 
 
 def _accuracy_worker(rank: int, world: int, planned: Plan, xs: list[Any], ys: list[Any]) -> Any:
-    pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy="fixed", memory_slack=0, timeout=60)
+    pipe = Pipeline.from_plan(planned, loss_fn=lm_loss, policy="fixed", slack_microbatches=0, timeout=60)
     for _ in range(3):
         pipe.step(xs, ys)
     pipe.close()
@@ -458,7 +458,7 @@ def _lm(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _tied_worker(rank: int, world: int, planned: Plan, policy: str, steps: list[tuple[Any, Any]]) -> list[Any]:
-    pipe = Pipeline.from_plan(planned, loss_fn=_lm, policy=policy, memory_slack=1 if policy == "ready" else 0)
+    pipe = Pipeline.from_plan(planned, loss_fn=_lm, policy=policy, slack_microbatches=1 if policy == "ready" else 0)
     params = list({id(p): p for m in pipe.modules.values() for p in m.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=0.05)
     states = []

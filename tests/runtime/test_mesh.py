@@ -367,7 +367,7 @@ def _tensor_parallel(
         policy=policy,
         mesh=mesh,
         timeout=TIMEOUT,
-        memory_slack=2 if delays else 0,  # room to run ahead: choices that can differ
+        slack_microbatches=2 if delays else 0,  # room to run ahead: choices that can differ
         data_parallel=mode,
         # With delays, the TP leader's messages arrive at once, its follower's 100 ms late (many tasks of this model).
         seams=Seams(
@@ -462,7 +462,7 @@ def _uncoordinated_orders(rank: int, world: int) -> list[tuple[int, int, int]]:
         policy="greedy",
         mesh=mesh,
         timeout=TIMEOUT,
-        memory_slack=2 if follower else 0,
+        slack_microbatches=2 if follower else 0,
         seams=Seams(coordinate_tp=False, injection=Injection.parse([f"comm:{300 if follower else 0}ms"], seed=rank)),
     )
     with pipe:
@@ -498,7 +498,7 @@ def _batched_decisions(rank: int, world: int) -> tuple[list[list[tuple[int, int,
         policy="ready",
         mesh=mesh,
         emulate=costs,
-        memory_slack=2,
+        slack_microbatches=2,
         timeout=TIMEOUT,
         seams=Seams(injection=Injection.parse(["tp:2:0.3", f"comm:{60 if rank == 0 else 0}ms"], seed=rank)),
     )

@@ -94,7 +94,7 @@ def _matrix_worker(rank: int, world: int, cases: list[Case], m: int) -> list[Any
             hint=hint,
             chunks=chunks,
             policy=policy,
-            memory_slack=1,
+            slack_microbatches=1,
             timeout=60,
             microbatch_order=order,
         )
@@ -514,15 +514,15 @@ def _config_worker(rank: int, world: int) -> list[tuple[Any, ...]]:
     """One step of one model built five ways: keywords, a config, a config with a keyword beside it, and
     from_sequential with a config; then keywords that differ (greedy, no slack), to show the comparison
     tells builds apart. For each, what the pipeline resolved and did that its options decide: its config, the
-    policy the step ran under, each rank's admission budget (the hint's own peak plus ``memory_slack``), and
+    policy the step ran under, each rank's admission budget (the hint's own peak plus ``slack_microbatches``), and
     rank 0's tasks in the order they ran (``fixed``: the hint's)."""
     from hintpipe.options import PipelineConfig
 
     x, y = torch.randn(8, 2, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 2)
-    config = PipelineConfig(microbatches=4, policy="greedy", memory_slack=1.0)
+    config = PipelineConfig(microbatches=4, policy="greedy", slack_microbatches=1.0)
     seen = []
     builders: list[Callable[[list[nn.Module]], Pipeline]] = [
-        lambda m: Pipeline.from_modules(m, loss_fn=_mse, microbatches=4, policy="fixed", memory_slack=1.0),
+        lambda m: Pipeline.from_modules(m, loss_fn=_mse, microbatches=4, policy="fixed", slack_microbatches=1.0),
         lambda m: Pipeline.from_modules(m, loss_fn=_mse, config=config, policy="fixed"),
         lambda m: Pipeline({rank: m[rank]}, loss_fn=_mse, config=dataclasses.replace(config, policy="fixed")),
         lambda m: Pipeline.from_sequential(nn.Sequential(*m), [1], loss_fn=_mse, config=config, policy="fixed"),
@@ -541,12 +541,12 @@ def _config_worker(rank: int, world: int) -> list[tuple[Any, ...]]:
 
 
 def test_a_config_builds_the_pipeline_its_keywords_build(two_ranks: dict[str, list[Any]]) -> None:
-    # Equal losses proved nothing: a step's loss depends neither on the policy nor on the memory slack.
+    # Equal losses proved nothing: a step's loss depends neither on the policy nor on the slack.
     from hintpipe.options import PipelineConfig
 
     *built, other = succeeded(two_ranks["config"])[0]
-    keywords = PipelineConfig(microbatches=4, policy="fixed", memory_slack=1.0)
-    # 1F1B holds 2 micro-batches on rank 0 and 1 on rank 1; one more each with memory_slack 1.
+    keywords = PipelineConfig(microbatches=4, policy="fixed", slack_microbatches=1.0)
+    # 1F1B holds 2 micro-batches on rank 0 and 1 on rank 1; one more each with slack_microbatches 1.
     assert built == [(keywords, "fixed", (3.0, 2.0), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3")] * 4
     assert other[0] == PipelineConfig(microbatches=4, policy="greedy")
     assert other[1:3] == ("greedy", (2.0, 1.0))  # each a field the builds above would differ in, had one dropped it

@@ -93,7 +93,7 @@ def test_one_in_flight_peak_everywhere(name: HintName, ranks: int, chunks: int) 
 def test_the_simulator_respects_every_dependency(name: HintName, ranks: int, chunks: int) -> None:
     hint = _hint(name, ranks, chunks)
     for policy in Policy:
-        result = Simulator(hint, CostModel.uniform(hint.stages)).run(policy, memory_slack=1)
+        result = Simulator(hint, CostModel.uniform(hint.stages)).run(policy, slack_microbatches=1)
         start = {task: begin for _, task, begin, _ in result.timeline()}
         end = {task: finish for _, task, _, finish in result.timeline()}
         for task in start:

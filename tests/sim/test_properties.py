@@ -95,7 +95,7 @@ def test_no_policy_deadlocks_runs_a_task_twice_breaks_a_dependency_or_the_budget
     scenario: tuple[Hint, CostModel, Sample, Policy, float],
 ) -> None:
     hint, costs, sample, policy, slack = scenario
-    result = Simulator(hint, costs).run(policy, sample, memory_slack=slack)
+    result = Simulator(hint, costs).run(policy, sample, slack_microbatches=slack)
     _check(hint, sample, result)
     assert result.makespan >= result.lower_bound - 1e-9
 
@@ -146,13 +146,13 @@ def held_by_size(result: SimResult, sample: Sample, costs: CostModel) -> list[fl
     st.sampled_from([None, 0.0, 0.25]),
 )
 def test_admission_by_size_never_exceeds_its_budget(
-    scenario: tuple[Hint, CostModel, Sample, Policy, float], order: str, device_budget: float | None
+    scenario: tuple[Hint, CostModel, Sample, Policy, float], order: str, device_budget_fraction: float | None
 ) -> None:
     # The budget is measured on the micro-batches in the order they came; any order of them runs within it,
     # on every rank, under every policy (fixed too: it runs the hint fitted to the budget).
     hint, costs, drawn, policy, slack = scenario
     simulator = Simulator(hint, costs)
-    budgets = simulator.size_budgets(drawn, memory_slack=slack, device_budget=device_budget)
+    budgets = simulator.size_budgets(drawn, slack_microbatches=slack, device_budget_fraction=device_budget_fraction)
     sample = drawn.ordered(order)
     result = simulator.run(policy, sample, activation_budget=budgets, admission="size")
     _check(result.hint, sample, result)

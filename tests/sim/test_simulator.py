@@ -47,13 +47,13 @@ def test_lower_bound_is_the_busiest_rank_when_it_dominates() -> None:
 def test_ready_equals_fixed_without_variability(name: str, slack: int) -> None:
     chunks = 2 if name in ("zbv", "interleaved-1f1b") else 1
     hint = generate_hint(name, 4, 8, chunks)
-    study = run_study(hint, list(Policy), variability=[parse_variability("iid:0.0")], memory_slack=slack)
+    study = run_study(hint, list(Policy), variability=[parse_variability("iid:0.0")], slack_microbatches=slack)
     assert study[Policy.READY].makespan == study[Policy.FIXED].makespan
 
 
 def test_readiness_gains_under_variable_microbatch_lengths() -> None:
     hint = generate_hint("1f1b", 4, 16)
-    study = run_study(hint, list(Policy), variability=[parse_variability("mb:0.5")], trials=20, memory_slack=2)
+    study = run_study(hint, list(Policy), variability=[parse_variability("mb:0.5")], trials=20, slack_microbatches=2)
     fixed = study[Policy.FIXED].makespan
     assert fixed / study[Policy.READY].makespan >= 1.10
     assert fixed / study[Policy.GREEDY].makespan >= 1.10
@@ -113,8 +113,8 @@ def test_activation_bytes_budget() -> None:
     sim = Simulator(hint, costs)
     # Rank 0 holds F0 and F1 (100 + 200 bytes) before its first backward.
     assert sim.budgets() == [300.0, 100.0]
-    assert sim.budgets(memory_slack=1) == [500.0, 200.0]
-    result = sim.run(Policy.GREEDY, memory_slack=1)
+    assert sim.budgets(slack_microbatches=1) == [500.0, 200.0]
+    result = sim.run(Policy.GREEDY, slack_microbatches=1)
     assert result.peak_live[0] <= 500.0
 
 
@@ -280,7 +280,7 @@ def _digest(name: str, chunks: int, ranks: int, microbatches: int, activation: b
         drawn = Sample.draw(hint, costs, [parse_variability(spec)], np.random.default_rng(trial))
         sample = dataclasses.replace(drawn, known=None)
         for policy in Policy:
-            for room in ({}, {"memory_slack": 2.0}, {"activation_budget": sim.device_budgets(0.0)}):
+            for room in ({}, {"slack_microbatches": 2.0}, {"activation_budget": sim.device_budgets(0.0)}):
                 for notices in (True, False):
                     res = sim.run(policy, sample, notices=notices, **room)
                     for r in range(hint.ranks):

@@ -16,8 +16,11 @@ from typing import Any, cast
 
 import pytest
 import torch
+import torch.distributed
 
 from hintpipe.apps import training
+from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.train_config import TrainConfig
 from hintpipe.dispatch.budgets import device_budgets, rank_budget
 from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.dispatch.fit import BudgetError
@@ -28,8 +31,9 @@ from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.dispatch.variability import parse_variability
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import form_microbatches
+from hintpipe.options import PipelineConfig
 from hintpipe.planner.plan import Plan
-from hintpipe.runtime import rank_process
+from hintpipe.runtime import pipeline, rank_process
 from hintpipe.runtime.launch import run_ranks
 from hintpipe.runtime.loop.reports import StepReport
 from hintpipe.runtime.parallel.mesh import Layout
@@ -38,6 +42,7 @@ from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import Hint, Placement
 from hintpipe.sim import predict
 from hintpipe.sim.compare import run_study
+from hintpipe.sim.simulate import simulate
 from hintpipe.sim.simulator import Sample, SimResult, Simulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,16 +72,18 @@ RETIRED = {
     ),
     "Parts.transport (the object), now Parts.carrier": re.compile(r"\bparts\.transport\b"),
     "PostOffice, LinkPostOffice, now GlooTransport, NcclTransport": re.compile(r"\b(?:Link)?PostOffice\b"),
-    "Simulator.run(slack=, budgets=), now memory_slack=, activation_budget=": re.compile(
+    "Simulator.run(slack=, budgets=), now slack_microbatches=, activation_budget=": re.compile(
         r"\.run" + _ARGS + r"\b(?:slack|budgets)=", re.S
     ),
-    "Simulator.budgets(slack=), size_budgets(slack=), now memory_slack=": re.compile(
+    "Simulator.budgets(slack=), size_budgets(slack=), now slack_microbatches=": re.compile(
         r"\b(?:size_)?budgets" + _ARGS + r"\bslack=", re.S
     ),
-    "run_study(slack=, budgets=, order=), now memory_slack=, activation_budget=, microbatch_order=": re.compile(
+    "run_study(slack=, budgets=, order=), now slack_microbatches=, activation_budget=, microbatch_order=": re.compile(
         r"\brun_study" + _ARGS + r"\b(?:slack|budgets|order)=", re.S
     ),
-    "predict_step_time(slack=), now memory_slack=": re.compile(r"\bpredict_step_time" + _ARGS + r"\bslack=", re.S),
+    "predict_step_time(slack=), now slack_microbatches=": re.compile(
+        r"\bpredict_step_time" + _ARGS + r"\bslack=", re.S
+    ),
     "StepReport.step_time, now StepReport.makespan": re.compile(r"\.step_time\b"),
     "StepReport.plan_costs, predict_step_time(plan_costs=...), now forecast_costs": re.compile(
         r"\.plan_costs\b|\bplan_costs="
@@ -91,13 +98,21 @@ RETIRED = {
     "forecasts_for, ready_forecast": re.compile(r"\bReadyPlanner\b|\.plan_for\(|\bplans_for\b|\bready_plan\b"),
     "Simulator.plans(), Layout.plans(), now .forecasts()": re.compile(r"\.plans\("),
     "Scoreboard(plan=...), now Scoreboard(forecast=...)": re.compile(r"\bScoreboard" + _ARGS + r"\bplan=", re.S),
+    "memory_slack, --memory-slack, now slack_microbatches, --slack-microbatches": re.compile(r"\bmemory[_-]slack\b"),
+    "device_budget, --device-budget, now device_budget_fraction, --device-budget-fraction": re.compile(
+        r"\bdevice[_-]budget\b(?!-fraction)"
+    ),
     "import hintpipe.scoreboard, hintpipe.policy, now hintpipe.dispatch.scoreboard, .policy": re.compile(
         r"\b(?:from|import)\s+hintpipe\.(?:scoreboard|policy)\b|\bfrom\s+hintpipe\s+import\s+(?:scoreboard|policy)\b"
     ),
 }
 
-#: A line that names a retired spelling on purpose: a shim's warning or decorator.
-_SHIM = re.compile(r"\bretired_(?:attribute|module)\(|@renamed\(")
+#: A line that names a retired spelling on purpose: a shim's warning or decorator, an option's name before.
+_SHIM = re.compile(r"\bretired_(?:attribute|module)\(|@renamed\(|\bbefore=\"")
+#: A decorator that takes retired keywords, over however many lines it is written.
+_RENAMED = re.compile(r"@renamed" + _ARGS + r"\)", re.S)
+#: The tests of the retired flags and config keys (they give them).
+_TESTS_OF_RETIRED = ("tests/cli/test_renamed_flags.py",)
 
 
 def _sources() -> list[Path]:
@@ -106,12 +121,13 @@ def _sources() -> list[Path]:
         found += sorted((ROOT / folder).rglob("*.py"))
     # they take the retired keywords and attributes, and name them in their warnings and docstrings
     kept = ("runtime/launch.py", "schedule/hint.py", "renamed.py", "scoreboard.py", "policy.py")  # and the old modules
-    keepers = {ROOT / "src/hintpipe" / name for name in kept}
+    keepers = {ROOT / "src/hintpipe" / name for name in kept} | {ROOT / name for name in _TESTS_OF_RETIRED}
     return [path for path in found if path.name != Path(__file__).name and path not in keepers]
 
 
 def _text(path: Path) -> str:
-    return "\n".join(line for line in path.read_text(encoding="utf-8").splitlines() if not _SHIM.search(line))
+    text = _RENAMED.sub("", path.read_text(encoding="utf-8"))
+    return "\n".join(line for line in text.splitlines() if not _SHIM.search(line))
 
 
 def test_retired_names_are_used_nowhere() -> None:
@@ -196,6 +212,11 @@ def _predicted(module: Any, **room: Any) -> float:
     return float(module.predict_step_time(hint, records, None, Policy.READY, **room))
 
 
+def _simulated_step(**room: Any) -> tuple[float, Any, Any]:
+    result = _loose(simulate)("1f1b", ranks=2, microbatches=4, variability=["mb:0.5"], **room)
+    return result.makespan, result.starts, result.budget
+
+
 #: (the warning's exact text, the call with the retired keyword, the same with the new one).
 KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
     (
@@ -221,9 +242,9 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: Hint.from_lists("h", Placement.loop(2), 4, lists=[list(t) for t in _hint().lists]),
     ),
     (
-        "Simulator.run(slack=...) is now Simulator.run(memory_slack=...)",
+        "Simulator.run(slack=...) is now Simulator.run(slack_microbatches=...)",
         lambda: _run(slack=1),
-        lambda: _run(memory_slack=1),
+        lambda: _run(slack_microbatches=1),
     ),
     (
         "Simulator.run(budgets=...) is now Simulator.run(activation_budget=...)",
@@ -231,19 +252,19 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: _run(activation_budget=[3.0, 3.0]),
     ),
     (
-        "Simulator.budgets(slack=...) is now Simulator.budgets(memory_slack=...)",
+        "Simulator.budgets(slack=...) is now Simulator.budgets(slack_microbatches=...)",
         lambda: _loose(_simulator().budgets)(slack=2),
-        lambda: _simulator().budgets(memory_slack=2),
+        lambda: _simulator().budgets(slack_microbatches=2),
     ),
     (
-        "Simulator.size_budgets(slack=...) is now Simulator.size_budgets(memory_slack=...)",
+        "Simulator.size_budgets(slack=...) is now Simulator.size_budgets(slack_microbatches=...)",
         lambda: _loose(_simulator().size_budgets)(Sample.expected(_hint(), CostModel.uniform(2)), slack=2),
-        lambda: _simulator().size_budgets(Sample.expected(_hint(), CostModel.uniform(2)), memory_slack=2),
+        lambda: _simulator().size_budgets(Sample.expected(_hint(), CostModel.uniform(2)), slack_microbatches=2),
     ),
     (
-        "run_study(slack=...) is now run_study(memory_slack=...)",
+        "run_study(slack=...) is now run_study(slack_microbatches=...)",
         lambda: _study(slack=1),
-        lambda: _study(memory_slack=1),
+        lambda: _study(slack_microbatches=1),
     ),
     (
         "run_study(budgets=...) is now run_study(activation_budget=...)",
@@ -256,9 +277,79 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: _study(microbatch_order="shortest-first"),
     ),
     (
-        "predict_step_time(slack=...) is now predict_step_time(memory_slack=...)",
+        "predict_step_time(slack=...) is now predict_step_time(slack_microbatches=...)",
         lambda: _predicted(predict, slack=1),
+        lambda: _predicted(predict, slack_microbatches=1),
+    ),
+    (
+        "PipelineConfig(memory_slack=...) is now PipelineConfig(slack_microbatches=...)",
+        lambda: _loose(PipelineConfig)(microbatches=4, memory_slack=2),
+        lambda: PipelineConfig(microbatches=4, slack_microbatches=2),
+    ),
+    (
+        "PipelineConfig(device_budget=...) is now PipelineConfig(device_budget_fraction=...)",
+        lambda: _loose(PipelineConfig)(microbatches=4, device_budget=0.25),
+        lambda: PipelineConfig(microbatches=4, device_budget_fraction=0.25),
+    ),
+    (
+        "TrainConfig(memory_slack=...) is now TrainConfig(slack_microbatches=...)",
+        lambda: _loose(TrainConfig)(model=ModelConfig(), ranks=2, microbatches=4, memory_slack=2),
+        lambda: TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2),
+    ),
+    (
+        "TrainConfig(device_budget=...) is now TrainConfig(device_budget_fraction=...)",
+        lambda: _loose(TrainConfig)(model=ModelConfig(), ranks=2, microbatches=4, device_budget=0.25),
+        lambda: TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, device_budget_fraction=0.25),
+    ),
+    (
+        "Simulator.run(memory_slack=...) is now Simulator.run(slack_microbatches=...)",
+        lambda: _run(memory_slack=1),
+        lambda: _run(slack_microbatches=1),
+    ),
+    (
+        "Simulator.budgets(memory_slack=...) is now Simulator.budgets(slack_microbatches=...)",
+        lambda: _loose(_simulator().budgets)(memory_slack=2),
+        lambda: _simulator().budgets(slack_microbatches=2),
+    ),
+    (
+        "Simulator.device_budgets(device_budget=...) is now Simulator.device_budgets(device_budget_fraction=...)",
+        lambda: _loose(_simulator().device_budgets)(device_budget=0.5),
+        lambda: _simulator().device_budgets(device_budget_fraction=0.5),
+    ),
+    (
+        "Simulator.size_budgets(memory_slack=...) is now Simulator.size_budgets(slack_microbatches=...)",
+        lambda: _loose(_simulator().size_budgets)(Sample.expected(_hint(), CostModel.uniform(2)), memory_slack=2),
+        lambda: _simulator().size_budgets(Sample.expected(_hint(), CostModel.uniform(2)), slack_microbatches=2),
+    ),
+    (
+        "Simulator.size_budgets(device_budget=...) is now Simulator.size_budgets(device_budget_fraction=...)",
+        lambda: _loose(_simulator().size_budgets)(Sample.expected(_hint(), CostModel.uniform(2)), device_budget=0.5),
+        lambda: _simulator().size_budgets(Sample.expected(_hint(), CostModel.uniform(2)), device_budget_fraction=0.5),
+    ),
+    (
+        "run_study(memory_slack=...) is now run_study(slack_microbatches=...)",
+        lambda: _study(memory_slack=1),
+        lambda: _study(slack_microbatches=1),
+    ),
+    (
+        "run_study(device_budget=...) is now run_study(device_budget_fraction=...)",
+        lambda: _study(device_budget=0.5),
+        lambda: _study(device_budget_fraction=0.5),
+    ),
+    (
+        "predict_step_time(memory_slack=...) is now predict_step_time(slack_microbatches=...)",
         lambda: _predicted(predict, memory_slack=1),
+        lambda: _predicted(predict, slack_microbatches=1),
+    ),
+    (
+        "simulate(memory_slack=...) is now simulate(slack_microbatches=...)",
+        lambda: _simulated_step(memory_slack=1),
+        lambda: _simulated_step(slack_microbatches=1),
+    ),
+    (
+        "simulate(device_budget=...) is now simulate(device_budget_fraction=...)",
+        lambda: _simulated_step(device_budget=0.5),
+        lambda: _simulated_step(device_budget_fraction=0.5),
     ),
     (
         "Scoreboard(plan=...) is now Scoreboard(forecast=...)",
@@ -304,7 +395,7 @@ def test_the_applications_predict_step_time_takes_slack_too() -> None:
     with (
         pytest.warns(
             DeprecationWarning,
-            match=r"^predict_step_time\(slack=\.\.\.\) is now predict_step_time\(memory_slack=\.\.\.\)$",
+            match=r"^predict_step_time\(slack=\.\.\.\) is now predict_step_time\(slack_microbatches=\.\.\.\)$",
         ),
         pytest.raises(ValueError, match="step 3's timelines were not kept"),
     ):
@@ -329,8 +420,47 @@ def test_a_retired_module_still_imports_and_says_its_new_name(
 
 
 def test_a_retired_keyword_beside_its_new_name_is_refused() -> None:
-    with pytest.raises(TypeError, match=r"^Simulator.run\(\) takes memory_slack= \(before 0.7: slack=\), not both$"):
-        _loose(_simulator().run)(Policy.READY, slack=1, memory_slack=1)
+    with pytest.raises(
+        TypeError, match=r"^Simulator.run\(\) takes slack_microbatches= \(before 0.7: slack=\), not both$"
+    ):
+        _loose(_simulator().run)(Policy.READY, slack=1, slack_microbatches=1)
+    said = r"^PipelineConfig\(\) takes slack_microbatches= \(before 0.7: memory_slack=\), not both$"
+    with pytest.raises(TypeError, match=said):
+        _loose(PipelineConfig)(microbatches=4, memory_slack=1, slack_microbatches=1)
+
+
+class _Configured(Exception):
+    """The keywords a pipeline's constructor passed on: where the test stops it, before any process group."""
+
+
+@pytest.mark.parametrize("constructor", ["__init__", "from_modules", "from_plan", "from_sequential"])
+@pytest.mark.parametrize(
+    ("old", "new"), [("memory_slack", "slack_microbatches"), ("device_budget", "device_budget_fraction")]
+)
+def test_each_pipeline_constructor_takes_an_option_s_name_before_as_its_name_now(
+    constructor: str, old: str, new: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each constructor up to the config (the one object every constructor builds first), with no process group.
+    def configured(config: object, microbatches: int | None, keywords: dict[str, Any]) -> None:
+        raise _Configured(keywords)
+
+    monkeypatch.setattr(pipeline, "configured", configured)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(pipeline, "tie_to_agent", lambda: None)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    loss = torch.nn.functional.mse_loss
+    first: dict[str, Callable[[dict[str, Any]], object]] = {
+        "__init__": lambda room: Pipeline({0: model}, loss_fn=loss, **room),
+        "from_modules": lambda room: Pipeline.from_modules(list(model), loss_fn=loss, **room),
+        "from_plan": lambda room: Pipeline.from_plan(_plan(), loss_fn=loss, **room),
+        "from_sequential": lambda room: Pipeline.from_sequential(model, [1], loss_fn=loss, **room),
+    }
+    where = "Pipeline" if constructor == "__init__" else f"Pipeline.{constructor}"
+    said = f"^{re.escape(f'{where}({old}=...) is now {where}({new}=...)')}$"
+    with pytest.warns(DeprecationWarning, match=said) as caught, pytest.raises(_Configured) as passed:
+        first[constructor]({old: 0.5})
+    assert len(caught) == 1
+    assert passed.value.args[0] == {new: 0.5}
 
 
 #: (the warning's exact text, the retired attribute read, the new one).
@@ -351,6 +481,21 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: ((1.0, 2.0, 0.0),),
     ),
     ("Simulator.plans() is now Simulator.forecasts()", lambda: _simulator().plans(), lambda: _simulator().forecasts()),
+    (
+        "PipelineConfig.memory_slack is now PipelineConfig.slack_microbatches",
+        lambda: _loose(PipelineConfig(microbatches=4, slack_microbatches=2)).memory_slack,
+        lambda: 2.0,
+    ),
+    (
+        "PipelineConfig.device_budget is now PipelineConfig.device_budget_fraction",
+        lambda: _loose(PipelineConfig(microbatches=4, device_budget_fraction=0.25)).device_budget,
+        lambda: 0.25,
+    ),
+    (
+        "TrainConfig.memory_slack is now TrainConfig.slack_microbatches",
+        lambda: _loose(TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2)).memory_slack,
+        lambda: 2.0,
+    ),
     (
         "SimResult.records() is now SimResult.timeline()",
         lambda: _simulated().records(),

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from hintpipe.apps.gpt_layers import Block as Block
 from hintpipe.apps.gpt_layers import Embedding as Embedding
@@ -40,6 +41,32 @@ def build_layers(config: ModelConfig) -> list[nn.Module]:
     """
     layers: list[nn.Module] = config.spec.layer_builder()(config)
     return layers
+
+
+def meta_layers(config: ModelConfig) -> list[nn.Module]:
+    """The model's layers on the ``meta`` device: every parameter sized, none allocated or given values, for
+    checks that count parameters of a model too large to build.
+
+    Initialisers do nothing there (a meta tensor has no values to set): torch's ``normal_`` on a meta tensor
+    imports ``torch._dynamo``, about 1.5 s of CPU that a launcher sizing a model before its ranks start does
+    not need (the ranks' fork server imports it for them)."""
+    with torch.device("meta"), _MetaValuesUnset():
+        return build_layers(config)
+
+
+class _MetaValuesUnset(TorchFunctionMode):
+    """A normal initialiser (``Tensor.normal_``, ``nn.init.normal_``, ``trunc_normal_``, ``xavier_normal_``,
+    ...) given a meta tensor returns it as it is (see :func:`meta_layers`). ``nn.init``'s are caught as
+    themselves: inside a mode's handler the mode is off, so the ``Tensor.normal_`` they call would pass by."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        tensor = args[0] if args else kwargs.get("tensor")  # nn.init's pass it by keyword
+        if getattr(func, "__name__", "").endswith("normal_") and isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
+        return func(*args, **kwargs)
 
 
 def mlp_layers(config: ModelConfig) -> list[nn.Module]:

@@ -17,12 +17,12 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.sim.predict import predict_step_time as _predict
 
 
-@renamed("predict_step_time", slack="memory_slack")
+@renamed("predict_step_time", slack="slack_microbatches", memory_slack="slack_microbatches")
 def predict_step_time(
     hint: Hint,
     report: StepReport,
     policy: Policy,
-    memory_slack: float = 0.0,
+    slack_microbatches: float = 0.0,
     *,
     admission: AdmissionUnit | str = "slots",
 ) -> float:
@@ -45,7 +45,7 @@ def predict_step_time(
         report.records,
         report.forecast_costs,
         policy,
-        memory_slack,
+        slack_microbatches,
         budgets=budgets if whole else None,
         sizes=report.sizes or None,
         admission=admission,

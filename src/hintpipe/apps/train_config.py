@@ -21,7 +21,7 @@ from hintpipe.forming.form import Forming
 from hintpipe.modes import TransportChoice
 from hintpipe.observe.trace import Record
 from hintpipe.option import ChoiceField, said
-from hintpipe.options import OPTIONS, PipelineConfig, check_options
+from hintpipe.options import OPTIONS, PipelineConfig, check_options, taking_names_before
 from hintpipe.planner.plan import Plan
 from hintpipe.run_options import run_option
 from hintpipe.runtime.injection import Injection
@@ -77,6 +77,7 @@ def choose_auto_hint(config: AutoRun, chunks: int | None) -> str:
     return chosen
 
 
+@taking_names_before
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig(PipelineConfig):
     """Everything a rank needs to train (picklable: it crosses process boundaries): the pipeline's options

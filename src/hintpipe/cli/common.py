@@ -23,8 +23,9 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from hintpipe.option import LARGEST_INT, Option
+from hintpipe.option import LARGEST_INT, Option, flag_of
 from hintpipe.options import OPTIONS, ROOM, check_options
+from hintpipe.renamed import REMOVED_IN
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.resolve import resolve_hint
 from hintpipe.units import parse_sizes
@@ -36,7 +37,9 @@ stderr = Console(stderr=True)
 
 def add_option(parser: argparse.ArgumentParser | Any, name: str, **overrides: Any) -> None:
     """Add the flag of option ``name`` (:data:`hintpipe.options.OPTIONS`): its flag, type, default,
-    choices and help come from the option; ``overrides`` replace any of argparse's keywords."""
+    choices and help come from the option; ``overrides`` replace any of argparse's keywords. A renamed option
+    (:attr:`Option.before <hintpipe.option.Option.before>`) also gets its flag before, a :class:`RetiredFlag`,
+    exclusive of the new one (in the group of exclusive flags ``parser`` is, or in a group of the two)."""
     option = OPTIONS[name]
     keywords: dict[str, Any] = {"help": _help(option), "dest": option.name}
     if option.kind == "bool":
@@ -57,7 +60,41 @@ def add_option(parser: argparse.ArgumentParser | Any, name: str, **overrides: An
     if option.required:
         keywords["required"] = True
     keywords.update(overrides)
-    parser.add_argument(option.flag, **keywords)
+    if option.before is None:
+        parser.add_argument(option.flag, **keywords)
+        return
+    assert not option.required, f"{option.flag}: a required flag and its retired one would both be required"
+    exclusive = isinstance(parser, argparse._MutuallyExclusiveGroup)
+    group = parser if exclusive else parser.add_mutually_exclusive_group()
+    new = group.add_argument(option.flag, **keywords)
+    same = {key: getattr(new, key) for key in ("nargs", "const", "type", "choices", "metavar")}
+    group.add_argument(
+        flag_of(option.before), action=RetiredFlag, dest=new.dest, now=new, default=argparse.SUPPRESS, **same
+    )
+
+
+class RetiredFlag(argparse.Action):
+    """A renamed option's flag before the rename (:attr:`Option.before <hintpipe.option.Option.before>`), taken
+    until :data:`~hintpipe.renamed.REMOVED_IN`: hidden from ``--help``, it says one line on stderr that names the
+    new flag (``hintpipe train: warning: --old is now --new; the old flag goes in 0.8``) and then does what the
+    new flag does. Giving both is refused as argparse refuses two flags of a group of exclusive flags, in one
+    line (the two are in one: see :func:`add_option`). A config file's keys are the new flags' alone
+    (:func:`~hintpipe.cli.config_file.config_keys` leaves these out); its old keys are warned about there."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, now: argparse.Action, **keywords: Any) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **keywords)
+        self.now = now
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        old, new = option_string or self.option_strings[0], self.now.option_strings[0]
+        print(f"{parser.prog}: warning: {old} is now {new}; the old flag goes in {REMOVED_IN}", file=sys.stderr)
+        self.now(parser, namespace, values, new)
 
 
 def whole_number(text: str) -> int:
@@ -84,16 +121,16 @@ def _help(option: Option) -> str:
 
 
 def add_room_arguments(parser: argparse.ArgumentParser, *, activation_unit: str) -> None:
-    """``--memory-slack``, ``--activation-budget`` or ``--device-budget``: the room each rank has for in-flight
-    activations (at most one of them)."""
+    """``--slack-microbatches``, ``--activation-budget`` or ``--device-budget-fraction``: the room each rank has
+    for in-flight activations (at most one of them)."""
     group = parser.add_mutually_exclusive_group()
-    add_option(group, "memory_slack")
+    add_option(group, "slack_microbatches")
     add_option(
         group,
         "activation_budget",
         help=f"activations each rank may hold ({activation_unit}); one value, or one per rank separated by commas",
     )
-    add_option(group, "device_budget", nargs="?", const=0.0)
+    add_option(group, "device_budget_fraction", nargs="?", const=0.0)
 
 
 def checked(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
@@ -103,7 +140,8 @@ def checked(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
 
 
 def room(args: argparse.Namespace, ranks: int) -> tuple[float, list[float] | None, float | None]:
-    """``(memory_slack, activation budgets per rank or None, device_budget or None)`` from the flags, checked."""
+    """``(slack_microbatches, activation budgets per rank or None, device_budget_fraction or None)`` from the
+    flags, checked."""
     values = check_options({name: getattr(args, name) for name in ROOM if name != "activation_budget"}, cli=True)
     budgets = None
     if args.activation_budget is not None:
@@ -113,7 +151,7 @@ def room(args: argparse.Namespace, ranks: int) -> tuple[float, list[float] | Non
         except ValueError as exc:
             raise ValueError(f"{flag}: {exc}") from None
         budgets = [OPTIONS["activation_budget"].check(value, cli=True) for value in parsed]
-    return values["memory_slack"], budgets, values["device_budget"]
+    return values["slack_microbatches"], budgets, values["device_budget_fraction"]
 
 
 def build_hint(args: argparse.Namespace) -> Hint:

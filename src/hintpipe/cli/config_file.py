@@ -26,7 +26,12 @@ number of bytes. Everything wrong in a file is refused in one line that starts `
 - a bad value, in its flag's own words (``[training] steps: --steps must be an integer, got 2.5``);
 - the sections ``[pipeline]`` and ``[run]`` of 0.7's first form, which no release shipped: they are refused,
   not read, in one line that says where each of their keys goes now (``[run] is no longer a section: put
-  data in [data]; steps in [training]``), so a file is fixed once rather than warned about on every run.
+  data in [data]; steps in [training]``), so a file is fixed once rather than warned about on every run;
+- a renamed option given under both its names in one section.
+
+A renamed option's key before (:data:`~hintpipe.options.RENAMED_OPTIONS`) is read as its key now, with one line
+on stderr that names the new key, until :data:`~hintpipe.renamed.REMOVED_IN` (its flag before is taken the same
+way: :class:`~hintpipe.cli.common.RetiredFlag`).
 
 ``--print-config`` prints the file a command would run with (every key of the command, after the file and the
 flags; values that are None left out, as TOML has no null) and exits; fed back with ``--config`` it parses to
@@ -41,14 +46,16 @@ import argparse
 import difflib
 import os
 import stat
+import sys
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from hintpipe.cli.common import whole_number
+from hintpipe.cli.common import RetiredFlag, whole_number
 from hintpipe.option import LARGEST_INT
-from hintpipe.options import OPTIONS
+from hintpipe.options import OPTIONS, RENAMED_OPTIONS
+from hintpipe.renamed import REMOVED_IN
 
 #: The file's sections and the keys each holds, in the order ``--print-config`` writes them. Each key is in
 #: exactly one section; names without a flag yet (Python-only options, flags to come) may be listed.
@@ -64,8 +71,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "check_grads", "variability", "faults",
     ),
     "parallelism": (
-        "ranks", "hint", "chunks", "policy", "microbatch_order", "admission", "memory_slack", "activation_budget",
-        "device_budget", "dp", "tp", "data_parallel", "device", "transport", "tied", "mesh", "fsdp",
+        "ranks", "hint", "chunks", "policy", "microbatch_order", "admission", "slack_microbatches", "activation_budget",
+        "device_budget_fraction", "dp", "tp", "data_parallel", "device", "transport", "tied", "mesh", "fsdp",
     ),
     "checkpoint": (
         "checkpoint_dir", "checkpoint_every", "checkpoint_keep", "replace_checkpoints", "group_readable", "resume",
@@ -115,8 +122,14 @@ def config_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argum
 
 
 def config_keys(command: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """A command's keys: every flag's ``dest`` but the invocation's (:data:`INVOCATION`), with its action."""
-    return {a.dest: a for a in command._actions if a.option_strings and a.dest not in INVOCATION}
+    """A command's keys: every flag's ``dest`` but the invocation's (:data:`INVOCATION`), with its action (a
+    renamed option's flag before, a :class:`~hintpipe.cli.common.RetiredFlag`, is no key: its old key is read as
+    the new one, see :func:`read_config`)."""
+    return {
+        a.dest: a
+        for a in command._actions
+        if a.option_strings and a.dest not in INVOCATION and not isinstance(a, RetiredFlag)
+    }
 
 
 #: The largest config file read: a run's whole config is a few kilobytes; a larger file is no config (and
@@ -165,13 +178,14 @@ def read_config(path: str | Path, parser: argparse.ArgumentParser, command: str)
     values: dict[str, Any] = {}
     for name, content in data.items():
         if not isinstance(content, dict):
-            _check_place(path, name, None, known)
+            _check_place(path, RENAMED_OPTIONS.get(name, name), None, known)
             continue
         if name not in SECTIONS:
             near = difflib.get_close_matches(name, SECTIONS, n=1)
             fix = f"did you mean [{near[0]}]?" if near else f"the sections are {', '.join(SECTIONS)}"
             raise ValueError(f"--config {path}: unknown section [{name}]; {fix}")
-        for key, value in content.items():
+        for given, value in content.items():
+            key = _renamed_key(path, given, name, content, command)
             _check_place(path, key, name, known)
             if key in actions:
                 try:
@@ -179,6 +193,26 @@ def read_config(path: str | Path, parser: argparse.ArgumentParser, command: str)
                 except ValueError as exc:
                     raise ValueError(f"--config {path}: [{name}] {key}: {exc}") from None
     return values
+
+
+def _renamed_key(path: str | Path, key: str, section: str, content: dict[str, Any], command: str) -> str:
+    """``key``, or the name now of a renamed option's name before (:data:`~hintpipe.options.RENAMED_OPTIONS`),
+    said in one line on stderr, as a flag before is (:class:`~hintpipe.cli.common.RetiredFlag`).
+
+    Raises:
+        ValueError: the section gives the option under both names.
+    """
+    new = RENAMED_OPTIONS.get(key)
+    if new is None:
+        return key
+    if new in content:
+        raise ValueError(f"--config {path}: [{section}] gives {new} and {key}, its name before; keep {new} alone")
+    print(
+        f"hintpipe {command}: warning: --config {path}: [{section}] {key} is now {new}; the old key goes in "
+        f"{REMOVED_IN}",
+        file=sys.stderr,
+    )
+    return new
 
 
 def file_value(action: argparse.Action, value: Any) -> Any:
@@ -298,8 +332,8 @@ def apply_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     given overrides it; a required flag the file gives is required no more). Nothing without ``--config``.
 
     A flag given replaces the file's value whole: a repeatable flag's list (argparse would append to the
-    file's), and every flag of its group of exclusive flags (``--device-budget`` given replaces the file's
-    ``memory_slack``).
+    file's), and every flag of its group of exclusive flags (``--device-budget-fraction`` given replaces the file's
+    ``slack_microbatches``).
 
     Raises:
         ValueError: as :func:`read_config`.

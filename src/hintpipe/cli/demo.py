@@ -44,7 +44,7 @@ def demo_arguments(steps: int, timeline: str = "demo-timeline.png") -> argparse.
     from hintpipe.cli import build_parser
 
     argv = ["train", "--ranks", "2", "--microbatches", "8", "--layers", "4", "--hidden", "96"]
-    argv += ["--seq-len-dist", "lognormal:96:0.5", "--steps", str(steps), "--memory-slack", "2"]
+    argv += ["--seq-len-dist", "lognormal:96:0.5", "--steps", str(steps), "--slack-microbatches", "2"]
     argv += ["--timeout", "120", "--timeline", timeline]
     return build_parser().parse_args(argv)
 

@@ -42,7 +42,7 @@ def register(commands: Any) -> None:
     add_option(parser, "variability", help=variability)
     add_option(parser, "microbatch_order")
     add_option(parser, "admission")
-    add_room_arguments(parser, activation_unit="slots, or bytes such as 2GiB when the cost model has sizes")
+    add_room_arguments(parser, activation_unit="slots; bytes, or a size such as 2GiB, when the cost model has sizes")
     parser.add_argument("--costs", metavar="FILE", help="cost model JSON (default F = B = W = 1)")
     parser.add_argument("--trials", type=whole_number, default=1, metavar="N", help="independent samples (default 1)")
     add_option(parser, "seed")
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.stages) if args.costs else None
-    slack, budgets, device_budget = room(args, hint.ranks)
+    slack, budgets, device_budget_fraction = room(args, hint.ranks)
     by_size = values["admission"] is AdmissionUnit.SIZE
     in_bytes = cost_model is not None and cost_model.activation is not None
     unit = "bytes" if in_bytes else "size" if by_size else "slots"
@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
             variability=models,
             trials=args.trials,
             seed=values["seed"],
-            memory_slack=slack,
+            slack_microbatches=slack,
             activation_budget=budgets,
-            device_budget=device_budget,
+            device_budget_fraction=device_budget_fraction,
             microbatch_order=values["microbatch_order"],
             admission=values["admission"],
             on_trial=lambda _: bar.advance(bar.task_ids[0]),

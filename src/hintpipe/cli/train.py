@@ -105,7 +105,7 @@ def register(commands: Any) -> None:
             add_option(parser, name, default=None, required=False, help=help_text)
         else:
             add_option(parser, name)
-    add_room_arguments(parser, activation_unit="bytes, e.g. 64MiB")
+    add_room_arguments(parser, activation_unit="bytes, or a size such as 64MiB")
     add_model_arguments(parser)
     parser.add_argument("--emulate", action="store_true", help="sleep each task's profiled cost instead of computing")
     parser.add_argument(
@@ -161,7 +161,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     forming = values.get("forming", Forming.CROP)
     check_model_flags(model, data, tp, forming, injection, values["steps"])
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
-    slack, budgets, device_budget = room(args, args.ranks)
+    slack, budgets, device_budget_fraction = room(args, args.ranks)
     if budgets is not None:
         _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
     # Every option given as a flag, checked above, fills the field of its name; then what the command line
@@ -175,8 +175,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "hint": args.hint,
         "chunks": args.chunks,
         "policy": policy,
-        "memory_slack": slack,
-        "device_budget": device_budget,
+        "slack_microbatches": slack,
+        "device_budget_fraction": device_budget_fraction,
         "activation_budget": None if budgets is None else tuple(budgets),
         "seq_len_dist": seq_len,
         "variability": tuple(values.get("variability", ())),
@@ -277,12 +277,9 @@ def _check_layers(model: ModelConfig, stages: int, world: int) -> None:
     allocated), and the whole model's layers and parameters follow from them, as ``--layers`` adds like
     layers (this check built the whole model before: ``--hidden 16384`` or ``--layers 1000000000`` ended in
     ``std::bad_alloc`` minutes later)."""
-    import torch
+    from hintpipe.apps.models import meta_layers
 
-    from hintpipe.apps.models import build_layers
-
-    with torch.device("meta"):
-        one, two = (build_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
+    one, two = (meta_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
     sizes = [sum(p.numel() for layer in built for p in layer.parameters()) for built in (one, two)]
     per_layer = sizes[1] - sizes[0]
     check_model_memory(model, sizes[0] + per_layer * (model.layers - 1), world)

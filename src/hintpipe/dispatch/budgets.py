@@ -15,31 +15,33 @@ from hintpipe.dispatch.fit import BudgetError
 from hintpipe.dispatch.rank_graph import RankGraph
 
 
-def slack_room(graph: RankGraph, memory_slack: float = 0.0) -> float:
-    """A rank's room: its hint's own peak plus ``memory_slack`` of its largest micro-batches (slots, or by
+def slack_room(graph: RankGraph, slack_microbatches: float = 0.0) -> float:
+    """A rank's room: its hint's own peak plus ``slack_microbatches`` of its largest micro-batches (slots, or by
     size: its largest micro-batch's weight). One formula for the simulator and the runtime."""
-    return graph.peak + memory_slack * graph.unit
+    return graph.peak + slack_microbatches * graph.unit
 
 
-def device_budgets(peaks: Sequence[float], device_budget: float = 0.0) -> list[float]:
+def device_budgets(peaks: Sequence[float], device_budget_fraction: float = 0.0) -> list[float]:
     """Per-device budgets: every rank may hold what the hint's busiest rank holds.
 
     A hint's own peaks differ by rank (1F1B: rank ``r`` of ``p`` holds ``p - r``
     micro-batches), so with equal devices the later ranks' memory sits idle;
     this budget lends it to running ahead, and no device ever holds more than
-    the fixed-order pipeline's busiest one (times ``1 + device_budget``:
+    the fixed-order pipeline's busiest one (times ``1 + device_budget_fraction``:
     0.25 for 25% more).
 
     Args:
         peaks: each rank's own fixed-order peak (slots or bytes).
-        device_budget: extra share of the largest peak, >= 0.
+        device_budget_fraction: extra share of the largest peak, >= 0.
 
     Raises:
-        ValueError: for a negative or infinite ``device_budget``.
+        ValueError: for a negative or infinite ``device_budget_fraction``.
     """
-    if device_budget < 0 or not math.isfinite(device_budget):
-        raise ValueError(f"device_budget must be a finite fraction >= 0 (0.25 for 25% more), got {device_budget!r}")
-    room = max(peaks, default=0.0) * (1.0 + device_budget)
+    if device_budget_fraction < 0 or not math.isfinite(device_budget_fraction):
+        raise ValueError(
+            f"device_budget_fraction must be a finite fraction >= 0 (0.25 for 25% more), got {device_budget_fraction!r}"
+        )
+    room = max(peaks, default=0.0) * (1.0 + device_budget_fraction)
     return [room] * len(peaks)
 
 

@@ -5,8 +5,8 @@ Under admission by size (see [Note: admission by size] in :mod:`hintpipe.dispatc
 its micro-batch's known size (input elements: tokens, rows, image patches), times a per-stage factor where
 one is known (the cost model's activation bytes in the simulator, the measured bytes per element in the
 runtime). Without a byte budget, a rank may hold what the hint holds by size *in the step's given order*
-(plus ``memory_slack`` of its largest micro-batches, or every rank the busiest rank's, times
-``1 + device_budget``): a sorted order of the same micro-batches then holds no more than the order they
+(plus ``slack_microbatches`` of its largest micro-batches, or every rank the busiest rank's, times
+``1 + device_budget_fraction``): a sorted order of the same micro-batches then holds no more than the order they
 came in would. The simulator (:meth:`Simulator.run(admission="size")
 <hintpipe.sim.simulator.Simulator.run>`) and the runtime
 (:class:`~hintpipe.runtime.loop.admission.Admission`) both call :func:`fit_step`, so that the runtime runs
@@ -50,15 +50,19 @@ def size_weights(
 
 
 def size_room(
-    hint: Hint, given: Sequence[FloatArray], *, memory_slack: float = 0.0, device_budget: float | None = None
+    hint: Hint,
+    given: Sequence[FloatArray],
+    *,
+    slack_microbatches: float = 0.0,
+    device_budget_fraction: float | None = None,
 ) -> list[float]:
     """Per rank, the room by size measured on ``given`` (:func:`size_weights` of the step's micro-batches in the
-    order they came): the rank's own fixed-order peak plus ``memory_slack`` of its largest micro-batches, or
-    with ``device_budget`` every rank the busiest rank's peak times ``1 + device_budget``."""
+    order they came): the rank's own fixed-order peak plus ``slack_microbatches`` of its largest micro-batches, or
+    with ``device_budget_fraction`` every rank the busiest rank's peak times ``1 + device_budget_fraction``."""
     graphs = [RankGraph(hint, r, w) for r, w in enumerate(given)]
-    if device_budget is not None:
-        return device_budgets([g.peak for g in graphs], device_budget)
-    return [slack_room(g, memory_slack) for g in graphs]
+    if device_budget_fraction is not None:
+        return device_budgets([g.peak for g in graphs], device_budget_fraction)
+    return [slack_room(g, slack_microbatches) for g in graphs]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,7 +98,9 @@ def assemble(
     microbatches = config.microbatches
     _check_modules(modules, hint, rank)
     if emulate is not None and config.activation_budget is not None:
-        raise ValueError("activation_budget needs real compute: emulated tasks hold no activations; use memory_slack")
+        raise ValueError(
+            "activation_budget needs real compute: emulated tasks hold no activations; use slack_microbatches"
+        )
     seams.injection.check(layout.pp * layout.dp * layout.tp, hint.stages, microbatches, layout.tp)
     owned = own_storage(modules)
     if owned:
@@ -203,10 +205,10 @@ def _admission(wiring: Wiring, config: PipelineConfig, budgets: tuple[float, ...
     return Admission(
         wiring.hint,
         wiring.rank,
-        config.memory_slack,
+        config.slack_microbatches,
         budgets,
         strict=strict,
-        device_budget=config.device_budget,
+        device_budget_fraction=config.device_budget_fraction,
         unit=config.admission,
     )
 

@@ -26,13 +26,16 @@ def agree_on_options(wiring: Wiring, config: PipelineConfig, own_budget: float |
     step: an ``equal`` option by its value, a ``given`` one by whether it is given, a ``resolved`` one as what
     it resolves to (the hint's name and stages, the transport chosen). Byte budgets are each rank's own: they
     may differ per rank (heterogeneous devices, a plan's spare memory per stage); every rank learns every
-    rank's own, since each fits the same hint to all of them. So is memory slack, except under admission by
-    size without a byte budget, where every rank computes every rank's room.
+    rank's own, since each fits the same hint to all of them. So is the slack in micro-batches, except under
+    admission by size without a byte budget, where every rank computes every rank's room.
     """
     by_bytes = own_budget is not None
     mine = compared_options(wiring, config, by_bytes)
     if config.admission is AdmissionUnit.SIZE and not by_bytes:
-        mine |= {"memory_slack": config.memory_slack, "device_budget": config.device_budget}
+        mine |= {
+            "slack_microbatches": config.slack_microbatches,
+            "device_budget_fraction": config.device_budget_fraction,
+        }
     gathered: list[Any] = [None] * wiring.layout.pp
     dist.all_gather_object(gathered, (mine, own_budget), group=wiring.coll)
     for rank, (theirs, _) in enumerate(gathered):

@@ -34,8 +34,8 @@ from torch import nn
 from hintpipe.dispatch.fit import BudgetError
 from hintpipe.dispatch.policy import Policy
 from hintpipe.modes import DataParallel, OnNonFinite, TransportChoice
-from hintpipe.options import PipelineConfig
-from hintpipe.renamed import retired_attribute
+from hintpipe.options import RENAMED_OPTIONS, PipelineConfig
+from hintpipe.renamed import renamed, retired_attribute
 from hintpipe.runtime.assembly import assemble
 from hintpipe.runtime.clipping import clip_grad_norm
 from hintpipe.runtime.engine import StepEngine
@@ -121,8 +121,10 @@ class Pipeline:
         names: the model's names for the stages' tensors (:meth:`from_plan` and :meth:`from_sequential` fill it
             in; stages given as modules are named ``<stage>.<name>``).
         options: any field of :class:`~hintpipe.options.PipelineConfig` by name (``hint``, ``policy``, the room
-            a rank has for activations in flight: ``memory_slack``, ``activation_budget`` or ``device_budget``
-            with ``admission``, see :mod:`hintpipe.runtime.loop.admission`; ``mesh``, ``device``, ...).
+            a rank has for activations in flight: ``slack_microbatches``, ``activation_budget`` or
+            ``device_budget_fraction`` with ``admission``, see :mod:`hintpipe.runtime.loop.admission`; ``mesh``,
+            ``device``, ...); an option's name before a rename (:data:`~hintpipe.options.RENAMED_OPTIONS`) is
+            still taken, with a ``DeprecationWarning``, here and by the other constructors.
 
     Raises:
         TypeError: an option the pipeline does not take, or no ``microbatches``.
@@ -130,6 +132,7 @@ class Pipeline:
         OptionMismatch: when ranks were started with different options.
     """
 
+    @renamed("Pipeline", **RENAMED_OPTIONS)
     def __init__(
         self,
         modules: Mapping[int, nn.Module],
@@ -226,6 +229,7 @@ class Pipeline:
     # -- building ---------------------------------------------------------------
 
     @classmethod
+    @renamed("Pipeline.from_modules", **RENAMED_OPTIONS)
     def from_modules(
         cls,
         modules: Sequence[nn.Module],
@@ -245,6 +249,7 @@ class Pipeline:
         return cls(mine, loss_fn=loss_fn, config=dataclasses.replace(config, hint=hint), seams=seams, names=names)
 
     @classmethod
+    @renamed("Pipeline.from_plan", **RENAMED_OPTIONS)
     def from_plan(
         cls,
         plan: Plan,
@@ -258,8 +263,8 @@ class Pipeline:
     ) -> Pipeline:
         """Build from a :class:`~hintpipe.planner.plan.Plan`: each rank builds its planned stages.
 
-        Unless ``memory_slack`` (above 0), ``activation_budget`` or ``device_budget`` is given, a plan made under
-        a memory budget gives each rank a byte budget for activations: its stages' planned activations
+        Unless ``slack_microbatches`` (above 0), ``activation_budget`` or ``device_budget_fraction`` is given, a plan
+        made under a memory budget gives each rank a byte budget for activations: its stages' planned activations
         plus their spare memory (budget minus planned peak), so the memory the planner frees becomes
         room to run ahead, admitted by each micro-batch's own size. If the hint's own order turns out
         to hold more than the plan predicted, the rank runs the hint without running ahead. Parameters
@@ -275,6 +280,7 @@ class Pipeline:
         return cls(planned.modules, loss_fn=loss_fn, config=planned.config, seams=seams, names=names)
 
     @classmethod
+    @renamed("Pipeline.from_sequential", **RENAMED_OPTIONS)
     def from_sequential(
         cls,
         model: nn.Sequential,

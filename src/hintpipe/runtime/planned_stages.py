@@ -96,7 +96,11 @@ def planned_stages(plan: Plan, config: PipelineConfig) -> PlannedStages:
         raise ValueError(f"the plan is for {plan.ranks} ranks, the pipeline has {layout.pp}")
     hint = resolve_hint(plan.hint, plan.ranks, plan.microbatches, plan.chunks)
     mine = hint.placement.stages_of(layout.position_of(dist.get_rank()))
-    room_given = bool(config.memory_slack) or config.activation_budget is not None or config.device_budget is not None
+    room_given = (
+        bool(config.slack_microbatches)
+        or config.activation_budget is not None
+        or config.device_budget_fraction is not None
+    )
     implied: dict[str, Any] = {"hint": hint}
     if not room_given and config.emulate is None and math.isfinite(room := plan.activation_room(mine)):
         implied["activation_budget"] = room

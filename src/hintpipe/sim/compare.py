@@ -87,7 +87,14 @@ def _summarise(policy: Policy, results: Sequence[SimResult]) -> Summary:
     )
 
 
-@renamed("run_study", slack="memory_slack", budgets="activation_budget", order="microbatch_order")
+@renamed(
+    "run_study",
+    slack="slack_microbatches",
+    memory_slack="slack_microbatches",
+    budgets="activation_budget",
+    device_budget="device_budget_fraction",
+    order="microbatch_order",
+)
 def run_study(
     hint: Hint,
     policies: Sequence[Policy],
@@ -96,9 +103,9 @@ def run_study(
     variability: Sequence[Variability] = (),
     trials: int = 1,
     seed: int = 0,
-    memory_slack: float = 0.0,
+    slack_microbatches: float = 0.0,
     activation_budget: Sequence[float] | None = None,
-    device_budget: float | None = None,
+    device_budget_fraction: float | None = None,
     microbatch_order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
     admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
     on_trial: Callable[[int], None] | None = None,
@@ -112,10 +119,10 @@ def run_study(
         variability: noise models (see :mod:`hintpipe.dispatch.variability`).
         trials: number of independent samples.
         seed: seeds the sampling.
-        memory_slack: extra micro-batches of room over the hint's own peak.
-        activation_budget: explicit per-rank budgets (overrides ``memory_slack`` and ``device_budget``).
-        device_budget: every rank may hold the hint's busiest rank's peak times
-            ``1 + device_budget`` (instead of ``memory_slack``).
+        slack_microbatches: extra micro-batches of room over the hint's own peak.
+        activation_budget: explicit per-rank budgets (overrides ``slack_microbatches`` and ``device_budget_fraction``).
+        device_budget_fraction: every rank may hold the hint's busiest rank's peak times
+            ``1 + device_budget_fraction`` (instead of ``slack_microbatches``).
         microbatch_order: the order in which each trial runs its micro-batches, by their
             known sizes (see :mod:`hintpipe.schedule.microbatch_order`).
         admission: ``slots``, or ``size``: each micro-batch weighs its known size, and
@@ -135,8 +142,8 @@ def run_study(
     simulator = Simulator(hint, cost_model)
     by_size = AdmissionUnit.parse(admission) is AdmissionUnit.SIZE
     budgets = activation_budget
-    if budgets is None and device_budget is not None and not by_size:
-        budgets = simulator.device_budgets(device_budget)
+    if budgets is None and device_budget_fraction is not None and not by_size:
+        budgets = simulator.device_budgets(device_budget_fraction)
     rng = np.random.default_rng(seed)
     results: dict[Policy, list[SimResult]] = {p: [] for p in policies}
     for trial in range(trials):
@@ -144,9 +151,13 @@ def run_study(
         sample = drawn.ordered(microbatch_order)
         room = budgets
         if by_size and room is None:
-            room = simulator.size_budgets(drawn, memory_slack=memory_slack, device_budget=device_budget)
+            room = simulator.size_budgets(
+                drawn, slack_microbatches=slack_microbatches, device_budget_fraction=device_budget_fraction
+            )
         for policy in policies:
-            run = simulator.run(policy, sample, activation_budget=room, memory_slack=memory_slack, admission=admission)
+            run = simulator.run(
+                policy, sample, activation_budget=room, slack_microbatches=slack_microbatches, admission=admission
+            )
             results[policy].append(run)
         if on_trial is not None:
             on_trial(trial)

@@ -22,13 +22,15 @@ from hintpipe.schedule.hint import Hint
 from hintpipe.sim.simulator import Simulator
 
 
-@renamed("predict_step_time", slack="memory_slack", plan_costs="forecast_costs")
+@renamed(
+    "predict_step_time", slack="slack_microbatches", memory_slack="slack_microbatches", plan_costs="forecast_costs"
+)
 def predict_step_time(
     hint: Hint,
     records: Sequence[Record],
     forecast_costs: StageCosts | None,
     policy: Policy,
-    memory_slack: float = 0.0,
+    slack_microbatches: float = 0.0,
     *,
     budgets: Sequence[float] | None = None,
     sizes: Sequence[float] | None = None,
@@ -56,6 +58,11 @@ def predict_step_time(
     # The runtime's ``ready`` hears its producers start (notices), as the simulator's ranks do.
     simulator = Simulator(hint, cost_model_of(costs))
     result = simulator.run(
-        policy, sample, memory_slack=memory_slack, activation_budget=budgets, notices=True, admission=admission
+        policy,
+        sample,
+        slack_microbatches=slack_microbatches,
+        activation_budget=budgets,
+        notices=True,
+        admission=admission,
     )
     return result.makespan

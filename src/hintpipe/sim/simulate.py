@@ -11,6 +11,7 @@ from hintpipe.dispatch.cost_model import CostModel
 from hintpipe.dispatch.fit import AdmissionUnit
 from hintpipe.dispatch.policy import Policy
 from hintpipe.dispatch.variability import parse_variability
+from hintpipe.renamed import renamed
 from hintpipe.schedule.hint import Hint
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 from hintpipe.schedule.resolve import resolve_hint
@@ -18,6 +19,7 @@ from hintpipe.sim.compare import run_study
 from hintpipe.sim.simulator import SimResult
 
 
+@renamed("simulate", memory_slack="slack_microbatches", device_budget="device_budget_fraction")
 def simulate(
     hint: str | Hint = "1f1b",
     *,
@@ -28,9 +30,9 @@ def simulate(
     costs: CostModel | None = None,
     variability: Sequence[str] = (),
     seed: int = 0,
-    memory_slack: float = 0.0,
+    slack_microbatches: float = 0.0,
     activation_budget: Sequence[float] | None = None,
-    device_budget: float | None = None,
+    device_budget_fraction: float | None = None,
     microbatch_order: MicrobatchOrder | str = MicrobatchOrder.GIVEN,
     admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
 ) -> SimResult:
@@ -45,8 +47,8 @@ def simulate(
             hint splits it).
         variability: ``--variability`` specs (``mb:0.5``, ``moe:8:2``, ...; see :mod:`hintpipe.dispatch.variability`),
             drawn from ``seed``.
-        memory_slack, activation_budget, device_budget, microbatch_order, admission: the room and the order, as
-            the pipeline takes them.
+        slack_microbatches, activation_budget, device_budget_fraction, microbatch_order, admission: the room and
+            the order, as the pipeline takes them.
 
     Raises:
         ValueError: an unknown hint, policy or variability spec, or sizes the hint does not support.
@@ -61,9 +63,9 @@ def simulate(
         cost_model=costs,
         variability=models,
         seed=seed,
-        memory_slack=memory_slack,
+        slack_microbatches=slack_microbatches,
         activation_budget=activation_budget,
-        device_budget=device_budget,
+        device_budget_fraction=device_budget_fraction,
         microbatch_order=microbatch_order,
         admission=admission,
     )

@@ -119,15 +119,16 @@ class Simulator:
         """``sources[r][pos]``: (rank, position there) of the remote task that feeds ``pos``, or None."""
         return self.layout.sources
 
-    @renamed("Simulator.budgets", slack="memory_slack")
-    def budgets(self, memory_slack: float = 0.0) -> list[float]:
-        """Per rank: the hint's own peak plus room for ``memory_slack`` more micro-batches."""
-        return [slack_room(g, memory_slack) for g in self.graphs]
+    @renamed("Simulator.budgets", slack="slack_microbatches", memory_slack="slack_microbatches")
+    def budgets(self, slack_microbatches: float = 0.0) -> list[float]:
+        """Per rank: the hint's own peak plus room for ``slack_microbatches`` more micro-batches."""
+        return [slack_room(g, slack_microbatches) for g in self.graphs]
 
-    def device_budgets(self, device_budget: float = 0.0) -> list[float]:
-        """Every rank: the hint's largest per-rank peak, times ``1 + device_budget``
+    @renamed("Simulator.device_budgets", device_budget="device_budget_fraction")
+    def device_budgets(self, device_budget_fraction: float = 0.0) -> list[float]:
+        """Every rank: the hint's largest per-rank peak, times ``1 + device_budget_fraction``
         (see :func:`hintpipe.dispatch.budgets.device_budgets`)."""
-        return device_budgets([g.peak for g in self.graphs], device_budget)
+        return device_budgets([g.peak for g in self.graphs], device_budget_fraction)
 
     def forecasts(self, latency: float = 0.0) -> list[RankForecast]:
         """Per rank, what ``ready`` expects: a fixed-order run on expected costs."""
@@ -147,16 +148,26 @@ class Simulator:
         mbs = self.hint.microbatches
         return size_weights(self.hint, sample.sizes, self.cost_model.activation_sizes(mbs))
 
-    @renamed("Simulator.size_budgets", slack="memory_slack")
+    @renamed(
+        "Simulator.size_budgets",
+        slack="slack_microbatches",
+        memory_slack="slack_microbatches",
+        device_budget="device_budget_fraction",
+    )
     def size_budgets(
-        self, given: Sample, *, memory_slack: float = 0.0, device_budget: float | None = None
+        self, given: Sample, *, slack_microbatches: float = 0.0, device_budget_fraction: float | None = None
     ) -> list[float]:
         """The room under admission by size, measured on ``given``, the step's micro-batches
-        in the order they came: each rank's own fixed-order peak by size plus ``memory_slack`` of its
-        largest micro-batches, or with ``device_budget`` every rank the busiest rank's peak
-        times ``1 + device_budget``. Run a sorted order of the same micro-batches within it,
+        in the order they came: each rank's own fixed-order peak by size plus ``slack_microbatches`` of its
+        largest micro-batches, or with ``device_budget_fraction`` every rank the busiest rank's peak
+        times ``1 + device_budget_fraction``. Run a sorted order of the same micro-batches within it,
         and it holds no more than the given order would."""
-        return size_room(self.hint, self.size_weights(given), memory_slack=memory_slack, device_budget=device_budget)
+        return size_room(
+            self.hint,
+            self.size_weights(given),
+            slack_microbatches=slack_microbatches,
+            device_budget_fraction=device_budget_fraction,
+        )
 
     def _fit(self, sample: Sample, budgets: Sequence[float] | None, slack: float) -> tuple[HintLayout, list[float]]:
         """The layout a run under admission by size runs, and its budgets: the hint fitted to them,
@@ -166,7 +177,7 @@ class Simulator:
         key = (b"".join(w.tobytes() for w in weights), given, slack)
         if self._fitted is not None and self._fitted[0] == key:
             return self._fitted[1], self._fitted[2]
-        room = list(given) if given is not None else size_room(self.hint, weights, memory_slack=slack)
+        room = list(given) if given is not None else size_room(self.hint, weights, slack_microbatches=slack)
         fitted = fit_step(self.hint, weights, room)
         like = self.layout if fitted.hint is self.hint else None
         layout = HintLayout(fitted.hint, list(fitted.graphs), like=like)
@@ -175,14 +186,16 @@ class Simulator:
 
     # -- a step ------------------------------------------------------------------------------
 
-    @renamed("Simulator.run", slack="memory_slack", budgets="activation_budget")
+    @renamed(
+        "Simulator.run", slack="slack_microbatches", memory_slack="slack_microbatches", budgets="activation_budget"
+    )
     def run(
         self,
         policy: Policy | str,
         sample: Sample | None = None,
         *,
         activation_budget: Sequence[float] | None = None,
-        memory_slack: float = 0.0,
+        slack_microbatches: float = 0.0,
         notices: bool = True,
         admission: AdmissionUnit | str = AdmissionUnit.SLOTS,
     ) -> SimResult:
@@ -191,8 +204,8 @@ class Simulator:
         Args:
             policy: the dispatch policy (or its name).
             sample: the work to run (default: expected costs).
-            activation_budget: per-rank activation budget; default: hint peak + ``memory_slack``.
-            memory_slack: extra micro-batches of room when ``activation_budget`` is not given.
+            activation_budget: per-rank activation budget; default: hint peak + ``slack_microbatches``.
+            slack_microbatches: extra micro-batches of room when ``activation_budget`` is not given.
             notices: whether ranks learn when their remote producers start and end
                 (``ready`` then arbitrates by the ETA rule; without, by patience, as
                 a runtime that sends no such notices does).
@@ -208,7 +221,7 @@ class Simulator:
                 one of its micro-batches (size).
         """
         began = time.perf_counter()
-        budgets, slack = activation_budget, memory_slack
+        budgets, slack = activation_budget, slack_microbatches
         policy = Policy.parse(policy)  # a plain "ready" is not Policy.READY to the checks below
         if sample is None:
             sample = Sample.expected(self.hint, self.cost_model)

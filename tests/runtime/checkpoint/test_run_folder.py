@@ -166,6 +166,9 @@ def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_pa
             assert running.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] == running.pid  # the launcher holds it
+        # Paused (as a run stopped with Ctrl-Z, or swapped out): it holds its folder as it did, and its ranks
+        # take none of the CPU that the two refused commands need to start.
+        os.killpg(running.pid, signal.SIGSTOP)
         said = f"hintpipe train: error: --checkpoint-dir {_in_use(folder)}"
         assert _refused([*CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--replace-checkpoints"]) == said
         assert _refused([*CLI, "--steps", "100000", "--checkpoint-dir", str(folder), "--resume"]) == said

@@ -25,8 +25,8 @@ excess.
 [Note: admission by size without a byte budget]
 ``admission="size"`` weighs each forward by its micro-batch's input elements
 alone, and gives every rank what the hint holds by size in the step's *given*
-order (plus ``memory_slack`` of its largest micro-batches, or with
-``device_budget`` the busiest rank's, times ``1 + device_budget``): a sorted
+order (plus ``slack_microbatches`` of its largest micro-batches, or with
+``device_budget_fraction`` the busiest rank's, times ``1 + device_budget_fraction``): a sorted
 order (``microbatch_order``) of the same micro-batches then runs fitted to
 what the order they came in needs, the configuration the simulator's
 ``--admission size`` studies (benchmarks/readiness-at-scale).
@@ -69,18 +69,18 @@ class Admission(Hook):
     Args:
         hint: the schedule.
         rank: this rank.
-        memory_slack: room for this many more micro-batches than the hint's own peak.
+        slack_microbatches: room for this many more micro-batches than the hint's own peak.
         activation_budget: activation bytes a rank may hold (byte admission): one for every rank, or one
             per pipeline rank; or None.
         strict: whether a first step over ``activation_budget`` is an error (a
             budget the user gave) or not (a plan's room to run ahead).
-        device_budget: instead of ``memory_slack``, slots per device: every rank may
-            hold what the hint's busiest rank holds, times ``1 + device_budget``
+        device_budget_fraction: instead of ``slack_microbatches``, slots per device: every rank may
+            hold what the hint's busiest rank holds, times ``1 + device_budget_fraction``
             (see :func:`hintpipe.dispatch.budgets.device_budgets`).
         unit: ``slots``, or ``size`` (see [Note: admission by size without a byte budget]); a byte budget
             always counts by size.
 
-    The caller checks that at most one of ``memory_slack``, ``activation_budget`` and ``device_budget``
+    The caller checks that at most one of ``slack_microbatches``, ``activation_budget`` and ``device_budget_fraction``
     is given (:func:`hintpipe.options.check_options`).
     """
 
@@ -88,11 +88,11 @@ class Admission(Hook):
         self,
         hint: Hint,
         rank: int,
-        memory_slack: float = 0.0,
+        slack_microbatches: float = 0.0,
         activation_budget: float | Sequence[float] | None = None,
         *,
         strict: bool = True,
-        device_budget: float | None = None,
+        device_budget_fraction: float | None = None,
         unit: AdmissionUnit = AdmissionUnit.SLOTS,
     ) -> None:
         self.hint = hint
@@ -100,13 +100,13 @@ class Admission(Hook):
         self.stages = hint.placement.stages_of(rank)
         self.graph = RankGraph(hint, rank)
         #: The rank's room in slots (no byte admission): its own peak plus the slack, or the device's.
-        self.slots = slack_room(self.graph, memory_slack)
-        if device_budget is not None:
+        self.slots = slack_room(self.graph, slack_microbatches)
+        if device_budget_fraction is not None:
             split = hint.split_backward
             peaks = [max(rules.in_flight(tasks, split), default=0) for tasks in hint.lists]  # each rank's own peak
-            self.slots = device_budgets(peaks, device_budget)[rank]
-        self.memory_slack = memory_slack
-        self.device_budget = device_budget
+            self.slots = device_budgets(peaks, device_budget_fraction)[rank]
+        self.slack_microbatches = slack_microbatches
+        self.device_budget_fraction = device_budget_fraction
         self.unit = unit
         #: Every pipeline rank's byte budget (every rank fits the same hint to all of them), or None.
         self.budgets: tuple[float, ...] | None = None
@@ -188,8 +188,8 @@ class Admission(Hook):
             room = size_room(
                 self.hint,
                 size_weights(self.hint, given),
-                memory_slack=self.memory_slack,
-                device_budget=self.device_budget,
+                slack_microbatches=self.slack_microbatches,
+                device_budget_fraction=self.device_budget_fraction,
             )
         fitted: FittedStep | None
         try:
