@@ -5,7 +5,6 @@ one (CHANGELOG: "Renamed")."""
 from __future__ import annotations
 
 import datetime
-import importlib
 import re
 import sys
 import warnings
@@ -21,11 +20,8 @@ import torch.distributed
 from hintpipe.apps import training
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.train_config import TrainConfig
-from hintpipe.dispatch.budgets import device_budgets, rank_budget
 from hintpipe.dispatch.cost_model import CostModel
-from hintpipe.dispatch.fit import BudgetError
 from hintpipe.dispatch.policy import Policy
-from hintpipe.dispatch.rank_forecast import RankForecast
 from hintpipe.dispatch.rank_graph import RankGraph
 from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.dispatch.variability import parse_variability
@@ -112,7 +108,7 @@ _SHIM = re.compile(r"\bretired_(?:attribute|module)\(|@renamed\(|\bbefore=\"")
 #: A decorator that takes retired keywords, over however many lines it is written.
 _RENAMED = re.compile(r"@renamed" + _ARGS + r"\)", re.S)
 #: The tests of the retired flags and config keys (they give them).
-_TESTS_OF_RETIRED = ("tests/cli/test_renamed_flags.py",)
+_TESTS_OF_RETIRED = ("tests/cli/test_renamed_flags.py", "tests/test_shims.py")
 
 
 def _sources() -> list[Path]:
@@ -400,23 +396,6 @@ def test_the_applications_predict_step_time_takes_slack_too() -> None:
         pytest.raises(ValueError, match="step 3's timelines were not kept"),
     ):
         _loose(training.predict_step_time)(_hint(), report, Policy.READY, slack=1)
-
-
-@pytest.mark.parametrize(("old", "new"), [("scoreboard", "scoreboard"), ("policy", "policy")])
-def test_a_retired_module_still_imports_and_says_its_new_name(
-    old: str, new: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delitem(sys.modules, f"hintpipe.{old}", raising=False)  # imported afresh: its warning again
-    with pytest.warns(DeprecationWarning, match=f"^hintpipe\\.{old} is now hintpipe\\.dispatch\\.{new}$") as caught:
-        module = importlib.import_module(f"hintpipe.{old}")
-    assert len(caught) == 1
-    assert module.Policy is Policy
-    if old == "scoreboard":  # every name the old module gave, the new homes' own objects
-        assert (module.Scoreboard, module.RankGraph, module.RankPlan) == (Scoreboard, RankGraph, RankForecast)
-        assert (module.device_budgets, module.rank_budget) == (device_budgets, rank_budget)
-        assert module.BudgetError is BudgetError
-        given = ["LATENESS_TOLERANCE", "PATIENCE_TOLERANCE", "BudgetError", "Policy", "RankGraph", "RankPlan"]
-        assert sorted(module.__all__) == sorted([*given, "Scoreboard", "device_budgets", "rank_budget"])
 
 
 def test_a_retired_keyword_beside_its_new_name_is_refused() -> None:
