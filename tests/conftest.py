@@ -8,7 +8,10 @@ import collections
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -112,6 +115,37 @@ SMALL_CLI = ["--model", "gpt-mini", "--layers", "2", "--hidden", "16", "--ranks"
 SMALL_CLI += ["--microbatch-size", "2", "--policy", "fixed", "--timeout", "20.0"]
 
 
+#: ``hintpipe train`` on :data:`SMALL_CLI`'s run, printing its result as JSON, as a user starts it.
+TRAIN_CLI = [sys.executable, "-m", "hintpipe", "train", *SMALL_CLI, "--json"]
+
+
+def refused_in_one_line(argv: list[str]) -> str:
+    """What the command ``argv`` said when it refused to start: exit status 2 and one line on stderr."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=allow(120))
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-step run's folder, a checkpoint after each step (the command line's, as a user's): made once per test
+    process, for tests that copy it (:func:`copied`) and change the copy."""
+    folder = tmp_path_factory.mktemp("saved") / "ck"
+    argv = [*TRAIN_CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_bound(20.0))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def copied(saved: Path, tmp_path: Path) -> Path:
+    """A copy of the run folder ``saved`` as ``tmp_path/ck``."""
+    folder = tmp_path / "ck"
+    shutil.copytree(saved, folder)
+    return folder
+
+
 def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     """Whether two state dicts hold the same names and bitwise equal tensors."""
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -151,32 +185,34 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"{sum(seconds.values()):7.1f}  in all")
 
 
-#: The test files that take longest, longest first (253 s for test_run_folder down to 42 s for
-#: test_moe_capture, summed over setup, calls and teardown in a clean clone's run on 3 workers of a 2-core
-#: machine, one core busy). They start
-#: first: each worker takes one file at a time, so a long file started last runs on alone at the end, and the
-#: suite's wall clock is then its share of the sum plus that tail. A file missing here keeps its place after
-#: them: test_zoo_stages among those, as it loads the plans test_zoo_autocast makes (see [Note: zoo plans are
-#: made once per test session] in tests/hf_zoo.py).
+#: The test files that take longest, longest first (about 300 s for test_gpu_check, one test, down to 40 s,
+#: summed over setup, calls and teardown in a clean clone's run on 4 workers of a 2-core machine, one core busy).
+#: They start first: each worker takes one file at a time, so a long file started last runs on alone at the end,
+#: and the suite's wall clock is then its share of the sum plus that tail. A file missing here keeps its place
+#: after them: test_zoo_stages among those, as it loads the plans test_zoo_autocast makes (see [Note: zoo plans
+#: are made once per test session] in tests/hf_zoo.py).
 LONGEST_FILES = (
-    "test_run_folder.py",
+    "test_gpu_check.py",
     "test_stopping.py",
+    "test_readme.py",
     "test_model_folders.py",
     "test_kept_order.py",
-    "test_readme.py",
-    "test_gpu_check.py",
     "test_zoo_autocast.py",
+    "test_hf_models.py",
     "test_recovery.py",
     "test_reliability.py",
     "test_mesh.py",
     "test_train.py",
     "test_user_launch.py",
-    "test_hf_models.py",
+    "test_planner_search.py",
+    "test_moe_capture.py",
     "test_hf_plans.py",
     "test_runtime.py",
     "test_torchrun_ties.py",
-    "test_planner_search.py",
-    "test_moe_capture.py",
+    "test_run_folder.py",
+    "test_folder_lock.py",
+    "test_links.py",
+    "test_reading.py",
 )
 
 

@@ -4,11 +4,16 @@ without following it, and a checkpoint's file is read only when it is a regular 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import TRAIN_CLI, copied, hang_bound, refused_in_one_line, small_run
+from hintpipe.apps.training import train
+from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderLock
 from hintpipe.runtime.checkpoint.links import (
     NotAFile,
     create_new,
@@ -17,6 +22,8 @@ from hintpipe.runtime.checkpoint.links import (
     refuse_links,
     remove_temporary,
 )
+from hintpipe.runtime.checkpoint.manifest import Manifest, write_synced
+from hintpipe.runtime.checkpoint.run_folder import claim
 from hintpipe.runtime.errors import CheckpointError
 
 
@@ -69,3 +76,109 @@ def test_only_a_regular_file_is_opened_for_reading(tmp_path: Path) -> None:
         open_regular(tmp_path / "fifo")  # at once: a FIFO's open does not wait for a writer
     with pytest.raises(FileNotFoundError):
         open_regular(tmp_path / "none")
+
+
+# -- in a run: no link in a run folder is followed (issue 51) -------------------------------------------------------
+
+
+def _outside(tmp_path: Path) -> tuple[Path, Path]:
+    """A file and a folder of the user's outside the run folder, for links to point at."""
+    file, folder = tmp_path / "precious.txt", tmp_path / "elsewhere"
+    file.write_text("precious\n")
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    return file, folder
+
+
+def _untouched(file: Path, folder: Path) -> None:
+    assert (file.read_bytes(), file.stat().st_size) == (b"precious\n", 9)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {"keep.txt": b"keep\n"}
+
+
+def _link_refused(link: Path, target: Path) -> str:
+    return (
+        f"{link} is a link (to {target}); hintpipe writes and removes files in a run folder and follows no link "
+        "there: remove the link (nothing was changed)"
+    )
+
+
+def test_a_link_planted_as_run_lock_is_refused_and_what_it_points_to_is_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the lock was opened with O_CREAT through the link: the outside file was truncated to 0 bytes and
+    # then held the lock's record.
+    file, elsewhere = _outside(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / LOCK_FILE).symlink_to(file)
+    said = _link_refused(folder / LOCK_FILE, file)
+    with pytest.raises(CheckpointError) as refused:
+        FolderLock(folder).acquire()
+    assert str(refused.value) == said
+    with pytest.raises(CheckpointError) as refused:
+        train(small_run(checkpoint_dir=str(folder)))  # the Python entry, before any rank starts
+    assert str(refused.value) == said
+    assert (
+        refused_in_one_line([*TRAIN_CLI, "--steps", "2", "--checkpoint-dir", str(folder)])
+        == f"hintpipe train: error: {said}"
+    )
+    # A link put there after the check (a race): O_NOFOLLOW refuses it all the same.
+    from hintpipe.runtime.checkpoint import folder_lock
+
+    monkeypatch.setattr(folder_lock, "refuse_links", lambda paths: None)
+    with pytest.raises(CheckpointError) as refused:
+        FolderLock(folder).acquire()
+    assert str(refused.value) == said
+    _untouched(file, elsewhere)
+    assert [(p.name, p.is_symlink()) for p in folder.iterdir()] == [(LOCK_FILE, True)]
+
+
+@pytest.mark.parametrize("name", ["run.json", "latest", "step-00000005"])
+def test_a_link_in_place_of_a_file_or_checkpoint_of_the_run_is_refused_with_nothing_changed(
+    name: str, tmp_path: Path
+) -> None:
+    file, elsewhere = _outside(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    target = elsewhere if name.startswith("step-") else file
+    (folder / name).symlink_to(target)
+    with pytest.raises(CheckpointError) as refused:
+        claim(folder, replace=True)
+    assert str(refused.value) == _link_refused(folder / name, target)
+    said = refused_in_one_line([*TRAIN_CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--resume"])
+    assert said == f"hintpipe train: error: {refused.value}"
+    _untouched(file, elsewhere)
+    assert [(p.name, p.is_symlink()) for p in folder.iterdir()] == [(name, True)]
+
+
+def test_a_planted_temporary_link_is_removed_never_written_through(tmp_path: Path) -> None:
+    # Before, latest.tmp was opened with "w" through the link: the outside file held "step-00000008".
+    file, elsewhere = _outside(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "latest.tmp").symlink_to(file)
+    write_synced(folder / "latest", "step-00000008")
+    assert (folder / "latest").read_text() == "step-00000008"
+    _untouched(file, elsewhere)
+    assert [(p.name, p.is_symlink()) for p in folder.iterdir()] == [("latest", False)]
+
+
+def test_a_resume_saves_past_planted_temporary_links_and_leaves_their_targets(saved_run: Path, tmp_path: Path) -> None:
+    # Before, the resume overwrote the file latest.tmp pointed to, and a stale step-N.tmp link stopped every save
+    # with "Cannot call rmtree on a symbolic link" and no path.
+    file, elsewhere = _outside(tmp_path)
+    folder = copied(saved_run, tmp_path)
+    (folder / "latest.tmp").symlink_to(file)
+    (folder / "step-00000003.tmp").symlink_to(elsewhere, target_is_directory=True)
+    resumed = subprocess.run(
+        [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(20.0),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["resumed_from"] == 2
+    _untouched(file, elsewhere)
+    assert (folder / "latest").read_text() == "step-00000003"
+    Manifest.read(folder / "step-00000003").verify(folder / "step-00000003")
+    assert not [p.name for p in folder.iterdir() if p.is_symlink()]
