@@ -48,8 +48,8 @@ def meta_layers(config: ModelConfig) -> list[nn.Module]:
     checks that count parameters of a model too large to build.
 
     Initialisers do nothing there (a meta tensor has no values to set): torch's ``normal_`` on a meta tensor
-    imports ``torch._dynamo``, about 1.5 s of CPU that a launcher sizing a model before its ranks start does
-    not need (the ranks' fork server imports it for them)."""
+    imports ``torch._dynamo``, about a second of CPU that a launcher sizing a model before its ranks start
+    does not need (the ranks' fork server imports it for them)."""
     with torch.device("meta"), _MetaValuesUnset():
         return build_layers(config)
 
