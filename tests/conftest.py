@@ -133,10 +133,16 @@ def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step run's folder, a checkpoint after each step (the command line's, as a user's): made once per test
     process, for tests that copy it (:func:`copied`) and change the copy."""
     folder = tmp_path_factory.mktemp("saved") / "ck"
-    argv = [*TRAIN_CLI, "--steps", "2", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_bound(20.0))
+    done = trained(folder, 2, "--checkpoint-every", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
+
+
+def trained(folder: Path, steps: int, *more: str) -> subprocess.CompletedProcess[str]:
+    """``hintpipe train`` (:data:`TRAIN_CLI`) to step ``steps`` with its checkpoints in ``folder`` and the flags
+    ``more`` (``--resume``, ...), run to its end: its exit status and output."""
+    argv = [*TRAIN_CLI, "--steps", str(steps), "--checkpoint-dir", str(folder), *more]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=hang_bound(20.0))
 
 
 def copied(saved: Path, tmp_path: Path) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN_CLI, allow, hang_bound, refused_in_one_line, small_run
+from conftest import TRAIN_CLI, allow, hang_bound, refused_in_one_line, small_run, trained
 from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderInUse, FolderLock
 from hintpipe.runtime.checkpoint.manifest import Manifest
@@ -162,12 +162,7 @@ def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_pa
         running.communicate(timeout=allow(30))
     # Killed: the folder is free again, and its own newest checkpoint resumes.
     step = int((folder / "latest").read_text().removeprefix("step-"))
-    resumed = subprocess.run(
-        [*TRAIN_CLI, "--steps", str(step + 1), "--checkpoint-dir", str(folder), "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(TIMEOUT),
-    )
+    resumed = trained(folder, step + 1, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["resumed_from"] == step
 

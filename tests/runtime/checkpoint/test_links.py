@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN_CLI, copied, hang_bound, refused_in_one_line, small_run
+from conftest import TRAIN_CLI, copied, refused_in_one_line, small_run, trained
 from hintpipe.apps.training import train
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderLock
 from hintpipe.runtime.checkpoint.links import (
@@ -170,12 +169,7 @@ def test_a_resume_saves_past_planted_temporary_links_and_leaves_their_targets(sa
     folder = copied(saved_run, tmp_path)
     (folder / "latest.tmp").symlink_to(file)
     (folder / "step-00000003.tmp").symlink_to(elsewhere, target_is_directory=True)
-    resumed = subprocess.run(
-        [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(20.0),
-    )
+    resumed = trained(folder, 3, "--resume", "--checkpoint-every", "1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["resumed_from"] == 2
     _untouched(file, elsewhere)

@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from conftest import TRAIN_CLI, copied, hang_bound
+from conftest import copied, trained
 from hintpipe.runtime.checkpoint.manifest import Manifest, RunIdentity, digests
 from hintpipe.runtime.checkpoint.merged import load_merged
 from hintpipe.runtime.checkpoint.reading import UnsafeCheckpoint
@@ -36,11 +35,16 @@ class _Planted:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _forge_metadata(step: Path, marker: Path) -> None:
-    (step / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+def _forged(step: Path, metadata: object) -> None:
+    """``metadata`` pickled as ``step``'s ``.metadata``, its digest recomputed: the step verifies."""
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
     manifest = Manifest.read(step)
     files = {**manifest.files, ".metadata": digests([step / ".metadata"], step)[".metadata"]}
-    Manifest(manifest.step, manifest.identity, files).write(step)  # the digests recomputed: it verifies
+    Manifest(manifest.step, manifest.identity, files).write(step)
+
+
+def _forge_metadata(step: Path, marker: Path) -> None:
+    _forged(step, _Planted(marker))
 
 
 def test_a_forged_metadata_is_refused_by_load_merged_and_runs_nothing(saved_run: Path, tmp_path: Path) -> None:
@@ -62,12 +66,7 @@ def test_a_forged_metadata_is_refused_on_resume_and_runs_nothing(saved_run: Path
     folder = copied(saved_run, tmp_path)
     marker = tmp_path / "ran"
     _forge_metadata(folder / "step-00000002", marker)
-    done = subprocess.run(
-        [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(TIMEOUT),
-    )
+    done = trained(folder, 3, "--resume")
     assert done.returncode == 1
     step = folder / "step-00000002"
     assert done.stderr.strip().splitlines()[-1] == (
@@ -88,10 +87,7 @@ def _forge_index(step: Path, rename: Any) -> None:
     metadata = read_metadata(step)
     for info in metadata.storage_data.values():
         info.relative_path = rename(info.relative_path)
-    (step / ".metadata").write_bytes(pickle.dumps(metadata))
-    manifest = Manifest.read(step)
-    files = {**manifest.files, ".metadata": digests([step / ".metadata"], step)[".metadata"]}
-    Manifest(manifest.step, manifest.identity, files).write(step)
+    _forged(step, metadata)
     Manifest.read(step).verify(step)
 
 
@@ -120,12 +116,7 @@ def test_a_resume_whose_index_names_a_fifo_is_refused_at_once(saved_run: Path, t
     step = folder / "step-00000002"
     os.mkfifo(step / "pipe.distcp")
     _forge_index(step, lambda name: "pipe.distcp" if name == "__1_0.distcp" else name)
-    done = subprocess.run(
-        [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(TIMEOUT),
-    )
+    done = trained(folder, 3, "--resume")
     assert done.returncode == 1, done.stderr[-3000:]
     why = _index_refused(step, "pipe.distcp", "which is a FIFO, not a file")
     assert done.stderr.strip().splitlines()[-1] == (

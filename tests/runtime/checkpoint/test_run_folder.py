@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TRAIN_CLI, allow, copied, hang_bound, refused_in_one_line
+from conftest import TRAIN_CLI, allow, copied, hang_bound, refused_in_one_line, trained
 from hintpipe.runtime.checkpoint.folder_lock import LOCK_FILE, FolderLock
 from hintpipe.runtime.checkpoint.manifest import Manifest
 from hintpipe.runtime.checkpoint.run_folder import adopt, claim, write_run
@@ -99,12 +99,7 @@ def test_a_folder_that_lost_run_json_resumes_its_own_checkpoints(saved_run: Path
     folder = copied(saved_run, tmp_path)
     run = json.loads((folder / "run.json").read_text())["run"]
     (folder / "run.json").unlink()
-    resumed = subprocess.run(
-        [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(TIMEOUT),
-    )
+    resumed = trained(folder, 3, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = f"resumed from {folder / 'step-00000002'} (step 2 of 3)"  # before, nothing said where it went on from
     assert f"hintpipe train: {said}" in resumed.stderr.splitlines(), resumed.stderr
@@ -133,21 +128,11 @@ def test_a_folder_without_run_json_and_two_runs_says_which_file_to_write(saved_r
     assert not (folder / "run.json").exists()
 
 
-def _resumed_to_step_3(folder: Path) -> subprocess.CompletedProcess[str]:
-    """``hintpipe train --resume`` of the run in ``folder`` to step 3, saving every step."""
-    return subprocess.run(
-        [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--checkpoint-every", "1"],
-        capture_output=True,
-        text=True,
-        timeout=hang_bound(TIMEOUT),
-    )
-
-
 def test_another_runs_step_folder_is_never_overwritten(saved_run: Path, tmp_path: Path) -> None:
     folder = copied(saved_run, tmp_path)
     _as_other_run(folder / "step-00000002", "other")  # as if copied in from another run
     foreign = {p.name: p.read_bytes() for p in (folder / "step-00000002").iterdir()}
-    resumed = _resumed_to_step_3(folder)
+    resumed = trained(folder, 3, "--resume", "--checkpoint-every", "1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["resumed_from"] == 1  # its own newest; step-2 is the other run's
     assert (
