@@ -43,6 +43,9 @@ class _Inbox:
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         raise AssertionError("not used")
 
+    def ask(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        raise AssertionError("not used")
+
     def flush(self, timeout: float) -> None:
         pass
 

@@ -327,6 +327,9 @@ class _Relay:
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         self.inner.notify(peer, step, stage, mb, of)
 
+    def ask(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        self.inner.ask(peer, step, stage, mb, of)
+
     def get(self, timeout: float | None) -> Message | None:
         return self.inner.get(timeout)
 

@@ -29,9 +29,11 @@ from hintpipe.apps.models import Chain, ModelConfig, SeqLenDist, build_layers, l
 from hintpipe.forming.collate import IGNORE_INDEX, form_batch
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.launch import RankFailure, run_ranks
+from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.loop.microbatch import check_ends
 from hintpipe.runtime.parts import Seams
 from hintpipe.runtime.pipeline import Pipeline
+from hintpipe.runtime.transport.wire import MessageKind
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -600,6 +602,57 @@ def test_an_injection_given_at_construction_is_built_in_and_the_parts_are_frozen
         assert read_only == "AttributeError"
 
 
+class _NoticeCounter:
+    """A transport that keeps the producer notices it sends and the ones it asks for, as task texts."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.notified: list[str] = []
+        self.asked: list[str] = []
+
+    def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        self.notified.append(f"{stage}{'F' if of is MessageKind.ACTIVATION else 'B'}{mb}")
+        self.inner.notify(peer, step, stage, mb, of)
+
+    def ask(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        self.asked.append(f"{stage}{'F' if of is MessageKind.ACTIVATION else 'B'}{mb}")
+        self.inner.ask(peer, step, stage, mb, of)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _notices_worker(rank: int, world: int) -> dict[str, tuple[list[str], list[str]]]:
+    """Per hint, the notices this rank sent and the ones it asked for over 5 ``ready`` steps at equal emulated
+    costs (step 0 runs the hint in order while ``ready``'s plan is measured)."""
+    out = {}
+    counters: list[_NoticeCounter] = []
+
+    def counted(transport: Any) -> _NoticeCounter:
+        counters.append(_NoticeCounter(transport))
+        return counters[-1]
+
+    for hint in ("1f1b", "zb-h1"):
+        split = hint == "zb-h1"
+        costs = EmulatedCosts(
+            (0.01,) * world, (0.005 if split else 0.01,) * world, (0.005 if split else 0.0,) * world, reference_size=1
+        )
+        with Pipeline.from_modules(
+            [nn.Identity() for _ in range(world)],
+            loss_fn=lambda out, target: out.sum(),
+            microbatches=8,
+            hint=hint,
+            policy="ready",
+            emulate=costs,
+            seams=Seams(watch_transport=counted),
+        ) as pipe:
+            for _ in range(5):
+                pipe.step()
+        counter = counters[-1]
+        out[hint] = (counter.notified, counter.asked)
+    return out
+
+
 def _profiled_worker(rank: int, world: int) -> list[str]:
     """zb-h1 on 2 ranks, 4 micro-batches; the second step under ``torch.profiler``: this rank's task ranges."""
     pipe = Pipeline.from_modules(_mlp(world), loss_fn=_mse, microbatches=4, hint="zb-h1", policy="ready")
@@ -616,6 +669,22 @@ def test_a_profile_of_a_step_shows_each_task_once_by_name(two_ranks: dict[str, l
     # kind, stage and micro-batch, on the rank that ran it.
     for rank, names in enumerate(succeeded(two_ranks["profiled"])):
         assert names == sorted(f"hintpipe {k} stage {rank} mb {mb}" for k in "FBW" for mb in range(4))
+
+
+def test_a_producer_notices_only_the_tasks_its_consumer_asked_for(two_ranks: dict[str, list[Any]]) -> None:
+    """``ready`` at equal costs: on ``1f1b`` over 2 ranks no rank ever has a task to run in place of the hint's
+    next, so no ETA is weighed, none asked for, and no notice sent (every F and B crossing a rank sent one
+    before: 32 a step). On ``zb-h1`` rank 1 weighs its forwards' ETAs (a W could fill the wait): it asks rank 0
+    for each once, and rank 0 notices those alone; rank 0 never weighs one (nothing else fits its budget while
+    it waits), so rank 1 sends none (see [Note: notices asked for] in hintpipe.runtime.transport.protocol)."""
+    first, second = succeeded(two_ranks["asked notices"])
+    assert first["1f1b"] == second["1f1b"] == ([], [])
+    sent, asked = first["zb-h1"]
+    assert asked == []
+    assert second["zb-h1"][0] == []
+    theirs = second["zb-h1"][1]
+    assert theirs and len(set(theirs)) == len(theirs) and all(t.startswith("1F") for t in theirs)
+    assert sent and set(sent) <= set(theirs)
 
 
 @pytest.fixture(scope="module")
@@ -636,5 +705,6 @@ def two_ranks() -> dict[str, list[Any]]:
         "profiled": GroupCase(_profiled_worker),
         "built once": GroupCase(_built_once_worker),
         "formed": GroupCase(_formed_worker),
+        "asked notices": GroupCase(_notices_worker),
     }
     return run_cases(2, cases, timeout=120)

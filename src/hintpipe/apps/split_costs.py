@@ -3,11 +3,13 @@ executor, so that a choice between a split hint and an unsplit one weighs what t
 
 [Note: what a split backward costs]
 A zero-bubble hint (``zb-h1``, ``bfw``, ``zbv``) splits each stage's backward into B, the gradient of its
-input, and W, the gradient of its weights, and fills bubbles with W. The split is not free: B runs
-``torch.autograd.grad`` to the inputs keeping the graph, W walks the saved intermediates again to the weights
-(torch.distributed.pipelining's ``stage_backward_input``/``stage_backward_weight``, which the runtime calls),
-and on small stages the two cost more than one backward: the simulator at F = B = W = 1 counted the split as
-free, and on a 2-rank CPU pipeline ``zb-h1`` ran 12-17% slower than 1F1B on the same work. So the costs are
+input, and W, the gradient of its weights, and fills bubbles with W. The split is not always free: with
+torch.distributed.pipelining's ``stage_backward_input``/``stage_backward_weight`` (which the runtime called
+before 0.7) the two passes cost 1.7-1.9x one backward on small stages, and ``zb-h1`` ran 12-17% slower than
+1F1B on a 2-rank CPU pipeline, where the simulator at F = B = W = 1 counted the split as free. The runtime's
+own split (see [Note: weight gradients put off] in :mod:`hintpipe.runtime.loop.weight_deferral`) costs about
+one backward where a stage's weights are mostly linear layers' and more elsewhere (a stage's other weights'
+gradients are B's, and W may be small), and the split adds tasks and messages. So the costs are
 measured, both ways, on one reference micro-batch through every stage, with the executor the runtime uses
 (:class:`~hintpipe.runtime.loop.executor.StageExecutor`, each stage as not the last, its output gradients
 ones), and :func:`hintpipe.sim.hint_choice.choose_hint` simulates each candidate hint on them.

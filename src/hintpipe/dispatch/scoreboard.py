@@ -60,7 +60,10 @@ class Scoreboard:
         notices_travel: whether a notice takes time to arrive (the runtime; the simulator's are
             instant): then the ETA rule counts a quarter of the next task's cost either side of an
             ETA as a tie, and a producer not heard of as one that may have started until the next
-            task is due (see [Note: ETAs in the runtime]).
+            task is due (see [Note: ETAs in the runtime]); and each position whose ETA the rule
+            weighed without having heard of its producer is appended to :attr:`unheard`, for the driver to
+            ask that producer for notices (see [Note: notices asked for] in
+            :mod:`hintpipe.runtime.transport.protocol`).
         sizes: each micro-batch's known size relative to the forecast's (sequence
             length over the typical one; ``None``: all 1), or per stage and
             micro-batch (``sizes[stage][mb]``: a vision-language model's encoder
@@ -131,6 +134,9 @@ class Scoreboard:
                 self.lead = float_view(producer * producer_scale + forecast.latency)
         #: Per position, when its remote input is expected (inf: its producer has not started).
         self.eta = float_view(np.full(n, math.inf))
+        #: Where notices travel: positions whose ETA the rule weighed with no word of their producer, in the
+        #: order weighed (repeats kept: the driver drains the list and asks each producer once).
+        self.unheard: list[int] = []
         self._taken = [False] * n
         self._delivered: set[int] = set()  # positions whose remote input arrived (:meth:`certain`)
         self.finished = bytearray(n)
@@ -357,6 +363,8 @@ class Scoreboard:
         tie = LATENESS_TOLERANCE * expected[k]
         unheard = False
         if self._notices_travel:  # [Note: ETAs in the runtime]
+            if eta == math.inf:
+                self.unheard.append(k)
             unheard = eta == math.inf and now < due
             if unheard:
                 eta = due

@@ -41,6 +41,7 @@ from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime import liveness
 from hintpipe.runtime.errors import WatchdogTimeout, backend_reason
+from hintpipe.runtime.loop.asked_notices import AskedNotices
 from hintpipe.runtime.loop.hooks import StepHook
 from hintpipe.runtime.loop.microbatch import Batch, check_ends, order_step, prepare_step, relative_sizes
 from hintpipe.runtime.loop.step_loop import StepLoop
@@ -74,6 +75,9 @@ class StepEngine:
         self.closed = False
         self._round = 0
         self._stash: list[Message] = []  # messages of later exchanges that came early
+        #: The producer notices asked for, by the neighbours and by this rank, kept across the run's steps
+        #: (``ready`` only: see [Note: notices asked for] in hintpipe.runtime.transport.protocol).
+        self._notices = AskedNotices() if parts.policy is Policy.READY else None
 
     # -- what the facade asks for -------------------------------------------------------
 
@@ -131,7 +135,7 @@ class StepEngine:
         for hook in parts.hooks:
             hook.begin_step(state)
         board = self._training_board(state)
-        self._loop(board, state, parts.agreement.check_losses, state.policy is Policy.READY, parts.hooks)
+        self._loop(board, state, parts.agreement.check_losses, parts.hooks)
         state.loss = torch.stack(state.losses).sum() if state.losses else None
         for hook in parts.hooks:
             hook.end_step(state)
@@ -171,15 +175,13 @@ class StepEngine:
             state.evaluating = True
             policy = Policy.FIXED if parts.policy is Policy.FIXED else Policy.GREEDY
             board = Scoreboard(_forwards(parts.hint, parts.rank), policy)
-            self._loop(board, state, lambda losses, slots: None, False, ())
+            self._loop(board, state, lambda losses, slots: None, ())
             loss = torch.stack(state.losses).sum() if state.losses else None
         return broadcast(parts, loss, f"evaluation {self.steps}") if broadcast_loss else loss
 
     # -- what both share ----------------------------------------------------------------
 
-    def _loop(
-        self, board: Scoreboard, state: StepState, check: LossCheck, notices: bool, hooks: Sequence[StepHook]
-    ) -> None:
+    def _loop(self, board: Scoreboard, state: StepState, check: LossCheck, hooks: Sequence[StepHook]) -> None:
         """Run ``board``'s tasks of ``state`` on this rank: one :class:`StepLoop`."""
         parts = self.parts
         StepLoop(
@@ -192,7 +194,7 @@ class StepEngine:
             stash=self._stash,
             check_losses=check,
             coordination=parts.coordination,
-            notices=notices,
+            notices=self._notices,
             timer=parts.timer,
             hooks=hooks,
         ).run(state)

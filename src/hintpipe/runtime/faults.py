@@ -194,6 +194,9 @@ class DelayedTransport:
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         self.inner.notify(peer, step, stage, mb, of)
 
+    def ask(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        self.inner.ask(peer, step, stage, mb, of)
+
     def flush(self, timeout: float) -> None:
         self.inner.flush(timeout)
 

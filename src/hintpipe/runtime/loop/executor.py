@@ -6,10 +6,10 @@ replaces compute by sleeping each task's cost (for more ranks than cores: the
 messages are real, the arithmetic is not). :mod:`hintpipe.runtime.faults` wraps either to inject
 variability and faults.
 
-The weight-gradient split (B computes only input gradients, W the weight
-gradients later) uses torch.distributed.pipelining's ``stage_backward_input``
-and ``stage_backward_weight``: they keep the intermediate gradients B computed
-so W does not repeat the backward pass, which is the whole point of the split.
+The weight-gradient split (B computes the input gradients, W the weight
+gradients later) puts off the linear layers' weight gradients as closures over
+what they need, so that B and W together cost one backward (see [Note: weight
+gradients put off] in :mod:`hintpipe.runtime.loop.weight_deferral`).
 
 Every task runs inside ``torch.profiler.record_function("hintpipe F stage 3 mb 5")``
 (:func:`task_span`), as torch's own pipeline schedules wrap each action, so a
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
+from hintpipe.runtime.loop.weight_deferral import WeightDeferral, defer_linear_weights
 from hintpipe.runtime.transport.wire import Value, tensors_of
 from hintpipe.schedule.task import Kind
 from hintpipe.tensor_bytes import SavedCounter, count_saved, parameter_storages
@@ -223,7 +224,12 @@ class StageExecutor:
         self.split = split_backward
         self._inputs: dict[tuple[int, int], list[Value]] = {}
         self._outputs: dict[tuple[int, int], list[Value]] = {}
-        self._groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        #: With a split backward: the linear layers put off their weight gradients into ``_put_off`` per task.
+        self._deferral = WeightDeferral() if split_backward else None
+        if split_backward:
+            for module in self.modules.values():
+                defer_linear_weights(module)
+        self._put_off: dict[tuple[int, int], list[Callable[[], None]]] = {}
         self._deferred: dict[tuple[int, int], tuple[list[torch.Tensor], Tensors | None]] = {}
         self.live_bytes = 0
         self._bytes: dict[tuple[int, int], int] = {}
@@ -258,7 +264,8 @@ class StageExecutor:
         self._warm.add(stage)
         before = measured() if measured is not None else 0
         precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
-        with task_span(Kind.F, stage, mb), counting as counter, precision:
+        deferring = contextlib.nullcontext() if self._deferral is None else self._deferral.active()
+        with task_span(Kind.F, stage, mb), counting as counter, precision, deferring:
             out = self.modules[stage](*inputs)
             loss = None
             outputs: list[Value]
@@ -301,19 +308,11 @@ class StageExecutor:
             # backward is weight gradient, and W runs it, as torch does.
             self._deferred[(stage, mb)] = (outputs, grads)
             result: Tensors = [None] * len(inputs)
-        elif self.split:
-            # Imported on first use: torch.distributed.pipelining loads dynamo and DTensor, over a second of
-            # start-up that a rank without a split backward should not pay.
-            from torch.distributed.pipelining._backward import stage_backward_input
-
-            dinputs, groups = stage_backward_input(
-                outputs,
-                None if grads is None else list(grads),  # type: ignore[arg-type]
-                inputs,
-                self.modules[stage].parameters(),
-            )
-            self._groups[(stage, mb)] = groups
-            result = list(dinputs)
+        elif self._deferral is not None:
+            put_off = self._put_off[(stage, mb)] = []
+            with self._deferral.collecting(put_off):
+                _full_backward(outputs, grads)
+            result = [i.grad if isinstance(i, torch.Tensor) and i.requires_grad else None for i in inputs]
         else:
             _full_backward(outputs, grads)
             result = [i.grad if isinstance(i, torch.Tensor) and i.requires_grad else None for i in inputs]
@@ -324,12 +323,10 @@ class StageExecutor:
         """Run W: accumulate the weight gradients B left out."""
         with task_span(Kind.W, stage, mb):
             deferred = self._deferred.pop((stage, mb), None)
-            if deferred is not None:
+            if deferred is not None:  # the whole backward, its linear layers' weight gradients at once
                 _full_backward(*deferred)
-            else:
-                from torch.distributed.pipelining._backward import stage_backward_weight
-
-                stage_backward_weight(self.modules[stage].parameters(), self._groups.pop((stage, mb)))
+            for weight_gradients in self._put_off.pop((stage, mb), []):
+                weight_gradients()
         self._release(stage, mb)
 
     def _release(self, stage: int, mb: int) -> None:

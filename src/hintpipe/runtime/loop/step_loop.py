@@ -21,6 +21,7 @@ from hintpipe.device import use_when_ready
 from hintpipe.dispatch.scoreboard import Scoreboard
 from hintpipe.runtime.errors import NonFiniteLoss, PeerFailure, TaskError, WatchdogTimeout
 from hintpipe.runtime.loop.admission import Admission
+from hintpipe.runtime.loop.asked_notices import AskedNotices
 from hintpipe.runtime.loop.coordination import LOOKAHEAD, Coordination
 from hintpipe.runtime.loop.executor import Executor
 from hintpipe.runtime.loop.step_state import StepState
@@ -50,8 +51,9 @@ class StepLoop:
             :mod:`hintpipe.runtime.loop.agreement`).
         coordination: this rank's part in its tensor-parallel group's decisions, when needed
             (see :mod:`hintpipe.runtime.loop.coordination`).
-        notices: tell each neighbour when a task whose result it awaits starts (the ``ready``
-            policy's ETA rule; see [Note: producer notices] in :mod:`hintpipe.runtime.transport.protocol`).
+        notices: the producer notices asked for so far in the run (the ``ready`` policy's ETA rule; see [Note:
+            notices asked for] in :mod:`hintpipe.runtime.transport.protocol`): a task whose consumer asked tells
+            it when it starts, and this rank asks for the notices its scoreboard weighs; None: no notices.
         timer: on a GPU, times tasks with events on the device (see :mod:`hintpipe.runtime.loop.timing`);
             None: the wall clock around each task is its duration (a CPU computes in this thread).
         hooks: told when a stage finishes its gradients for the step (see :mod:`hintpipe.runtime.loop.hooks`).
@@ -69,7 +71,7 @@ class StepLoop:
         stash: list[Message],
         check_losses: Callable[[Sequence[torch.Tensor], Sequence[int]], None],
         coordination: Coordination | None = None,
-        notices: bool = False,
+        notices: AskedNotices | None = None,
         timer: DeviceTimer | None = None,
         hooks: Sequence[StepHook] = (),
     ) -> None:
@@ -89,6 +91,7 @@ class StepLoop:
         self.coordination = coordination
         self.follower = coordination is not None and not coordination.is_leader
         self.notices = notices
+        self._source: Sequence[tuple[int, Task] | None] | None = None  # the board's remote inputs, once asked
         self._t0 = 0.0  # the step's clock: perf_counter() at the loop's start
         self.hooks = hooks
         self._last_kind = rules.releaser(self.hint.split_backward)  # a stage's last gradient task per micro-batch
@@ -119,18 +122,21 @@ class StepLoop:
         state.peak_bytes = self.executor.live_bytes
         last_progress = t0
         cpu0, task_cpu = time.process_time(), 0.0  # see [Note: the runtime's own CPU time]
+        notices = self.notices
         while not board.done:
             while (arrived := self.transport.get(0)) is not None:
                 self._accept(arrived, state)
             now = time.perf_counter()
             pos = self._follow(state) if self.follower else board.take(now - t0)
+            if board.unheard:
+                self._ask_for_notices(state)
             if pos >= 0 and self.coordination is not None and not self.follower:
                 self._announce(pos, state)
             if pos < 0:
                 if self._wait(now - t0, last_progress, state):
                     last_progress = time.perf_counter()
                 continue
-            if self.notices and (out := board.remote[pos]) is not None:
+            if notices is not None and (out := board.remote[pos]) is not None and out[1] in notices.theirs:
                 peer, consumer = out
                 data = MessageKind.ACTIVATION if consumer.kind is Kind.F else MessageKind.GRADIENT
                 self.transport.notify(peer, state.round, consumer.stage, consumer.mb, data)
@@ -156,6 +162,16 @@ class StepLoop:
             loop_time = max([0.0, *(end for *_, end in state.records)])
         state.loop_time = loop_time
         return loop_time
+
+    def _ask_for_notices(self, state: StepState) -> None:
+        """Ask the producers the scoreboard weighed unheard for notices (see [Note: notices asked for] in
+        :mod:`hintpipe.runtime.transport.protocol`)."""
+        board = self.board
+        if self.notices is not None:
+            if self._source is None:
+                self._source = board.graph.source
+            self.notices.ask(board.unheard, self.tasks, self._source, self.transport, state.round)
+        board.unheard.clear()
 
     def _gradient_done(self, stage: int) -> None:
         left = self._gradients_left[stage] - 1
@@ -221,6 +237,11 @@ class StepLoop:
 
     def _accept(self, msg: Message, state: StepState) -> None:
         if msg.kind is MessageKind.STOP:
+            return
+        if msg.kind is MessageKind.WANTED:  # kept for the run, whichever step asked
+            if self.notices is not None:
+                assert msg.of is not None
+                self.notices.asked_by_peer(msg.stage, msg.of, msg.mb)
             return
         if msg.kind is MessageKind.ABORT:
             said = what_the_peer_said(msg)

@@ -12,10 +12,9 @@ and reduces its gradients once. Forward keeps the parameters gathered
 (``reshard_after_forward=False``): micro-batches follow each other.
 
 That order is also what makes a split backward work: the weight pass
-(``stage_backward_weight``) reuses the graph of the input pass, and finds
-its parameters only while they are the unsharded tensors that graph holds
-(resharding between the two is a ``KeyError`` on a parameter's
-``AccumulateGrad``). With tensor-parallel stages the parameters are 2-D
+accumulates into the parameters the input pass's layers ran with (see
+[Note: weight gradients put off] in :mod:`hintpipe.runtime.loop.weight_deferral`),
+which are the unsharded tensors only until the stage reshards. With tensor-parallel stages the parameters are 2-D
 DTensors (``Shard`` over dp of a tp placement), as torchtitan shards them.
 
 FSDP2's own options (``mp_policy``, ``offload_policy``,

@@ -76,7 +76,8 @@ from hintpipe.runtime.transport.wire import (
 
 log = logging.getLogger(__name__)
 
-#: The gloo tag of producer notices, and their fields: (kind, step, stage, mb, the kind of data on its way).
+#: The gloo tag of producer notices (and of the requests for them), and their fields: (kind, step, stage, mb, the
+#: kind of data on its way).
 _NOTICE_TAG = 1
 _NOTICE_FIELDS = 5
 #: Whether a CPU rank posts its sends from a thread of its own too (see [Note: the sender thread]).
@@ -218,10 +219,10 @@ class GlooTransport:
             while True:
                 dist.recv(notice, group=self.group, group_src=peer, tag=_NOTICE_TAG)
                 kind, step, stage, mb, of = notice.tolist()
-                if kind != MessageKind.STARTED:
+                if kind not in (MessageKind.STARTED, MessageKind.WANTED):
                     return  # the peer's close: no more notices
                 arrived = time.perf_counter()
-                self.inbox.put(Message(MessageKind.STARTED, step, stage, mb, [], peer, arrived, of=MessageKind(of)))
+                self.inbox.put(Message(MessageKind(kind), step, stage, mb, [], peer, arrived, of=MessageKind(of)))
         except Exception as exc:  # the data channel reports a lost peer; notices only stop
             log.debug("notices from rank %d ended: %s", peer, exc)
 
@@ -253,6 +254,11 @@ class GlooTransport:
         """Post a producer notice to ``peer`` (see [Note: producer notices] in
         :mod:`hintpipe.runtime.transport.protocol`)."""
         self._post_notice(peer, [int(MessageKind.STARTED), step, stage, mb, int(of)])
+
+    def ask(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        """Ask ``peer`` for notices of the task producing the input of ``(stage, mb)`` (see [Note: notices asked
+        for] in :mod:`hintpipe.runtime.transport.protocol`)."""
+        self._post_notice(peer, [int(MessageKind.WANTED), step, stage, mb, int(of)])
 
     def _post_notice(self, peer: int, fields: list[int]) -> None:
         buffer = bytearray(8 * _NOTICE_FIELDS)

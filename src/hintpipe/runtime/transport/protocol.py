@@ -20,14 +20,28 @@ business. Each transport the ``transport`` option names is one :class:`Transport
 [Note: producer notices]
 The ``ready`` policy's ETA rule (see :class:`~hintpipe.dispatch.policy.Policy`)
 asks when the input of the hint's next task will come; a rank can tell only
-if the neighbour producing it says when that task started. So, with
-``ready``, every task whose result goes to another rank sends that rank a
-notice as it starts: five integers on a channel of their own (another gloo
-tag), so that a notice never queues behind a payload nor waits for the
-pre-posted payload receive of the data channel. Notices and data of one
-neighbour are not ordered with respect to each other; none needs to be: a
-notice that comes after its data finds the task already ready and changes
-nothing, and one of a finished step is dropped.
+if the neighbour producing it says when that task started. So a task whose
+result goes to another rank may send that rank a notice as it starts: five
+integers on a channel of their own (another gloo tag), so that a notice never
+queues behind a payload nor waits for the pre-posted payload receive of the
+data channel. Notices and data of one neighbour are not ordered with respect
+to each other; none needs to be: a notice that comes after its data finds the
+task already ready and changes nothing, and one of a finished step is dropped.
+
+[Note: notices asked for]
+A notice is a gloo message, and a gloo message costs both ranks about as much
+CPU as a small task's own dispatch (``benchmarks/vs-torch``: on ``1f1b`` most
+of what ``ready`` spent over the fixed order). Most are never read: the rule
+asks for an ETA only when the hint's next task waits for its input while
+another task is ready and admitted, which on ``1f1b`` at equal costs never
+happens on two ranks. So a consumer asks for them: the first time its
+scoreboard weighs a task whose producer it has not heard of (the rule then
+takes the producer as due by the forecast, as it does for a notice still on
+its way), it sends that producer a ``WANTED`` notice on the same channel, and
+the producer notices that task's starts from then on, for the rest of the run
+(:class:`~hintpipe.runtime.loop.asked_notices.AskedNotices`). A producer answers
+nothing for a task it already ran: it hears the request between tasks, so the
+data is on its way.
 """
 
 from __future__ import annotations
@@ -56,6 +70,10 @@ class Transport(Protocol):
     def notify(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
         """Tell ``peer`` that the task producing the input of its ``(stage, mb)`` task started
         (a :attr:`~hintpipe.runtime.transport.wire.MessageKind.STARTED` notice: see [Note: producer notices])."""
+
+    def ask(self, peer: int, step: int, stage: int, mb: int, of: MessageKind) -> None:
+        """Ask ``peer`` for notices of the task producing the input of this rank's ``(stage, mb)`` task
+        (a :attr:`~hintpipe.runtime.transport.wire.MessageKind.WANTED` notice: see [Note: notices asked for])."""
 
     def get(self, timeout: float | None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds (0: do not wait); None if none came."""

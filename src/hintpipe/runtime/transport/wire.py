@@ -42,6 +42,7 @@ class MessageKind(enum.IntEnum):
     ABORT = 3  # the peer failed; ``mb`` carries nothing, the error follows as text
     DECISION = 4  # the tensor-parallel leader's choice: ``mb`` holds the task's position (never on the wire)
     STARTED = 5  # the task producing the input of ``(stage, mb)`` started (a notice: no tensors, its own channel)
+    WANTED = 6  # notices of the task producing the input of ``(stage, mb)`` asked for (its consumer to its producer)
 
 
 _DTYPES = [
@@ -84,7 +85,7 @@ class Message:
     peer: int
     arrived: float = 0.0  # time.perf_counter() when it came
     error: str | None = None
-    of: MessageKind | None = None  # a STARTED notice: the kind of the data on its way
+    of: MessageKind | None = None  # a STARTED or WANTED notice: the kind of the data on its way
     #: The tensors' transfer to the device (a :class:`hintpipe.device.Arrival`; None: usable now): the step
     #: loop lets the compute stream use them only after it, right before the task that consumes them.
     ready: Any = None
