@@ -241,25 +241,34 @@ def main(argv: list[str] | None = None) -> None:
     print_table(figures, tokens, args)
 
 
+def paired(rates: dict[str, list[float]], name: str, base: str) -> str:
+    """``name``'s rate over ``base``'s in the same round: the median and the range over rounds (rounds run every
+    row back to back, so a ratio within a round leaves out most of the machine's drift between rounds)."""
+    if base not in rates or name == base:
+        return ""
+    ratios = [mine / theirs for mine, theirs in zip(rates[name], rates[base], strict=True)]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
 def print_table(figures: dict[str, list[Figures]], tokens: int, args: argparse.Namespace) -> None:
     rates = {name: [tokens / f.seconds for f in values] for name, values in figures.items()}
-    reference = statistics.median(rates.get("torch Schedule1F1B", [math.nan]))
     if args.json:
         print(json.dumps({name: [dataclasses.asdict(f) for f in values] for name, values in figures.items()}))
         return
     print(
-        f"| run ({args.ranks} ranks) | tokens/s, median | min-max | vs torch Schedule1F1B | CPU ms/step/rank "
-        "| predicted / measured step |"
+        f"| run ({args.ranks} ranks) | tokens/s, median | min-max | vs torch Schedule1F1B, per round | "
+        "ready vs fixed, per round | CPU ms/step/rank | predicted / measured step |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, values in figures.items():
         median = statistics.median(rates[name])
         cpu = statistics.median(f.cpu for f in values) * 1e3
         ratios = [f.predicted / f.measured for f in values if math.isfinite(f.predicted)]
         prediction = f"{statistics.median(ratios):.2f}" if ratios else ""
+        versus_fixed = paired(rates, name, name.replace(", ready", ", fixed")) if ", ready" in name else ""
         print(
             f"| {name} | {median:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
-            f"{median / reference:.2f}x | {cpu:.1f} | {prediction} |"
+            f"{paired(rates, name, 'torch Schedule1F1B')} | {versus_fixed} | {cpu:.1f} | {prediction} |"
         )
 
 

@@ -130,11 +130,17 @@ class _DeferredLinear(torch.autograd.Function):
 
 
 def _weight_gradients(dy: torch.Tensor, x: torch.Tensor, leaves: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-    """Accumulate a linear layer's weight and bias gradients from its input ``x`` and output gradient ``dy``."""
+    """Accumulate a linear layer's weight and bias gradients from its input ``x`` and output gradient ``dy`` (into
+    the gradient already there in place, as autograd accumulates: no second tensor and no second pass)."""
     weight, bias = leaves
     rows = dy.reshape(-1, dy.shape[-1])
     if weight.requires_grad:
-        _accumulate(weight, rows.t() @ x.reshape(-1, x.shape[-1]))
+        inputs = x.reshape(-1, x.shape[-1])
+        grad = weight.grad
+        if grad is None or grad.dtype != rows.dtype:
+            _accumulate(weight, rows.t() @ inputs)
+        else:
+            grad.addmm_(rows.t(), inputs)
     if bias is not None and bias.requires_grad:
         _accumulate(bias, rows.sum(0))
 
