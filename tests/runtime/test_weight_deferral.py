@@ -119,6 +119,37 @@ def test_an_exported_stage_s_aten_linear_calls_defer() -> None:
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+class _Gpt2Like(nn.Module):
+    """Hugging Face's ``Conv1D`` (GPT-2's linear layers: ``addmm`` of a weight stored in x out) beside a norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.embed = nn.Embedding(11, 8)
+        self.norm = nn.LayerNorm(8)
+        self.up, self.down = Conv1D(16, 8), Conv1D(8, 16)
+
+    def forward(self, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) + hidden
+        out: torch.Tensor = x + self.down(torch.tanh(self.up(self.norm(x))))
+        return out
+
+
+@pytest.mark.parametrize("exported", [False, True])
+def test_hugging_face_s_conv1d_defers_as_a_layer_and_as_an_exported_addmm(exported: bool) -> None:
+    torch.manual_seed(0)
+    model = _Gpt2Like()
+    expected = _unsplit(copy.deepcopy(model))
+    if exported:
+        model = torch.export.export(copy.deepcopy(model), _inputs()).module()
+        assert sum(n.target is torch.ops.aten.addmm.default for n in model.graph.nodes) == 2
+    got, left, deferred = _split(model)
+    assert deferred == 2 and left == {"up.weight", "up.bias", "down.weight", "down.bias"}
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_a_recomputed_forward_builds_the_graph_its_first_forward_built() -> None:
     class Checkpointed(_Tied):
         def forward(self, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

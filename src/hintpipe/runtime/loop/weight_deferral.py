@@ -13,10 +13,12 @@ its weight gradient as a closure over ``X`` and ``dY``; W runs the closures. B i
 linear layer: together, what one backward costs.
 
 Where it applies: every ``nn.Linear`` of a stage module whose ``forward`` is torch's own (a subclass with its
-own ``forward``, such as a LoRA or quantised layer, is left as it is), and every ``aten.linear`` /
-``F.linear`` call of a ``torch.fx.GraphModule`` in a stage (the planner's generated stages), when the weight is
-a plain tensor (not a DTensor: a tensor-parallel stage keeps autograd's own). Everything else computes its
-weight gradient in B, which is correct and only moves work from W to B. The decision is made the same way each
+own ``forward``, such as a LoRA or quantised layer, is left as it is) and every Hugging Face ``Conv1D``
+(GPT-2's linear layers, ``addmm`` of a weight stored ``in x out``); in a ``torch.fx.GraphModule`` of a stage
+(the planner's generated stages), every ``linear`` call and every ``addmm`` of a weight the module holds; each
+when the weight is a plain tensor (not a DTensor: a tensor-parallel stage keeps autograd's own). Everything else computes its
+weight gradient in B, which is correct and only moves work from W to B (so does a ``Conv1D`` under autocast,
+which keeps autocast's own ``addmm``). The decision is made the same way each
 time a layer runs (whenever this rank's deferral is active and gradients are on), so a recomputed forward
 (``torch.utils.checkpoint`` in backward) builds the graph its first forward built. Under ``torch.autocast`` the
 layer's inputs are cast as autocast casts a linear layer's, and the weight gradient is cast back to the
@@ -153,11 +155,84 @@ def _accumulate(leaf: torch.Tensor, grad: torch.Tensor) -> None:
         leaf.grad += grad
 
 
+def deferrable_addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``torch.addmm(bias, x, weight)`` (a linear layer whose weight is stored ``in x out``, as Hugging Face's
+    ``Conv1D`` stores GPT-2's), whose weight gradient the active :class:`WeightDeferral` puts off."""
+    deferral = _ACTIVE.get()
+    if (
+        deferral is None
+        or not torch.is_grad_enabled()
+        or not weight.requires_grad
+        or torch.is_autocast_enabled(x.device.type)
+        or any(type(t) not in _PLAIN for t in (x, weight, bias))
+    ):
+        return torch.addmm(bias, x, weight)
+    out: torch.Tensor = _DeferredAddmm.apply(bias, x, weight, deferral)  # type: ignore[no-untyped-call]
+    return out
+
+
+class _DeferredAddmm(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, deferral: WeightDeferral
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.leaves = (weight, bias)  # the parameters themselves: a saved tensor unpacks as another object
+        ctx.deferral = deferral
+        return torch.addmm(bias, x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[None, torch.Tensor | None, None, None]:
+        x, weight = ctx.saved_tensors
+        dx = dy @ weight.t() if ctx.needs_input_grad[1] else None
+        weights = functools.partial(_stored_transposed, dy, x, ctx.leaves)
+        collected = ctx.deferral.collected
+        if collected is None:
+            weights()
+        else:
+            collected.append(weights)
+        return None, dx, None, None
+
+
+def _stored_transposed(dy: torch.Tensor, x: torch.Tensor, leaves: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """:func:`_weight_gradients` for a weight stored ``in x out``: ``dW = X^T dY``."""
+    weight, bias = leaves
+    if weight.requires_grad:
+        if weight.grad is None:
+            _accumulate(weight, x.t() @ dy)
+        else:
+            weight.grad.addmm_(x.t(), dy)
+    if bias.requires_grad:
+        _accumulate(bias, dy.sum(0))
+
+
 def _linear_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return deferrable_linear(x, module.weight, module.bias)
 
 
+def _conv1d_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's ``Conv1D.forward`` (GPT-2's linear layers) through :func:`deferrable_addmm`."""
+    weight, bias = module.weight, module.bias
+    assert isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor)
+    out = deferrable_addmm(bias, x.reshape(-1, x.shape[-1]), weight)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """A Hugging Face ``Conv1D`` with its own forward: recognised by its class's name and fields, so that
+    transformers need not be imported here."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D"
+        and type(module).__module__.startswith("transformers")
+        and isinstance(weight, torch.Tensor)
+        and isinstance(getattr(module, "bias", None), torch.Tensor)
+        and getattr(module, "nf", None) == weight.shape[-1]
+    )
+
+
 _LINEARS = {torch.ops.aten.linear.default, F.linear}
+_ADDMMS = {torch.ops.aten.addmm.default, torch.addmm}
 
 
 def defer_linear_weights(module: nn.Module) -> int:
@@ -170,11 +245,33 @@ def defer_linear_weights(module: nn.Module) -> int:
         if isinstance(sub, nn.Linear) and type(sub).forward is nn.Linear.forward and "forward" not in vars(sub):
             sub.forward = functools.partial(_linear_forward, sub)  # type: ignore[method-assign]
             count += 1
+        elif _is_conv1d(sub) and "forward" not in vars(sub):
+            sub.forward = functools.partial(_conv1d_forward, sub)
+            count += 1
         elif isinstance(sub, fx.GraphModule):
-            calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target in _LINEARS]
-            for node in calls:
-                node.target = deferrable_linear
-            if calls:
-                sub.recompile()
-            count += len(calls)
+            count += _defer_graph_calls(sub)
     return count
+
+
+def _defer_graph_calls(module: fx.GraphModule) -> int:
+    """Point ``module``'s linear calls at their deferrable forms: ``linear``, and ``addmm`` of a weight the
+    module holds (a parameter read by ``get_attr``, with no ``beta``/``alpha``)."""
+    calls = 0
+    for node in module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in _LINEARS:
+            node.target = deferrable_linear
+            calls += 1
+        elif (
+            node.target in _ADDMMS
+            and not node.kwargs
+            and len(node.args) == 3
+            and isinstance(node.args[2], fx.Node)
+            and node.args[2].op == "get_attr"
+        ):
+            node.target = deferrable_addmm
+            calls += 1
+    if calls:
+        module.recompile()
+    return calls
