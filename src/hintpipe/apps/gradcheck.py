@@ -23,12 +23,22 @@ import torch.distributed as dist
 
 from hintpipe.apps.models import Chain, loss_fn_for
 from hintpipe.device import to_device
+from hintpipe.modes import Precision
 from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.tensor_bytes import is_dtensor
 
 #: The relative difference ``--check-grads`` accepts (float32; sums over micro-batches, replicas and
 #: tensor-parallel shards run in another order than the unsplit model's).
 RELATIVE_TOLERANCE = 1e-4
+#: The same under ``precision="bf16"``, where the unsplit model runs under the same autocast: a bfloat16 value
+#: carries 8 bits (a relative step of 2**-8, 0.4%), and the pipeline rounds a stage's output to bfloat16 where it
+#: crosses to the next stage, which the unsplit model computes on without rounding.
+BF16_RELATIVE_TOLERANCE = 2e-2
+
+
+def relative_tolerance(precision: Precision | str) -> float:
+    """The relative difference ``--check-grads`` accepts at ``precision``."""
+    return BF16_RELATIVE_TOLERANCE if Precision(precision) is Precision.BF16 else RELATIVE_TOLERANCE
 
 
 def compare_gradients(
@@ -64,7 +74,7 @@ def compare_gradients(
         return None
     model = Chain(*reference).to(pipe.device)
     _reference_backward(model, pipe.device, batches, loss_fn if loss_fn is not None else loss_fn_for(model_name),
-                        {}, loss_divisors)  # fmt: skip
+                        {}, loss_divisors, pipe.config.precision)  # fmt: skip
     pairs = []
     for part in gathered:
         for (stage, name), grad in _fused(part).items():
@@ -122,7 +132,7 @@ def compare_plan_gradients(
     if reference is None:
         return None
     model = reference.to(pipe.device)
-    _reference_backward(model, pipe.device, batches, loss_fn, kwargs, loss_divisors)
+    _reference_backward(model, pipe.device, batches, loss_fn, kwargs, loss_divisors, pipe.config.precision)
     expected: dict[str, torch.Tensor] = {}
     tensors: dict[int, set[str]] = {}  # a tied tensor's names: any one of them found is enough
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -166,15 +176,19 @@ def _reference_backward(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     kwargs: dict[str, Any],
     loss_divisors: Sequence[float] | None,
+    precision: Precision,
 ) -> None:
     """The step's backward on the unsplit ``model``: every replica's micro-batches, each loss divided as the
-    step divided it and by the replicas (their gradients are averaged)."""
+    step divided it and by the replicas (their gradients are averaged); under ``precision="bf16"`` the forward and
+    the loss under the autocast the pipeline's stages run under (the backward outside it, as theirs)."""
     for replica, (inputs, targets) in enumerate(batches):
         divisor = loss_divisors[replica] if loss_divisors is not None else len(inputs)
         scale = divisor * len(batches)
         for x, y in zip(to_device(inputs, device), to_device(targets, device), strict=True):
-            output = model(*x, **kwargs) if isinstance(x, tuple) else model(x, **kwargs)
-            torch.autograd.backward(loss_fn(getattr(output, "logits", output), y) / scale)
+            with torch.autocast(device.type, torch.bfloat16, enabled=precision is Precision.BF16):
+                output = model(*x, **kwargs) if isinstance(x, tuple) else model(x, **kwargs)
+                loss = loss_fn(getattr(output, "logits", output), y) / scale
+            torch.autograd.backward(loss)
 
 
 def _worst(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:

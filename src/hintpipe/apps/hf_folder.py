@@ -121,6 +121,19 @@ def _sizes(config: Any, *, source: str, init: str, seed: int) -> ModelConfig:
     )
 
 
+def folder_dropout(folder: str) -> tuple[str, float] | None:
+    """The first dropout probability above 0 that the folder's model trains with (its config's ``*_pdrop`` and
+    ``*dropout*`` fields, not those of heads a causal language model does not build: ``summary_*``,
+    ``classifier_*``), as ``(field, p)``; None where every one is 0."""
+    config = folder_config(folder)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field, value in sorted(vars(text).items()):
+        named = field.endswith("pdrop") or "dropout" in field
+        if named and not field.startswith(("summary_", "classifier_")) and isinstance(value, float) and value > 0:
+            return field, value
+    return None
+
+
 def whole_folder_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
     """The folder's model as ``config.init`` says (its weights, or its config with weights from the seed), in
     float32 and in training mode, with the keywords of every call."""

@@ -210,6 +210,7 @@ def check_run_rules(config: TrainConfig) -> None:
     """
     _check_checkpointing(config)
     _check_device(config)
+    _check_grads_comparable(config)
     if config.warmup_steps > config.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
         warmup, steps = said("warmup_steps"), said("steps")
         raise ValueError(
@@ -233,6 +234,27 @@ def _check_checkpointing(config: TrainConfig) -> None:
     if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
         raise ValueError(
             f"{said('faults')} savefail and savestop need {said('checkpoint_dir')} and {said('checkpoint_every')}"
+        )
+
+
+def _check_grads_comparable(config: TrainConfig) -> None:
+    """``check_grads`` compares the pipeline's first step with the unsplit model's on the same batch; dropout
+    draws other masks in each, so the two differ by far more than any tolerance, and the check would call a
+    correct pipeline wrong."""
+    if not config.check_grads:
+        return
+    model = config.model
+    dropout = f"{model.dropout:g}" if model.dropout else None
+    if dropout is None and model.name == "hf-folder" and model.source is not None:
+        from hintpipe.apps.hf_folder import folder_dropout
+
+        found = folder_dropout(model.source)
+        dropout = None if found is None else f"{found[0]} {found[1]:g}"
+    if dropout is not None:
+        raise ValueError(
+            f"{said('check_grads')} compares a step with the unsplit model's, and {model.label}'s dropout "
+            f"({dropout}) draws other masks in each: check the model with its dropout at 0, or leave "
+            f"{said('check_grads')} out"
         )
 
 

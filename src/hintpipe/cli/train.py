@@ -395,25 +395,25 @@ def run(args: argparse.Namespace) -> int:
     stdout.print(step_table(result))
     stdout.print(summary_line(result))
     if result.max_grad_abs_diff is not None:
-        from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+        from hintpipe.apps.gradcheck import relative_tolerance
 
         stdout.print(
             f"gradients vs unsplit model: max abs diff {result.max_grad_abs_diff:.3g}, "
-            f"max rel diff {result.max_grad_rel_diff:.3g} (tolerance {RELATIVE_TOLERANCE:g})"
+            f"max rel diff {result.max_grad_rel_diff:.3g} (tolerance {relative_tolerance(config.precision):g})"
         )
     return failed
 
 
 def _grads_differ(result: TrainResult) -> int:
     """1 (said on stderr) when ``--check-grads`` found a gradient beyond the tolerance, else 0."""
-    from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+    from hintpipe.apps.gradcheck import relative_tolerance
 
-    worst = result.max_grad_rel_diff
-    if worst is None or worst <= RELATIVE_TOLERANCE:
+    worst, tolerance = result.max_grad_rel_diff, relative_tolerance(result.config.precision)
+    if worst is None or worst <= tolerance:
         return 0
     print(
         f"hintpipe train: --check-grads: a gradient differs from the unsplit model's by {worst:.3g} (relative), "
-        f"over the tolerance {RELATIVE_TOLERANCE:g}",
+        f"over the tolerance {tolerance:g}",
         file=sys.stderr,
     )
     return 1

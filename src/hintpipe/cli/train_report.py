@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the training modules need torch
 
 def result_json(result: TrainResult) -> dict[str, Any]:
     """The run as ``--json`` prints it: every time key says its unit (``_s``, ``_ms``)."""
-    from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+    from hintpipe.apps.gradcheck import relative_tolerance
 
     config = result.config
     unit = f"{config.model.spec.unit}_per_s"
@@ -50,7 +50,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "bubble": [list(r.bubble) for r in result.reports],
         "max_grad_abs_diff": result.max_grad_abs_diff,
         "max_grad_rel_diff": result.max_grad_rel_diff,
-        "grad_rel_tolerance": None if result.max_grad_rel_diff is None else RELATIVE_TOLERANCE,
+        "grad_rel_tolerance": None if result.max_grad_rel_diff is None else relative_tolerance(result.config.precision),
         "resumed_from": result.resumed_from,
         "resumed": None if result.resumed_checkpoint is None else resumed_line(result),
         "nonfinite_steps": list(result.nonfinite_steps),

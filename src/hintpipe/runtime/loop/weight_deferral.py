@@ -16,10 +16,10 @@ Where it applies: every ``nn.Linear`` of a stage module whose ``forward`` is tor
 own ``forward``, such as a LoRA or quantised layer, is left as it is) and every Hugging Face ``Conv1D``
 (GPT-2's linear layers, ``addmm`` of a weight stored ``in x out``); in a ``torch.fx.GraphModule`` of a stage
 (the planner's generated stages), every ``linear`` call and every ``addmm`` of a weight the module holds; each
-when the weight is a plain tensor (not a DTensor: a tensor-parallel stage keeps autograd's own). Everything else computes its
-weight gradient in B, which is correct and only moves work from W to B (so does a ``Conv1D`` under autocast,
-which keeps autocast's own ``addmm``). The decision is made the same way each
-time a layer runs (whenever this rank's deferral is active and gradients are on), so a recomputed forward
+when the weight is a plain tensor (not a DTensor: a tensor-parallel stage keeps autograd's own). Everything else
+computes its weight gradient in B, which is correct and only moves work from W to B (so does a ``Conv1D`` under
+autocast, which keeps autocast's own ``addmm``). The decision is made the same way each time a layer runs (whenever
+this rank's deferral is active and gradients are on), so a recomputed forward
 (``torch.utils.checkpoint`` in backward) builds the graph its first forward built. Under ``torch.autocast`` the
 layer's inputs are cast as autocast casts a linear layer's, and the weight gradient is cast back to the
 weight's dtype, as autograd's own cast would.
