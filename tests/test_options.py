@@ -154,13 +154,14 @@ def test_the_run_config_declares_every_inherited_choice_for_the_type_checker() -
 
 def test_the_runtime_is_given_the_config_object() -> None:
     """The assembly, the options' agreement and the planned stages take the :class:`PipelineConfig`, never a
-    mapping of option names (whose values a type checker cannot see)."""
+    mapping of option names (whose values a type checker cannot see), nor spread one into a config (but the
+    public constructors' own keyword arguments, which ``configured`` applies to a given config)."""
     runtime = Path(hintpipe.runtime.__file__).parent
     untyped = [
         f"{path.relative_to(runtime)}:{number}"
         for path in sorted(runtime.rglob("*.py"))
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"options\[\"|options: (Mapping|dict)\[str, Any\]", line)
+        if re.search(r"options\[\"|options: (Mapping|dict)\[str, Any\]|replace\([\w.]+, \*\*(?!keywords\))", line)
     ]
     assert untyped == []
 

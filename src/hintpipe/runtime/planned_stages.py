@@ -101,17 +101,17 @@ def planned_stages(plan: Plan, config: PipelineConfig) -> PlannedStages:
         or config.activation_budget is not None
         or config.device_budget_fraction is not None
     )
-    implied: dict[str, Any] = {"hint": hint}
+    budget = config.activation_budget
     if not room_given and config.emulate is None and math.isfinite(room := plan.activation_room(mine)):
-        implied["activation_budget"] = room
-    if not config.tied:
-        implied["tied"] = [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)]
+        budget = room
+    tied = config.tied or [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)]
     _same_plan(plan)
     # The stages get parameters of their own, copied together (a tensor two of them share stays one): the plan
     # keeps its own, so one plan object can build several pipelines.
     modules = copy.deepcopy({s: plan.build_stage(s) for s in mine})
     names = ModelNames.of_model(plan.graph.state_keys, plan.tied)
-    return PlannedStages(modules, dataclasses.replace(config, **implied), not room_given, names)
+    implied = dataclasses.replace(config, hint=hint, activation_budget=budget, tied=tied)
+    return PlannedStages(modules, implied, not room_given, names)
 
 
 def _same_plan(plan: Plan) -> None:
