@@ -128,14 +128,6 @@ def test_the_python_entry_refuses_a_folder_whose_parent_is_missing(
     assert started == [] and list(tmp_path.iterdir()) == []
 
 
-def _refused(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=allow(120))
-    assert done.returncode == 2, done.stderr[-3000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
-
-
 def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_path: Path) -> None:
     folder = tmp_path / "ck"
     argv = [*TRAIN_CLI, "--steps", "100000", "--checkpoint-dir", str(folder), "--checkpoint-every", "2"]
@@ -167,7 +159,7 @@ def test_a_second_run_or_a_resume_of_a_running_one_is_refused_in_one_line(tmp_pa
     assert json.loads(resumed.stdout)["resumed_from"] == step
 
 
-def test_two_fresh_runs_started_at_once_one_trains_the_other_is_refused(tmp_path: Path) -> None:
+def test_two_fresh_runs_started_at_once_one_trains_the_other_isrefused_in_one_line(tmp_path: Path) -> None:
     folder = tmp_path / "ck"
     argv = [*TRAIN_CLI, "--steps", "3", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"]
     runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]

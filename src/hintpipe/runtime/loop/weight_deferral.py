@@ -72,15 +72,8 @@ class WeightDeferral:
 def deferrable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, whose weight gradient the active :class:`WeightDeferral` puts off (see
     [Note: weight gradients put off])."""
-    deferral = _ACTIVE.get()
-    if (
-        deferral is None
-        or not torch.is_grad_enabled()
-        or not weight.requires_grad
-        or type(weight) not in _PLAIN
-        or type(x) not in _PLAIN
-        or (bias is not None and type(bias) not in _PLAIN)
-    ):
+    deferral = _deferring(x, weight, bias)
+    if deferral is None:
         return F.linear(x, weight, bias)
     leaves = (weight, bias)
     device = x.device.type
@@ -90,6 +83,17 @@ def deferrable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
             cast = None if bias is None else bias.to(dtype)
             return _apply(x.to(dtype), weight.to(dtype), cast, leaves, deferral)
     return _apply(x, weight, bias, leaves, deferral)
+
+
+def _deferring(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> WeightDeferral | None:
+    """The active deferral, where a layer of these tensors defers its weight gradient: gradients on, a weight that
+    wants one, and plain tensors (not DTensors); else None."""
+    deferral = _ACTIVE.get()
+    if deferral is None or not torch.is_grad_enabled() or not weight.requires_grad:
+        return None
+    if any(t is not None and type(t) not in _PLAIN for t in (x, weight, bias)):
+        return None
+    return deferral
 
 
 def _apply(
@@ -122,13 +126,18 @@ class _DeferredLinear(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
         x, weight = ctx.saved_tensors
         dx = dy @ weight if ctx.needs_input_grad[0] else None
-        weights = functools.partial(_weight_gradients, dy, x, ctx.leaves)
-        collected = ctx.deferral.collected
-        if collected is None:  # a backward outside the runtime's B: nothing to put off to
-            weights()
-        else:
-            collected.append(weights)
+        _put_off(ctx.deferral, functools.partial(_weight_gradients, dy, x, ctx.leaves))
         return dx, None, None, None, None
+
+
+def _put_off(deferral: WeightDeferral, weights: Callable[[], None]) -> None:
+    """Leave ``weights`` to W where the deferral collects (the runtime's B), else run it now (a backward outside
+    B: nothing to put off to)."""
+    collected = deferral.collected
+    if collected is None:
+        weights()
+    else:
+        collected.append(weights)
 
 
 def _weight_gradients(dy: torch.Tensor, x: torch.Tensor, leaves: tuple[torch.Tensor, torch.Tensor | None]) -> None:
@@ -137,14 +146,18 @@ def _weight_gradients(dy: torch.Tensor, x: torch.Tensor, leaves: tuple[torch.Ten
     weight, bias = leaves
     rows = dy.reshape(-1, dy.shape[-1])
     if weight.requires_grad:
-        inputs = x.reshape(-1, x.shape[-1])
-        grad = weight.grad
-        if grad is None or grad.dtype != rows.dtype:
-            _accumulate(weight, rows.t() @ inputs)
-        else:
-            grad.addmm_(rows.t(), inputs)
+        _accumulate_product(weight, rows.t(), x.reshape(-1, x.shape[-1]))
     if bias is not None and bias.requires_grad:
         _accumulate(bias, rows.sum(0))
+
+
+def _accumulate_product(leaf: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``leaf.grad += a @ b``, in place where the gradient is there in the product's dtype (``addmm_``)."""
+    grad = leaf.grad
+    if grad is None or grad.dtype != a.dtype:
+        _accumulate(leaf, a @ b)
+    else:
+        grad.addmm_(a, b)
 
 
 def _accumulate(leaf: torch.Tensor, grad: torch.Tensor) -> None:
@@ -158,14 +171,8 @@ def _accumulate(leaf: torch.Tensor, grad: torch.Tensor) -> None:
 def deferrable_addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``torch.addmm(bias, x, weight)`` (a linear layer whose weight is stored ``in x out``, as Hugging Face's
     ``Conv1D`` stores GPT-2's), whose weight gradient the active :class:`WeightDeferral` puts off."""
-    deferral = _ACTIVE.get()
-    if (
-        deferral is None
-        or not torch.is_grad_enabled()
-        or not weight.requires_grad
-        or torch.is_autocast_enabled(x.device.type)
-        or any(type(t) not in _PLAIN for t in (x, weight, bias))
-    ):
+    deferral = _deferring(x, weight, bias)
+    if deferral is None or torch.is_autocast_enabled(x.device.type):
         return torch.addmm(bias, x, weight)
     out: torch.Tensor = _DeferredAddmm.apply(bias, x, weight, deferral)  # type: ignore[no-untyped-call]
     return out
@@ -185,12 +192,7 @@ class _DeferredAddmm(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[None, torch.Tensor | None, None, None]:
         x, weight = ctx.saved_tensors
         dx = dy @ weight.t() if ctx.needs_input_grad[1] else None
-        weights = functools.partial(_stored_transposed, dy, x, ctx.leaves)
-        collected = ctx.deferral.collected
-        if collected is None:
-            weights()
-        else:
-            collected.append(weights)
+        _put_off(ctx.deferral, functools.partial(_stored_transposed, dy, x, ctx.leaves))
         return None, dx, None, None
 
 
@@ -198,10 +200,7 @@ def _stored_transposed(dy: torch.Tensor, x: torch.Tensor, leaves: tuple[torch.Te
     """:func:`_weight_gradients` for a weight stored ``in x out``: ``dW = X^T dY``."""
     weight, bias = leaves
     if weight.requires_grad:
-        if weight.grad is None:
-            _accumulate(weight, x.t() @ dy)
-        else:
-            weight.grad.addmm_(x.t(), dy)
+        _accumulate_product(weight, x.t(), dy)
     if bias.requires_grad:
         _accumulate(bias, dy.sum(0))
 
