@@ -166,6 +166,26 @@ def test_the_runtime_is_given_the_config_object() -> None:
     assert untyped == []
 
 
+#: Where a mapping of option names may be: the config's own check of its fields, and a config file's keys as
+#: they are read into the parser's defaults (the file's form, before any flag is parsed).
+MAPPING_OF_OPTIONS_ALLOWED = ("options.py", "cli/config_file.py")
+
+
+def test_the_command_line_reads_checked_flags_not_a_mapping_of_them() -> None:
+    """The commands check their flags in place (:func:`hintpipe.cli.common.check_flags`) and read them as the
+    namespace's attributes, typed by their options; a ``dict`` of checked values, read by key and passed to the
+    checks and the data's preparation, was the command line's untyped copy of the options."""
+    package = Path(hintpipe.runtime.__file__).parent.parent
+    untyped = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        if str(path.relative_to(package)) not in MAPPING_OF_OPTIONS_ALLOWED
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\b(values|options|checked)(\[\"|\.get\(\")|\b(values|options): (Mapping|dict)\[str, Any\]", line)
+    ]
+    assert untyped == []
+
+
 def test_the_run_config_has_every_train_option_with_its_default() -> None:
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for name, option in OPTIONS.items():

@@ -57,9 +57,9 @@ def test_a_model_its_ranks_could_not_build_is_refused_with_the_sizes(monkeypatch
 
 def test_a_step_whose_data_alone_would_take_half_the_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(train_checks, "available_memory", lambda: 2.0 * 2**30)
-    check_memory({"microbatches": 8, "microbatch_size": 4, "ranks": 2}, 1023)
+    check_memory(8, 4, 2, 1023)
     with pytest.raises(ValueError) as refused:
-        check_memory({"microbatches": 4096, "ranks": 2}, 8191)  # microbatch_size 4 where not given
+        check_memory(4096, 4, 2, 8191)
     assert str(refused.value) == (
         "--microbatches 4096 x --microbatch-size 4 x 8191 tokens: a step's data and bookkeeping take about 2.05GiB, "
         "over half of the 2GiB this machine has available; use fewer or smaller micro-batches"

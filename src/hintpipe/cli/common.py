@@ -133,16 +133,20 @@ def add_room_arguments(parser: argparse.ArgumentParser, *, activation_unit: str)
     add_option(group, "device_budget_fraction", nargs="?", const=0.0)
 
 
-def checked(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The parsed flags of ``names``, each checked by its option (messages name the flags)."""
-    values = {name: getattr(args, name) for name in names if name != "activation_budget"}
-    return check_options(values, cli=True)
+def check_flags(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Check the parsed flags of ``names`` by their options, in place: each becomes its option's value (a
+    choice its enum, a size its bytes), or the first out of range is refused naming its flag. The namespace is
+    then what the command reads, and what fills the fields of the run's config by name: no mapping of option
+    names travels beside it. Checking a checked value gives it again, so a flag checked twice is the same."""
+    given = check_options({name: getattr(args, name) for name in names if name != "activation_budget"}, cli=True)
+    for name, value in given.items():
+        setattr(args, name, value)
 
 
 def room(args: argparse.Namespace, ranks: int) -> tuple[float, list[float] | None, float | None]:
     """``(slack_microbatches, activation budgets per rank or None, device_budget_fraction or None)`` from the
     flags, checked."""
-    values = check_options({name: getattr(args, name) for name in ROOM if name != "activation_budget"}, cli=True)
+    check_flags(args, ROOM)
     budgets = None
     if args.activation_budget is not None:
         flag = OPTIONS["activation_budget"].flag
@@ -151,12 +155,12 @@ def room(args: argparse.Namespace, ranks: int) -> tuple[float, list[float] | Non
         except ValueError as exc:
             raise ValueError(f"{flag}: {exc}") from None
         budgets = [OPTIONS["activation_budget"].check(value, cli=True) for value in parsed]
-    return values["slack_microbatches"], budgets, values["device_budget_fraction"]
+    return args.slack_microbatches, budgets, args.device_budget_fraction
 
 
 def build_hint(args: argparse.Namespace) -> Hint:
     """The hint the flags name, generated or loaded (and then checked against them)."""
-    checked(args, ["ranks", "microbatches", "chunks"])
+    check_flags(args, ["ranks", "microbatches", "chunks"])
     return resolve_hint(args.hint, args.ranks, args.microbatches, args.chunks)
 
 

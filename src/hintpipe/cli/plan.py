@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.cli.common import add_option, check_writable, checked, print_json, stdout, whole_number
+from hintpipe.cli.common import add_option, check_flags, check_writable, print_json, stdout, whole_number
 from hintpipe.cli.config_file import add_config_arguments
 from hintpipe.cli.model_flags import add_model_flags, model_config
 from hintpipe.schedule.hint import HintName
@@ -54,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.save is not None:
         check_writable(args.save, "--save")
-    values = checked(args, ["ranks", "microbatches", "chunks", "microbatch_size", "optimizer_factor", "repeats"])
-    values |= checked(args, ["host_bandwidth", "seed"])
+    check_flags(args, ["ranks", "microbatches", "chunks", "microbatch_size", "optimizer_factor", "repeats"])
+    check_flags(args, ["host_bandwidth", "seed"])
     torch.set_num_threads(1)
-    config = planned_model(args, values["seed"])
+    config = planned_model(args, args.seed)
     if args.seq_len > config.max_seq_len - 1:
         raise ValueError(f"--seq-len {args.seq_len}: {config.label}'s positions end at {config.max_seq_len - 1} tokens")
     model, kwargs = whole_model(config)  # the model --model names (a Hugging Face one through torch.export)
@@ -65,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
     result = plan(
         model,
         inputs[0],
-        ranks=values["ranks"],
-        microbatches=values["microbatches"],
+        ranks=args.ranks,
+        microbatches=args.microbatches,
         hint=args.hint,
-        chunks=values["chunks"],
+        chunks=args.chunks,
         stage_memory=args.stage_memory if args.stage_memory is not None else math.inf,
-        host_bandwidth=values["host_bandwidth"],
-        optimizer_factor=values["optimizer_factor"],
-        repeats=values["repeats"],
+        host_bandwidth=args.host_bandwidth,
+        optimizer_factor=args.optimizer_factor,
+        repeats=args.repeats,
         kwargs=kwargs or None,
     )
     if args.save is not None:
@@ -131,8 +131,8 @@ def planned_model(args: argparse.Namespace, seed: int) -> ModelConfig:
     from hintpipe.cli.train_model import resolve_tokenizer
 
     resolve_tokenizer(args)
-    values = checked(args, ["data", "data_field", "data_split", "tokenizer"])
-    vocab = prepare_data(values, enabled=not args.json).vocab
+    check_flags(args, ["data", "data_field", "data_split", "tokenizer"])
+    vocab = prepare_data(args, enabled=not args.json).vocab
     return model_config(args, seed=seed, data_vocab=vocab)
 
 

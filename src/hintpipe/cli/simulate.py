@@ -11,8 +11,8 @@ from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
     build_hint,
+    check_flags,
     check_writable,
-    checked,
     print_json,
     progress_bar,
     room,
@@ -58,15 +58,15 @@ def run(args: argparse.Namespace) -> int:
             check_writable(getattr(args, option), f"--{option}")
     if args.trials < 1:
         raise ValueError(f"--trials must be at least 1, got {args.trials}")
-    values = checked(args, ["seed", "policy", "microbatch_order", "admission"])
+    check_flags(args, ["seed", "policy", "microbatch_order", "admission"])
     hint = build_hint(args)
     models = [parse_variability(spec) for spec in args.variability]
     cost_model = CostModel.from_json(args.costs, hint.stages) if args.costs else None
     slack, budgets, device_budget_fraction = room(args, hint.ranks)
-    by_size = values["admission"] is AdmissionUnit.SIZE
+    by_size = args.admission is AdmissionUnit.SIZE
     in_bytes = cost_model is not None and cost_model.activation is not None
     unit = "bytes" if in_bytes else "size" if by_size else "slots"
-    policy: Policy = values["policy"]
+    policy: Policy = args.policy
     policies = list(Policy) if args.compare else [policy]
     with progress_bar("simulating", args.trials, enabled=not args.json and args.trials > 1) as bar:
         summaries = run_study(
@@ -75,12 +75,12 @@ def run(args: argparse.Namespace) -> int:
             cost_model=cost_model,
             variability=models,
             trials=args.trials,
-            seed=values["seed"],
+            seed=args.seed,
             slack_microbatches=slack,
             activation_budget=budgets,
             device_budget_fraction=device_budget_fraction,
-            microbatch_order=values["microbatch_order"],
-            admission=values["admission"],
+            microbatch_order=args.microbatch_order,
+            admission=args.admission,
             on_trial=lambda _: bar.advance(bar.task_ids[0]),
         )
     shown = summaries.get(policy, summaries[policies[-1]])

@@ -12,14 +12,13 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
-from hintpipe.apps.text_files import BYTES
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
     build_hint,
     bytes_progress,
+    check_flags,
     check_folder_writable,
-    checked,
     print_json,
     room,
     stdout,
@@ -135,38 +134,41 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     except (KeyError, TypeError, AttributeError) as exc:
         raise bad_fields(args.plan, exc) from None
     resolve_tokenizer(args, from_plan)
-    values = checked(args, [n for n in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, n)])
-    check_run_options(args, values)
-    data = values.get("data", "synthetic")
+    flagged = [name for name in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, name)]
+    check_flags(args, flagged)
+    check_run_options(args)
+    data = args.data
     # A built-in model's vocabulary is the data's: files are prepared (or their prepared folder checked, and
     # refused if bad) here, once, before any rank starts.
-    run_data = prepare_data(values, enabled=not getattr(args, "json", False))
+    run_data = prepare_data(args, enabled=not getattr(args, "json", False))
     vocab = run_data.vocab
-    check_eval_batches(types.SimpleNamespace(**values), run_data.folders, cli=True)
-    model = from_plan or model_config(args, seed=values["seed"], data_vocab=vocab)
+    check_eval_batches(args, run_data.folders, cli=True)
+    model = from_plan or model_config(args, seed=args.seed, data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     if model.spec.reads_text and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
         raise ValueError(
             f"--seq-len-dist {args.seq_len_dist}: {model.label}'s positions end at {model.max_seq_len - 1} tokens; "
             f"use a mean of at most {model.max_seq_len - 1}"
         )
-    check_memory(values, seq_len.mean if model.spec.reads_text else model.hidden)  # before the hint is built
+    length = seq_len.mean if model.spec.reads_text else model.hidden
+    check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
-        run = types.SimpleNamespace(**(vars(args) | {"model": model, "seq_len_dist": seq_len, "seed": values["seed"]}))
+        run = types.SimpleNamespace(**(vars(args) | {"model": model, "seq_len_dist": seq_len}))
         args.hint = choose_auto_hint(run, args.chunks)
     hint = build_hint(args)
-    dp, tp = values.get("dp", 1), values.get("tp", 1)
-    injection = Injection.parse(values.get("variability", ()), values.get("faults", ()), values["seed"])
+    dp, tp = args.dp, args.tp
+    injection = Injection.parse(args.variability, args.faults, args.seed)
     injection.check(args.ranks * dp * tp, hint.stages, args.microbatches, tp)
-    forming = values.get("forming", Forming.CROP)
-    check_model_flags(model, data, tp, forming, injection, values["steps"])
+    forming: Forming = args.forming
+    check_model_flags(model, data, tp, forming, injection, args.steps)
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
     slack, budgets, device_budget_fraction = room(args, args.ranks)
     if budgets is not None:
-        _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(values.get("precision", "fp32")))
+        _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(args.precision))
     # Every option given as a flag, checked above, fills the field of its name; then what the command line
     # resolves itself (the model, the room, the plan file's answers, the data).
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    flags = {name: getattr(args, name) for name in flagged if name in fields}
     resolved: dict[str, Any] = {
         "model": model,
         "ranks": args.ranks,
@@ -179,8 +181,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "device_budget_fraction": device_budget_fraction,
         "activation_budget": None if budgets is None else tuple(budgets),
         "seq_len_dist": seq_len,
-        "variability": tuple(values.get("variability", ())),
-        "faults": tuple(values.get("faults", ())),
+        "variability": tuple(args.variability),
+        "faults": tuple(args.faults),
         "check_grads": getattr(args, "check_grads", False),
         "shared": under_torchrun_here(),
         "progress": not getattr(args, "json", False),
@@ -194,7 +196,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "tp": tp,
     }
     with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
-        config = TrainConfig(**({name: value for name, value in values.items() if name in fields} | resolved))
+        config = TrainConfig(**(flags | resolved))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
     if config.tensorboard is not None:
@@ -206,17 +208,17 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     return config
 
 
-def prepare_data(values: dict[str, Any], *, enabled: bool) -> RunData:
-    """Resolve the run's data (preparing raw files on first use, with a progress bar where ``enabled``): its
-    prepared folders and the vocabulary its token ids need."""
+def prepare_data(args: argparse.Namespace, *, enabled: bool) -> RunData:
+    """Resolve the data the flags name, checked (preparing raw files on first use, with a progress bar where
+    ``enabled``): its prepared folders and the vocabulary its token ids need."""
     from hintpipe.data.run_data import resolve_data
 
     with bytes_progress("preparing data", enabled=enabled) as progress:
         return resolve_data(
-            values.get("data", "synthetic"),
-            field=values.get("data_field", "text"),
-            split=values.get("data_split", "blank"),
-            tokenizer=values.get("tokenizer", BYTES),
+            args.data,
+            field=args.data_field,
+            split=args.data_split,
+            tokenizer=args.tokenizer,
             cli=True,
             progress=progress,
         )

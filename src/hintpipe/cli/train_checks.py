@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
@@ -65,15 +65,15 @@ def check_model_flags(
         raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.label}")
 
 
-def check_memory(values: dict[str, Any], length: int) -> None:
-    """Refuse a step whose data alone would take over half of the memory the machine has available: a run
-    that would swap for minutes, and then not stop on a signal until its step ends."""
+def check_memory(microbatches: int, size: int, ranks: int, length: float) -> None:
+    """Refuse a step whose data alone would take over half of the memory the machine has available (``size``
+    rows per micro-batch, ``length`` tokens or features per row): a run that would swap for minutes, and then
+    not stop on a signal until its step ends."""
     available = available_memory()
     if available is None:
         return
-    microbatches, size = values["microbatches"], values.get("microbatch_size", 4)
     data = 2 * 8 * microbatches * size * (length + 1)  # inputs and targets, 64-bit ids or floats
-    bookkeeping = 2_000 * 3 * microbatches * values["ranks"]  # a task's records, messages and reports
+    bookkeeping = 2_000 * 3 * microbatches * ranks  # a task's records, messages and reports
     if data + bookkeeping > available / 2:
         raise ValueError(
             f"--microbatches {microbatches} x --microbatch-size {size} x {length} tokens: a step's data and "
@@ -109,9 +109,9 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
         raise ValueError(f"--checkpoint-dir {another_run(folder, found)}")
 
 
-def check_run_options(args: argparse.Namespace, values: dict[str, Any]) -> None:
-    """Refuse combinations of flags before any rank starts, each in one line naming the flags."""
-    tp = values.get("tp", 1)
+def check_run_options(args: argparse.Namespace) -> None:
+    """Refuse combinations of flags (checked) before any rank starts, each in one line naming the flags."""
+    tp = args.tp
     kind = model_kind(args.model or DEFAULT_MODEL)[0]
     if tp > 1 and (not MODEL_SPECS[kind].tensor_parallel or getattr(args, "plan", None) is not None):
         raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
