@@ -70,12 +70,76 @@ HINTPIPE_RUNS = [
 
 def stages(args: argparse.Namespace, count: int) -> list[nn.Module]:
     """The model cut into ``count`` even stages: embedding with the first, norm and head with the last."""
-    config = ModelConfig(
-        name="gpt-mini", layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seed=0
-    )
-    layers = gpt_layers(config)
+    if args.model == "hf-gpt2":
+        layers = hf_gpt2_layers(args)
+    else:
+        config = ModelConfig(
+            name="gpt-mini", layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab, seed=0
+        )
+        layers = gpt_layers(config)
     bounds = layer_bounds(len(layers), count)
     return [nn.Sequential(*layers[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+class GPT2Embedding(nn.Module):
+    """A ``GPT2LMHeadModel``'s token and position embeddings, as a layer of its own."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.wte, self.wpe = model.transformer.wte, model.transformer.wpe
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[-1], device=ids.device)
+        return self.wte(ids) + self.wpe(positions)
+
+
+class GPT2Layer(nn.Module):
+    """One of Hugging Face's ``GPT2Block``s taking and giving the hidden states alone (causal: no mask given,
+    so attention is causal, as the whole model's is on rows without padding)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.block(hidden)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class GPT2Head(nn.Module):
+    """The final norm and the language-model head."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.norm, self.head = model.transformer.ln_f, model.lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(hidden))
+
+
+def hf_gpt2_layers(args: argparse.Namespace) -> list[nn.Module]:
+    """Hugging Face's ``GPT2LMHeadModel`` (from a config of these widths, dropout 0, weights from seed 0) as a list
+    of layers: the embeddings, each ``GPT2Block`` and the head. The head's weight is not tied to the embedding,
+    which torch's ``PipelineStage`` cannot share across ranks; both libraries train the same untied model."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        vocab_size=args.vocab,
+        n_positions=args.seq,
+        n_embd=args.hidden,
+        n_layer=args.layers,
+        n_head=args.heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    return [GPT2Embedding(model), *(GPT2Layer(block) for block in model.transformer.h), GPT2Head(model)]
 
 
 def batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +263,13 @@ def split_choice(args: argparse.Namespace) -> str:
     rows = args.rows
     costs = measure_stage_costs(stages(args, args.ranks), [inputs[:rows]], targets[:rows], lm_loss)
     predicted = predicted_steps(
-        args.ranks, args.microbatches, costs.forward, costs.backward, costs.backward_input, costs.weight
+        args.ranks,
+        args.microbatches,
+        costs.forward,
+        costs.backward,
+        costs.backward_input,
+        costs.weight,
+        split_forward=costs.split_forward,
     )
     ms = {name: ", ".join(f"{v * 1e3:.2f}" for v in getattr(costs, name)) for name in dataclasses.asdict(costs)}
     steps = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
@@ -209,6 +279,12 @@ def split_choice(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument(
+        "--model",
+        choices=("gpt-mini", "hf-gpt2"),
+        default="gpt-mini",
+        help="gpt-mini (hintpipe's layers) or Hugging Face's GPT2LMHeadModel cut into the same kind of layers",
+    )
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
     parser.add_argument("--seq", type=int, default=64)
@@ -256,7 +332,7 @@ def print_table(figures: dict[str, list[Figures]], tokens: int, args: argparse.N
         print(json.dumps({name: [dataclasses.asdict(f) for f in values] for name, values in figures.items()}))
         return
     print(
-        f"| run ({args.ranks} ranks) | tokens/s, median | min-max | vs torch Schedule1F1B, per round | "
+        f"| run ({args.model}, {args.ranks} ranks) | tokens/s, median | min-max | vs torch Schedule1F1B, per round | "
         "ready vs fixed, per round | CPU ms/step/rank | predicted / measured step |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")

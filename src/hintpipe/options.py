@@ -269,6 +269,11 @@ class PipelineConfig:
                 out[f.name] = value
         return out
 
+    def pipeline_options(self, **changes: Any) -> PipelineConfig:
+        """This config's pipeline options alone, as a :class:`PipelineConfig` (a run's config, which adds options of
+        its own, gives the pipeline this), with ``changes`` to them: a subclass cannot be replaced into its base."""
+        return PipelineConfig(**(PipelineConfig.values(self) | changes))
+
     def values(self) -> dict[str, Any]:
         """The pipeline's options, name -> value (the values themselves, not copies: a mesh or tied parameters
         stay what they are); a config that adds options of its own (the run's) keeps them out."""

@@ -18,8 +18,10 @@ def test_the_costs_are_measured_both_ways_and_leave_the_gradients_as_they_were()
     before = [p.grad for m in modules for p in m.parameters()]
     tokens = torch.randint(0, 64, (2, 17))
     costs = measure_stage_costs(modules, [tokens[:, :-1]], tokens[:, 1:], lm_loss, repeats=2)
-    assert [len(column) for column in (costs.forward, costs.backward, costs.backward_input, costs.weight)] == [2] * 4
-    assert all(c > 0 for c in (*costs.forward, *costs.backward, *costs.weight, costs.backward_input[1]))
+    columns = (costs.forward, costs.backward, costs.backward_input, costs.weight, costs.split_forward)
+    assert [len(column) for column in columns] == [2] * 5
+    assert all(c > 0 for c in (*costs.forward, *costs.backward, *costs.weight, *costs.split_forward))
+    assert costs.backward_input[1] > 0
     assert [p.grad for m in modules for p in m.parameters()] == before
 
 

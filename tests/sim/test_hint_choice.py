@@ -23,5 +23,15 @@ def test_a_split_that_costs_more_than_its_bubble_is_not_chosen() -> None:
     assert choose_hint(predicted) == "1f1b"
 
 
+def test_the_split_hint_s_own_forward_is_what_its_step_is_simulated_on() -> None:
+    # A split hint's forward records what W needs (see [Note: a deferred layer's forward]); ZB-H1 at
+    # F = 1.25, B = W = 1: m(F + B + W) + (p - 1)(F + B - W) = 8 x 3.25 + 1.25 = 27.25, past 1F1B's 27 on the
+    # unsplit forward; at F = 1.125, 26.125.
+    slower = predicted_steps(2, 8, ONES, (2.0, 2.0), ONES, ONES, split_forward=(1.25, 1.25))
+    assert slower == {"1f1b": 27.0, "zb-h1": 27.25} and choose_hint(slower) == "1f1b"
+    cheaper = predicted_steps(2, 8, ONES, (2.0, 2.0), ONES, ONES, split_forward=(1.125, 1.125))
+    assert cheaper == {"1f1b": 27.0, "zb-h1": 26.125} and choose_hint(cheaper) == "zb-h1"
+
+
 def test_a_tie_goes_to_the_hint_without_a_split() -> None:
     assert choose_hint({"1f1b": 10.0, "zb-h1": 10.0}) == "1f1b"

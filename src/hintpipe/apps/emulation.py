@@ -55,5 +55,7 @@ def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
     if config.model.spec.inputs > 1:
         sized_by = tuple(sized_by_input(module) for module in modules)
     if config.split_backward:
-        return EmulatedCosts(costs.forward, costs.backward_input, costs.weight, references[0], sized_by, references)
+        return EmulatedCosts(
+            costs.split_forward, costs.backward_input, costs.weight, references[0], sized_by, references
+        )
     return EmulatedCosts(costs.forward, costs.backward, (0.0,) * stages, references[0], sized_by, references)

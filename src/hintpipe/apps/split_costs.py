@@ -35,12 +35,15 @@ from hintpipe.sim.hint_choice import choose_hint, predicted_steps
 
 @dataclasses.dataclass(frozen=True)
 class StageCosts:
-    """Seconds per stage: forward, whole backward, and the split backward's two parts."""
+    """Seconds per stage: forward, whole backward, the split backward's two parts, and the forward of a split
+    hint (its linear layers record what their put-off weight gradients need: see [Note: a deferred layer's
+    forward] in :mod:`hintpipe.runtime.loop.weight_deferral`)."""
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     backward_input: tuple[float, ...]
     weight: tuple[float, ...]
+    split_forward: tuple[float, ...]
 
 
 def measure_stage_costs(
@@ -52,19 +55,19 @@ def measure_stage_costs(
     gradients are left as they were."""
     saved = [[None if p.grad is None else p.grad.clone() for p in m.parameters()] for m in modules]
     inputs: list[Value] = list(first)
-    columns: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
+    columns: tuple[list[float], ...] = ([], [], [], [], [])
     for stage, module in enumerate(modules):
         last = 0 if stage == len(modules) - 1 else -1  # the last stage computes the loss, as in the runtime
         whole = StageExecutor({0: module}, last_stage=last, loss_fn=loss_fn, split_backward=False)
         split = StageExecutor({0: module}, last_stage=last, loss_fn=loss_fn, split_backward=True)
-        times: list[tuple[float, float, float, float]] = []
+        times: list[tuple[float, float, float, float, float]] = []
         outputs: list[Value] = []
         for mb in range(repeats + 1):
             forward, outputs, backward = _timed(whole, inputs, target, mb)
-            _, _, backward_input = _timed(split, inputs, target, mb)
+            split_forward, _, backward_input = _timed(split, inputs, target, mb)
             began = time.perf_counter()
             split.weight(0, mb)
-            times.append((forward, backward, backward_input, time.perf_counter() - began))
+            times.append((forward, backward, backward_input, time.perf_counter() - began, split_forward))
         for column, measured in zip(columns, zip(*times, strict=True), strict=True):
             column.append(statistics.median(measured[1:]))  # the first run warms up
         inputs = [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in outputs]  # as received
@@ -128,6 +131,12 @@ def auto_hint(config: AutoRun, *, chunks: int | None = None) -> tuple[str, dict[
     )
     costs = measure_stage_costs(modules, as_tensors(inputs[0]), targets[0], loss_fn_for(config.model))
     predicted = predicted_steps(
-        ranks, config.microbatches, costs.forward, costs.backward, costs.backward_input, costs.weight
+        ranks,
+        config.microbatches,
+        costs.forward,
+        costs.backward,
+        costs.backward_input,
+        costs.weight,
+        split_forward=costs.split_forward,
     )
     return choose_hint(predicted), predicted

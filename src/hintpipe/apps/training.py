@@ -141,7 +141,7 @@ def pipeline_config(config: TrainConfig, *, mesh: DeviceMesh | None) -> Pipeline
     """The run's pipeline options as a :class:`~hintpipe.options.PipelineConfig` (the run's own options left
     out), on ``mesh`` (this rank's, or None): what the run's :class:`~hintpipe.runtime.pipeline.Pipeline` is
     built from."""
-    return PipelineConfig(**(PipelineConfig.values(config) | {"mesh": mesh}))
+    return config.pipeline_options(mesh=mesh)
 
 
 @dataclasses.dataclass

@@ -77,7 +77,7 @@ def configured(config: PipelineConfig | None, microbatches: int | None, keywords
     if config is not None:
         if type(config) is PipelineConfig:
             return dataclasses.replace(config, **keywords) if keywords else config
-        return PipelineConfig(**(PipelineConfig.values(config) | keywords))
+        return config.pipeline_options(**keywords)
     if "microbatches" not in keywords:
         raise TypeError("a Pipeline needs microbatches= (or a config= that says them)")
     return PipelineConfig(**keywords)

@@ -26,14 +26,18 @@ def predicted_steps(
     backward_input: Sequence[float],
     weight: Sequence[float],
     candidates: Sequence[str] = CANDIDATES,
+    *,
+    split_forward: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Each candidate hint's simulated step on these per-stage costs (fixed order, the hint's own: a choice of
-    hint on identical work), an unsplit hint with the whole backward, a split one with its two parts."""
+    hint on identical work), an unsplit hint with the whole backward, a split one with its two parts and its
+    own forward (``split_forward``, where measured: a split hint's forward records what W needs)."""
     out = {}
     for name in candidates:
         hint = generate_hint(name, ranks, microbatches)
         if hint.split_backward:
-            costs = CostModel(tuple(forward), tuple(backward_input), tuple(weight))
+            forwards = forward if split_forward is None else split_forward
+            costs = CostModel(tuple(forwards), tuple(backward_input), tuple(weight))
         else:
             costs = CostModel(tuple(forward), tuple(backward), (0.0,) * len(forward))
         out[name] = Simulator(hint, costs).run(Policy.FIXED).makespan
