@@ -250,3 +250,39 @@ def test_a_weight_without_a_gradient_is_left_alone(requires: bool) -> None:
     assert len(put_off) == (1 if requires else 0)
     assert (layer.weight.grad is not None) == requires
     assert layer.bias.grad is not None and x.grad is not None
+
+
+def test_the_first_stage_defers_nothing_and_its_w_is_its_whole_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage whose inputs need no gradient (the first: token ids, the data) runs its whole backward in W: its
+    forward does not defer (each deferred layer's forward costs a Python ``Function``), and its gradients are the
+    whole backward's."""
+    import hintpipe.runtime.loop.weight_deferral as weight_deferral
+
+    applied: list[str] = []
+    real = weight_deferral._applied
+
+    def counted(function: type[torch.autograd.Function], *args: Any) -> Any:
+        applied.append(function.__name__)
+        return real(function, *args)
+
+    monkeypatch.setattr(weight_deferral, "_applied", counted)
+
+    def first_stage(split: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+        executor = StageExecutor({0: module}, last_stage=2, loss_fn=lambda o, t: o.sum(), split_backward=split)
+        (out,), _ = executor.forward(0, 0, [torch.tensor([[1, 2, 6]])], None, 1.0)
+        assert isinstance(out, torch.Tensor)
+        assert executor.backward(0, 0, [torch.ones_like(out)]) == [None]
+        if split:
+            assert all(p.grad is None for p in module.parameters())  # all of it is W's
+            executor.weight(0, 0)
+        return {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+
+    whole, split = first_stage(False), first_stage(True)
+    assert applied == []
+    assert split.keys() == whole.keys() and len(whole) == 5
+    for name, grad in whole.items():
+        torch.testing.assert_close(split[name], grad, rtol=0, atol=0, msg=name)
+    _stage_grads(split=True)  # a stage after the first: its two linear layers defer
+    assert applied == ["_DeferredLinear", "_DeferredLinear"]

@@ -264,7 +264,11 @@ class StageExecutor:
         self._warm.add(stage)
         before = measured() if measured is not None else 0
         precision = contextlib.nullcontext() if self.autocast is None else torch.autocast(*self.autocast)
-        deferring = contextlib.nullcontext() if self._deferral is None else self._deferral.active()
+        # A stage with no input gradient to compute (the first) runs its whole backward in W (see _backward): its
+        # layers have nothing to put off, and deferring would only slow its forward.
+        deferring: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self._deferral is not None and any(_requires_grad(i) for i in inputs):
+            deferring = self._deferral.active()
         with task_span(Kind.F, stage, mb), counting as counter, precision, deferring:
             out = self.modules[stage](*inputs)
             loss = None
