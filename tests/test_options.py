@@ -130,7 +130,10 @@ def test_every_choice_is_read_as_its_enum_however_it_was_given() -> None:
     assert set(choices) - set(_choice_fields(PipelineConfig)) == {"optimizer", "lr_schedule", "forming"}
     for name, field in choices.items():
         other = next(member for member in type(field.default) if member is not field.default)
-        config = TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, **{name: other.value})
+        # forming other than crop forms documents: a corpus's (and its byte vocabulary)
+        text: dict[str, Any] = {"data": "stdlib"} if name == "forming" else {}
+        model = ModelConfig(vocab=256) if text else ModelConfig()
+        config = TrainConfig(model=model, ranks=2, microbatches=4, **({name: other.value} | text))
         assert getattr(config, name) is other, name
         assert getattr(dataclasses.replace(config, **{name: field.default.value}), name) is field.default, name
         assert pickle.loads(pickle.dumps(config)) == config, name

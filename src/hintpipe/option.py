@@ -40,6 +40,12 @@ def said_as_flags() -> Iterator[None]:
         _AS_FLAGS.reset(token)
 
 
+def said_as_flags_now() -> bool:
+    """Whether messages name options as flags here (within :func:`said_as_flags`): for a message that shows a
+    value as the caller wrote it, too (``--data a --data b`` against ``data ('a', 'b')``)."""
+    return _AS_FLAGS.get()
+
+
 def flag_of(name: str) -> str:
     """The command line's flag of the option or field ``name`` (``warmup_steps``: ``--warmup-steps``)."""
     return "--" + name.replace("_", "-")

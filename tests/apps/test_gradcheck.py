@@ -17,7 +17,7 @@ from hintpipe.apps.gradcheck import (
     _reference_backward,
     relative_tolerance,
 )
-from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.train_config import TrainConfig
 from hintpipe.modes import Precision
 from hintpipe.option import said_as_flags
@@ -86,4 +86,4 @@ def test_a_model_with_dropout_is_refused_for_a_gradient_check_in_the_caller_s_wo
     quiet = _gpt2_folder(tmp_path / "quiet", dropout=0.0)
     checked = TrainConfig(model=ModelConfig("hf-folder", source=quiet), ranks=2, microbatches=2, check_grads=True)
     assert checked.check_grads
-    assert not TrainConfig(model=model, ranks=2, microbatches=2).check_grads
+    assert not TrainConfig(model=model, ranks=2, microbatches=2, seq_len_dist=SeqLenDist(32)).check_grads

@@ -7,39 +7,9 @@ import pytest
 
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.cli import train_checks
-from hintpipe.cli.train_checks import available_memory, check_memory, check_model_flags, check_model_memory
-from hintpipe.forming.form import Forming
-from hintpipe.runtime.injection import Injection
+from hintpipe.cli.train_checks import available_memory, check_memory, check_model_memory
 
 GPT = ModelConfig("gpt-mini")
-NONE = Injection()
-
-
-@pytest.mark.parametrize(
-    ("model", "data", "tp", "forming", "faults", "message"),
-    [
-        (GPT, "synthetic", 1, Forming.CROP, ["crash:1:5"], "--faults names step 5, the run has steps 0..4: it would "
-         "never fire"),
-        (GPT, "synthetic", 3, Forming.CROP, [], "--tp 3 must divide gpt-mini's 4 attention heads"),
-        (ModelConfig("mlp"), ("a.txt", "b.txt"), 1, Forming.CROP, [], "--data a.txt --data b.txt is text: use a "
-         "language model (gpt-mini, hf-gpt2, a model folder)"),
-        (GPT, "synthetic", 1, Forming.PADDED, [], "--forming padded forms micro-batches from whole documents: use "
-         "it with --data stdlib or --data PATH"),
-        (ModelConfig("hf-gpt2"), "stdlib", 1, Forming.PACKED, [], "--forming packed needs a model that takes "
-         "document masks (gpt-mini), not hf-gpt2"),
-    ],
-)  # fmt: skip
-def test_flags_the_run_cannot_honour_are_refused_naming_them(
-    model: ModelConfig, data: str | tuple[str, ...], tp: int, forming: Forming, faults: list[str], message: str
-) -> None:
-    with pytest.raises(ValueError) as refused:
-        check_model_flags(model, data, tp, forming, Injection.parse(faults=faults), 5)
-    assert str(refused.value) == message
-
-
-def test_flags_the_run_honours_pass() -> None:
-    check_model_flags(GPT, "stdlib", 2, Forming.PACKED, Injection.parse(faults=["crash:1:4"]), 5)
-    check_model_flags(ModelConfig("mlp"), "synthetic", 1, Forming.CROP, NONE, 5)
 
 
 def test_a_model_its_ranks_could_not_build_is_refused_with_the_sizes(monkeypatch: pytest.MonkeyPatch) -> None:

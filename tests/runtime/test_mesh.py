@@ -38,6 +38,8 @@ from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.task import Kind
 
 MODEL = ModelConfig("gpt-mini", layers=2, hidden=16, heads=2, vocab=32, max_seq_len=64)
+#: The longest sequences MODEL's 64 positions take (the config refuses the default 64).
+LENGTHS = SeqLenDist(63)
 MICROBATCHES = 4
 TIMEOUT = 30.0
 # AdamW divides by sqrt(v) + eps: with torch's eps (1e-8), a float-noise difference of 1e-8 in a near-zero
@@ -666,6 +668,7 @@ def _checked_config(dp: int, tp: int, mode: str) -> TrainConfig:
     """``hintpipe train --check-grads`` on DP x PP or TP x PP: step 0's gradients against the unsplit model."""
     return TrainConfig(
         model=MODEL,
+        seq_len_dist=LENGTHS,
         ranks=2,
         dp=dp,
         tp=tp,
@@ -704,6 +707,7 @@ def _three_axes_config(
     """``hintpipe train --dp 2 --tp 2 --data-parallel fsdp --ranks 2`` with checkpoints every 2 steps."""
     return TrainConfig(
         model=MODEL,
+        seq_len_dist=LENGTHS,
         ranks=2,
         dp=2,
         tp=2,

@@ -105,6 +105,10 @@ class SeqLenDist:
             return cls(spec.integer(0, "MEAN", minimum=1, kind=kind), spec.number(1, "SIGMA", kind=kind))
         raise spec.fail("expected fixed:T or lognormal:MEAN:SIGMA", kind)
 
+    def __str__(self) -> str:
+        """The spec :meth:`parse` reads: ``fixed:64``, ``lognormal:96:0.5``."""
+        return f"fixed:{self.mean}" if self.sigma == 0 else f"lognormal:{self.mean}:{self.sigma:g}"
+
     def sample(self, count: int, rng: np.random.Generator, limit: int) -> list[int]:
         if self.sigma == 0:
             return [min(self.mean, limit)] * count

@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hintpipe.apps.lr_schedule import LrSchedule
+from hintpipe.apps.model_rules import (
+    check_activation_budgets,
+    check_model_options,
+    check_sequence_lengths,
+    check_tensor_parallel,
+)
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
 from hintpipe.data.prepared import open_prepared
@@ -148,18 +154,29 @@ class TrainConfig(PipelineConfig):
         super().__post_init__()  # the pipeline's options
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
+        # ``data`` given as a list or a tuple of one is kept as its string (the same run).
+        object.__setattr__(self, "data", OPTIONS["data"].check(self.data))
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
         parse_betas(self.betas, "betas")
         check_run_rules(self)
+        self._check_model()
         self._check_data()
 
+    def _check_model(self) -> None:
+        """What the model, its data and its parallelism can honour (see [Note: the model's rules are the
+        config's] in :mod:`hintpipe.apps.model_rules`), here rather than in every rank."""
+        model = self.model
+        check_tensor_parallel(self.tp, model.spec, planned=self.plan is not None)
+        check_model_options(model, self.data, self.tp, self.forming, self.injection, self.steps)
+        check_sequence_lengths(model, self.data, self.seq_len_dist)
+        budget = self.activation_budget
+        if budget is not None:
+            budgets = budget if isinstance(budget, tuple) else (budget,)
+            check_activation_budgets(budgets, model, self.microbatch_size, self.seq_len_dist.mean, self.precision)
+
     def _check_data(self) -> None:
-        """Refuse data the model cannot take, here rather than in every rank: text for the MLP, token ids beyond
-        the model's vocabulary; files are prepared (once: see hintpipe.data.cache) and refused if bad. ``data``
-        given as a list or a tuple of one is kept as its string (the same run)."""
-        object.__setattr__(self, "data", OPTIONS["data"].check(self.data))
-        if self.data != "synthetic" and not self.model.spec.reads_text:
-            raise ValueError(f"data {self.data!r} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
+        """Refuse data the model cannot take, here rather than in every rank: token ids beyond the model's
+        vocabulary; files are prepared (once: see hintpipe.data.cache) and refused if bad."""
         resolved = resolve_data(self.data, field=self.data_field, split=self.data_split, tokenizer=self.tokenizer)
         object.__setattr__(self, "prepared", resolved.folders)
         check_eval_batches(self, resolved.folders)

@@ -12,6 +12,13 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
+from hintpipe.apps.model_rules import (
+    check_activation_budgets,
+    check_model_options,
+    check_sequence_lengths,
+    check_tensor_parallel,
+)
+from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
@@ -28,9 +35,8 @@ from hintpipe.cli.model_flags import add_model_flags, model_config
 from hintpipe.cli.train_checks import (
     check_checkpoint_folder,
     check_memory,
-    check_model_flags,
     check_model_memory,
-    check_run_options,
+    check_output_files,
 )
 from hintpipe.cli.train_model import (
     FROM_PLAN,
@@ -53,7 +59,6 @@ from hintpipe.option import said_as_flags
 from hintpipe.options import OPTIONS, ROOM
 from hintpipe.runtime.injection import Injection
 from hintpipe.schedule.hint import Hint
-from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
@@ -136,7 +141,10 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     resolve_tokenizer(args, from_plan)
     flagged = [name for name in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, name)]
     check_flags(args, flagged)
-    check_run_options(args)
+    kind = model_kind(args.model or DEFAULT_MODEL)[0]
+    with said_as_flags():  # the config's own rules, checked here before the data and the plan are made
+        check_tensor_parallel(args.tp, MODEL_SPECS[kind], planned=getattr(args, "plan", None) is not None)
+    check_output_files(args)
     data = args.data
     # A built-in model's vocabulary is the data's: files are prepared (or their prepared folder checked, and
     # refused if bad) here, once, before any rank starts.
@@ -145,11 +153,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     check_eval_batches(args, run_data.folders, cli=True)
     model = from_plan or model_config(args, seed=args.seed, data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
-    if model.spec.reads_text and data == "synthetic" and seq_len.mean > model.max_seq_len - 1:
-        raise ValueError(
-            f"--seq-len-dist {args.seq_len_dist}: {model.label}'s positions end at {model.max_seq_len - 1} tokens; "
-            f"use a mean of at most {model.max_seq_len - 1}"
-        )
+    with said_as_flags():
+        check_sequence_lengths(model, data, seq_len)
     length = seq_len.mean if model.spec.reads_text else model.hidden
     check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
@@ -160,11 +165,13 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     injection = Injection.parse(args.variability, args.faults, args.seed)
     injection.check(args.ranks * dp * tp, hint.stages, args.microbatches, tp)
     forming: Forming = args.forming
-    check_model_flags(model, data, tp, forming, injection, args.steps)
+    with said_as_flags():
+        check_model_options(model, data, tp, forming, injection, args.steps)
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
     slack, budgets, device_budget_fraction = room(args, args.ranks)
     if budgets is not None:
-        _check_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(args.precision))
+        with said_as_flags():
+            check_activation_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(args.precision))
     # Every option given as a flag, checked above, fills the field of its name; then what the command line
     # resolves itself (the model, the room, the plan file's answers, the data).
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -252,23 +259,6 @@ def _planned(
             f"{vocab - 1}"
         )
     return planned
-
-
-def _check_budgets(budgets: list[float], model: ModelConfig, rows: int, tokens: float, precision: str) -> None:
-    """Refuse, before any rank starts, an ``--activation-budget`` below one micro-batch's hidden states: what
-    any stage keeps of a micro-batch in flight at the least (the hint holds several), so that no rank could
-    ever run."""
-    per_value = 4 if precision == "fp32" else 2
-    length = tokens if model.spec.reads_text else 1
-    floor = rows * length * model.hidden * per_value
-    low = min(budgets)
-    if low < floor:
-        shape = f"{rows} x {tokens:g} tokens x {model.hidden}" if model.spec.reads_text else f"{rows} x {model.hidden}"
-        raise ValueError(
-            f"--activation-budget {format_size(low)} is below one micro-batch's hidden states, {format_size(floor)} "
-            f"({shape} values of {per_value} bytes), which every stage keeps while a micro-batch is in flight; give "
-            "several times that (the hint holds several micro-batches), or leave it out"
-        )
 
 
 def _check_layers(model: ModelConfig, stages: int, world: int) -> None:

@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hintpipe.apps.model_config import ModelConfig
-from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
 from hintpipe.cli.common import check_writable
-from hintpipe.forming.form import Forming
-from hintpipe.runtime.injection import Injection
 from hintpipe.units import format_size
 
 if TYPE_CHECKING:
@@ -41,28 +38,6 @@ def check_model_memory(model: ModelConfig, parameters: int, world: int) -> None:
         f"({format_size(4.0 * parameters)} in float32); each of the {world} ranks builds it whole: about "
         f"{format_size(needed)}, over the {format_size(available)} this machine has available; use a smaller model"
     )
-
-
-def check_model_flags(
-    model: ModelConfig, data: str | tuple[str, ...], tp: int, forming: Forming, injection: Injection, steps: int
-) -> None:
-    """Refuse flags the model, the data or the run cannot honour: faults in steps the run never reaches, a
-    tensor-parallel size that does not divide the heads, text for the MLP, forming without documents."""
-    if injection.steps and max(injection.steps) >= steps:
-        raise ValueError(
-            f"--faults names step {max(injection.steps)}, the run has steps 0..{steps - 1}: it would never fire"
-        )
-    if tp > 1 and model.heads % tp:
-        raise ValueError(f"--tp {tp} must divide gpt-mini's {model.heads} attention heads")
-    if data != "synthetic" and not model.spec.reads_text:
-        said = data if isinstance(data, str) else " --data ".join(data)
-        raise ValueError(f"--data {said} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
-    if forming is not Forming.CROP and data == "synthetic":
-        raise ValueError(
-            f"--forming {forming} forms micro-batches from whole documents: use it with --data stdlib or --data PATH"
-        )
-    if forming is Forming.PACKED and not model.spec.document_masks:
-        raise ValueError(f"--forming packed needs a model that takes document masks (gpt-mini), not {model.label}")
 
 
 def check_memory(microbatches: int, size: int, ranks: int, length: float) -> None:
@@ -109,12 +84,8 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
         raise ValueError(f"--checkpoint-dir {another_run(folder, found)}")
 
 
-def check_run_options(args: argparse.Namespace) -> None:
-    """Refuse combinations of flags (checked) before any rank starts, each in one line naming the flags."""
-    tp = args.tp
-    kind = model_kind(args.model or DEFAULT_MODEL)[0]
-    if tp > 1 and (not MODEL_SPECS[kind].tensor_parallel or getattr(args, "plan", None) is not None):
-        raise ValueError("--tp has a tensor-parallel plan for the built-in gpt-mini only (not --plan or other models)")
+def check_output_files(args: argparse.Namespace) -> None:
+    """Refuse output files that cannot be written, before any rank starts."""
     for option in ("trace", "timeline"):
         if getattr(args, option, None):
             check_writable(getattr(args, option), f"--{option}")
