@@ -56,14 +56,33 @@ RULES: list[tuple[dict[str, Any], str, list[str], str]] = [
         ["--activation-budget", "1", "--hidden", "64"],
         "--activation-budget 1 is below one micro-batch's hidden states, 64KiB (4 x 64 tokens x 64 values of 4 bytes)",
     ),
+    (
+        {"model": ModelConfig("gpt-mini", layers=1), "ranks": 4},
+        "layers 1 makes 3 layers (1 and 2 more of gpt-mini's own), too few for 4 stages; use layers 2 or more",
+        ["--layers", "1", "--ranks", "4"],
+        "--layers 1 makes 3 layers (1 and 2 more of gpt-mini's own), too few for 4 stages; use --layers 2 or more",
+    ),
+    (
+        {"faults": ("crash:5:0",)},
+        "crash rank 5 does not exist: the run has ranks 0..1",
+        ["--faults", "crash:5:0"],
+        "crash rank 5 does not exist: the run has ranks 0..1",
+    ),
+    (
+        {"variability": ("straggler:2:5",)},
+        "straggler stage 5 does not exist: the pipeline has 2 stages",
+        ["--variability", "straggler:2:5"],
+        "straggler stage 5 does not exist: the pipeline has 2 stages",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("fields", "python", "flags", "command_line"), RULES, ids=[r[2][0] for r in RULES])
+@pytest.mark.parametrize(("fields", "python", "flags", "command_line"), RULES, ids=[" ".join(r[2]) for r in RULES])
 def test_python_refuses_what_the_command_line_refuses_each_in_its_words(
     fields: dict[str, Any], python: str, flags: list[str], command_line: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Before, ``TrainConfig`` took every one of these runs (the model's rules were the command line's alone)."""
+    """Before, ``TrainConfig`` took every one of these runs (the model's rules were the command line's alone): the
+    last three failed later, in every rank, once the ranks had started."""
     with pytest.raises(ValueError) as refused:
         TrainConfig(**({"model": GPT, "ranks": 2, "microbatches": 4} | fields))
     assert str(refused.value).startswith(python)

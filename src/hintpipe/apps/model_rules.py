@@ -12,6 +12,7 @@ so that one rule names ``--tp`` there and ``tp`` in Python.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
@@ -91,3 +92,27 @@ def check_activation_budgets(
             "micro-batch is in flight; give several times that (the hint holds several micro-batches), or leave "
             "it out"
         )
+
+
+def layers_and_parameters(model: ModelConfig) -> tuple[int, int]:
+    """The layers a built-in list-of-layers model makes (its ``layers`` blocks and its own: an embedding, a head)
+    and its parameters, without building it: its models of one and of two blocks are made on the ``meta``
+    device (sized, never allocated), and the whole model follows from them, as each block adds like layers."""
+    from hintpipe.apps.models import meta_layers
+
+    one, two = (meta_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
+    sizes = [sum(p.numel() for layer in built for p in layer.parameters()) for built in (one, two)]
+    layers = len(one) + (len(two) - len(one)) * (model.layers - 1)
+    return layers, sizes[0] + (sizes[1] - sizes[0]) * (model.layers - 1)
+
+
+def check_layer_count(model: ModelConfig, layers: int, stages: int) -> None:
+    """Refuse a list of ``layers`` too short for the ``stages``, advising the ``layers`` that fills them."""
+    if layers >= stages:
+        return
+    extra = layers - model.layers
+    beside = f" ({model.layers} and {extra} more of {model.name}'s own)" if extra else ""
+    raise ValueError(
+        f"{said('layers')} {model.layers} makes {layers} layers{beside}, too few for {stages} stages; use "
+        f"{said('layers')} {stages - extra} or more, or fewer stages"
+    )

@@ -14,9 +14,11 @@ import torch
 from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.apps.model_rules import (
     check_activation_budgets,
+    check_layer_count,
     check_model_options,
     check_sequence_lengths,
     check_tensor_parallel,
+    layers_and_parameters,
 )
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
@@ -169,6 +171,10 @@ class TrainConfig(PipelineConfig):
         check_tensor_parallel(self.tp, model.spec, planned=self.plan is not None)
         check_model_options(model, self.data, self.tp, self.forming, self.injection, self.steps)
         check_sequence_lengths(model, self.data, self.seq_len_dist)
+        hint = self.resolved_hint
+        self.injection.check(self.world, hint.stages, self.microbatches, self.tp)
+        if not model.spec.planned and self.plan is None:
+            check_layer_count(model, layers_and_parameters(model)[0], hint.stages)
         budget = self.activation_budget
         if budget is not None:
             budgets = budget if isinstance(budget, tuple) else (budget,)

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.model_rules import (
     check_activation_budgets,
+    check_layer_count,
     check_model_options,
     check_sequence_lengths,
     check_tensor_parallel,
+    layers_and_parameters,
 )
 from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
 from hintpipe.cli.common import (
@@ -269,21 +271,10 @@ def _check_layers(model: ModelConfig, stages: int, world: int) -> None:
     allocated), and the whole model's layers and parameters follow from them, as ``--layers`` adds like
     layers (this check built the whole model before: ``--hidden 16384`` or ``--layers 1000000000`` ended in
     ``std::bad_alloc`` minutes later)."""
-    from hintpipe.apps.models import meta_layers
-
-    one, two = (meta_layers(dataclasses.replace(model, layers=n)) for n in (1, 2))
-    sizes = [sum(p.numel() for layer in built for p in layer.parameters()) for built in (one, two)]
-    per_layer = sizes[1] - sizes[0]
-    check_model_memory(model, sizes[0] + per_layer * (model.layers - 1), world)
-    layers = len(one) + (len(two) - len(one)) * (model.layers - 1)
-    if layers >= stages:
-        return
-    extra = layers - model.layers
-    beside = f" ({model.layers} and {extra} more of {model.name}'s own)" if extra else ""
-    raise ValueError(
-        f"--layers {model.layers} makes {layers} layers{beside}, too few for {stages} stages; use --layers "
-        f"{stages - extra} or more, or fewer stages"
-    )
+    layers, parameters = layers_and_parameters(model)
+    check_model_memory(model, parameters, world)
+    with said_as_flags():
+        check_layer_count(model, layers, stages)
 
 
 def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:
