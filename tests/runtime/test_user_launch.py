@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.multiprocessing.spawn import spawn
 
+from conftest import allow
 from hintpipe import Pipeline, Plan, TiedParameter, plan
 from hintpipe.runtime.launch import free_port
 
@@ -178,3 +181,33 @@ def test_a_users_own_spawn_trains_every_rank_on_its_own_parameters(
                 torch.testing.assert_close(
                     value, expected[parameter], rtol=RTOL, atol=ATOL, msg=f"rank {rank} step {step} {parameter}"
                 )
+
+
+_PIPED = "from hintpipe import run_ranks\ndef f(rank, world):\n    return rank\nprint(run_ranks(f, 2, device='cpu'))\n"
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_code_the_ranks_cannot_import_again_is_refused_in_one_line(how: str, tmp_path: Path) -> None:
+    """A rank finds the function by importing the launcher's ``__main__`` again: code piped into ``python -``
+    (before: every rank died with ``FileNotFoundError: ... '<stdin>'``, and the launcher said they exited without
+    a result) or given with ``python -c`` (an ``AttributeError`` per rank) is refused before any rank starts."""
+    argv = [sys.executable, "-"] if how == "stdin" else [sys.executable, "-c", _PIPED]
+    done = subprocess.run(
+        argv, input=_PIPED if how == "stdin" else None, capture_output=True, text=True, cwd=tmp_path, timeout=allow(120)
+    )
+    assert done.returncode == 1
+    what = "the script <stdin>" if how == "stdin" else "code given with python -c"
+    assert done.stderr.strip().splitlines()[-1] == (
+        "hintpipe.runtime.errors.RankFailure: run_ranks starts processes that import the code defining f again, and "
+        f"{what} is not a file they can read: save it as a file and run that (python train.py), or import the "
+        "function from a module"
+    )
+
+
+def test_a_module_s_function_runs_from_python_c(tmp_path: Path) -> None:
+    code = "import operator\nfrom hintpipe import run_ranks\nprint(run_ranks(operator.add, 2, device='cpu'))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=allow(120)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[2, 3]"  # operator.add(rank, world) on 2 ranks

@@ -179,6 +179,13 @@ def run_ranks(
         finally:
             liveness.stop()
             dist.destroy_process_group()
+    unreadable = _main_not_a_file(fn)
+    if unreadable is not None:
+        raise RankFailure(
+            f"run_ranks starts processes that import the code defining {getattr(fn, '__qualname__', fn)} again, and "
+            f"{unreadable} is not a file they can read: save it as a file and run that (python train.py), or "
+            "import the function from a module"
+        )
     unguarded = _outside_main_guard()
     if unguarded is not None:
         path, line = unguarded
@@ -378,6 +385,25 @@ def _outside_main_guard() -> tuple[str, int] | None:
     if any(n.lineno <= line <= (n.end_lineno or n.lineno) for n in guards):
         return None
     return str(path), line
+
+
+def _main_not_a_file(fn: Callable[..., Any]) -> str | None:
+    """What the ranks could not import again where ``fn`` is defined (``<stdin>``: code piped into
+    ``python -``; code given with ``-c``, typed at the prompt or in a notebook's cell), else None.
+
+    A spawned rank re-runs the launcher's ``__main__`` from its file (see [Note: the main guard]) to find a
+    function defined there. Without one each rank died, with ``FileNotFoundError: ... '<stdin>'`` (and the
+    launcher said only that the ranks exited without a result), or with ``AttributeError: Can't get attribute
+    'f' on <module '__main__' (built-in)>``. A module run by name (``python -m``) is imported by its name."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(getattr(main, "__spec__", None), "name", None):
+        return None
+    path = getattr(main, "__file__", None)
+    if path is not None:
+        return None if Path(path).is_file() else f"the script {path}"
+    if getattr(fn, "__module__", None) != "__main__":
+        return None  # the function is a module's: the ranks import that
+    return "code given with python -c" if sys.argv[:1] == ["-c"] else "code typed at the prompt or in a notebook"
 
 
 def _words(test: ast.expr) -> set[str]:
