@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hintpipe.runtime.loop.executor import StageExecutor
-from hintpipe.runtime.loop.weight_deferral import WeightDeferral, defer_linear_weights
+from hintpipe.runtime.loop.weight_deferral import WeightDeferral, defer_linear_weights, restore_linear_weights
 
 
 class _Tied(nn.Module):
@@ -286,3 +286,31 @@ def test_the_first_stage_defers_nothing_and_its_w_is_its_whole_backward(monkeypa
         torch.testing.assert_close(split[name], grad, rtol=0, atol=0, msg=name)
     _stage_grads(split=True)  # a stage after the first: its two linear layers defer
     assert applied == ["_DeferredLinear", "_DeferredLinear"]
+
+
+class _Functional(nn.Module):
+    """Linear calls a trace records as calls (``F.linear``), not as layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(8, 4)), nn.Parameter(torch.randn(4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, self.w1)), self.w2)
+
+
+def test_restoring_gives_each_layer_and_graph_its_own_calls_back() -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    traced = fx.symbolic_trace(_Functional())
+    x = torch.randn(3, 4)
+    before = module(x), traced(x)
+    code = traced.code
+    assert defer_linear_weights(module) == 2 and defer_linear_weights(traced) == 2
+    assert traced.code != code and "deferrable_linear" in traced.code
+    assert restore_linear_weights(module) == 2 and restore_linear_weights(traced) == 2
+    assert all("forward" not in vars(m) for m in module.modules())
+    assert traced.code == code
+    torch.testing.assert_close(module(x), before[0], rtol=0, atol=0)
+    torch.testing.assert_close(traced(x), before[1], rtol=0, atol=0)
+    assert restore_linear_weights(module) == restore_linear_weights(traced) == 0  # nothing left to restore

@@ -44,6 +44,7 @@ from hintpipe.runtime.loop.coordination import Coordination
 from hintpipe.runtime.loop.executor import Executor, LossFn
 from hintpipe.runtime.loop.microbatch import Batch
 from hintpipe.runtime.loop.reports import StepReport
+from hintpipe.runtime.loop.weight_deferral import restore_linear_weights
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import Layout
 from hintpipe.runtime.parts import Parts, Seams
@@ -380,8 +381,15 @@ class Pipeline:
     # -- shutdown ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Tell the neighbours this rank is done and stop its mailboxes."""
+        """Tell the neighbours this rank is done and stop its mailboxes; the stages' layers are given their own
+        ``forward`` back (a split hint's deferral is undone: see :func:`~hintpipe.runtime.loop.weight_deferral.
+        restore_linear_weights`)."""
         self._engine.close()
+        self._restore_layers()
+
+    def _restore_layers(self) -> None:
+        for module in self.modules.values():
+            restore_linear_weights(module)
 
     def __enter__(self) -> Pipeline:
         return self
@@ -391,5 +399,6 @@ class Pipeline:
         # does: a graceful close would wait for them to close too, while they may wait for this rank.
         if error is not None:
             self._engine.abort(error)
+            self._restore_layers()
         else:
             self.close()

@@ -262,7 +262,7 @@ def defer_linear_weights(module: nn.Module) -> int:
     """Make ``module``'s linear layers defer their weight gradients (see [Note: weight gradients put off]): an
     ``nn.Linear`` with torch's own ``forward`` runs :func:`deferrable_linear`, and a ``torch.fx.GraphModule``'s
     linear calls become calls of it. Returns how many layers or calls now defer. Without an active
-    :class:`WeightDeferral` each computes exactly as before."""
+    :class:`WeightDeferral` each computes exactly as before; :func:`restore_linear_weights` undoes it."""
     count = 0
     for sub in module.modules():
         if isinstance(sub, nn.Linear) and type(sub).forward is nn.Linear.forward and "forward" not in vars(sub):
@@ -283,9 +283,9 @@ def _defer_graph_calls(module: fx.GraphModule) -> int:
     for node in module.graph.nodes:
         if node.op != "call_function":
             continue
+        deferred: Callable[..., Any] | None = None
         if node.target in _LINEARS:
-            node.target = deferrable_linear
-            calls += 1
+            deferred = deferrable_linear
         elif (
             node.target in _ADDMMS
             and not node.kwargs
@@ -293,8 +293,38 @@ def _defer_graph_calls(module: fx.GraphModule) -> int:
             and isinstance(node.args[2], fx.Node)
             and node.args[2].op == "get_attr"
         ):
-            node.target = deferrable_addmm
+            deferred = deferrable_addmm
+        if deferred is not None:
+            node.meta[_DEFERRED_FROM] = node.target
+            node.target = deferred
             calls += 1
     if calls:
         module.recompile()
     return calls
+
+
+#: Where a graph's deferred call keeps the target it had (see :func:`restore_linear_weights`).
+_DEFERRED_FROM = "hintpipe_deferred_from"
+_PATCHED_FORWARDS = (_linear_forward, _conv1d_forward)
+
+
+def restore_linear_weights(module: nn.Module) -> int:
+    """Undo :func:`defer_linear_weights` on ``module``: each layer's own ``forward`` and each graph's own calls
+    again (a pipeline does, as it closes: the user's model is theirs as it was, to save, compile or pickle without
+    hintpipe's functions inside). Returns how many layers or calls were restored."""
+    count = 0
+    for sub in module.modules():
+        patched = vars(sub).get("forward")
+        if isinstance(patched, functools.partial) and patched.func in _PATCHED_FORWARDS:
+            del sub.forward
+            count += 1
+        elif isinstance(sub, fx.GraphModule):
+            calls = 0
+            for node in sub.graph.nodes:
+                if _DEFERRED_FROM in node.meta:
+                    node.target = node.meta.pop(_DEFERRED_FROM)
+                    calls += 1
+            if calls:
+                sub.recompile()
+            count += calls
+    return count
