@@ -43,6 +43,29 @@ def test_the_old_flag_sets_the_new_one_and_says_so_once(command: str, capsys: py
         )
 
 
+def test_under_torchrun_rank_0_alone_says_the_warning(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every rank of a ``torchrun`` launch parses the same command line: before, each said the warning (eight
+    ranks, eight lines)."""
+    path = tmp_path / "run.toml"
+    path.write_text("[parallelism]\nmemory_slack = 2.0\n")
+    for name, value in {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        parse_cli(["train", *RUN, "--memory-slack", "2"])
+        parse_cli(["simulate", *RUN, "--config", str(path)])
+        said[rank] = capsys.readouterr().err
+    assert said["1"] == ""
+    assert said["0"] == (
+        "hintpipe train: warning: --memory-slack is now --slack-microbatches; the old flag goes in 0.8\n"
+        f"hintpipe simulate: warning: --config {path}: [parallelism] memory_slack is now slack_microbatches; the old "
+        "key goes in 0.8\n"
+    )
+
+
 def test_a_run_from_the_old_flag_is_the_run_from_the_new_one() -> None:
     before = config_from(parse_cli(["train", *RUN, "--model", "mlp", "--memory-slack", "2"]), "ready")
     now = config_from(parse_cli(["train", *RUN, "--model", "mlp", "--slack-microbatches", "2"]), "ready")

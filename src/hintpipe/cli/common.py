@@ -93,8 +93,16 @@ class RetiredFlag(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         old, new = option_string or self.option_strings[0], self.now.option_strings[0]
-        print(f"{parser.prog}: warning: {old} is now {new}; the old flag goes in {REMOVED_IN}", file=sys.stderr)
+        warn_once(f"{parser.prog}: warning: {old} is now {new}; the old flag goes in {REMOVED_IN}")
         self.now(parser, namespace, values, new)
+
+
+def warn_once(line: str) -> None:
+    """Say ``line`` on stderr once per launch: under ``torchrun`` every rank parses the same command line, and
+    rank 0 alone says what it warns of (eight ranks said a renamed flag's warning eight times)."""
+    torchrun = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+    if not torchrun or os.environ["RANK"] == "0":
+        print(line, file=sys.stderr)
 
 
 def whole_number(text: str) -> int:

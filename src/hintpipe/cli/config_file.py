@@ -46,13 +46,12 @@ import argparse
 import difflib
 import os
 import stat
-import sys
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from hintpipe.cli.common import RetiredFlag, whole_number
+from hintpipe.cli.common import RetiredFlag, warn_once, whole_number
 from hintpipe.option import LARGEST_INT
 from hintpipe.options import OPTIONS, RENAMED_OPTIONS
 from hintpipe.renamed import REMOVED_IN
@@ -207,10 +206,9 @@ def _renamed_key(path: str | Path, key: str, section: str, content: dict[str, An
         return key
     if new in content:
         raise ValueError(f"--config {path}: [{section}] gives {new} and {key}, its name before; keep {new} alone")
-    print(
+    warn_once(
         f"hintpipe {command}: warning: --config {path}: [{section}] {key} is now {new}; the old key goes in "
-        f"{REMOVED_IN}",
-        file=sys.stderr,
+        f"{REMOVED_IN}"
     )
     return new
 
