@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_grad_regions import TRAINED as FROZEN_TRAINED
+from test_grad_regions import Frozen
 from torch import nn
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
@@ -408,6 +410,20 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
         cases.append((planned, sx, sy, "mse"))
         references.append(_reference_grads(skip, sx, sy, "mse"))
         skip.zero_grad()
+    # A model that freezes projections in its code (torch.no_grad, a decorated tower), cut where the frozen
+    # values cross to the next rank as values without a gradient ([Note: grad-mode regions]).
+    frozen = Frozen()
+    fx_ = [torch.randn(n, 6) for n in (5, 7, 3, 5)]
+    fy = [torch.randn(n, 6) for n in (5, 7, 3, 5)]
+    frozen_plan = plan(frozen, fx_[0], ranks=2, microbatches=4, repeats=1)
+    cut = next(i for i, p in enumerate(frozen_plan.profiles) if p.module == "inp")
+    nodes = len(frozen_plan.graph.nodes)
+    cut_plan = dataclasses.replace(
+        frozen_plan, partition=dataclasses.replace(frozen_plan.partition, cuts=(0, cut, nodes))
+    )
+    cases.append((cut_plan, fx_, fy, "mse"))
+    references.append(_reference_grads(frozen, fx_, fy, "mse"))
+    assert set(references[-1]) == FROZEN_TRAINED
     results = run_ranks(_planned_worker, 2, cases, timeout=120)
     for i, expected in enumerate(references):
         seen = set()
@@ -415,6 +431,9 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
             grads, _, strict = rank_result[i]
             assert not strict  # no room option given: the plan's room to run ahead, not a limit the user gave
             for name, grad in grads.items():  # stage modules keep the model's parameter names
+                if name not in expected:  # what the model's code computes without a gradient
+                    assert grad is None, name
+                    continue
                 assert grad is not None, name
                 torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-6)
                 seen.add(name)
