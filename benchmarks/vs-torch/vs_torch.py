@@ -90,7 +90,8 @@ class GPT2Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[-1], device=ids.device)
-        return self.wte(ids) + self.wpe(positions)
+        hidden: torch.Tensor = self.wte(ids) + self.wpe(positions)
+        return hidden
 
 
 class GPT2Layer(nn.Module):
@@ -103,7 +104,8 @@ class GPT2Layer(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.block(hidden)
-        return out[0] if isinstance(out, tuple) else out
+        given: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return given
 
 
 class GPT2Head(nn.Module):
@@ -114,7 +116,8 @@ class GPT2Head(nn.Module):
         self.norm, self.head = model.transformer.ln_f, model.lm_head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(hidden))
+        logits: torch.Tensor = self.head(self.norm(hidden))
+        return logits
 
 
 def hf_gpt2_layers(args: argparse.Namespace) -> list[nn.Module]:

@@ -84,7 +84,8 @@ def test_python_refuses_what_the_command_line_refuses_each_in_its_words(
     """Before, ``TrainConfig`` took every one of these runs (the model's rules were the command line's alone): the
     last three failed later, in every rank, once the ranks had started."""
     with pytest.raises(ValueError) as refused:
-        TrainConfig(**({"model": GPT, "ranks": 2, "microbatches": 4} | fields))
+        base: dict[str, Any] = {"model": GPT, "ranks": 2, "microbatches": 4}
+        TrainConfig(**(base | fields))
     assert str(refused.value).startswith(python)
     assert main(["train", "--ranks", "2", "--microbatches", "4", *flags]) == 2
     assert command_line in capsys.readouterr().err
