@@ -4,10 +4,10 @@
 These were the command line's alone (``hintpipe train``'s checks before any rank starts), so that the same run
 made in Python, ``TrainConfig(model=ModelConfig("gpt-mini"), tp=3)`` or ``seq_len_dist=SeqLenDist(5000)`` on a
 model whose positions end at 255, was taken as it was and failed later in every rank (or, for a fault in a step
-the run never reaches, not at all). Each rule is now one function here that :class:`~hintpipe.apps.train_config.
-TrainConfig` calls as it is made; the command line calls the same functions earlier, where each can be checked
-before the expensive parts (the data's preparation, the plan), within :func:`~hintpipe.option.said_as_flags`,
-so that one rule names ``--tp`` there and ``tp`` in Python.
+the run never reaches, not at all). Each rule is now one function here that
+:class:`~hintpipe.apps.train_config.TrainConfig` calls as it is made; the command line calls the same functions
+earlier, where each can be checked before the expensive parts (the data's preparation, the plan), within
+:func:`~hintpipe.option.said_as_flags`, so that one rule names ``--tp`` there and ``tp`` in Python.
 """
 
 from __future__ import annotations

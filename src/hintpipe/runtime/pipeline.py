@@ -382,8 +382,8 @@ class Pipeline:
 
     def close(self) -> None:
         """Tell the neighbours this rank is done and stop its mailboxes; the stages' layers are given their own
-        ``forward`` back (a split hint's deferral is undone: see :func:`~hintpipe.runtime.loop.weight_deferral.
-        restore_linear_weights`)."""
+        ``forward`` back (a split hint's deferral is undone: see
+        :func:`~hintpipe.runtime.loop.weight_deferral.restore_linear_weights`)."""
         self._engine.close()
         self._restore_layers()
 
