@@ -20,6 +20,15 @@ import pytest
 from conftest import allow
 from processes import descendants
 
+#: The command started as a terminal starts it: SIGINT at its default action and not blocked, whatever this test
+#: process inherited or set (an ignored or blocked signal is kept across ``exec``); then the command itself.
+AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])",
+]
+
 #: Seconds a command may take to reach its marker, and then to end once interrupted (a busy 2-core machine).
 WITHIN = allow(120.0)
 
@@ -31,7 +40,13 @@ class Running:
     def __init__(self, argv: list[str], cwd: Path) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env, start_new_session=True
+            [*AS_FROM_A_TERMINAL, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         self._new: queue.Queue[str | None] = queue.Queue()
