@@ -141,3 +141,17 @@ def test_a_recomputed_stage_recomputes_inside_its_regions(planned: tuple[nn.Modu
     assert set(got) == TRAINED
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=0, atol=0, msg=name)
+
+
+def test_a_plan_made_under_no_grad_keeps_the_same_regions(planned: tuple[nn.Module, Plan]) -> None:
+    """Capture runs with gradients on, as a pipeline trains: planned under the caller's ``torch.no_grad()``, the
+    model's blocks were no change of mode and were lost, and its ``enable_grad`` block became the region."""
+    model, made = planned
+    kwargs = {"scale": 1.0} if isinstance(model, FrozenScaled) else None
+    with torch.no_grad():
+        again = plan(model, _x(), ranks=2, microbatches=2, repeats=1, kwargs=kwargs)
+
+    def inside(p: Plan) -> set[str]:
+        return {prof.module for prof, n in zip(p.profiles, p.graph.nodes, strict=True) if regions_of(n)}
+
+    assert inside(again) == inside(made) and "mid" not in inside(again)

@@ -190,6 +190,18 @@ def capture(
     Raises:
         CaptureError: naming what could not be captured and the fallback.
     """
+    # Captured with gradients on, as a pipeline trains, whatever the caller's mode (a plan made under
+    # ``torch.no_grad()``): the model's own grad-mode regions are changes from that ([Note: grad-mode regions]).
+    with torch.enable_grad():
+        return _capture(model, modules, example, kwargs)
+
+
+def _capture(
+    model: nn.Module,
+    modules: Sequence[str] | None,
+    example: tuple[Any, ...] | None,
+    kwargs: dict[str, Any] | None,
+) -> CapturedGraph:
     root = copy.deepcopy(model)
     # Captured in train mode whatever the model's mode: that is what a pipeline trains, and the flags the
     # capture records follow each stage's own mode afterwards ([Note: operators that follow their module]).
