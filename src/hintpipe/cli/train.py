@@ -170,7 +170,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     with said_as_flags():
         check_model_options(model, data, tp, forming, injection, args.steps)
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
-    slack, budgets, device_budget_fraction = room(args, args.ranks)
+    flagged_room = room(args, args.ranks)
+    budgets = flagged_room[1]
     if budgets is not None:
         with said_as_flags():
             check_activation_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(args.precision))
@@ -178,7 +179,34 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     # resolves itself (the model, the room, the plan file's answers, the data).
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     flags = {name: getattr(args, name) for name in flagged if name in fields}
-    resolved: dict[str, Any] = {
+    resolved = _resolved_fields(args, policy, model, seq_len, flagged_room, planned)
+    with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
+        config = TrainConfig(**(flags | resolved))
+    if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
+    if config.tensorboard is not None:
+        check_folder_writable(config.tensorboard, "--tensorboard", "TensorBoard")
+    if config.checkpoint_dir is not None:
+        check_checkpoint_folder(config)
+    if args.emulate and not planned_elsewhere():
+        config = dataclasses.replace(config, emulate=profile_costs(config))
+    return config
+
+
+def _resolved_fields(
+    args: argparse.Namespace,
+    policy: str,
+    model: ModelConfig,
+    seq_len: SeqLenDist,
+    flagged_room: tuple[float, list[float] | None, float | None],
+    planned: Plan | None,
+) -> dict[str, Any]:
+    """The config's fields the command line resolves itself rather than taking a flag's value as it is: the
+    model, the room (``slack_microbatches``, budgets, ``device_budget_fraction``), the plan, the lengths, the
+    forming's cost, what the output flags imply."""
+    slack, budgets, device_budget_fraction = flagged_room
+    forming: Forming = args.forming
+    return {
         "model": model,
         "ranks": args.ranks,
         "microbatches": args.microbatches,
@@ -201,20 +229,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         "plan": planned,
         "forming": forming.value,
         "sequence_cost": None if forming is Forming.CROP else _sequence_cost(model, args.microbatch_size),
-        "dp": dp,
-        "tp": tp,
+        "dp": args.dp,
+        "tp": args.tp,
     }
-    with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
-        config = TrainConfig(**(flags | resolved))
-    if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
-        raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
-    if config.tensorboard is not None:
-        check_folder_writable(config.tensorboard, "--tensorboard", "TensorBoard")
-    if config.checkpoint_dir is not None:
-        check_checkpoint_folder(config)
-    if args.emulate and not planned_elsewhere():
-        config = dataclasses.replace(config, emulate=profile_costs(config))
-    return config
 
 
 def prepare_data(args: argparse.Namespace, *, enabled: bool) -> RunData:

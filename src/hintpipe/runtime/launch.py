@@ -167,32 +167,8 @@ def run_ranks(
         timeout = timeout_s
     device = DeviceChoice.parse(device)
     if under_torchrun():
-        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if size != world:
-            raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
-        tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
-        init_rank(rank, size, timeout, device)
-        try:
-            results: list[Any] = [None] * size
-            dist.all_gather_object(results, fn(rank, size, *args))
-            return results
-        finally:
-            liveness.stop()
-            dist.destroy_process_group()
-    unreadable = _main_not_a_file(fn)
-    if unreadable is not None:
-        raise RankFailure(
-            f"run_ranks starts processes that import the code defining {getattr(fn, '__qualname__', fn)} again, and "
-            f"{unreadable} is not a file they can read: save it as a file and run that (python train.py), or "
-            "import the function from a module"
-        )
-    unguarded = _outside_main_guard()
-    if unguarded is not None:
-        path, line = unguarded
-        raise RankFailure(
-            f"{path}, line {line}: run_ranks starts processes that import this script again; put the code that "
-            'calls it under `if __name__ == "__main__":`'
-        )
+        return _as_a_torchrun_rank(fn, world, args, timeout, device)
+    _check_importable_again(fn)
     # The ranks meet in a file in this launcher's private folder, served by no one: no port is open, and a rank
     # stopped by SIGSTOP (or a debugger) stops no store with it (see [Note: no listening socket beyond
     # loopback]).
@@ -220,6 +196,43 @@ def run_ranks(
             process.start()
         killed, stopped_here = _watch(processes, signals, timeout)
         return _collect(Path(out), processes, signals, killed, stopped_here)
+
+
+def _as_a_torchrun_rank(
+    fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float, device: DeviceChoice
+) -> list[Any]:
+    """:func:`run_ranks` under ``torchrun``: this process is one of the ranks; every rank gets every result."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if size != world:
+        raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
+    tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
+    init_rank(rank, size, timeout, device)
+    try:
+        results: list[Any] = [None] * size
+        dist.all_gather_object(results, fn(rank, size, *args))
+        return results
+    finally:
+        liveness.stop()
+        dist.destroy_process_group()
+
+
+def _check_importable_again(fn: Callable[..., Any]) -> None:
+    """Refuse, before any rank starts, a ``fn`` the spawned ranks could not import again (see [Note: the main
+    guard]): defined in code that is no file, or called at a script's top level outside its main guard."""
+    unreadable = _main_not_a_file(fn)
+    if unreadable is not None:
+        raise RankFailure(
+            f"run_ranks starts processes that import the code defining {getattr(fn, '__qualname__', fn)} again, and "
+            f"{unreadable} is not a file they can read: save it as a file and run that (python train.py), or "
+            "import the function from a module"
+        )
+    unguarded = _outside_main_guard()
+    if unguarded is not None:
+        path, line = unguarded
+        raise RankFailure(
+            f"{path}, line {line}: run_ranks starts processes that import this script again; put the code that "
+            'calls it under `if __name__ == "__main__":`'
+        )
 
 
 def rank_starter() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
