@@ -77,6 +77,14 @@ def _split(model: nn.Module) -> tuple[dict[str, torch.Tensor], set[str], int]:
     return _grads(model, hidden), left, deferred
 
 
+def _same_gradients(
+    got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rtol: float = 1e-5, atol: float = 1e-6
+) -> None:
+    """Every expected gradient in ``got``, within float32's tolerances by default (the module docstring's)."""
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=rtol, atol=atol, msg=name)
+
+
 def test_b_and_w_give_the_unsplit_gradients_and_b_leaves_the_linear_weights_to_w() -> None:
     torch.manual_seed(0)
     model = _Tied()
@@ -86,8 +94,7 @@ def test_b_and_w_give_the_unsplit_gradients_and_b_leaves_the_linear_weights_to_w
     # The tied weight has the embedding's gradient from B (and the head's from W): only its bias waits.
     assert left == {"up.weight", "up.bias", "down.weight", "head.bias"}
     assert got.keys() == expected.keys()
-    for name, grad in expected.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    _same_gradients(got, expected)
 
 
 def test_a_graph_module_s_linear_calls_defer_as_layers_do() -> None:
@@ -101,8 +108,7 @@ def test_a_graph_module_s_linear_calls_defer_as_layers_do() -> None:
     assert len(calls) == 3  # symbolic tracing keeps nn.Linear as modules: their forward is patched
     got, _, deferred = _split(traced)
     assert deferred == 3
-    for name, grad in expected.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    _same_gradients(got, expected)
 
 
 def test_an_exported_stage_s_aten_linear_calls_defer() -> None:
@@ -115,8 +121,7 @@ def test_an_exported_stage_s_aten_linear_calls_defer() -> None:
     assert len(linears) == 3
     got, left, deferred = _split(exported)
     assert deferred == 3 and left == {"up.weight", "up.bias", "down.weight", "head.bias"}
-    for name, grad in expected.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    _same_gradients(got, expected)
 
 
 class _Gpt2Like(nn.Module):
@@ -148,8 +153,7 @@ def test_hugging_face_s_conv1d_defers_as_a_layer_and_as_an_exported_addmm(export
         model = graph_module
     got, left, deferred = _split(model)
     assert deferred == 2 and left == {"up.weight", "up.bias", "down.weight", "down.bias"}
-    for name, grad in expected.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    _same_gradients(got, expected)
 
 
 def test_a_recomputed_forward_builds_the_graph_its_first_forward_built() -> None:
@@ -165,8 +169,7 @@ def test_a_recomputed_forward_builds_the_graph_its_first_forward_built() -> None
     expected = _unsplit(copy.deepcopy(model))
     got, left, _ = _split(model)
     assert left == {"up.weight", "up.bias", "down.weight", "head.bias"}
-    for name, grad in expected.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    _same_gradients(got, expected)
 
 
 def test_under_autocast_the_weight_gradients_are_autocast_s_in_the_weight_s_dtype() -> None:
@@ -230,8 +233,7 @@ def test_the_executor_s_split_backward_is_its_whole_backward_in_two_tasks() -> N
     assert none_left == [] and left == ["0.bias", "0.weight", "3.bias", "3.weight"]
     torch.testing.assert_close(split_dx, whole_dx, rtol=0, atol=0)
     assert split.keys() == whole.keys()
-    for name, grad in whole.items():
-        torch.testing.assert_close(split[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    _same_gradients(split, whole)
 
 
 @pytest.mark.parametrize("requires", [False, True])
@@ -282,8 +284,7 @@ def test_the_first_stage_defers_nothing_and_its_w_is_its_whole_backward(monkeypa
     whole, split = first_stage(False), first_stage(True)
     assert applied == []
     assert split.keys() == whole.keys() and len(whole) == 5
-    for name, grad in whole.items():
-        torch.testing.assert_close(split[name], grad, rtol=0, atol=0, msg=name)
+    _same_gradients(split, whole, rtol=0, atol=0)
     _stage_grads(split=True)  # a stage after the first: its two linear layers defer
     assert applied == ["_DeferredLinear", "_DeferredLinear"]
 

@@ -81,8 +81,10 @@ def deferrable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):
             cast = None if bias is None else bias.to(dtype)
-            return _apply(x.to(dtype), weight.to(dtype), cast, leaves, deferral)
-    return _apply(x, weight, bias, leaves, deferral)
+            out: torch.Tensor = _applied(_DeferredLinear, x.to(dtype), weight.to(dtype), cast, leaves, deferral)
+            return out
+    plain: torch.Tensor = _applied(_DeferredLinear, x, weight, bias, leaves, deferral)
+    return plain
 
 
 def _deferring(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> WeightDeferral | None:
@@ -95,17 +97,6 @@ def _deferring(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     if type(x) not in _PLAIN or type(weight) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
         return None
     return deferral
-
-
-def _apply(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    leaves: tuple[torch.Tensor, torch.Tensor | None],
-    deferral: WeightDeferral,
-) -> torch.Tensor:
-    out: torch.Tensor = _applied(_DeferredLinear, x, weight, bias, leaves, deferral)
-    return out
 
 
 def _applied(function: type[torch.autograd.Function], *args: Any) -> Any:
