@@ -167,12 +167,12 @@ class TrainConfig(PipelineConfig):
     def _check_model(self) -> None:
         """What the model, its data and its parallelism can honour (see [Note: the model's rules are the
         config's] in :mod:`hintpipe.apps.model_rules`), here rather than in every rank."""
-        model = self.model
+        model, injection = self.model, self.injection
         check_tensor_parallel(self.tp, model.spec, planned=self.plan is not None)
-        check_model_options(model, self.data, self.tp, self.forming, self.injection, self.steps)
+        check_model_options(model, self.data, self.tp, self.forming, injection, self.steps)
         check_sequence_lengths(model, self.data, self.seq_len_dist)
         hint = self.resolved_hint
-        self.injection.check(self.world, hint.stages, self.microbatches, self.tp)
+        injection.check(self.world, hint.stages, self.microbatches, self.tp)
         if not model.spec.planned and self.plan is None:
             check_layer_count(model, layers_and_parameters(model)[0], hint.stages)
         budget = self.activation_budget
