@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_buffer_updates import UPDATED, Tracked
 from test_grad_regions import TRAINED as FROZEN_TRAINED
 from test_grad_regions import Frozen
 from torch import nn
@@ -361,13 +362,15 @@ def _planned_worker(rank: int, world: int, cases: list[tuple[Plan, list[Any], li
         for module in pipe.modules.values():  # plans of one model share its parameters
             module.zero_grad(set_to_none=True)
         pipe.step(xs, ys)
-        grads = {}
+        grads: dict[str, torch.Tensor | None] = {}
+        buffers: dict[str, torch.Tensor] = {}
         for s in pipe.stages:
             for name, p in pipe.modules[s].named_parameters():
                 grads[name] = p.grad.clone() if p.grad is not None else None
+            buffers.update((name, b.clone()) for name, b in pipe.modules[s].named_buffers())
         reports = pipe.reports
         pipe.close()
-        out.append((grads, reports[-1], pipe.parts.admission.strict))
+        out.append((grads, reports[-1], pipe.parts.admission.strict, buffers))
     return out
 
 
@@ -424,11 +427,29 @@ def test_planned_stages_train_like_the_unsplit_model() -> None:
     cases.append((cut_plan, fx_, fy, "mse"))
     references.append(_reference_grads(frozen, fx_, fy, "mse"))
     assert set(references[-1]) == FROZEN_TRAINED
+    # A model that updates buffers in its forward (a batch norm, an average, a counter), as planned and with every
+    # node recomputed: each rank's buffers as the unsplit model's after the same micro-batches in order ([Note:
+    # buffers a forward updates]).
+    torch.manual_seed(0)
+    tracked, updated = Tracked(), {}
+    tx = [torch.randn(n, 6) for n in (5, 7, 3, 5)]
+    ty = [torch.randn(n, 6) for n in (5, 7, 3, 5)]
+    tracked_plan = plan(tracked, tx[0], ranks=2, microbatches=4, repeats=1)
+    for planned in (tracked_plan, _forced(tracked_plan, "recompute")):
+        cases.append((planned, tx, ty, "mse"))
+        before = copy.deepcopy(tracked)
+        references.append(_reference_grads(before, tx, ty, "mse"))
+        updated[len(cases) - 1] = {name: b for name, b in before.named_buffers() if name in UPDATED}
     results = run_ranks(_planned_worker, 2, cases, timeout=120)
+    for i, buffers in updated.items():
+        held = {name: b for rank_result in results for name, b in rank_result[i][3].items() if name in UPDATED}
+        assert set(held) == UPDATED, i
+        for name, value in buffers.items():
+            torch.testing.assert_close(held[name], value, rtol=0, atol=0, msg=f"case {i}: {name}")
     for i, expected in enumerate(references):
         seen = set()
         for rank_result in results:
-            grads, _, strict = rank_result[i]
+            grads, _, strict, _ = rank_result[i]
             assert not strict  # no room option given: the plan's room to run ahead, not a limit the user gave
             for name, grad in grads.items():  # stage modules keep the model's parameter names
                 if name not in expected:  # what the model's code computes without a gradient

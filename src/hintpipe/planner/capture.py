@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 import pickle
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ import torch.fx as fx
 from torch import nn
 
 from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
+from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
 from hintpipe.planner.example_values import value_kinds
 from hintpipe.planner.inplace import out_of_place
 from hintpipe.planner.module_paths import carry_module_paths, module_path
@@ -155,7 +157,24 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+class _Proxy(fx.Proxy):
+    """A traced value that records item assignment into a buffer (``self.cache[:n] = h``: the tracer gives the
+    buffer as a proxy) as Python's ``operator.setitem``. Into any other value it is refused, as torch.fx's own
+    proxy refuses it (torch.export then captures the model)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.node.op != "get_attr":
+            raise TypeError("'Proxy' object does not support item assignment")
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+
 class _Tracer(fx.Tracer):
+    """torch.fx's tracer, recording what ``forward`` does to the model's buffers (see [Note: buffers a forward
+    updates] in :mod:`hintpipe.planner.buffer_updates`); the re-trace a plan goes through on every rank uses it
+    too."""
+
+    proxy_buffer_attributes = True
+
     def __init__(self, leaves: set[str] | None = None) -> None:
         # split_point stays a node wherever the model's code calls it.
         super().__init__(autowrap_functions=(split_point,))
@@ -163,6 +182,9 @@ class _Tracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _Proxy(node, self)
 
 
 def capture(
@@ -193,7 +215,9 @@ def capture(
     # Captured with gradients on, as a pipeline trains, whatever the caller's mode (a plan made under
     # ``torch.no_grad()``): the model's own grad-mode regions are changes from that ([Note: grad-mode regions]).
     with torch.enable_grad():
-        return _capture(model, modules, example, kwargs)
+        captured = _capture(model, modules, example, kwargs)
+    keep_model_buffers(captured.module, model)
+    return captured
 
 
 def _capture(
@@ -283,8 +307,9 @@ def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, An
             graph.erase_node(node)
     graph.set_codegen(fx.graph.CodeGen())
     # A plan travels to every rank pickled; the GraphModule re-traces its code on the way in, with
-    # the plain fx tracer (export's own needs arguments it does not pickle).
-    graph._tracer_cls = None
+    # hintpipe's fx tracer (export's own needs arguments it does not pickle; the plain one would run a buffer's
+    # update once, there, and drop it: [Note: buffers a forward updates]).
+    graph._tracer_cls = _Tracer
     graph._tracer_extras = {}
     output = next(n for n in graph.nodes if n.op == "output")
     flat = output.args[0]
@@ -443,13 +468,16 @@ def value_uses(graph: CapturedGraph, profiles: Sequence[NodeProfile]) -> list[Va
 
 
 def allowed_cuts(graph: CapturedGraph, uses: Sequence[ValueUse]) -> tuple[int, ...]:
-    """The positions ``1..n-1`` where a cut may fall: only tensors cross it and, if the model marks split
-    points, it is right after one."""
+    """The positions ``1..n-1`` where a cut may fall: only tensors cross it, every node that reads or writes a
+    buffer the model writes is on one side of it ([Note: buffers a forward updates] in
+    :mod:`hintpipe.planner.buffer_updates`) and, if the model marks split points, it is right after one."""
     n = len(graph.nodes)
     blocked = [False] * (n + 1)
     for producer, last, _, is_tensor in uses:
         if not is_tensor:
             blocked[producer + 1 : last + 1] = [True] * (last - producer)
+    for first, last in updated_buffer_spans(graph.module, graph.nodes):
+        blocked[first + 1 : last + 1] = [True] * (last - first)
     allowed = [c for c in range(1, n) if not blocked[c]]
     if graph.marked:
         allowed = [c for c in allowed if _is_split_point(graph.nodes[c - 1])]

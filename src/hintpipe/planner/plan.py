@@ -21,7 +21,15 @@ import torch
 from torch import nn
 
 from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
-from hintpipe.planner.capture import CapturedGraph, CaptureSpec, allowed_cuts, attribute, capture, value_uses
+from hintpipe.planner.buffer_updates import keep_model_buffers
+from hintpipe.planner.capture import (
+    CapturedGraph,
+    CaptureSpec,
+    allowed_cuts,
+    attribute,
+    capture,
+    value_uses,
+)
 from hintpipe.planner.forced_cuts import forced_cuts as forced_cuts
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
@@ -371,6 +379,7 @@ def _measured(
         profiles = profile(graph, inputs, repeats=repeats, cache_dir=cache_dir)
     for param in graph.module.parameters():  # profiling ran backward into the copy's parameters
         param.grad = None
+    keep_model_buffers(graph.module, model)  # and wrote its buffers: [Note: buffers a forward updates]
     return graph, profiles, profiled
 
 

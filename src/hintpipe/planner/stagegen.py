@@ -33,13 +33,22 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from hintpipe.device import new_event, new_stream
+from hintpipe.planner.buffer_updates import as_at_forward, noting_updates
 from hintpipe.planner.capture import CapturedGraph, attribute
 from hintpipe.planner.regions import Region, regions_of
 
 
 def recompute(module: torch.nn.Module, *args: Any) -> Any:
-    """Run ``module`` keeping no activations; backward recomputes them."""
-    return checkpoint(module, *args, use_reentrant=False)
+    """Run ``module`` keeping no activations; backward recomputes them from the buffers the forward saw, and
+    leaves the buffers as it found them (a batch norm's running statistics updated once per micro-batch, as
+    without recompute): see [Note: buffers a forward updates] in :mod:`hintpipe.planner.buffer_updates`."""
+    updated: list[tuple[torch.Tensor, torch.Tensor]] = []
+    return checkpoint(
+        module,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (noting_updates(module, updated), as_at_forward(updated)),
+    )
 
 
 def offload(module: torch.nn.Module, *args: Any) -> Any:

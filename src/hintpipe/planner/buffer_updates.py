@@ -1,0 +1,119 @@
+"""Buffers a model's forward updates, kept as the unsplit model keeps them.
+
+[Note: buffers a forward updates]
+A forward may write its module's buffers: a batch norm's running statistics and count, an exponential
+average, a counter of calls. Planned stages must write them as the unsplit model does, once per micro-batch's
+forward, in the one copy of the buffer that the model's state (a checkpoint, an export, an evaluation) reads:
+
+- **Recorded.** torch.fx's tracer gives a buffer as the tensor it is, so an update made of the buffer and
+  constants (``self.seen.add_(1)``, ``self.ema.mul_(0.9)``) ran once while tracing and was not in the graph;
+  the re-trace every plan goes through on its way to the ranks did the same to torch.export's graph.
+  hintpipe's tracer records buffers as it does parameters, in the trace and the re-trace
+  (:class:`~hintpipe.planner.capture.capture`'s tracer).
+- **In one stage.** Each rank holds its own copy of a buffer its stages read. A buffer written in one stage and
+  read or written in another would leave the two copies apart, and a written buffer sent across a cut (the
+  result of ``self.ema.mul_(0.9)``, which *is* the buffer, feeding ``.add_(x)``) would be written on the far
+  side into the received copy. So every node that reads or writes a buffer some node writes falls in one
+  stage: no cut inside its span (:func:`updated_buffer_spans`).
+- **Not spent by planning.** Tracing, propagating example values and profiling run the captured graph, many
+  times; afterwards its buffers are set back to the model's (:func:`keep_model_buffers`), so a stage starts
+  from the user's values.
+- **Not applied twice.** A recomputed group runs its forward again in backward. The buffers the forward
+  changed hold what it saw during the recompute and what they held before it afterwards
+  (:func:`noting_updates`, :func:`as_at_forward`, the context of ``torch.utils.checkpoint``), so the recompute
+  computes what the forward did and writes nothing.
+
+Each stage's forwards run in the order the hint gives them; under an order of the micro-batches other than
+theirs (``microbatch_order``), an average that depends on order differs from the unsplit model's run in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+__all__ = ["as_at_forward", "keep_model_buffers", "noting_updates", "updated_buffer_spans"]
+
+#: Python's operators that write their first argument (``buffer[i] = x``, ``buffer += x`` as fx records them).
+_WRITING_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv})
+
+
+def keep_model_buffers(module: nn.Module, model: nn.Module) -> None:
+    """Set the buffers of ``module`` (a capture of ``model``) back to ``model``'s, by name: what running the
+    capture (its trace, its profile) wrote into them is not the model's state."""
+    theirs = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, buffer in module.named_buffers():
+            own = theirs.get(name)
+            if own is not None and own.shape == buffer.shape and own.dtype == buffer.dtype:
+                buffer.copy_(own)
+
+
+def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[tuple[int, int]]:
+    """Per buffer of ``module`` that some node writes, the first and last position in ``nodes`` of a node that
+    reads or writes it (through the buffer or what an in-place call on it returned): the span a cut must not
+    fall inside."""
+    position = {node: i for i, node in enumerate(nodes)}
+    buffers = {name for name, _ in module.named_buffers()}
+    spans = []
+    for attribute in module.graph.nodes:
+        if attribute.op != "get_attr" or attribute.target not in buffers:
+            continue
+        same, written = {attribute}, False
+        for node in module.graph.nodes:  # topological: an in-place call's result is the buffer again
+            if node.args and node.args[0] in same and _writes_first_argument(node):
+                same.add(node)
+                written = True
+        if not written:
+            continue
+        touching = {position[user] for value in same for user in value.users if user in position}
+        touching |= {position[value] for value in same if value in position}
+        if touching:
+            spans.append((min(touching), max(touching)))
+    return spans
+
+
+def _writes_first_argument(node: fx.Node) -> bool:
+    """Whether ``node`` writes into its first argument: an in-place method (``add_``), an in-place operator
+    (``aten.add_.Tensor``, ``aten.copy_``), or Python's ``[] =`` and ``+=``."""
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.endswith("__")
+    if node.op != "call_function":
+        return False
+    if node.target in _WRITING_OPERATORS:
+        return True
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        arguments = target._schema.arguments
+        return bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+    return False
+
+
+@contextlib.contextmanager
+def noting_updates(module: nn.Module, updated: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """Around a forward: note in ``updated`` each buffer of ``module`` it changed, with its value before. By
+    value, not by version: a batch norm writes its running statistics without moving their version."""
+    before = [(buffer, buffer.clone()) for buffer in module.buffers()]
+    yield
+    updated.extend((buffer, value) for buffer, value in before if not torch.equal(buffer, value))
+
+
+@contextlib.contextmanager
+def as_at_forward(updated: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """Around a recompute: the buffers the forward changed hold what the forward saw, and afterwards what they
+    held before the recompute. Written through ``.data``, which moves no version: the recomputed graph saves
+    these very tensors (a batch norm its running statistics) and would refuse a write it could see."""
+    now = [(buffer, buffer.clone()) for buffer, _ in updated]
+    for buffer, seen in updated:
+        buffer.data.copy_(seen)
+    try:
+        yield
+    finally:  # also when checkpoint stops the recompute early, by raising, once it has what backward needs
+        for buffer, value in now:
+            buffer.data.copy_(value)
