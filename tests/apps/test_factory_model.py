@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from hintpipe.apps.factory_model import factory_sizes, made
 from hintpipe.apps.model_config import ModelConfig
@@ -34,6 +35,17 @@ class Flat(nn.Module):
 
 def flat():
     return Flat(), torch.zeros(2, 6, dtype=torch.long), len
+
+class Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm, self.head = nn.Embedding(11, 4), nn.BatchNorm1d(4), nn.Linear(4, 11)
+
+    def forward(self, ids):
+        return self.head(self.norm(self.embed(ids).transpose(1, 2)).transpose(1, 2))
+
+def normed():
+    return Normed(), torch.zeros(2, 6, dtype=torch.long), nn.functional.cross_entropy
 
 not_callable = 3
 """
@@ -87,3 +99,13 @@ def test_a_model_that_gives_no_logits_or_a_missing_module_or_another_init_is_ref
         ValueError, match=r"^--init random: --model m:f is a factory, its weights are the ones it makes$"
     ):
         factory_sizes("m:f", init="random")
+
+
+def test_sizing_a_factorys_model_counts_no_batch_in_its_state(factories: str) -> None:
+    """Sizing runs the model on the example; before, that forward counted a batch in its batch norm (the trained
+    model's ``num_batches_tracked`` one more than the batches it trained on) and moved its running statistics."""
+    model = made(f"{factories}:normed")[0]
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    assert factory_sizes(f"{factories}:normed").vocab == 11
+    for name, value in model.named_buffers():
+        assert torch.equal(value, before[name]), name

@@ -46,9 +46,11 @@ RULES: list[tuple[dict[str, Any], str, list[str], str]] = [
     ),
     (
         {"seq_len_dist": SeqLenDist(5000)},
-        "seq_len_dist fixed:5000: gpt-mini's positions end at 255 tokens; use a mean of at most 255",
+        "seq_len_dist fixed:5000: gpt-mini's positions end at 255 tokens; use a mean of at most 255 (seq_len_dist "
+        "SeqLenDist(mean=255, sigma=0.0))",
         ["--seq-len-dist", "fixed:5000"],
-        "--seq-len-dist fixed:5000: gpt-mini's positions end at 255 tokens; use a mean of at most 255",
+        "--seq-len-dist fixed:5000: gpt-mini's positions end at 255 tokens; use a mean of at most 255 "
+        "(--seq-len-dist fixed:255)",
     ),
     (
         {"activation_budget": 1.0, "seq_len_dist": SeqLenDist(64), "model": ModelConfig("gpt-mini", hidden=64)},

@@ -69,9 +69,11 @@ def check_sequence_lengths(model: ModelConfig, data: str | tuple[str, ...], leng
     """Refuse counting text (``data`` synthetic) whose mean length is past the model's last position."""
     last = model.max_seq_len - 1
     if model.spec.reads_text and data == "synthetic" and lengths.mean > last:
+        fits = dataclasses.replace(lengths, mean=last)
+        fix = str(fits) if said_as_flags_now() else repr(fits)
         raise ValueError(
             f"{said('seq_len_dist')} {lengths}: {model.label}'s positions end at {last} tokens; use a mean of at "
-            f"most {last}"
+            f"most {last} ({said('seq_len_dist')} {fix})"
         )
 
 

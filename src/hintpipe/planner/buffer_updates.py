@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["as_at_forward", "keep_model_buffers", "noting_updates", "updated_buffer_spans"]
+__all__ = ["as_at_forward", "buffers_kept", "keep_model_buffers", "noting_updates", "updated_buffer_spans"]
 
 #: Python's operators that write their first argument (``buffer[i] = x``, ``buffer += x`` as fx records them).
 _WRITING_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv})
@@ -52,6 +52,19 @@ def keep_model_buffers(module: nn.Module, model: nn.Module) -> None:
             own = theirs.get(name)
             if own is not None and own.shape == buffer.shape and own.dtype == buffer.dtype:
                 buffer.copy_(own)
+
+
+@contextlib.contextmanager
+def buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Around a run of ``model`` that is not training (a probe of its output's shape): its buffers as they were
+    afterwards, so that the run counts no batch in the model's state."""
+    kept = [(buffer, buffer.clone()) for buffer in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
 
 
 def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[tuple[int, int]]:
