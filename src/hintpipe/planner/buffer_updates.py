@@ -18,10 +18,11 @@ forward, in the one copy of the buffer that the model's state (a checkpoint, an 
 - **Not spent by planning.** Tracing, propagating example values and profiling run the captured graph, many
   times; afterwards its buffers are set back to the model's (:func:`keep_model_buffers`), so a stage starts
   from the user's values.
-- **Not applied twice.** A recomputed group runs its forward again in backward. The buffers the forward
-  changed hold what it saw during the recompute and what they held before it afterwards
-  (:func:`noting_updates`, :func:`as_at_forward`, the context of ``torch.utils.checkpoint``), so the recompute
-  computes what the forward did and writes nothing.
+- **Not applied twice.** A recomputed group runs its forward again in backward. The group's buffers hold
+  what its forward saw during the recompute and what they held before it afterwards (:func:`noting_updates`,
+  :func:`as_at_forward`, the context of ``torch.utils.checkpoint``), so the recompute computes what the forward
+  did and writes nothing. A micro-batch in flight keeps a copy of its recomputed groups' buffers until its
+  backward.
 
 Each stage's forwards run in the order the hint gives them; under an order of the micro-batches other than
 theirs (``microbatch_order``), an average that depends on order differs from the unsplit model's run in order.
@@ -110,17 +111,18 @@ def _writes_first_argument(node: fx.Node) -> bool:
 
 @contextlib.contextmanager
 def noting_updates(module: nn.Module, updated: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """Around a forward: note in ``updated`` each buffer of ``module`` it changed, with its value before. By
-    value, not by version: a batch norm writes its running statistics without moving their version."""
-    before = [(buffer, buffer.clone()) for buffer in module.buffers()]
+    """Around a forward: note in ``updated`` each buffer of ``module`` with its value before the forward. Every
+    buffer, not the ones it changed: a batch norm writes its running statistics without moving their version,
+    and telling a change by value would wait for the device on every micro-batch (a recomputed group's buffers
+    are few and small: a norm's statistics, a table of frequencies)."""
+    updated.extend((buffer, buffer.clone()) for buffer in module.buffers())
     yield
-    updated.extend((buffer, value) for buffer, value in before if not torch.equal(buffer, value))
 
 
 @contextlib.contextmanager
 def as_at_forward(updated: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """Around a recompute: the buffers the forward changed hold what the forward saw, and afterwards what they
-    held before the recompute. Written through ``.data``, which moves no version: the recomputed graph saves
+    """Around a recompute: the buffers hold what the forward saw, and afterwards what they held before the
+    recompute. Written through ``.data``, which moves no version: the recomputed graph saves
     these very tensors (a batch norm its running statistics) and would refuse a write it could see."""
     now = [(buffer, buffer.clone()) for buffer, _ in updated]
     for buffer, seen in updated:
