@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import operator
 import pickle
 from collections.abc import Sequence
@@ -239,8 +240,10 @@ def _capture(
     if not kwargs:
         try:
             tracer = _Tracer(set())
+            defaults = _defaults_left_out(root, example)
             with recording(tracer):  # [Note: autocast regions]
-                graph = tracer.trace(root)
+                graph = tracer.trace(root, concrete_args=defaults or None)
+            _drop_specialised_inputs(graph, root, defaults)
             module = fx.GraphModule(root, graph)
             keep_regions(module)
             out_of_place(module)
@@ -262,6 +265,45 @@ def _capture(
     captured.scalars, captured.gradient_free = value_kinds(captured.module, captured.nodes, inputs)
     captured.state_keys = keys
     return captured
+
+
+def _defaults_left_out(root: nn.Module, example: tuple[Any, ...] | None) -> dict[str, Any]:
+    """The parameters of ``root.forward`` that the example leaves out (all with a default, where there is no
+    example), with their defaults: what the model runs with when called as the pipeline calls it.
+
+    [Note: arguments left to their defaults]
+    torch.fx makes every parameter of ``forward`` an input, a proxy that is never None. A model's optional
+    argument (``forward(self, x, mask=None)``) was then captured as given, ``if mask is not None:`` taking the
+    branch the model takes with a mask, and planning refused the model (``the model takes 2 inputs, got 1``).
+    Traced with the defaults as constants, the graph computes what ``model(x)`` does, and takes the inputs the
+    example gives; torch.export, given the same example, does the same.
+    """
+    signature = inspect.signature(root.forward)
+    given = len(example) if example is not None else 0
+    out = {}
+    for index, parameter in enumerate(signature.parameters.values()):
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        has_default = parameter.default is not inspect.Parameter.empty
+        if has_default and (index >= given or example is None):
+            out[parameter.name] = parameter.default
+    return out
+
+
+def _drop_specialised_inputs(graph: fx.Graph, root: nn.Module, defaults: dict[str, Any]) -> None:
+    """Remove the inputs torch.fx makes of ``defaults`` (traced as constants: ``mask_1``) and the checks it adds on
+    them, so that the graph takes only the example's inputs ([Note: arguments left to their defaults])."""
+    traced = {name for name in inspect.signature(root.forward).parameters if name not in defaults}
+    doomed: set[fx.Node] = set()
+    stack = [n for n in graph.nodes if n.op == "placeholder" and str(n.target).lstrip("*") not in traced]
+    while stack:
+        value = stack.pop()
+        if value not in doomed:
+            doomed.add(value)
+            stack.extend(value.users)
+    for node in reversed(list(graph.nodes)):
+        if node in doomed:
+            graph.erase_node(node)
 
 
 def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
