@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -70,8 +71,8 @@ def buffers_kept(model: nn.Module) -> Iterator[None]:
 
 def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> list[tuple[int, int]]:
     """Per buffer of ``module`` that some node writes, the first and last position in ``nodes`` of a node that
-    reads or writes it (through the buffer or what an in-place call on it returned): the span a cut must not
-    fall inside."""
+    reads or writes it (through the buffer or what a call that wrote it returned): the span a cut must not fall
+    inside."""
     position = {node: i for i, node in enumerate(nodes)}
     buffers = {name for name, _ in module.named_buffers()}
     spans = []
@@ -79,8 +80,8 @@ def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> li
         if attribute.op != "get_attr" or attribute.target not in buffers:
             continue
         same, written = {attribute}, False
-        for node in module.graph.nodes:  # topological: an in-place call's result is the buffer again
-            if node.args and node.args[0] in same and _writes_first_argument(node):
+        for node in module.graph.nodes:  # topological: what an in-place or out= call returns is the buffer again
+            if any(value in same for value in _written_arguments(node)):
                 same.add(node)
                 written = True
         if not written:
@@ -92,21 +93,29 @@ def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> li
     return spans
 
 
-def _writes_first_argument(node: fx.Node) -> bool:
-    """Whether ``node`` writes into its first argument: an in-place method (``add_``), an in-place operator
-    (``aten.add_.Tensor``, ``aten.copy_``), or Python's ``[] =`` and ``+=``."""
+def _written_arguments(node: fx.Node) -> list[Any]:
+    """The arguments ``node`` writes into: an in-place method's tensor (``add_``), an operator's arguments its
+    schema marks written (``aten.add_.Tensor``'s first, ``aten.div.out``'s ``out``), Python's ``[] =`` and
+    ``+=``'s first."""
     if node.op == "call_method":
         name = str(node.target)
-        return name.endswith("_") and not name.endswith("__")
+        return [node.args[0]] if node.args and name.endswith("_") and not name.endswith("__") else []
     if node.op != "call_function":
-        return False
+        return []
     if node.target in _WRITING_OPERATORS:
-        return True
+        return [node.args[0]] if node.args else []
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        arguments = target._schema.arguments
-        return bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
-    return False
+    if not isinstance(target, torch._ops.OpOverload):
+        return []
+    written = []
+    for index, argument in enumerate(target._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        if index < len(node.args):
+            written.append(node.args[index])
+        elif argument.name in node.kwargs:
+            written.append(node.kwargs[argument.name])
+    return written
 
 
 @contextlib.contextmanager

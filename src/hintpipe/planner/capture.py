@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.nn.utils import parametrize
 
 from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
 from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
@@ -172,7 +173,16 @@ class _Proxy(fx.Proxy):
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, recording what ``forward`` does to the model's buffers (see [Note: buffers a forward
     updates] in :mod:`hintpipe.planner.buffer_updates`); the re-trace a plan goes through on every rank uses it
-    too."""
+    too.
+
+    [Note: parametrized modules]
+    A module with a parametrization (``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``,
+    ``orthogonal``, or one of the user's ``register_parametrization``) is a class torch makes on the fly, which
+    pickle refuses ("Serialization of parametrized modules is only supported through state_dict()"); as a leaf
+    of the graph (torch.fx keeps ``torch.nn`` modules whole) it made every plan of the model fail to reach the
+    ranks. It is traced through instead: its parametrization is a sub-module of its own, which pickles, and its
+    computation (a weight from ``original0`` and ``original1``) is in the stage, as torch.export has it.
+    """
 
     proxy_buffer_attributes = True
 
@@ -182,6 +192,8 @@ class _Tracer(fx.Tracer):
         self.leaves = leaves or set()
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if parametrize.is_parametrized(m):  # [Note: parametrized modules]
+            return False
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:

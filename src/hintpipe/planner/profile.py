@@ -185,7 +185,9 @@ def _profile_node(
             start = clock.now()
             out = run_node(root, node, local)
             forward.append(clock.now() - start)
-        grads = [t for t in tensors_in(out) if t.requires_grad]
+        # A view made under the model's no_grad of a value that requires grad says it requires grad, and has no
+        # graph to run backward through ([Note: grad-mode regions] in hintpipe.planner.regions).
+        grads = [t for t in tensors_in(out) if t.grad_fn is not None]
         start = clock.now()
         if grads:
             torch.autograd.backward(grads, [torch.ones_like(t) for t in grads])
