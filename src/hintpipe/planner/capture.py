@@ -26,7 +26,7 @@ from torch.nn.utils import parametrize
 from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
 from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
 from hintpipe.planner.example_values import value_kinds
-from hintpipe.planner.inplace import out_of_place
+from hintpipe.planner.inplace import out_of_place, out_of_place_by_example
 from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.op_libraries import OpLibraries, op_libraries
@@ -259,6 +259,8 @@ def _capture(
             module = fx.GraphModule(root, graph)
             keep_regions(module)
             out_of_place(module)
+            if example is not None:
+                out_of_place_by_example(module, example)  # [Note: in-place calls torch.fx records]
             make_portable(module)
             traced = _with_aliases(_captured(module), root)
             traced.state_keys = keys

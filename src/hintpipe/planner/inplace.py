@@ -22,12 +22,13 @@ mean), a model input, and any tensor another value may share memory with.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-__all__ = ["out_of_place"]
+__all__ = ["out_of_place", "out_of_place_by_example"]
 
 
 def out_of_place(module: fx.GraphModule) -> int:
@@ -99,3 +100,134 @@ def _unseen(value: fx.Node, call: fx.Node, order: dict[fx.Node, int]) -> bool:
         )
         for user in value.users
     )
+
+
+def out_of_place_by_example(module: fx.GraphModule, inputs: Sequence[Any]) -> int:
+    """Replace, in place, every in-place call torch.fx recorded on an intermediate that nothing else shares by
+    its out-of-place twin, its later readers reading the twin's result; the number replaced (see [Note: in-place
+    calls torch.fx records]).
+
+    [Note: in-place calls torch.fx records]
+    torch.fx records Python's own calls, not operators: ``nn.ReLU(inplace=True)`` as the module, ``F.relu(h,
+    inplace=True)``, ``h.mul_(2)``, ``torch.relu_(h)``, and the code goes on reading ``h``, not the call's
+    result. Profiling runs each node on its inputs made leaves that require grad, as a stage receives them after
+    a cut, and autograd refuses an in-place call on such a leaf ("a leaf Variable that requires grad is being
+    used in an in-place operation"): a model with one ``nn.ReLU(inplace=True)`` could not be planned at all.
+    Which value a call writes into is not in the graph (no schema says whether ``h`` is a view of another
+    value), so the graph is run once on the example and each tensor's storage read off: where the written value
+    is a call's own result that no other value shares, the call becomes its out-of-place twin (``mul``,
+    ``inplace=False``; a module's flag only when every call of it is replaced) and the readers after it read its
+    result, which is what they read in the model. The values are the same, and the gradients too.
+    """
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs) or not any(_in_place_target(module, n) for n in module.graph.nodes):
+        return 0  # nothing to replace, or an example the graph cannot run (planning says so in its words)
+    replaced = 0
+    while True:  # a value written twice (``h.mul_(2).add_(1)``) is replaced one call per pass
+        fresh = _sole_owners(module, inputs)
+        done = _replace_in_place_calls(module, fresh)
+        if not done:
+            break
+        replaced += done
+        module.graph.lint()
+        module.recompile()
+    return replaced
+
+
+def _sole_owners(module: fx.GraphModule, inputs: Sequence[Any]) -> set[fx.Node]:
+    """The call nodes whose result, in one run of ``module`` on ``inputs``, has a storage that no input,
+    parameter, buffer or other node's result shares, except the in-place calls that write into it."""
+    values: dict[fx.Node, Any] = {}
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            values[n] = value  # kept: a freed storage's address could be taken again by a later result
+            return value
+
+    with torch.no_grad():
+        _Recorder(module).run(*inputs)
+    holders: dict[int, set[fx.Node | None]] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        holders.setdefault(tensor.untyped_storage().data_ptr(), set()).add(None)
+    for node, value in values.items():
+        for tensor in _tensors(value):
+            holders.setdefault(tensor.untyped_storage().data_ptr(), set()).add(node)
+    fresh = set()
+    for node, value in values.items():
+        if node.op not in ("call_function", "call_method", "call_module") or not isinstance(value, torch.Tensor):
+            continue
+        sharers = holders[value.untyped_storage().data_ptr()] - {node}
+        if all(s is not None and _writes_into(module, s, node) for s in sharers):
+            fresh.add(node)
+    return fresh
+
+
+def _writes_into(module: fx.GraphModule, call: fx.Node, value: fx.Node) -> bool:
+    """Whether ``call`` writes into ``value``, or into what an in-place call on it returned (``h.mul_(2).add_(1)``:
+    the ``add_`` writes into ``h``)."""
+    target = _in_place_target(module, call)
+    while target is not None and target is not value:
+        target = _in_place_target(module, target)
+    return target is value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _in_place_target(module: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """The value ``node`` writes into, if it is one of torch.fx's in-place calls, else None."""
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if first is None:
+        return None
+    if node.op == "call_method":
+        name = str(node.target)
+        return first if name.endswith("_") and not name.endswith("__") and hasattr(torch.Tensor, name[:-1]) else None
+    if node.op == "call_function":
+        if node.kwargs.get("inplace") is True:
+            return first
+        name = getattr(node.target, "__name__", "")
+        twin = getattr(torch, name[:-1], None) if name.endswith("_") and not name.endswith("__") else None
+        return first if getattr(torch, name, None) is node.target and callable(twin) else None
+    if node.op == "call_module":
+        return first if getattr(module.get_submodule(str(node.target)), "inplace", None) is True else None
+    return None
+
+
+def _replace_in_place_calls(module: fx.GraphModule, fresh: set[fx.Node]) -> int:
+    """One pass of :func:`out_of_place_by_example`: each in-place call on a value in ``fresh`` replaced, at most
+    one per written value."""
+    order = {node: i for i, node in enumerate(module.graph.nodes)}
+    calls: dict[str, list[fx.Node]] = {}  # a module's calls, all of which must be replaced to clear its flag
+    for node in module.graph.nodes:
+        if node.op == "call_module" and _in_place_target(module, node) is not None:
+            calls.setdefault(str(node.target), []).append(node)
+    modules_ok = {target for target, nodes in calls.items() if all(_in_place_target(module, n) in fresh for n in nodes)}
+    replaced, written = 0, set()
+    for node in list(module.graph.nodes):
+        target = _in_place_target(module, node)
+        if target is None or target not in fresh or target in written:
+            continue
+        if node.op == "call_module":
+            if str(node.target) not in modules_ok:
+                continue
+            setattr(module.get_submodule(str(node.target)), "inplace", False)  # noqa: B010 (a flag of some modules)
+        elif node.op == "call_method":
+            node.target = str(node.target)[:-1]
+        elif node.kwargs.get("inplace") is True:
+            node.kwargs = {**node.kwargs, "inplace": False}
+        else:
+            node.target = getattr(torch, getattr(node.target, "__name__", "")[:-1])
+        for user in list(target.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(target, node)
+        written.add(target)
+        replaced += 1
+    return replaced
