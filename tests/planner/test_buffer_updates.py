@@ -20,6 +20,8 @@ from torch import nn
 
 from hintpipe.planner.buffer_updates import updated_buffer_spans
 from hintpipe.planner.capture import allowed_cuts, capture, value_uses
+from hintpipe.planner.export_trace import exported
+from hintpipe.planner.fx_trace import fx_traced
 from hintpipe.planner.plan import Plan, plan
 
 
@@ -115,6 +117,15 @@ def test_every_update_is_in_the_captured_graph() -> None:
     code = captured.module.code
     assert "seen.add_(1)" in code and "ema.mul_(0.9)" in code
     assert dict(captured.module.named_buffers())["seen"] == 0
+    assert "seen.add_(1)" in fx_traced(Tracked(), None).code  # the trace itself, before the capture's passes
+
+
+def test_torch_export_s_updates_survive_its_re_trace() -> None:
+    """The re-trace every exported graph goes through (as on every rank, unpickled) ran an update made of a
+    buffer and constants once and dropped it: the batch norm's count, the counter."""
+    module = exported(TrackedScaled(), (_microbatches()[0],), {"scale": 1.0})
+    updates = [n for n in module.graph.nodes if str(n.target) == "aten.add_.Tensor" and n.args[1] == 1]
+    assert {n.args[0].target for n in updates} == {"seen", "bn.num_batches_tracked"}
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])

@@ -1,4 +1,4 @@
-"""Arguments left to their defaults ([Note: arguments left to their defaults] in hintpipe.planner.capture): a
+"""Arguments left to their defaults ([Note: arguments left to their defaults] in hintpipe.planner.fx_trace): a
 model's optional argument (``forward(self, x, mask=None, scale=2.0)``) is captured as the model runs when called
 with the example alone, and the stages take the example's inputs.
 

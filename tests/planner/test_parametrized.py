@@ -1,4 +1,4 @@
-"""Parametrized modules ([Note: parametrized modules] in hintpipe.planner.capture): a model with
+"""Parametrized modules ([Note: parametrized modules] in hintpipe.planner.fx_trace): a model with
 ``weight_norm`` and ``spectral_norm`` plans through torch.fx and torch.export, its plan travels to the ranks
 (pickled), and its stages give the unsplit model's gradients and its spectral norm's power-iteration buffers.
 

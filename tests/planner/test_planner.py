@@ -19,7 +19,8 @@ from torch import nn
 
 from hintpipe.apps.models import ModelConfig, SeqLenDist, build_layers, lm_loss, make_batch
 from hintpipe.device import DeviceClock, HostClock, ThreadClock, clock_for
-from hintpipe.planner.capture import CaptureError, capture, split_point
+from hintpipe.planner.capture import capture
+from hintpipe.planner.capture_error import CaptureError, split_point
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.plan import Plan, node_tables, plan

@@ -12,39 +12,33 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
-import operator
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.nn.utils import parametrize
 
-from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
 from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
+from hintpipe.planner.capture_error import CaptureError, split_point
 from hintpipe.planner.example_values import value_kinds
-from hintpipe.planner.inplace import out_of_place, out_of_place_by_example
-from hintpipe.planner.module_paths import carry_module_paths, module_path
+from hintpipe.planner.export_trace import exported
+from hintpipe.planner.fx_trace import fx_traced
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.op_libraries import OpLibraries, op_libraries
-from hintpipe.planner.portable import make_portable
-from hintpipe.planner.regions import keep_regions, mark_regions, recording
+from hintpipe.planner.regions import mark_regions
 from hintpipe.planner.tables import ValueUse
 
-
-class CaptureError(ValueError):
-    """The model cannot be captured as given."""
-
-
-def split_point(x: Any) -> Any:
-    """Mark a place in ``forward`` where the planner may cut (identity at run time).
-
-    Once a model uses it, cuts are only placed right after split points.
-    """
-    return x
+__all__ = [
+    "CaptureError",
+    "CaptureSpec",
+    "CapturedGraph",
+    "allowed_cuts",
+    "attribute",
+    "capture",
+    "split_point",
+    "value_uses",
+]
 
 
 @dataclasses.dataclass
@@ -159,47 +153,6 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-class _Proxy(fx.Proxy):
-    """A traced value that records item assignment into a buffer (``self.cache[:n] = h``: the tracer gives the
-    buffer as a proxy) as Python's ``operator.setitem``. Into any other value it is refused, as torch.fx's own
-    proxy refuses it (torch.export then captures the model)."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if self.node.op != "get_attr":
-            raise TypeError("'Proxy' object does not support item assignment")
-        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
-
-
-class _Tracer(fx.Tracer):
-    """torch.fx's tracer, recording what ``forward`` does to the model's buffers (see [Note: buffers a forward
-    updates] in :mod:`hintpipe.planner.buffer_updates`); the re-trace a plan goes through on every rank uses it
-    too.
-
-    [Note: parametrized modules]
-    A module with a parametrization (``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``,
-    ``orthogonal``, or one of the user's ``register_parametrization``) is a class torch makes on the fly, which
-    pickle refuses ("Serialization of parametrized modules is only supported through state_dict()"); as a leaf
-    of the graph (torch.fx keeps ``torch.nn`` modules whole) it made every plan of the model fail to reach the
-    ranks. It is traced through instead: its parametrization is a sub-module of its own, which pickles, and its
-    computation (a weight from ``original0`` and ``original1``) is in the stage, as torch.export has it.
-    """
-
-    proxy_buffer_attributes = True
-
-    def __init__(self, leaves: set[str] | None = None) -> None:
-        # split_point stays a node wherever the model's code calls it.
-        super().__init__(autowrap_functions=(split_point,))
-        self.leaves = leaves or set()
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if parametrize.is_parametrized(m):  # [Note: parametrized modules]
-            return False
-        return qualname in self.leaves or super().is_leaf_module(m, qualname)
-
-    def proxy(self, node: fx.Node) -> fx.Proxy:
-        return _Proxy(node, self)
-
-
 def capture(
     model: nn.Module,
     *,
@@ -251,17 +204,7 @@ def _capture(
     traced_error: Exception | None = None
     if not kwargs:
         try:
-            tracer = _Tracer(set())
-            defaults = _defaults_left_out(root, example)
-            with recording(tracer):  # [Note: autocast regions]
-                graph = tracer.trace(root, concrete_args=defaults or None)
-            _drop_specialised_inputs(graph, root, defaults)
-            module = fx.GraphModule(root, graph)
-            keep_regions(module)
-            out_of_place(module)
-            if example is not None:
-                out_of_place_by_example(module, example)  # [Note: in-place calls torch.fx records]
-            make_portable(module)
+            module = fx_traced(root, example)
             traced = _with_aliases(_captured(module), root)
             traced.state_keys = keys
             return traced
@@ -273,145 +216,12 @@ def _capture(
             "torch.export can capture it, make forward traceable (no data-dependent control flow), or pass "
             "modules=[...] naming the submodules to run in sequence"
         )
-    exported = _exported(root, example, kwargs or {})
-    captured = _with_aliases(_captured(exported), root)
+    exported_module = exported(root, example, kwargs or {})
+    captured = _with_aliases(_captured(exported_module), root)
     inputs = (*example, *(v for v in (kwargs or {}).values() if isinstance(v, torch.Tensor)))
     captured.scalars, captured.gradient_free = value_kinds(captured.module, captured.nodes, inputs)
     captured.state_keys = keys
     return captured
-
-
-def _defaults_left_out(root: nn.Module, example: tuple[Any, ...] | None) -> dict[str, Any]:
-    """The parameters of ``root.forward`` that the example leaves out (all with a default, where there is no
-    example), with their defaults: what the model runs with when called as the pipeline calls it.
-
-    [Note: arguments left to their defaults]
-    torch.fx makes every parameter of ``forward`` an input, a proxy that is never None. A model's optional
-    argument (``forward(self, x, mask=None)``) was then captured as given, ``if mask is not None:`` taking the
-    branch the model takes with a mask, and planning refused the model (``the model takes 2 inputs, got 1``).
-    Traced with the defaults as constants, the graph computes what ``model(x)`` does, and takes the inputs the
-    example gives; torch.export, given the same example, does the same.
-    """
-    signature = inspect.signature(root.forward)
-    given = len(example) if example is not None else 0
-    out = {}
-    for index, parameter in enumerate(signature.parameters.values()):
-        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            continue
-        has_default = parameter.default is not inspect.Parameter.empty
-        if has_default and (index >= given or example is None):
-            out[parameter.name] = parameter.default
-    return out
-
-
-def _drop_specialised_inputs(graph: fx.Graph, root: nn.Module, defaults: dict[str, Any]) -> None:
-    """Remove the inputs torch.fx makes of ``defaults`` (traced as constants: ``mask_1``) and the checks it adds on
-    them, so that the graph takes only the example's inputs ([Note: arguments left to their defaults])."""
-    traced = {name for name in inspect.signature(root.forward).parameters if name not in defaults}
-    doomed: set[fx.Node] = set()
-    stack = [n for n in graph.nodes if n.op == "placeholder" and str(n.target).lstrip("*") not in traced]
-    while stack:
-        value = stack.pop()
-        if value not in doomed:
-            doomed.add(value)
-            stack.extend(value.users)
-    for node in reversed(list(graph.nodes)):
-        if node in doomed:
-            graph.erase_node(node)
-
-
-def _exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
-    """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
-    no input guards. What the model returns comes out flat: one tensor as itself (a Hugging Face model's
-    logits, with ``use_cache=False``), several as a tuple, never silently dropped."""
-    module = _export_once(root, example, kwargs)
-    follow_autocast_dtypes(module, lambda: _export_once(root, example, kwargs))  # [Note: a dtype read off a tensor]
-    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
-    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
-    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
-    paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
-    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
-    carry_module_paths(paths, retraced)
-    return retraced
-
-
-def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
-    """``root`` through torch.export, its regions kept, made portable: :func:`_exported` before its re-trace."""
-    from torch.export import Dim
-
-    def free(value: Any) -> Any:
-        return {d: Dim.AUTO for d in range(value.dim())} if isinstance(value, torch.Tensor) else None
-
-    shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
-    try:
-        program = torch.export.export(
-            root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False
-        )
-    except Exception as exc:  # export raises many kinds, each naming the construct
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise CaptureError(
-            f"neither torch.fx nor torch.export can capture {type(root).__name__}: {type(exc).__name__}: "
-            f"{_shortened(first)}. Fix: {_fix_for(root, first, kwargs)}"
-        ) from None
-    module = program.module()
-    graph = module.graph
-    for node in list(graph.nodes):
-        if node.op == "call_module" and str(node.target).startswith("_guards"):
-            graph.erase_node(node)
-    for node in list(graph.nodes):
-        if node.op == "placeholder" and not node.users:
-            graph.erase_node(node)
-    graph.set_codegen(fx.graph.CodeGen())
-    # A plan travels to every rank pickled; the GraphModule re-traces its code on the way in, with
-    # hintpipe's fx tracer (export's own needs arguments it does not pickle; the plain one would run a buffer's
-    # update once, there, and drop it: [Note: buffers a forward updates]).
-    graph._tracer_cls = _Tracer
-    graph._tracer_extras = {}
-    output = next(n for n in graph.nodes if n.op == "output")
-    flat = output.args[0]
-    if isinstance(flat, (tuple, list)):
-        output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
-    graph.lint()
-    module = fx.GraphModule(module, graph)
-    keep_regions(module)  # [Note: autocast regions]
-    for node in [n for n in module.graph.nodes if asserts_a_dtype(n)]:  # [Note: a dtype read off a tensor]
-        module.graph.erase_node(node)
-    module.recompile()
-    out_of_place(module)  # [Note: in-place operators between stages]
-    make_portable(module)
-    return module
-
-
-def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:
-    """What to do about torch.export's ``error``: a model that returns something other than tensors (a Hugging
-    Face model's key-value cache) takes a keyword that turns it off; otherwise name submodules to run."""
-    import inspect
-    import re
-
-    returned = re.search(r"Found <class '([\w.]+)'> in output", error)
-    if returned is None:
-        return "pass modules=[...] naming the submodules to run in sequence"
-    parameters = inspect.signature(root.forward).parameters
-    if "use_cache" in parameters and "use_cache" not in kwargs:
-        return "pass kwargs={'use_cache': False} (to hintpipe.plan or capture) so that it returns no cache"
-    return (
-        f"make forward return tensors only (it returns a {returned.group(1).rsplit('.', 1)[-1]}): a keyword input "
-        "that turns it off (kwargs={...}), or a wrapper module whose forward returns the tensors"
-    )
-
-
-def _shortened(error: str) -> str:
-    """torch.export's first line without its advice on pytrees and links (the fix comes after)."""
-    return error.split(" If this type holds tensors")[0].rstrip(".")
-
-
-def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
-    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them."""
-    import inspect
-
-    names = [n for n in inspect.signature(root.forward).parameters if n not in ("self",)]
-    positional = dict(zip(names, shapes.pop("args"), strict=False))
-    return {**positional, **shapes}
 
 
 def _with_aliases(graph: CapturedGraph, root: nn.Module) -> CapturedGraph:

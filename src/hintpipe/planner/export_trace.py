@@ -1,0 +1,112 @@
+"""torch.export's capture of a model, as a plain GraphModule that pickles (the re-trace every plan goes through
+on its way to the ranks), its regions kept and its calls made device-free."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import re
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from hintpipe.planner.autocast_dtypes import asserts_a_dtype, follow_autocast_dtypes
+from hintpipe.planner.capture_error import CaptureError
+from hintpipe.planner.fx_trace import ModelTracer
+from hintpipe.planner.inplace import out_of_place
+from hintpipe.planner.module_paths import carry_module_paths, module_path
+from hintpipe.planner.portable import make_portable
+from hintpipe.planner.regions import keep_regions
+
+__all__ = ["exported"]
+
+
+def exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+    """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
+    no input guards. What the model returns comes out flat: one tensor as itself (a Hugging Face model's
+    logits, with ``use_cache=False``), several as a tuple, never silently dropped."""
+    module = _export_once(root, example, kwargs)
+    follow_autocast_dtypes(module, lambda: _export_once(root, example, kwargs))  # [Note: a dtype read off a tensor]
+    # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
+    # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
+    # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.
+    paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
+    retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
+    carry_module_paths(paths, retraced)
+    return retraced
+
+
+def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+    """``root`` through torch.export, its regions kept, made portable: :func:`exported` before its re-trace."""
+    from torch.export import Dim
+
+    def free(value: Any) -> Any:
+        return {d: Dim.AUTO for d in range(value.dim())} if isinstance(value, torch.Tensor) else None
+
+    shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
+    try:
+        program = torch.export.export(
+            root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False
+        )
+    except Exception as exc:  # export raises many kinds, each naming the construct
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CaptureError(
+            f"neither torch.fx nor torch.export can capture {type(root).__name__}: {type(exc).__name__}: "
+            f"{_shortened(first)}. Fix: {_fix_for(root, first, kwargs)}"
+        ) from None
+    module = program.module()
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and not node.users:
+            graph.erase_node(node)
+    graph.set_codegen(fx.graph.CodeGen())
+    # A plan travels to every rank pickled; the GraphModule re-traces its code on the way in, with
+    # hintpipe's fx tracer (export's own needs arguments it does not pickle; the plain one would run a buffer's
+    # update once, there, and drop it: [Note: buffers a forward updates]).
+    graph._tracer_cls = ModelTracer
+    graph._tracer_extras = {}
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat = output.args[0]
+    if isinstance(flat, (tuple, list)):
+        output.args = (flat[0] if len(flat) == 1 else tuple(flat),)
+    graph.lint()
+    module = fx.GraphModule(module, graph)
+    keep_regions(module)  # [Note: autocast regions]
+    for node in [n for n in module.graph.nodes if asserts_a_dtype(n)]:  # [Note: a dtype read off a tensor]
+        module.graph.erase_node(node)
+    module.recompile()
+    out_of_place(module)  # [Note: in-place operators between stages]
+    make_portable(module)
+    return module
+
+
+def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:
+    """What to do about torch.export's ``error``: a model that returns something other than tensors (a Hugging
+    Face model's key-value cache) takes a keyword that turns it off; otherwise name submodules to run."""
+    returned = re.search(r"Found <class '([\w.]+)'> in output", error)
+    if returned is None:
+        return "pass modules=[...] naming the submodules to run in sequence"
+    parameters = inspect.signature(root.forward).parameters
+    if "use_cache" in parameters and "use_cache" not in kwargs:
+        return "pass kwargs={'use_cache': False} (to hintpipe.plan or capture) so that it returns no cache"
+    return (
+        f"make forward return tensors only (it returns a {returned.group(1).rsplit('.', 1)[-1]}): a keyword input "
+        "that turns it off (kwargs={...}), or a wrapper module whose forward returns the tensors"
+    )
+
+
+def _shortened(error: str) -> str:
+    """torch.export's first line without its advice on pytrees and links (the fix comes after)."""
+    return error.split(" If this type holds tensors")[0].rstrip(".")
+
+
+def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
+    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them."""
+    names = [n for n in inspect.signature(root.forward).parameters if n not in ("self",)]
+    positional = dict(zip(names, shapes.pop("args"), strict=False))
+    return {**positional, **shapes}
