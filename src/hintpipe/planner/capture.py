@@ -24,6 +24,7 @@ from hintpipe.planner.capture_error import CaptureError, split_point
 from hintpipe.planner.example_values import value_kinds
 from hintpipe.planner.export_trace import exported
 from hintpipe.planner.fx_trace import fx_traced
+from hintpipe.planner.mode_check import warn_if_eval_differs
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.op_libraries import OpLibraries, op_libraries
 from hintpipe.planner.regions import mark_regions
@@ -183,6 +184,8 @@ def capture(
     with torch.enable_grad():
         captured = _capture(model, modules, example, kwargs)
     keep_model_buffers(captured.module, model)
+    if modules is None and example is not None:  # [Note: a branch on self.training]
+        warn_if_eval_differs(model, captured.module, example, kwargs or {})
     return captured
 
 
