@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from hintpipe.planner.buffer_updates import updated_buffer_spans
+from hintpipe.planner.buffer_updates import noting_updates, updated_buffer_spans
 from hintpipe.planner.capture import allowed_cuts, capture, value_uses
 from hintpipe.planner.export_trace import exported
 from hintpipe.planner.fx_trace import fx_traced
@@ -198,3 +198,29 @@ def test_a_buffer_written_by_item_spans_from_its_write_to_its_last_read() -> Non
     assert not others, nodes  # the table is read only
     assert nodes[first] == "setitem" and nodes[last].startswith("sum"), nodes
     torch.testing.assert_close(captured.module(x), model(x), rtol=0, atol=0)
+
+
+def test_a_recomputed_group_copies_only_the_buffers_its_forward_writes() -> None:
+    """Found on the group's first forward, by value; afterwards only those are copied per micro-batch, not a
+    large constant one (a mask of positions) that the forward only reads."""
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mask: torch.Tensor
+            self.seen: torch.Tensor
+            self.register_buffer("mask", torch.ones(64, 64))
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen.add_(1)
+            out: torch.Tensor = x * self.mask[: x.shape[0], : x.shape[1]].sum()
+            return out
+
+    group = Masked()
+    for expected_seen in (1.0, 2.0):
+        noted: list[tuple[torch.Tensor, torch.Tensor]] = []
+        with noting_updates(group, noted):
+            group(torch.ones(2, 3))
+        assert [buffer for buffer, _ in noted] == [group.seen]
+        assert float(noted[0][1]) == expected_seen - 1  # its value before the forward

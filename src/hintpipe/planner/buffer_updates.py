@@ -21,8 +21,8 @@ forward, in the one copy of the buffer that the model's state (a checkpoint, an 
 - **Not applied twice.** A recomputed group runs its forward again in backward. The group's buffers hold
   what its forward saw during the recompute and what they held before it afterwards (:func:`noting_updates`,
   :func:`as_at_forward`, the context of ``torch.utils.checkpoint``), so the recompute computes what the forward
-  did and writes nothing. A micro-batch in flight keeps a copy of its recomputed groups' buffers until its
-  backward.
+  did and writes nothing. A micro-batch in flight keeps a copy of the buffers its recomputed groups write
+  until its backward.
 
 Each stage's forwards run in the order the hint gives them; under an order of the micro-batches other than
 theirs (``microbatch_order``), an average that depends on order differs from the unsplit model's run in order.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -120,12 +121,26 @@ def _written_arguments(node: fx.Node) -> list[Any]:
 
 @contextlib.contextmanager
 def noting_updates(module: nn.Module, updated: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """Around a forward: note in ``updated`` each buffer of ``module`` with its value before the forward. Every
-    buffer, not the ones it changed: a batch norm writes its running statistics without moving their version,
-    and telling a change by value would wait for the device on every micro-batch (a recomputed group's buffers
-    are few and small: a norm's statistics, a table of frequencies)."""
-    updated.extend((buffer, buffer.clone()) for buffer in module.buffers())
+    """Around a forward: note in ``updated`` each buffer of ``module`` the forward writes, with its value before.
+
+    Which buffers those are is found by value on the module's first forward (a batch norm writes its running
+    statistics without moving their version) and kept: comparing on every micro-batch would wait for the device
+    each time, and copying every buffer would hold a large constant one (a mask of positions) once per
+    micro-batch in flight."""
+    written = _WRITTEN.get(module)
+    if written is None:
+        before = [(buffer, buffer.clone()) for buffer in module.buffers()]
+        yield
+        changed = [(buffer, value) for buffer, value in before if not torch.equal(buffer, value)]
+        _WRITTEN[module] = [buffer for buffer, _ in changed]
+        updated.extend(changed)
+        return
+    updated.extend((buffer, buffer.clone()) for buffer in written)
     yield
+
+
+#: Per recomputed group, the buffers its forward writes (found on its first forward: :func:`noting_updates`).
+_WRITTEN: weakref.WeakKeyDictionary[nn.Module, list[torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
