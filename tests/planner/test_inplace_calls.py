@@ -36,6 +36,7 @@ class InPlace(nn.Module):
         h.mul_(2)  # a method; the code goes on reading h
         h = self.act(h)  # a module's flag
         g = F.relu(self.b(h), inplace=True)  # a function's keyword
+        g = F.dropout(g, 0.0, True, True)  # its flag given by position
         g = torch.relu_(self.c(g) + h)  # torch's own in-place function
         k = self.d(g)
         k.mul_(0.5).add_(1)  # written twice

@@ -21,6 +21,7 @@ mean), a model input, and any tensor another value may share memory with.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -191,7 +192,7 @@ def _in_place_target(module: fx.GraphModule, node: fx.Node) -> fx.Node | None:
         name = str(node.target)
         return first if name.endswith("_") and not name.endswith("__") and hasattr(torch.Tensor, name[:-1]) else None
     if node.op == "call_function":
-        if node.kwargs.get("inplace") is True:
+        if _inplace_argument(node) is not None:
             return first
         name = getattr(node.target, "__name__", "")
         twin = getattr(torch, name[:-1], None) if name.endswith("_") and not name.endswith("__") else None
@@ -199,6 +200,19 @@ def _in_place_target(module: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     if node.op == "call_module":
         return first if getattr(module.get_submodule(str(node.target)), "inplace", None) is True else None
     return None
+
+
+def _inplace_argument(node: fx.Node) -> int | str | None:
+    """Where a call of a function with an ``inplace`` flag (``F.relu``, ``F.dropout``) says True: the position in
+    its arguments, ``"inplace"`` for a keyword, or None."""
+    if node.kwargs.get("inplace") is True:
+        return "inplace"
+    try:
+        parameters = list(inspect.signature(node.target).parameters)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    at = parameters.index("inplace") if "inplace" in parameters else len(node.args)
+    return at if at < len(node.args) and node.args[at] is True else None
 
 
 def _replace_in_place_calls(module: fx.GraphModule, fresh: set[fx.Node]) -> int:
@@ -221,8 +235,11 @@ def _replace_in_place_calls(module: fx.GraphModule, fresh: set[fx.Node]) -> int:
             setattr(module.get_submodule(str(node.target)), "inplace", False)  # noqa: B010 (a flag of some modules)
         elif node.op == "call_method":
             node.target = str(node.target)[:-1]
-        elif node.kwargs.get("inplace") is True:
-            node.kwargs = {**node.kwargs, "inplace": False}
+        elif (at := _inplace_argument(node)) is not None:
+            if isinstance(at, int):
+                node.args = (*node.args[:at], False, *node.args[at + 1 :])
+            else:
+                node.kwargs = {**node.kwargs, "inplace": False}
         else:
             node.target = getattr(torch, getattr(node.target, "__name__", "")[:-1])
         for user in list(target.users):
