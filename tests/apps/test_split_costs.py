@@ -1,5 +1,6 @@
 """``hint="auto"`` (:mod:`hintpipe.apps.split_costs`): the split backward measured as the runtime runs it, once,
-in the launcher, leaving the model's gradients as they were; the run keeps the hint chosen on those costs."""
+in the launcher, leaving the model's gradients and buffers as they were; the run keeps the hint chosen on those
+costs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ def test_the_costs_are_measured_both_ways_and_leave_the_gradients_as_they_were()
     assert all(c > 0 for c in (*costs.forward, *costs.backward, *costs.weight, *costs.split_forward))
     assert costs.backward_input[1] > 0
     assert [p.grad for m in modules for p in m.parameters()] == before
+
+
+def test_measuring_leaves_a_batch_norms_statistics_as_they_were() -> None:
+    """Before, each of the 2 x (repeats + 1) forwards counted a batch in the stages' batch norms, which
+    ``--emulate`` then trained from."""
+    torch.manual_seed(0)
+    modules = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)), torch.nn.Linear(4, 2)]
+    before = {name: b.clone() for name, b in modules[0].named_buffers()}
+    measure_stage_costs(modules, [torch.randn(3, 4)], torch.randn(3, 2), torch.nn.functional.mse_loss, repeats=2)
+    assert all(torch.equal(b, before[name]) for name, b in modules[0].named_buffers())
 
 
 def test_auto_names_its_choice_and_the_run_keeps_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,6 +17,7 @@ ones), and :func:`hintpipe.sim.hint_choice.choose_hint` simulates each candidate
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -28,6 +29,7 @@ from torch import nn
 
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
+from hintpipe.planner.buffer_updates import buffers_kept
 from hintpipe.runtime.loop.executor import LossFn, StageExecutor, as_tensors, as_values
 from hintpipe.runtime.transport.wire import Value
 from hintpipe.sim.hint_choice import choose_hint, predicted_steps
@@ -52,7 +54,16 @@ def measure_stage_costs(
     """Each stage's costs on the micro-batch ``first`` (the first stage's inputs; ``target`` the last stage's,
     its loss ``loss_fn``), each stage fed the one before's outputs: medians of ``repeats`` runs after a
     warm-up, the whole and the split backward in turn (see [Note: what a split backward costs]). The modules'
-    gradients are left as they were."""
+    gradients and buffers (a batch norm's statistics) are left as they were."""
+    with contextlib.ExitStack() as stack:
+        for module in modules:
+            stack.enter_context(buffers_kept(module))
+        return _measured_costs(modules, first, target, loss_fn, repeats)
+
+
+def _measured_costs(
+    modules: Sequence[nn.Module], first: Sequence[Value], target: Any, loss_fn: LossFn, repeats: int
+) -> StageCosts:
     saved = [[None if p.grad is None else p.grad.clone() for p in m.parameters()] for m in modules]
     inputs: list[Value] = list(first)
     columns: tuple[list[float], ...] = ([], [], [], [], [])
