@@ -59,8 +59,8 @@ def keep_model_buffers(module: nn.Module, model: nn.Module) -> None:
 
 @contextlib.contextmanager
 def buffers_kept(model: nn.Module) -> Iterator[None]:
-    """Around a run of ``model`` that is not training (a probe of its output's shape): its buffers as they were
-    afterwards, so that the run counts no batch in the model's state."""
+    """Around runs of ``model`` that are not training (a probe of its output, timing its stages): its buffers as
+    they were afterwards, so that no such run counts a batch in the model's state."""
     kept = [(buffer, buffer.clone()) for buffer in model.buffers()]
     try:
         yield
