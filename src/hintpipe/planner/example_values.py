@@ -43,6 +43,21 @@ def value_kinds(module: fx.GraphModule, nodes: Sequence[fx.Node], inputs: Sequen
 def _example_values(module: fx.GraphModule, inputs: Sequence[Any]) -> dict[fx.Node, Any]:
     """Every node's value in one run of ``module`` with every floating-point parameter and input requiring
     grad (see [Note: values without a gradient])."""
+    frozen = [p for p in module.parameters() if p.is_floating_point() and not p.requires_grad]
+    leaves = [v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v for v in inputs]
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            return node_values(module, leaves)
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def node_values(module: fx.GraphModule, inputs: Sequence[Any]) -> dict[fx.Node, Any]:
+    """Every node's value in one run of ``module`` on ``inputs``, in the caller's grad mode. All are kept until
+    the run ends, so no two values share a storage by reuse of freed memory."""
     values: dict[fx.Node, Any] = {}
 
     class _Recorder(fx.Interpreter):
@@ -51,16 +66,7 @@ def _example_values(module: fx.GraphModule, inputs: Sequence[Any]) -> dict[fx.No
             values[n] = value
             return value
 
-    frozen = [p for p in module.parameters() if p.is_floating_point() and not p.requires_grad]
-    leaves = [v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v for v in inputs]
-    try:
-        for p in frozen:
-            p.requires_grad_(True)
-        with torch.enable_grad():
-            _Recorder(module).run(*leaves)
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
+    _Recorder(module).run(*inputs)
     return values
 
 

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from hintpipe.planner.example_values import node_values
+from hintpipe.tensor_bytes import tensors_in
+
 __all__ = ["out_of_place", "out_of_place_by_example"]
 
 
@@ -138,21 +141,13 @@ def out_of_place_by_example(module: fx.GraphModule, inputs: Sequence[Any]) -> in
 def _sole_owners(module: fx.GraphModule, inputs: Sequence[Any]) -> set[fx.Node]:
     """The call nodes whose result, in one run of ``module`` on ``inputs``, has a storage that no input,
     parameter, buffer or other node's result shares, except the in-place calls that write into it."""
-    values: dict[fx.Node, Any] = {}
-
-    class _Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            values[n] = value  # kept: a freed storage's address could be taken again by a later result
-            return value
-
     with torch.no_grad():
-        _Recorder(module).run(*inputs)
+        values = node_values(module, inputs)
     holders: dict[int, set[fx.Node | None]] = {}
     for tensor in [*module.parameters(), *module.buffers()]:
         holders.setdefault(tensor.untyped_storage().data_ptr(), set()).add(None)
     for node, value in values.items():
-        for tensor in _tensors(value):
+        for tensor in tensors_in(value):
             holders.setdefault(tensor.untyped_storage().data_ptr(), set()).add(node)
     fresh = set()
     for node, value in values.items():
@@ -171,16 +166,6 @@ def _writes_into(module: fx.GraphModule, call: fx.Node, value: fx.Node) -> bool:
     while target is not None and target is not value:
         target = _in_place_target(module, target)
     return target is value
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def _in_place_target(module: fx.GraphModule, node: fx.Node) -> fx.Node | None:
