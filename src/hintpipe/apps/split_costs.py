@@ -17,7 +17,6 @@ ones), and :func:`hintpipe.sim.hint_choice.choose_hint` simulates each candidate
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
 import time
@@ -55,9 +54,7 @@ def measure_stage_costs(
     its loss ``loss_fn``), each stage fed the one before's outputs: medians of ``repeats`` runs after a
     warm-up, the whole and the split backward in turn (see [Note: what a split backward costs]). The modules'
     gradients and buffers (a batch norm's statistics) are left as they were."""
-    with contextlib.ExitStack() as stack:
-        for module in modules:
-            stack.enter_context(buffers_kept(module))
+    with buffers_kept(nn.ModuleList(modules)):
         return _measured_costs(modules, first, target, loss_fn, repeats)
 
 
