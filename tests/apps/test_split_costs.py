@@ -4,9 +4,13 @@ costs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from conftest import copied
+from hintpipe.apps import split_costs
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import SeqLenDist, gpt_layers, lm_loss, split_layers
 from hintpipe.apps.split_costs import measure_stage_costs
@@ -50,3 +54,21 @@ def test_auto_is_refused_where_it_cannot_measure_once(monkeypatch: pytest.Monkey
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=r"^hint auto measures the stages in the launcher, and under torchrun "):
         TrainConfig(model=model, ranks=2, microbatches=4, hint="auto")
+
+
+def test_a_resume_keeps_the_hint_its_checkpoint_records(
+    saved_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Measured again, auto could choose the other hint, and the resumed run would go on in another order.
+    folder = copied(saved_run, tmp_path)
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a resume measured the stages again")
+
+    monkeypatch.setattr(split_costs, "auto_hint", measured)
+    config = TrainConfig(
+        model=ModelConfig(layers=2, hidden=32), ranks=2, microbatches=4, hint="auto", resume=True,
+        checkpoint_dir=str(folder),
+    )  # fmt: skip
+    assert config.hint == "1f1b"
+    assert capsys.readouterr().err == f"hint auto: 1f1b (the run's, as {folder / 'step-00000002'} records)\n"

@@ -65,7 +65,8 @@ AUTO = "auto"
 def choose_auto_hint(config: AutoRun, chunks: int | None) -> str:
     """The hint ``auto`` stands for in the run ``config`` (a :class:`TrainConfig`, or the command line's):
     :func:`~hintpipe.apps.split_costs.auto_hint`, said on stderr with its predictions (the choice is the
-    run's: its checkpoints and its report name the hint chosen).
+    run's: its checkpoints and its report name the hint chosen). A resume keeps the hint its checkpoint records
+    (measured again, the choice could go the other way, and the run would go on in another order).
 
     Raises:
         ValueError: under ``torchrun`` (every rank would measure for itself, and could choose otherwise), or as
@@ -79,10 +80,30 @@ def choose_auto_hint(config: AutoRun, chunks: int | None) -> str:
             "hint auto measures the stages in the launcher, and under torchrun every rank is one: choose once "
             "(hintpipe train --hint auto with --steps 1 prints the choice) and give the hint by name"
         )
+    kept = _resumed_hint(config)
+    if kept is not None:
+        return kept
     chosen, predicted = auto_hint(config, chunks=chunks)
     figures = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
     print(f"hint auto: {chosen} (the step simulated on the stages' measured costs: {figures})", file=sys.stderr)
     return chosen
+
+
+def _resumed_hint(config: AutoRun) -> str | None:
+    """The hint of the checkpoint a resume of ``config`` continues from, said on stderr; None: not a resume, or
+    no checkpoint to continue."""
+    from hintpipe.runtime.checkpoint.manifest import Manifest
+    from hintpipe.runtime.checkpoint.saving import latest_checkpoint
+
+    folder = getattr(config, "checkpoint_dir", None)
+    if not getattr(config, "resume", False) or not folder:
+        return None
+    found = latest_checkpoint(folder)
+    hint = None if found is None else Manifest.read(found).identity.hint
+    if not hint:
+        return None
+    print(f"hint auto: {hint} (the run's, as {found} records)", file=sys.stderr)
+    return hint
 
 
 @taking_names_before

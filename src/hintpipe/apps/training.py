@@ -43,6 +43,7 @@ from hintpipe.apps.optimizer import build_optimizer
 from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.run_model import Whole, run_description, share_measured, unsplit_model, unsplit_stages
+from hintpipe.apps.run_profiles import record_profiles
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
@@ -169,6 +170,9 @@ def _train_rank(
     if config.shared:
         config = share_measured(config)
     pipe, modules, reference = _build_pipeline(rank, world, config)
+    # The stream each step's seed is drawn from, the same on every rank whatever built its stages (a checkpoint
+    # puts its state back): see [Note: a task's random numbers] in hintpipe.runtime.loop.task_seeds.
+    torch.manual_seed(config.seed)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = _optimizer(config, params)
@@ -183,6 +187,8 @@ def _train_rank(
         with pipe:
             if checkpoints is not None:
                 first = checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
+                if rank == 0 and config.plan is not None:
+                    record_profiles(checkpoints.directory, config.plan)  # [Note: a resume plans as its run did]
             bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
             run.first, run.started = first, time.perf_counter()
             run.every = line_every(config.log_every, config.steps - first, shown=config.progress, bar=bar)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +17,14 @@ from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES
 from hintpipe.cli.model_flags import SIZES, given_sizes
 from hintpipe.options import OPTIONS
 from hintpipe.runtime.checkpoint.description import HF
+from hintpipe.runtime.checkpoint.run_folder import PROFILES_FILE
 from hintpipe.schedule.hint import Hint
 
 if TYPE_CHECKING:  # the planner needs torch; it is imported where a model is planned
+    from torch import nn
+
+    from hintpipe.planner.capture import CapturedGraph
+    from hintpipe.planner.node_profile import NodeProfile
     from hintpipe.planner.plan import Plan
 
 
@@ -172,6 +178,7 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
     torch.set_num_threads(1)
     inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(min(16, model.max_seq_len - 1)), 0, args.seed)
     whole, kwargs = whole_model(model)
+    captured, profiles = _run_profiles(args, whole, inputs[0], kwargs)
     return plan(
         whole,
         inputs[0],
@@ -180,7 +187,31 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
         hint=hint,
         repeats=1,
         kwargs=kwargs or None,
+        captured=captured,
+        profiles=profiles,
     )
+
+
+def _run_profiles(
+    args: argparse.Namespace, whole: nn.Module, example: Any, kwargs: dict[str, Any]
+) -> tuple[CapturedGraph | None, list[NodeProfile] | None]:
+    """A resume's capture of the model and the profiles its run planned with (see [Note: a resume plans as its
+    run did] in :mod:`hintpipe.apps.run_profiles`); (None, None) for a new run, which captures and measures."""
+    from hintpipe.apps.run_profiles import recorded_profiles
+    from hintpipe.planner.capture import CaptureSpec, capture
+
+    if not (getattr(args, "resume", False) and getattr(args, "checkpoint_dir", None)):
+        return None, None
+    folder = Path(args.checkpoint_dir)
+    captured = capture(whole, example=(example,), kwargs=kwargs or None)
+    profiles = recorded_profiles(folder, captured, CaptureSpec.of((example,), kwargs or None, None))
+    if profiles is None and (folder / PROFILES_FILE).is_file():
+        print(
+            f"hintpipe train: {folder / PROFILES_FILE} measured another capture of the model (another micro-batch "
+            "size or model): measured again, so the resumed run may cut the model elsewhere",
+            file=sys.stderr,
+        )
+    return captured, profiles
 
 
 def planned_model(args: argparse.Namespace, path: str, payload: dict[str, Any], model: ModelConfig) -> Plan:

@@ -7,6 +7,8 @@ so that the search and its tables can be built and tested without torch.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,3 +37,9 @@ class NodeProfile:
     #: The innermost module whose code made the node (``transformer.h.0.attn``; "" for the model's own code):
     #: how a plan names a stage's first node to a user.
     module: str = ""
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> NodeProfile:
+        """A profile as ``dataclasses.asdict`` wrote it to JSON (its tuple read back as a list: made a tuple again,
+        so that it equals the profile it was written from)."""
+        return cls(**{**row, "saved_inputs": tuple(row.get("saved_inputs", ()))})

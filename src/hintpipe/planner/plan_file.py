@@ -187,7 +187,7 @@ def _plan(data: dict[str, Any], graph: Any, spec: CaptureSpec) -> Plan:
         tied=tuple(tuple(group) for group in data["tied"]),
         tied_stages=tuple(tuple(stages) for stages in data["tied_stages"]),
         graph=graph,
-        profiles=tuple(NodeProfile(**p) for p in data["profiles"]),
+        profiles=tuple(NodeProfile.from_json(p) for p in data["profiles"]),
         spec=spec,
         hf_model=None if data.get("hf_model") is None else (str(data["hf_model"][0]), str(data["hf_model"][1])),
     )

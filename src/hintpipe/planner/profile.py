@@ -117,7 +117,7 @@ def profile(
     key = f"{signature(graph, inputs)}-{repeats}{'-graph' if whole else ''}"
     cache = None if cache_dir is None else Path(cache_dir) / f"{key}.json"
     if cache is not None and cache.exists():
-        return [NodeProfile(**row) for row in json.loads(cache.read_text())]
+        return [NodeProfile.from_json(row) for row in json.loads(cache.read_text())]
     root = graph.module
     params = parameter_storages(root)
     env: dict[fx.Node, Any] = {node: leaf(value) for node, value in zip(graph.inputs, inputs, strict=True)}

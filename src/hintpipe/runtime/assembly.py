@@ -53,6 +53,7 @@ from hintpipe.runtime.loop.hooks import Hook, StepHook
 from hintpipe.runtime.loop.ready_forecast import ReadyForecaster
 from hintpipe.runtime.loop.reports import Reporting
 from hintpipe.runtime.loop.step_state import StepState
+from hintpipe.runtime.loop.task_seeds import TaskSeeds
 from hintpipe.runtime.loop.timing import DeviceTimer
 from hintpipe.runtime.option_agreement import agree_on_options
 from hintpipe.runtime.parallel.data_parallel import GradientAverage
@@ -355,7 +356,8 @@ def _computing(
         return EmulatedExecutor(emulate, last, factors, couple=couple)
     probe = allocated_probe(wiring.device, received)
     split = wiring.hint.split_backward
-    return StageExecutor(wiring.modules, last, loss_fn, split, allocated=probe, autocast=autocast)
+    seeds = TaskSeeds(wiring.device)
+    return StageExecutor(wiring.modules, last, loss_fn, split, allocated=probe, autocast=autocast, seeds=seeds)
 
 
 def _device_timer(device: torch.device, *, emulated: bool, seams: Seams) -> DeviceTimer | None:

@@ -81,6 +81,23 @@ def test_the_folders_holder_claims_it_again(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", LOCK_FILE]
 
 
+def test_a_new_run_keeps_no_profiles_of_the_run_it_replaced_and_a_folder_of_profiles_alone_is_a_runs(
+    tmp_path: Path,
+) -> None:
+    # profiles.json is a planned run's (see hintpipe.apps.run_profiles): a folder holding it and nothing else of
+    # the user's is not foreign, and the run that replaces the folder's run does not resume from its profiles.
+    (tmp_path / "profiles.json").write_text("{}")
+    write_run(tmp_path, "aaaa", "now")
+    with FolderLock(tmp_path):
+        claim(tmp_path, replace=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", LOCK_FILE]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "profiles.json").write_text("{}")
+    claim(other)
+    assert sorted(p.name for p in other.iterdir()) == ["run.json"]
+
+
 def test_latest_made_a_folder_is_refused_with_nothing_changed(tmp_path: Path) -> None:
     (tmp_path / "latest").mkdir()
     with pytest.raises(CheckpointError) as refused:

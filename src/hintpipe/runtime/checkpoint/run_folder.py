@@ -44,6 +44,9 @@ from hintpipe.runtime.errors import CheckpointError, DamagedCheckpoint
 
 RUN_FILE = "run.json"
 LATEST = "latest"
+#: A planned run's node profiles, what its resume plans with (see [Note: a resume plans as its run did] in
+#: :mod:`hintpipe.apps.run_profiles`).
+PROFILES_FILE = "profiles.json"
 
 
 def read_run(folder: Path) -> str | None:
@@ -88,6 +91,7 @@ def claim(folder: Path, *, replace: bool = False) -> str:
     for stale in folder.glob("step-*.tmp"):
         remove_temporary(stale)
     (folder / LATEST).unlink(missing_ok=True)
+    (folder / PROFILES_FILE).unlink(missing_ok=True)  # a planned run writes its own; no other run's stays
     restrict(folder)  # a fresh run's folder (see [Note: a run folder is its owner's])
     run = uuid.uuid4().hex[:16]
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -155,10 +159,11 @@ def check_layout(folder: Path) -> None:
 
 
 #: The files a run keeps at the top of its folder (besides its ``step-<n>`` checkpoints): never a link.
-_KEPT = frozenset({RUN_FILE, LOCK_FILE, LATEST})
+_KEPT = frozenset({RUN_FILE, LOCK_FILE, LATEST, PROFILES_FILE})
 #: What a run writes at the top of its folder, besides its ``step-<n>`` (and ``step-<n>.tmp``) folders: the run's
-#: id, the lock of the process that runs it, the pointer to the newest checkpoint, and their temporaries.
-_RUN_NAMES = frozenset({RUN_FILE, LOCK_FILE, LATEST, f"{LATEST}.tmp"})
+#: id, the lock of the process that runs it, the pointer to the newest checkpoint, a planned run's profiles, and
+#: their temporaries.
+_RUN_NAMES = frozenset({RUN_FILE, LOCK_FILE, LATEST, f"{LATEST}.tmp", PROFILES_FILE, f"{PROFILES_FILE}.tmp"})
 
 
 def foreign_files(folder: Path) -> list[str]:

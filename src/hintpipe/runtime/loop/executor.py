@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
+from hintpipe.runtime.loop.task_seeds import TaskSeeds
 from hintpipe.runtime.loop.weight_deferral import WeightDeferral, defer_linear_weights
 from hintpipe.runtime.transport.wire import Value, tensors_of
 from hintpipe.schedule.task import Kind
@@ -206,6 +207,8 @@ class StageExecutor:
             workspace, lazily built state).
         autocast: run forwards and the loss under ``torch.autocast(device_type, dtype)`` (None: as they
             are). Backwards run outside it, as autocast's own recipe has them.
+        seeds: seed each training forward's generators for its task (see [Note: a task's random numbers] in
+            :mod:`~hintpipe.runtime.loop.task_seeds`); None: forwards draw from the generators as they stand.
     """
 
     def __init__(
@@ -216,8 +219,11 @@ class StageExecutor:
         split_backward: bool,
         allocated: Callable[[], int] | None = None,
         autocast: tuple[str, torch.dtype] | None = None,
+        seeds: TaskSeeds | None = None,
     ) -> None:
         self.modules = dict(modules)
+        #: Each training forward's generators seeded for its task (see [Note: a task's random numbers]).
+        self.seeds = seeds
         self.autocast = autocast
         self.last_stage = last_stage
         self.loss_fn = loss_fn
@@ -245,8 +251,10 @@ class StageExecutor:
         self._warm: set[int] = set()  # stages whose first forward ran
 
     def begin_step(self, step: int) -> None:
-        """A new step's memory check (what a task computes does not depend on the step)."""
+        """A new step's memory check (what a task computes does not depend on the step), and its seed."""
         self.memory_check = []
+        if self.seeds is not None:
+            self.seeds.begin_step()
 
     def forward(
         self, stage: int, mb: int, inputs: Sequence[Value], target: Any, loss_scale: float
@@ -269,7 +277,8 @@ class StageExecutor:
         deferring: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if self._deferral is not None and any(_requires_grad(i) for i in inputs):
             deferring = self._deferral.active()
-        with task_span(Kind.F, stage, mb), counting as counter, precision, deferring:
+        seeded = contextlib.nullcontext() if self.seeds is None else self.seeds.seeded(stage, mb)
+        with task_span(Kind.F, stage, mb), seeded, counting as counter, precision, deferring:
             out = self.modules[stage](*inputs)
             loss = None
             outputs: list[Value]

@@ -1,0 +1,102 @@
+"""A planned run's node profiles, kept in its checkpoint folder, so that its resume cuts the model as it did.
+
+[Note: a resume plans as its run did]
+A model the command line plans (a Hugging Face folder, a built-in ``hf-*``, a ``module:function``) is cut where
+its measured node times put the cuts, and times measured again differ: two plans of one model cut it a node
+apart (``transformer.h.1.mlp.dropout`` in one, ``...mlp.c_proj`` in the next, in 1 of 4 plans of a 4-layer
+GPT-2). A resume plans again, so it could go on with other cuts than the run it continued: other stages,
+other dropout masks (see [Note: a task's random numbers] in :mod:`hintpipe.runtime.loop.task_seeds`), and
+float sums in another order. Measured: a GPT-2 folder with dropout trained 4 steps straight and 2 + 2 resumed
+ended 7.4e-3 apart.
+
+So rank 0 keeps the plan's profiles in the folder (:data:`PROFILES_FILE`, written once the run holds the
+folder), keyed by what they measured (:func:`profile_key`: the captured graph's code, its parameters and the
+example's shapes, the device); a resume's plan reuses them when its capture has the same key: the same
+search on the same costs makes the same plan. A capture with another key (another micro-batch size, another
+model) is measured afresh, and the command says so. A plan file (``--plan``) needs none of this: its cuts are
+in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hintpipe.planner.capture import CapturedGraph, CaptureSpec
+from hintpipe.planner.node_profile import NodeProfile
+from hintpipe.planner.plan import Plan
+from hintpipe.runtime.checkpoint.disk import NO_ROOM, cannot_write
+from hintpipe.runtime.checkpoint.links import NotAFile, open_regular
+from hintpipe.runtime.checkpoint.manifest import write_synced
+from hintpipe.runtime.checkpoint.run_folder import PROFILES_FILE
+from hintpipe.runtime.errors import CheckpointError
+
+FORMAT = 1
+
+
+def profile_key(graph: CapturedGraph, spec: CaptureSpec) -> str:
+    """What a graph's profiles measured: its code, its parameters' names, shapes, dtypes and device, and the
+    example's shapes (``spec``)."""
+    parameters = [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in graph.module.named_parameters()]
+    parts = [graph.module.code, repr(spec), *parameters]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def record_profiles(folder: Path, plan: Plan) -> None:
+    """Keep ``plan``'s profiles in the run's ``folder`` (rank 0, once the run holds it), replacing what was there.
+
+    Raises:
+        CheckpointError: no room for them (named in one line).
+    """
+    path = folder / PROFILES_FILE
+    text = json.dumps(
+        {
+            "format": FORMAT,
+            "key": profile_key(plan.graph, plan.spec),
+            "profiles": [dataclasses.asdict(p) for p in plan.profiles],
+        }
+    )
+    try:
+        write_synced(path, text)
+    except OSError as exc:
+        if exc.errno not in NO_ROOM:
+            raise
+        raise CheckpointError(cannot_write(path, exc)) from None
+
+
+def recorded_profiles(folder: Path, graph: CapturedGraph, spec: CaptureSpec) -> list[NodeProfile] | None:
+    """The profiles the run in ``folder`` planned with, if they measured this capture (``graph`` made as
+    ``spec`` says); None when the folder keeps none, or keeps another capture's.
+
+    Raises:
+        CheckpointError: the file is there and cannot be read (not a file, not JSON of this format).
+    """
+    path = folder / PROFILES_FILE
+    try:
+        with os.fdopen(open_regular(path)) as f:
+            data: Any = json.load(f)
+        if data["format"] != FORMAT:
+            raise ValueError(f"format {data['format']!r}, this hintpipe reads {FORMAT}")
+        if data["key"] != profile_key(graph, spec):
+            return None
+        profiles = [NodeProfile.from_json(row) for row in data["profiles"]]
+    except FileNotFoundError:
+        return None
+    except NotAFile as exc:
+        raise CheckpointError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise CheckpointError(f"{path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{path} is not a run's profiles ({exc}); remove it and the resume plans afresh (it may cut the model "
+            "elsewhere)"
+        ) from None
+    names = [node.name for node in graph.nodes]
+    return profiles if [p.name for p in profiles] == names else None
