@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ import transformers
 
 from conftest import parse_cli
 from groups import Case, run_cases, succeeded
-from hintpipe.apps.run_profiles import profile_key
+from hintpipe.apps.run_profiles import profile_key, record_profiles
 from hintpipe.apps.train_config import TrainConfig
 from hintpipe.apps.training import _train_rank
 from hintpipe.cli.train import config_from
+from hintpipe.cli.train_model import profile_cache
 from hintpipe.runtime.checkpoint.merged import load_merged
 from hintpipe.runtime.checkpoint.run_folder import PROFILES_FILE
 from hintpipe.runtime.errors import CheckpointError
@@ -74,6 +76,17 @@ def test_two_runs_of_one_plan_and_seed_train_bitwise_alike_under_ready(folder: P
     straight, again = (succeeded(runs["results"][name])[0] for name in ("straight", "again"))
     assert straight.losses == again.losses
     assert _equal(load_merged(folder / "straight"), load_merged(folder / "again"))
+
+
+def test_a_second_run_of_the_model_plans_as_the_first_from_the_kept_profiles(
+    folder: Path, runs: dict[str, Any]
+) -> None:
+    # Measured again, the times could move a cut; the profiles kept in the cache ($HINTPIPE_CACHE/profiles) make
+    # the next run of the same model and example on this machine plan as the first did.
+    straight = runs["configs"]["straight"].plan
+    second = _config(folder, "second").plan
+    assert second is not None and second.profiles == straight.profiles and second.partition == straight.partition
+    assert list((profile_cache()).iterdir()) != []
 
 
 def test_a_resume_plans_as_its_run_did_and_ends_bitwise_as_the_uninterrupted_run(
@@ -142,3 +155,19 @@ def test_a_damaged_profiles_file_is_refused_naming_it(folder: Path, tmp_path: Pa
     with pytest.raises(CheckpointError) as refused:
         config_from(args, args.policy)
     assert str(refused.value) == f"{path} is a link, not a file: never read"
+
+
+def test_a_full_disk_at_the_profiles_is_named_and_leaves_none(
+    runs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_room(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_room)
+    with pytest.raises(CheckpointError) as refused:
+        record_profiles(tmp_path, runs["configs"]["straight"].plan)
+    assert str(refused.value) == (
+        f"{tmp_path / PROFILES_FILE}: No space left on device; free space on its file system, or use another "
+        "checkpoint folder"
+    )
+    assert not (tmp_path / PROFILES_FILE).exists()

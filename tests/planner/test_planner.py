@@ -607,6 +607,21 @@ def test_the_profile_cache_key_names_the_device() -> None:
     assert here == signature(graph, (torch.zeros(2, 4),))  # the values do not matter: shapes and the device
 
 
+def test_the_profile_cache_gives_back_what_it_kept_and_measures_again_over_a_torn_file(tmp_path: Any) -> None:
+    # Read back, a profile equals the one kept (its tuple was a list before). A file that is not whole (a run
+    # killed mid-write by an older build, or two runs writing one name at once) is measured again and replaced.
+    graph = capture(nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
+    example = (torch.randn(2, 4),)
+    kept = profile(graph, example, repeats=1, cache_dir=tmp_path)
+    (path,) = tmp_path.iterdir()
+    assert profile(graph, example, repeats=1, cache_dir=tmp_path) == kept
+    path.write_text(path.read_text()[:40])
+    measured = profile(graph, example, repeats=1, cache_dir=tmp_path)
+    assert [p.name for p in measured] == [p.name for p in kept]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert profile(graph, example, repeats=1, cache_dir=tmp_path) == measured
+
+
 def test_offload_leaves_parameters_and_buffers_where_they_are() -> None:
     torch.manual_seed(0)
     layer = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Tanh())

@@ -189,7 +189,26 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
         kwargs=kwargs or None,
         captured=captured,
         profiles=profiles,
+        cache_dir=profile_cache(),
     )
+
+
+def profile_cache() -> Path:
+    """Where ``hintpipe train`` keeps the node profiles of the models it plans: ``$HINTPIPE_CACHE/profiles``
+    (else ``~/.cache/hintpipe/profiles``), per torch version.
+
+    [Note: a planned model's runs repeat] A plan rests on measured node times, and times measured again can
+    move a cut by a node: two runs of one command and seed then trained other stages (other dropout masks, see
+    [Note: a task's random numbers] in :mod:`hintpipe.runtime.loop.task_seeds`). Kept by what they measured
+    (the graph's code, parameter and input shapes, the device: :func:`hintpipe.planner.profile.signature`), the
+    profiles make the next run of the same model on this machine plan as the first did. Delete the folder to
+    measure again (a machine that was busy when they were measured).
+    """
+    import torch
+
+    from hintpipe.data.cache import cache_root
+
+    return cache_root("profiles") / f"torch-{torch.__version__}"
 
 
 def _run_profiles(

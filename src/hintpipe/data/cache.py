@@ -39,13 +39,14 @@ from hintpipe.data.tokenizer import tokenizer_identity
 CACHE_ENV = "HINTPIPE_CACHE"
 
 
-def cache_root() -> Path:
-    """Where prepared folders are cached (see the module's docstring)."""
+def cache_root(what: str = "data") -> Path:
+    """Where hintpipe caches ``what``: prepared folders (``data``, see the module's docstring), node profiles
+    (``profiles``, see :func:`hintpipe.cli.train_model.profile_cache`)."""
     given = os.environ.get(CACHE_ENV)
     if given:
-        return Path(given) / "data"
+        return Path(given) / what
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hintpipe" / "data"
+    return Path(base) / "hintpipe" / what
 
 
 def cached_folder(path: str, *, tokenizer: str, split: str, field: str, progress: Progress | None = None) -> Path:

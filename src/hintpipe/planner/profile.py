@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -116,8 +118,9 @@ def profile(
     whole = device.type == "cuda" and clock is None if whole_graph is None else whole_graph
     key = f"{signature(graph, inputs)}-{repeats}{'-graph' if whole else ''}"
     cache = None if cache_dir is None else Path(cache_dir) / f"{key}.json"
-    if cache is not None and cache.exists():
-        return [NodeProfile.from_json(row) for row in json.loads(cache.read_text())]
+    cached = _cached(cache)
+    if cached is not None:
+        return cached
     root = graph.module
     params = parameter_storages(root)
     env: dict[fx.Node, Any] = {node: leaf(value) for node, value in zip(graph.inputs, inputs, strict=True)}
@@ -141,11 +144,30 @@ def profile(
         ]
     profiles = _to_scale(profiles, run_seconds(graph, inputs, repeats=repeats, marks=marks))
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
+        _keep(cache, profiles)
+    return profiles
+
+
+def _cached(cache: Path | None) -> list[NodeProfile] | None:
+    """The profiles kept at ``cache``; None when there are none, or what is there is not whole (measured again)."""
+    if cache is None or not cache.is_file():
+        return None
+    try:
+        return [NodeProfile.from_json(row) for row in json.loads(cache.read_text())]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _keep(cache: Path, profiles: Sequence[NodeProfile]) -> None:
+    """Keep ``profiles`` at ``cache``, whole or not at all: written under a name of this process's own and renamed
+    into place, so that two processes measuring one graph at once (two runs starting) never interleave."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
         tmp.write_text(json.dumps([dataclasses.asdict(p) for p in profiles]))
         tmp.replace(cache)
-    return profiles
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _to_scale(profiles: list[NodeProfile], whole_s: float) -> list[NodeProfile]:
