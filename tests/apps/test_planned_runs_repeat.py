@@ -121,7 +121,7 @@ def test_the_kept_profiles_decide_the_resumes_cuts(folder: Path, runs: dict[str,
     assert plan.partition.cuts[1] < cut
 
 
-def test_a_resume_that_captures_another_graph_measures_again_and_says_so(
+def test_a_resume_that_captures_another_graph_plans_afresh_and_says_so(
     folder: Path, runs: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     straight = runs["configs"]["straight"].plan
@@ -134,7 +134,7 @@ def test_a_resume_that_captures_another_graph_measures_again_and_says_so(
     assert plan is not None and plan.profiles != straight.profiles
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"hintpipe train: {tmp_path / 'run' / PROFILES_FILE} measured another capture of the model (another "
-        "micro-batch size or model): measured again, so the resumed run may cut the model elsewhere"
+        "micro-batch size or model): planned afresh, so the resumed run may cut the model elsewhere"
     )
 
 

@@ -13,7 +13,7 @@ So rank 0 keeps the plan's profiles in the folder (:data:`PROFILES_FILE`, writte
 folder), keyed by what they measured (:func:`profile_key`: the captured graph's code, its parameters and the
 example's shapes, the device); a resume's plan reuses them when its capture has the same key: the same
 search on the same costs makes the same plan. A capture with another key (another micro-batch size, another
-model) is measured afresh, and the command says so. A plan file (``--plan``) needs none of this: its cuts are
+model) is planned afresh, and the command says so. A plan file (``--plan``) needs none of this: its cuts are
 in it. A fresh run of the same model on the same machine plans from the profiles the command keeps in its
 cache (see [Note: a planned model's runs repeat] in :mod:`hintpipe.cli.train_model`).
 """

@@ -227,7 +227,7 @@ def _run_profiles(
     if profiles is None and (folder / PROFILES_FILE).is_file():
         print(
             f"hintpipe train: {folder / PROFILES_FILE} measured another capture of the model (another micro-batch "
-            "size or model): measured again, so the resumed run may cut the model elsewhere",
+            "size or model): planned afresh, so the resumed run may cut the model elsewhere",
             file=sys.stderr,
         )
     return captured, profiles
