@@ -38,18 +38,22 @@ def test_a_task_draws_the_same_numbers_in_any_order_and_the_callers_stream_moves
     torch.manual_seed(7)
     step_seed = int(torch.randint(2**63 - 1, (1,)).item())  # the step's one draw
     assert torch.equal(torch.rand(3), after)
-    torch.manual_seed(task_seed(step_seed, 1, 0))
+    torch.manual_seed(task_seed(step_seed, 1, 0, replica=0))
     assert torch.equal(torch.rand(64), in_order[(1, 0)])
 
 
-def test_stages_and_micro_batches_draw_apart_and_steps_draw_anew() -> None:
+def test_stages_micro_batches_and_replicas_draw_apart_and_steps_draw_anew() -> None:
     torch.manual_seed(0)
     seeds = TaskSeeds(CPU)
     seeds.begin_step()
     first = _masks(seeds, [(0, 0), (0, 1), (1, 0)])
     seeds.begin_step()
     second = _masks(seeds, [(0, 0)])
-    drawn = [first[(0, 0)], first[(0, 1)], first[(1, 0)], second[(0, 0)]]
+    torch.manual_seed(0)  # another data-parallel replica, its generator seeded alike: its own masks
+    other = TaskSeeds(CPU, replica=1)
+    other.begin_step()
+    replica = _masks(other, [(0, 0)])
+    drawn = [first[(0, 0)], first[(0, 1)], first[(1, 0)], second[(0, 0)], replica[(0, 0)]]
     assert all(not torch.equal(a, b) for i, a in enumerate(drawn) for b in drawn[i + 1 :])
 
 

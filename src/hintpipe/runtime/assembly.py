@@ -356,7 +356,7 @@ def _computing(
         return EmulatedExecutor(emulate, last, factors, couple=couple)
     probe = allocated_probe(wiring.device, received)
     split = wiring.hint.split_backward
-    seeds = TaskSeeds(wiring.device)
+    seeds = TaskSeeds(wiring.device, replica=wiring.layout.replica_of(wiring.global_rank))
     return StageExecutor(wiring.modules, last, loss_fn, split, allocated=probe, autocast=autocast, seeds=seeds)
 
 

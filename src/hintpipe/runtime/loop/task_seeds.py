@@ -11,8 +11,11 @@ drew from one stream: two stages' masks for one micro-batch were the same
 bits wherever their shapes matched.
 
 So each training forward runs on the default generators (the CPU's and the
-rank's GPU's) seeded from ``(step seed, stage, micro-batch)``, and puts them back
-as they were after it. The step seed is one draw from the rank's own default
+rank's GPU's) seeded from ``(step seed, data-parallel replica, stage,
+micro-batch)``, and puts them back as they were after it. The replica keeps
+two replicas' masks apart (they train other rows, as the unsplit model's
+samples each get their own mask); the members of a tensor-parallel group share
+it, and draw alike, as they must where their values are replicated. The step seed is one draw from the rank's own default
 generator at the start of each training step: a caller's ``torch.manual_seed``
 still decides every mask, a checkpoint that keeps the rank's generator state
 (hintpipe's do) resumes with the same masks, and the step moves the caller's
@@ -43,10 +46,11 @@ _SEEDS = 2**63 - 1
 
 class TaskSeeds:
     """The default generators seeded per task (see [Note: a task's random numbers]), on ``device``'s generator
-    and the CPU's."""
+    and the CPU's, for the data-parallel ``replica`` (the rank's ``dp`` coordinate)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, replica: int = 0) -> None:
         self.device = device
+        self.replica = replica
         self._step_seed = 0
 
     def begin_step(self) -> None:
@@ -56,7 +60,7 @@ class TaskSeeds:
     @contextlib.contextmanager
     def seeded(self, stage: int, mb: int) -> Iterator[None]:
         """Run the body on generators seeded for ``(stage, mb)`` of this step; they are put back after it."""
-        seed = task_seed(self._step_seed, stage, mb)
+        seed = task_seed(self._step_seed, stage, mb, self.replica)
         cuda = self.device.type == "cuda"
         cpu_state = torch.default_generator.get_state()
         device_state = torch.cuda.get_rng_state(self.device) if cuda else None
@@ -71,10 +75,10 @@ class TaskSeeds:
                 torch.cuda.set_rng_state(device_state, self.device)
 
 
-def task_seed(step_seed: int, stage: int, mb: int) -> int:
-    """The seed of ``(stage, mb)`` in a step seeded ``step_seed``: a hash, so that nearby tasks' seeds share no
-    structure."""
-    digest = hashlib.blake2b(struct.pack("<Qqq", step_seed, stage, mb), digest_size=8).digest()
+def task_seed(step_seed: int, stage: int, mb: int, replica: int = 0) -> int:
+    """The seed of ``(stage, mb)`` of data-parallel ``replica`` in a step seeded ``step_seed``: a hash, so that
+    nearby tasks' seeds share no structure."""
+    digest = hashlib.blake2b(struct.pack("<Qqqq", step_seed, replica, stage, mb), digest_size=8).digest()
     return int.from_bytes(digest, "little") & _SEEDS
 
 
