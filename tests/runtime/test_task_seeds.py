@@ -74,3 +74,18 @@ def test_a_stage_executors_dropout_is_its_tasks_own() -> None:
     one, other = run([0, 1, 2]), run([2, 0, 1])
     assert all(torch.equal(one[mb], other[mb]) for mb in range(3))
     assert not torch.equal(one[0], one[1])
+
+
+def test_the_step_seed_is_drawn_on_the_cpu_whatever_the_default_device() -> None:
+    # Under torch.set_default_device("cuda") the draw would come from the GPU's generator and reading it would
+    # wait for the GPU every step; "meta" stands for it here (a draw there has no value to read at all).
+    torch.manual_seed(1)
+    step_seed = int(torch.randint(2**63 - 1, (1,)).item())
+    torch.manual_seed(1)
+    seeds = TaskSeeds(CPU)
+    with torch.device("meta"):
+        seeds.begin_step()
+    with seeds.seeded(0, 0):
+        drawn = torch.rand(8)
+    torch.manual_seed(task_seed(step_seed, 0, 0))
+    assert torch.equal(drawn, torch.rand(8))

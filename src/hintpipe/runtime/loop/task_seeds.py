@@ -15,10 +15,11 @@ rank's GPU's) seeded from ``(step seed, data-parallel replica, stage,
 micro-batch)``, and puts them back as they were after it. The replica keeps
 two replicas' masks apart (they train other rows, as the unsplit model's
 samples each get their own mask); the members of a tensor-parallel group share
-it, and draw alike, as they must where their values are replicated. The step seed is one draw from the rank's own default
-generator at the start of each training step: a caller's ``torch.manual_seed``
-still decides every mask, a checkpoint that keeps the rank's generator state
-(hintpipe's do) resumes with the same masks, and the step moves the caller's
+it, and draw alike, as they must where their values are replicated. The step
+seed is one draw from the rank's own default (CPU) generator at the start of
+each training step: a caller's ``torch.manual_seed`` still decides every mask,
+a checkpoint that keeps the rank's generator state (hintpipe's do) resumes
+with the same masks, and the step moves the caller's
 stream by that one draw only, whatever its stages draw. A backward that
 recomputes a forward (``torch.utils.checkpoint``) replays the forward's state,
 as it does without a pipeline. Evaluations are not seeded: they draw nothing
@@ -26,8 +27,8 @@ in eval mode, and a caller's extra evaluation then moves nothing. Seeding and
 putting back cost about 5 us a forward on a CPU.
 
 The masks depend on the stage a layer is in: another cut of the model (a plan
-measured afresh, another ``ranks``) draws other masks, as the unsplit model's
-masks differ from any pipeline's.
+measured afresh, another ``ranks``) or another ``dp`` draws other masks, as the
+unsplit model's masks differ from any pipeline's.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class TaskSeeds:
         self._step_seed = 0
 
     def begin_step(self) -> None:
-        """Draw this step's seed from the rank's default generator (its one draw a step)."""
-        self._step_seed = int(torch.randint(_SEEDS, (1,)).item())
+        """Draw this step's seed from the rank's default CPU generator (its one draw a step; on the CPU whatever the
+        default device, so that reading it never waits for a GPU)."""
+        self._step_seed = int(torch.randint(_SEEDS, (1,), device="cpu", generator=torch.default_generator).item())
 
     @contextlib.contextmanager
     def seeded(self, stage: int, mb: int) -> Iterator[None]:
