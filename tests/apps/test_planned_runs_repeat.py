@@ -94,7 +94,7 @@ def test_a_resume_plans_as_its_run_did_and_ends_bitwise_as_the_uninterrupted_run
 ) -> None:
     straight, resumed = runs["configs"]["straight"], runs["configs"]["resumed"]
     assert resumed.plan is not None and straight.plan is not None
-    assert resumed.plan.profiles == straight.plan.profiles  # read from the folder, not measured again
+    assert resumed.plan.profiles == straight.plan.profiles  # the run's, not measured again
     assert resumed.plan.partition == straight.plan.partition
     done = succeeded(runs["results"]["resumed"])[0]
     assert done.resumed_from == 2
