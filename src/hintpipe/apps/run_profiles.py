@@ -70,9 +70,23 @@ def record_profiles(folder: Path, plan: Plan) -> None:
         raise CheckpointError(cannot_write(path, exc)) from None
 
 
-def recorded_profiles(folder: Path, graph: CapturedGraph, spec: CaptureSpec) -> list[NodeProfile] | None:
-    """The profiles the run in ``folder`` planned with, if they measured this capture (``graph`` made as
-    ``spec`` says); None when the folder keeps none, or keeps another capture's.
+@dataclasses.dataclass(frozen=True)
+class RecordedProfiles:
+    """What a run folder's :data:`PROFILES_FILE` holds: the key of the capture they measured, and the profiles."""
+
+    key: str
+    profiles: tuple[NodeProfile, ...]
+
+    def of(self, graph: CapturedGraph, spec: CaptureSpec) -> list[NodeProfile] | None:
+        """The profiles, if they measured this capture (``graph`` made as ``spec`` says); else None."""
+        if self.key != profile_key(graph, spec) or [p.name for p in self.profiles] != [n.name for n in graph.nodes]:
+            return None
+        return list(self.profiles)
+
+
+def recorded_profiles(folder: Path) -> RecordedProfiles | None:
+    """The profiles the run in ``folder`` planned with (None: it keeps none), read before anything is captured, so
+    that a damaged file is refused at once.
 
     Raises:
         CheckpointError: the file is there and cannot be read (not a file, not JSON of this format).
@@ -83,9 +97,7 @@ def recorded_profiles(folder: Path, graph: CapturedGraph, spec: CaptureSpec) -> 
             data: Any = json.load(f)
         if data["format"] != FORMAT:
             raise ValueError(f"format {data['format']!r}, this hintpipe reads {FORMAT}")
-        if data["key"] != profile_key(graph, spec):
-            return None
-        profiles = [NodeProfile.from_json(row) for row in data["profiles"]]
+        return RecordedProfiles(str(data["key"]), tuple(NodeProfile.from_json(row) for row in data["profiles"]))
     except FileNotFoundError:
         return None
     except NotAFile as exc:
@@ -99,5 +111,3 @@ def recorded_profiles(folder: Path, graph: CapturedGraph, spec: CaptureSpec) -> 
             f"{path} is not a run's profiles ({exc}); remove it and the resume plans afresh (it may cut the model "
             "elsewhere)"
         ) from None
-    names = [node.name for node in graph.nodes]
-    return profiles if [p.name for p in profiles] == names else None

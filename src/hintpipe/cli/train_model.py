@@ -215,16 +215,20 @@ def _run_profiles(
     args: argparse.Namespace, whole: nn.Module, example: Any, kwargs: dict[str, Any]
 ) -> tuple[CapturedGraph | None, list[NodeProfile] | None]:
     """A resume's capture of the model and the profiles its run planned with (see [Note: a resume plans as its
-    run did] in :mod:`hintpipe.apps.run_profiles`); (None, None) for a new run, which captures and measures."""
+    run did] in :mod:`hintpipe.apps.run_profiles`); (None, None) for a new run or a folder that keeps none, which
+    capture and measure (or read the cache)."""
     from hintpipe.apps.run_profiles import recorded_profiles
     from hintpipe.planner.capture import CaptureSpec, capture
 
     if not (getattr(args, "resume", False) and getattr(args, "checkpoint_dir", None)):
         return None, None
     folder = Path(args.checkpoint_dir)
+    recorded = recorded_profiles(folder)
+    if recorded is None:
+        return None, None
     captured = capture(whole, example=(example,), kwargs=kwargs or None)
-    profiles = recorded_profiles(folder, captured, CaptureSpec.of((example,), kwargs or None, None))
-    if profiles is None and (folder / PROFILES_FILE).is_file():
+    profiles = recorded.of(captured, CaptureSpec.of((example,), kwargs or None, None))
+    if profiles is None:
         print(
             f"hintpipe train: {folder / PROFILES_FILE} measured another capture of the model (another micro-batch "
             "size or model): planned afresh, so the resumed run may cut the model elsewhere",
