@@ -23,6 +23,7 @@ from hintpipe.planner.capture import allowed_cuts, capture, value_uses
 from hintpipe.planner.export_trace import exported
 from hintpipe.planner.fx_trace import fx_traced
 from hintpipe.planner.plan import Plan, plan
+from hintpipe.planner.profile import profile
 
 
 class Tracked(nn.Module):
@@ -198,6 +199,49 @@ def test_a_buffer_written_by_item_spans_from_its_write_to_its_last_read() -> Non
     assert not others, nodes  # the table is read only
     assert nodes[first] == "setitem" and nodes[last].startswith("sum"), nodes
     torch.testing.assert_close(captured.module(x), model(x), rtol=0, atol=0)
+
+
+class ClampedInPlace(nn.Module):
+    """A buffer whose only write is one of torch.fx's in-place calls, read again later."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.act = nn.ReLU(inplace=True)
+        self.level: torch.Tensor
+        self.register_buffer("level", torch.tensor([-1.0, 2.0, -3.0, 4.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.how == "functional":
+            nn.functional.relu(self.level, inplace=True)
+        elif self.how == "torch":
+            torch.relu_(self.level)
+        else:
+            self.act(self.level)
+        out: torch.Tensor = self.b(h) + self.level
+        return out
+
+
+@pytest.mark.parametrize("how", ["functional", "torch", "module"])
+def test_a_buffer_written_by_an_in_place_flag_spans_from_its_write_to_its_last_read(how: str) -> None:
+    """Before, only methods ending in ``_``, ``[] =``, ``+=`` and operators' schemas counted as writes: a buffer
+    written by ``F.relu(buf, inplace=True)``, ``torch.relu_(buf)`` or an ``nn.ReLU(inplace=True)`` had no span,
+    and a cut between the write and a later read left the reading stage its own copy, never written."""
+    model, x = ClampedInPlace(how), torch.randn(3, 4)
+    captured = capture(model, example=(x,))
+    nodes = [n.name for n in captured.nodes]
+    (first, last), *others = updated_buffer_spans(captured.module, captured.nodes)
+    assert not others, nodes
+    assert nodes[last].startswith("add"), nodes  # the read after the second linear layer
+    assert last - first >= 2, nodes  # the write comes before the second linear layer
+    uses = value_uses(captured, profile(captured, (x,), repeats=1))
+    assert not any(first < cut <= last for cut in allowed_cuts(captured, uses)), nodes
+    expected = ClampedInPlace(how)
+    expected.load_state_dict(model.state_dict())
+    torch.testing.assert_close(captured.module(x), expected(x), rtol=0, atol=0)
 
 
 def test_a_recomputed_group_copies_only_the_buffers_its_forward_writes() -> None:

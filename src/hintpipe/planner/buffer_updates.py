@@ -40,6 +40,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from hintpipe.planner.inplace import in_place_target
+
 __all__ = ["as_at_forward", "buffers_kept", "keep_model_buffers", "noting_updates", "updated_buffer_spans"]
 
 #: Python's operators that write their first argument (``buffer[i] = x``, ``buffer += x`` as fx records them).
@@ -82,7 +84,7 @@ def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> li
             continue
         same, written = {attribute}, False
         for node in module.graph.nodes:  # topological: what an in-place or out= call returns is the buffer again
-            if any(value in same for value in _written_arguments(node)):
+            if any(value in same for value in _written_arguments(module, node)):
                 same.add(node)
                 written = True
         if not written:
@@ -94,10 +96,14 @@ def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> li
     return spans
 
 
-def _written_arguments(node: fx.Node) -> list[Any]:
+def _written_arguments(module: fx.GraphModule, node: fx.Node) -> list[Any]:
     """The arguments ``node`` writes into: an in-place method's tensor (``add_``), an operator's arguments its
     schema marks written (``aten.add_.Tensor``'s first, ``aten.div.out``'s ``out``), Python's ``[] =`` and
-    ``+=``'s first."""
+    ``+=``'s first, and what torch.fx's other in-place calls write (``F.relu(x, inplace=True)``, ``torch.relu_``,
+    an ``nn.ReLU(inplace=True)``: :func:`~hintpipe.planner.inplace.in_place_target`)."""
+    written_in_place = in_place_target(module, node)
+    if written_in_place is not None:
+        return [written_in_place]
     if node.op == "call_method":
         name = str(node.target)
         return [node.args[0]] if node.args and name.endswith("_") and not name.endswith("__") else []

@@ -124,7 +124,7 @@ def out_of_place_by_example(module: fx.GraphModule, inputs: Sequence[Any]) -> in
     result, which is what they read in the model. The values are the same, and the gradients too.
     """
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(inputs) or not any(_in_place_target(module, n) for n in module.graph.nodes):
+    if len(placeholders) != len(inputs) or not any(in_place_target(module, n) for n in module.graph.nodes):
         return 0  # nothing to replace, or an example the graph cannot run (planning says so in its words)
     replaced = 0
     while True:  # a value written twice (``h.mul_(2).add_(1)``) is replaced one call per pass
@@ -162,13 +162,13 @@ def _sole_owners(module: fx.GraphModule, inputs: Sequence[Any]) -> set[fx.Node]:
 def _writes_into(module: fx.GraphModule, call: fx.Node, value: fx.Node) -> bool:
     """Whether ``call`` writes into ``value``, or into what an in-place call on it returned (``h.mul_(2).add_(1)``:
     the ``add_`` writes into ``h``)."""
-    target = _in_place_target(module, call)
+    target = in_place_target(module, call)
     while target is not None and target is not value:
-        target = _in_place_target(module, target)
+        target = in_place_target(module, target)
     return target is value
 
 
-def _in_place_target(module: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+def in_place_target(module: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     """The value ``node`` writes into, if it is one of torch.fx's in-place calls, else None."""
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
     if first is None:
@@ -206,12 +206,12 @@ def _replace_in_place_calls(module: fx.GraphModule, fresh: set[fx.Node]) -> int:
     order = {node: i for i, node in enumerate(module.graph.nodes)}
     calls: dict[str, list[fx.Node]] = {}  # a module's calls, all of which must be replaced to clear its flag
     for node in module.graph.nodes:
-        if node.op == "call_module" and _in_place_target(module, node) is not None:
+        if node.op == "call_module" and in_place_target(module, node) is not None:
             calls.setdefault(str(node.target), []).append(node)
-    modules_ok = {target for target, nodes in calls.items() if all(_in_place_target(module, n) in fresh for n in nodes)}
+    modules_ok = {target for target, nodes in calls.items() if all(in_place_target(module, n) in fresh for n in nodes)}
     replaced, written = 0, set()
     for node in list(module.graph.nodes):
-        target = _in_place_target(module, node)
+        target = in_place_target(module, node)
         if target is None or target not in fresh or target in written:
             continue
         if node.op == "call_module":
