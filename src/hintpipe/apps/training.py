@@ -135,6 +135,9 @@ def _build_pipeline(
         reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
         pipeline = dataclasses.replace(pipeline, hint=hint)
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, config=pipeline, seams=seams, names=names)
+    # The stream each step's seed is drawn from, the same on every rank whatever built its stages (a checkpoint
+    # puts its state back): see [Note: a task's random numbers] in hintpipe.runtime.loop.task_seeds.
+    torch.manual_seed(config.seed)
     return pipe, modules, reference
 
 
@@ -170,9 +173,6 @@ def _train_rank(
     if config.shared:
         config = share_measured(config)
     pipe, modules, reference = _build_pipeline(rank, world, config)
-    # The stream each step's seed is drawn from, the same on every rank whatever built its stages (a checkpoint
-    # puts its state back): see [Note: a task's random numbers] in hintpipe.runtime.loop.task_seeds.
-    torch.manual_seed(config.seed)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())
     optimizer = _optimizer(config, params)
@@ -186,9 +186,7 @@ def _train_rank(
     try:
         with pipe:
             if checkpoints is not None:
-                first = checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
-                if rank == 0 and config.plan is not None:
-                    record_profiles(checkpoints.directory, config.plan)  # [Note: a resume plans as its run did]
+                first = _start_or_resume(config, checkpoints, rank)
             bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
             run.first, run.started = first, time.perf_counter()
             run.every = line_every(config.log_every, config.steps - first, shown=config.progress, bar=bar)
@@ -245,6 +243,16 @@ def _train_rank(
         eval_losses=tuple(run.evals),
         wall_time=time.perf_counter() - run.started if run.reports else 0.0,
     )
+
+
+def _start_or_resume(config: TrainConfig, checkpoints: Checkpointer, rank: int) -> int:
+    """Start the run in its checkpoint folder, or resume the folder's; returns the step to start from. Rank 0
+    keeps a planned run's profiles there (see [Note: a resume plans as its run did] in
+    :mod:`hintpipe.apps.run_profiles`)."""
+    first = checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
+    if rank == 0 and config.plan is not None:
+        record_profiles(checkpoints.directory, config.plan)
+    return first
 
 
 def _optimizer(config: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
