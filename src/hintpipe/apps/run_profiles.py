@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hintpipe.planner.capture import CapturedGraph, CaptureSpec
 from hintpipe.planner.node_profile import NodeProfile
 from hintpipe.planner.plan import Plan
+from hintpipe.planner.profile import signature
 from hintpipe.runtime.checkpoint.disk import NO_ROOM, cannot_write
 from hintpipe.runtime.checkpoint.links import NotAFile, open_regular
 from hintpipe.runtime.checkpoint.manifest import write_synced
@@ -41,11 +43,11 @@ FORMAT = 1
 
 
 def profile_key(graph: CapturedGraph, spec: CaptureSpec) -> str:
-    """What a graph's profiles measured: its code, its parameters' names, shapes, dtypes and device, and the
-    example's shapes (``spec``)."""
-    parameters = [f"{n}:{tuple(p.shape)}:{p.dtype}:{p.device.type}" for n, p in graph.module.named_parameters()]
-    parts = [graph.module.code, repr(spec), *parameters]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    """What a graph's profiles measured, as the profile cache keys them (:func:`hintpipe.planner.profile.signature`:
+    the graph's code, its parameters' and the example's shapes, the device), for an example made as ``spec``
+    says."""
+    example, kwargs = spec.zeros(graph.module)
+    return signature(graph, (*example, *(v for v in kwargs.values() if isinstance(v, torch.Tensor))))
 
 
 def record_profiles(folder: Path, plan: Plan) -> None:
@@ -79,9 +81,7 @@ class RecordedProfiles:
 
     def of(self, graph: CapturedGraph, spec: CaptureSpec) -> list[NodeProfile] | None:
         """The profiles, if they measured this capture (``graph`` made as ``spec`` says); else None."""
-        if self.key != profile_key(graph, spec) or [p.name for p in self.profiles] != [n.name for n in graph.nodes]:
-            return None
-        return list(self.profiles)
+        return list(self.profiles) if self.key == profile_key(graph, spec) else None
 
 
 def recorded_profiles(folder: Path) -> RecordedProfiles | None:

@@ -132,15 +132,21 @@ class CaptureSpec:
 
     def recapture(self, model: nn.Module) -> CapturedGraph:
         """``model`` captured as this spec says, on zeros of the recorded shapes on the model's device."""
-        device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
-        example = tuple(torch.zeros(shape, dtype=_dtype(name), device=device) for shape, name in self.inputs)
-        kwargs: dict[str, Any] = dict(self.kwargs)
-        kwargs |= {k: torch.zeros(shape, dtype=_dtype(name), device=device) for k, shape, name in self.tensor_kwargs}
+        example, kwargs = self.zeros(model)
         graph = capture(model, modules=self.modules, example=example or None, kwargs=kwargs or None)
         inputs = (*example, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
         for node, value in zip(graph.inputs, inputs, strict=False):
             node.meta["example_bytes"] = value.numel() * value.element_size()
         return graph
+
+    def zeros(self, model: nn.Module) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+        """An example of this spec: zeros of the recorded shapes on ``model``'s device (positional inputs, and the
+        keyword inputs with the tensors among them)."""
+        device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+        example = tuple(torch.zeros(shape, dtype=_dtype(name), device=device) for shape, name in self.inputs)
+        kwargs: dict[str, Any] = dict(self.kwargs)
+        kwargs |= {k: torch.zeros(shape, dtype=_dtype(name), device=device) for k, shape, name in self.tensor_kwargs}
+        return example, kwargs
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
