@@ -7,6 +7,7 @@ import dataclasses
 import math
 import statistics
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -90,19 +91,17 @@ def choose_auto_hint(config: AutoRun, chunks: int | None) -> str:
 
 
 def _resumed_hint(config: AutoRun) -> str | None:
-    """The hint of the checkpoint a resume of ``config`` continues from, said on stderr; None: not a resume, or
-    no checkpoint to continue."""
-    from hintpipe.runtime.checkpoint.manifest import Manifest
-    from hintpipe.runtime.checkpoint.saving import latest_checkpoint
+    """The hint the newest checkpoint of the folder's run records, for a resume of ``config``, said on stderr;
+    None: not a resume, or no checkpoint to read it from (see
+    :func:`~hintpipe.runtime.checkpoint.run_folder.recorded_hint`)."""
+    from hintpipe.runtime.checkpoint.run_folder import recorded_hint
 
     folder = getattr(config, "checkpoint_dir", None)
-    if not getattr(config, "resume", False) or not folder:
+    found = recorded_hint(Path(folder)) if getattr(config, "resume", False) and folder else None
+    if found is None:
         return None
-    found = latest_checkpoint(folder)
-    hint = None if found is None else Manifest.read(found).identity.hint
-    if not hint:
-        return None
-    print(f"hint auto: {hint} (the run's, as {found} records)", file=sys.stderr)
+    hint, step = found
+    print(f"hint auto: {hint} (the run's, as {step} records)", file=sys.stderr)
     return hint
 
 

@@ -259,3 +259,25 @@ def check_writable(folder: Path, flag: str = "--checkpoint-dir") -> None:
         probe.unlink()
     except OSError as exc:
         raise ValueError(f"{flag} {folder} cannot be written: {exc.strerror or exc}") from None
+
+
+def recorded_hint(folder: Path) -> tuple[str, Path] | None:
+    """The hint the newest checkpoint of ``folder``'s run records, and that checkpoint; None where no checkpoint's
+    manifest reads (or it records none).
+
+    Only manifests are read (each checks its own digest): verifying a checkpoint's tensors is the ranks' work when
+    they load it, and reading them here too would read the whole model twice before a resume starts. A newest
+    checkpoint the ranks then find damaged falls back to an older one of the same run, which ran the same hint.
+    """
+    try:
+        owner = read_run(folder)
+    except CheckpointError:
+        owner = None  # refused where the ranks resume, in their words
+    for step in step_folders(folder):
+        try:
+            identity = Manifest.read(step).identity
+        except DamagedCheckpoint:
+            continue
+        if not owner or identity.run == owner:
+            return (identity.hint, step) if identity.hint else None
+    return None
