@@ -51,9 +51,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "synthetic",
         "synthetic: counting text with --seq-len-dist lengths; stdlib: the Python standard library's source "
         "files as byte-level text (real, heavy-tailed lengths; vocabulary 256); or a PATH: a text file "
-        "(documents split by --data-split), a .jsonl file (one JSON object per line, the document under "
-        "--data-field), a folder of them, a Hugging Face dataset (a save_to_disk folder, or hf:BUILDER:FILES "
-        "such as hf:parquet:data/*.parquet), or a folder `hintpipe data prepare` wrote; tokenized once by "
+        "(documents split by --data-split), a .jsonl or .json file (JSON objects, one per line or in one "
+        "array, the document under --data-field), either compressed (.gz, .bz2, .xz), a folder of them, a "
+        "Hugging Face dataset (a save_to_disk folder, or hf:BUILDER:FILES such as hf:parquet:data/*.parquet; "
+        "a .parquet or .csv file is one), or a folder `hintpipe data prepare` wrote; tokenized once by "
         "--tokenizer (raw files into a cache folder on first use), every 20th document held out for "
         "--eval-every. Repeatable with weights, PATH:WEIGHT (--data a.jsonl:0.7 --data code/:0.3): each "
         "document drawn from a source in the weights' proportion",

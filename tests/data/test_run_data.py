@@ -26,8 +26,11 @@ def test_built_in_data_needs_no_folder_and_its_own_vocabulary() -> None:
 @pytest.mark.parametrize(
     ("cli", "message"),
     [
-        (True, "--data-field body names the field of a JSONL line's document; --data stdlib has no .jsonl file"),
-        (False, "data_field body names the field of a JSONL line's document; data stdlib has no .jsonl file"),
+        (
+            True,
+            "--data-field body names the field of a JSON record's document; --data stdlib has no .jsonl or .json file",
+        ),
+        (False, "data_field body names the field of a JSON record's document; data stdlib has no .jsonl or .json file"),
     ],
 )
 def test_an_option_that_would_change_nothing_is_refused_in_the_callers_words(cli: bool, message: str) -> None:
@@ -56,5 +59,5 @@ def test_a_field_for_files_without_jsonl_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as refused:
         resolve_data(a, field="body", cli=True)
     assert str(refused.value) == (
-        f"--data-field body names the field of a JSONL line's document; --data {a} has no .jsonl file"
+        f"--data-field body names the field of a JSON record's document; --data {a} has no .jsonl or .json file"
     )

@@ -3,10 +3,16 @@ the files it reads in order, and each refusal in one line naming the path."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import hashlib
+import json
+import lzma
 from pathlib import Path
 
 import pytest
 
+from hintpipe.data.reading import read_blocks
 from hintpipe.data.refusal import DataRefused
 from hintpipe.data.sources import DataEntry, Source, SourceKind, data_entries
 from hintpipe.data.split import DocumentSplit
@@ -113,3 +119,104 @@ def test_a_folders_documents_are_its_files_documents_in_order(tmp_path: Path) ->
     (tmp_path / "a.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
     assert list(Source.of(str(tmp_path)).texts(BLANK, "text")) == ["one", "two", "three", "four"]
     assert list(Source.of(str(tmp_path / "b.txt")).texts(BY_FILE, "text")) == ["three\n\nfour"]
+
+
+def _corpus_in_every_form(folder: Path) -> dict[str, Path]:
+    """One corpus of three documents written as each form of file ``--data`` reads it from, by name."""
+    documents = ["one\nline two", "three", "four é"]
+    records = [{"text": d, "n": i} for i, d in enumerate(documents)]
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    plain = "\n\n".join(documents)
+    forms = {
+        "c.jsonl": lines,
+        "c.ndjson": lines,
+        "lines.json": lines,
+        "array.json": json.dumps(records, indent=2),
+        "c.txt": plain,
+        "c.csv": "text,n\n" + "".join(f'"{d}",{i}\n' for i, d in enumerate(documents)),
+    }
+    written = {}
+    for name, text in forms.items():
+        written[name] = folder / name
+        written[name].write_text(text, encoding="utf-8")
+    for suffix, module in ((".gz", gzip), (".bz2", bz2), (".xz", lzma)):
+        for name in ("c.jsonl", "array.json", "c.txt", "c.csv"):
+            with module.open(folder / (name + suffix), "wt", encoding="utf-8") as packed:
+                packed.write(forms[name])
+            written[name + suffix] = folder / (name + suffix)
+    return written
+
+
+def test_every_form_of_a_file_gives_its_documents_and_its_name_says_its_form(tmp_path: Path) -> None:
+    forms = _corpus_in_every_form(tmp_path)
+    for name, path in forms.items():
+        source = Source.of(str(path))
+        assert list(source.texts(BLANK, "text")) == ["one\nline two", "three", "four é"], name
+        kind = {".csv": SourceKind.HF_FILES, ".txt": SourceKind.TEXT}.get(Path(name).suffixes[0], SourceKind.JSONL)
+        assert source.kind is kind, name
+        assert source.reads_field is (kind is not SourceKind.TEXT), name
+
+
+def test_a_compressed_files_bytes_on_disk_are_what_is_counted_and_digested(tmp_path: Path) -> None:
+    path = _corpus_in_every_form(tmp_path)["c.jsonl.gz"]
+    counted: list[int] = []
+    digest = hashlib.sha256()
+    blocks = list(read_blocks(path, on_bytes=counted.append, digest=digest))
+    assert "".join(blocks) == gzip.decompress(path.read_bytes()).decode()
+    assert sum(counted) == path.stat().st_size
+    assert digest.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_folder_reads_its_compressed_text_files_and_not_its_json_descriptions(tmp_path: Path) -> None:
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as packed:
+        packed.write('{"text": "one"}\n')
+    with lzma.open(tmp_path / "b.txt.xz", "wt") as packed:
+        packed.write("two\n\nthree")
+    (tmp_path / "dataset_info.json").write_text('{"text": "not a document"}')
+    (tmp_path / "c.md.gz").write_bytes(gzip.compress(b"not a text file's name"))
+    folder = Source.of(str(tmp_path))
+    assert [p.name for p in folder.files(BLANK)] == ["a.jsonl.gz", "b.txt.xz"]
+    assert list(folder.texts(BLANK, "text")) == ["one", "two", "three"]
+    assert folder.reads_field
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("c.jsonl.zst", b"\x28\xb5\x2f\xfd", "zstd, which hintpipe does not read (it reads .gz, .bz2, .xz): zstd -d it "
+         "first, or give it as a .gz file"),
+        ("c.zip", b"PK", "a zip archive, which hintpipe does not read (it reads .gz, .bz2, .xz): unzip it first, or "
+         "give it as a .gz file"),
+        ("c.jsonl.gz", b"plain", "does not decompress as its name says (Not a gzipped file (b'pl'))"),
+        ("c.txt.xz", b"plain", "does not decompress as its name says (Input format not supported by decoder)"),
+        ("c.txt.bz2", b"plain", "does not decompress as its name says (Invalid data stream)"),
+        ("cut.txt.gz", gzip.compress(b"abc" * 100)[:-12], "does not decompress as its name says (Compressed file "
+         "ended before the end-of-stream marker was reached)"),
+    ],
+)  # fmt: skip
+def test_a_file_its_compression_does_not_read_is_refused_saying_what_to_do(
+    tmp_path: Path, name: str, content: bytes, why: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataRefused) as refused:
+        list(Source.of(str(path)).texts(BLANK, "text"))
+    assert str(refused.value.said(cli=True)) == f"--data {path}: {why}"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('[{"text": "a"}, 3]', "element 1: a JSON number, not an object"),
+        ('[{"text": "a"}, {"body": "b"}]', "element 1: no field 'text' (its fields: 'body')"),
+        ('[{"text": "a"},\n {"text": 2}]', "element 1: field 'text' is a JSON number, not a string"),
+        ('[{"text": "a"},\n {"text": "b"}', "not JSON (Expecting ',' delimiter, line 2, column 15)"),
+        ('{"text": "a"}\n[1]\n', "line 2: a JSON array, not an object"),
+    ],
+)
+def test_a_json_files_bad_record_is_refused_naming_where_it_is(tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(DataRefused) as refused:
+        list(Source.of(str(path)).texts(BLANK, "text"))
+    assert str(refused.value.said(cli=True)) == f"--data {path}, {why}" if why[0] in "el" else f"--data {path}: {why}"

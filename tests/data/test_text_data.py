@@ -4,6 +4,7 @@ folder, every 20th document held out; from the command line, a config file and P
 from __future__ import annotations
 
 import ast
+import gzip
 import io
 import json
 import os
@@ -132,7 +133,7 @@ def test_a_tokenizer_that_is_not_one_is_refused(tmp_path: Path, monkeypatch: pyt
         with pytest.raises(ValueError) as info:
             TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=given, data_field="body")
         assert str(info.value) == (
-            f"data_field body names the field of a JSONL line's document; data {given} has no .jsonl file"
+            f"data_field body names the field of a JSON record's document; data {given} has no .jsonl or .json file"
         )
     with pytest.raises(ValueError, match=r"^tokenizer bytes-ish tokenizes a data file or folder; data stdlib has "):
         TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data="stdlib", tokenizer="bytes-ish")
@@ -292,3 +293,15 @@ def test_training_on_a_jsonl_file_with_held_out_evaluations(tmp_path: Path, caps
     out = json.loads(capsys.readouterr().out)
     assert len(out["losses"]) == 2 and out["max_grad_rel_diff"] < 1e-4
     assert [e["steps"] for e in out["eval_losses"]] == [2]
+
+
+def test_a_corpus_as_json_lines_a_json_array_or_compressed_is_the_same_corpus(tmp_path: Path) -> None:
+    records = [{"text": f"document {i}: " + "ab" * i} for i in range(40)]
+    lines = _jsonl(tmp_path / "c.jsonl", records)
+    (tmp_path / "c.json").write_text(json.dumps(records))
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(lines.read_bytes()))
+    reference = text_corpus(str(lines))
+    for name in ("c.json", "c.jsonl.gz"):
+        corpus = text_corpus(str(tmp_path / name))
+        assert _lists(corpus.documents) == _lists(reference.documents), name
+        assert _lists(corpus.held_out) == _lists(reference.held_out), name

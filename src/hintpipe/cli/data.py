@@ -34,8 +34,9 @@ def register(commands: Any) -> None:
         "sources",
         nargs="+",
         metavar="SOURCE",
-        help="a text file, a .jsonl file, a folder of them, a folder a datasets.Dataset was saved to, or "
-        "hf:BUILDER:FILES (json, text, parquet, csv): one corpus, in the order given",
+        help="a text file, a .jsonl or .json file (either compressed: .gz, .bz2, .xz), a folder of them, a folder "
+        "a datasets.Dataset was saved to, or hf:BUILDER:FILES (json, text, parquet, csv): one corpus, in the "
+        "order given",
     )
     prep.add_argument("--out", required=True, metavar="DIR", help="the prepared folder to write (a new one)")
     for name in ("tokenizer", "data_split", "data_field"):

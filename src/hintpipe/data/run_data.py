@@ -116,7 +116,9 @@ def _built_in(data: str, field: str, tokenizer: str, cli: bool) -> RunData:
 
 def _no_field(field: str, data: str, cli: bool) -> None:
     said, named = ("--data-field", "--data") if cli else ("data_field", "data")
-    raise ValueError(f"{said} {field} names the field of a JSONL line's document; {named} {data} has no .jsonl file")
+    raise ValueError(
+        f"{said} {field} names the field of a JSON record's document; {named} {data} has no .jsonl or .json file"
+    )
 
 
 def _checked(entry: DataEntry, field: str, split: str, tokenizer: str) -> str:

@@ -14,8 +14,14 @@ is a path, colon and all. A path is, by what it is:
 - any other folder: its files, in sorted path order. With ``--data-split blank`` or a separator, every
   ``*.txt`` and ``*.jsonl`` file under it (as 0.6 read folders); with ``--data-split file``, every file under
   it but hidden ones and ``__pycache__`` (a folder of source code, one file one document);
-- a ``.jsonl`` file: one JSON object per line, the document under ``--data-field``;
+- a ``.jsonl``, ``.ndjson`` or ``.json`` file: JSON records, the document under ``--data-field``: one object
+  per line, or (``.json``) one array of objects (:func:`~hintpipe.data.reading.json_documents`);
+- a ``.csv`` file: ``hf:csv:`` itself, the document the column ``--data-field`` names;
 - any other file: plain text, documents split by ``--data-split`` (:mod:`~hintpipe.data.split`).
+
+A file's format is read from its name without a compression's suffix: ``corpus.jsonl.gz`` is a compressed
+``.jsonl`` file (:func:`~hintpipe.data.reading.plain_name`). Before, a ``.json`` or ``.csv`` file was read as
+plain text, and trained on its syntax (``{"text": ...``) without a word.
 
 This module is torch-free.
 """
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from hintpipe.data import hf_datasets
 from hintpipe.data.manifest import is_prepared
-from hintpipe.data.reading import Digest, json_documents, read_blocks
+from hintpipe.data.reading import COMPRESSIONS, Digest, json_documents, plain_name, read_blocks
 from hintpipe.data.refusal import DataRefused
 from hintpipe.data.split import DocumentSplit
 
@@ -40,8 +46,14 @@ from hintpipe.data.split import DocumentSplit
 BUILT_IN_DATA = ("synthetic", "stdlib")
 #: ``load_dataset``'s builders for local files that ``hf:BUILDER:FILES`` takes.
 HF_BUILDERS = ("json", "text", "parquet", "csv")
-#: Files a folder's documents come from, unless ``--data-split file`` says every file.
-TEXT_SUFFIXES = (".txt", ".jsonl")
+#: The suffixes of files of JSON records (:func:`~hintpipe.data.reading.json_documents`).
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+#: The suffixes of files ``load_dataset`` reads for hintpipe (a file so named is ``hf:BUILDER:`` itself).
+HF_FILE_SUFFIXES = {".parquet": "parquet", ".csv": "csv"}
+#: Files a folder's documents come from, unless ``--data-split file`` says every file (compressed too: see
+#: :func:`~hintpipe.data.reading.plain_name`). Not ``.json``: a folder's ``.json`` files are as often its
+#: descriptions (``dataset_info.json``) as its records.
+TEXT_SUFFIXES = (".txt", ".jsonl", ".ndjson")
 
 
 class SourceKind(enum.Enum):
@@ -134,9 +146,10 @@ class Source:
                 return cls(path, SourceKind.HF_SAVED)
             return cls(path, SourceKind.FOLDER)
         if where.is_file():
-            if where.suffix == ".parquet":
-                return cls(path, SourceKind.HF_FILES, "parquet", path)
-            return cls(path, SourceKind.JSONL if where.suffix == ".jsonl" else SourceKind.TEXT)
+            suffix = plain_name(where).suffix
+            if suffix in HF_FILE_SUFFIXES:
+                return cls(path, SourceKind.HF_FILES, HF_FILE_SUFFIXES[suffix], path)
+            return cls(path, SourceKind.JSONL if suffix in JSON_SUFFIXES else SourceKind.TEXT)
         raise DataRefused("data", f"{path}: no such file or folder")
 
     @property
@@ -150,7 +163,7 @@ class Source:
     def reads_field(self) -> bool:
         """Whether ``--data-field`` says which of its records' fields is the document."""
         if self.kind is SourceKind.FOLDER:
-            return any(p.is_file() for p in Path(self.path).rglob("*.jsonl"))
+            return any(_is_json(p) for p in _text_files(Path(self.path)))
         return self.kind in (SourceKind.JSONL, SourceKind.HF_SAVED, SourceKind.HF_FILES)
 
     def files(self, split: DocumentSplit) -> list[Path]:
@@ -175,7 +188,7 @@ class Source:
             if not found:
                 raise DataRefused("data", f"{self.path}: a folder without a file in it")
             return found
-        found = sorted(p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        found = _text_files(root)
         if not found:
             raise DataRefused("data", f"{self.path}: a folder without a .txt or .jsonl file in it")
         return found
@@ -206,7 +219,21 @@ class Source:
         assert self.kind is not SourceKind.PREPARED, "a prepared folder's documents are tokens already"
         for file in self.files(split):
             blocks = read_blocks(file, on_bytes=on_bytes, digest=None if digests is None else digests.get(file))
-            yield from json_documents(file, blocks, field) if file.suffix == ".jsonl" else split.documents(blocks)
+            yield from json_documents(file, blocks, field) if _is_json(file) else split.documents(blocks)
+
+
+def _text_files(root: Path) -> list[Path]:
+    """A folder's files of :data:`TEXT_SUFFIXES`, compressed (:data:`~hintpipe.data.reading.COMPRESSIONS`) or
+    not, in sorted path order."""
+
+    def named_as_text(file: Path) -> bool:
+        return (file.with_suffix("") if file.suffix in COMPRESSIONS else file).suffix in TEXT_SUFFIXES
+
+    return sorted(p for p in root.rglob("*") if named_as_text(p) and p.is_file())
+
+
+def _is_json(file: Path) -> bool:
+    return plain_name(file).suffix in JSON_SUFFIXES
 
 
 def _hidden(relative: Path) -> bool:
