@@ -183,10 +183,12 @@ def test_a_folder_reads_its_compressed_text_files_and_not_its_json_descriptions(
 @pytest.mark.parametrize(
     ("name", "content", "why"),
     [
-        ("c.jsonl.zst", b"\x28\xb5\x2f\xfd", "zstd, which hintpipe does not read (it reads .gz, .bz2, .xz): zstd -d it "
-         "first, or give it as a .gz file"),
-        ("c.zip", b"PK", "a zip archive, which hintpipe does not read (it reads .gz, .bz2, .xz): unzip it first, or "
-         "give it as a .gz file"),
+        ("c.jsonl.zst", b"\x28\xb5\x2f\xfd", "zstd, which hintpipe does not read (it reads .gz, .bz2, .xz): decompress "
+         "it (zstd -d), or give it as a .gz file"),
+        ("c.zip", b"PK", "a zip archive, which hintpipe does not read (it reads .gz, .bz2, .xz): "
+         "unpack it (unzip) and give its files or their folder"),
+        ("c.tar.gz", gzip.compress(b"a tar archive's bytes"), "a tar archive, which hintpipe does not read (it reads "
+         ".gz, .bz2, .xz): unpack it (tar -xf) and give its files or their folder"),
         ("c.jsonl.gz", b"plain", "does not decompress as its name says (Not a gzipped file (b'pl'))"),
         ("c.txt.xz", b"plain", "does not decompress as its name says (Input format not supported by decoder)"),
         ("c.txt.bz2", b"plain", "does not decompress as its name says (Invalid data stream)"),

@@ -51,7 +51,7 @@ def read_blocks(
     Raises:
         DataRefused: (``data``) the file cannot be read, or is not UTF-8 (naming the byte's offset).
     """
-    opener = COMPRESSIONS.get(_refused_compression(file).suffix)
+    opener = COMPRESSIONS.get(file.suffix) if plain_name(file) != file else None
     try:
         with open(file, "rb") as raw:
             tee = io.BufferedReader(_Tee(raw, on_bytes, digest))
@@ -113,13 +113,13 @@ COMPRESSIONS: dict[str, Callable[[BinaryIO], AbstractContextManager[_Reader]]] =
 }
 #: Compressions the standard library does not read, by suffix: the format's name and its command to decompress.
 UNREAD_COMPRESSIONS = {
-    ".zst": ("zstd", "zstd -d"),
-    ".zstd": ("zstd", "zstd -d"),
-    ".lz4": ("LZ4", "lz4 -d"),
-    ".zip": ("a zip archive", "unzip"),
-    ".7z": ("a 7-Zip archive", "7z x"),
-    ".tar": ("a tar archive", "tar -xf"),
-    ".tgz": ("a tar archive", "tar -xzf"),
+    ".zst": ("zstd", "decompress it (zstd -d), or give it as a .gz file"),
+    ".zstd": ("zstd", "decompress it (zstd -d), or give it as a .gz file"),
+    ".lz4": ("LZ4", "decompress it (lz4 -d), or give it as a .gz file"),
+    ".zip": ("a zip archive", "unpack it (unzip) and give its files or their folder"),
+    ".7z": ("a 7-Zip archive", "unpack it (7z x) and give its files or their folder"),
+    ".tar": ("a tar archive", "unpack it (tar -xf) and give its files or their folder"),
+    ".tgz": ("a tar archive", "unpack it (tar -xf) and give its files or their folder"),
 }
 
 
@@ -128,21 +128,17 @@ def plain_name(file: Path) -> Path:
     format of its text.
 
     Raises:
-        DataRefused: (``data``) a compression :data:`COMPRESSIONS` does not read.
+        DataRefused: (``data``) a compression :data:`COMPRESSIONS` does not read, or an archive (``.tar.gz``
+            too), saying what to do.
     """
-    file = _refused_compression(file)
-    return file.with_suffix("") if file.suffix in COMPRESSIONS else file
-
-
-def _refused_compression(file: Path) -> Path:
-    if file.suffix in UNREAD_COMPRESSIONS:
-        what, command = UNREAD_COMPRESSIONS[file.suffix]
-        raise DataRefused(
-            "data",
-            f"{file}: {what}, which hintpipe does not read (it reads {', '.join(COMPRESSIONS)}): "
-            f"{command} it first, or give it as a .gz file",
-        )
-    return file
+    plain = file.with_suffix("") if file.suffix in COMPRESSIONS else file
+    for name in (file, plain):
+        if name.suffix in UNREAD_COMPRESSIONS:
+            what, advice = UNREAD_COMPRESSIONS[name.suffix]
+            raise DataRefused(
+                "data", f"{file}: {what}, which hintpipe does not read (it reads {', '.join(COMPRESSIONS)}): {advice}"
+            )
+    return plain
 
 
 def _read(file: Path, handle: _Reader) -> bytes:
