@@ -4,6 +4,7 @@ command line, one rule in the words of each (the command line's flags, Python's 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -119,3 +120,35 @@ def test_options_the_model_honours_pass() -> None:
         model=GPT, ranks=2, microbatches=4, tp=2, activation_budget=2**30, steps=5, faults=("crash:1:4",)
     )
     assert config.tp == 2
+
+
+def test_a_folder_model_too_small_for_its_data_is_refused_before_it_is_planned_each_in_its_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the command line planned the model (capture, profiles) and then told a folder's user to write
+    ``ModelConfig(vocab=256)``, which a folder's model refuses (its config says its vocabulary)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=100, n_embd=16, n_layer=2, n_head=2, n_positions=64)
+    folder = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join(f"document {i}: " + "xy" * i for i in range(40)))
+    model = ModelConfig("hf-folder", source=str(folder), vocab=100, max_seq_len=64)
+    fix = (
+        "use a tokenizer of at most 100 ids, or the model resized to hold them (model.resize_token_embeddings(256), "
+        "then save_pretrained)"
+    )
+    with pytest.raises(ValueError) as refused:
+        TrainConfig(model=model, ranks=2, microbatches=2, data=str(text), seq_len_dist=SeqLenDist(32))
+    assert str(refused.value) == (
+        f"data {str(text)!r} has token ids up to 255 (tokenizer bytes); {folder}'s vocabulary is 100: {fix}"
+    )
+    planned: list[object] = []
+    monkeypatch.setattr("hintpipe.cli.train.plan_once", lambda *args: planned.append(args))
+    argv = ["train", "--model", str(folder), "--ranks", "2", "--microbatches", "2", "--data", str(text)]
+    assert main([*argv, "--seq-len-dist", "fixed:32"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"hintpipe train: error: --data {text} has token ids up to 255 (--tokenizer bytes); {folder}'s vocabulary "
+        f"is 100: {fix}"
+    )
+    assert planned == []

@@ -274,7 +274,7 @@ def test_python_takes_the_same_data_and_refuses_a_model_too_small_for_it(tmp_pat
     with pytest.raises(ValueError) as info:
         TrainConfig(model=ModelConfig(), ranks=2, microbatches=2, data=data)
     assert str(info.value) == (
-        f"data {data!r} has token ids up to 255 (tokenizer 'bytes'); the model's vocab is 128: use "
+        f"data {data!r} has token ids up to 255 (tokenizer bytes); gpt-mini's vocabulary is 128: use "
         "ModelConfig(vocab=256)"
     )
     with pytest.raises(ValueError, match=r"^data 'stdlib' is text: use a language model"):

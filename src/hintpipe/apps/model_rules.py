@@ -65,6 +65,28 @@ def said_data(data: str | tuple[str, ...]) -> str:
     return f"{said('data')} {data!r}"
 
 
+def check_vocabulary(model: ModelConfig, data: str | tuple[str, ...], tokenizer: str, data_vocab: int | None) -> None:
+    """Refuse data whose token ids (up to ``data_vocab`` - 1, by ``tokenizer``) reach past the model's vocabulary,
+    advising what fixes it for this kind of model: a larger vocabulary for a built-in one; another tokenizer, or
+    the model resized, for a folder's or a factory's, whose vocabulary is its own (its embedding would be indexed
+    past its end). Checked before the model is planned."""
+    if data_vocab is None or model.vocab >= data_vocab:
+        return
+    if model.source is None:
+        fix = f"--vocab {data_vocab}" if said_as_flags_now() else f"ModelConfig(vocab={data_vocab})"
+    elif model.name == "hf-folder":
+        fix = (
+            f"a tokenizer of at most {model.vocab} ids, or the model resized to hold them "
+            f"(model.resize_token_embeddings({data_vocab}), then save_pretrained)"
+        )
+    else:
+        fix = f"a tokenizer of at most {model.vocab} ids, or a model of {data_vocab} or more"
+    raise ValueError(
+        f"{said_data(data)} has token ids up to {data_vocab - 1} ({said('tokenizer')} {tokenizer}); {model.label}'s "
+        f"vocabulary is {model.vocab}: use {fix}"
+    )
+
+
 def check_sequence_lengths(model: ModelConfig, data: str | tuple[str, ...], lengths: SeqLenDist) -> None:
     """Refuse counting text (``data`` synthetic) whose mean length is past the model's last position."""
     last = model.max_seq_len - 1

@@ -19,6 +19,7 @@ from hintpipe.apps.model_rules import (
     check_model_options,
     check_sequence_lengths,
     check_tensor_parallel,
+    check_vocabulary,
     layers_and_parameters,
 )
 from hintpipe.apps.models import ModelConfig, SeqLenDist
@@ -206,12 +207,7 @@ class TrainConfig(PipelineConfig):
         resolved = resolve_data(self.data, field=self.data_field, split=self.data_split, tokenizer=self.tokenizer)
         object.__setattr__(self, "prepared", resolved.folders)
         check_eval_batches(self, resolved.folders)
-        vocab = resolved.vocab
-        if vocab is not None and self.model.vocab < vocab:
-            raise ValueError(
-                f"data {self.data!r} has token ids up to {vocab - 1} (tokenizer {self.tokenizer!r}); the model's vocab "
-                f"is {self.model.vocab}: use ModelConfig(vocab={vocab})"
-            )
+        check_vocabulary(self.model, self.data, self.tokenizer, resolved.vocab)
 
     @property
     def world(self) -> int:

@@ -18,6 +18,7 @@ from hintpipe.apps.model_rules import (
     check_model_options,
     check_sequence_lengths,
     check_tensor_parallel,
+    check_vocabulary,
     layers_and_parameters,
 )
 from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
@@ -157,6 +158,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     with said_as_flags():
         check_sequence_lengths(model, data, seq_len)
+        if from_plan is None:  # (a plan file's model is checked against the data with the plan)
+            check_vocabulary(model, data, args.tokenizer, vocab)
     length = seq_len.mean if model.spec.reads_text else model.hidden
     check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
