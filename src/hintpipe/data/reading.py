@@ -49,7 +49,8 @@ def read_blocks(
     ``\\n``.
 
     Raises:
-        DataRefused: (``data``) the file cannot be read, or is not UTF-8 (naming the byte's offset).
+        DataRefused: (``data``) the file cannot be read, is not UTF-8 (naming the byte's offset in its text), is
+            compressed in a form not read here, or does not decompress as its name says.
     """
     opener = COMPRESSIONS.get(file.suffix) if plain_name(file) != file else None
     try:
