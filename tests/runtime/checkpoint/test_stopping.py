@@ -27,6 +27,7 @@ import torch
 
 from conftest import SMALL_CLI, SMALL_GPT, allow, hang_bound, same_tensors
 from hintpipe.apps.models import SeqLenDist
+from hintpipe.options import PipelineConfig
 from hintpipe.runtime import liveness
 from hintpipe.runtime.checkpoint import stopping
 from hintpipe.runtime.checkpoint.manifest import Manifest
@@ -281,7 +282,9 @@ def test_a_rank_stopped_while_it_saves_is_named_and_every_rank_ends(tmp_path: Pa
     )
     assert found is not None, said[1 + other]
     assert liveness.SILENT_AFTER <= int(found.group(1)) <= elapsed
-    assert elapsed < 60, elapsed  # start-up, a step, 5 s of silence: seconds, not the default 300 s timeout
+    # Ended by the 5 s of silence, not by the default timeout: a bound on what ended it, not on how fast a loaded
+    # machine starts ranks (it was 60 s, and a run beside five other test files took 64).
+    assert elapsed < PipelineConfig(microbatches=1).timeout, elapsed
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "run.json", "run.lock", "step-00000001"]
     Manifest.read(folder / "step-00000001").verify(folder / "step-00000001")
     assert _all_gone(_group(process.pid))  # the ranks (and multiprocessing's resource tracker, a moment later)
