@@ -22,7 +22,7 @@ def test_micro_batches_are_real_documents_cropped_to_the_shortest() -> None:
         assert (x[:, 1:] == y[:, :-1]).all()  # next-byte prediction
         assert int(x.max()) < VOCAB
         row = bytes(x[0].tolist()) + bytes([int(y[0, -1])])
-        assert any(d.startswith(row) for d in documents)  # a real file's first bytes
+        assert any(row in d for d in documents)  # a window of a real definition (see test_windows.py)
     lengths = [x.shape[1] for x in stdlib_batch(64, 1, 0, 0, 1 << 20)[0]]
     assert max(lengths) > 4 * statistics.median(lengths)  # heavy-tailed, as files are
 

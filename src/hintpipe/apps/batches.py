@@ -10,9 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
-from hintpipe.apps.corpus import cropped_batch, cropped_sequences, data_documents, document_batch, document_sequences
+from hintpipe.apps.corpus import (
+    WINDOWS,
+    cropped_batch,
+    cropped_sequences,
+    data_documents,
+    document_batch,
+    document_sequences,
+)
 from hintpipe.apps.models import make_batch
 from hintpipe.apps.train_config import TrainConfig
 from hintpipe.data.held_out import HeldOutOrder
@@ -67,12 +75,13 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
     batches = []
     for number in range(config.eval_batches):
         documents = order.batch(number * config.dp + replica, size)
+        windows = np.random.default_rng([config.seed, HELD_OUT_STEP, number * config.dp + replica, WINDOWS])
         if config.formed:
-            sequences = cropped_sequences(documents, config.model.max_seq_len - 1)
+            sequences = cropped_sequences(documents, config.model.max_seq_len - 1, windows)
             batches.append(_formed(config, sequences, config.seed + REPLICA_SEED_STRIDE * replica + HELD_OUT_STEP))
         else:
             microbatches = [documents[m * rows : (m + 1) * rows] for m in range(config.microbatches)]
-            batches.append(cropped_batch(microbatches, config.model.max_seq_len))
+            batches.append(cropped_batch(microbatches, config.model.max_seq_len, windows))
     return batches
 
 
