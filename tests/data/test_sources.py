@@ -110,6 +110,15 @@ def test_a_folder_without_a_file_to_read_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.md").write_text("x")
     with pytest.raises(DataRefused, match=r": a folder without a \.txt or \.jsonl file in it$"):
         Source.of(str(tmp_path)).files(BLANK)
+    shards = tmp_path / "shards"
+    (shards / "data").mkdir(parents=True)
+    (shards / "data" / "train-00000-of-00002.parquet").write_bytes(b"")
+    with pytest.raises(DataRefused) as refused:
+        Source.of(str(shards)).files(BLANK)
+    assert str(refused.value.said(cli=True)) == (
+        f"--data {shards}: a folder without a .txt or .jsonl file in it; for its .parquet files give "
+        f"hf:parquet:{shards}/**/*.parquet"
+    )
     with pytest.raises(DataRefused, match=r"^hf:json:/none/\*\.jsonl: no file matches /none/\*\.jsonl$"):
         Source.of("hf:json:/none/*.jsonl").files(BLANK)
 

@@ -190,7 +190,7 @@ class Source:
             return found
         found = _text_files(root)
         if not found:
-            raise DataRefused("data", f"{self.path}: a folder without a .txt or .jsonl file in it")
+            raise DataRefused("data", f"{self.path}: a folder without a .txt or .jsonl file in it{_other_files(root)}")
         return found
 
     def texts(
@@ -230,6 +230,16 @@ def _text_files(root: Path) -> list[Path]:
         return (file.with_suffix("") if file.suffix in COMPRESSIONS else file).suffix in TEXT_SUFFIXES
 
     return sorted(p for p in root.rglob("*") if named_as_text(p) and p.is_file())
+
+
+def _other_files(root: Path) -> str:
+    """What to give for a folder of files a folder source does not read (a dataset's ``.parquet`` shards, its
+    ``.json`` records): their ``hf:BUILDER:FILES``, or nothing to add."""
+    builders = {".parquet": "parquet", ".csv": "csv", ".json": "json"}
+    for suffix, builder in builders.items():
+        if any(p.is_file() for p in root.rglob(f"*{suffix}")):
+            return f"; for its {suffix} files give hf:{builder}:{root}/**/*{suffix}"
+    return ""
 
 
 def _is_json(file: Path) -> bool:
