@@ -3,6 +3,7 @@ on its way to the ranks), its regions kept and its calls made device-free."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import pickle
 import re
@@ -40,16 +41,13 @@ def exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
     """``root`` through torch.export, its regions kept, made portable: :func:`exported` before its re-trace."""
-    from torch.export import Dim
-
-    def free(value: Any) -> Any:
-        return {d: Dim.AUTO for d in range(value.dim())} if isinstance(value, torch.Tensor) else None
-
-    shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
+    widened = _batch_of_two(example, kwargs)
+    program = None
+    if widened is not None:  # [Note: a batch of one is exported as two]
+        with contextlib.suppress(Exception):
+            program = _program(root, *widened)
     try:
-        program = torch.export.export(
-            root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False
-        )
+        program = program or _program(root, example, kwargs)
     except Exception as exc:  # export raises many kinds, each naming the construct
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise CaptureError(
@@ -83,6 +81,40 @@ def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, An
     out_of_place(module)  # [Note: in-place operators between stages]
     make_portable(module)
     return module
+
+
+def _program(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
+    """torch.export's program of ``root`` on ``example`` and ``kwargs``, every dimension of their tensors free."""
+    from torch.export import Dim
+
+    def free(value: Any) -> Any:
+        return {d: Dim.AUTO for d in range(value.dim())} if isinstance(value, torch.Tensor) else None
+
+    shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
+    return torch.export.export(root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False)
+
+
+def _batch_of_two(example: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The example and keyword inputs as a batch of two (each tensor's first dimension repeated), when they are a
+    batch of one: every tensor's first dimension 1; else None.
+
+    [Note: a batch of one is exported as two]
+    torch.export fixes every dimension of size 0 or 1 of its example (it cannot tell a size 1 that broadcasts
+    from one that varies), whatever ``dynamic_shapes`` says. A model planned on a batch of one (a tokenizer's
+    ``input_ids`` of one text are) was captured for batches of one alone, and its first micro-batch of three
+    rows failed in its stage with ``shape '[1, 16, 96]' is invalid for input of size 4608``. So a batch of one
+    is exported as the same rows twice: the graph takes any batch. A model that refuses two (one whose code
+    needs a batch of one) is exported on the example as given. Only the capture sees the two rows; the
+    profile measures the example as given.
+    """
+    tensors = [v for v in (*example, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    if not tensors or any(t.dim() == 0 or t.shape[0] != 1 for t in tensors):
+        return None
+
+    def two(value: Any) -> Any:
+        return torch.cat([value, value]) if isinstance(value, torch.Tensor) else value
+
+    return tuple(two(v) for v in example), {k: two(v) for k, v in kwargs.items()}
 
 
 def _fix_for(root: nn.Module, error: str, kwargs: dict[str, Any]) -> str:
