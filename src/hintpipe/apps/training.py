@@ -30,7 +30,7 @@ from hintpipe.apps.batches import held_out_batches
 from hintpipe.apps.batches import step_batch as step_batch
 from hintpipe.apps.emulation import profile_costs
 from hintpipe.apps.gradcheck import compare_gradients, compare_plan_gradients
-from hintpipe.apps.lr_schedule import LrSchedule, ScheduleRecord, lr_factor
+from hintpipe.apps.lr_schedule import LrSchedule, lr_factor
 from hintpipe.apps.metrics import tensorboard_writer, write_step
 from hintpipe.apps.models import (
     build_layers,
@@ -44,6 +44,7 @@ from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
 from hintpipe.apps.run_model import Whole, run_description, share_measured, unsplit_model, unsplit_stages
 from hintpipe.apps.run_profiles import record_profiles
+from hintpipe.apps.run_record import RunRecord
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
@@ -252,6 +253,10 @@ def _start_or_resume(config: TrainConfig, checkpoints: Checkpointer, rank: int) 
     first = checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
     if rank == 0 and config.plan is not None:
         record_profiles(checkpoints.directory, config.plan)
+    record = checkpoints.extra.get("state")
+    note = record.note(first) if isinstance(record, RunRecord) else None
+    if note is not None:  # said with the checkpoints' own notes
+        checkpoints.skipped.append(note)
     return first
 
 
@@ -367,8 +372,9 @@ def _checkpointer(
         keep=config.checkpoint_keep,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
         model_description=description if description is not None else run_description(config),
-        # See [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule.
-        state=ScheduleRecord(config.lr_schedule, config.steps, config.warmup_steps, config.lr),
+        # See [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule and [Note: a resume says when its
+        # batches change] in hintpipe.apps.run_record.
+        state=RunRecord.of(config),
         group_readable=config.group_readable,
     )
     return checkpoints
