@@ -223,6 +223,12 @@ def test_a_file_its_compression_does_not_read_is_refused_saying_what_to_do(
         ('[{"text": "a"},\n {"text": 2}]', "element 1: field 'text' is a JSON number, not a string"),
         ('[{"text": "a"},\n {"text": "b"}', "not JSON (Expecting ',' delimiter, line 2, column 15)"),
         ('{"text": "a"}\n[1]\n', "line 2: a JSON array, not an object"),
+        (
+            '{\n  "data": [{"text": "a"}]\n}',
+            "line 1: not JSON (Expecting property name enclosed in double quotes, "
+            "column 2); a JSON file's records are one object per line, or one array of objects",
+        ),
+        ('{"text": "a"}\n{"text": \n', "line 2: not JSON (Expecting value, column 10)"),
     ],
 )
 def test_a_json_files_bad_record_is_refused_naming_where_it_is(tmp_path: Path, text: str, why: str) -> None:

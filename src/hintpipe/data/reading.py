@@ -160,6 +160,11 @@ def _decode(file: Path, data: bytearray, offset: int) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
+#: How a JSON file's records are laid out, said when its first record does not read (a pretty-printed object
+#: of records, as some datasets ship, is neither).
+LAYOUTS = "a JSON file's records are one object per line, or one array of objects"
+
+
 def json_documents(file: Path, blocks: Iterator[str], field: str) -> Iterator[str]:
     """A JSON file's documents: each record's ``field``. The records are one JSON object per line (JSON Lines,
     blank lines skipped), or the elements of one JSON array (the whole file, as ``json.dump`` of a list writes
@@ -173,7 +178,7 @@ def json_documents(file: Path, blocks: Iterator[str], field: str) -> Iterator[st
     if first.lstrip().startswith("["):
         yield from _array_documents(file, "".join(itertools.chain([first], blocks)), field)
         return
-    number = 0
+    number, read = 0, 0
     for block in itertools.chain([first], blocks):
         lines = block.split("\n")
         if block.endswith("\n"):
@@ -181,7 +186,15 @@ def json_documents(file: Path, blocks: Iterator[str], field: str) -> Iterator[st
         for line in lines:
             number += 1
             if line.strip():
-                yield _field(f"{file}, line {number}", _parsed(f"{file}, line {number}", line), field)
+                where = f"{file}, line {number}"
+                try:
+                    record = _parsed(where, line)
+                except DataRefused as refused:
+                    if read:
+                        raise
+                    raise DataRefused("data", f"{refused}; {LAYOUTS}") from None  # its first record
+                read += 1
+                yield _field(where, record, field)
 
 
 def _array_documents(file: Path, text: str, field: str) -> Iterator[str]:
