@@ -1,6 +1,7 @@
 """A text file read as a stream: decoded blocks of whole lines, and a JSON file's documents.
 
-A corpus may be larger than a process's memory, so no file is read whole. A file is read in blocks of about
+A corpus may be larger than a process's memory, so no file is read whole (but a ``.json`` file of one array,
+which cannot be streamed by line). A file is read in blocks of about
 :data:`BLOCK` bytes cut after a line break: UTF-8 never has a byte ``\\n`` inside a character, so every block
 decodes on its own, and an undecodable byte is reported at its offset in the file, not in the block. Line
 breaks are read as Python's universal newlines read them (``\\r\\n`` and ``\\r`` are ``\\n``): a block never
@@ -9,7 +10,7 @@ digested (SHA-256, for the manifest) on the way, so preparing reads each file on
 
 A file whose name ends in ``.gz``, ``.bz2`` or ``.xz`` is read through the standard library's ``gzip``, ``bz2``
 or ``lzma`` (:data:`COMPRESSIONS`); its bytes on disk are what is counted and digested (the manifest's record
-of the file), its text what is decoded. A name ending in another compression's suffix is refused, saying how
+of the file), its text what is decoded (an undecodable byte's offset is in the text). A name ending in another compression's suffix is refused, saying how
 to decompress it (:data:`UNREAD_COMPRESSIONS`): read as text, its bytes would fail to decode at best.
 
 This module is torch-free.
