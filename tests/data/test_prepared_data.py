@@ -29,6 +29,9 @@ from hintpipe.data.shards import ShardRecord, ShardWriter
 from hintpipe.data.tokenizer import TokenizerIdentity
 from hintpipe.forming.cost import SequenceCost
 
+#: What a refusal of text that is not UTF-8 advises.
+TO_UTF8 = "convert it to UTF-8 (iconv -f ENCODING -t UTF-8), as the tokenizer reads UTF-8"
+
 MODEL = ModelConfig(vocab=256)
 
 
@@ -102,7 +105,7 @@ def test_files_are_read_in_blocks_with_the_same_documents_and_the_byte_s_own_off
     (tmp_path / "late.txt").write_bytes(b"first line\nsecond line\nthird \xff line")
     with pytest.raises(ValueError) as info:
         read_documents(str(tmp_path / "late.txt"))
-    assert str(info.value) == f"{tmp_path}/late.txt: not UTF-8 text (byte 29: invalid start byte)"
+    assert str(info.value) == f"{tmp_path}/late.txt: not UTF-8 text (byte 29: invalid start byte); {TO_UTF8}"
 
 
 def test_a_tokenizer_folder_s_shards_hold_its_ids_in_16_bits(tmp_path: Path) -> None:
@@ -343,7 +346,7 @@ def test_a_hugging_face_dataset_saved_or_in_local_files_is_streamed(tmp_path: Pa
         ({}, "missing.txt", "{tmp}/missing.txt: no such file or folder"),
         ({"e.txt": b"\n \n\na\n"}, "e.txt", "{tmp}/e.txt: no document of 2 tokens or more (an empty corpus)"),
         ({"l.txt": b"fine\n\ncaf\xe9 au lait"}, "l.txt",
-         "{tmp}/l.txt: not UTF-8 text (byte 9: invalid continuation byte)"),
+         "{tmp}/l.txt: not UTF-8 text (byte 9: invalid continuation byte); " + TO_UTF8),
         ({"c.jsonl": b'{"text": "ok"}\n{"body": "no"}\n'}, "c.jsonl",
          "{tmp}/c.jsonl, line 2: no field 'text' (its fields: 'body')"),
         ({"a.txt": b"one doc"}, "{tmp}/a.txt:-1",

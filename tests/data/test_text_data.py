@@ -25,6 +25,9 @@ from hintpipe.cli import main
 from hintpipe.cli.train import config_from
 from hintpipe.forming.cost import SequenceCost
 
+#: What a refusal of text that is not UTF-8 advises.
+TO_UTF8 = "convert it to UTF-8 (iconv -f ENCODING -t UTF-8), as the tokenizer reads UTF-8"
+
 RUN = ["train", "--ranks", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16"]
 
 
@@ -88,7 +91,8 @@ def test_training_steps_draw_the_training_documents_and_the_held_out_batch_the_h
         ({"c.jsonl": b'{"text": 3}\n'}, "c.jsonl", "c.jsonl, line 1: field 'text' is a JSON number, not a string"),
         ({"e.txt": b"\n\na\n \n\nb"}, "e.txt", "e.txt: no document of 2 tokens or more (an empty corpus)"),
         ({"d/notes.md": b"text"}, "d", "d: a folder without a .txt or .jsonl file in it"),
-        ({"l.txt": b"caf\xe9 au lait"}, "l.txt", "l.txt: not UTF-8 text (byte 3: invalid continuation byte)"),
+        ({"l.txt": b"caf\xe9 au lait"}, "l.txt",
+         "l.txt: not UTF-8 text (byte 3: invalid continuation byte); " + TO_UTF8),
     ],
 )  # fmt: skip
 def test_bad_data_is_refused_in_one_line_naming_the_path(

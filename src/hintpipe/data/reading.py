@@ -10,8 +10,9 @@ digested (SHA-256, for the manifest) on the way, so preparing reads each file on
 
 A file whose name ends in ``.gz``, ``.bz2`` or ``.xz`` is read through the standard library's ``gzip``, ``bz2``
 or ``lzma`` (:data:`COMPRESSIONS`); its bytes on disk are what is counted and digested (the manifest's record
-of the file), its text what is decoded (an undecodable byte's offset is in the text). A name ending in another compression's suffix is refused, saying how
-to decompress it (:data:`UNREAD_COMPRESSIONS`): read as text, its bytes would fail to decode at best.
+of the file), its text what is decoded (an undecodable byte's offset is in the text). A name ending in
+another compression's suffix is refused, saying how to decompress it (:data:`UNREAD_COMPRESSIONS`): read as
+text, its bytes would fail to decode at best.
 
 This module is torch-free.
 """
@@ -157,7 +158,11 @@ def _decode(file: Path, data: bytearray, offset: int) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataRefused("data", f"{file}: not UTF-8 text (byte {offset + exc.start}: {exc.reason})") from None
+        raise DataRefused(
+            "data",
+            f"{file}: not UTF-8 text (byte {offset + exc.start}: {exc.reason}); convert it to UTF-8 (iconv -f "
+            "ENCODING -t UTF-8), as the tokenizer reads UTF-8",
+        ) from None
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
