@@ -3,10 +3,13 @@ line each, and its sequence lengths drawn from a spec."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from hintpipe.apps.model_config import MODELS, PLANNED_MODELS, ModelConfig, SeqLenDist
+from hintpipe.apps.model_spec import model_kind
 from hintpipe.spec import SpecError
 
 
@@ -65,3 +68,22 @@ def test_a_bad_distribution_is_refused_naming_it(text: str, why: str) -> None:
     with pytest.raises(SpecError) as refused:
         SeqLenDist.parse(text)
     assert str(refused.value) == f"bad sequence length distribution {text!r}: {why}"
+
+
+def test_a_folder_that_holds_no_model_is_refused_saying_what_it_is(tmp_path: Path) -> None:
+    """A PEFT adapter's folder (what fine-tuning with LoRA saves) was refused as any folder without config.json."""
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "base_model_name_or_path": "gpt2"}')
+    with pytest.raises(ValueError) as refused:
+        model_kind(str(adapter))
+    assert str(refused.value) == (
+        f"--model {adapter}: a PEFT adapter folder (adapter_config.json), not a model; merge the adapter into its "
+        "base model (merge_and_unload) and give the folder save_pretrained writes of that"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r": the folder has no config.json; give a folder written by"):
+        model_kind(str(empty))
+    (adapter / "config.json").write_text("{}")  # a model folder with its adapter beside it: a model folder
+    assert model_kind(str(adapter)) == ("hf-folder", str(adapter.resolve()))

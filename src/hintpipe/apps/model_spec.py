@@ -213,6 +213,11 @@ def model_kind(text: str) -> tuple[str, str | None]:
         return text, None
     path = Path(text)
     if path.is_dir():
+        if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+            raise ValueError(
+                f"--model {text}: a PEFT adapter folder (adapter_config.json), not a model; merge the adapter into "
+                "its base model (merge_and_unload) and give the folder save_pretrained writes of that"
+            )
         if not (path / "config.json").is_file():
             raise ValueError(
                 f"--model {text}: the folder has no config.json; give a folder written by a Hugging Face model's "
