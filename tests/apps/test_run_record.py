@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,9 +25,10 @@ def _corpus(path: Path, count: int = 40) -> Path:
     return path
 
 
-def _config(data: Path | tuple[str, ...] | str, **changes: object) -> TrainConfig:
-    given = data if isinstance(data, tuple) else str(data)
-    return TrainConfig(**({"model": MODEL, "ranks": 2, "microbatches": 2, "data": given} | changes))
+def _config(data: Path | tuple[str, ...] | str, **changes: Any) -> TrainConfig:
+    fields: dict[str, Any] = {"model": MODEL, "ranks": 2, "microbatches": 2}
+    fields["data"] = data if isinstance(data, tuple) else str(data)
+    return TrainConfig(**(fields | changes))
 
 
 def _resumed(saved: TrainConfig, now: TrainConfig) -> RunRecord:
