@@ -10,12 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+import hintpipe
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.run_record import DATA_CHANGED, RunRecord, data_identity
 from hintpipe.apps.train_config import TrainConfig
 from hintpipe.cli import main
+from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.errors import CheckpointError
+from hintpipe.runtime.launch import run_ranks
 
 MODEL = ModelConfig(vocab=256, layers=2, hidden=16, heads=2, max_seq_len=64)
 
@@ -78,3 +82,27 @@ def test_the_command_line_says_a_resume_with_another_seed(tmp_path: Path, capsys
         "hintpipe train: resumed at step 1 with other batches than its run's (seed 0 then, 5 now): the steps "
         "from here train on other batches than the uninterrupted run would have" in said
     )
+
+
+def _resume_an_older_record(rank: int, world: int, folder: str, config: TrainConfig) -> tuple[int, list[str]]:
+    """Save step 1 with the record a checkpoint of earlier 0.7 holds (the schedule alone), then resume it with
+    this run's record (the schedule and the batches)."""
+    torch.manual_seed(0)
+    stages = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)]
+    with hintpipe.Pipeline.from_modules(stages, loss_fn=torch.nn.functional.mse_loss, microbatches=2) as pipe:
+        optimizer = torch.optim.SGD([p for m in pipe.modules.values() for p in m.parameters()], lr=0.1)
+        record = RunRecord.of(config)
+        older = Checkpointer(folder, pipe, optimizer, state=record.schedule)
+        older.start()
+        older.after_step(1, last=True)
+        older.close()
+        resumed = Checkpointer(folder, pipe, optimizer, state=record)
+        step = resumed.resume()
+        resumed.close()
+    return step, record.batches.changed
+
+
+def test_a_checkpoint_of_a_smaller_record_resumes_comparing_what_it_holds(tmp_path: Path) -> None:
+    """Before, its load failed: ``Missing key in checkpoint state_dict: user-state.batches_data``."""
+    config = _config(_corpus(tmp_path / "a.txt"))
+    assert run_ranks(_resume_an_older_record, 2, str(tmp_path / "ck"), config, timeout=120) == [(1, [])] * 2

@@ -377,12 +377,17 @@ def _load(path: Path, state: RankState, group: dist.ProcessGroup | None) -> tupl
     if rank in fresh:
         del entries[rng_key(rank)]
     notes = []
-    for key in [k for k in entries if k.startswith("user-") and not _saved_key(k, saved)]:
+    for key in [k for k in entries if k.startswith("user-")]:
         name = key.removeprefix("user-")
-        if getattr(state.extra.get(name), "absent_from_older_checkpoints", False):
-            del entries[key]  # a checkpoint of an older hintpipe, saved without it: the run's own is kept
-            state.extra.pop(name, None)
-        # else: a caller's own state the checkpoint lacks is refused by the load, named (nothing restored silently)
+        older = getattr(state.extra.get(name), "absent_from_older_checkpoints", False)
+        if not _saved_key(key, saved):
+            if older:
+                del entries[key]  # a checkpoint of an older hintpipe, saved without it: the run's own is kept
+                state.extra.pop(name, None)
+            # else: a caller's own state the checkpoint lacks is refused by the load, named (nothing restored
+            # silently)
+        elif older and isinstance(entries[key], dict):  # hintpipe's record, grown fields since: what was saved
+            entries[key] = {field: value for field, value in entries[key].items() if f"{key}.{field}" in saved}
     if fresh:
         who = f"rank {fresh[0]}" if len(fresh) == 1 else f"ranks {', '.join(map(str, fresh))}"
         notes.append(f"{who} found no random state in {path.name} (saved by fewer ranks) and kept its own")
