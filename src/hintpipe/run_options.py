@@ -54,7 +54,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "(documents split by --data-split), a .jsonl or .json file (JSON objects, one per line or in one "
         "array, the document under --data-field), either compressed (.gz, .bz2, .xz), a folder of them, a "
         "Hugging Face dataset (a save_to_disk folder, or hf:BUILDER:FILES such as hf:parquet:data/*.parquet; "
-        "a .parquet or .csv file is one), or a folder `hintpipe data prepare` wrote; tokenized once by "
+        "a .parquet, .csv or .tsv file is one), or a folder `hintpipe data prepare` wrote; tokenized once by "
         "--tokenizer (raw files into a cache folder on first use), every 20th document held out for "
         "--eval-every. Repeatable with weights, PATH:WEIGHT (--data a.jsonl:0.7 --data code/:0.3): each "
         "document drawn from a source in the weights' proportion",

@@ -143,13 +143,14 @@ def _corpus_in_every_form(folder: Path) -> dict[str, Path]:
         "array.json": json.dumps(records, indent=2),
         "c.txt": plain,
         "c.csv": "text,n\n" + "".join(f'"{d}",{i}\n' for i, d in enumerate(documents)),
+        "c.tsv": "n\ttext\n" + "".join(f'{i}\t"{d}"\n' for i, d in enumerate(documents)),
     }
     written = {}
     for name, text in forms.items():
         written[name] = folder / name
         written[name].write_text(text, encoding="utf-8")
     for suffix, module in ((".gz", gzip), (".bz2", bz2), (".xz", lzma)):
-        for name in ("c.jsonl", "array.json", "c.txt", "c.csv"):
+        for name in ("c.jsonl", "array.json", "c.txt", "c.csv", "c.tsv"):
             with module.open(folder / (name + suffix), "wt", encoding="utf-8") as packed:
                 packed.write(forms[name])
             written[name + suffix] = folder / (name + suffix)
@@ -161,7 +162,8 @@ def test_every_form_of_a_file_gives_its_documents_and_its_name_says_its_form(tmp
     for name, path in forms.items():
         source = Source.of(str(path))
         assert list(source.texts(BLANK, "text")) == ["one\nline two", "three", "four é"], name
-        kind = {".csv": SourceKind.HF_FILES, ".txt": SourceKind.TEXT}.get(Path(name).suffixes[0], SourceKind.JSONL)
+        by_suffix = {".csv": SourceKind.HF_FILES, ".tsv": SourceKind.HF_FILES, ".txt": SourceKind.TEXT}
+        kind = by_suffix.get(Path(name).suffixes[0], SourceKind.JSONL)
         assert source.kind is kind, name
         assert source.reads_field is (kind is not SourceKind.TEXT), name
 

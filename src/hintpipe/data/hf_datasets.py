@@ -53,8 +53,9 @@ def file_texts(
         DataRefused: (``data``) as :func:`saved_texts`.
     """
     datasets = _datasets(path)
+    options = {"sep": "\t"} if builder == "csv" and all(_tab_separated(f) for f in files) else {}
     try:
-        dataset = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+        dataset = datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **options)
     except Exception as exc:  # a builder that cannot read the files
         raise DataRefused("data", f"{path}: load_dataset({builder!r}) cannot read it ({_first_line(exc)})") from None
     if dataset.column_names is not None:
@@ -62,6 +63,12 @@ def file_texts(
     yield from _texts(path, field, dataset.iter(batch_size=ROWS), None)
     if on_bytes is not None:
         on_bytes(sum(os.path.getsize(f) for f in files))
+
+
+def _tab_separated(file: str) -> bool:
+    """A ``.tsv`` file (compressed or not), which the ``csv`` builder reads with ``sep="\\t"``."""
+    name = Path(file)
+    return ".tsv" in (name.suffix, name.with_suffix("").suffix)
 
 
 def _texts(

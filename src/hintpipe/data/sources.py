@@ -16,7 +16,8 @@ is a path, colon and all. A path is, by what it is:
   it but hidden ones and ``__pycache__`` (a folder of source code, one file one document);
 - a ``.jsonl``, ``.ndjson`` or ``.json`` file: JSON records, the document under ``--data-field``: one object
   per line, or (``.json``) one array of objects (:func:`~hintpipe.data.reading.json_documents`);
-- a ``.csv`` file: ``hf:csv:`` itself, the document the column ``--data-field`` names;
+- a ``.csv`` or ``.tsv`` file: ``hf:csv:`` itself (tab-separated for ``.tsv``), the document the column
+  ``--data-field`` names;
 - any other file: plain text, documents split by ``--data-split`` (:mod:`~hintpipe.data.split`).
 
 A file's format is read from its name without a compression's suffix: ``corpus.jsonl.gz`` is a compressed
@@ -49,7 +50,7 @@ HF_BUILDERS = ("json", "text", "parquet", "csv")
 #: The suffixes of files of JSON records (:func:`~hintpipe.data.reading.json_documents`).
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 #: The suffixes of files ``load_dataset`` reads for hintpipe (a file so named is ``hf:BUILDER:`` itself).
-HF_FILE_SUFFIXES = {".parquet": "parquet", ".csv": "csv"}
+HF_FILE_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 #: Files a folder's documents come from, unless ``--data-split file`` says every file (compressed too: see
 #: :func:`~hintpipe.data.reading.plain_name`). Not ``.json``: a folder's ``.json`` files are as often its
 #: descriptions (``dataset_info.json``) as its records.
