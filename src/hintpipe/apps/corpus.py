@@ -167,11 +167,10 @@ def _window(document: Document, length: int, windows: np.random.Generator) -> np
     at an offset drawn from ``windows`` (see [Note: a long document is trained by windows])."""
     spare = len(document) - length
     start = int(windows.integers(spare + 1)) if spare > 0 else 0
-    ids = np.frombuffer(document, dtype=np.uint8) if isinstance(document, bytes) else document
-    return ids[start : start + length].astype(np.int64)
+    return _ids(document, start + length, start)
 
 
-def _ids(document: Document, end: int | None) -> npt.NDArray[np.int64]:
-    """A document's first ``end`` token ids (all with None) as a new ``int64`` array."""
+def _ids(document: Document, end: int | None, start: int = 0) -> npt.NDArray[np.int64]:
+    """A document's token ids from ``start`` to ``end`` (its end with None) as a new ``int64`` array."""
     ids = np.frombuffer(document, dtype=np.uint8) if isinstance(document, bytes) else document
-    return ids[:end].astype(np.int64)
+    return ids[start:end].astype(np.int64)

@@ -236,8 +236,7 @@ def _text_files(root: Path) -> list[Path]:
 def _other_files(root: Path) -> str:
     """What to give for a folder of files a folder source does not read (a dataset's ``.parquet`` shards, its
     ``.json`` records): their ``hf:BUILDER:FILES``, or nothing to add."""
-    builders = {".parquet": "parquet", ".csv": "csv", ".json": "json"}
-    for suffix, builder in builders.items():
+    for suffix, builder in (HF_FILE_SUFFIXES | {".json": "json"}).items():
         if any(p.is_file() for p in root.rglob(f"*{suffix}")):
             return f"; for its {suffix} files give hf:{builder}:{root}/**/*{suffix}"
     return ""
