@@ -253,11 +253,23 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "eval_batches",
         "int",
         0,
-        "with --eval-every and --data PATH: each evaluation's held-out loss over these many batches of held-out "
-        "documents, taken in a fixed order without replacement (the same documents at every evaluation; "
-        "hintpipe.held_out_batches gives them); 0: one batch drawn with replacement",
+        "with --eval-every and --data PATH (or --eval-data): each evaluation's held-out loss over these many "
+        "batches of held-out documents, taken in a fixed order without replacement (the same documents at every "
+        "evaluation; hintpipe.held_out_batches gives them); 0: one batch drawn with replacement",
         minimum=0,
         metavar="K",
+        commands=_TRAIN,
+        pipeline=False,
+    ),
+    Option(
+        "eval_data",
+        "sources",
+        None,
+        "with --eval-every: evaluate on these files or folders (as --data takes them, with its --tokenizer, "
+        "--data-field and --data-split) instead of --data's held-out documents; --data then trains on all of "
+        "its documents. Repeatable with weights, PATH:WEIGHT",
+        optional=True,
+        metavar="PATH[:WEIGHT]",
         commands=_TRAIN,
         pipeline=False,
     ),

@@ -50,7 +50,7 @@ def test_raw_files_are_prepared_once_and_drawn_by_their_weights(tmp_path: Path) 
     drawn = prepared_documents(run.folders, run.weights).draw(np.random.default_rng(0), 400)
     alpha = sum(bytes(np.asarray(d).tolist()).startswith(b"alpha") for d in drawn)
     assert 0.65 < alpha / 400 < 0.85  # three to one
-    held_out = prepared_documents(run.folders, run.weights, held_out=True)
+    held_out = prepared_documents(run.folders, run.weights, part="held_out")
     assert [len(part) for part in held_out.parts] == [1, 1]  # every 20th document of each
 
 

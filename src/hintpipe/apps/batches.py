@@ -22,9 +22,10 @@ from hintpipe.apps.corpus import (
     document_sequences,
 )
 from hintpipe.apps.models import make_batch
-from hintpipe.apps.train_config import TrainConfig
+from hintpipe.apps.train_config import TrainConfig, evaluation_parts
 from hintpipe.data.held_out import HeldOutOrder
-from hintpipe.data.prepared import open_prepared
+from hintpipe.data.mixture import Documents, Mixture
+from hintpipe.data.prepared import Part
 from hintpipe.forming.collate import form_batch
 from hintpipe.forming.form import Forming
 
@@ -47,9 +48,10 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> Batch:
     (:mod:`hintpipe.data.prepared`). A pure function of the config and the step: a resumed run draws what an
     uninterrupted one draws."""
     seed = config.seed + REPLICA_SEED_STRIDE * replica
-    if config.data == "synthetic":
+    evaluated = step == HELD_OUT_STEP and config.eval_data is not None
+    if config.data == "synthetic" and not evaluated:
         return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
-    documents = data_documents(config.data, config.prepared, held_out=step == HELD_OUT_STEP)
+    documents = _documents(config, step)
     if config.formed:
         count = config.microbatches * config.microbatch_size
         sequences = document_sequences(documents, count, step, seed, config.model.max_seq_len - 1)
@@ -70,7 +72,7 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
     """
     if not config.eval_batches:
         return [step_batch(config, HELD_OUT_STEP, replica)]
-    order = HeldOutOrder(tuple(open_prepared(folder).held_out for folder in config.prepared), config.seed)
+    order = HeldOutOrder(evaluation_parts(config), config.seed)
     size, rows = config.microbatches * config.microbatch_size, config.microbatch_size
     batches = []
     for number in range(config.eval_batches):
@@ -83,6 +85,25 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
             microbatches = [documents[m * rows : (m + 1) * rows] for m in range(config.microbatches)]
             batches.append(cropped_batch(microbatches, config.model.max_seq_len, windows))
     return batches
+
+
+def _documents(config: TrainConfig, step: int) -> Documents | Mixture:
+    """The documents step ``step`` draws from (:data:`HELD_OUT_STEP`: the held-out batch's).
+
+    [Note: an evaluation corpus of its own]
+    A run evaluates on its data's held-out documents (every 20th), unless it is given a corpus of its own to
+    evaluate on (``eval_data``, ``--eval-data``): a validation file beside a training file, as a user has them
+    for a fine-tune. Then every evaluation draws from all of that corpus's documents (read with the run's
+    tokenizer, field and split), and the run trains on all of its data's documents: none of them is held out
+    for an evaluation that does not read them. A checkpoint's record of the data says which (see
+    :func:`~hintpipe.apps.run_record.data_identity`), as the training documents differ.
+    """
+    if step != HELD_OUT_STEP:
+        part: Part = "all" if config.eval_data is not None else "training"
+        return data_documents(config.data, config.prepared, part=part)
+    if config.eval_data is not None:
+        return data_documents(config.eval_data, config.eval_prepared, part="all")
+    return data_documents(config.data, config.prepared, part="held_out")
 
 
 def _formed(config: TrainConfig, sequences: list[torch.Tensor], seed: int) -> Batch:

@@ -45,6 +45,7 @@ import torch
 
 from hintpipe.apps.text_files import BYTES, BYTES_VOCAB, TokenIds, text_corpus
 from hintpipe.data.mixture import Documents, Mixture, draw_documents
+from hintpipe.data.prepared import Part
 from hintpipe.data.run_data import prepared_documents
 from hintpipe.data.sources import data_entries
 
@@ -132,16 +133,15 @@ def stdlib_sequences(count: int, step: int, seed: int, max_len: int) -> list[tor
 
 
 def data_documents(
-    data: str | tuple[str, ...], prepared: tuple[str, ...], *, held_out: bool = False
+    data: str | tuple[str, ...], prepared: tuple[str, ...], *, part: Part = "training"
 ) -> Documents | Mixture:
-    """The documents a run on ``data`` draws from: the standard library's (the same either way: its held-out
-    batch is a step no run reaches), or the training documents of the run's ``prepared`` folders
-    (:attr:`hintpipe.data.run_data.RunData.folders`), with ``held_out`` their held-out ones, mixed by the
-    entries' weights."""
+    """The documents a run on ``data`` draws from: the standard library's (the same whatever ``part``: its
+    held-out batch is a step no run reaches), or ``part`` of the documents of the run's ``prepared`` folders
+    (:attr:`hintpipe.data.run_data.RunData.folders`), mixed by the entries' weights."""
     if data == "stdlib":
         return stdlib_documents()
     weights = tuple(entry.weight for entry in data_entries(data))
-    return prepared_documents(prepared, weights, held_out=held_out)
+    return prepared_documents(prepared, weights, part=part)
 
 
 def token_sequences(

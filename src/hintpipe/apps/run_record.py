@@ -29,10 +29,13 @@ from hintpipe.data.sources import data_entries
 def data_identity(config: TrainConfig) -> str:
     """What ``config``'s documents are, whatever their paths: built-in data by its name; files by a digest of
     their prepared folders' manifests (each source file's SHA-256, the tokenizer's, the split, the field and the
-    counts) and the sources' weights."""
+    counts), the sources' weights, and whether the run trains on all of their documents (with ``eval_data``) or
+    on all but the held-out ones."""
     if not config.prepared:
         return str(config.data)
     described: list[Any] = [[entry.weight for entry in data_entries(config.data)]]
+    if config.eval_data is not None:  # every document trains (see [Note: an evaluation corpus of its own])
+        described.append("all documents")
     for folder in config.prepared:
         manifest = open_prepared(folder).manifest
         files = [[f.sha256 or f"{f.size_bytes}:{f.mtime_ns}" for f in source.files] for source in manifest.sources]
@@ -42,7 +45,10 @@ def data_identity(config: TrainConfig) -> str:
 
 
 #: What a resume says of data whose identity changed (:func:`data_identity`).
-DATA_CHANGED = "its data changed: another source, another file's contents, tokenizer, split or field"
+DATA_CHANGED = (
+    "its data changed: another source, another file's contents, tokenizer, split or field, or an evaluation corpus "
+    "given or left out (which documents train)"
+)
 
 
 @dataclasses.dataclass

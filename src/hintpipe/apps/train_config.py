@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -24,8 +25,8 @@ from hintpipe.apps.model_rules import (
 )
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
-from hintpipe.data.prepared import open_prepared
-from hintpipe.data.run_data import resolve_data
+from hintpipe.data.prepared import DocumentView
+from hintpipe.data.run_data import document_parts, resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.modes import TransportChoice
@@ -134,6 +135,10 @@ class TrainConfig(PipelineConfig):
     clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
     eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
     eval_batches: int = 0  # each held-out loss over this many fixed batches of held-out documents (0: one drawn)
+    #: A corpus of its own to evaluate on, as ``data`` takes paths (its tokenizer, field and split): evaluations
+    #: draw from all of its documents, and ``data`` trains on all of its own (see [Note: an evaluation corpus of
+    #: its own] in hintpipe.apps.batches).
+    eval_data: str | tuple[str, ...] | None = None
     tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
     log_every: int = 0  # rank 0 prints step, loss, step time, throughput and ETA to stderr every this many steps
     check_grads: bool = False
@@ -161,6 +166,8 @@ class TrainConfig(PipelineConfig):
     #: The prepared folder of each ``data`` entry, resolved when the config is made (raw files prepared then, in
     #: this process, before any rank starts): what the ranks read (see hintpipe.data.run_data).
     prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
+    #: The prepared folder of each ``eval_data`` entry, resolved as ``prepared`` is.
+    eval_prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
     if TYPE_CHECKING:  # the pipeline's choices, as PipelineConfig types them: see [Note: inherited choices]
         policy: ChoiceField[Policy] = _inherited()
@@ -179,6 +186,7 @@ class TrainConfig(PipelineConfig):
         check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
         # ``data`` given as a list or a tuple of one is kept as its string (the same run).
         object.__setattr__(self, "data", OPTIONS["data"].check(self.data))
+        object.__setattr__(self, "eval_data", OPTIONS["eval_data"].check(self.eval_data))
         Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
         parse_betas(self.betas, "betas")
         check_run_rules(self)
@@ -204,10 +212,16 @@ class TrainConfig(PipelineConfig):
     def _check_data(self) -> None:
         """Refuse data the model cannot take, here rather than in every rank: token ids beyond the model's
         vocabulary; files are prepared (once: see hintpipe.data.cache) and refused if bad."""
-        resolved = resolve_data(self.data, field=self.data_field, split=self.data_split, tokenizer=self.tokenizer)
+        field, split, tokenizer = self.data_field, self.data_split, self.tokenizer
+        resolve = functools.partial(resolve_data, field=field, split=split, tokenizer=tokenizer)
+        resolved = resolve(self.data)
         object.__setattr__(self, "prepared", resolved.folders)
-        check_eval_batches(self, resolved.folders)
         check_vocabulary(self.model, self.data, self.tokenizer, resolved.vocab)
+        if self.eval_data is not None:
+            evaluated = resolve(self.eval_data, option="eval_data")
+            object.__setattr__(self, "eval_prepared", evaluated.folders)
+            check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab)
+        check_eval_batches(self, evaluation_parts(self))
 
     @property
     def world(self) -> int:
@@ -250,6 +264,9 @@ def check_run_rules(config: TrainConfig) -> None:
     _check_checkpointing(config)
     _check_device(config)
     _check_grads_comparable(config)
+    if config.eval_data is not None and not config.eval_every:
+        every = said("eval_every")
+        raise ValueError(f"{said('eval_data')} is evaluated every {every} steps, and {every} is 0 (none): give both")
     if config.warmup_steps > config.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
         warmup, steps = said("warmup_steps"), said("steps")
         raise ValueError(
@@ -311,9 +328,19 @@ def _check_device(config: TrainConfig) -> None:
         )
 
 
-def check_eval_batches(config: TrainConfig | Any, folders: tuple[str, ...], *, cli: bool = False) -> None:
-    """Refuse ``eval_batches`` that the run's held-out documents cannot fill without replacement (``config``:
-    the run's config, or the command line's arguments, with the same names).
+def evaluation_parts(config: TrainConfig | Any) -> tuple[DocumentView, ...]:
+    """The documents a run's evaluations draw from, per prepared folder (``config``: the run's config, or the
+    command line's arguments with its folders resolved): all of its ``eval_data``'s, else its data's held-out
+    ones (see [Note: an evaluation corpus of its own] in :mod:`hintpipe.apps.batches`)."""
+    if getattr(config, "eval_data", None) is not None:
+        return document_parts(config.eval_prepared, "all")
+    return document_parts(config.prepared, "held_out")
+
+
+def check_eval_batches(config: TrainConfig | Any, parts: tuple[DocumentView, ...], *, cli: bool = False) -> None:
+    """Refuse ``eval_batches`` that the documents the run evaluates on (``parts``: :func:`evaluation_parts`)
+    cannot fill without replacement (``config``: the run's config, or the command line's arguments, with the
+    same names).
 
     Raises:
         ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
@@ -323,20 +350,23 @@ def check_eval_batches(config: TrainConfig | Any, folders: tuple[str, ...], *, c
         return
     said = "--eval-batches" if cli else "eval_batches"
     data = "--data" if cli else "data"
-    if not folders:
+    if not parts:
         raise ValueError(
             f"{said} {count} evaluates on a file corpus's held-out documents; {data} {config.data} has none: leave "
             f"{said} out (each evaluation draws one batch)"
         )
-    held = sum(len(open_prepared(folder).held_out) for folder in folders)
+    held = sum(len(part) for part in parts)
     per_batch = config.microbatches * config.microbatch_size * config.dp
     if count * per_batch > held:
         most = held // per_batch
         fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
+        evaluated = getattr(config, "eval_data", None)
+        given = f"{'--eval-data' if cli else 'eval_data'} {evaluated}"
+        holder = "the run's held-out split" if evaluated is None else given
         raise ValueError(
             f"{said} {count} takes {count * per_batch:,} held-out documents ({count} x {config.microbatches} "
-            f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); the run's "
-            f"held-out split has {held:,}: {fix}"
+            f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); {holder} "
+            f"has {held:,}: {fix}"
         )
 
 

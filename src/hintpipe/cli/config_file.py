@@ -62,7 +62,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "model": (
         "model", "init", "layers", "hidden", "heads", "vocab", "max_seq_len", "dropout", "seq_len_dist", "seq_len",
     ),
-    "data": ("data", "data_field", "data_split", "tokenizer", "forming"),
+    "data": ("data", "data_field", "data_split", "tokenizer", "forming", "eval_data"),
     "optimizer": ("optimizer", "lr", "weight_decay", "betas", "momentum", "clip_grad_norm"),
     "lr_schedule": ("lr_schedule", "warmup_steps"),
     "training": (

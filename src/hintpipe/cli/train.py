@@ -133,7 +133,7 @@ def register(commands: Any) -> None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
-    from hintpipe.apps.train_config import AUTO, check_eval_batches, choose_auto_hint
+    from hintpipe.apps.train_config import AUTO, check_eval_batches, choose_auto_hint, evaluation_parts
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = answered_by_plan(args)
@@ -153,13 +153,17 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     # refused if bad) here, once, before any rank starts.
     run_data = prepare_data(args, enabled=not getattr(args, "json", False))
     vocab = run_data.vocab
-    check_eval_batches(args, run_data.folders, cli=True)
+    evaluated = prepare_data(args, enabled=not getattr(args, "json", False), option="eval_data")
+    folders = {"prepared": run_data.folders, "eval_prepared": evaluated.folders}
+    check_eval_batches(args, evaluation_parts(types.SimpleNamespace(**(vars(args) | folders))), cli=True)
     model = from_plan or model_config(args, seed=args.seed, data_vocab=vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     with said_as_flags():
         check_sequence_lengths(model, data, seq_len)
         if from_plan is None:  # (a plan file's model is checked against the data with the plan)
             check_vocabulary(model, data, args.tokenizer, vocab)
+        if args.eval_data is not None:
+            check_vocabulary(model, args.eval_data, args.tokenizer, evaluated.vocab)
     length = seq_len.mean if model.spec.reads_text else model.hidden
     check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
@@ -237,19 +241,24 @@ def _resolved_fields(
     }
 
 
-def prepare_data(args: argparse.Namespace, *, enabled: bool) -> RunData:
-    """Resolve the data the flags name, checked (preparing raw files on first use, with a progress bar where
-    ``enabled``): its prepared folders and the vocabulary its token ids need."""
-    from hintpipe.data.run_data import resolve_data
+def prepare_data(args: argparse.Namespace, *, enabled: bool, option: str = "data") -> RunData:
+    """Resolve the data the flag ``option`` names (``--data``, or ``--eval-data``: none given, none), checked
+    (preparing raw files on first use, with a progress bar where ``enabled``): its prepared folders and the
+    vocabulary its token ids need."""
+    from hintpipe.data.run_data import RunData, resolve_data
 
+    data = getattr(args, option)
+    if data is None:
+        return RunData((), (), None)
     with bytes_progress("preparing data", enabled=enabled) as progress:
         return resolve_data(
-            args.data,
+            data,
             field=args.data_field,
             split=args.data_split,
             tokenizer=args.tokenizer,
             cli=True,
             progress=progress,
+            option=option,
         )
 
 

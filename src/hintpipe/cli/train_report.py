@@ -60,6 +60,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         # What they are on: hintpipe.held_out_batches(config) makes the same batches again.
         "eval_batches": config.eval_batches,
         "prepared_data": list(config.prepared),
+        "prepared_eval_data": list(config.eval_prepared),
         "wall_time_s": result.wall_time,
         "total_" + unit.removesuffix("_per_s"): sum(result.tokens),
     }

@@ -25,7 +25,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy.typing as npt
 
@@ -36,11 +36,14 @@ from hintpipe.data.sources import Source, SourceKind
 from hintpipe.data.split import DocumentSplit
 from hintpipe.data.tokenizer import BYTES, tokenizer_identity
 
+#: Which of a prepared corpus's documents: all of them, the training ones or the held-out ones.
+Part = Literal["all", "training", "held_out"]
+
 
 class DocumentView:
     """Some of a prepared corpus's documents, by index: all of them, the training ones or the held-out ones."""
 
-    def __init__(self, shards: Shards, part: str) -> None:
+    def __init__(self, shards: Shards, part: Part) -> None:
         self.shards = shards
         self.part = part
         total = len(shards)
@@ -79,6 +82,10 @@ class PreparedCorpus:
     @property
     def vocab(self) -> int:
         return self.manifest.vocab
+
+    def part(self, part: Part) -> DocumentView:
+        """The view of ``part`` of the documents."""
+        return {"all": self.documents, "training": self.training, "held_out": self.held_out}[part]
 
 
 def open_prepared(folder: str | os.PathLike[str]) -> PreparedCorpus:

@@ -21,7 +21,7 @@ import dataclasses
 from hintpipe.data.cache import cached_folder
 from hintpipe.data.mixture import Mixture
 from hintpipe.data.prepare import Progress
-from hintpipe.data.prepared import check_prepared, open_prepared
+from hintpipe.data.prepared import DocumentView, Part, check_prepared, open_prepared
 from hintpipe.data.refusal import DataRefused
 from hintpipe.data.sources import BUILT_IN_DATA, DataEntry, Source, SourceKind, data_entries
 from hintpipe.data.tokenizer import BYTES, BYTES_VOCAB
@@ -49,8 +49,10 @@ def resolve_data(
     tokenizer: str = BYTES,
     cli: bool = False,
     progress: Progress | None = None,
+    option: str = "data",
 ) -> RunData:
-    """Check the run's ``data`` and prepare what is not prepared yet (``progress`` hears of it).
+    """Check the run's ``data`` and prepare what is not prepared yet (``progress`` hears of it). ``option`` is the
+    option that gave ``data``: ``eval_data``, the evaluation corpus, takes files and folders only.
 
     Raises:
         ValueError: in one line naming the option as the caller wrote it (``--data`` on the command line,
@@ -59,6 +61,8 @@ def resolve_data(
     try:
         entries = data_entries(data)
         if entries[0].path in BUILT_IN_DATA:
+            if option != "data":
+                raise DataRefused(option, f"{entries[0].given}: built-in data trains; evaluate on files or folders")
             return _built_in(entries[0].path, field, tokenizer, cli)
         sources = [Source.of(entry.path) for entry in entries]
         raw = [(e, s) for e, s in zip(entries, sources, strict=True) if s.kind is not SourceKind.PREPARED]
@@ -73,6 +77,8 @@ def resolve_data(
                 folders.append(str(found))
         vocab = open_prepared(folders[0]).vocab
     except DataRefused as exc:
+        if exc.option == "data":  # the data package names the sources ``data``
+            exc.option = option
         raise exc.said(cli) from None
     return RunData(tuple(folders), tuple(entry.weight for entry in entries), vocab)
 
@@ -95,12 +101,16 @@ def data_vocab(
     return resolve_data(data, field=field, split=split, tokenizer=tokenizer, cli=cli, progress=progress).vocab
 
 
-def prepared_documents(folders: tuple[str, ...], weights: tuple[float, ...], *, held_out: bool = False) -> Mixture:
-    """The documents a rank draws from the run's prepared ``folders`` (:attr:`RunData.folders`): their training
-    documents, or with ``held_out`` their held-out ones, mixed by ``weights``. Opened once per process; nothing
-    is read until a document is drawn."""
-    corpora = [open_prepared(folder) for folder in folders]
-    return Mixture.of(tuple(c.held_out if held_out else c.training for c in corpora), weights)
+def prepared_documents(folders: tuple[str, ...], weights: tuple[float, ...], *, part: Part = "training") -> Mixture:
+    """The documents a rank draws from the run's prepared ``folders`` (:attr:`RunData.folders`): their ``part``
+    (their training documents, their held-out ones, or all), mixed by ``weights``. Opened once per process;
+    nothing is read until a document is drawn."""
+    return Mixture.of(document_parts(folders, part), weights)
+
+
+def document_parts(folders: tuple[str, ...], part: Part) -> tuple[DocumentView, ...]:
+    """Each prepared folder's ``part`` of its documents."""
+    return tuple(open_prepared(folder).part(part) for folder in folders)
 
 
 def _built_in(data: str, field: str, tokenizer: str, cli: bool) -> RunData:
