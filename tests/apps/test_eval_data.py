@@ -33,7 +33,7 @@ def _names(batch: tuple[list[torch.Tensor], list[torch.Tensor], list[int]]) -> l
 
 def _run(tmp_path: Path, **changes: Any) -> TrainConfig:
     train = _documents(tmp_path / "train.txt", 40, "t")  # t019 and t039 are the held-out split's
-    fields = {"model": MODEL, "ranks": 2, "microbatches": 2, "microbatch_size": 3, "data": str(train)}
+    fields: dict[str, Any] = {"model": MODEL, "ranks": 2, "microbatches": 2, "microbatch_size": 3, "data": str(train)}
     return TrainConfig(**(fields | {"eval_every": 1} | changes))
 
 
@@ -66,7 +66,7 @@ def test_an_evaluation_corpus_is_refused_in_one_line_where_it_cannot_serve(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     valid = str(_documents(tmp_path / "valid.txt", 24, "v"))
-    refusals = {
+    refusals: dict[str, dict[str, Any]] = {
         "eval_data is evaluated every eval_every steps, and eval_every is 0 (none): give both": {
             "eval_data": valid,
             "eval_every": 0,
