@@ -246,21 +246,27 @@ def test_bad_multimodal_specs(spec: str, message: str) -> None:
 #: busy times of 144 seeded runs per hint (every policy, room and notice setting under six variability models),
 #: recorded with the simulator of commit 8fcad0e, before hints became arrays and fixed order a sweep without
 #: scoreboards. A change to any of those floats changes the digest.
-BEFORE_THE_REWRITE = {
-    ("gpipe", 2, 6, 12, False): "9add034772bfed71",
-    ("1f1b", 1, 6, 12, False): "eaa406a1e1df5378",
-    ("interleaved-1f1b", 2, 6, 12, False): "c15c3bf5a2b88654",
-    ("zb-h1", 1, 6, 12, False): "58a78540fab5b722",
-    ("zbv", 2, 6, 12, False): "926949a60179ace3",
-    ("bf", 1, 6, 12, False): "eaa406a1e1df5378",
-    ("bfw", 1, 6, 12, False): "0d5ea4356a04c88a",
-    ("bfw", 2, 6, 12, False): "95b79c3cd690f601",
-    ("1f1b", 1, 16, 48, False): "21034f750439b66b",
-    ("1f1b", 1, 5, 10, True): "16f016608f856411",
-    ("bfw", 1, 16, 48, False): "3b63f9456f455a69",
-    ("bfw", 1, 5, 10, True): "a61f60060d83b23d",
-    ("zbv", 2, 16, 48, False): "95382620aef31cf9",
-    ("zbv", 2, 5, 10, True): "f92be11482869e0d",
+#:
+#: The floats depend on the machine's instruction set as well as on the code: the first digest of each hint was
+#: recorded on x86 machines whose numpy ran its AVX-512 routines (X86_V4); on one without them (an AMD EPYC,
+#: X86_V3) the same code (checked at three commits of 0.7) gives other digests for 10 of the 14 hints, with numpy
+#: 1.26 to 2.4 alike. The second is that machine's, recorded with the code the first ones were checked against; a run
+#: passes on either.
+BEFORE_THE_REWRITE: dict[tuple[str, int, int, int, bool], tuple[str, str]] = {
+    ("gpipe", 2, 6, 12, False): ("9add034772bfed71", "404ba8dc6db67f95"),
+    ("1f1b", 1, 6, 12, False): ("eaa406a1e1df5378", "85e893b0bcc367ae"),
+    ("interleaved-1f1b", 2, 6, 12, False): ("c15c3bf5a2b88654", "4dfae7281618a220"),
+    ("zb-h1", 1, 6, 12, False): ("58a78540fab5b722", "ba113474972f8dfd"),
+    ("zbv", 2, 6, 12, False): ("926949a60179ace3", "34e9a140c3ec9719"),
+    ("bf", 1, 6, 12, False): ("eaa406a1e1df5378", "85e893b0bcc367ae"),
+    ("bfw", 1, 6, 12, False): ("0d5ea4356a04c88a", "35beb18dbcf3fc48"),
+    ("bfw", 2, 6, 12, False): ("95b79c3cd690f601", "95b79c3cd690f601"),
+    ("1f1b", 1, 16, 48, False): ("21034f750439b66b", "913fea6a117178fb"),
+    ("1f1b", 1, 5, 10, True): ("16f016608f856411", "16f016608f856411"),
+    ("bfw", 1, 16, 48, False): ("3b63f9456f455a69", "130790cbeb296104"),
+    ("bfw", 1, 5, 10, True): ("a61f60060d83b23d", "a61f60060d83b23d"),
+    ("zbv", 2, 16, 48, False): ("95382620aef31cf9", "314afaf617ec5921"),
+    ("zbv", 2, 5, 10, True): ("f92be11482869e0d", "f92be11482869e0d"),
 }
 
 
@@ -299,7 +305,7 @@ def test_seeded_runs_are_bitwise_those_of_the_simulator_before_its_rewrite(
     # as soon as it was past its ETA. With the margin at 0 the rule is that one, so the digests
     # still pin the engine's arithmetic; the margin's own behaviour is tested in test_scoreboard.
     monkeypatch.setattr(scoreboard, "LATENESS_TOLERANCE", 0.0)
-    assert _digest(*case) == BEFORE_THE_REWRITE[case]
+    assert _digest(*case) in BEFORE_THE_REWRITE[case]
 
 
 def test_ready_forecasts_with_each_stages_known_factor_where_the_stages_differ() -> None:
