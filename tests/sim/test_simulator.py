@@ -247,11 +247,11 @@ def test_bad_multimodal_specs(spec: str, message: str) -> None:
 #: recorded with the simulator of commit 8fcad0e, before hints became arrays and fixed order a sweep without
 #: scoreboards. A change to any of those floats changes the digest.
 #:
-#: The floats depend on the machine's instruction set as well as on the code: the first digest of each hint was
-#: recorded on x86 machines whose numpy ran its AVX-512 routines (X86_V4); on one without them (an AMD EPYC,
-#: X86_V3) the same code (checked at three commits of 0.7) gives other digests for 10 of the 14 hints, with numpy
-#: 1.26 to 2.4 alike. The second is that machine's, recorded with the code the first ones were checked against; a run
-#: passes on either.
+#: The floats depend on the machine as well as on the code: the first digest of each hint is the one the suite
+#: passed with on the machines it ran on through 0.7's first sessions (their CPU not recorded); on an AMD EPYC
+#: (numpy finds X86_V3, not AVX-512's X86_V4) the same code, checked at three commits of 0.7, gives other
+#: digests for 10 of the 14 hints, with numpy 1.26 to 2.4 alike. The second is that machine's, recorded with the
+#: code the first ones were checked against; a run passes on either.
 BEFORE_THE_REWRITE: dict[tuple[str, int, int, int, bool], tuple[str, str]] = {
     ("gpipe", 2, 6, 12, False): ("9add034772bfed71", "404ba8dc6db67f95"),
     ("1f1b", 1, 6, 12, False): ("eaa406a1e1df5378", "85e893b0bcc367ae"),
