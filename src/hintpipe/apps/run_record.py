@@ -47,7 +47,7 @@ def data_identity(config: TrainConfig) -> str:
 #: What a resume says of data whose identity changed (:func:`data_identity`).
 DATA_CHANGED = (
     "its data changed: another source, another file's contents, tokenizer, split or field, or an evaluation corpus "
-    "given or left out (which documents train)"
+    "given or left out"
 )
 
 
