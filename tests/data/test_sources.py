@@ -91,7 +91,8 @@ def test_a_saved_dataset_dict_is_refused_naming_its_splits(tmp_path: Path) -> No
     with pytest.raises(DataRefused) as refused:
         Source.of(str(tmp_path))
     assert str(refused.value) == (
-        f"{tmp_path}: a saved DatasetDict; give one of its splits' folders ({tmp_path / 'test'}, {tmp_path / 'train'})"
+        f"{tmp_path}: a saved DatasetDict; give one of its splits' folders ({tmp_path / 'test'}, "
+        f"{tmp_path / 'train'}); {tmp_path / 'test'} can be the evaluation corpus (--eval-data; eval_data in Python)"
     )
 
 

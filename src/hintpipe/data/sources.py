@@ -141,8 +141,7 @@ class Source:
             if is_prepared(where):
                 return cls(path, SourceKind.PREPARED)
             if (where / "dataset_dict.json").is_file():
-                splits = ", ".join(str(where / p.name) for p in sorted(where.iterdir()) if p.is_dir())
-                raise DataRefused("data", f"{path}: a saved DatasetDict; give one of its splits' folders ({splits})")
+                raise DataRefused("data", f"{path}: a saved DatasetDict; {_splits_advice(where)}")
             if (where / "state.json").is_file() and (where / "dataset_info.json").is_file():
                 return cls(path, SourceKind.HF_SAVED)
             return cls(path, SourceKind.FOLDER)
@@ -231,6 +230,21 @@ def _text_files(root: Path) -> list[Path]:
         return (file.with_suffix("") if file.suffix in COMPRESSIONS else file).suffix in TEXT_SUFFIXES
 
     return sorted(p for p in root.rglob("*") if named_as_text(p) and p.is_file())
+
+
+#: The names a dataset's evaluation split goes by, in the order one is suggested.
+EVALUATION_SPLITS = ("validation", "valid", "val", "eval", "test")
+
+
+def _splits_advice(folder: Path) -> str:
+    """Which of a saved DatasetDict's split folders to give: one to train on, and where it has one besides, its
+    evaluation split as the evaluation corpus (``eval_data``)."""
+    splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    advice = f"give one of its splits' folders ({', '.join(str(folder / name) for name in splits)})"
+    evaluation = next((name for name in EVALUATION_SPLITS if name in splits), None)
+    if evaluation is None or len(splits) < 2:
+        return advice
+    return f"{advice}; {folder / evaluation} can be the evaluation corpus (--eval-data; eval_data in Python)"
 
 
 def _other_files(root: Path) -> str:
