@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hintpipe.apps.batches import held_out_batches, step_batch
-from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.run_record import DATA_CHANGED, BatchRecord
 from hintpipe.apps.train_config import TrainConfig
 from hintpipe.cli import main
@@ -76,6 +76,15 @@ def test_an_evaluation_corpus_is_refused_in_one_line_where_it_cannot_serve(
         "eval_batches 5 takes 30 held-out documents (5 x 2 micro-batches x 3 x 1 replicas, without replacement); "
         f"eval_data {valid} has 24: use eval_batches 4 or fewer": {"eval_data": valid, "eval_batches": 5},
     }
+    # Text to evaluate on, beside counting text to train on: a model that reads no text, or too few ids for it.
+    synthetic = {"data": "synthetic", "eval_data": valid, "seq_len_dist": SeqLenDist(16)}
+    refusals[f"eval_data {valid!r} is text: use a language model (gpt-mini, hf-gpt2, a model folder)"] = synthetic | {
+        "model": ModelConfig("mlp")
+    }
+    refusals[
+        f"eval_data {valid!r} has token ids up to 255 (tokenizer bytes); gpt-mini's vocabulary is 64: use "
+        "ModelConfig(vocab=256)"
+    ] = synthetic | {"model": ModelConfig(vocab=64, max_seq_len=32)}
     for message, changes in refusals.items():
         with pytest.raises(ValueError) as info:
             _run(tmp_path, **changes)

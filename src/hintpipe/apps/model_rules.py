@@ -33,11 +33,17 @@ def check_tensor_parallel(tp: int, spec: ModelSpec, *, planned: bool) -> None:
 
 
 def check_model_options(
-    model: ModelConfig, data: str | tuple[str, ...], tp: int, forming: Forming, injection: Injection, steps: int
+    model: ModelConfig,
+    data: str | tuple[str, ...],
+    tp: int,
+    forming: Forming,
+    injection: Injection,
+    steps: int,
+    eval_data: str | tuple[str, ...] | None = None,
 ) -> None:
     """Refuse options the model, the data or the run cannot honour: faults in steps the run never reaches, a
-    tensor-parallel size that does not divide the heads, text for a model that reads none, forming without
-    documents, packing for a model without document masks."""
+    tensor-parallel size that does not divide the heads, text (to train or to evaluate on) for a model that reads
+    none, forming without documents, packing for a model without document masks."""
     if injection.steps and max(injection.steps) >= steps:
         raise ValueError(
             f"{said('faults')} names step {max(injection.steps)}, the run has steps 0..{steps - 1}: it would never fire"
@@ -46,6 +52,10 @@ def check_model_options(
         raise ValueError(f"{said('tp')} {tp} must divide {model.label}'s {model.heads} attention heads")
     if data != "synthetic" and not model.spec.reads_text:
         raise ValueError(f"{said_data(data)} is text: use a language model (gpt-mini, hf-gpt2, a model folder)")
+    if eval_data is not None and not model.spec.reads_text:
+        raise ValueError(
+            f"{said_data(eval_data, 'eval_data')} is text: use a language model (gpt-mini, hf-gpt2, a model folder)"
+        )
     if forming is not Forming.CROP and data == "synthetic":
         raise ValueError(
             f"{said('forming')} {forming} forms micro-batches from whole documents: use it with {said('data')} "
@@ -57,19 +67,21 @@ def check_model_options(
         )
 
 
-def said_data(data: str | tuple[str, ...]) -> str:
-    """The run's data as the caller gave it: ``--data a.txt --data b.txt`` on the command line, ``data 'stdlib'``
-    or ``data ('a.txt', 'b.txt')`` in Python."""
+def said_data(data: str | tuple[str, ...], option: str = "data") -> str:
+    """The run's data (or its ``option``'s, ``eval_data``) as the caller gave it: ``--data a.txt --data b.txt``
+    on the command line, ``data 'stdlib'`` or ``data ('a.txt', 'b.txt')`` in Python."""
     if said_as_flags_now():
-        return " ".join(f"{said('data')} {entry}" for entry in ((data,) if isinstance(data, str) else data))
-    return f"{said('data')} {data!r}"
+        return " ".join(f"{said(option)} {entry}" for entry in ((data,) if isinstance(data, str) else data))
+    return f"{said(option)} {data!r}"
 
 
-def check_vocabulary(model: ModelConfig, data: str | tuple[str, ...], tokenizer: str, data_vocab: int | None) -> None:
-    """Refuse data whose token ids (up to ``data_vocab`` - 1, by ``tokenizer``) reach past the model's vocabulary,
-    advising what fixes it for this kind of model: a larger vocabulary for a built-in one; another tokenizer, or
-    the model resized, for a folder's or a factory's, whose vocabulary is its own (its embedding would be indexed
-    past its end). Checked before the model is planned."""
+def check_vocabulary(
+    model: ModelConfig, data: str | tuple[str, ...], tokenizer: str, data_vocab: int | None, option: str = "data"
+) -> None:
+    """Refuse data (given as ``option``) whose token ids (up to ``data_vocab`` - 1, by ``tokenizer``) reach past
+    the model's vocabulary, advising what fixes it for this kind of model: a larger vocabulary for a built-in one;
+    another tokenizer, or the model resized, for a folder's or a factory's, whose vocabulary is its own (its
+    embedding would be indexed past its end). Checked before the model is planned."""
     if data_vocab is None or model.vocab >= data_vocab:
         return
     if model.source is None:
@@ -82,8 +94,8 @@ def check_vocabulary(model: ModelConfig, data: str | tuple[str, ...], tokenizer:
     else:
         fix = f"a tokenizer of at most {model.vocab} ids, or a model of {data_vocab} or more"
     raise ValueError(
-        f"{said_data(data)} has token ids up to {data_vocab - 1} ({said('tokenizer')} {tokenizer}); {model.label}'s "
-        f"vocabulary is {model.vocab}: use {fix}"
+        f"{said_data(data, option)} has token ids up to {data_vocab - 1} ({said('tokenizer')} {tokenizer}); "
+        f"{model.label}'s vocabulary is {model.vocab}: use {fix}"
     )
 
 

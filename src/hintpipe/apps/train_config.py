@@ -198,7 +198,7 @@ class TrainConfig(PipelineConfig):
         config's] in :mod:`hintpipe.apps.model_rules`), here rather than in every rank."""
         model, injection = self.model, self.injection
         check_tensor_parallel(self.tp, model.spec, planned=self.plan is not None)
-        check_model_options(model, self.data, self.tp, self.forming, injection, self.steps)
+        check_model_options(model, self.data, self.tp, self.forming, injection, self.steps, self.eval_data)
         check_sequence_lengths(model, self.data, self.seq_len_dist)
         hint = self.resolved_hint
         injection.check(self.world, hint.stages, self.microbatches, self.tp)
@@ -220,7 +220,7 @@ class TrainConfig(PipelineConfig):
         if self.eval_data is not None:
             evaluated = resolve(self.eval_data, option="eval_data")
             object.__setattr__(self, "eval_prepared", evaluated.folders)
-            check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab)
+            check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab, "eval_data")
         check_eval_batches(self, evaluation_parts(self))
 
     @property

@@ -163,7 +163,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
         if from_plan is None:  # (a plan file's model is checked against the data with the plan)
             check_vocabulary(model, data, args.tokenizer, vocab)
         if args.eval_data is not None:
-            check_vocabulary(model, args.eval_data, args.tokenizer, evaluated.vocab)
+            check_vocabulary(model, args.eval_data, args.tokenizer, evaluated.vocab, "eval_data")
     length = seq_len.mean if model.spec.reads_text else model.hidden
     check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
@@ -175,7 +175,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     injection.check(args.ranks * dp * tp, hint.stages, args.microbatches, tp)
     forming: Forming = args.forming
     with said_as_flags():
-        check_model_options(model, data, tp, forming, injection, args.steps)
+        check_model_options(model, data, tp, forming, injection, args.steps, args.eval_data)
     planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
     flagged_room = room(args, args.ranks)
     budgets = flagged_room[1]
