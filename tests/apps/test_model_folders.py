@@ -238,6 +238,8 @@ def test_the_readme_s_fine_tune_runs_and_its_printed_config_runs_it_again(
     assert 'model = "gpt2-small"' in block
     shutil.copytree(zoo / "gpt2", tmp_path / "gpt2-small")  # a saved pretrained GPT-2, its tokenizer beside it
     shutil.copy(zoo / "corpus.txt", tmp_path / "corpus.txt")
+    documents = (zoo / "corpus.txt").read_text().split("\n\n")
+    (tmp_path / "valid.txt").write_text("\n\n".join(documents[::-1][:40]))  # a validation file of its own
     monkeypatch.chdir(tmp_path)
     Path("finetune.toml").write_text(block)
     assert main(["train", "--config", "finetune.toml", "--print-config"]) == 0
@@ -248,6 +250,9 @@ def test_the_readme_s_fine_tune_runs_and_its_printed_config_runs_it_again(
     assert main(["train", "--config", "printed.toml", "--checkpoint-dir", "ck-again", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert len(first["losses"]) == 3 and again["losses"] == pytest.approx(first["losses"], rel=1e-5)
+    assert [e["steps"] for e in first["eval_losses"]] == [3] and len(first["prepared_eval_data"]) == 1
+    losses = [[e["loss"] for e in run["eval_losses"]] for run in (first, again)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     assert main(["export", "ck", "gpt2-finetuned"]) == 0
     assert "tokenizer.json" in capsys.readouterr().out
     tuned = transformers.AutoModelForCausalLM.from_pretrained("gpt2-finetuned")
