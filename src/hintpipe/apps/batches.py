@@ -17,9 +17,11 @@ from hintpipe.apps.corpus import (
     WINDOWS,
     cropped_batch,
     cropped_sequences,
+    cropped_share,
     data_documents,
     document_batch,
     document_sequences,
+    drawn_microbatches,
 )
 from hintpipe.apps.models import make_batch
 from hintpipe.apps.train_config import TrainConfig, evaluation_parts
@@ -85,6 +87,22 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
             microbatches = [documents[m * rows : (m + 1) * rows] for m in range(config.microbatches)]
             batches.append(cropped_batch(microbatches, config.model.max_seq_len, windows))
     return batches
+
+
+def crop_share(config: TrainConfig, steps: int = 8) -> float | None:
+    """The share of its drawn documents' tokens a run that crops them trains, over its first ``steps`` steps'
+    draws (:func:`~hintpipe.apps.corpus.cropped_share`); None where it does not crop documents (counting text,
+    formed micro-batches). What the command line says of a run that trains far less than it draws."""
+    if config.formed or config.data == "synthetic":
+        return None
+    documents = _documents(config, 0)
+    size = config.microbatch_size
+    drawn = [
+        chosen
+        for step in range(steps)
+        for chosen in drawn_microbatches(documents, config.microbatches, size, step, config.seed)
+    ]
+    return cropped_share(drawn, config.model.max_seq_len)
 
 
 def _documents(config: TrainConfig, step: int) -> Documents | Mixture:

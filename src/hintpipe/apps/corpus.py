@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import re
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeAlias
 
@@ -81,9 +82,24 @@ def document_batch(
     """One step's micro-batches of next-token prediction from ``documents`` (each of 2 tokens or more; a mixture
     of sources drawn by their weights): (inputs, targets, tokens per micro-batch). A micro-batch's ``size``
     documents are drawn from ``(seed, step)`` and cropped to the shortest one (at most ``max_len`` tokens)."""
-    rng = np.random.default_rng([seed, step, 7])
-    chosen = [draw_documents(documents, rng, size) for _ in range(microbatches)]
+    chosen = drawn_microbatches(documents, microbatches, size, step, seed)
     return cropped_batch(chosen, max_len, np.random.default_rng([seed, step, WINDOWS]))
+
+
+def drawn_microbatches(
+    documents: Documents | Mixture, microbatches: int, size: int, step: int, seed: int
+) -> list[list[Document]]:
+    """The documents of each of step ``step``'s micro-batches, ``size`` each, drawn from ``(seed, step)``."""
+    rng = np.random.default_rng([seed, step, 7])
+    return [draw_documents(documents, rng, size) for _ in range(microbatches)]
+
+
+def cropped_share(microbatches: Sequence[Sequence[Document]], max_len: int) -> float:
+    """Of the tokens the rows could train of ``microbatches``' documents (each document's, up to the context's
+    ``max_len`` ids), the share :func:`cropped_batch` trains, each micro-batch cropped to its shortest document."""
+    trained = sum(len(chosen) * (min(min(len(d) for d in chosen), max_len) - 1) for chosen in microbatches)
+    whole = sum(min(len(d), max_len) - 1 for chosen in microbatches for d in chosen)
+    return trained / whole
 
 
 def cropped_batch(

@@ -361,12 +361,34 @@ def _held_before_the_ranks_meet(config: TrainConfig) -> contextlib.AbstractConte
     return FolderLock(config.checkpoint_dir)
 
 
+#: A run that crops its documents is told what it trains when that is less than this share of what it draws.
+CROP_NOTICE_BELOW = 0.9
+
+
+def _say_what_crop_trains(config: TrainConfig) -> None:
+    """One line on stderr when ``--forming crop`` (the default) trains far fewer tokens than its micro-batches
+    draw, each cropped to its shortest document: on documents of mixed lengths most of a step's text is never
+    trained, which no figure of the run showed (its tokens/s counts the tokens trained)."""
+    from hintpipe.apps.batches import crop_share
+
+    share = crop_share(config)
+    if share is None or share >= CROP_NOTICE_BELOW:
+        return
+    print(
+        f"hintpipe train: --forming crop trains {share:.0%} of the tokens its micro-batches draw (each cropped to "
+        "its shortest document; from the first 8 steps' draws): --forming padded trains them all",
+        file=sys.stderr,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
     from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
     from hintpipe.runtime.errors import CheckpointError
 
     config = config_from(args, args.policy)
+    if not planned_elsewhere():  # (under torchrun, rank 0 says it)
+        _say_what_crop_trains(config)
     try:
         with _held_before_the_ranks_meet(config):
             result = train(config)
