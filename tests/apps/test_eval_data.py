@@ -85,6 +85,14 @@ def test_an_evaluation_corpus_is_refused_in_one_line_where_it_cannot_serve(
         f"eval_data {valid!r} has token ids up to 255 (tokenizer bytes); gpt-mini's vocabulary is 64: use "
         "ModelConfig(vocab=256)"
     ] = synthetic | {"model": ModelConfig(vocab=64, max_seq_len=32)}
+    # The training file itself, or a copy of it under another name: the same documents.
+    train = _documents(tmp_path / "train.txt", 40, "t")
+    (tmp_path / "copy.txt").write_text(train.read_text(encoding="utf-8"), encoding="utf-8")
+    for same in (tmp_path / "train.txt", tmp_path / "copy.txt"):
+        refusals[
+            f"eval_data {same} is also in data: its documents would train and be evaluated on; evaluate on a corpus "
+            "of its own, or leave eval_data out (then every 20th document of data is held out)"
+        ] = {"eval_data": (valid, str(same))}
     for message, changes in refusals.items():
         with pytest.raises(ValueError) as info:
             _run(tmp_path, **changes)

@@ -25,7 +25,7 @@ from hintpipe.apps.model_rules import (
 )
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
-from hintpipe.data.prepared import DocumentView
+from hintpipe.data.prepared import DocumentView, open_prepared
 from hintpipe.data.run_data import document_parts, resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
@@ -219,6 +219,7 @@ class TrainConfig(PipelineConfig):
         check_vocabulary(self.model, self.data, self.tokenizer, resolved.vocab)
         if self.eval_data is not None:
             evaluated = resolve(self.eval_data, option="eval_data")
+            _check_apart(self.eval_data, evaluated.folders, resolved.folders)
             object.__setattr__(self, "eval_prepared", evaluated.folders)
             check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab, "eval_data")
         check_eval_batches(self, evaluation_parts(self))
@@ -249,6 +250,26 @@ class TrainConfig(PipelineConfig):
     def split_backward(self) -> bool:
         """Whether the run's hint splits weight gradients off (W tasks)."""
         return self.resolved_hint.split_backward
+
+
+def _check_apart(eval_data: str | tuple[str, ...], evaluated: tuple[str, ...], trained: tuple[str, ...]) -> None:
+    """Refuse an evaluation corpus that is also among the training data (a source file of the same contents, by
+    its SHA-256 in the prepared folders' manifests, whatever its path): every one of its documents would train,
+    then be evaluated on."""
+    from hintpipe.data.sources import data_entries
+
+    def contents(folder: str) -> set[str]:
+        sources = open_prepared(folder).manifest.sources
+        return {f.sha256 for source in sources for f in source.files if f.sha256}
+
+    training = set().union(*(contents(folder) for folder in trained))
+    for entry, folder in zip(data_entries(eval_data), evaluated, strict=True):
+        if contents(folder) & training:
+            data, kept = said("data"), said("eval_data")
+            raise ValueError(
+                f"{kept} {entry.path} is also in {data}: its documents would train and be evaluated on; evaluate "
+                f"on a corpus of its own, or leave {kept} out (then every 20th document of {data} is held out)"
+            )
 
 
 def check_run_rules(config: TrainConfig) -> None:
