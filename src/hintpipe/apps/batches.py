@@ -63,11 +63,12 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> Batch:
 
 def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
     """The batches a run's held-out loss is the mean of, at every evaluation (``eval_every``), for data-parallel
-    replica ``replica``: with ``eval_batches`` K, K batches of the held-out split's documents taken in a fixed
-    order without replacement (:mod:`hintpipe.data.held_out`); without, the one batch drawn from them
-    (:data:`HELD_OUT_STEP`). Each batch's loss is the run's (the mean over its micro-batches of each one's mean
-    token loss; formed micro-batches: the batch's summed loss over its tokens), and the held-out loss the mean
-    over the batches (and over the replicas)::
+    replica ``replica``: with ``eval_batches`` K, K batches of the documents it evaluates on (its ``eval_data``'s,
+    else its held-out split's; see [Note: an evaluation corpus of its own]) taken in a fixed order without
+    replacement (:mod:`hintpipe.data.held_out`); without, the one batch drawn from them (:data:`HELD_OUT_STEP`).
+    Each batch's loss is the run's (the mean over its micro-batches of each one's mean token loss; formed
+    micro-batches: the batch's summed loss over its tokens), and the held-out loss the mean over the batches (and
+    over the replicas)::
 
         batches = hintpipe.held_out_batches(config)  # config: the run's TrainConfig (result.config)
         loss = sum(batch_loss(model, batch) for batch in batches) / len(batches)
