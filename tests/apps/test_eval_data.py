@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hintpipe.apps.batches import held_out_batches, step_batch
+from hintpipe.apps.evaluation_corpus import evaluation_parts
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.run_record import DATA_CHANGED, BatchRecord
 from hintpipe.apps.train_config import TrainConfig
@@ -44,6 +45,9 @@ def test_with_an_evaluation_corpus_every_document_trains_and_evaluations_read_on
     def trained(config: TrainConfig) -> set[str]:
         return {name for step in range(60) for name in _names(step_batch(config, step))}
 
+    # What each evaluates on: the 24 documents of its own corpus, or the data's held-out 2 (t019 and t039).
+    assert [len(part) for part in evaluation_parts(given)] == [24]
+    assert [len(part) for part in evaluation_parts(apart)] == [2]
     assert trained(apart) == {f"t{i:03d}" for i in range(40) if i % 20 != 19}
     assert trained(given) == {f"t{i:03d}" for i in range(40)}
     # 4 batches of 2 x 3 documents: all 24 of the evaluation corpus, none twice, the same at every evaluation.

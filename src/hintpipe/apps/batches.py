@@ -23,8 +23,9 @@ from hintpipe.apps.corpus import (
     document_sequences,
     drawn_microbatches,
 )
+from hintpipe.apps.evaluation_corpus import evaluation_parts
 from hintpipe.apps.models import make_batch
-from hintpipe.apps.train_config import TrainConfig, evaluation_parts
+from hintpipe.apps.train_config import TrainConfig
 from hintpipe.data.held_out import HeldOutOrder
 from hintpipe.data.mixture import Documents, Mixture
 from hintpipe.data.prepared import Part

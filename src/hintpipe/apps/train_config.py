@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hintpipe.apps.evaluation_corpus import check_apart, check_eval_batches, evaluation_parts
 from hintpipe.apps.lr_schedule import LrSchedule
 from hintpipe.apps.model_rules import (
     check_activation_budgets,
@@ -25,8 +26,7 @@ from hintpipe.apps.model_rules import (
 )
 from hintpipe.apps.models import ModelConfig, SeqLenDist
 from hintpipe.apps.optimizer import OptimizerName, parse_betas
-from hintpipe.data.prepared import DocumentView, open_prepared
-from hintpipe.data.run_data import document_parts, resolve_data
+from hintpipe.data.run_data import resolve_data
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.modes import TransportChoice
@@ -219,7 +219,7 @@ class TrainConfig(PipelineConfig):
         check_vocabulary(self.model, self.data, self.tokenizer, resolved.vocab)
         if self.eval_data is not None:
             evaluated = resolve(self.eval_data, option="eval_data")
-            _check_apart(self.eval_data, evaluated.folders, resolved.folders)
+            check_apart(self.eval_data, evaluated.folders, resolved.folders)
             object.__setattr__(self, "eval_prepared", evaluated.folders)
             check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab, "eval_data")
         check_eval_batches(self, evaluation_parts(self))
@@ -250,26 +250,6 @@ class TrainConfig(PipelineConfig):
     def split_backward(self) -> bool:
         """Whether the run's hint splits weight gradients off (W tasks)."""
         return self.resolved_hint.split_backward
-
-
-def _check_apart(eval_data: str | tuple[str, ...], evaluated: tuple[str, ...], trained: tuple[str, ...]) -> None:
-    """Refuse an evaluation corpus that is also among the training data (a source file of the same contents, by
-    its SHA-256 in the prepared folders' manifests, whatever its path): every one of its documents would train,
-    then be evaluated on."""
-    from hintpipe.data.sources import data_entries
-
-    def contents(folder: str) -> set[str]:
-        sources = open_prepared(folder).manifest.sources
-        return {f.sha256 for source in sources for f in source.files if f.sha256}
-
-    training = set().union(*(contents(folder) for folder in trained))
-    for entry, folder in zip(data_entries(eval_data), evaluated, strict=True):
-        if contents(folder) & training:
-            data, kept = said("data"), said("eval_data")
-            raise ValueError(
-                f"{kept} {entry.path} is also in {data}: its documents would train and be evaluated on; evaluate "
-                f"on a corpus of its own, or leave {kept} out (then every 20th document of {data} is held out)"
-            )
 
 
 def check_run_rules(config: TrainConfig) -> None:
@@ -346,48 +326,6 @@ def _check_device(config: TrainConfig) -> None:
         raise ValueError(
             f"{said('transport')} nccl moves tensors between GPUs; it needs {said('device')} cuda on a machine "
             "with CUDA"
-        )
-
-
-def evaluation_parts(config: TrainConfig | Any) -> tuple[DocumentView, ...]:
-    """The documents a run's evaluations draw from, per prepared folder (``config``: the run's config, or the
-    command line's arguments with its folders resolved): all of its ``eval_data``'s, else its data's held-out
-    ones (see [Note: an evaluation corpus of its own] in :mod:`hintpipe.apps.batches`)."""
-    if getattr(config, "eval_data", None) is not None:
-        return document_parts(config.eval_prepared, "all")
-    return document_parts(config.prepared, "held_out")
-
-
-def check_eval_batches(config: TrainConfig | Any, parts: tuple[DocumentView, ...], *, cli: bool = False) -> None:
-    """Refuse ``eval_batches`` that the documents the run evaluates on (``parts``: :func:`evaluation_parts`)
-    cannot fill without replacement (``config``: the run's config, or the command line's arguments, with the
-    same names).
-
-    Raises:
-        ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
-    """
-    count = getattr(config, "eval_batches", 0)
-    if not count:
-        return
-    said = "--eval-batches" if cli else "eval_batches"
-    data = "--data" if cli else "data"
-    if not parts:
-        raise ValueError(
-            f"{said} {count} evaluates on a file corpus's held-out documents; {data} {config.data} has none: leave "
-            f"{said} out (each evaluation draws one batch)"
-        )
-    held = sum(len(part) for part in parts)
-    per_batch = config.microbatches * config.microbatch_size * config.dp
-    if count * per_batch > held:
-        most = held // per_batch
-        fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
-        evaluated = getattr(config, "eval_data", None)
-        given = f"{'--eval-data' if cli else 'eval_data'} {evaluated}"
-        holder = "the run's held-out split" if evaluated is None else given
-        raise ValueError(
-            f"{said} {count} takes {count * per_batch:,} held-out documents ({count} x {config.microbatches} "
-            f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); {holder} "
-            f"has {held:,}: {fix}"
         )
 
 

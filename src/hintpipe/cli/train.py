@@ -53,7 +53,7 @@ from hintpipe.cli.train_model import (
 )
 from hintpipe.cli.train_model import under_torchrun as under_torchrun_here
 from hintpipe.cli.train_report import result_json as result_json
-from hintpipe.cli.train_report import resumed_line, step_table, summary_line
+from hintpipe.cli.train_report import resumed_line, say_what_crop_trains, step_table, summary_line
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
@@ -133,7 +133,8 @@ def register(commands: Any) -> None:
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     """Validate the arguments once, here, and build the run's config."""
-    from hintpipe.apps.train_config import AUTO, check_eval_batches, choose_auto_hint, evaluation_parts
+    from hintpipe.apps.evaluation_corpus import check_eval_batches, evaluation_parts
+    from hintpipe.apps.train_config import AUTO, choose_auto_hint
     from hintpipe.apps.training import TrainConfig, profile_costs
 
     plan_file = answered_by_plan(args)
@@ -361,26 +362,6 @@ def _held_before_the_ranks_meet(config: TrainConfig) -> contextlib.AbstractConte
     return FolderLock(config.checkpoint_dir)
 
 
-#: A run that crops its documents is told what it trains when that is less than this share of what it draws.
-CROP_NOTICE_BELOW = 0.9
-
-
-def _say_what_crop_trains(config: TrainConfig) -> None:
-    """One line on stderr when ``--forming crop`` (the default) trains far fewer tokens than its micro-batches
-    draw, each cropped to its shortest document: on documents of mixed lengths most of a step's text is never
-    trained, which no figure of the run showed (its tokens/s counts the tokens trained)."""
-    from hintpipe.apps.batches import crop_share
-
-    share = crop_share(config)
-    if share is None or share >= CROP_NOTICE_BELOW:
-        return
-    print(
-        f"hintpipe train: --forming crop trains {share:.0%} of the tokens its micro-batches draw (each cropped to "
-        "its shortest document; from the first 8 steps' draws): --forming padded trains them all",
-        file=sys.stderr,
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
     from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
@@ -388,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from(args, args.policy)
     if not planned_elsewhere():  # (under torchrun, rank 0 says it)
-        _say_what_crop_trains(config)
+        say_what_crop_trains(config)
     try:
         with _held_before_the_ranks_meet(config):
             result = train(config)

@@ -1,8 +1,10 @@
-"""What ``hintpipe train`` shows of a finished run: its ``--json`` object, its table of steps and its summary
-line (apart from the command that runs it, :mod:`hintpipe.cli.train`)."""
+"""What ``hintpipe train`` shows of a run: before it, what ``--forming crop`` trains of what it draws; after it,
+its ``--json`` object, its table of steps and its summary line (apart from the command that runs it,
+:mod:`hintpipe.cli.train`)."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -11,7 +13,7 @@ from hintpipe.dispatch.fit import AdmissionUnit
 from hintpipe.units import format_size
 
 if TYPE_CHECKING:  # the training modules need torch
-    from hintpipe.apps.training import TrainResult
+    from hintpipe.apps.training import TrainConfig, TrainResult
 
 
 def result_json(result: TrainResult) -> dict[str, Any]:
@@ -122,3 +124,23 @@ def summary_line(result: TrainResult) -> str:
         after, loss = result.eval_losses[-1]
         line += f", held-out loss {loss:.4f} (after step {after})"
     return line
+
+
+#: A run that crops its documents is told what it trains when that is less than this share of what it draws.
+CROP_NOTICE_BELOW = 0.9
+
+
+def say_what_crop_trains(config: TrainConfig) -> None:
+    """One line on stderr when ``--forming crop`` (the default) trains far fewer tokens than its micro-batches
+    draw, each cropped to its shortest document: on documents of mixed lengths most of a step's text is never
+    trained, which no figure of the run showed (its tokens/s counts the tokens trained)."""
+    from hintpipe.apps.batches import crop_share
+
+    share = crop_share(config)
+    if share is None or share >= CROP_NOTICE_BELOW:
+        return
+    print(
+        f"hintpipe train: --forming crop trains {share:.0%} of the tokens its micro-batches draw (each cropped to "
+        "its shortest document; from the first 8 steps' draws): --forming padded trains them all",
+        file=sys.stderr,
+    )
