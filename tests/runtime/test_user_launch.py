@@ -139,9 +139,22 @@ def spawned(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list[di
     cases, models = _cases()  # planned once: each spawn hands the ranks copies (in shared memory)
     for world in (2, 4):
         folder = tmp_path_factory.mktemp(f"spawned{world}")
-        spawn(_rank, args=(world, free_port(), cases, str(folder)), nprocs=world, join=True)  # type: ignore[no-untyped-call]
+        _spawn_on_a_free_port(world, cases, folder)
         out[world] = ([torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(world)], models)
     return out
+
+
+def _spawn_on_a_free_port(world: int, cases: list[Case], folder: Path, tries: int = 3) -> None:
+    """The user's own spawn on a port that was free when asked for. Another test's process can take it before
+    rank 0 listens (a loaded suite did: ``EADDRINUSE`` on every rank), as it can a user's on a busy machine; the
+    spawn is then made again on another port, up to ``tries`` times."""
+    for attempt in range(tries):
+        try:
+            spawn(_rank, args=(world, free_port(), cases, str(folder)), nprocs=world, join=True)  # type: ignore[no-untyped-call]
+            return
+        except Exception as exc:  # torch.multiprocessing's ProcessRaisedException, with the rank's traceback
+            if "EADDRINUSE" not in str(exc) or attempt == tries - 1:
+                raise
 
 
 @pytest.mark.parametrize("world", [2, 4], ids=["2 ranks", "dp2 x pp2"])
