@@ -97,7 +97,7 @@ def drawn_microbatches(
 def cropped_share(microbatches: Sequence[Sequence[Document]], max_len: int) -> float:
     """Of the tokens the rows could train of ``microbatches``' documents (each document's, up to the context's
     ``max_len`` ids), the share :func:`cropped_batch` trains, each micro-batch cropped to its shortest document."""
-    trained = sum(len(chosen) * (min(min(len(d) for d in chosen), max_len) - 1) for chosen in microbatches)
+    trained = sum(len(chosen) * _cropped_length(chosen, max_len) for chosen in microbatches)
     whole = sum(min(len(d), max_len) - 1 for chosen in microbatches for d in chosen)
     return trained / whole
 
@@ -111,12 +111,17 @@ def cropped_batch(
     micro-batch)."""
     inputs, targets, tokens = [], [], []
     for chosen in microbatches:
-        length = min(min(len(d) for d in chosen) - 1, max_len - 1)
+        length = _cropped_length(chosen, max_len)
         rows = torch.from_numpy(np.stack([_window(d, max_len, windows)[: length + 1] for d in chosen]))
         inputs.append(rows[:, :-1].contiguous())
         targets.append(rows[:, 1:].contiguous())
         tokens.append(len(chosen) * length)
     return inputs, targets, tokens
+
+
+def _cropped_length(chosen: Sequence[Document], max_len: int) -> int:
+    """The targets per row of a micro-batch of ``chosen`` cropped to its shortest (at most ``max_len`` ids)."""
+    return min(min(len(d) for d in chosen), max_len) - 1
 
 
 def document_sequences(
