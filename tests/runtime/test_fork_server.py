@@ -3,8 +3,12 @@ imported once for every rank it forks, and what each rank puts back the same sig
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +18,7 @@ from hintpipe.runtime import rank_entry
 def test_the_server_ignores_the_jobs_signals_and_preloads_what_every_rank_imports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     monkeypatch.delitem(sys.modules, "hintpipe.runtime.fork_server", raising=False)  # its module code runs again
     try:
         import hintpipe.runtime.fork_server as server
@@ -25,6 +29,50 @@ def test_the_server_ignores_the_jobs_signals_and_preloads_what_every_rank_import
         # A rank forked from it handles again exactly what the server ignores (rank_entry keeps its own copy,
         # since importing the server would make the rank ignore them).
         assert rank_entry._SERVER_IGNORES == server.IGNORED
+        # SIGINT: noted, not raised, until the rank's own code runs (see test_a_sigint_before_...).
+        assert signal.getsignal(signal.SIGINT) is rank_entry.note_sigint_while_starting
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+#: A fork server whose preload is the runtime's, and whose every fork gets a SIGINT in multiprocessing's own
+#: bootstrap (its after-fork hooks), before the rank's entry point: where a Ctrl-C to the process group can land.
+_SIGINT_IN_BOOTSTRAP = """
+import multiprocessing.util, os, signal
+import hintpipe.runtime.fork_server
+
+class _Hook:
+    pass
+
+HOOK = _Hook()
+multiprocessing.util.register_after_fork(HOOK, lambda _: os.kill(os.getpid(), signal.SIGINT))
+"""
+
+_LAUNCH = """
+import multiprocessing, sys
+from hintpipe.runtime.rank_entry import start_rank
+
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload(["sigint_in_bootstrap"])
+rank = context.Process(target=start_rank, args=(0, 1, b"", sys.argv[1], 30.0))
+rank.start()
+rank.join(60)
+print(rank.exitcode)
+"""
+
+
+def test_a_sigint_before_the_ranks_own_code_ends_it_as_a_sigint_does(tmp_path: Path) -> None:
+    # Before: multiprocessing's bootstrap raised KeyboardInterrupt, printed "Process ForkServerProcess-1:" and a
+    # traceback, and the rank ended with exit status 1, a failure to the launcher; now 130, as a SIGINT's.
+    (tmp_path / "sigint_in_bootstrap.py").write_text(textwrap.dedent(_SIGINT_IN_BOOTSTRAP))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{':'.join(sys.path)}"}
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, str(tmp_path / "out")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.stdout.strip(), done.stderr) == ("130", "")

@@ -18,8 +18,10 @@ launcher]).
 The server must not end on a signal meant for the job: a terminal's SIGHUP,
 or a SIGTERM sent to the launcher's process group, reaches the server too, and
 its death would kill every rank (their parent-death signal) before they save.
-multiprocessing makes the server ignore SIGINT; this module makes it ignore
-SIGTERM and SIGHUP as well, and a rank puts their default actions back as it
+multiprocessing makes the server ignore SIGINT (and hands its ranks a handler
+that notes one, see [Note: a SIGINT before the rank's own code] in
+:mod:`hintpipe.runtime.rank_entry`); this module makes it ignore SIGTERM and
+SIGHUP as well, and a rank puts their default actions back as it
 starts (:func:`~hintpipe.runtime.rank_entry.start_rank`). Torch's import
 starts no thread, so forking after it is safe; CUDA is not initialised here.
 
@@ -48,3 +50,10 @@ import torch  # noqa: E402  (what the server is for: imported once, inherited by
 import torch._dynamo  # noqa: E402, F401  (see [Note: a rank's first optimizer imports dynamo])
 
 import hintpipe.runtime.rank_process  # noqa: E402, F401
+from hintpipe.runtime.rank_entry import note_sigint_while_starting  # noqa: E402
+
+# Last, so that a SIGINT during the imports ends the server as before; the ranks it forks start with this
+# handler (multiprocessing hands them the handlers it found after the preload): see [Note: a SIGINT before
+# the rank's own code] in hintpipe.runtime.rank_entry.
+if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, note_sigint_while_starting)

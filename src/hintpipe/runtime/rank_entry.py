@@ -72,6 +72,30 @@ _PR_SET_PDEATHSIG = 1
 #: What :mod:`hintpipe.runtime.fork_server` ignores (not imported here: importing it makes a process ignore them).
 _SERVER_IGNORES = (signal.SIGTERM, signal.SIGHUP)
 
+#: The process a SIGINT reached while :func:`note_sigint_while_starting` was its handler (None: none did).
+_sigint_reached: int | None = None
+
+
+def note_sigint_while_starting(signum: int, frame: Any) -> None:
+    """The SIGINT handler a rank forked by the fork server starts with: it notes the signal, for
+    :func:`start_rank` to act on, instead of raising where multiprocessing cannot take it.
+
+    [Note: a SIGINT before the rank's own code]
+    A rank forked by the fork server gets the handlers the server had after its preload back in
+    multiprocessing's ``_serve_one``, then unpickles its process object and runs multiprocessing's
+    ``_bootstrap`` before :func:`start_rank`. With Python's own handler, a Ctrl-C to the process group that
+    landed there raised ``KeyboardInterrupt`` in multiprocessing's code: it printed ``Process ...:`` and a
+    traceback, and the rank ended with exit status 1, which the launcher reported as a failure (seen once in a
+    loaded test suite, which expects exit status 130). The preload installs this handler instead, so the
+    signal is noted, not raised, and :func:`start_rank` ends the rank as a SIGINT would have (exit status 130)
+    once its own code runs. The process's pid is noted rather than a flag, so a SIGINT that reached the server
+    itself (while it finished its preload) is not taken by every rank it forks for one of its own. Between the
+    fork and ``_serve_one``'s handlers, a few lines, the server's ``SIG_IGN`` holds: a SIGINT there is lost,
+    and the rank stops at the launcher's stop file after its first step instead.
+    """
+    global _sigint_reached
+    _sigint_reached = os.getpid()
+
 
 def _die_with_parent() -> None:
     """Ask the kernel for SIGKILL when the parent dies (Linux); nothing elsewhere."""
@@ -178,6 +202,11 @@ def start_rank(
     for sig in _SERVER_IGNORES:
         signal.signal(sig, signal.SIG_DFL)
     try:
+        # See [Note: a SIGINT before the rank's own code].
+        if signal.getsignal(signal.SIGINT) is note_sigint_while_starting:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if _sigint_reached == os.getpid():
+            raise KeyboardInterrupt
         tie_to_launcher()
         from hintpipe.runtime.rank_process import run_rank
     except KeyboardInterrupt:  # Ctrl-C to the process group while this rank started: said by the launcher
