@@ -99,7 +99,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         Forming.CROP,
         "how --data stdlib or PATH makes micro-batches: crop (each micro-batch's documents cropped to its "
         "shortest), padded (the step's whole documents formed by predicted cost into even micro-batches, padded "
-        "rows) or packed (the same, several documents per row with document masks; gpt-mini)",
+        "rows), packed (the same, several documents per row with document masks; gpt-mini) or concat (the "
+        "drawn documents end to end, cut into full rows of the model's context; any model)",
         choices=Forming,
         commands=_TRAIN,
         pipeline=False,

@@ -57,7 +57,7 @@ def test_the_command_line_says_what_crop_trains_before_the_run(
     assert share is not None
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"hintpipe train: --forming crop trains {share:.0%} of the tokens its micro-batches draw (each cropped to its "
-        "shortest document; from the first 8 steps' draws): --forming padded trains them all"
+        "shortest document; from the first 8 steps' draws): --forming concat or padded trains them all"
     )
     assert main([*argv, "--layers", "2", "--hidden", "16", "--data", str(corpus), "--forming", "padded"]) == 0
     assert "--forming crop" not in capsys.readouterr().err

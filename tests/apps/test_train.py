@@ -676,6 +676,26 @@ def test_the_lr_factor_warms_up_then_decays_to_zero() -> None:
     assert {lr_factor(LrSchedule.CONSTANT, s, 6, 2) for s in range(7)} == {1.0}
 
 
+CONCAT = [*LOOP, "--microbatch-size", "2", "--max-seq-len", "32", "--data", "stdlib", "--forming", "concat"]
+CONCAT += ["--steps", "2", "--policy", "fixed", "--check-grads"]
+
+
+def test_documents_end_to_end_train_as_the_unsplit_model(two_ranks: dict[str, list[Any]]) -> None:
+    from hintpipe.apps.batches import step_batch
+    from hintpipe.apps.gradcheck import RELATIVE_TOLERANCE
+
+    result = succeeded(two_ranks["concat"])[0]
+    assert result.tokens == (4 * 2 * 31, 4 * 2 * 31)  # every row full: 4 micro-batches of 2 rows of 31 targets
+    assert result.max_grad_rel_diff is not None and result.max_grad_rel_diff <= RELATIVE_TOLERANCE
+    model = whole_model(result.config.model)[0]  # the run's first weights (its seed's)
+    inputs, targets, _ = step_batch(result.config, 0)
+    with torch.no_grad():  # the mean over the micro-batches of each one's mean token loss
+        unsplit = torch.stack(
+            [loss_fn_for(result.config.model)(model(x), y) for x, y in zip(inputs, targets, strict=True)]
+        )
+    assert result.losses[0] == pytest.approx(float(unsplit.mean()), rel=1e-5)
+
+
 @pytest.fixture(scope="module")
 def tensorboard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tensorboard")
@@ -713,6 +733,7 @@ def two_ranks(csv_hint: Path, plan_file: str, tensorboard_dir: Path) -> dict[str
         "plan from the command line": Case(_train_rank, (_from_cli([*TRAINING, "--plan", plan_file]),)),
         "loop": Case(_train_rank, (_from_cli([*LOOP, "--tensorboard", str(tensorboard_dir)]),)),
         "plan from python": Case(_from_plan_worker, (plan_file, 3)),
+        "concat": Case(_train_rank, (_from_cli(CONCAT),)),
     }
     return run_cases(2, cases, timeout=120)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import allow
 from hintpipe.runtime import rank_entry
 
 
@@ -57,7 +58,7 @@ context = multiprocessing.get_context("forkserver")
 context.set_forkserver_preload(["sigint_in_bootstrap"])
 rank = context.Process(target=start_rank, args=(0, 1, b"", sys.argv[1], 30.0))
 rank.start()
-rank.join(60)
+rank.join()
 print(rank.exitcode)
 """
 
@@ -73,6 +74,6 @@ def test_a_sigint_before_the_ranks_own_code_ends_it_as_a_sigint_does(tmp_path: P
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=allow(120),
     )
     assert (done.stdout.strip(), done.stderr) == ("130", "")

@@ -15,6 +15,8 @@ import torch
 
 from hintpipe.apps.corpus import (
     WINDOWS,
+    concatenated_batch,
+    concatenated_stream,
     cropped_batch,
     cropped_sequences,
     cropped_share,
@@ -22,6 +24,7 @@ from hintpipe.apps.corpus import (
     document_batch,
     document_sequences,
     drawn_microbatches,
+    rows_batch,
 )
 from hintpipe.apps.evaluation_corpus import evaluation_parts
 from hintpipe.apps.models import make_batch
@@ -59,7 +62,8 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> Batch:
         count = config.microbatches * config.microbatch_size
         sequences = document_sequences(documents, count, step, seed, config.model.max_seq_len - 1)
         return _formed(config, sequences, seed + step)
-    return document_batch(documents, config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
+    make = concatenated_batch if config.forming is Forming.CONCAT else document_batch
+    return make(documents, config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
 
 
 def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
@@ -77,6 +81,10 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
     if not config.eval_batches:
         return [step_batch(config, HELD_OUT_STEP, replica)]
     order = HeldOutOrder(evaluation_parts(config), config.seed)
+    if config.forming is Forming.CONCAT:
+        return [
+            _concatenated_held_out(config, order, number * config.dp + replica) for number in range(config.eval_batches)
+        ]
     size, rows = config.microbatches * config.microbatch_size, config.microbatch_size
     batches = []
     for number in range(config.eval_batches):
@@ -95,7 +103,7 @@ def crop_share(config: TrainConfig, steps: int = 8) -> float | None:
     """The share of its drawn documents' tokens a run that crops them trains, over its first ``steps`` steps'
     draws (:func:`~hintpipe.apps.corpus.cropped_share`); None where it does not crop documents (counting text,
     formed micro-batches). What the command line says of a run that trains far less than it draws."""
-    if config.formed or config.data == "synthetic":
+    if config.forming is not Forming.CROP or config.data == "synthetic":
         return None
     documents = _documents(config, 0)
     size = config.microbatch_size
@@ -133,3 +141,14 @@ def _formed(config: TrainConfig, sequences: list[torch.Tensor], seed: int) -> Ba
     formation = batch.formation
     counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(config.microbatches)]
     return batch.inputs, batch.targets, counts
+
+
+def _concatenated_held_out(config: TrainConfig, order: HeldOutOrder, number: int) -> Batch:
+    """Held-out batch ``number`` under ``--forming concat``: the rows of the documents it evaluates on, end to end
+    in their fixed order, after the rows of the batches before it (see [Note: documents end to end] in
+    :mod:`hintpipe.apps.corpus`); ``check_eval_batches`` made sure they hold every batch's rows."""
+    rows, length = config.microbatches * config.microbatch_size, config.model.max_seq_len - 1
+    stream = (order[i] for i in range(len(order)))
+    cut = concatenated_stream(stream, rows, length, skip=number * rows * length)
+    assert cut is not None, f"held-out batch {number} of a corpus too short for it"
+    return rows_batch(cut, config.microbatches)

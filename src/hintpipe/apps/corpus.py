@@ -24,6 +24,16 @@ are longer, and 88% of their bytes were never trained on). A long document is dr
 cropped from its start, as before. Held-out batches take their windows from a stream of their own, fixed by
 the run's seed and the batch: every evaluation is on the same tokens.
 
+[Note: documents end to end]
+``--forming concat`` trains every token a step draws, in one shape, for any model: the step's documents are
+drawn one at a time from a stream of their own (``[seed, step, 23]``) and laid end to end until they fill its
+``microbatches x size`` rows of the model's context (``max_len`` ids a row, each row's last id the next row's
+first, so every id but the first is a target); the last document drawn is cut where the rows end. It is Hugging
+Face's ``group_texts`` (``run_clm.py``), Megatron's and torchtitan's way: no padding, no document masks,
+attention runs across documents (as it does there), and a long document is trained whole, across rows and
+steps' draws, not by windows. Held-out batches are cut the same way from the documents they evaluate on
+(:func:`concatenated_stream`), in their fixed order: batch ``b`` is the stream's rows after batch ``b - 1``'s.
+
 The drawing itself is over any documents by index (:func:`document_batch`, :func:`document_sequences`):
 the standard library's documents (bytes, whose items are their byte ids), a corpus of the user's files read
 from its prepared shards (:mod:`hintpipe.data`, token ids as arrays) or several of them mixed by weight make
@@ -36,7 +46,7 @@ from __future__ import annotations
 import functools
 import re
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
@@ -54,6 +64,8 @@ VOCAB = BYTES_VOCAB
 _SHORTEST = 16  # bytes: shorter documents are left out (empty __init__.py files)
 #: The third seed of a step's stream of window offsets (its documents' stream is ``[seed, step, 7]``, or 11).
 WINDOWS = 19
+#: The third seed of the stream a step draws its documents from one at a time for ``--forming concat``.
+CONCATENATED = 23
 _TOP_LEVEL = re.compile(rb"\n(?=(?:def |class |async def |@))")
 #: A document's token ids: the standard library's bytes (each byte its id), or a file corpus's array.
 Document: TypeAlias = bytes | TokenIds
@@ -139,6 +151,47 @@ def cropped_sequences(documents: list[Document], max_len: int, windows: np.rando
     """Each document's token ids as a tensor, at most ``max_len`` tokens (``max_len + 1`` ids: a longer
     document's window at an offset drawn from ``windows``)."""
     return [torch.from_numpy(_window(d, max_len + 1, windows)) for d in documents]
+
+
+def concatenated_batch(
+    documents: Documents | Mixture, microbatches: int, size: int, step: int, seed: int, max_len: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """One step's micro-batches of ``size`` full rows each (``max_len`` ids a row), cut from documents drawn from
+    ``(seed, step)`` one at a time and laid end to end (see [Note: documents end to end])."""
+    rng = np.random.default_rng([seed, step, CONCATENATED])
+    drawn = (draw_documents(documents, rng, 1)[0] for _ in iter(int, 1))  # endless: as many as the rows take
+    rows = concatenated_stream(drawn, microbatches * size, max_len - 1)
+    assert rows is not None  # an endless stream fills any rows
+    return rows_batch(rows, microbatches)
+
+
+def concatenated_stream(documents: Iterable[Document], rows: int, length: int, skip: int = 0) -> torch.Tensor | None:
+    """``rows`` rows of ``length + 1`` ids (``length`` inputs and, shifted by one, their targets), each row's last id
+    the next row's first, from ``documents`` end to end after their first ``skip`` ids; None where they hold too
+    few ids (see [Note: documents end to end])."""
+    need = rows * length + 1
+    parts: list[npt.NDArray[np.int64]] = []
+    have = 0
+    for document in documents:
+        if skip >= len(document):
+            skip -= len(document)
+            continue
+        ids = _ids(document, skip + need - have, skip)
+        skip = 0
+        parts.append(ids)
+        have += len(ids)
+        if have == need:
+            return torch.from_numpy(np.concatenate(parts)).unfold(0, length + 1, length)
+    return None
+
+
+def rows_batch(rows: torch.Tensor, microbatches: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """``rows`` (of ``length + 1`` ids each) as ``microbatches`` micro-batches of as many rows each: (inputs,
+    targets, tokens per micro-batch)."""
+    size = len(rows) // microbatches
+    chunks = [rows[m * size : (m + 1) * size] for m in range(microbatches)]
+    inputs = [chunk[:, :-1].contiguous() for chunk in chunks]
+    return inputs, [chunk[:, 1:].contiguous() for chunk in chunks], [x.numel() for x in inputs]
 
 
 def stdlib_batch(

@@ -20,10 +20,13 @@ def evaluation_parts(config: Any) -> tuple[DocumentView, ...]:
     return document_parts(config.prepared, "held_out")
 
 
-def check_eval_batches(config: Any, parts: tuple[DocumentView, ...], *, cli: bool = False) -> None:
+def check_eval_batches(
+    config: Any, parts: tuple[DocumentView, ...], *, cli: bool = False, concatenated: int | None = None
+) -> None:
     """Refuse ``eval_batches`` that the documents the run evaluates on (``parts``: :func:`evaluation_parts`)
     cannot fill without replacement (``config``: the run's config, or the command line's arguments, with the
-    same names).
+    same names): documents, or under ``--forming concat`` rows of ``concatenated`` tokens (see [Note: documents
+    end to end] in :mod:`hintpipe.apps.corpus`).
 
     Raises:
         ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
@@ -38,6 +41,9 @@ def check_eval_batches(config: Any, parts: tuple[DocumentView, ...], *, cli: boo
             f"{said} {count} evaluates on a file corpus's held-out documents; {data} {config.data} has none: leave "
             f"{said} out (each evaluation draws one batch)"
         )
+    if concatenated is not None:
+        _check_eval_tokens(config, parts, count, concatenated, cli)
+        return
     held = sum(len(part) for part in parts)
     per_batch = config.microbatches * config.microbatch_size * config.dp
     if count * per_batch > held:
@@ -51,6 +57,28 @@ def check_eval_batches(config: Any, parts: tuple[DocumentView, ...], *, cli: boo
             f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); {holder} "
             f"has {held:,}: {fix}"
         )
+
+
+def _check_eval_tokens(config: Any, parts: tuple[DocumentView, ...], count: int, length: int, cli: bool) -> None:
+    """:func:`check_eval_batches` under ``--forming concat``: the documents hold every batch's rows end to end
+    (counted until they do, not over the whole corpus)."""
+    rows = config.microbatches * config.microbatch_size
+    need = count * config.dp * rows * length + 1
+    held = 0
+    for part in parts:
+        for index in range(len(part)):
+            held += len(part[index])
+            if held >= need:
+                return
+    said, most = "--eval-batches" if cli else "eval_batches", (held - 1) // (config.dp * rows * length)
+    fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
+    evaluated = getattr(config, "eval_data", None)
+    holder = "the run's held-out split" if evaluated is None else f"{'--eval-data' if cli else 'eval_data'} {evaluated}"
+    raise ValueError(
+        f"{said} {count} takes {need:,} held-out tokens under {'--forming' if cli else 'forming'} concat ({count} x "
+        f"{config.microbatches} micro-batches x {config.microbatch_size} rows of {length} x {config.dp} replicas, "
+        f"and one, without replacement); {holder} has {held:,}: {fix}"
+    )
 
 
 def check_apart(eval_data: str | tuple[str, ...], evaluated: tuple[str, ...], trained: tuple[str, ...]) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hintpipe.apps.hf_models import without_progress_bars
 from hintpipe.apps.model_description import architecture_of, rebuild_model
 from hintpipe.data.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
 from hintpipe.runtime.checkpoint.description import HF
@@ -162,15 +163,8 @@ def _check_out_dir(out: Path, folder: Path, force: bool) -> None:
 
 def _save_pretrained(model: nn.Module, folder: Path) -> None:
     """``save_pretrained`` without its progress bar (a command prints one line)."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
+    with without_progress_bars():
         model.save_pretrained(folder)  # type: ignore[operator]
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _save_built_in(model: nn.Module, fields: Mapping[str, Any], folder: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hintpipe.apps.hf_models import CALL_KWARGS
+from hintpipe.apps.hf_models import CALL_KWARGS, without_progress_bars
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.own_code import refuse_hub_code, refuse_own_code
 
@@ -141,9 +141,10 @@ def whole_folder_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
     assert config.source is not None
     settings = folder_config(config.source)
     if config.init == "pretrained":
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            config.source, config=settings, local_files_only=True, trust_remote_code=False, dtype=torch.float32
-        )
+        with without_progress_bars():
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                config.source, config=settings, local_files_only=True, trust_remote_code=False, dtype=torch.float32
+            )
     else:
         torch.manual_seed(config.seed)
         model = transformers.AutoModelForCausalLM.from_config(settings, trust_remote_code=False, dtype=torch.float32)

@@ -8,6 +8,8 @@ optional extra ``hf`` (``pip install -e .[hf]``).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,6 +21,22 @@ from hintpipe.apps.model_config import ModelConfig
 CALL_KWARGS = {"use_cache": False}
 #: Each model's class in ``transformers``.
 ARCHITECTURES = {"hf-gpt2": "GPT2LMHeadModel", "hf-llama": "LlamaForCausalLM"}
+
+
+@contextlib.contextmanager
+def without_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off within (its ``Loading weights`` bar on every ``from_pretrained``, its
+    ``save_pretrained``'s), as they were after: a command says what it does in its own lines, and under
+    ``--json`` or ``torchrun`` a bar per load is noise on every rank's stderr."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def whole_hf_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:

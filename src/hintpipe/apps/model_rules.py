@@ -57,8 +57,9 @@ def check_model_options(
             f"{said_data(eval_data, 'eval_data')} is text: use a language model (gpt-mini, hf-gpt2, a model folder)"
         )
     if forming is not Forming.CROP and data == "synthetic":
+        whole = "whole documents" if forming.by_cost else "documents end to end"
         raise ValueError(
-            f"{said('forming')} {forming} forms micro-batches from whole documents: use it with {said('data')} "
+            f"{said('forming')} {forming} forms micro-batches from {whole}: use it with {said('data')} "
             f"stdlib or {said('data')} PATH"
         )
     if forming is Forming.PACKED and not model.spec.document_masks:

@@ -222,7 +222,8 @@ class TrainConfig(PipelineConfig):
             check_apart(self.eval_data, evaluated.folders, resolved.folders)
             object.__setattr__(self, "eval_prepared", evaluated.folders)
             check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab, "eval_data")
-        check_eval_batches(self, evaluation_parts(self))
+        concatenated = self.model.max_seq_len - 1 if self.forming is Forming.CONCAT else None
+        check_eval_batches(self, evaluation_parts(self), concatenated=concatenated)
 
     @property
     def world(self) -> int:
@@ -237,7 +238,7 @@ class TrainConfig(PipelineConfig):
     @property
     def formed(self) -> bool:
         """Whether the micro-batches are formed by cost (a summed loss over the step's tokens)."""
-        return self.forming is not Forming.CROP
+        return self.forming.by_cost
 
     @property
     def resolved_hint(self) -> Hint:

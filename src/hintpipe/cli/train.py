@@ -156,8 +156,10 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     vocab = run_data.vocab
     evaluated = prepare_data(args, enabled=not getattr(args, "json", False), option="eval_data")
     folders = {"prepared": run_data.folders, "eval_prepared": evaluated.folders}
-    check_eval_batches(args, evaluation_parts(types.SimpleNamespace(**(vars(args) | folders))), cli=True)
     model = from_plan or model_config(args, seed=args.seed, data_vocab=vocab)
+    concatenated = model.max_seq_len - 1 if args.forming is Forming.CONCAT else None
+    parts = evaluation_parts(types.SimpleNamespace(**(vars(args) | folders)))
+    check_eval_batches(args, parts, cli=True, concatenated=concatenated)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
     with said_as_flags():
         check_sequence_lengths(model, data, seq_len)
@@ -236,7 +238,7 @@ def _resolved_fields(
         "timelines": bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         "plan": planned,
         "forming": forming.value,
-        "sequence_cost": None if forming is Forming.CROP else _sequence_cost(model, args.microbatch_size),
+        "sequence_cost": _sequence_cost(model, args.microbatch_size) if forming.by_cost else None,
         "dp": args.dp,
         "tp": args.tp,
     }

@@ -141,6 +141,6 @@ def say_what_crop_trains(config: TrainConfig) -> None:
         return
     print(
         f"hintpipe train: --forming crop trains {share:.0%} of the tokens its micro-batches draw (each cropped to "
-        "its shortest document; from the first 8 steps' draws): --forming padded trains them all",
+        "its shortest document; from the first 8 steps' draws): --forming concat or padded trains them all",
         file=sys.stderr,
     )

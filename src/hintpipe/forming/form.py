@@ -55,15 +55,25 @@ class Forming(Choice):
     - ``padded``: the step's documents whole, formed by cost into rows of one document each
       (:func:`form_microbatches`), padded to each micro-batch's longest.
     - ``packed``: the same, several documents per row with document masks (gpt-mini).
+    - ``concat``: the step's drawn documents end to end, cut into full rows of the model's context (any model;
+      attention crosses documents), as Hugging Face's ``group_texts`` makes them (see [Note: documents end to
+      end] in :mod:`hintpipe.apps.corpus`).
     """
 
     CROP = "crop"
     PADDED = "padded"
     PACKED = "packed"
+    CONCAT = "concat"
 
     @classmethod
     def noun(cls) -> str:
         return "forming"
+
+    @property
+    def by_cost(self) -> bool:
+        """Whether the micro-batches are formed by the model's predicted cost (``padded``, ``packed``): of uneven
+        sizes, so a step's loss is the sum over its tokens divided by their count."""
+        return self in (Forming.PADDED, Forming.PACKED)
 
 
 #: Rows of one micro-batch, each row the indices of the sequences it holds, in order.
