@@ -20,13 +20,10 @@ def evaluation_parts(config: Any) -> tuple[DocumentView, ...]:
     return document_parts(config.prepared, "held_out")
 
 
-def check_eval_batches(
-    config: Any, parts: tuple[DocumentView, ...], *, cli: bool = False, concatenated: int | None = None
-) -> None:
+def check_eval_batches(config: Any, parts: tuple[DocumentView, ...], *, concatenated: int | None = None) -> None:
     """Refuse ``eval_batches`` that the documents the run evaluates on (``parts``: :func:`evaluation_parts`)
-    cannot fill without replacement (``config``: the run's config, or the command line's arguments, with the
-    same names): documents, or under ``--forming concat`` rows of ``concatenated`` tokens (see [Note: documents
-    end to end] in :mod:`hintpipe.apps.corpus`).
+    cannot fill without replacement (``config``: the run's config): documents, or under ``--forming concat``
+    rows of ``concatenated`` tokens (see [Note: documents end to end] in :mod:`hintpipe.apps.corpus`).
 
     Raises:
         ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
@@ -34,32 +31,26 @@ def check_eval_batches(
     count = getattr(config, "eval_batches", 0)
     if not count:
         return
-    said = "--eval-batches" if cli else "eval_batches"
-    data = "--data" if cli else "data"
     if not parts:
         raise ValueError(
-            f"{said} {count} evaluates on a file corpus's held-out documents; {data} {config.data} has none: leave "
-            f"{said} out (each evaluation draws one batch)"
+            f"{said('eval_batches')} {count} evaluates on a file corpus's held-out documents; {said('data')} "
+            f"{config.data} has none: leave {said('eval_batches')} out (each evaluation draws one batch)"
         )
     if concatenated is not None:
-        _check_eval_tokens(config, parts, count, concatenated, cli)
+        _check_eval_tokens(config, parts, count, concatenated)
         return
     held = sum(len(part) for part in parts)
     per_batch = config.microbatches * config.microbatch_size * config.dp
     if count * per_batch > held:
         most = held // per_batch
-        fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
-        evaluated = getattr(config, "eval_data", None)
-        given = f"{'--eval-data' if cli else 'eval_data'} {evaluated}"
-        holder = "the run's held-out split" if evaluated is None else given
         raise ValueError(
-            f"{said} {count} takes {count * per_batch:,} held-out documents ({count} x {config.microbatches} "
-            f"micro-batches x {config.microbatch_size} x {config.dp} replicas, without replacement); {holder} "
-            f"has {held:,}: {fix}"
+            f"{said('eval_batches')} {count} takes {count * per_batch:,} held-out documents ({count} x "
+            f"{config.microbatches} micro-batches x {config.microbatch_size} x {config.dp} replicas, without "
+            f"replacement); {_holder(config)} has {held:,}: {_fix(most)}"
         )
 
 
-def _check_eval_tokens(config: Any, parts: tuple[DocumentView, ...], count: int, length: int, cli: bool) -> None:
+def _check_eval_tokens(config: Any, parts: tuple[DocumentView, ...], count: int, length: int) -> None:
     """:func:`check_eval_batches` under ``--forming concat``: the documents hold every batch's rows end to end
     (counted until they do, not over the whole corpus)."""
     rows = config.microbatches * config.microbatch_size
@@ -70,15 +61,22 @@ def _check_eval_tokens(config: Any, parts: tuple[DocumentView, ...], count: int,
             held += len(part[index])
             if held >= need:
                 return
-    said, most = "--eval-batches" if cli else "eval_batches", (held - 1) // (config.dp * rows * length)
-    fix = f"use {said} {most} or fewer" if most else "use fewer or smaller micro-batches"
-    evaluated = getattr(config, "eval_data", None)
-    holder = "the run's held-out split" if evaluated is None else f"{'--eval-data' if cli else 'eval_data'} {evaluated}"
     raise ValueError(
-        f"{said} {count} takes {need:,} held-out tokens under {'--forming' if cli else 'forming'} concat ({count} x "
+        f"{said('eval_batches')} {count} takes {need:,} held-out tokens under {said('forming')} concat ({count} x "
         f"{config.microbatches} micro-batches x {config.microbatch_size} rows of {length} x {config.dp} replicas, "
-        f"and one, without replacement); {holder} has {held:,}: {fix}"
+        f"and one, without replacement); {_holder(config)} has {held:,}: "
+        f"{_fix((held - 1) // (config.dp * rows * length))}"
     )
+
+
+def _holder(config: Any) -> str:
+    """What the run evaluates on, as the caller named it."""
+    evaluated = getattr(config, "eval_data", None)
+    return "the run's held-out split" if evaluated is None else f"{said('eval_data')} {evaluated}"
+
+
+def _fix(most: int) -> str:
+    return f"use {said('eval_batches')} {most} or fewer" if most else "use fewer or smaller micro-batches"
 
 
 def check_apart(eval_data: str | tuple[str, ...], evaluated: tuple[str, ...], trained: tuple[str, ...]) -> None:

@@ -13,15 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.model_rules import (
-    check_activation_budgets,
-    check_layer_count,
-    check_model_options,
-    check_sequence_lengths,
-    check_tensor_parallel,
-    check_vocabulary,
     layers_and_parameters,
 )
-from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind
 from hintpipe.cli.common import (
     add_option,
     add_room_arguments,
@@ -60,8 +53,6 @@ from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.option import said_as_flags
 from hintpipe.options import OPTIONS, ROOM
-from hintpipe.runtime.injection import Injection
-from hintpipe.schedule.hint import Hint
 
 if TYPE_CHECKING:  # the training modules need torch; they are imported where a command runs
     from hintpipe.apps.training import TrainConfig, TrainResult
@@ -132,8 +123,10 @@ def register(commands: Any) -> None:
 
 
 def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
-    """Validate the arguments once, here, and build the run's config."""
-    from hintpipe.apps.evaluation_corpus import check_eval_batches, evaluation_parts
+    """Build the run's config from the arguments. The command line checks what is its own (the flags' values, the
+    output files, this machine's memory) and prepares the data (with a progress bar); every rule of the run is
+    the config's, checked once, as it is made (naming flags: :func:`~hintpipe.option.said_as_flags`), before
+    the model is planned and its sequence cost measured, which take seconds to minutes."""
     from hintpipe.apps.train_config import AUTO, choose_auto_hint
     from hintpipe.apps.training import TrainConfig, profile_costs
 
@@ -145,53 +138,32 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     resolve_tokenizer(args, from_plan)
     flagged = [name for name in (*TRAIN_OPTIONS, "microbatch_size", *DATA_OPTIONS) if hasattr(args, name)]
     check_flags(args, flagged)
-    kind = model_kind(args.model or DEFAULT_MODEL)[0]
-    with said_as_flags():  # the config's own rules, checked here before the data and the plan are made
-        check_tensor_parallel(args.tp, MODEL_SPECS[kind], planned=getattr(args, "plan", None) is not None)
     check_output_files(args)
-    data = args.data
     # A built-in model's vocabulary is the data's: files are prepared (or their prepared folder checked, and
-    # refused if bad) here, once, before any rank starts.
+    # refused if bad) here, once, before any rank starts; the config finds them prepared.
     run_data = prepare_data(args, enabled=not getattr(args, "json", False))
-    vocab = run_data.vocab
-    evaluated = prepare_data(args, enabled=not getattr(args, "json", False), option="eval_data")
-    folders = {"prepared": run_data.folders, "eval_prepared": evaluated.folders}
-    model = from_plan or model_config(args, seed=args.seed, data_vocab=vocab)
-    concatenated = model.max_seq_len - 1 if args.forming is Forming.CONCAT else None
-    parts = evaluation_parts(types.SimpleNamespace(**(vars(args) | folders)))
-    check_eval_batches(args, parts, cli=True, concatenated=concatenated)
+    prepare_data(args, enabled=not getattr(args, "json", False), option="eval_data")
+    model = from_plan or model_config(args, seed=args.seed, data_vocab=run_data.vocab)
     seq_len = SeqLenDist.parse(args.seq_len_dist)
-    with said_as_flags():
-        check_sequence_lengths(model, data, seq_len)
-        if from_plan is None:  # (a plan file's model is checked against the data with the plan)
-            check_vocabulary(model, data, args.tokenizer, vocab)
-        if args.eval_data is not None:
-            check_vocabulary(model, args.eval_data, args.tokenizer, evaluated.vocab, "eval_data")
     length = seq_len.mean if model.spec.reads_text else model.hidden
     check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
         run = types.SimpleNamespace(**(vars(args) | {"model": model, "seq_len_dist": seq_len}))
         args.hint = choose_auto_hint(run, args.chunks)
-    hint = build_hint(args)
-    dp, tp = args.dp, args.tp
-    injection = Injection.parse(args.variability, args.faults, args.seed)
-    injection.check(args.ranks * dp * tp, hint.stages, args.microbatches, tp)
-    forming: Forming = args.forming
-    with said_as_flags():
-        check_model_options(model, data, tp, forming, injection, args.steps, args.eval_data)
-    planned = _planned(args, plan_file, model, (data, vocab), hint, args.ranks * dp * tp)
-    flagged_room = room(args, args.ranks)
-    budgets = flagged_room[1]
-    if budgets is not None:
-        with said_as_flags():
-            check_activation_budgets(budgets, model, args.microbatch_size, seq_len.mean, str(args.precision))
+    planned = None if plan_file is None else _plan_from_file(args, plan_file, model, run_data)
+    if plan_file is None and not model.spec.planned:  # a list of layers every rank builds (sized, not built)
+        check_model_memory(model, layers_and_parameters(model)[1], args.ranks * args.dp * args.tp)
     # Every option given as a flag, checked above, fills the field of its name; then what the command line
     # resolves itself (the model, the room, the plan file's answers, the data).
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     flags = {name: getattr(args, name) for name in flagged if name in fields}
-    resolved = _resolved_fields(args, policy, model, seq_len, flagged_room, planned)
+    resolved = _resolved_fields(args, policy, model, seq_len, room(args, args.ranks), planned)
     with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
         config = TrainConfig(**(flags | resolved))
+        if plan_file is None and model.spec.planned:
+            config = dataclasses.replace(config, plan=plan_once(args, model, build_hint(args)))
+        if config.forming.by_cost:
+            config = dataclasses.replace(config, sequence_cost=_sequence_cost(model, args.microbatch_size))
     if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
     if config.tensorboard is not None:
@@ -212,8 +184,8 @@ def _resolved_fields(
     planned: Plan | None,
 ) -> dict[str, Any]:
     """The config's fields the command line resolves itself rather than taking a flag's value as it is: the
-    model, the room (``slack_microbatches``, budgets, ``device_budget_fraction``), the plan, the lengths, the
-    forming's cost, what the output flags imply."""
+    model, the room (``slack_microbatches``, budgets, ``device_budget_fraction``), the plan file's plan, the
+    lengths, what the output flags imply."""
     slack, budgets, device_budget_fraction = flagged_room
     forming: Forming = args.forming
     return {
@@ -238,7 +210,6 @@ def _resolved_fields(
         "timelines": bool(getattr(args, "trace", None) or getattr(args, "timeline", None)),
         "plan": planned,
         "forming": forming.value,
-        "sequence_cost": _sequence_cost(model, args.microbatch_size) if forming.by_cost else None,
         "dp": args.dp,
         "tp": args.tp,
     }
@@ -265,48 +236,18 @@ def prepare_data(args: argparse.Namespace, *, enabled: bool, option: str = "data
         )
 
 
-def _planned(
-    args: argparse.Namespace,
-    plan_file: dict[str, Any] | None,
-    model: ModelConfig,
-    data_vocab: tuple[Any, int | None],
-    hint: Hint,
-    world: int,
-) -> Plan | None:
-    """The run's plan: the ``--plan`` file's (checked against ``data_vocab``, the data and its vocabulary), one
-    made here for a planned
-    model (None on the ranks of a ``torchrun`` launch that receive rank 0's), or none for a list of layers
-    (their count and size checked here, not in every rank)."""
-    if plan_file is None:
-        if model.spec.planned:
-            return plan_once(args, model, hint)
-        _check_layers(model, hint.stages, world)
-        return None
+def _plan_from_file(args: argparse.Namespace, plan_file: dict[str, Any], model: ModelConfig, data: RunData) -> Plan:
+    """The ``--plan`` file's plan of ``model``, its vocabulary checked against the data's."""
     try:
         planned = planned_model(args, args.plan, plan_file, model)
     except (KeyError, TypeError, AttributeError) as exc:
         raise bad_fields(args.plan, exc) from None
-    data, vocab = data_vocab
-    if vocab is not None and model.vocab < vocab:
+    if data.vocab is not None and model.vocab < data.vocab:
         raise ValueError(
-            f"--plan {args.plan}'s model has a vocabulary of {model.vocab}; --data {data} has token ids up to "
-            f"{vocab - 1}"
+            f"--plan {args.plan}'s model has a vocabulary of {model.vocab}; --data {args.data} has token ids up to "
+            f"{data.vocab - 1}"
         )
     return planned
-
-
-def _check_layers(model: ModelConfig, stages: int, world: int) -> None:
-    """Refuse a model with fewer layers than stages, advising the ``--layers`` that fills them (gpt-mini has an
-    embedding and a head beside its ``--layers`` blocks), or one whose every rank could not build it here.
-
-    Nothing is built: the model of one and of two ``--layers`` is made on the ``meta`` device (sized, never
-    allocated), and the whole model's layers and parameters follow from them, as ``--layers`` adds like
-    layers (this check built the whole model before: ``--hidden 16384`` or ``--layers 1000000000`` ended in
-    ``std::bad_alloc`` minutes later)."""
-    layers, parameters = layers_and_parameters(model)
-    check_model_memory(model, parameters, world)
-    with said_as_flags():
-        check_layer_count(model, layers, stages)
 
 
 def _sequence_cost(model: ModelConfig, rows: int) -> SequenceCost:
