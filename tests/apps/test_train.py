@@ -173,7 +173,10 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
         (["--microbatches", "100000000"], "--microbatches 100000000 x --microbatch-size 4 x 64 tokens: a step's data"),
         (["--trace", "/proc/t.json"], "--trace /proc/t.json cannot be written: No such file or directory"),
         (["--faults", "savefail:0:0"], "--faults savefail and savestop need --checkpoint-dir and --checkpoint-every"),
-        (["--faults", "savefail:2:0"], "savefail rank 2 does not exist: the run has ranks 0..1"),
+        (
+            ["--faults", "savefail:2:0", "--checkpoint-dir", "/no/such/parent/ck", "--checkpoint-every", "1"],
+            "savefail rank 2 does not exist: the run has ranks 0..1",
+        ),
         (["--device-budget-fraction", "-5"], "--device-budget-fraction must be >= 0, got -5"),
         (
             ["--slack-microbatches", "1", "--device-budget-fraction", "0"],

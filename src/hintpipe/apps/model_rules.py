@@ -5,9 +5,11 @@ These were the command line's alone (``hintpipe train``'s checks before any rank
 made in Python, ``TrainConfig(model=ModelConfig("gpt-mini"), tp=3)`` or ``seq_len_dist=SeqLenDist(5000)`` on a
 model whose positions end at 255, was taken as it was and failed later in every rank (or, for a fault in a step
 the run never reaches, not at all). Each rule is now one function here that
-:class:`~hintpipe.apps.train_config.TrainConfig` calls as it is made; the command line calls the same functions
-earlier, where each can be checked before the expensive parts (the data's preparation, the plan), within
-:func:`~hintpipe.option.said_as_flags`, so that one rule names ``--tp`` there and ``tp`` in Python.
+:class:`~hintpipe.apps.train_config.TrainConfig` calls as it is made, and only it: the command line makes its
+config before the expensive parts (the plan, the sequence cost; the data's preparation is the command line's,
+with its progress bar, and comes first, since a built-in model's vocabulary is the data's), within
+:func:`~hintpipe.option.said_as_flags`, so that one rule names ``--tp`` there and ``tp`` in Python. Before, the
+command line called each rule itself too, earlier, and the config again.
 """
 
 from __future__ import annotations
