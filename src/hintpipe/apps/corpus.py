@@ -44,6 +44,7 @@ documents as tensors, for :func:`hintpipe.forming.collate.form_batch` in the use
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import sysconfig
 from collections.abc import Iterable, Sequence
@@ -159,7 +160,7 @@ def concatenated_batch(
     """One step's micro-batches of ``size`` full rows each (``max_len`` ids a row), cut from documents drawn from
     ``(seed, step)`` one at a time and laid end to end (see [Note: documents end to end])."""
     rng = np.random.default_rng([seed, step, CONCATENATED])
-    drawn = (draw_documents(documents, rng, 1)[0] for _ in iter(int, 1))  # endless: as many as the rows take
+    drawn = (draw_documents(documents, rng, 1)[0] for _ in itertools.count())  # as many as the rows take
     rows = concatenated_stream(drawn, microbatches * size, max_len - 1)
     assert rows is not None  # an endless stream fills any rows
     return rows_batch(rows, microbatches)

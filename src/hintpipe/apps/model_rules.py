@@ -89,10 +89,10 @@ def check_vocabulary(
         return
     if model.source is None:
         fix = f"--vocab {data_vocab}" if said_as_flags_now() else f"ModelConfig(vocab={data_vocab})"
-    elif model.name == "hf-folder":
+    elif model.spec.resize:
         fix = (
             f"a tokenizer of at most {model.vocab} ids, or the model resized to hold them "
-            f"(model.resize_token_embeddings({data_vocab}), then save_pretrained)"
+            f"({model.spec.resize.format(vocab=data_vocab)})"
         )
     else:
         fix = f"a tokenizer of at most {model.vocab} ids, or a model of {data_vocab} or more"

@@ -52,6 +52,10 @@ class ModelSpec:
         inputs: the tensors a micro-batch is (several: the layers pass tuples, and the pipeline's first stage
             and last follow the first tensor's size and the last's).
         dropout: takes ``--dropout``.
+        source_dropout: a sourced kind's ``module:function(source)`` giving the dropout its source trains with, as
+            ``(field, p)``, None where it has none ("": its ``--dropout`` alone).
+        resize: how a sourced kind's vocabulary grows to hold more token ids, said in a refusal ("": a model of
+            more).
     """
 
     name: str
@@ -73,6 +77,8 @@ class ModelSpec:
     batch: str = "hintpipe.apps.models:text_batch"
     inputs: int = 1
     dropout: bool = False
+    source_dropout: str = ""
+    resize: str = ""
 
     def builder(self) -> Any:
         """The function :attr:`build` names, imported now."""
@@ -95,6 +101,12 @@ class ModelSpec:
         if not self.layers:
             raise ValueError(f"{self.name} is planned from its graph, not built as a list of layers")
         return _imported(self.layers)
+
+    def dropout_of(self, source: str) -> tuple[str, float] | None:
+        """The dropout ``source`` trains with (:attr:`source_dropout`), as ``(field, p)``; None where it has none, or
+        the kind reads none from its source."""
+        found: tuple[str, float] | None = _imported(self.source_dropout)(source) if self.source_dropout else None
+        return found
 
     def batch_maker(self) -> Any:
         """The function :attr:`batch` names, imported now."""
@@ -172,6 +184,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             describe="hintpipe.apps.hf_folder:folder_description",
             sizes="hintpipe.apps.hf_folder:folder_sizes",
             own_tokenizer=True,
+            source_dropout="hintpipe.apps.hf_folder:folder_dropout",
+            resize="model.resize_token_embeddings({vocab}), then save_pretrained",
         ),
         ModelSpec(
             "factory",

@@ -303,10 +303,8 @@ def _check_grads_comparable(config: TrainConfig) -> None:
         return
     model = config.model
     dropout = f"{model.dropout:g}" if model.dropout else None
-    if dropout is None and model.name == "hf-folder" and model.source is not None:
-        from hintpipe.apps.hf_folder import folder_dropout
-
-        found = folder_dropout(model.source)
+    if dropout is None and model.source is not None:
+        found = model.spec.dropout_of(model.source)
         dropout = None if found is None else f"{found[0]} {found[1]:g}"
     if dropout is not None:
         raise ValueError(
