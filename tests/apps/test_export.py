@@ -385,7 +385,9 @@ def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transfor
     assert main(["export", str(checkpoints), str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
     files = ["config.json", "generation_config.json", "model.safetensors"]
-    assert said == {"out_dir": str(out), "step": 3, "architecture": "GPT2LMHeadModel", "files": files, "notes": []}
+    assert said == {
+        "out_dir": str(out), "step": 3, "architecture": "GPT2LMHeadModel", "dtype": "fp32", "files": files, "notes": [],
+    }  # fmt: skip
 
     model = transformers.GPT2LMHeadModel.from_pretrained(out)
     assert (model.config.vocab_size, model.config.n_positions) == (256, 256)  # bytes, not GPT-2's defaults
@@ -395,6 +397,15 @@ def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transfor
     for name, tensor in merged.items():
         assert torch.equal(state[name], tensor), name
     assert model.lm_head.weight is model.transformer.wte.weight
+    # In bf16: half the size, config.json records it, from_pretrained(dtype="auto") loads the tensors cast.
+    assert main(["export", str(checkpoints), str(tmp_path / "gpt2-bf16"), "--dtype", "bf16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == "bf16"
+    half = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2-bf16", dtype="auto")
+    assert half.config.dtype == torch.bfloat16
+    for name, tensor in half.state_dict().items():
+        assert torch.equal(tensor, merged[name].to(torch.bfloat16)), name
+    sizes = [(folder / "model.safetensors").stat().st_size for folder in (out, tmp_path / "gpt2-bf16")]
+    assert sizes[1] < 0.51 * sizes[0]
 
     config = TrainConfig(
         model=ModelConfig("hf-gpt2", layers=2, hidden=32, vocab=256), ranks=2, microbatches=2, microbatch_size=2,
@@ -433,6 +444,12 @@ def test_a_built_in_model_exports_as_safetensors_that_hintpipe_s_builder_loads(
     rebuilt = model.state_dict()
     assert rebuilt.keys() == result.state.keys() == load_merged(checkpoints).keys()
     assert all(torch.equal(rebuilt[k], result.state[k]) for k in rebuilt)
+    half = export_checkpoint(checkpoints, tmp_path / "gpt-mini-fp16", dtype="fp16")
+    saved = load_file(tmp_path / "gpt-mini-fp16" / "model.safetensors")
+    assert half.dtype == "fp16" and {t.dtype for t in saved.values()} == {torch.float16}
+    assert all(torch.equal(saved[k], result.state[k].to(torch.float16)) for k in saved)
+    with pytest.raises(ValueError, match=r"^unknown dtype 'int8': choose one of fp32, bf16, fp16$"):
+        export_checkpoint(checkpoints, tmp_path / "never", dtype="int8")
 
     # A manifest that describes another model than its tensors are (rewritten, with its digest) is refused.
     other = tmp_path / "other" / "step-00000002"

@@ -21,6 +21,7 @@ def test_the_server_ignores_the_jobs_signals_and_preloads_what_every_rank_import
 ) -> None:
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     monkeypatch.delitem(sys.modules, "hintpipe.runtime.fork_server", raising=False)  # its module code runs again
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
     try:
         import hintpipe.runtime.fork_server as server
 
@@ -51,8 +52,10 @@ multiprocessing.util.register_after_fork(HOOK, lambda _: os.kill(os.getpid(), si
 """
 
 _LAUNCH = """
-import multiprocessing, sys
+import multiprocessing, signal, sys
 from hintpipe.runtime.rank_entry import start_rank
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job ignores it)
 
 context = multiprocessing.get_context("forkserver")
 context.set_forkserver_preload(["sigint_in_bootstrap"])

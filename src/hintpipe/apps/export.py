@@ -20,6 +20,11 @@ is proven to be that model), and it is written:
       model = whole_model(config)[0]  # hintpipe.apps.models
       model.load_state_dict(safetensors.torch.load_file(Path(OUT_DIR, "model.safetensors")), strict=True)
 
+The weights are written in float32, as they trained, unless ``dtype`` (``--dtype``) says ``bf16`` or ``fp16``:
+half the size on disk, the dtype most pretrained models are shared in (torchtitan's ``export_dtype``); a Hugging
+Face model's ``config.json`` then records it, so ``from_pretrained(OUT_DIR, dtype="auto")`` loads it so.
+Tensors that are not floating point (a buffer of positions) stay as they are.
+
 The files are written into a temporary folder beside ``OUT_DIR`` and moved in
 once all are down: a failed export leaves ``OUT_DIR`` as it was. A run saving
 into the checkpoint folder meanwhile does not prune the checkpoint being read
@@ -43,6 +48,7 @@ from torch import nn
 
 from hintpipe.apps.hf_models import without_progress_bars
 from hintpipe.apps.model_description import architecture_of, rebuild_model
+from hintpipe.choice import Choice
 from hintpipe.data.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, step_folders
@@ -65,6 +71,23 @@ _EXPORTED = (
 _EXPORTED_SHARDS = "model-*-of-*.safetensors"
 
 
+class WeightsDtype(Choice):
+    """The dtype an export writes a model's floating-point tensors in: ``fp32`` (as trained), ``bf16`` or
+    ``fp16``."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "dtype"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+
+
 class ExportError(ValueError):
     """A checkpoint that cannot be exported, or a folder it cannot be exported into (one line, saying why)."""
 
@@ -79,19 +102,25 @@ class Exported:
     architecture: str  # the transformers class, or the built-in model's name
     files: tuple[str, ...]  # the files written into out_dir, by name
     notes: tuple[str, ...] = ()  # what was not exported, in words (a tokenizer moved since the run)
+    dtype: WeightsDtype = WeightsDtype.FP32  # the floating-point tensors' dtype in the files
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, force: bool = False) -> Exported:
+def export_checkpoint(
+    checkpoint: str | Path, out_dir: str | Path, *, force: bool = False, dtype: str = "fp32"
+) -> Exported:
     """Write the model a checkpoint holds into ``out_dir``, as its description says to rebuild it.
 
     ``checkpoint``: a checkpoint folder (its newest verified checkpoint) or one ``step-N`` folder. ``out_dir``
     must be new or empty, unless ``force`` (an earlier export's files there are replaced; others are left).
+    ``dtype``: its floating-point tensors' (:class:`WeightsDtype`: ``fp32``, ``bf16``, ``fp16``).
 
     Raises:
         ExportError: not a checkpoint; no description (exported by hand, as the message says); a model this
             hintpipe cannot rebuild, or tensors that do not load into it; ``out_dir`` not empty.
+        ValueError: an unknown ``dtype``.
         hintpipe.runtime.errors.CheckpointError: the checkpoint does not verify, or its files would run code.
     """
+    written = WeightsDtype.parse(dtype)
     given, out = Path(checkpoint), Path(out_dir)
     _check_is_checkpoint(given)
     # Held until its tensors are in the model: a run saving into the folder meanwhile does not prune it (see
@@ -119,6 +148,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, force: boo
             raise ExportError(
                 f"{folder}'s tensors do not load into the {architecture} its manifest describes: {said}"
             ) from None
+    model.to(written.torch_dtype)  # floating-point tensors only (nn.Module.to)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its folder is private (0700), and renamed into place it would stay so.
     staging = out.parent / f".{out.name}.{secrets.token_hex(4)}.export"
@@ -136,7 +166,13 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, force: boo
         shutil.rmtree(staging, ignore_errors=True)
     notes = () if note is None else (note,)
     return Exported(
-        out_dir=out, checkpoint=folder, step=manifest.step, architecture=architecture, files=files, notes=notes
+        out_dir=out,
+        checkpoint=folder,
+        step=manifest.step,
+        architecture=architecture,
+        files=files,
+        notes=notes,
+        dtype=written,
     )
 
 

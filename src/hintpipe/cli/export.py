@@ -30,6 +30,13 @@ def register(commands: Any) -> None:
         action="store_true",
         help="write into a non-empty OUT_DIR (an earlier export's files there are replaced, others left)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="the weights' dtype in the files: fp32 (as trained; the default), or bf16 or fp16 (half the size; a "
+        "Hugging Face model's config.json records it)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -39,16 +46,17 @@ def run(args: argparse.Namespace) -> int:
     from hintpipe.runtime.errors import CheckpointError
 
     try:
-        done = export_checkpoint(args.checkpoint, args.out_dir, force=args.force)
+        done = export_checkpoint(args.checkpoint, args.out_dir, force=args.force, dtype=args.dtype)
     except CheckpointError as exc:  # damaged, unsafe, or no usable checkpoint: the user's input, said in one line
         raise ValueError(str(exc)) from None
     if args.json:
         said = {"out_dir": str(done.out_dir), "step": done.step, "architecture": done.architecture}
+        said["dtype"] = done.dtype.value
         print_json(said | {"files": list(done.files), "notes": list(done.notes)})
         return 0
     for note in done.notes:
         print(f"hintpipe export: {note}", file=sys.stderr)
-    stdout.print(f"{done.checkpoint} (step {done.step}, {done.architecture}) exported to {done.out_dir}:")
+    stdout.print(f"{done.checkpoint} (step {done.step}, {done.architecture}, {done.dtype}) exported to {done.out_dir}:")
     stdout.print(f"  {', '.join(done.files)}")
     if "config.json" in done.files:
         stdout.print(f"load it with transformers.{done.architecture}.from_pretrained({str(done.out_dir)!r})")
