@@ -195,6 +195,24 @@ def test_wrong_models_and_folders_are_one_line(zoo: Path, tmp_path: Path, capsys
     ]  # fmt: skip
 
 
+def test_max_seq_len_beside_a_folder_is_the_context_it_trains_on(zoo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: "--max-seq-len: --model ... is sized by its own config", so a model of 131,072 positions trained on
+    # rows up to that long (every row, under --forming concat), with no way to say less.
+    config = _config(zoo, "llama", "--max-seq-len", "16", "--forming", "concat")
+    assert (config.model.max_seq_len, config.model.source) == (16, str(zoo / "llama"))
+    inputs, _, tokens = step_batch(config, 0)
+    assert [tuple(x.shape) for x in inputs] == [(2, 15)] * 2 and tokens == [30, 30]
+    folder = str(zoo / "llama")
+    train = ["train", "--model", folder, "--ranks", "2", "--microbatches", "2", "--steps", "1"]
+    assert _error([*train, "--max-seq-len", "65"], capsys) == (
+        f"hintpipe train: error: --max-seq-len 65: {folder}'s positions end at 64 tokens; give the context it trains "
+        "on, 2 to 64\n"
+    )
+    assert _error([*train, "--max-seq-len", "16", "--layers", "4"], capsys) == (
+        f"hintpipe train: error: --layers: --model {folder} is sized by its own config; leave --layers out\n"
+    )
+
+
 def test_a_folder_whose_config_maps_to_its_own_code_is_refused(
     zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

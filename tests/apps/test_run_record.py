@@ -49,6 +49,8 @@ def test_a_resume_names_each_change_of_its_batches_in_one_note(tmp_path: Path) -
         "resumed at step 4 with other batches than its run's (seed 0 then, 3 now; microbatch_size 4 then, 2 now): "
         "the steps from here train on other batches than the uninterrupted run would have"
     )
+    shorter = dataclasses.replace(run, model=dataclasses.replace(MODEL, max_seq_len=32))  # a folder's --max-seq-len
+    assert _resumed(run, shorter).batches.changed == ["max_seq_len 64 then, 32 now"]
     with pytest.raises(CheckpointError, match=r"^the checkpoint's run has lr 0.001, this one 0.01: resuming"):
         _resumed(run, dataclasses.replace(run, lr=1e-2))
 

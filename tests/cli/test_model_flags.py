@@ -31,8 +31,8 @@ def test_a_built_in_model_is_sized_by_its_flags_then_the_datas_vocabulary() -> N
     [
         (["--model", "mlp", "--init", "random"], "--init random: --model mlp is a built-in model, its weights always "
          "start from --seed; --init is for a model folder"),
-        (["--model", "mymodels:build", "--layers", "2", "--max-seq-len", "8"], "--layers --max-seq-len: --model "
-         "mymodels:build is sized by its own config; leave --layers --max-seq-len out"),
+        (["--model", "mymodels:build", "--layers", "2", "--hidden", "8", "--max-seq-len", "8"], "--layers --hidden: "
+         "--model mymodels:build is sized by its own config; leave --layers --hidden out"),  # --max-seq-len: taken
         (["--hidden", "30"], "--model gpt-mini: hidden 30 must be a multiple of heads 4"),
         (["--model", "gpt-mini", "--dropout", "0.1"], "--model gpt-mini: gpt-mini has no dropout; leave dropout out "
          "(the hf-* models take it)"),

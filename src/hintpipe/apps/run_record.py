@@ -63,6 +63,7 @@ class BatchRecord:
     forming: str
     seq_len_dist: str
     dp: int
+    max_seq_len: int  # the longest row (a model folder's ``--max-seq-len``: the context it trains on)
     changed: list[str] = dataclasses.field(default_factory=list, compare=False)
 
     @classmethod
@@ -75,6 +76,7 @@ class BatchRecord:
             str(config.forming.value),
             str(config.seq_len_dist),
             config.dp,
+            config.model.max_seq_len,
         )
 
     def fields(self) -> dict[str, Any]:

@@ -4,7 +4,10 @@
 Hugging Face model was saved to, or ``module:function``. A built-in model is shaped by its flags (``--layers``,
 ``--hidden``, ``--heads``, ``--vocab``, ``--max-seq-len``, ``--dropout``); a folder's model by its own config,
 so those flags are refused beside it (one line: the folder says them), and ``--init`` says whether it starts
-from the folder's weights or from its config alone.
+from the folder's weights or from its config alone. ``--max-seq-len`` alone is taken beside a folder (or a factory):
+not the model's positions but the context it trains on, rows of at most that many tokens (Hugging Face's
+``run_clm.py --block_size``); a model of 131,072 positions otherwise trains on rows as long (every row, under
+``--forming concat``).
 
 This module is torch-free (a folder's config is read with transformers, imported then).
 """
@@ -12,6 +15,7 @@ This module is torch-free (a folder's config is read with transformers, imported
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from hintpipe.apps.model_config import INITS, ModelConfig
@@ -52,7 +56,11 @@ def add_model_flags(parser: argparse.ArgumentParser, *, from_plan: bool = False)
         "--vocab", type=whole_number, metavar="V", help="a built-in model's vocabulary (default: the data's, else 128)"
     )
     parser.add_argument(
-        "--max-seq-len", type=whole_number, metavar="T", help="a built-in model's positions (default 256)"
+        "--max-seq-len",
+        type=whole_number,
+        metavar="T",
+        help="a built-in model's positions (default 256); beside a model folder or a factory, the context it trains "
+        "on: rows of at most T tokens, at most its positions (default: its positions)",
     )
     parser.add_argument("--dropout", type=float, metavar="P", help="a built-in model's dropout probability (default 0)")
 
@@ -72,10 +80,12 @@ def model_config(args: argparse.Namespace, *, seed: int, data_vocab: int | None)
     kind, source = model_kind(args.model or DEFAULT_MODEL)
     sizes = given_sizes(args)
     if source is not None:
+        context = sizes.pop("max_seq_len", None)
         if sizes:
             flags = " ".join(f"--{name.replace('_', '-')}" for name in sizes)
             raise ValueError(f"{flags}: --model {args.model} is sized by its own config; leave {flags} out")
-        return _sourced(kind, source, init=args.init or "pretrained", seed=seed)
+        sourced = _sourced(kind, source, init=args.init or "pretrained", seed=seed)
+        return sourced if context is None else _trained_context(sourced, context)
     if args.init is not None:
         raise ValueError(
             f"--init {args.init}: --model {kind} is a built-in model, its weights always start from --seed; "
@@ -87,6 +97,20 @@ def model_config(args: argparse.Namespace, *, seed: int, data_vocab: int | None)
         return ModelConfig(kind, seed=seed, **values)
     except ValueError as exc:
         raise ValueError(f"--model {kind}: {exc}") from None
+
+
+def _trained_context(model: ModelConfig, context: int) -> ModelConfig:
+    """A sourced ``model`` trained on rows of at most ``context`` tokens (``--max-seq-len``), within its positions.
+
+    Raises:
+        ValueError: a context past the model's positions, or under 2 tokens.
+    """
+    if not 2 <= context <= model.max_seq_len:
+        raise ValueError(
+            f"--max-seq-len {context}: {model.label}'s positions end at {model.max_seq_len} tokens; give the context "
+            f"it trains on, 2 to {model.max_seq_len}"
+        )
+    return dataclasses.replace(model, max_seq_len=context)
 
 
 def _sourced(kind: str, source: str, *, init: str, seed: int) -> ModelConfig:
