@@ -195,6 +195,42 @@ def test_wrong_models_and_folders_are_one_line(zoo: Path, tmp_path: Path, capsys
     ]  # fmt: skip
 
 
+def test_a_folder_of_another_head_or_a_model_that_sees_ahead_is_refused(
+    zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, each trained without a word: the classifier's folder with its LM head drawn at random (its own
+    # dropped), the masked LM with attention that sees the token it predicts (its loss falls, it learns nothing).
+    untied = hf_zoo.ARCHITECTURES["llama"]()
+    untied.tie_word_embeddings, untied.num_labels = False, 3
+    torch.manual_seed(0)
+    classifier = transformers.LlamaForSequenceClassification(untied)  # type: ignore[no-untyped-call]
+    classifier.save_pretrained(tmp_path / "classifier")
+    masked = transformers.BertConfig(
+        vocab_size=hf_zoo.VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    transformers.BertForMaskedLM(masked).save_pretrained(tmp_path / "bert")
+    for folder in ("classifier", "bert"):
+        hf_zoo.save_tokenizer(tmp_path / folder, zoo / "corpus.txt")
+    capsys.readouterr()  # (save_pretrained's bars)
+    train = ["train", "--ranks", "2", "--microbatches", "2", "--steps", "1", "--data", str(zoo / "corpus.txt")]
+    assert _error([*train, "--model", str(tmp_path / "classifier")], capsys) == (
+        f"hintpipe train: error: --model {tmp_path / 'classifier'} holds a LlamaForSequenceClassification, not the "
+        "weights of LlamaForCausalLM (it lacks lm_head.weight; it holds score.weight): hintpipe fine-tunes a causal "
+        "language model from all of its weights; give the folder of a causal LM's save_pretrained, or --init random\n"
+    )
+    for init in ("pretrained", "random"):
+        assert _error([*train, "--model", str(tmp_path / "bert"), "--init", init], capsys) == (
+            f"hintpipe train: error: --model {tmp_path / 'bert'} is not a causal language model: its logits at one "
+            "position change with a later token (its attention sees the tokens it is to predict; a BERT-like model "
+            "wants is_decoder in its config.json)\n"
+        )
+    masked.is_decoder = True  # a BERT made a decoder is causal, and trains
+    transformers.BertLMHeadModel(masked).save_pretrained(tmp_path / "bert")
+    args = parse_cli([*train, "--model", str(tmp_path / "bert")])
+    assert config_from(args, args.policy).plan is not None
+
+
 def test_max_seq_len_beside_a_folder_is_the_context_it_trains_on(zoo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Before: "--max-seq-len: --model ... is sized by its own config", so a model of 131,072 positions trained on
     # rows up to that long (every row, under --forming concat), with no way to say less.

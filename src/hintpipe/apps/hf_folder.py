@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hintpipe.apps.folder_checks import check_causal, check_loaded
 from hintpipe.apps.hf_models import CALL_KWARGS, without_progress_bars
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.own_code import refuse_hub_code, refuse_own_code
@@ -142,12 +143,20 @@ def whole_folder_model(config: ModelConfig) -> tuple[nn.Module, dict[str, Any]]:
     settings = folder_config(config.source)
     if config.init == "pretrained":
         with without_progress_bars():
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                config.source, config=settings, local_files_only=True, trust_remote_code=False, dtype=torch.float32
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                config.source,
+                config=settings,
+                local_files_only=True,
+                trust_remote_code=False,
+                dtype=torch.float32,
+                output_loading_info=True,
             )
+        saved = (getattr(settings, "architectures", None) or [type(model).__name__])[0]
+        check_loaded(config.source, saved, type(model).__name__, info)  # [Note: a folder holds a causal language model]
     else:
         torch.manual_seed(config.seed)
         model = transformers.AutoModelForCausalLM.from_config(settings, trust_remote_code=False, dtype=torch.float32)
+    check_causal(model, config.source, config.vocab, config.max_seq_len, dict(CALL_KWARGS))
     model.train()  # from_pretrained hands it back in eval mode; a run trains it (dropout as its config says)
     return model, dict(CALL_KWARGS)
 
