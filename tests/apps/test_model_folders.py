@@ -13,6 +13,7 @@ the tokenizer beside them. Then every refusal of a wrong model or folder, by its
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,15 @@ def test_a_folder_of_another_head_or_a_model_that_sees_ahead_is_refused(
     masked.is_decoder = True  # a BERT made a decoder is causal, and trains
     transformers.BertLMHeadModel(masked).save_pretrained(tmp_path / "bert")
     args = parse_cli([*train, "--model", str(tmp_path / "bert")])
+    assert config_from(args, args.policy).plan is not None
+    # A causal LM's folder with tensors beyond its model trains: the hub's GPT-2 keeps attn.masked_bias buffers.
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(zoo / "gpt2", tmp_path / "gpt2")
+    weights = load_file(tmp_path / "gpt2" / "model.safetensors")
+    extra = {f"transformer.h.{i}.attn.masked_bias": torch.tensor(-1e4) for i in range(2)}
+    save_file(weights | extra, tmp_path / "gpt2" / "model.safetensors", metadata={"format": "pt"})
+    args = parse_cli([*train, "--model", str(tmp_path / "gpt2")])
     assert config_from(args, args.policy).plan is not None
 
 

@@ -12,9 +12,12 @@ type, and says what does not fit in log lines a run's output buries:
   config says ``is_decoder``: each position sees the token it is to predict, and the loss falls towards nothing
   while the model learns nothing of next-token prediction.
 
-So a folder's model is refused, in one line saying what it is, when its weights do not fill the causal model
-exactly (:func:`check_loaded`), and when a position's logits change with a later token (:func:`check_causal`,
-one forward of a few tokens twice, on the model as built: any architecture, whatever its config says).
+So a folder's model is refused, in one line saying what it is, when its weights leave a tensor of the causal
+model unfilled, or when it was saved from another head whose weights the causal model drops
+(:func:`check_loaded`); and when a position's logits change with a later token (:func:`check_causal`, one
+forward of a few tokens twice, on the model as built: any architecture, whatever its config says). Tensors a
+causal model's own folder holds beyond it are taken: the hub's GPT-2 keeps each block's ``attn.masked_bias``
+buffer, which ``from_pretrained`` reports unused, and it is the model every GPT-2 fine-tune starts from.
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ _PROBE = 8
 
 
 def check_loaded(folder: str, saved: str, built: str, info: dict[str, Any]) -> None:
-    """Refuse weights that do not fill the causal model ``built`` exactly (``info``: ``from_pretrained``'s
-    ``output_loading_info``; ``saved``: the class the folder was saved from, as its config names it).
+    """Refuse weights that leave a tensor of the causal model ``built`` unfilled, or that another head's class
+    ``saved`` (the class the folder was saved from, as its config names it) holds beside it (``info``:
+    ``from_pretrained``'s ``output_loading_info``).
 
     Raises:
         ValueError: naming the tensors missing (drawn at random) or unused (another head's), and the fix.
     """
     missing, unused = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
-    if not missing and not unused:
+    causal = saved == built or saved.endswith(("ForCausalLM", "LMHeadModel"))
+    if not missing and (causal or not unused):
         return
     said = "; ".join(
         f"{what} {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
