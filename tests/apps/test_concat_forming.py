@@ -97,6 +97,12 @@ def test_what_concat_cannot_do_is_refused_in_one_line(tmp_path: Path, capsys: py
     assert str(refused.value) == (
         "forming concat forms micro-batches from documents end to end: use it with data stdlib or data PATH"
     )
+    with pytest.raises(ValueError) as refused:  # packing's refusal names concat, which any model takes
+        TrainConfig(model=ModelConfig("hf-gpt2", vocab=256), ranks=2, microbatches=2, data=str(train), forming="packed")
+    assert str(refused.value) == (
+        "forming packed needs a model that takes document masks (gpt-mini), not hf-gpt2; forming concat lays "
+        "documents end to end without masks, for any model"
+    )
     argv = ["train", "--ranks", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16", "--forming", "concat"]
     assert main(argv) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (

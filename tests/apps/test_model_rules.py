@@ -100,7 +100,8 @@ def test_python_refuses_what_the_command_line_refuses_each_in_its_words(
         (ModelConfig("mlp"), ("a.txt", "b.txt"), 1, Forming.CROP, [], "--data a.txt --data b.txt is text: use a "
          "language model (gpt-mini, hf-gpt2, a model folder)"),
         (ModelConfig("hf-gpt2"), "stdlib", 1, Forming.PACKED, [], "--forming packed needs a model that takes "
-         "document masks (gpt-mini), not hf-gpt2"),
+         "document masks (gpt-mini), not hf-gpt2; --forming concat lays documents end to end without masks, for any "
+         "model"),
     ],
 )  # fmt: skip
 def test_the_model_s_data_rules_name_the_flags_as_given(

@@ -66,7 +66,8 @@ def check_model_options(
         )
     if forming is Forming.PACKED and not model.spec.document_masks:
         raise ValueError(
-            f"{said('forming')} packed needs a model that takes document masks (gpt-mini), not {model.label}"
+            f"{said('forming')} packed needs a model that takes document masks (gpt-mini), not {model.label}; "
+            f"{said('forming')} concat lays documents end to end without masks, for any model"
         )
 
 
