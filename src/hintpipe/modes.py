@@ -83,3 +83,16 @@ class OptimizerName(Choice):
     @classmethod
     def noun(cls) -> str:
         return "optimizer"
+
+
+class WeightsDtype(Choice):
+    """The dtype ``hintpipe export`` writes a model's floating-point tensors in: ``fp32`` (as trained), ``bf16`` or
+    ``fp16``."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @classmethod
+    def noun(cls) -> str:
+        return "dtype"

@@ -8,6 +8,7 @@ from typing import Any
 from hintpipe.data.prepared import DocumentView, open_prepared
 from hintpipe.data.run_data import document_parts
 from hintpipe.data.sources import data_entries
+from hintpipe.forming.form import Forming
 from hintpipe.option import said
 
 
@@ -20,10 +21,10 @@ def evaluation_parts(config: Any) -> tuple[DocumentView, ...]:
     return document_parts(config.prepared, "held_out")
 
 
-def check_eval_batches(config: Any, parts: tuple[DocumentView, ...], *, concatenated: int | None = None) -> None:
+def check_eval_batches(config: Any, parts: tuple[DocumentView, ...]) -> None:
     """Refuse ``eval_batches`` that the documents the run evaluates on (``parts``: :func:`evaluation_parts`)
     cannot fill without replacement (``config``: the run's config): documents, or under ``--forming concat``
-    rows of ``concatenated`` tokens (see [Note: documents end to end] in :mod:`hintpipe.apps.corpus`).
+    rows of its context's tokens (see [Note: documents end to end] in :mod:`hintpipe.apps.corpus`).
 
     Raises:
         ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
@@ -36,8 +37,8 @@ def check_eval_batches(config: Any, parts: tuple[DocumentView, ...], *, concaten
             f"{said('eval_batches')} {count} evaluates on a file corpus's held-out documents; {said('data')} "
             f"{config.data} has none: leave {said('eval_batches')} out (each evaluation draws one batch)"
         )
-    if concatenated is not None:
-        _check_eval_tokens(config, parts, count, concatenated)
+    if config.forming is Forming.CONCAT:
+        _check_eval_tokens(config, parts, count, config.model.max_seq_len - 1)
         return
     held = sum(len(part) for part in parts)
     per_batch = config.microbatches * config.microbatch_size * config.dp

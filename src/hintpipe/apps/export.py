@@ -48,8 +48,8 @@ from torch import nn
 
 from hintpipe.apps.hf_models import without_progress_bars
 from hintpipe.apps.model_description import architecture_of, rebuild_model
-from hintpipe.choice import Choice
 from hintpipe.data.tokenizer_record import TOKENIZER_FILES, copy_tokenizer
+from hintpipe.modes import WeightsDtype
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.manifest import MANIFEST, step_folders
 from hintpipe.runtime.checkpoint.merged import held_checkpoint, read_merged
@@ -71,21 +71,8 @@ _EXPORTED = (
 _EXPORTED_SHARDS = "model-*-of-*.safetensors"
 
 
-class WeightsDtype(Choice):
-    """The dtype an export writes a model's floating-point tensors in: ``fp32`` (as trained), ``bf16`` or
-    ``fp16``."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-    @classmethod
-    def noun(cls) -> str:
-        return "dtype"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+#: Each :class:`~hintpipe.modes.WeightsDtype`'s torch dtype.
+_TORCH_DTYPES = {WeightsDtype.FP32: torch.float32, WeightsDtype.BF16: torch.bfloat16, WeightsDtype.FP16: torch.float16}
 
 
 class ExportError(ValueError):
@@ -112,7 +99,7 @@ def export_checkpoint(
 
     ``checkpoint``: a checkpoint folder (its newest verified checkpoint) or one ``step-N`` folder. ``out_dir``
     must be new or empty, unless ``force`` (an earlier export's files there are replaced; others are left).
-    ``dtype``: its floating-point tensors' (:class:`WeightsDtype`: ``fp32``, ``bf16``, ``fp16``).
+    ``dtype``: its floating-point tensors' (:class:`~hintpipe.modes.WeightsDtype`: ``fp32``, ``bf16``, ``fp16``).
 
     Raises:
         ExportError: not a checkpoint; no description (exported by hand, as the message says); a model this
@@ -148,7 +135,7 @@ def export_checkpoint(
             raise ExportError(
                 f"{folder}'s tensors do not load into the {architecture} its manifest describes: {said}"
             ) from None
-    model.to(written.torch_dtype)  # floating-point tensors only (nn.Module.to)
+    model.to(_TORCH_DTYPES[written])  # floating-point tensors only (nn.Module.to)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its folder is private (0700), and renamed into place it would stay so.
     staging = out.parent / f".{out.name}.{secrets.token_hex(4)}.export"

@@ -222,8 +222,7 @@ class TrainConfig(PipelineConfig):
             check_apart(self.eval_data, evaluated.folders, resolved.folders)
             object.__setattr__(self, "eval_prepared", evaluated.folders)
             check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab, "eval_data")
-        concatenated = self.model.max_seq_len - 1 if self.forming is Forming.CONCAT else None
-        check_eval_batches(self, evaluation_parts(self), concatenated=concatenated)
+        check_eval_batches(self, evaluation_parts(self))
 
     @property
     def world(self) -> int:

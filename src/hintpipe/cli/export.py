@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from hintpipe.cli.common import print_json, stdout
+from hintpipe.modes import WeightsDtype
 
 HELP = "write a checkpoint's model to a folder: save_pretrained for Hugging Face models, safetensors for built-in ones"
 DESCRIPTION = (
@@ -32,8 +33,8 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=("fp32", "bf16", "fp16"),
-        default="fp32",
+        choices=[dtype.value for dtype in WeightsDtype],
+        default=WeightsDtype.FP32.value,
         help="the weights' dtype in the files: fp32 (as trained; the default), or bf16 or fp16 (half the size; a "
         "Hugging Face model's config.json records it)",
     )
