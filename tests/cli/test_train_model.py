@@ -74,3 +74,24 @@ def test_the_tokenizer_is_the_one_given_else_bytes_for_data_without_a_tokenizer_
         resolve_tokenizer(args)
         assert args.tokenizer == "bytes"
     assert args.data == ("a.txt", "b.txt")  # the option's value: several entries a tuple
+
+
+def test_help_calls_required_only_the_flags_a_run_cannot_go_without() -> None:
+    """``--chunks`` defaults to the hint's own, which ``--help`` once called required."""
+    text = " ".join(_train_help().split())
+    for flag in ("--ranks P", "--microbatches M"):
+        assert f"{flag} " in text and "(required, unless --plan FILE says it)" in text.split(flag, 1)[1][:200]
+    chunks = text.split("--chunks V", 1)[1].split("--admission", 1)[0]
+    assert "required" not in chunks
+    assert chunks.strip().endswith("default: the hint's own (1); with --plan, the plan file's")
+    hint = text.split("--hint H", 1)[1].split("--policy", 1)[0]
+    assert hint.strip().endswith("(default 1f1b; with --plan, the plan file's)")
+
+
+def _train_help() -> str:
+    from hintpipe.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text: str = commands.choices["train"].format_help()
+    return text.split("options:", 1)[1]

@@ -28,9 +28,12 @@ def test_built_in_data_needs_no_folder_and_its_own_vocabulary() -> None:
     [
         (
             True,
-            "--data-field body names the field of a JSON record's document; --data stdlib has no .jsonl or .json file",
+            "--data-field body names a record's field; --data stdlib has no records (JSON, Parquet, CSV)",
         ),
-        (False, "data_field body names the field of a JSON record's document; data stdlib has no .jsonl or .json file"),
+        (
+            False,
+            "data_field body names a record's field; data stdlib has no records (JSON, Parquet, CSV)",
+        ),
     ],
 )
 def test_an_option_that_would_change_nothing_is_refused_in_the_callers_words(cli: bool, message: str) -> None:
@@ -59,5 +62,5 @@ def test_a_field_for_files_without_jsonl_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as refused:
         resolve_data(a, field="body", cli=True)
     assert str(refused.value) == (
-        f"--data-field body names the field of a JSON record's document; --data {a} has no .jsonl or .json file"
+        f"--data-field body names a record's field; --data {a} has no records (JSON, Parquet, CSV)"
     )

@@ -109,16 +109,17 @@ def test_a_folder_reads_its_text_files_or_every_file_but_hidden_ones_in_path_ord
 
 def test_a_folder_without_a_file_to_read_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.md").write_text("x")
-    with pytest.raises(DataRefused, match=r": a folder without a \.txt or \.jsonl file in it$"):
+    kinds = r"\.txt, \.jsonl, \.ndjson, \.parquet, \.csv, \.tsv"
+    with pytest.raises(DataRefused, match=rf": a folder without a file of {kinds} in it$"):
         Source.of(str(tmp_path)).files(BLANK)
-    shards = tmp_path / "shards"
-    (shards / "data").mkdir(parents=True)
-    (shards / "data" / "train-00000-of-00002.parquet").write_bytes(b"")
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "part-0.json").write_text("[]")
     with pytest.raises(DataRefused) as refused:
-        Source.of(str(shards)).files(BLANK)
+        Source.of(str(records)).files(BLANK)
     assert str(refused.value.said(cli=True)) == (
-        f"--data {shards}: a folder without a .txt or .jsonl file in it; for its .parquet files give "
-        f"hf:parquet:{shards}/**/*.parquet"
+        f"--data {records}: a folder without a file of .txt, .jsonl, .ndjson, .parquet, .csv, .tsv in it; for its "
+        f".json files give hf:json:{records}/**/*.json"
     )
     with pytest.raises(DataRefused, match=r"^hf:json:/none/\*\.jsonl: no file matches /none/\*\.jsonl$"):
         Source.of("hf:json:/none/*.jsonl").files(BLANK)

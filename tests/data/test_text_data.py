@@ -90,7 +90,8 @@ def test_training_steps_draw_the_training_documents_and_the_held_out_batch_the_h
          "c.jsonl, line 2: no field 'text' (its fields: 'txt', 'n')"),
         ({"c.jsonl": b'{"text": 3}\n'}, "c.jsonl", "c.jsonl, line 1: field 'text' is a JSON number, not a string"),
         ({"e.txt": b"\n\na\n \n\nb"}, "e.txt", "e.txt: no document of 2 tokens or more (an empty corpus)"),
-        ({"d/notes.md": b"text"}, "d", "d: a folder without a .txt or .jsonl file in it"),
+        ({"d/notes.md": b"text"}, "d",
+         "d: a folder without a file of .txt, .jsonl, .ndjson, .parquet, .csv, .tsv in it"),
         ({"l.txt": b"caf\xe9 au lait"}, "l.txt",
          "l.txt: not UTF-8 text (byte 3: invalid continuation byte); " + TO_UTF8),
     ],
@@ -137,7 +138,7 @@ def test_a_tokenizer_that_is_not_one_is_refused(tmp_path: Path, monkeypatch: pyt
         with pytest.raises(ValueError) as info:
             TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=given, data_field="body")
         assert str(info.value) == (
-            f"data_field body names the field of a JSON record's document; data {given} has no .jsonl or .json file"
+            f"data_field body names a record's field; data {given} has no records (JSON, Parquet, CSV)"
         )
     with pytest.raises(ValueError, match=r"^tokenizer bytes-ish tokenizes a data file or folder; data stdlib has "):
         TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data="stdlib", tokenizer="bytes-ish")

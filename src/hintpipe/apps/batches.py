@@ -82,9 +82,7 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
         return [step_batch(config, HELD_OUT_STEP, replica)]
     order = HeldOutOrder(evaluation_parts(config), config.seed)
     if config.forming is Forming.CONCAT:
-        return [
-            _concatenated_held_out(config, order, number * config.dp + replica) for number in range(config.eval_batches)
-        ]
+        return _concatenated_held_out(config, order, [n * config.dp + replica for n in range(config.eval_batches)])
     size, rows = config.microbatches * config.microbatch_size, config.microbatch_size
     batches = []
     for number in range(config.eval_batches):
@@ -143,12 +141,13 @@ def _formed(config: TrainConfig, sequences: list[torch.Tensor], seed: int) -> Ba
     return batch.inputs, batch.targets, counts
 
 
-def _concatenated_held_out(config: TrainConfig, order: HeldOutOrder, number: int) -> Batch:
-    """Held-out batch ``number`` under ``--forming concat``: the rows of the documents it evaluates on, end to end
-    in their fixed order, after the rows of the batches before it (see [Note: documents end to end] in
-    :mod:`hintpipe.apps.corpus`); ``check_eval_batches`` made sure they hold every batch's rows."""
+def _concatenated_held_out(config: TrainConfig, order: HeldOutOrder, numbers: list[int]) -> list[Batch]:
+    """Held-out batches ``numbers`` (increasing) under ``--forming concat``: batch ``b`` is the rows of the
+    documents it evaluates on, end to end in their fixed order, after the rows of the batches before it (see
+    [Note: documents end to end] in :mod:`hintpipe.apps.corpus`), so one walk of the documents cuts them all;
+    ``check_eval_batches`` made sure they hold every batch's rows."""
     rows, length = config.microbatches * config.microbatch_size, config.model.max_seq_len - 1
     stream = (order[i] for i in range(len(order)))
-    cut = concatenated_stream(stream, rows, length, skip=number * rows * length)
-    assert cut is not None, f"held-out batch {number} of a corpus too short for it"
-    return rows_batch(cut, config.microbatches)
+    cut = concatenated_stream(stream, rows * (numbers[-1] + 1), length)
+    assert cut is not None, f"held-out batches up to {numbers[-1]} of a corpus too short for them"
+    return [rows_batch(cut[number * rows : (number + 1) * rows], config.microbatches) for number in numbers]

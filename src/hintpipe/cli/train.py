@@ -97,9 +97,14 @@ def register(commands: Any) -> None:
     add_config_arguments(parser)
     for name in TRAIN_OPTIONS:
         if name in FROM_PLAN:  # a plan file may say them: None until resolved (see _answered_by_plan)
-            default = FROM_PLAN[name]
-            said = f" (default {default}; with --plan, the plan file's)" if default is not None else ""
-            help_text = OPTIONS[name].help + (said or " (required, unless --plan FILE says it)")
+            default, option = FROM_PLAN[name], OPTIONS[name]
+            if option.required:
+                said = " (required, unless --plan FILE says it)"
+            elif default is None:  # the option's own default (chunks: the hint's own)
+                said = "; with --plan, the plan file's"
+            else:
+                said = f" (default {default}; with --plan, the plan file's)"
+            help_text = option.help + said
             add_option(parser, name, default=None, required=False, help=help_text)
         else:
             add_option(parser, name)

@@ -152,8 +152,9 @@ def _tokenized(
             tokens += len(ids)
     if not documents:
         raise DataRefused("data", f"{source.path}: no document of {SHORTEST} tokens or more (an empty corpus)")
-    read_by_us = source.kind not in (SourceKind.HF_SAVED, SourceKind.HF_FILES)
-    file_records = tuple(_file_record(file, stamps[file], digests[file] if read_by_us else None) for file in files)
+    file_records = tuple(
+        _file_record(file, stamps[file], None if source.read_by_datasets(file) else digests[file]) for file in files
+    )
     return SourceRecord(given, source.absolute, source.kind.value, file_records, documents, tokens), short
 
 
@@ -177,7 +178,7 @@ def _check_out(target: Path, sources: list[Source], replace: bool) -> None:
     (it would become part of the source it was made from)."""
     resolved = target.resolve()
     for source in sources:
-        root = Path(source.path).resolve()
+        root = source.root.resolve()
         if source.kind is SourceKind.FOLDER and resolved.is_relative_to(root):
             raise DataRefused("out", f"{target} is inside the source {source.path}; prepare into another folder")
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):

@@ -23,7 +23,7 @@ from hintpipe.data.mixture import Mixture
 from hintpipe.data.prepare import Progress
 from hintpipe.data.prepared import DocumentView, Part, check_prepared, open_prepared
 from hintpipe.data.refusal import DataRefused
-from hintpipe.data.sources import BUILT_IN_DATA, DataEntry, Source, SourceKind, data_entries
+from hintpipe.data.sources import BUILT_IN_DATA, DataEntry, Source, SourceKind, data_entries, evaluation_source
 from hintpipe.data.tokenizer import BYTES, BYTES_VOCAB
 
 #: The defaults of ``--data-field`` and ``--data-split``.
@@ -64,6 +64,8 @@ def resolve_data(
             if option != "data":
                 raise DataRefused(option, f"{entries[0].given}: built-in data trains; evaluate on files or folders")
             return _built_in(entries[0].path, field, tokenizer, cli)
+        if option == "eval_data":  # a folder in splits evaluates on its evaluation split
+            entries = tuple(dataclasses.replace(e, path=evaluation_source(e.path)) for e in entries)
         sources = [Source.of(entry.path) for entry in entries]
         raw = [(e, s) for e, s in zip(entries, sources, strict=True) if s.kind is not SourceKind.PREPARED]
         if field != DEFAULT_FIELD and raw and not any(s.reads_field for _, s in raw):
@@ -126,9 +128,7 @@ def _built_in(data: str, field: str, tokenizer: str, cli: bool) -> RunData:
 
 def _no_field(field: str, data: str, cli: bool) -> None:
     said, named = ("--data-field", "--data") if cli else ("data_field", "data")
-    raise ValueError(
-        f"{said} {field} names the field of a JSON record's document; {named} {data} has no .jsonl or .json file"
-    )
+    raise ValueError(f"{said} {field} names a record's field; {named} {data} has no records (JSON, Parquet, CSV)")
 
 
 def _checked(entry: DataEntry, field: str, split: str, tokenizer: str) -> str:

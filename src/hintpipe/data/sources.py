@@ -12,8 +12,11 @@ is a path, colon and all. A path is, by what it is:
 - a folder a ``datasets.Dataset`` was saved to (``save_to_disk``: ``state.json`` beside
   ``dataset_info.json``), read with ``load_from_disk`` (memory-mapped Arrow);
 - any other folder: its files, in sorted path order. With ``--data-split blank`` or a separator, every
-  ``*.txt`` and ``*.jsonl`` file under it (as 0.6 read folders); with ``--data-split file``, every file under
-  it but hidden ones and ``__pycache__`` (a folder of source code, one file one document);
+  ``*.txt``, ``*.jsonl``, ``*.parquet``, ``*.csv`` and ``*.tsv`` file under it, or, in a folder laid out in a
+  dataset's splits, its train split's (see [Note: a folder in splits] in :mod:`~hintpipe.data.dataset_splits`);
+  with ``--data-split file``, every file under it but hidden ones and ``__pycache__`` (a folder of source code,
+  one file one document);
+- ``DIR/SPLIT``, not a path on disk, where ``DIR`` is laid out in splits: that split's files;
 - a ``.jsonl``, ``.ndjson`` or ``.json`` file: JSON records, the document under ``--data-field``: one object
   per line, or (``.json``) one array of objects (:func:`~hintpipe.data.reading.json_documents`);
 - a ``.csv`` or ``.tsv`` file: ``hf:csv:`` itself (tab-separated for ``.tsv``), the document the column
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hintpipe.data import hf_datasets
+from hintpipe.data.dataset_splits import folder_splits
 from hintpipe.data.manifest import is_prepared
 from hintpipe.data.reading import COMPRESSIONS, Digest, json_documents, plain_name, read_blocks
 from hintpipe.data.refusal import DataRefused
@@ -52,9 +56,9 @@ JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 #: The suffixes of files ``load_dataset`` reads for hintpipe (a file so named is ``hf:BUILDER:`` itself).
 HF_FILE_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 #: Files a folder's documents come from, unless ``--data-split file`` says every file (compressed too: see
-#: :func:`~hintpipe.data.reading.plain_name`). Not ``.json``: a folder's ``.json`` files are as often its
-#: descriptions (``dataset_info.json``) as its records.
-TEXT_SUFFIXES = (".txt", ".jsonl", ".ndjson")
+#: :func:`~hintpipe.data.reading.plain_name`): read here, or by ``datasets`` (:data:`HF_FILE_SUFFIXES`). Not
+#: ``.json``: a folder's ``.json`` files are as often its descriptions (``dataset_info.json``) as its records.
+TEXT_SUFFIXES = (".txt", ".jsonl", ".ndjson", *HF_FILE_SUFFIXES)
 
 
 class SourceKind(enum.Enum):
@@ -118,6 +122,7 @@ class Source:
     kind: SourceKind
     builder: str = ""  # HF_FILES: load_dataset's builder
     pattern: str = ""  # HF_FILES: the data files, a glob
+    split: str = ""  # FOLDER given as DIR/SPLIT: the split of DIR it reads (see hintpipe.data.dataset_splits)
 
     @classmethod
     def of(cls, path: str) -> Source:
@@ -150,7 +155,20 @@ class Source:
             if suffix in HF_FILE_SUFFIXES:
                 return cls(path, SourceKind.HF_FILES, HF_FILE_SUFFIXES[suffix], path)
             return cls(path, SourceKind.JSONL if suffix in JSON_SUFFIXES else SourceKind.TEXT)
+        if not where.suffix and where.parent.is_dir() and not is_prepared(where.parent):  # DIR/SPLIT
+            splits = folder_splits(where.parent, _readable(where.parent))
+            if splits is not None and where.name in splits:
+                return cls(path, SourceKind.FOLDER, split=where.name)
+            if splits is not None:
+                raise DataRefused(
+                    "data", f"{path}: no such file or folder, nor a split of {where.parent} ({', '.join(splits)})"
+                )
         raise DataRefused("data", f"{path}: no such file or folder")
+
+    @property
+    def root(self) -> Path:
+        """The file or folder read (a split's folder, for ``DIR/SPLIT``)."""
+        return Path(self.path).parent if self.split else Path(self.path)
 
     @property
     def absolute(self) -> str:
@@ -163,7 +181,7 @@ class Source:
     def reads_field(self) -> bool:
         """Whether ``--data-field`` says which of its records' fields is the document."""
         if self.kind is SourceKind.FOLDER:
-            return any(_is_json(p) for p in _text_files(Path(self.path)))
+            return any(_is_json(p) or _read_by_datasets(p) for p in _text_files(self.root))
         return self.kind in (SourceKind.JSONL, SourceKind.HF_SAVED, SourceKind.HF_FILES)
 
     def files(self, split: DocumentSplit) -> list[Path]:
@@ -180,7 +198,11 @@ class Source:
             if not found:
                 raise DataRefused("data", f"{self.path}: no file matches {self.pattern}")
             return found
-        root = Path(self.path)
+        root = self.root
+        if self.split:
+            splits = folder_splits(root, _readable(root))
+            assert splits is not None, f"{root} was laid out in splits"
+            return splits[self.split]
         if self.kind is SourceKind.HF_SAVED:
             return sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root)))
         if split.by_file:
@@ -188,10 +210,18 @@ class Source:
             if not found:
                 raise DataRefused("data", f"{self.path}: a folder without a file in it")
             return found
+        splits = folder_splits(root, _readable(root))
+        if splits is not None:
+            return splits["train"]
         found = _text_files(root)
         if not found:
-            raise DataRefused("data", f"{self.path}: a folder without a .txt or .jsonl file in it{_other_files(root)}")
+            kinds = ", ".join(TEXT_SUFFIXES)
+            raise DataRefused("data", f"{self.path}: a folder without a file of {kinds} in it{_other_files(root)}")
         return found
+
+    def read_by_datasets(self, file: Path) -> bool:
+        """Whether ``load_dataset`` reads ``file`` of this source (its bytes are digested apart), not this package."""
+        return self.kind in (SourceKind.HF_SAVED, SourceKind.HF_FILES) or _read_by_datasets(file)
 
     def texts(
         self,
@@ -218,6 +248,10 @@ class Source:
             return
         assert self.kind is not SourceKind.PREPARED, "a prepared folder's documents are tokens already"
         for file in self.files(split):
+            if _read_by_datasets(file) and not split.by_file:
+                builder = HF_FILE_SUFFIXES[plain_name(file).suffix]
+                yield from hf_datasets.file_texts(self.path, builder, [str(file)], field, on_bytes=on_bytes)
+                continue
             blocks = read_blocks(file, on_bytes=on_bytes, digest=None if digests is None else digests.get(file))
             yield from json_documents(file, blocks, field) if _is_json(file) else split.documents(blocks)
 
@@ -225,15 +259,26 @@ class Source:
 def _text_files(root: Path) -> list[Path]:
     """A folder's files of :data:`TEXT_SUFFIXES`, compressed (:data:`~hintpipe.data.reading.COMPRESSIONS`) or
     not, in sorted path order."""
+    return sorted(p for p in root.rglob("*") if _named_as_text(p) and p.is_file())
 
-    def named_as_text(file: Path) -> bool:
-        return (file.with_suffix("") if file.suffix in COMPRESSIONS else file).suffix in TEXT_SUFFIXES
 
-    return sorted(p for p in root.rglob("*") if named_as_text(p) and p.is_file())
+def _named_as_text(file: Path) -> bool:
+    return (file.with_suffix("") if file.suffix in COMPRESSIONS else file).suffix in TEXT_SUFFIXES
 
 
 #: The names a dataset's evaluation split goes by, in the order one is suggested.
 EVALUATION_SPLITS = ("validation", "valid", "val", "eval", "test")
+
+
+def evaluation_source(path: str) -> str:
+    """What ``--eval-data PATH`` reads: ``PATH/SPLIT``, its evaluation split, where ``PATH`` is a folder laid out
+    in splits (see [Note: a folder in splits] in :mod:`~hintpipe.data.dataset_splits`); else ``PATH``."""
+    source = Source.of(path)
+    if source.kind is not SourceKind.FOLDER or source.split:
+        return path
+    splits = folder_splits(source.root, _readable(source.root))
+    chosen = next((name for name in EVALUATION_SPLITS if splits is not None and name in splits), None)
+    return path if chosen is None else os.path.join(path, chosen)
 
 
 def _splits_advice(folder: Path) -> str:
@@ -248,12 +293,25 @@ def _splits_advice(folder: Path) -> str:
 
 
 def _other_files(root: Path) -> str:
-    """What to give for a folder of files a folder source does not read (a dataset's ``.parquet`` shards, its
-    ``.json`` records): their ``hf:BUILDER:FILES``, or nothing to add."""
-    for suffix, builder in (HF_FILE_SUFFIXES | {".json": "json"}).items():
-        if any(p.is_file() for p in root.rglob(f"*{suffix}")):
-            return f"; for its {suffix} files give hf:{builder}:{root}/**/*{suffix}"
+    """What to give for a folder of files a folder source does not read (a dataset's ``.json`` records): their
+    ``hf:json:FILES``, or nothing to add."""
+    if any(p.is_file() for p in root.rglob("*.json")):
+        return f"; for its .json files give hf:json:{root}/**/*.json"
     return ""
+
+
+def _readable(root: Path) -> Callable[[Path], bool]:
+    """Whether a path under ``root`` is a file a folder source reads (:data:`TEXT_SUFFIXES`, not hidden)."""
+
+    def readable(file: Path) -> bool:
+        return file.is_file() and _named_as_text(file) and not _hidden(file.relative_to(root))
+
+    return readable
+
+
+def _read_by_datasets(file: Path) -> bool:
+    """A file of a folder that ``load_dataset`` reads (:data:`HF_FILE_SUFFIXES`)."""
+    return plain_name(file).suffix in HF_FILE_SUFFIXES
 
 
 def _is_json(file: Path) -> bool:
