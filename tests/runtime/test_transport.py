@@ -216,6 +216,21 @@ def test_numbers_travel_in_the_header_and_come_back_as_the_numbers_sent() -> Non
         encode_meta(["12"])  # type: ignore[list-item]
 
 
+def test_complex_tensors_travel_as_their_bytes() -> None:
+    """Llama 4 passes its rotary frequencies (``freqs_cis``, complex64) from layer to layer: a cut between two
+    layers sent them, and every rank failed with ``cannot send a tensor of dtype torch.complex64``."""
+    sent = [torch.randn(2, 3, dtype=torch.complex64), torch.randn(4, dtype=torch.complex128)]
+    values: list[Value] = [*sent, 7]
+    meta = encode_meta(values)
+    buffer, nbytes = pack(values, CPU)
+    assert nbytes == 2 * 3 * 8 + 4 * 16
+    back = unpack(buffer, decode_meta(meta, len(values)))
+    for received, tensor in zip(back[:2], sent, strict=True):
+        assert isinstance(received, torch.Tensor) and received.dtype == tensor.dtype
+        assert torch.equal(received, tensor)
+    assert back[2] == 7
+
+
 # -- the NCCL transport's protocol, its links on gloo --------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.model_spec import DEFAULT_MODEL, MODEL_SPECS, model_kind, tokenizer_of
 from hintpipe.apps.text_files import BUILT_IN_DATA, BYTES
 from hintpipe.cli.model_flags import SIZES, given_sizes
+from hintpipe.forming.form import Forming
 from hintpipe.options import OPTIONS
 from hintpipe.runtime.checkpoint.description import HF
 from hintpipe.runtime.checkpoint.run_folder import PROFILES_FILE
@@ -171,26 +173,54 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
     import torch
 
     from hintpipe.apps.models import make_batch, whole_model
+    from hintpipe.planner.export_trace import FixedShapeWarning
     from hintpipe.planner.plan import plan
 
     if planned_elsewhere():
         return None
     torch.set_num_threads(1)
-    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(min(16, model.max_seq_len - 1)), 0, args.seed)
+    # Under concat every micro-batch has the shape it is captured at (see [Note: dimensions the capture fixes]).
+    concat = getattr(args, "forming", None) is Forming.CONCAT
+    length = model.max_seq_len - 1 if concat else min(16, model.max_seq_len - 1)
+    inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(length), 0, args.seed)
     whole, kwargs = whole_model(model)
     captured, profiles = _run_profiles(args, whole, inputs[0], kwargs)
-    return plan(
-        whole,
-        inputs[0],
-        ranks=args.ranks,
-        microbatches=args.microbatches,
-        hint=hint,
-        repeats=1,
-        kwargs=kwargs or None,
-        captured=captured,
-        profiles=profiles,
-        cache_dir=profile_cache(),
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FixedShapeWarning)  # said below, in the command line's words
+        planned = plan(
+            whole,
+            inputs[0],
+            ranks=args.ranks,
+            microbatches=args.microbatches,
+            hint=hint,
+            repeats=1,
+            kwargs=kwargs or None,
+            captured=captured,
+            profiles=profiles,
+            cache_dir=profile_cache(),
+        )
+    _check_fixed_shapes(planned.graph.fixed, model, args.forming, args.microbatch_size)
+    return planned
+
+
+def _check_fixed_shapes(
+    fixed: tuple[tuple[str, int, int], ...], model: ModelConfig, forming: Forming, rows: int
+) -> None:
+    """Refuse a model whose capture fixed a size its run's micro-batches vary in (see [Note: dimensions the
+    capture fixes]): under ``crop`` their lengths vary, under ``padded`` and ``packed`` their rows too; under
+    ``concat`` every micro-batch is ``rows`` rows of ``max_seq_len - 1`` tokens, the shape it is captured at."""
+    from hintpipe.planner.export_trace import fixed_said
+
+    varying = [
+        f for f in fixed if forming is not Forming.CONCAT and not (forming is Forming.CROP and f[1:] == (0, rows))
+    ]
+    if varying:
+        raise ValueError(
+            f"--model {model.label}: torch.export fixed its {fixed_said(tuple(varying))} (its code depends on those "
+            f"sizes: a loop over positions, a size read as a number), so its stages run micro-batches of one shape, "
+            f"and --forming {forming} makes others; --forming concat makes every micro-batch {rows} rows of "
+            f"{model.max_seq_len - 1} tokens (--max-seq-len sets it), the shape it is then captured at"
+        )
 
 
 def profile_cache() -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch import nn
 from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
 from hintpipe.planner.capture_error import CaptureError, split_point
 from hintpipe.planner.example_values import value_kinds
-from hintpipe.planner.export_trace import exported
+from hintpipe.planner.export_trace import FIXED_DIMENSIONS, FixedShapeWarning, exported, fixed_said
 from hintpipe.planner.fx_trace import fx_traced
 from hintpipe.planner.mode_check import warn_if_eval_differs
 from hintpipe.planner.node_profile import NodeProfile
@@ -78,6 +79,9 @@ class CapturedGraph:
     #: The model's own state-dict keys, in its order (a tied tensor under each of its names; buffers the
     #: model does not keep left out, which the captured module may hold as ordinary ones).
     state_keys: tuple[str, ...] = ()
+    #: The input dimensions torch.export fixed though they were to vary, as (input, dimension, size): the
+    #: graph runs inputs of those sizes alone (see [Note: dimensions the capture fixes]).
+    fixed: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def index(self) -> dict[fx.Node, int]:
@@ -91,7 +95,7 @@ class CapturedGraph:
         # ([Note: custom operators in a travelling graph]).
         sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
         module = _on_host(self.module)
-        state = (sizes, self.aliases, self.scalars, self.state_keys, self.gradient_free)
+        state = (sizes, self.aliases, self.scalars, self.state_keys, self.gradient_free, self.fixed)
         return (_captured_with_sizes, (op_libraries(module), module, *state))
 
 
@@ -227,6 +231,16 @@ def _capture(
         )
     exported_module = exported(root, example, kwargs or {})
     captured = _with_aliases(_captured(exported_module), root)
+    captured.fixed = exported_module.meta.get(FIXED_DIMENSIONS, ())
+    if captured.fixed:
+        warnings.warn(
+            FixedShapeWarning(
+                f"torch.export fixed {type(model).__name__}'s {fixed_said(captured.fixed)} (its code depends on "
+                "those sizes: a loop over positions, a size read as a number): its stages take inputs of those "
+                "sizes alone; give an example of the sizes it will train on"
+            ),
+            stacklevel=3,
+        )
     inputs = (*example, *(v for v in (kwargs or {}).values() if isinstance(v, torch.Tensor)))
     captured.scalars, captured.gradient_free = value_kinds(captured.module, captured.nodes, inputs)
     captured.state_keys = keys
@@ -296,6 +310,7 @@ def _captured_with_sizes(
     scalars: set[int],
     state_keys: tuple[str, ...] = (),
     gradient_free: set[int] | None = None,
+    fixed: tuple[tuple[str, int, int], ...] = (),
 ) -> CapturedGraph:
     """A captured graph as it unpickles. ``libraries`` comes first: unpickling it imports the modules that
     define the custom operators ``module``'s code calls, before that code is re-traced."""
@@ -304,6 +319,7 @@ def _captured_with_sizes(
     graph.scalars = scalars
     graph.gradient_free = gradient_free or set()
     graph.state_keys = state_keys
+    graph.fixed = fixed
     for node, size in zip(graph.inputs, sizes, strict=True):
         node.meta["example_bytes"] = size
     return graph

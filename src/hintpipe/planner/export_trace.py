@@ -21,7 +21,10 @@ from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.portable import make_portable
 from hintpipe.planner.regions import keep_regions
 
-__all__ = ["exported"]
+__all__ = ["FIXED_DIMENSIONS", "FixedShapeWarning", "exported", "fixed_dimensions", "fixed_said"]
+
+#: The key of a captured module's ``meta`` that holds :func:`fixed_dimensions`.
+FIXED_DIMENSIONS = "hintpipe_fixed_dimensions"
 
 
 def exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
@@ -36,16 +39,17 @@ def exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) 
     paths = [(node.op, str(node.target), module_path(node)) for node in module.graph.nodes]
     retraced: fx.GraphModule = pickle.loads(pickle.dumps(module))
     carry_module_paths(paths, retraced)
+    retraced.meta[FIXED_DIMENSIONS] = module.meta[FIXED_DIMENSIONS]
     return retraced
 
 
 def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
     """``root`` through torch.export, its regions kept, made portable: :func:`exported` before its re-trace."""
     widened = _batch_of_two(example, kwargs)
-    program = None
+    program, used = None, (example, kwargs)
     if widened is not None:  # [Note: a batch of one is exported as two]
         with contextlib.suppress(Exception):
-            program = _program(root, *widened)
+            program, used = _program(root, *widened), widened
     try:
         program = program or _program(root, example, kwargs)
     except Exception as exc:  # export raises many kinds, each naming the construct
@@ -54,6 +58,7 @@ def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, An
             f"neither torch.fx nor torch.export can capture {type(root).__name__}: {type(exc).__name__}: "
             f"{_shortened(first)}. Fix: {_fix_for(root, first, kwargs)}"
         ) from None
+    fixed = fixed_dimensions(program, *used)  # [Note: dimensions the capture fixes]
     module = program.module()
     graph = module.graph
     for node in list(graph.nodes):
@@ -80,6 +85,7 @@ def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, An
     module.recompile()
     out_of_place(module)  # [Note: in-place operators between stages]
     make_portable(module)
+    module.meta[FIXED_DIMENSIONS] = fixed
     return module
 
 
@@ -92,6 +98,50 @@ def _program(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) 
 
     shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
     return torch.export.export(root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False)
+
+
+class FixedShapeWarning(UserWarning):
+    """torch.export fixed input dimensions of a model that were to vary (see [Note: dimensions the capture
+    fixes]): its stages take inputs of those sizes alone."""
+
+
+def fixed_said(fixed: tuple[tuple[str, int, int], ...]) -> str:
+    """Fixed dimensions in words: ``input 0's dimension 1 at 16``."""
+    return ", ".join(f"{name}'s dimension {dim} at {size}" for name, dim, size in fixed)
+
+
+def fixed_dimensions(
+    program: torch.export.ExportedProgram, example: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[str, int, int], ...]:
+    """The dimensions of the inputs that torch.export fixed though they were asked to vary: (the input, as
+    ``input 0`` or its keyword, the dimension, its size), for every dimension longer than 1 of an integer input
+    (token ids: no weight's shape fixes theirs) and the first of every input (the batch's).
+
+    [Note: dimensions the capture fixes]
+    ``Dim.AUTO`` lets torch.export fix a dimension where the model's code depends on its size: a Python loop
+    over positions (Mamba's, RWKV's, RecurrentGemma's sequential scans without their kernels), a length read as
+    a number and compared. It says nothing, and the captured graph then runs inputs of that size alone: the
+    first micro-batch of another length failed inside its stage with ``select(): index 8 out of range``. Sizes
+    of 0 and 1 are always fixed ([Note: a batch of one is exported as two]) and are not named here, nor are a
+    floating-point input's dimensions after its first: a ``Linear`` fixes its input's features, rightly.
+    """
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+    from torch.utils import _pytree as pytree
+
+    leaves = pytree.tree_flatten_with_path((example, kwargs))[0]
+    specs = [spec for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
+    values = {node.name: node.meta.get("val") for node in program.graph.nodes if node.op == "placeholder"}
+    fixed = []
+    for (path, _), spec in zip(leaves, specs, strict=False):
+        value = values.get(getattr(spec.arg, "name", ""))
+        if not isinstance(value, torch.Tensor):
+            continue
+        where, key = getattr(path[0], "idx", 1), path[1]
+        label = f"input {getattr(key, 'idx', key)}" if where == 0 else str(getattr(key, "key", key))
+        sized = value.is_floating_point() or value.is_complex()  # a feature dimension is a weight's (Linear's)
+        dims = enumerate(value.shape[:1] if sized else value.shape)
+        fixed += [(label, d, int(size)) for d, size in dims if is_concrete_int(size) and size > 1]
+    return tuple(fixed)
 
 
 def _batch_of_two(example: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:

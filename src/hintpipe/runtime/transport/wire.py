@@ -56,6 +56,8 @@ _DTYPES = [
     torch.int8,
     torch.uint8,
     torch.bool,
+    torch.complex64,  # rotary frequencies some models pass between layers (Llama 4's freqs_cis)
+    torch.complex128,
 ]
 _CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 HEADER = 64
