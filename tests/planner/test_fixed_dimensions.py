@@ -65,6 +65,29 @@ def test_a_loop_over_positions_is_said_and_recorded(tmp_path: Path, monkeypatch:
     assert capture(Scaled(), example=(example,), kwargs={"scale": 2.0}).fixed == ()  # exported: a keyword
 
 
+def test_a_length_the_program_guards_to_one_size_is_fixed_too() -> None:
+    """A branch on the length keeps it free in the program but guards it (Bamba's chunked scan): the stages
+    run without the guards, so the capture names the dimension."""
+    with pytest.warns(FixedShapeWarning, match=r"Chunked's input 0's dimension 1 at 8 "):
+        captured = capture(Chunked(), example=(torch.zeros(2, 8, dtype=torch.long),))
+    assert captured.fixed == (("input 0", 1, 8),)
+
+
+class Chunked(nn.Module):
+    """Rows padded to whole chunks of 4 where they are not: a branch on the length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(11, 4), nn.Linear(4, 11)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        if x.shape[1] % 4:
+            x = nn.functional.pad(x, (0, 0, 0, 4 - x.shape[1] % 4))
+        out: torch.Tensor = self.head(x.reshape(x.shape[0], -1, 4, 4).sum(dim=2))
+        return out
+
+
 class Scaled(nn.Module):
     """Positions computed by tensors alone: every dimension stays free."""
 

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,8 +59,8 @@ def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, An
             f"neither torch.fx nor torch.export can capture {type(root).__name__}: {type(exc).__name__}: "
             f"{_shortened(first)}. Fix: {_fix_for(root, first, kwargs)}"
         ) from None
-    fixed = fixed_dimensions(program, *used)  # [Note: dimensions the capture fixes]
     module = program.module()
+    fixed = fixed_dimensions(program, module, *used)  # [Note: dimensions the capture fixes]
     graph = module.graph
     for node in list(graph.nodes):
         if node.op == "call_module" and str(node.target).startswith("_guards"):
@@ -111,19 +112,25 @@ def fixed_said(fixed: tuple[tuple[str, int, int], ...]) -> str:
 
 
 def fixed_dimensions(
-    program: torch.export.ExportedProgram, example: tuple[Any, ...], kwargs: dict[str, Any]
+    program: torch.export.ExportedProgram, module: fx.GraphModule, example: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[str, int, int], ...]:
     """The dimensions of the inputs that torch.export fixed though they were asked to vary: (the input, as
     ``input 0`` or its keyword, the dimension, its size), for every dimension longer than 1 of an integer input
-    (token ids: no weight's shape fixes theirs) and the first of every input (the batch's).
+    (token ids: no weight's shape fixes theirs) and the first of every input (the batch's). ``module`` is the
+    program's, its input guards still in it.
 
     [Note: dimensions the capture fixes]
     ``Dim.AUTO`` lets torch.export fix a dimension where the model's code depends on its size: a Python loop
     over positions (Mamba's, RWKV's, RecurrentGemma's sequential scans without their kernels), a length read as
     a number and compared. It says nothing, and the captured graph then runs inputs of that size alone: the
-    first micro-batch of another length failed inside its stage with ``select(): index 8 out of range``. Sizes
-    of 0 and 1 are always fixed ([Note: a batch of one is exported as two]) and are not named here, nor are a
-    floating-point input's dimensions after its first: a ``Linear`` fixes its input's features, rightly.
+    first micro-batch of another length failed inside its stage with ``select(): index 8 out of range``. Or it
+    keeps the dimension free and guards it (Bamba's chunked scan holds for one count of chunks: ``16 >= L + (16 -
+    L % 16) % 16``); the stages run without the guards, and a micro-batch of 20 tokens failed with ``shape '[2,
+    8, 64]' is invalid``. So a dimension is fixed where its size is a number in the program, or where the
+    program's guards take neither one less nor one more (a bound on the length alone, such as the model's
+    positions, takes one of them). Sizes of 0 and 1 are always fixed ([Note: a batch of one is exported as
+    two]) and are not named here, nor are a floating-point input's dimensions after its first: a ``Linear``
+    fixes its input's features, rightly.
     """
     from torch.fx.experimental.symbolic_shapes import is_concrete_int
     from torch.utils import _pytree as pytree
@@ -131,17 +138,57 @@ def fixed_dimensions(
     leaves = pytree.tree_flatten_with_path((example, kwargs))[0]
     specs = [spec for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
     values = {node.name: node.meta.get("val") for node in program.graph.nodes if node.op == "placeholder"}
+    shapes = [getattr(values.get(getattr(spec.arg, "name", "")), "shape", ()) for spec in specs]
+    passes = _guards(module, [leaf for _, leaf in leaves], [[str(size) for size in shape] for shape in shapes])
     fixed = []
-    for (path, _), spec in zip(leaves, specs, strict=False):
+    for i, ((path, _), spec) in enumerate(zip(leaves, specs, strict=False)):
         value = values.get(getattr(spec.arg, "name", ""))
         if not isinstance(value, torch.Tensor):
             continue
         where, key = getattr(path[0], "idx", 1), path[1]
         label = f"input {getattr(key, 'idx', key)}" if where == 0 else str(getattr(key, "key", key))
         sized = value.is_floating_point() or value.is_complex()  # a feature dimension is a weight's (Linear's)
-        dims = enumerate(value.shape[:1] if sized else value.shape)
-        fixed += [(label, d, int(size)) for d, size in dims if is_concrete_int(size) and size > 1]
+        for d, size in enumerate(value.shape[:1] if sized else value.shape):
+            if is_concrete_int(size) and size > 1:
+                fixed.append((label, d, int(size)))
+            elif passes is not None and not (passes(i, d, -1) or passes(i, d, 1)):
+                fixed.append((label, d, int(leaves[i][1].shape[d])))
     return tuple(fixed)
+
+
+def _guards(
+    module: fx.GraphModule, leaves: list[Any], symbols: list[list[str]]
+) -> Callable[[int, int, int], bool] | None:
+    """Whether ``module``'s input guards take the inputs ``leaves`` with input ``i``'s dimension ``d`` changed by
+    ``by``, and with it every dimension of the same symbol in ``symbols`` (a mask's length is its ids': the
+    program says so); checked on ``meta`` tensors, guards reading sizes. None: no guards, or inputs the module
+    does not take as given."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    calls = [n for n in module.graph.nodes if n.op == "call_module" and str(n.target).startswith("_guards")]
+    if not calls or len(placeholders) != len(leaves):
+        return None
+
+    def passes(i: int, d: int, by: int) -> bool:
+        shaped = []
+        for j, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                shaped.append(leaf)
+                continue
+            shape = list(leaf.shape)
+            for e, symbol in enumerate(symbols[j] if j < len(symbols) else ()):
+                shape[e] += by if symbol == symbols[i][d] else 0
+            shaped.append(torch.empty(shape, dtype=leaf.dtype, device="meta"))
+        bound = dict(zip(placeholders, shaped, strict=True))
+        try:
+            for call in calls:
+                getattr(module, str(call.target))(*(bound.get(a, a) for a in call.args))
+        except AssertionError:  # "Guard failed: ..."
+            return False
+        except Exception:  # a guard that cannot be read on meta tensors: taken as passed
+            return True
+        return True
+
+    return passes
 
 
 def _batch_of_two(example: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
