@@ -16,7 +16,7 @@ from hintpipe.cli import main
 from hintpipe.cli.train_model import _check_fixed_shapes
 from hintpipe.forming.form import Forming
 from hintpipe.planner.capture import capture
-from hintpipe.planner.export_trace import FixedShapeWarning
+from hintpipe.planner.fixed_shapes import FixedShapeWarning
 
 SCAN = """
 import torch
@@ -130,4 +130,21 @@ def test_the_command_line_refuses_it_before_a_rank_starts(
         "depends on those sizes: a loop over positions, a size read as a number), so its stages run micro-batches "
         "of one shape, and --forming crop makes others; --forming concat makes every micro-batch 4 rows of 6 tokens "
         "(--max-seq-len sets it), the shape it is then captured at"
+    )
+
+
+def test_a_plans_first_stage_refuses_another_size_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hintpipe.planner.plan import plan
+
+    model, example, _ = __import__(_scan(tmp_path, monkeypatch)).scan()
+    with pytest.warns(FixedShapeWarning):
+        planned = plan(model, example, ranks=2, microbatches=2, repeats=1)
+    first = planned.build_stage(0)
+    first(torch.zeros(3, 6, dtype=torch.long))  # any rows, the captured length
+    with pytest.raises(ValueError) as refused:
+        first(torch.zeros(2, 7, dtype=torch.long))
+    assert str(refused.value) == (
+        "input 0's dimension 1 is 7, and the model was captured for 6 alone (its code depends on that size; planning "
+        "said so in a FixedShapeWarning): give micro-batches of that size, or plan on an example of the size it "
+        "trains on"
     )

@@ -173,7 +173,7 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
     import torch
 
     from hintpipe.apps.models import make_batch, whole_model
-    from hintpipe.planner.export_trace import FixedShapeWarning
+    from hintpipe.planner.fixed_shapes import FixedShapeWarning
     from hintpipe.planner.plan import plan
 
     if planned_elsewhere():
@@ -209,7 +209,7 @@ def _check_fixed_shapes(
     """Refuse a model whose capture fixed a size its run's micro-batches vary in (see [Note: dimensions the
     capture fixes]): under ``crop`` their lengths vary, under ``padded`` and ``packed`` their rows too; under
     ``concat`` every micro-batch is ``rows`` rows of ``max_seq_len - 1`` tokens, the shape it is captured at."""
-    from hintpipe.planner.export_trace import fixed_said
+    from hintpipe.planner.fixed_shapes import fixed_said
 
     varying = [
         f for f in fixed if forming is not Forming.CONCAT and not (forming is Forming.CROP and f[1:] == (0, rows))

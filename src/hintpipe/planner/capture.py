@@ -23,7 +23,8 @@ from torch import nn
 from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
 from hintpipe.planner.capture_error import CaptureError, split_point
 from hintpipe.planner.example_values import value_kinds
-from hintpipe.planner.export_trace import FIXED_DIMENSIONS, FixedShapeWarning, exported, fixed_said
+from hintpipe.planner.export_trace import FIXED_DIMENSIONS, exported
+from hintpipe.planner.fixed_shapes import FixedShapeWarning, fixed_said
 from hintpipe.planner.fx_trace import fx_traced
 from hintpipe.planner.mode_check import warn_if_eval_differs
 from hintpipe.planner.node_profile import NodeProfile

@@ -22,7 +22,7 @@ from hintpipe.planner.module_paths import carry_module_paths, module_path
 from hintpipe.planner.portable import make_portable
 from hintpipe.planner.regions import keep_regions
 
-__all__ = ["FIXED_DIMENSIONS", "FixedShapeWarning", "exported", "fixed_dimensions", "fixed_said"]
+__all__ = ["FIXED_DIMENSIONS", "exported", "fixed_dimensions"]
 
 #: The key of a captured module's ``meta`` that holds :func:`fixed_dimensions`.
 FIXED_DIMENSIONS = "hintpipe_fixed_dimensions"
@@ -99,16 +99,6 @@ def _program(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) 
 
     shapes = {"args": tuple(free(v) for v in example), **{k: free(v) for k, v in kwargs.items()}}
     return torch.export.export(root, tuple(example), kwargs=kwargs, dynamic_shapes=_by_name(root, shapes), strict=False)
-
-
-class FixedShapeWarning(UserWarning):
-    """torch.export fixed input dimensions of a model that were to vary (see [Note: dimensions the capture
-    fixes]): its stages take inputs of those sizes alone."""
-
-
-def fixed_said(fixed: tuple[tuple[str, int, int], ...]) -> str:
-    """Fixed dimensions in words: ``input 0's dimension 1 at 16``."""
-    return ", ".join(f"{name}'s dimension {dim} at {size}" for name, dim, size in fixed)
 
 
 def fixed_dimensions(

@@ -30,6 +30,7 @@ from hintpipe.planner.capture import (
     capture,
     value_uses,
 )
+from hintpipe.planner.fixed_shapes import FixedShapes
 from hintpipe.planner.forced_cuts import forced_cuts as forced_cuts
 from hintpipe.planner.memory import MemoryModel, stage_cost
 from hintpipe.planner.node_profile import NodeProfile
@@ -145,7 +146,10 @@ class Plan:
         by_name = {n.name: n for n in nodes}
         groups = {by_name[n]: "recompute" for n in stage.recompute} | {by_name[n]: "offload" for n in stage.offload}
         output_value = graph.output.args[0] if last else None
-        return extract(graph, nodes, inputs, outputs, groups=groups, output_value=output_value, boundary=True)
+        module = extract(graph, nodes, inputs, outputs, groups=groups, output_value=output_value, boundary=True)
+        if index == 0 and graph.fixed:  # [Note: dimensions the capture fixes]
+            module.register_forward_pre_hook(FixedShapes(graph.fixed))
+        return module
 
     def activation_room(self, stages: Sequence[int]) -> float:
         """Activation bytes the budgets leave to these stages (one rank's): their planned
