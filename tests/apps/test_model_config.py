@@ -87,3 +87,26 @@ def test_a_folder_that_holds_no_model_is_refused_saying_what_it_is(tmp_path: Pat
         model_kind(str(empty))
     (adapter / "config.json").write_text("{}")  # a model folder with its adapter beside it: a model folder
     assert model_kind(str(adapter)) == ("hf-folder", str(adapter.resolve()))
+
+
+def test_a_hub_model_is_read_from_this_machines_cache_and_never_downloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--model gpt2`` (a Hub id, as ``from_pretrained`` takes it offline) was refused as not a folder."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    snapshot = tmp_path / "models--acme--tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    assert model_kind("acme/tiny") == ("hf-folder", str(snapshot.resolve()))
+    with pytest.raises(ValueError) as refused:
+        model_kind("acme/other")
+    assert str(refused.value) == (
+        "--model acme/other: not a built-in model (mlp, gpt-mini, mm-mini, hf-gpt2, hf-llama), a model folder "
+        "(save_pretrained) or module:function; a Hugging Face Hub model is read from this machine's cache: "
+        "huggingface-cli download acme/other first"
+    )
+    with pytest.raises(ValueError, match=r"or module:function$"):
+        model_kind("./no/such/folder")  # not a Hub id: nothing to download

@@ -169,7 +169,8 @@ def test_wrong_models_and_folders_are_one_line(zoo: Path, tmp_path: Path, capsys
     train = ["train", "--ranks", "2", "--microbatches", "2", "--steps", "1"]
     assert _error([*train, "--model", "gpt-nano"], capsys) == (
         "hintpipe train: error: --model gpt-nano: not a built-in model (mlp, gpt-mini, mm-mini, hf-gpt2, "
-        "hf-llama), a model folder (save_pretrained) or module:function\n"
+        "hf-llama), a model folder (save_pretrained) or module:function; a Hugging Face Hub model is read from this "
+        "machine's cache: huggingface-cli download gpt-nano first\n"
     )
     empty = tmp_path / "empty"
     empty.mkdir()

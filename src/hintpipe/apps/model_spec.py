@@ -226,6 +226,9 @@ def model_kind(text: str) -> tuple[str, str | None]:
     if text in BUILT_IN:
         return text, None
     path = Path(text)
+    cached = None if path.exists() or _FACTORY.fullmatch(text) else cached_hub_model(text)
+    if cached is not None:  # [Note: a Hub model from this machine's cache]
+        path = cached
     if path.is_dir():
         if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
             raise ValueError(
@@ -240,7 +243,45 @@ def model_kind(text: str) -> tuple[str, str | None]:
         return "hf-folder", str(path.resolve())
     if _FACTORY.fullmatch(text) and not path.exists():
         return "factory", text
+    hub = f"; a Hugging Face Hub model is read from this machine's cache: huggingface-cli download {text} first"
     raise ValueError(
         f"--model {text}: not a built-in model ({', '.join(BUILT_IN)}), a model folder (save_pretrained) or "
-        "module:function"
+        f"module:function{hub if _hub_id(text) else ''}"
     )
+
+
+def cached_hub_model(repo_id: str) -> Path | None:
+    """The folder of the Hugging Face Hub model ``repo_id`` (``gpt2``, ``Qwen/Qwen2.5-0.5B``) in this machine's
+    Hub cache, its newest snapshot of ``main``; None where it is not a repository id, not cached, or
+    ``huggingface_hub`` is not installed.
+
+    [Note: a Hub model from this machine's cache]
+    ``from_pretrained("gpt2")`` offline reads the Hub cache that an earlier download filled
+    (``huggingface-cli download gpt2``, or any ``from_pretrained`` online); ``--model gpt2`` reads the same
+    folder, as ``--model DIR`` reads a folder, with ``local_files_only``: hintpipe downloads nothing (a rank on a
+    machine without the network, or each of many ranks downloading at once, would fail late). The run records
+    the snapshot's folder, so a resume after the cache moved on to a newer snapshot says its model changed.
+    """
+    if not _hub_id(repo_id):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # LocalEntryNotFoundError, or a cache it cannot read: not cached
+        return None
+
+
+def _hub_id(text: str) -> bool:
+    """Whether ``text`` is a Hub repository id (``name`` or ``owner/name``)."""
+    try:
+        from huggingface_hub.utils._validators import validate_repo_id
+    except ImportError:
+        return False
+    try:
+        validate_repo_id(text)
+    except Exception:  # HFValidationError
+        return False
+    return True
