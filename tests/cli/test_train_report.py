@@ -3,9 +3,11 @@ table of its steps that shows a long run's first and last ones."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from rich.console import Console
 
 from hintpipe.apps.model_config import ModelConfig
@@ -65,3 +67,27 @@ def test_a_long_run_shows_its_first_and_last_steps_and_says_how_many_are_left_ou
     steps = [row.split("│")[1].strip() for row in _text(table) if row.startswith("│")]
     assert steps == [str(s) for s in range(1, 11)] + ["..."] + [str(s) for s in range(16, 26)]
     assert table.caption == "5 steps between not shown (every step: --json)"
+
+
+def test_a_run_that_leaves_its_datasets_validation_split_unread_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hintpipe.apps.training import TrainConfig
+    from hintpipe.cli.train_report import say_where_it_evaluates
+
+    pytest.importorskip("datasets")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("\n\n".join(f"train document {i}" for i in range(40)))
+    (corpus / "validation.txt").write_text("\n\n".join(f"held document {i}" for i in range(10)))
+    model = ModelConfig("gpt-mini", layers=2, hidden=16, vocab=256, max_seq_len=32)
+    run = TrainConfig(model=model, ranks=2, microbatches=2, data=str(corpus), eval_every=2)
+    line = (
+        f"hintpipe train: --data {corpus} has an evaluation split ({corpus / 'validation'}); the run evaluates on "
+        f"every 20th document of its train split: --eval-data {corpus} evaluates on {corpus / 'validation'}"
+    )
+    assert say_where_it_evaluates(run) == line
+    assert capsys.readouterr().err == line + "\n"
+    evaluated = TrainConfig(model=model, ranks=2, microbatches=2, data=str(corpus), eval_every=2, eval_data=str(corpus))
+    assert say_where_it_evaluates(evaluated) is None
+    assert say_where_it_evaluates(TrainConfig(model=model, ranks=2, microbatches=2, data=str(corpus))) is None

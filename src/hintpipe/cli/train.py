@@ -46,7 +46,13 @@ from hintpipe.cli.train_model import (
 )
 from hintpipe.cli.train_model import under_torchrun as under_torchrun_here
 from hintpipe.cli.train_report import result_json as result_json
-from hintpipe.cli.train_report import resumed_line, say_what_crop_trains, step_table, summary_line
+from hintpipe.cli.train_report import (
+    resumed_line,
+    say_what_crop_trains,
+    say_where_it_evaluates,
+    step_table,
+    summary_line,
+)
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
 from hintpipe.observe.timeline import plot_timelines
@@ -318,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from(args, args.policy)
     if not planned_elsewhere():  # (under torchrun, rank 0 says it)
         say_what_crop_trains(config)
+        say_where_it_evaluates(config)
     try:
         with _held_before_the_ranks_meet(config):
             result = train(config)

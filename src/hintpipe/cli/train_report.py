@@ -144,3 +144,31 @@ def say_what_crop_trains(config: TrainConfig) -> None:
         "its shortest document; from the first 8 steps' draws): --forming concat or padded trains them all",
         file=sys.stderr,
     )
+
+
+def say_where_it_evaluates(config: TrainConfig) -> str | None:
+    """One line on stderr, returned too, when a run evaluates on held-out documents of its training data
+    (``--eval-every`` without ``--eval-data``) though a ``--data`` folder is laid out in splits with an
+    evaluation split of its own (see [Note: a folder in splits] in :mod:`hintpipe.data.dataset_splits`): the
+    dataset's validation split is what its users evaluate on, and the run would not say it left it unread."""
+    from hintpipe.data.manifest import HELD_OUT_EVERY
+    from hintpipe.data.refusal import DataRefused
+    from hintpipe.data.sources import BUILT_IN_DATA, data_entries, evaluation_source
+
+    if not config.eval_every or config.eval_data is not None:
+        return None
+    for entry in data_entries(config.data):
+        if entry.path in BUILT_IN_DATA:
+            continue
+        try:
+            split = evaluation_source(entry.path)
+        except DataRefused:  # not a folder it reads: nothing to say
+            continue
+        if split != entry.path:
+            line = (
+                f"hintpipe train: --data {entry.path} has an evaluation split ({split}); the run evaluates on every "
+                f"{HELD_OUT_EVERY}th document of its train split: --eval-data {entry.path} evaluates on {split}"
+            )
+            print(line, file=sys.stderr)
+            return line
+    return None
