@@ -97,7 +97,7 @@ def test_a_saved_dataset_dict_is_refused_naming_its_splits(tmp_path: Path) -> No
 
 
 def test_a_folder_reads_its_text_files_or_every_file_but_hidden_ones_in_path_order(tmp_path: Path) -> None:
-    for name in ("b/z.txt", "a.jsonl", "code.py", ".git/HEAD", "b/__pycache__/m.pyc", "c.txt.bak"):
+    for name in ("b/z.txt", "a.jsonl", "code.py", ".git/HEAD", "b/__pycache__/m.pyc", "c.txt.bak", ".ipynb_x/a.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("text")
     folder = Source.of(str(tmp_path))

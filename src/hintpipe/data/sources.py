@@ -258,8 +258,8 @@ class Source:
 
 def _text_files(root: Path) -> list[Path]:
     """A folder's files of :data:`TEXT_SUFFIXES`, compressed (:data:`~hintpipe.data.reading.COMPRESSIONS`) or
-    not, in sorted path order."""
-    return sorted(p for p in root.rglob("*") if _named_as_text(p) and p.is_file())
+    not, in sorted path order; not hidden ones (a notebook's ``.ipynb_checkpoints/``, a download's ``.cache/``)."""
+    return sorted(p for p in root.rglob("*") if _readable(root)(p))
 
 
 def _named_as_text(file: Path) -> bool:
