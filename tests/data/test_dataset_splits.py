@@ -57,6 +57,8 @@ def test_a_hub_folder_trains_on_its_train_split_and_reads_another_by_its_name(tm
     assert str(refused.value.said(cli=True)) == (
         f"--data {hub / 'test'}: no such file or folder, nor a split of {hub} (train, validation)"
     )
+    with pytest.raises(DataRefused, match=r"/corpsu: no such file or folder$"):  # no split's name: no folder walked
+        Source.of(str(hub / "corpsu"))
 
 
 def test_train_and_test_files_side_by_side_are_two_splits_and_the_run_evaluates_on_the_other(tmp_path: Path) -> None:

@@ -29,6 +29,12 @@ _SPLIT_WORDS = ("train", "valid", "val", "dev", "test", "eval")
 _EXTRA = "pip install -e '.[data]'"
 
 
+def names_a_split(name: str) -> bool:
+    """Whether ``name`` could be a split's (``validation``, ``test``): a path that does not exist is looked for
+    as a split of its folder only then, so that a mistyped path is not answered by walking its whole folder."""
+    return any(word in name.lower() for word in _SPLIT_WORDS)
+
+
 def folder_splits(root: Path, readable: Callable[[Path], bool]) -> dict[str, list[Path]] | None:
     """The files of each split of ``root`` that ``readable`` takes, in sorted path order, where ``root`` is in
     splits (see [Note: a folder in splits]); None where it is not.

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hintpipe.data import hf_datasets
-from hintpipe.data.dataset_splits import folder_splits
+from hintpipe.data.dataset_splits import folder_splits, names_a_split
 from hintpipe.data.manifest import is_prepared
 from hintpipe.data.reading import COMPRESSIONS, Digest, json_documents, plain_name, read_blocks
 from hintpipe.data.refusal import DataRefused
@@ -155,7 +155,13 @@ class Source:
             if suffix in HF_FILE_SUFFIXES:
                 return cls(path, SourceKind.HF_FILES, HF_FILE_SUFFIXES[suffix], path)
             return cls(path, SourceKind.JSONL if suffix in JSON_SUFFIXES else SourceKind.TEXT)
-        if not where.suffix and where.parent.is_dir() and not is_prepared(where.parent):  # DIR/SPLIT
+        if (
+            len(where.parts) > 1
+            and not where.suffix
+            and names_a_split(where.name)
+            and where.parent.is_dir()
+            and not is_prepared(where.parent)
+        ):
             splits = folder_splits(where.parent, _readable(where.parent))
             if splits is not None and where.name in splits:
                 return cls(path, SourceKind.FOLDER, split=where.name)
