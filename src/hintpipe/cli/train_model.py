@@ -180,8 +180,7 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
         return None
     torch.set_num_threads(1)
     # Under concat every micro-batch has the shape it is captured at (see [Note: dimensions the capture fixes]).
-    concat = getattr(args, "forming", None) is Forming.CONCAT
-    length = model.max_seq_len - 1 if concat else min(16, model.max_seq_len - 1)
+    length = model.max_seq_len - 1 if args.forming is Forming.CONCAT else min(16, model.max_seq_len - 1)
     inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(length), 0, args.seed)
     whole, kwargs = whole_model(model)
     captured, profiles = _run_profiles(args, whole, inputs[0], kwargs)
@@ -216,10 +215,10 @@ def _check_fixed_shapes(
     ]
     if varying:
         raise ValueError(
-            f"--model {model.label}: torch.export fixed its {fixed_said(tuple(varying))} (its code depends on those "
-            f"sizes: a loop over positions, a size read as a number), so its stages run micro-batches of one shape, "
-            f"and --forming {forming} makes others; --forming concat makes every micro-batch {rows} rows of "
-            f"{model.max_seq_len - 1} tokens (--max-seq-len sets it), the shape it is then captured at"
+            f"--model {model.label}: torch.export fixed its {fixed_said(tuple(varying))}, so its stages run "
+            f"micro-batches of one shape, and --forming {forming} makes others; --forming concat makes every "
+            f"micro-batch {rows} rows of {model.max_seq_len - 1} tokens (--max-seq-len sets it), the shape it is "
+            "then captured at"
         )
 
 

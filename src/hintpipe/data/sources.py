@@ -265,7 +265,8 @@ class Source:
 def _text_files(root: Path) -> list[Path]:
     """A folder's files of :data:`TEXT_SUFFIXES`, compressed (:data:`~hintpipe.data.reading.COMPRESSIONS`) or
     not, in sorted path order; not hidden ones (a notebook's ``.ipynb_checkpoints/``, a download's ``.cache/``)."""
-    return sorted(p for p in root.rglob("*") if _readable(root)(p))
+    readable = _readable(root)
+    return sorted(p for p in root.rglob("*") if readable(p))
 
 
 def _named_as_text(file: Path) -> bool:
@@ -283,7 +284,9 @@ def evaluation_source(path: str) -> str:
     if source.kind is not SourceKind.FOLDER or source.split:
         return path
     splits = folder_splits(source.root, _readable(source.root))
-    chosen = next((name for name in EVALUATION_SPLITS if splits is not None and name in splits), None)
+    if splits is None:
+        return path
+    chosen = next((name for name in EVALUATION_SPLITS if name in splits), None)
     return path if chosen is None else os.path.join(path, chosen)
 
 

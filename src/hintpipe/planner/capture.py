@@ -236,9 +236,8 @@ def _capture(
     if captured.fixed:
         warnings.warn(
             FixedShapeWarning(
-                f"torch.export fixed {type(model).__name__}'s {fixed_said(captured.fixed)} (its code depends on "
-                "those sizes: a loop over positions, a size read as a number): its stages take inputs of those "
-                "sizes alone; give an example of the sizes it will train on"
+                f"torch.export fixed {type(model).__name__}'s {fixed_said(captured.fixed)}: its stages take inputs of "
+                "those sizes alone; give an example of the sizes it will train on"
             ),
             stacklevel=3,
         )

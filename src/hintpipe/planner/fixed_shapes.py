@@ -22,8 +22,10 @@ class FixedShapeWarning(UserWarning):
 
 
 def fixed_said(fixed: Fixed) -> str:
-    """Fixed dimensions in words: ``input 0's dimension 1 at 16``."""
-    return ", ".join(f"{name}'s dimension {dim} at {size}" for name, dim, size in fixed)
+    """Fixed dimensions in words, with why a capture fixes them: ``input 0's dimension 1 at 16 (its code depends
+    on those sizes: ...)``."""
+    sizes = ", ".join(f"{name}'s dimension {dim} at {size}" for name, dim, size in fixed)
+    return f"{sizes} (its code depends on those sizes: a loop over positions, a size read as a number)"
 
 
 class FixedShapes:
