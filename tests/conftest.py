@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import collections
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -162,7 +161,7 @@ def small_run(**changes: object) -> TrainConfig:
     parameters; ``changes`` override any field."""
     from hintpipe.apps.training import TrainConfig  # torch: imported by the tests that train
 
-    base = TrainConfig(
+    base = TrainConfig.of(
         model=SMALL_GPT,
         ranks=2,
         microbatches=4,
@@ -173,7 +172,7 @@ def small_run(**changes: object) -> TrainConfig:
         timeout=20.0,
         return_state=True,
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return base.replaced(**changes)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import inspect
 import math
@@ -16,7 +15,9 @@ from typing import Any
 import pytest
 
 import hintpipe.runtime
+from hintpipe.apps.config_section import key_of
 from hintpipe.apps.model_config import ModelConfig
+from hintpipe.apps.run_sections import SECTIONS, place_of
 from hintpipe.apps.training import TrainConfig
 from hintpipe.cli import build_parser
 from hintpipe.cli.common import RetiredFlag
@@ -120,10 +121,30 @@ def _choice_fields(config_class: type) -> dict[str, ChoiceField[Any]]:
     }
 
 
+def _read(config: TrainConfig, key: str) -> Any:
+    """The option ``key`` of a run's config, read where its section holds it."""
+    place = place_of(key)
+    assert place is not None, key
+    value: Any = config
+    for part in place.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _run_choices() -> dict[str, ChoiceField[Any]]:
+    """Every choice of a run's config, by key: the pipeline's and its sections'."""
+    sections = {
+        key_of(s, f): inspect.getattr_static(s, f.name, None)
+        for s in SECTIONS
+        for f in dataclasses.fields(s)  # type: ignore[arg-type]
+    }
+    return _choice_fields(PipelineConfig) | {k: d for k, d in sections.items() if isinstance(d, ChoiceField)}
+
+
 def test_every_choice_is_read_as_its_enum_however_it_was_given() -> None:
     """[Note: choices typed as their enums]: a string becomes the member once, when the config is made (by the
     constructor and by ``dataclasses.replace``); pickled and copied, the config is the same."""
-    choices = _choice_fields(TrainConfig)
+    choices = _run_choices()
     assert set(_choice_fields(PipelineConfig)) == {
         "policy", "admission", "on_nonfinite", "precision", "data_parallel", "microbatch_order", "transport"
     }  # fmt: skip
@@ -133,26 +154,13 @@ def test_every_choice_is_read_as_its_enum_however_it_was_given() -> None:
         # forming other than crop forms documents: a corpus's (and its byte vocabulary)
         text: dict[str, Any] = {"data": "stdlib"} if name == "forming" else {}
         model = ModelConfig(vocab=256) if text else ModelConfig()
-        config = TrainConfig(model=model, ranks=2, microbatches=4, **({name: other.value} | text))
-        assert getattr(config, name) is other, name
-        assert getattr(dataclasses.replace(config, **{name: field.default.value}), name) is field.default, name
+        config = TrainConfig.of(model=model, ranks=2, microbatches=4, **({name: other.value} | text))
+        assert _read(config, name) is other, name
+        assert _read(config.replaced(**{name: field.default.value}), name) is field.default, name
         assert pickle.loads(pickle.dumps(config)) == config, name
         nonsense: dict[str, Any] = {name: "nonsense"}
         with pytest.raises(ValueError, match=rf"^{name} 'nonsense' is unknown: choose one of "):
-            TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, **nonsense)
-
-
-def test_the_run_config_declares_every_inherited_choice_for_the_type_checker() -> None:
-    """[Note: inherited choices]: TrainConfig's ``if TYPE_CHECKING:`` block names PipelineConfig's choices, each
-    with its enum."""
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    block = next(
-        node for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-    )
-    declared = {ast.unparse(n.target): ast.unparse(n.annotation) for n in block.body if isinstance(n, ast.AnnAssign)}
-    assert declared == {
-        name: f"ChoiceField[{type(field.default).__name__}]" for name, field in _choice_fields(PipelineConfig).items()
-    }
+            TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4, **nonsense)
 
 
 def test_the_runtime_is_given_the_config_object() -> None:
@@ -190,12 +198,14 @@ def test_the_command_line_reads_checked_flags_not_a_mapping_of_them() -> None:
 
 
 def test_the_run_config_has_every_train_option_with_its_default() -> None:
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    """Each option of ``hintpipe train`` has its place in a run's config (see [Note: a key per field] in
+    hintpipe.apps.run_sections), whose default is the option's."""
+    config = TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4)
     for name, option in OPTIONS.items():
         if "train" not in option.commands or option.required:
             continue
-        assert name in fields, name
-        default = fields[name].default
+        assert place_of(name) is not None, name
+        default = _read(config, name)
         if option.name == "activation_budget":  # per rank in the config: a tuple, or None
             assert default is None
         else:

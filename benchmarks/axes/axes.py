@@ -24,7 +24,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import statistics
@@ -41,7 +40,7 @@ EMULATED = [(2, 2, 2, "replicate"), (2, 4, 2, "replicate"), (2, 8, 2, "replicate
 
 
 def configure(dp: int, pp: int, tp: int, mode: str, policy: str, steps: int) -> TrainConfig:
-    return TrainConfig(
+    return TrainConfig.of(
         model=ModelConfig("gpt-mini", layers=max(2, pp), hidden=64, heads=4),
         ranks=pp,
         microbatches=2 * pp,
@@ -69,7 +68,7 @@ def run(config: TrainConfig, emulate: EmulatedCosts | None) -> TrainResult:
     """One training run; ``emulate``: the costs every task sleeps (one profile per layout, shared by its
     policies: profiled afresh per run on a busy machine, the same work would differ between them)."""
     if emulate is not None:
-        config = dataclasses.replace(config, emulate=emulate)
+        config = config.replaced(emulate=emulate)
     result = train(config)
     assert result is not None
     return result

@@ -91,7 +91,7 @@ def model_for(name: str, ranks: int) -> ModelConfig:
 
 
 def config_for(name: str, ranks: int, microbatches: int, steps: int, setup: Setup) -> TrainConfig:
-    return TrainConfig(
+    return TrainConfig.of(
         model=model_for(name, ranks),
         ranks=ranks,
         microbatches=microbatches,
@@ -124,10 +124,10 @@ def profiled(config: TrainConfig) -> EmulatedCosts:
     against fixed 1F1B come out 0.75x in one run and 1.49x in another).
     """
     hint = config.resolved_hint
-    key = (config.model.name, config.ranks, hint.stages)
+    key = (config.model.name, config.parallelism.ranks, hint.stages)
     if key not in _PROFILES:
-        chunks = hint.stages // config.ranks
-        split = config if hint.split_backward else dataclasses.replace(config, hint="zb-h1" if chunks == 1 else "bfw")
+        chunks = hint.stages // config.parallelism.ranks
+        split = config if hint.split_backward else config.replaced(hint="zb-h1" if chunks == 1 else "bfw")
         _PROFILES[key] = profile_costs(split, repeats=3)
     costs = _PROFILES[key]
     if hint.split_backward:
@@ -167,13 +167,18 @@ def peak_tokens(result: TrainResult, config: TrainConfig) -> list[int]:
     peaks = [0] * hint.ranks
     for report in result.measured:
         inputs, _, _ = make_batch(
-            config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, report.step, config.seed
+            config.model,
+            config.pipeline.microbatches,
+            config.training.microbatch_size,
+            config.data.seq_len_dist,
+            report.step,
+            config.training.seed,
         )
         elements = [sum(t.numel() for t in as_tensors(x)) for x in inputs]
         if report.sizes:  # the runtime's own (its order may use more than the sizes: front-then-back's ends)
             size = list(report.sizes)
         else:
-            slots = microbatch_order(elements, config.microbatch_order)  # slot i runs micro-batch slots[i]
+            slots = microbatch_order(elements, config.pipeline.microbatch_order)  # slot i runs micro-batch slots[i]
             size = [elements[m] for m in slots]
         events: list[list[tuple[float, int]]] = [[] for _ in range(hint.ranks)]
         for rank, task, start, end in report.records:
@@ -213,7 +218,7 @@ def emulated(
     rows: list[dict[str, Any]] = []
     for setup in setups:
         config = config_for(name, ranks, microbatches, steps, setup)
-        config = dataclasses.replace(config, emulate=scaled_costs(config, unit_ms, reference, balanced))
+        config = config.replaced(emulate=scaled_costs(config, unit_ms, reference, balanced))
         began = time.perf_counter()
         result = train(config)
         assert result is not None

@@ -198,7 +198,7 @@ def compare_policies(config: TrainConfig, repeats: int) -> dict[str, PolicyRuns]
     for i in range(repeats):
         order = ["fixed", "ready"] if i % 2 == 0 else ["ready", "fixed"]
         for policy in order:
-            run_config = dataclasses.replace(config, policy=policy)
+            run_config = config.replaced(policy=policy)
             result, load = MONITOR.run(functools.partial(train, run_config))
             assert isinstance(result, TrainResult)
             runs[policy].results.append(result)
@@ -226,7 +226,7 @@ POLICY_HEADERS = ["condition", "fixed step ms", "fixed tok/s", "ready tok/s", "r
 
 def part_a(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRuns]]]:
     model = ModelConfig("gpt-mini", layers=4, hidden=64 if quick else 128, seed=SEED)
-    base = TrainConfig(
+    base = TrainConfig.of(
         model=model,
         ranks=2,
         microbatches=8,
@@ -240,19 +240,19 @@ def part_a(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
         timelines=True,  # every rank's task records on rank 0: part C predicts each measured step
     )
     # Stage 1 (rank 1 under 1f1b on 2 ranks) 1.5x slower on every micro-batch.
-    straggler = f"straggler:1.5:1:0:{base.microbatches - 1}"
+    straggler = f"straggler:1.5:1:0:{base.pipeline.microbatches - 1}"
     conditions: list[tuple[str, TrainConfig]] = [("none", base)]
     for spec in ("iid:0.5", "mb:0.5", straggler, "comm:2ms"):
-        conditions.append((spec, dataclasses.replace(base, variability=(spec,))))
-    conditions.append(("seq lognormal:96:0.5", dataclasses.replace(base, seq_len_dist=SeqLenDist(96, 0.5))))
+        conditions.append((spec, base.replaced(variability=(spec,))))
+    conditions.append(("seq lognormal:96:0.5", base.replaced(seq_len_dist=SeqLenDist(96, 0.5))))
     out: dict[str, dict[str, PolicyRuns]] = {}
     for label, config in conditions:
         log(f"A: {label}")
         out[label] = compare_policies(config, repeats)
     title = (
         f"A. Real compute, 2 ranks: gpt-mini {model.layers} blocks x {model.hidden} hidden, 1f1b, "
-        f"{base.microbatches} micro-batches of {base.microbatch_size} x 96 tokens (mean), slack {SLACK:g}, "
-        f"{base.steps} steps ({base.steps - 1} measured) x {repeats} runs per policy"
+        f"{base.pipeline.microbatches} micro-batches of {base.training.microbatch_size} x 96 tokens (mean), "
+        f"slack {SLACK:g}, {base.training.steps} steps ({base.training.steps - 1} measured) x {repeats} runs per policy"
     )
     md = table(title, POLICY_HEADERS, [policy_row(k, v) for k, v in out.items()])
     return md, out
@@ -263,7 +263,7 @@ def part_b(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
     out: dict[str, dict[str, PolicyRuns]] = {}
     costs_md: list[str] = []
     for ranks in (4, 8):
-        base = TrainConfig(
+        base = TrainConfig.of(
             model=model,
             ranks=ranks,
             microbatches=16,
@@ -281,16 +281,16 @@ def part_b(quick: bool, repeats: int) -> tuple[str, dict[str, dict[str, PolicyRu
             f"{ranks} ranks: F ms {' '.join(f'{c * 1e3:.1f}' for c in costs.forward)}; "
             f"B ms {' '.join(f'{c * 1e3:.1f}' for c in costs.backward)} (per {costs.reference_size} tokens)"
         )
-        base = dataclasses.replace(base, emulate=costs)
+        base = base.replaced(emulate=costs)
         for label, config in [
-            ("mb:0.5", dataclasses.replace(base, variability=("mb:0.5",))),
-            ("seq lognormal:96:0.5", dataclasses.replace(base, seq_len_dist=SeqLenDist(96, 0.5))),
+            ("mb:0.5", base.replaced(variability=("mb:0.5",))),
+            ("seq lognormal:96:0.5", base.replaced(seq_len_dist=SeqLenDist(96, 0.5))),
         ]:
             log(f"B: {ranks} ranks, {label}")
             out[f"{ranks} ranks, {label}"] = compare_policies(config, repeats)
     title = (
         f"B. Emulated compute, gpt-mini {model.layers} blocks x {model.hidden} hidden, 1f1b, 16 micro-batches, "
-        f"slack {SLACK:g}, {base.steps} steps x {repeats} runs per policy"
+        f"slack {SLACK:g}, {base.training.steps} steps x {repeats} runs per policy"
     )
     md = table(title, POLICY_HEADERS, [policy_row(k, v) for k, v in out.items()])
     md += "\n\nProfiled costs: " + "; ".join(costs_md)
@@ -316,7 +316,7 @@ def agreement_from_runs(runs: dict[str, dict[str, PolicyRuns]]) -> dict[str, Agr
         hint = c.resolved_hint
         out[label] = Agreement(
             hint,
-            c.slack_microbatches,
+            c.pipeline.slack_microbatches,
             {
                 p: [s for r in pr.results for s in r.measured if len(s.records) == hint.num_tasks]
                 for p, pr in by_policy.items()

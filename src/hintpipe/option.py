@@ -211,10 +211,13 @@ class ChoiceField(Generic[C]):
     def __init__(self, option: Option) -> None:
         assert option.choices is not None, option
         self.option = option
+        self.attribute = option.name  # the field's name, once the class is made (a run's option: its key)
         self.default: C = option.choices.parse(option.default)  # type: ignore[assignment]
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.option = dataclasses.replace(self.option, name=name)
+        self.attribute = name
+        if not self.option.name:  # a pipeline option, named by its field (a run's option has its name already)
+            self.option = dataclasses.replace(self.option, name=name)
 
     @overload
     def __get__(self, instance: None, owner: type) -> C: ...
@@ -225,11 +228,11 @@ class ChoiceField(Generic[C]):
     def __get__(self, instance: object | None, owner: type) -> C:
         if instance is None:  # the class's default (what dataclasses asks a descriptor field for)
             return self.default
-        value: C = instance.__dict__[self.option.name]
+        value: C = instance.__dict__[self.attribute]
         return value
 
     def __set__(self, instance: object, value: str | C) -> None:
-        instance.__dict__[self.option.name] = self.option.check(value)
+        instance.__dict__[self.attribute] = self.option.check(value)
 
 
 #: The largest value of an integer option that names no maximum of its own.

@@ -9,7 +9,7 @@ from hintpipe.apps.batches import HELD_OUT_STEP, held_out_batches, step_batch
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
 from hintpipe.apps.train_config import TrainConfig
 
-CONFIG = TrainConfig(
+CONFIG = TrainConfig.of(
     model=ModelConfig(vocab=64, max_seq_len=32), ranks=2, microbatches=3, microbatch_size=2, seq_len_dist=SeqLenDist(16)
 )
 

@@ -48,16 +48,16 @@ def _corpus(path: Path, count: int, tag: str) -> Path:
 
 def test_a_step_trains_every_id_it_draws_but_the_last_documents_tail(tmp_path: Path) -> None:
     one, two = _corpus(tmp_path / "one.txt", 60, "a"), _corpus(tmp_path / "two.txt", 60, "b")
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=MODEL, ranks=2, microbatches=3, microbatch_size=2, data=(f"{one}:1", f"{two}:3"), forming="concat"
     )
-    documents = data_documents(config.data, config.prepared)
+    documents = data_documents(config.data.source, config.prepared)
     for step in (0, 5):
         inputs, targets, tokens = step_batch(config, step)
         assert [tuple(x.shape) for x in inputs] == [(2, 8)] * 3 and tokens == [16] * 3  # every row full
         stream = torch.cat([torch.cat([x[:, 0] for x in inputs]).reshape(-1, 1), torch.cat(targets)], 1)
         trained = torch.cat([stream[0], *(row[1:] for row in stream[1:])]).tolist()  # 6 rows x 8 + 1 ids
-        rng = np.random.default_rng([config.seed, step, CONCATENATED])
+        rng = np.random.default_rng([config.training.seed, step, CONCATENATED])
         drawn: list[int] = []
         while len(drawn) < len(trained):  # the same draws, one document at a time, end to end
             drawn += [int(v) for v in draw_documents(documents, rng, 1)[0]]
@@ -68,8 +68,8 @@ def test_a_step_trains_every_id_it_draws_but_the_last_documents_tail(tmp_path: P
 def test_held_out_batches_are_cut_one_after_the_other_from_the_documents_evaluated_on(tmp_path: Path) -> None:
     train, valid = _corpus(tmp_path / "train.txt", 40, "t"), _corpus(tmp_path / "valid.txt", 30, "v")
     fields: dict[str, Any] = {"model": MODEL, "ranks": 2, "microbatches": 2, "microbatch_size": 2, "data": str(train)}
-    config = TrainConfig(**fields, forming="concat", eval_data=str(valid), eval_every=1, eval_batches=3, dp=2)
-    order = HeldOutOrder(evaluation_parts(config), config.seed)
+    config = TrainConfig.of(**fields, forming="concat", eval_data=str(valid), eval_every=1, eval_batches=3, dp=2)
+    order = HeldOutOrder(evaluation_parts(config.data, config.prepared, config.eval_prepared), config.training.seed)
     ids = [int(v) for i in range(len(order)) for v in order[i]]  # the evaluation corpus's ids in its fixed order
     for replica in (0, 1):
         for number, (inputs, targets, tokens) in enumerate(held_out_batches(config, replica)):
@@ -86,19 +86,21 @@ def test_what_concat_cannot_do_is_refused_in_one_line(tmp_path: Path, capsys: py
     fields: dict[str, Any] = {"model": MODEL, "ranks": 2, "microbatches": 2, "microbatch_size": 2, "data": str(train)}
     held = sum(len(p) for p in valid.read_bytes().split(b"\n\n"))  # the byte tokenizer's ids of the 8 documents
     with pytest.raises(ValueError) as refused:
-        TrainConfig(**fields, forming="concat", eval_data=str(valid), eval_every=1, eval_batches=9)
+        TrainConfig.of(**fields, forming="concat", eval_data=str(valid), eval_every=1, eval_batches=9)
     assert str(refused.value) == (
         f"eval_batches 9 takes 289 held-out tokens under forming concat (9 x 2 micro-batches x 2 rows of 8 x 1 "
         f"replicas, and one, without replacement); eval_data {valid} has {held}: use eval_batches "
         f"{(held - 1) // 32} or fewer"
     )
     with pytest.raises(ValueError) as refused:
-        TrainConfig(model=MODEL, ranks=2, microbatches=2, forming="concat")
+        TrainConfig.of(model=MODEL, ranks=2, microbatches=2, forming="concat")
     assert str(refused.value) == (
         "forming concat forms micro-batches from documents end to end: use it with data stdlib or data PATH"
     )
     with pytest.raises(ValueError) as refused:  # packing's refusal names concat, which any model takes
-        TrainConfig(model=ModelConfig("hf-gpt2", vocab=256), ranks=2, microbatches=2, data=str(train), forming="packed")
+        TrainConfig.of(
+            model=ModelConfig("hf-gpt2", vocab=256), ranks=2, microbatches=2, data=str(train), forming="packed"
+        )
     assert str(refused.value) == (
         "forming packed needs a model that takes document masks (gpt-mini), not hf-gpt2; forming concat lays "
         "documents end to end without masks, for any model"

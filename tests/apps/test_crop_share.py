@@ -28,8 +28,8 @@ def test_a_micro_batch_trains_its_shortest_documents_length_of_each_up_to_the_co
 def test_the_share_is_of_the_tokens_the_steps_train(tmp_path: Path) -> None:
     corpus = tmp_path / "mixed.txt"  # documents of 6 to 60 bytes: rows cropped to the shortest lose most
     corpus.write_text("\n\n".join(f"d{i:03d}:" + "ab" * (i % 28) for i in range(200)), encoding="utf-8")
-    config = TrainConfig(model=MODEL, ranks=2, microbatches=3, microbatch_size=4, data=str(corpus))
-    documents = data_documents(config.data, config.prepared)
+    config = TrainConfig.of(model=MODEL, ranks=2, microbatches=3, microbatch_size=4, data=str(corpus))
+    documents = data_documents(config.data.source, config.prepared)
     whole = sum(
         min(len(d), 32) - 1
         for step in range(8)
@@ -39,7 +39,7 @@ def test_the_share_is_of_the_tokens_the_steps_train(tmp_path: Path) -> None:
     trained = sum(sum(step_batch(config, step)[2]) for step in range(8))  # what the steps' rows hold
     share = crop_share(config)
     assert share == trained / whole and share < 0.6
-    counting = TrainConfig(model=MODEL, ranks=2, microbatches=3, seq_len_dist=SeqLenDist(16))
+    counting = TrainConfig.of(model=MODEL, ranks=2, microbatches=3, seq_len_dist=SeqLenDist(16))
     assert crop_share(counting) is None  # counting text: nothing cropped
 
 
@@ -53,7 +53,7 @@ def test_the_command_line_says_what_crop_trains_before_the_run(
     monkeypatch.setattr(hintpipe.apps.training, "train", lambda config: None)  # what a torchrun rank but 0 returns
     argv = ["train", "--ranks", "2", "--microbatches", "3", "--microbatch-size", "4", "--max-seq-len", "32"]
     assert main([*argv, "--layers", "2", "--hidden", "16", "--data", str(corpus)]) == 0
-    share = crop_share(TrainConfig(model=MODEL, ranks=2, microbatches=3, microbatch_size=4, data=str(corpus)))
+    share = crop_share(TrainConfig.of(model=MODEL, ranks=2, microbatches=3, microbatch_size=4, data=str(corpus)))
     assert share is not None
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"hintpipe train: --forming crop trains {share:.0%} of the tokens its micro-batches draw (each cropped to its "

@@ -3,7 +3,6 @@ trains on every document of its data ([Note: an evaluation corpus of its own] in
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ def _names(batch: tuple[list[torch.Tensor], list[torch.Tensor], list[int]]) -> l
 def _run(tmp_path: Path, **changes: Any) -> TrainConfig:
     train = _documents(tmp_path / "train.txt", 40, "t")  # t019 and t039 are the held-out split's
     fields: dict[str, Any] = {"model": MODEL, "ranks": 2, "microbatches": 2, "microbatch_size": 3, "data": str(train)}
-    return TrainConfig(**(fields | {"eval_every": 1} | changes))
+    return TrainConfig.of(**(fields | {"eval_every": 1} | changes))
 
 
 def test_with_an_evaluation_corpus_every_document_trains_and_evaluations_read_only_that_corpus(tmp_path: Path) -> None:
@@ -46,15 +45,15 @@ def test_with_an_evaluation_corpus_every_document_trains_and_evaluations_read_on
         return {name for step in range(60) for name in _names(step_batch(config, step))}
 
     # What each evaluates on: the 24 documents of its own corpus, or the data's held-out 2 (t019 and t039).
-    assert [len(part) for part in evaluation_parts(given)] == [24]
-    assert [len(part) for part in evaluation_parts(apart)] == [2]
+    assert [len(part) for part in evaluation_parts(given.data, given.prepared, given.eval_prepared)] == [24]
+    assert [len(part) for part in evaluation_parts(apart.data, apart.prepared, apart.eval_prepared)] == [2]
     assert trained(apart) == {f"t{i:03d}" for i in range(40) if i % 20 != 19}
     assert trained(given) == {f"t{i:03d}" for i in range(40)}
     # 4 batches of 2 x 3 documents: all 24 of the evaluation corpus, none twice, the same at every evaluation.
     evaluated = [name for batch in held_out_batches(given) for name in _names(batch)]
     assert sorted(evaluated) == [f"v{i:03d}" for i in range(24)]
     assert [name for batch in held_out_batches(given) for name in _names(batch)] == evaluated
-    (drawn,) = held_out_batches(dataclasses.replace(given, eval_batches=0))
+    (drawn,) = held_out_batches(given.replaced(eval_batches=0))
     assert {name[0] for name in _names(drawn)} == {"v"}
     # What the ranks receive: the config crosses processes with its evaluation corpus's folders.
     copied = pickle.loads(pickle.dumps(given))

@@ -407,7 +407,7 @@ def test_gpt2_trained_from_a_config_file_on_a_text_file_exports_to_what_transfor
     sizes = [(folder / "model.safetensors").stat().st_size for folder in (out, tmp_path / "gpt2-bf16")]
     assert sizes[1] < 0.51 * sizes[0]
 
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=ModelConfig("hf-gpt2", layers=2, hidden=32, vocab=256), ranks=2, microbatches=2, microbatch_size=2,
         data=str(corpus), seed=0,
     )  # fmt: skip

@@ -70,13 +70,13 @@ def test_a_model_with_dropout_is_refused_for_a_gradient_check_in_the_caller_s_wo
     folder = _gpt2_folder(tmp_path / "gpt2", dropout=0.1)
     model = ModelConfig("hf-folder", source=folder, vocab=300, max_seq_len=64)
     with pytest.raises(ValueError) as refused:
-        TrainConfig(model=model, ranks=2, microbatches=2, check_grads=True)
+        TrainConfig.of(model=model, ranks=2, microbatches=2, check_grads=True)
     assert str(refused.value) == (
         f"check_grads compares a step with the unsplit model's, and {folder}'s dropout (attn_pdrop 0.1) draws "
         "other masks in each: check the model with its dropout at 0, or leave check_grads out"
     )
     with said_as_flags(), pytest.raises(ValueError) as refused:
-        TrainConfig(model=ModelConfig("hf-gpt2", dropout=0.25), ranks=2, microbatches=2, check_grads=True)
+        TrainConfig.of(model=ModelConfig("hf-gpt2", dropout=0.25), ranks=2, microbatches=2, check_grads=True)
     assert str(refused.value) == (
         "--check-grads compares a step with the unsplit model's, and hf-gpt2's dropout (0.25) draws other masks "
         "in each: check the model with its dropout at 0, or leave --check-grads out"
@@ -84,6 +84,6 @@ def test_a_model_with_dropout_is_refused_for_a_gradient_check_in_the_caller_s_wo
     # Without dropout (GPT-2's summary_first_dropout, 0.1, is a head a causal language model does not build)
     # the check goes ahead, and without the check any dropout trains.
     quiet = _gpt2_folder(tmp_path / "quiet", dropout=0.0)
-    checked = TrainConfig(model=ModelConfig("hf-folder", source=quiet), ranks=2, microbatches=2, check_grads=True)
-    assert checked.check_grads
-    assert not TrainConfig(model=model, ranks=2, microbatches=2, seq_len_dist=SeqLenDist(32)).check_grads
+    checked = TrainConfig.of(model=ModelConfig("hf-folder", source=quiet), ranks=2, microbatches=2, check_grads=True)
+    assert checked.training.check_grads
+    assert not TrainConfig.of(model=model, ranks=2, microbatches=2, seq_len_dist=SeqLenDist(32)).training.check_grads

@@ -87,7 +87,7 @@ def test_a_model_folder_trains_from_its_weights_as_the_unsplit_model(
 ) -> None:
     config = configs[name]
     assert config.model.name == "hf-folder" and config.model.init == "pretrained"
-    assert config.tokenizer == str(zoo / name)  # the folder's own, unasked
+    assert config.data.tokenizer == str(zoo / name)  # the folder's own, unasked
     result = succeeded(runs[name])[0]
     assert result.losses[0] == pytest.approx(_unsplit_loss(zoo / name, config), rel=1e-5)
     assert result.max_grad_rel_diff is not None and result.max_grad_rel_diff <= RELATIVE_TOLERANCE
@@ -335,7 +335,7 @@ def test_a_plan_file_is_not_a_folder(zoo: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_a_plan_made_in_python_is_described_as_the_model_it_planned(zoo: Path) -> None:
-    # TrainConfig(plan=...) beside the default ModelConfig described gpt-mini: the export wrote another model
+    # TrainConfig.of(plan=...) beside the default ModelConfig described gpt-mini: the export wrote another model
     # (dropout 0.0 for a model of 0.1), or failed after training.
     import dataclasses
 
@@ -347,7 +347,7 @@ def test_a_plan_made_in_python_is_described_as_the_model_it_planned(zoo: Path) -
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
     planned = hintpipe.plan(model, torch.zeros(2, 8, dtype=torch.int64), ranks=2, microbatches=2, repeats=1,
                             kwargs={"use_cache": False})  # fmt: skip
-    config = TrainConfig(model=ModelConfig(vocab=64), ranks=2, microbatches=2, plan=planned)
+    config = TrainConfig.of(model=ModelConfig(vocab=64), ranks=2, microbatches=2, plan=planned)
     said = run_description(config)
     assert said is not None and said["architecture"] == "GPT2LMHeadModel" and "hintpipe_model" not in said
     assert said["config"]["resid_pdrop"] == 0.1 and said["config"]["n_layer"] == 2

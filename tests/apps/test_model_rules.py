@@ -88,7 +88,7 @@ def test_python_refuses_what_the_command_line_refuses_each_in_its_words(
     last three failed later, in every rank, once the ranks had started."""
     with pytest.raises(ValueError) as refused:
         base: dict[str, Any] = {"model": GPT, "ranks": 2, "microbatches": 4}
-        TrainConfig(**(base | fields))
+        TrainConfig.of(**(base | fields))
     assert str(refused.value).startswith(python)
     assert main(["train", "--ranks", "2", "--microbatches", "4", *flags]) == 2
     assert command_line in capsys.readouterr().err
@@ -117,10 +117,10 @@ def test_the_model_s_data_rules_name_the_flags_as_given(
 def test_options_the_model_honours_pass() -> None:
     check_model_options(GPT, "stdlib", 2, Forming.PACKED, Injection.parse(faults=["crash:1:4"]), 5)
     check_model_options(ModelConfig("mlp"), "synthetic", 1, Forming.CROP, Injection(), 5)
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=GPT, ranks=2, microbatches=4, tp=2, activation_budget=2**30, steps=5, faults=("crash:1:4",)
     )
-    assert config.tp == 2
+    assert config.parallelism.tp == 2
 
 
 def test_a_folder_model_too_small_for_its_data_is_refused_before_it_is_planned_each_in_its_words(
@@ -140,7 +140,7 @@ def test_a_folder_model_too_small_for_its_data_is_refused_before_it_is_planned_e
         "then save_pretrained)"
     )
     with pytest.raises(ValueError) as refused:
-        TrainConfig(model=model, ranks=2, microbatches=2, data=str(text), seq_len_dist=SeqLenDist(32))
+        TrainConfig.of(model=model, ranks=2, microbatches=2, data=str(text), seq_len_dist=SeqLenDist(32))
     assert str(refused.value) == (
         f"data {str(text)!r} has token ids up to 255 (tokenizer bytes); {folder}'s vocabulary is 100: {fix}"
     )

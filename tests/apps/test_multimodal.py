@@ -75,7 +75,7 @@ def test_mm_mini_trains_on_two_ranks_with_the_unsplit_gradients(capsys: pytest.C
 
 
 def test_emulated_mm_mini_sizes_the_encoder_by_images_and_the_decoder_by_text() -> None:
-    config = TrainConfig(model=CONFIG, ranks=2, microbatches=2, microbatch_size=2, seq_len_dist=SeqLenDist(16))
+    config = TrainConfig.of(model=CONFIG, ranks=2, microbatches=2, microbatch_size=2, seq_len_dist=SeqLenDist(16))
     costs = profile_costs(config, repeats=1)
     # stage 0: PatchEmbed, EncoderBlock, Bridge (images); stage 1: three Blocks and the head (text)
     assert costs.sized_by == (0, 1)

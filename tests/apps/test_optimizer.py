@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hintpipe.apps.optimizer import OptimizerName, build_optimizer, parse_betas
+from hintpipe.apps.optimizer import OptimizerConfig, OptimizerName, build_optimizer, parse_betas
 
 
 def test_betas_are_two_numbers_in_zero_to_one() -> None:
@@ -23,16 +23,16 @@ def test_other_betas_are_refused_naming_the_flag_and_the_form(text: str) -> None
 
 def test_a_flag_left_out_is_torchs_own_default_for_that_optimizer() -> None:
     params = [torch.nn.Parameter(torch.zeros(2))]
-    adamw = build_optimizer(params, OptimizerName.ADAMW, lr=0.1)
+    adamw = build_optimizer(params, OptimizerConfig(kind="adamw", lr=0.1))
     assert isinstance(adamw, torch.optim.AdamW)
     assert (adamw.defaults["weight_decay"], adamw.defaults["betas"]) == (0.01, (0.9, 0.999))
-    sgd = build_optimizer(params, OptimizerName.SGD, lr=0.1)
+    sgd = build_optimizer(params, OptimizerConfig(kind="sgd", lr=0.1))
     assert isinstance(sgd, torch.optim.SGD) and (sgd.defaults["weight_decay"], sgd.defaults["momentum"]) == (0.0, 0.0)
 
 
 def test_the_flags_given_reach_the_optimizer() -> None:
     params = [torch.nn.Parameter(torch.zeros(2))]
-    adamw = build_optimizer(params, OptimizerName.ADAMW, lr=0.5, weight_decay=0.0, betas="0.8,0.9")
+    adamw = build_optimizer(params, OptimizerConfig(lr=0.5, weight_decay=0.0, betas="0.8,0.9"))
     assert (adamw.defaults["lr"], adamw.defaults["weight_decay"], adamw.defaults["betas"]) == (0.5, 0.0, (0.8, 0.9))
-    sgd = build_optimizer(params, OptimizerName.SGD, lr=0.5, weight_decay=0.1, momentum=0.9)
+    sgd = build_optimizer(params, OptimizerConfig(kind=OptimizerName.SGD, lr=0.5, weight_decay=0.1, momentum=0.9))
     assert (sgd.defaults["weight_decay"], sgd.defaults["momentum"]) == (0.1, 0.9)

@@ -9,7 +9,6 @@ and could cut the model elsewhere. See [Note: a task's random numbers] (hintpipe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -60,7 +59,7 @@ def _cut_back_to_step_2(source: Path, copy: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(folder: Path) -> dict[str, Any]:
     straight = _config(folder, "straight")
-    again = dataclasses.replace(straight, checkpoint_dir=str(folder / "again"))  # the same plan, run again
+    again = straight.replaced(checkpoint_dir=str(folder / "again"))  # the same plan, run again
     done = run_cases(2, {"straight": Case(_train_rank, (straight,)), "again": Case(_train_rank, (again,))}, timeout=240)
     _cut_back_to_step_2(folder / "straight", folder / "resumed")
     resumed = _config(folder, "resumed", "--resume")  # plans in this process, as the command does

@@ -32,7 +32,7 @@ def _corpus(path: Path, count: int = 40) -> Path:
 def _config(data: Path | tuple[str, ...] | str, **changes: Any) -> TrainConfig:
     fields: dict[str, Any] = {"model": MODEL, "ranks": 2, "microbatches": 2}
     fields["data"] = data if isinstance(data, tuple) else str(data)
-    return TrainConfig(**(fields | changes))
+    return TrainConfig.of(**(fields | changes))
 
 
 def _resumed(saved: TrainConfig, now: TrainConfig) -> RunRecord:
@@ -44,7 +44,7 @@ def _resumed(saved: TrainConfig, now: TrainConfig) -> RunRecord:
 def test_a_resume_names_each_change_of_its_batches_in_one_note(tmp_path: Path) -> None:
     run = _config(_corpus(tmp_path / "a.txt"))
     assert _resumed(run, run).note(4) is None
-    changed = _resumed(run, dataclasses.replace(run, seed=3, microbatch_size=2))
+    changed = _resumed(run, run.replaced(seed=3, microbatch_size=2))
     assert changed.note(4) == (
         "resumed at step 4 with other batches than its run's (seed 0 then, 3 now; microbatch_size 4 then, 2 now): "
         "the steps from here train on other batches than the uninterrupted run would have"
@@ -52,7 +52,7 @@ def test_a_resume_names_each_change_of_its_batches_in_one_note(tmp_path: Path) -
     shorter = dataclasses.replace(run, model=dataclasses.replace(MODEL, max_seq_len=32))  # a folder's --max-seq-len
     assert _resumed(run, shorter).batches.changed == ["max_seq_len 64 then, 32 now"]
     with pytest.raises(CheckpointError, match=r"^the checkpoint's run has lr 0.001, this one 0.01: resuming"):
-        _resumed(run, dataclasses.replace(run, lr=1e-2))
+        _resumed(run, run.replaced(lr=1e-2))
 
 
 def test_the_data_is_its_contents_not_its_path(tmp_path: Path) -> None:

@@ -41,19 +41,19 @@ def test_measuring_leaves_a_batch_norms_statistics_as_they_were() -> None:
 
 
 def test_auto_names_its_choice_and_the_run_keeps_it(capsys: pytest.CaptureFixture[str]) -> None:
-    config = TrainConfig(model=ModelConfig(layers=2, hidden=32), ranks=2, microbatches=4, hint="auto")
-    assert config.hint in ("1f1b", "zb-h1") and config.resolved_hint.name == config.hint
-    assert capsys.readouterr().err.startswith(f"hint auto: {config.hint} (the step simulated on the stages' ")
+    config = TrainConfig.of(model=ModelConfig(layers=2, hidden=32), ranks=2, microbatches=4, hint="auto")
+    assert config.pipeline.hint in ("1f1b", "zb-h1") and config.resolved_hint.name == config.pipeline.hint
+    assert capsys.readouterr().err.startswith(f"hint auto: {config.pipeline.hint} (the step simulated on the stages' ")
 
 
 def test_auto_is_refused_where_it_cannot_measure_once(monkeypatch: pytest.MonkeyPatch) -> None:
     model = ModelConfig(layers=2, hidden=32)
     with pytest.raises(ValueError, match=r"^hint auto chooses among hints of one stage per rank, got chunks 2$"):
-        TrainConfig(model=model, ranks=2, microbatches=4, hint="auto", chunks=2, seq_len_dist=SeqLenDist(16))
+        TrainConfig.of(model=model, ranks=2, microbatches=4, hint="auto", chunks=2, seq_len_dist=SeqLenDist(16))
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():  # torchrun's
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=r"^hint auto measures the stages in the launcher, and under torchrun "):
-        TrainConfig(model=model, ranks=2, microbatches=4, hint="auto")
+        TrainConfig.of(model=model, ranks=2, microbatches=4, hint="auto")
 
 
 def test_a_resume_keeps_the_hint_its_checkpoint_records(
@@ -66,9 +66,9 @@ def test_a_resume_keeps_the_hint_its_checkpoint_records(
         raise AssertionError("a resume measured the stages again")
 
     monkeypatch.setattr(split_costs, "auto_hint", measured)
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=ModelConfig(layers=2, hidden=32), ranks=2, microbatches=4, hint="auto", resume=True,
         checkpoint_dir=str(folder),
     )  # fmt: skip
-    assert config.hint == "1f1b"
+    assert config.pipeline.hint == "1f1b"
     assert capsys.readouterr().err == f"hint auto: 1f1b (the run's, as {folder / 'step-00000002'} records)\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import io
 import json
@@ -110,7 +109,7 @@ def test_the_gradient_reference_is_the_whole_model_on_the_host(monkeypatch: pyte
     from hintpipe.apps import training
 
     monkeypatch.setattr(training, "Pipeline", _PlacingPipeline)
-    config = TrainConfig(model=ModelConfig("mlp", layers=2, hidden=8), ranks=2, microbatches=2, check_grads=True)
+    config = TrainConfig.of(model=ModelConfig("mlp", layers=2, hidden=8), ranks=2, microbatches=2, check_grads=True)
     _, modules, reference = training._build_pipeline(0, 2, config)
     assert modules is not None and isinstance(reference, list)
     assert {p.device.type for p in modules[0].parameters()} == {"meta"}  # rank 0's stage was placed
@@ -239,13 +238,13 @@ def test_bad_train_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[
 def test_a_run_s_rules_are_the_config_s_in_the_caller_s_words(
     changes: dict[str, Any], message: str, flags: str
 ) -> None:
-    # Before, only the command line checked these: TrainConfig(checkpoint_every=2) without a folder, or
+    # Before, only the command line checked these: TrainConfig.of(checkpoint_every=2) without a folder, or
     # resume=True, trained afresh and saved nothing, saying nothing.
     with pytest.raises(ValueError) as refused:
-        TrainConfig(model=ModelConfig("mlp"), ranks=2, microbatches=2, **changes)
+        TrainConfig.of(model=ModelConfig("mlp"), ranks=2, microbatches=2, **changes)
     assert str(refused.value) == message
     with said_as_flags(), pytest.raises(ValueError) as refused:
-        TrainConfig(model=ModelConfig("mlp"), ranks=2, microbatches=2, **changes)
+        TrainConfig.of(model=ModelConfig("mlp"), ranks=2, microbatches=2, **changes)
     assert str(refused.value) == flags
 
 
@@ -308,7 +307,7 @@ def _device_budget_config() -> TrainConfig:
     # 1F1B on 4 ranks holds 4, 3, 2, 1 micro-batches. The last stage's backwards take 20 times its forwards
     # (emulated: forced, whatever the machine's load), so ranks 1 and 2 wait for gradients while the inputs
     # of their next forwards are there: under a per-device budget they run ahead to the busiest rank's 4.
-    return TrainConfig(
+    return TrainConfig.of(
         model=ModelConfig("mlp", layers=4, hidden=8),
         ranks=4,
         microbatches=8,
@@ -334,7 +333,7 @@ def test_under_a_device_budget_no_rank_holds_more_than_the_busiest_ranks_hint_pe
 def _predicted_config(policy: str) -> TrainConfig:
     # Sleep-based tasks (F 100 ms, B 200 ms per stage: far above the runtime's own overhead on a
     # loaded machine); the mlp's micro-batches all have the reference size.
-    return TrainConfig(
+    return TrainConfig.of(
         model=ModelConfig("mlp", layers=2, hidden=8),
         ranks=2,
         microbatches=4,
@@ -365,8 +364,7 @@ def test_simulator_predicts_emulated_steps_from_their_task_times(two_ranks: dict
 
 def _one_record_config() -> TrainConfig:
     # Emulated tasks of exactly F = 50 ms, B = 100 ms (every micro-batch of the reference size, nothing drawn).
-    return dataclasses.replace(
-        _predicted_config("fixed"),
+    return _predicted_config("fixed").replaced(
         variability=(),
         slack_microbatches=0,
         steps=2,
@@ -398,7 +396,7 @@ def test_a_step_and_its_prediction_are_one_record_compared_field_by_field(two_ra
 
 def _local_config(dp: int) -> TrainConfig:
     """What the two-node launch runs, spawned on one machine."""
-    return TrainConfig(
+    return TrainConfig.of(
         model=ModelConfig("mlp", seed=3), ranks=2, dp=dp, microbatches=4, steps=2, seed=3, seq_len_dist=SeqLenDist(64)
     )
 
@@ -759,8 +757,8 @@ def test_version_names_hintpipe_torch_and_python(capsys: pytest.CaptureFixture[s
 
 def test_lr_reaches_the_run() -> None:
     argv = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "2"]
-    assert _from_cli([*argv, "--lr", "0.05"]).lr == 0.05
-    assert _from_cli(argv).lr == 1e-3
+    assert _from_cli([*argv, "--lr", "0.05"]).optimizer.lr == 0.05
+    assert _from_cli(argv).optimizer.lr == 1e-3
     with pytest.raises(ValueError, match=r"^--lr must be >= 0, got -1$"):
         _from_cli([*argv, "--lr", "-1"])
 

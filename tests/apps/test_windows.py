@@ -33,7 +33,7 @@ def _rows(batch: tuple[list[torch.Tensor], list[torch.Tensor], list[int]]) -> li
 def test_a_long_documents_rows_are_windows_over_all_of_it(tmp_path: Path) -> None:
     document = _counting(500)  # 2,000 bytes, one document (data_split file), 62 rows long
     (tmp_path / "long.txt").write_text(document)
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=MODEL, ranks=2, microbatches=2, microbatch_size=2, data=str(tmp_path / "long.txt"), data_split="file"
     )
     covered = [False] * len(document)
@@ -55,10 +55,10 @@ def test_short_documents_are_cropped_from_their_start_and_held_out_windows_are_t
     long = [_counting(40, 1000 * i) for i in range(120)]  # 160 bytes each, 5 rows long; 6 held out
     for name, documents in (("short", short), ("long", long)):
         (tmp_path / f"{name}.txt").write_text("\n\n".join(documents))
-    config = TrainConfig(model=MODEL, ranks=2, microbatches=2, microbatch_size=3, data=str(tmp_path / "short.txt"))
+    config = TrainConfig.of(model=MODEL, ranks=2, microbatches=2, microbatch_size=3, data=str(tmp_path / "short.txt"))
     for row in _rows(step_batch(config, 0)):
         assert any(d.startswith(row.decode()) for d in short)
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=MODEL, ranks=2, microbatches=2, microbatch_size=3, data=str(tmp_path / "long.txt"), eval_batches=1
     )
     held_out = [long[i] for i in range(19, 120, 20)]  # every 20th document
@@ -72,7 +72,7 @@ def test_short_documents_are_cropped_from_their_start_and_held_out_windows_are_t
 def test_formed_micro_batches_take_windows_of_the_models_context(tmp_path: Path) -> None:
     long = [_counting(40, 1000 * i) for i in range(40)]
     (tmp_path / "long.txt").write_text("\n\n".join(long))
-    config = TrainConfig(
+    config = TrainConfig.of(
         model=MODEL, ranks=2, microbatches=2, microbatch_size=3, data=str(tmp_path / "long.txt"), forming="padded"
     )
     starts = set()

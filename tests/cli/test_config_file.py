@@ -222,8 +222,18 @@ def test_the_readme_s_config_file_runs_as_it_says(tmp_path: Path, capsys: pytest
         }, command
     args = parse_cli(["train", "--config", str(path)])
     config = config_from(args, args.policy)
-    assert (config.model.name, config.model.layers, config.microbatches, config.steps) == ("mlp", 6, 8, 100)
-    assert (config.ranks, str(config.policy), config.hint, config.variability) == (2, "fixed", "zb-h1", ("mb:0.3",))
+    assert (config.model.name, config.model.layers, config.pipeline.microbatches, config.training.steps) == (
+        "mlp",
+        6,
+        8,
+        100,
+    )
+    assert (
+        config.parallelism.ranks,
+        str(config.pipeline.policy),
+        config.pipeline.hint,
+        config.training.variability,
+    ) == (2, "fixed", "zb-h1", ("mb:0.3",))
 
 
 @pytest.mark.parametrize(

@@ -57,4 +57,4 @@ def test_hintpipe_data_prepare_on_the_command_line(tmp_path: Path, capsys: pytes
     (tmp_path / "run.toml").write_text(printed)
     args = parse_cli([*argv, "--config", str(tmp_path / "run.toml")])
     config = config_from(args, args.policy)
-    assert config.data == (str(out), f"{source}:3") and config.prepared[0] == str(out)
+    assert config.data.source == (str(out), f"{source}:3") and config.prepared[0] == str(out)

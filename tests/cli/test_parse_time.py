@@ -68,10 +68,10 @@ def test_a_config_files_integer_beyond_its_bound_is_refused_in_one_line(
 
 def test_an_integer_option_beyond_its_bound_is_refused_in_python() -> None:
     with pytest.raises(ValueError) as refused:
-        TrainConfig(model=ModelConfig("gpt-mini"), ranks=2, microbatches=2, checkpoint_every=HUGE)
+        TrainConfig.of(model=ModelConfig("gpt-mini"), ranks=2, microbatches=2, checkpoint_every=HUGE)
     assert str(refused.value) == f"checkpoint_every must be at most 2147483647, got {HUGE}"
     with pytest.raises(ValueError) as steps:
-        TrainConfig(model=ModelConfig("gpt-mini"), ranks=2, microbatches=2, steps=2**63 - 1)
+        TrainConfig.of(model=ModelConfig("gpt-mini"), ranks=2, microbatches=2, steps=2**63 - 1)
     assert str(steps.value) == f"steps must be between 1 and 2147483647, got {2**63 - 1}"
 
 

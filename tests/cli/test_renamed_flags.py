@@ -69,7 +69,7 @@ def test_under_torchrun_rank_0_alone_says_the_warning(
 def test_a_run_from_the_old_flag_is_the_run_from_the_new_one() -> None:
     before = config_from(parse_cli(["train", *RUN, "--model", "mlp", "--memory-slack", "2"]), "ready")
     now = config_from(parse_cli(["train", *RUN, "--model", "mlp", "--slack-microbatches", "2"]), "ready")
-    assert before.slack_microbatches == 2.0
+    assert before.pipeline.slack_microbatches == 2.0
     assert before == now
 
 

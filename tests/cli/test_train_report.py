@@ -21,7 +21,9 @@ def _result(steps: int, *, resumed_from: int = 0, dp: int = 1, evals: list[tuple
         )
         for i in range(steps)
     ]
-    config = SimpleNamespace(model=ModelConfig("gpt-mini"), dp=dp, steps=40)
+    config = SimpleNamespace(
+        model=ModelConfig("gpt-mini"), parallelism=SimpleNamespace(dp=dp), training=SimpleNamespace(steps=40)
+    )
     return cast(
         Any,
         SimpleNamespace(
@@ -81,13 +83,15 @@ def test_a_run_that_leaves_its_datasets_validation_split_unread_is_told(
     (corpus / "train.txt").write_text("\n\n".join(f"train document {i}" for i in range(40)))
     (corpus / "validation.txt").write_text("\n\n".join(f"held document {i}" for i in range(10)))
     model = ModelConfig("gpt-mini", layers=2, hidden=16, vocab=256, max_seq_len=32)
-    run = TrainConfig(model=model, ranks=2, microbatches=2, data=str(corpus), eval_every=2)
+    run = TrainConfig.of(model=model, ranks=2, microbatches=2, data=str(corpus), eval_every=2)
     line = (
         f"hintpipe train: --data {corpus} has an evaluation split ({corpus / 'validation'}); the run evaluates on "
         f"every 20th document of its train split: --eval-data {corpus} evaluates on {corpus / 'validation'}"
     )
     assert say_where_it_evaluates(run) == line
     assert capsys.readouterr().err == line + "\n"
-    evaluated = TrainConfig(model=model, ranks=2, microbatches=2, data=str(corpus), eval_every=2, eval_data=str(corpus))
+    evaluated = TrainConfig.of(
+        model=model, ranks=2, microbatches=2, data=str(corpus), eval_every=2, eval_data=str(corpus)
+    )
     assert say_where_it_evaluates(evaluated) is None
-    assert say_where_it_evaluates(TrainConfig(model=model, ranks=2, microbatches=2, data=str(corpus))) is None
+    assert say_where_it_evaluates(TrainConfig.of(model=model, ranks=2, microbatches=2, data=str(corpus))) is None

@@ -36,7 +36,7 @@ MODEL = ModelConfig(vocab=256)
 
 
 def _config(data: Any, **changes: Any) -> TrainConfig:
-    return TrainConfig(**({"model": MODEL, "ranks": 2, "microbatches": 4, "data": data} | changes))
+    return TrainConfig.of(**({"model": MODEL, "ranks": 2, "microbatches": 4, "data": data} | changes))
 
 
 def _lists(documents: Any) -> list[list[int]]:

@@ -57,7 +57,7 @@ def test_training_steps_draw_the_training_documents_and_the_held_out_batch_the_h
     path = str(_numbered(tmp_path / "numbered.txt", 40))
     corpus = text_corpus(path)
     assert [bytes(d[:4].tolist()) for d in corpus.held_out] == [b"d19:", b"d39:"]
-    config = TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=4, data=path)
+    config = TrainConfig.of(model=ModelConfig(vocab=256), ranks=2, microbatches=4, data=path)
 
     def starts(step: int, formed: TrainConfig = config) -> set[bytes]:
         inputs, _, _ = step_batch(formed, step)
@@ -67,7 +67,7 @@ def test_training_steps_draw_the_training_documents_and_the_held_out_batch_the_h
     trained = {start for step in range(20) for start in starts(step)}
     assert len(trained) > 20 and not trained & {b"d19:", b"d39:"}
     assert starts(HELD_OUT_STEP) == {b"d19:", b"d39:"}
-    padded = TrainConfig(
+    padded = TrainConfig.of(
         model=ModelConfig(vocab=256),
         ranks=2,
         microbatches=4,
@@ -106,7 +106,7 @@ def test_bad_data_is_refused_in_one_line_naming_the_path(
         text_corpus(str(tmp_path / data), cli=True)
     assert str(info.value) == f"--data {tmp_path}/{message}"
     with pytest.raises(ValueError) as info:
-        TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=str(tmp_path / data))
+        TrainConfig.of(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=str(tmp_path / data))
     assert str(info.value) == f"data {tmp_path}/{message}"
 
 
@@ -136,12 +136,12 @@ def test_a_tokenizer_that_is_not_one_is_refused(tmp_path: Path, monkeypatch: pyt
     )
     for given in ("stdlib", data):  # a field only a JSONL file has, never silently ignored
         with pytest.raises(ValueError) as info:
-            TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=given, data_field="body")
+            TrainConfig.of(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=given, data_field="body")
         assert str(info.value) == (
             f"data_field body names a record's field; data {given} has no records (JSON, Parquet, CSV)"
         )
     with pytest.raises(ValueError, match=r"^tokenizer bytes-ish tokenizes a data file or folder; data stdlib has "):
-        TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data="stdlib", tokenizer="bytes-ish")
+        TrainConfig.of(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data="stdlib", tokenizer="bytes-ish")
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # not installed
@@ -183,7 +183,11 @@ def test_a_tokenizer_folder_gives_the_tokenizer_s_own_ids_and_vocabulary(tmp_pat
     sequences = hintpipe.token_sequences(data, tokenizer=str(tmp_path / "tokenizer"), max_len=3)
     assert [s.tolist() for s in sequences] == [ids[:4] for ids in _lists(corpus.documents)]
     config = _config([*RUN, "--data", data, "--tokenizer", str(tmp_path / "tokenizer")])
-    assert (config.data, config.tokenizer, config.model.vocab) == (data, str(tmp_path / "tokenizer"), len(tokenizer))
+    assert (config.data.source, config.data.tokenizer, config.model.vocab) == (
+        data,
+        str(tmp_path / "tokenizer"),
+        len(tokenizer),
+    )
     inputs, _, _ = step_batch(config, 0)
     assert int(max(x.max() for x in inputs)) < len(tokenizer)
 
@@ -260,9 +264,14 @@ def test_every_from_pretrained_of_hintpipe_runs_no_code_from_a_folder() -> None:
 def test_the_command_line_and_a_config_file_make_the_same_run(tmp_path: Path) -> None:
     data = str(_jsonl(tmp_path / "c.jsonl", [{"body": "some text"}, {"body": "more text"}]))
     config = _config([*RUN, "--data", data, "--data-field", "body"])
-    assert (config.data, config.data_field, config.tokenizer, config.model.vocab) == (data, "body", "bytes", 256)
+    assert (config.data.source, config.data.field, config.data.tokenizer, config.model.vocab) == (
+        data,
+        "body",
+        "bytes",
+        256,
+    )
     assert _config([*RUN, "--data", "stdlib"]).model.vocab == 256
-    assert _config(RUN).model.vocab == ModelConfig.vocab and _config(RUN).data == "synthetic"
+    assert _config(RUN).model.vocab == ModelConfig.vocab and _config(RUN).data.source == "synthetic"
     path = tmp_path / "run.toml"
     path.write_text(f'[data]\ndata = "{data}"\ndata_field = "body"\ntokenizer = "bytes"\n')
     assert _config([*RUN, "--config", str(path)]) == config
@@ -274,16 +283,16 @@ def test_the_command_line_and_a_config_file_make_the_same_run(tmp_path: Path) ->
 
 def test_python_takes_the_same_data_and_refuses_a_model_too_small_for_it(tmp_path: Path) -> None:
     data = str(_numbered(tmp_path / "n.txt", 3))
-    config = TrainConfig(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=data, tokenizer="bytes")
-    assert config.data == data
+    config = TrainConfig.of(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=data, tokenizer="bytes")
+    assert config.data.source == data
     with pytest.raises(ValueError) as info:
-        TrainConfig(model=ModelConfig(), ranks=2, microbatches=2, data=data)
+        TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=2, data=data)
     assert str(info.value) == (
         f"data {data!r} has token ids up to 255 (tokenizer bytes); gpt-mini's vocabulary is 128: use "
         "ModelConfig(vocab=256)"
     )
     with pytest.raises(ValueError, match=r"^data 'stdlib' is text: use a language model"):
-        TrainConfig(model=ModelConfig("mlp"), ranks=2, microbatches=2, data="stdlib")
+        TrainConfig.of(model=ModelConfig("mlp"), ranks=2, microbatches=2, data="stdlib")
     sequences = hintpipe.token_sequences(data)
     assert all(s.dtype == torch.int64 and s.dim() == 1 for s in sequences)
     batch = hintpipe.form_batch(sequences, 2, SequenceCost(1.0))

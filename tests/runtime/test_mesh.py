@@ -666,7 +666,7 @@ def test_bad_axes_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str
 
 def _checked_config(dp: int, tp: int, mode: str) -> TrainConfig:
     """``hintpipe train --check-grads`` on DP x PP or TP x PP: step 0's gradients against the unsplit model."""
-    return TrainConfig(
+    return TrainConfig.of(
         model=MODEL,
         seq_len_dist=LENGTHS,
         ranks=2,
@@ -705,7 +705,7 @@ def _three_axes_config(
     folder: str, steps: int, *, resume: bool = False, save: bool = True, check_grads: bool = False
 ) -> TrainConfig:
     """``hintpipe train --dp 2 --tp 2 --data-parallel fsdp --ranks 2`` with checkpoints every 2 steps."""
-    return TrainConfig(
+    return TrainConfig.of(
         model=MODEL,
         seq_len_dist=LENGTHS,
         ranks=2,

@@ -43,7 +43,7 @@ def _titled(block: str) -> str:
 
 def test_the_readme_has_the_blocks_it_shows() -> None:
     blocks = python_blocks()
-    assert len(blocks) == 8, [_titled(b) for b in blocks]
+    assert len(blocks) == 9, [_titled(b) for b in blocks]
     assert sum("share_plan" in b for b in blocks) == 1
 
 
@@ -58,7 +58,7 @@ def checkpointing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"folder": folder, "scripts": scripts, "runs": runs, "listing": listing}
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_every_python_block_of_the_readme_runs_as_pasted(
     index: int, tmp_path: Path, checkpointing: dict[str, Any]
 ) -> None:

@@ -288,14 +288,14 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: PipelineConfig(microbatches=4, device_budget_fraction=0.25),
     ),
     (
-        "TrainConfig(memory_slack=...) is now TrainConfig(slack_microbatches=...)",
-        lambda: _loose(TrainConfig)(model=ModelConfig(), ranks=2, microbatches=4, memory_slack=2),
-        lambda: TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2),
+        "TrainConfig.of(memory_slack=...) is now TrainConfig.of(slack_microbatches=...)",
+        lambda: _loose(TrainConfig.of)(model=ModelConfig(), ranks=2, microbatches=4, memory_slack=2),
+        lambda: TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2),
     ),
     (
-        "TrainConfig(device_budget=...) is now TrainConfig(device_budget_fraction=...)",
-        lambda: _loose(TrainConfig)(model=ModelConfig(), ranks=2, microbatches=4, device_budget=0.25),
-        lambda: TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, device_budget_fraction=0.25),
+        "TrainConfig.of(device_budget=...) is now TrainConfig.of(device_budget_fraction=...)",
+        lambda: _loose(TrainConfig.of)(model=ModelConfig(), ranks=2, microbatches=4, device_budget=0.25),
+        lambda: TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4, device_budget_fraction=0.25),
     ),
     (
         "Simulator.run(memory_slack=...) is now Simulator.run(slack_microbatches=...)",
@@ -471,8 +471,8 @@ ATTRIBUTES: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: 0.25,
     ),
     (
-        "TrainConfig.memory_slack is now TrainConfig.slack_microbatches",
-        lambda: _loose(TrainConfig(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2)).memory_slack,
+        "TrainConfig.memory_slack is now TrainConfig.pipeline.slack_microbatches",
+        lambda: _loose(TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2)).memory_slack,
         lambda: 2.0,
     ),
     (

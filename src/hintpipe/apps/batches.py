@@ -53,17 +53,17 @@ def step_batch(config: TrainConfig, step: int, replica: int = 0) -> Batch:
     training documents; step :data:`HELD_OUT_STEP` (the held-out batch) from a file corpus's held-out ones
     (:mod:`hintpipe.data.prepared`). A pure function of the config and the step: a resumed run draws what an
     uninterrupted one draws."""
-    seed = config.seed + REPLICA_SEED_STRIDE * replica
-    evaluated = step == HELD_OUT_STEP and config.eval_data is not None
-    if config.data == "synthetic" and not evaluated:
-        return make_batch(config.model, config.microbatches, config.microbatch_size, config.seq_len_dist, step, seed)
+    seed = config.training.seed + REPLICA_SEED_STRIDE * replica
+    microbatches, size = config.pipeline.microbatches, config.training.microbatch_size
+    evaluated = step == HELD_OUT_STEP and config.data.eval_source is not None
+    if config.data.source == "synthetic" and not evaluated:
+        return make_batch(config.model, microbatches, size, config.data.seq_len_dist, step, seed)
     documents = _documents(config, step)
     if config.formed:
-        count = config.microbatches * config.microbatch_size
-        sequences = document_sequences(documents, count, step, seed, config.model.max_seq_len - 1)
+        sequences = document_sequences(documents, config.step_rows, step, seed, config.model.max_seq_len - 1)
         return _formed(config, sequences, seed + step)
-    make = concatenated_batch if config.forming is Forming.CONCAT else document_batch
-    return make(documents, config.microbatches, config.microbatch_size, step, seed, config.model.max_seq_len)
+    make = concatenated_batch if config.data.forming is Forming.CONCAT else document_batch
+    return make(documents, microbatches, size, step, seed, config.model.max_seq_len)
 
 
 def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
@@ -78,21 +78,22 @@ def held_out_batches(config: TrainConfig, replica: int = 0) -> list[Batch]:
         batches = hintpipe.held_out_batches(config)  # config: the run's TrainConfig (result.config)
         loss = sum(batch_loss(model, batch) for batch in batches) / len(batches)
     """
-    if not config.eval_batches:
+    if not config.metrics.eval_batches:
         return [step_batch(config, HELD_OUT_STEP, replica)]
-    order = HeldOutOrder(evaluation_parts(config), config.seed)
-    if config.forming is Forming.CONCAT:
-        return _concatenated_held_out(config, order, [n * config.dp + replica for n in range(config.eval_batches)])
-    size, rows = config.microbatches * config.microbatch_size, config.microbatch_size
+    seed, dp, count = config.training.seed, config.parallelism.dp, config.metrics.eval_batches
+    order = HeldOutOrder(evaluation_parts(config.data, config.prepared, config.eval_prepared), seed)
+    if config.data.forming is Forming.CONCAT:
+        return _concatenated_held_out(config, order, [n * dp + replica for n in range(count)])
+    size, rows = config.step_rows, config.training.microbatch_size
     batches = []
-    for number in range(config.eval_batches):
-        documents = order.batch(number * config.dp + replica, size)
-        windows = np.random.default_rng([config.seed, HELD_OUT_STEP, number * config.dp + replica, WINDOWS])
+    for number in range(count):
+        documents = order.batch(number * dp + replica, size)
+        windows = np.random.default_rng([seed, HELD_OUT_STEP, number * dp + replica, WINDOWS])
         if config.formed:
             sequences = cropped_sequences(documents, config.model.max_seq_len - 1, windows)
-            batches.append(_formed(config, sequences, config.seed + REPLICA_SEED_STRIDE * replica + HELD_OUT_STEP))
+            batches.append(_formed(config, sequences, seed + REPLICA_SEED_STRIDE * replica + HELD_OUT_STEP))
         else:
-            microbatches = [documents[m * rows : (m + 1) * rows] for m in range(config.microbatches)]
+            microbatches = [documents[m * rows : (m + 1) * rows] for m in range(config.pipeline.microbatches)]
             batches.append(cropped_batch(microbatches, config.model.max_seq_len, windows))
     return batches
 
@@ -101,14 +102,14 @@ def crop_share(config: TrainConfig, steps: int = 8) -> float | None:
     """The share of its drawn documents' tokens a run that crops them trains, over its first ``steps`` steps'
     draws (:func:`~hintpipe.apps.corpus.cropped_share`); None where it does not crop documents (counting text,
     formed micro-batches). What the command line says of a run that trains far less than it draws."""
-    if config.forming is not Forming.CROP or config.data == "synthetic":
+    if config.data.forming is not Forming.CROP or config.data.source == "synthetic":
         return None
     documents = _documents(config, 0)
-    size = config.microbatch_size
+    size = config.training.microbatch_size
     drawn = [
         chosen
         for step in range(steps)
-        for chosen in drawn_microbatches(documents, config.microbatches, size, step, config.seed)
+        for chosen in drawn_microbatches(documents, config.pipeline.microbatches, size, step, config.training.seed)
     ]
     return cropped_share(drawn, config.model.max_seq_len)
 
@@ -125,19 +126,19 @@ def _documents(config: TrainConfig, step: int) -> Documents | Mixture:
     :func:`~hintpipe.apps.run_record.data_identity`), as the training documents differ.
     """
     if step != HELD_OUT_STEP:
-        part: Part = "all" if config.eval_data is not None else "training"
-        return data_documents(config.data, config.prepared, part=part)
-    if config.eval_data is not None:
-        return data_documents(config.eval_data, config.eval_prepared, part="all")
-    return data_documents(config.data, config.prepared, part="held_out")
+        part: Part = "all" if config.data.eval_source is not None else "training"
+        return data_documents(config.data.source, config.prepared, part=part)
+    if config.data.eval_source is not None:
+        return data_documents(config.data.eval_source, config.eval_prepared, part="all")
+    return data_documents(config.data.source, config.prepared, part="held_out")
 
 
 def _formed(config: TrainConfig, sequences: list[torch.Tensor], seed: int) -> Batch:
     """The documents' ``sequences`` formed into the run's micro-batches by cost (``seed``: its ties' order)."""
-    pack = config.forming is Forming.PACKED
-    batch = form_batch(sequences, config.microbatches, config.sequence_cost, pack=pack, seed=seed)
+    pack, microbatches = config.data.forming is Forming.PACKED, config.pipeline.microbatches
+    batch = form_batch(sequences, microbatches, config.data.sequence_cost, pack=pack, seed=seed)
     formation = batch.formation
-    counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(config.microbatches)]
+    counts = [sum(formation.lengths[i] for i in formation.sequences(mb)) for mb in range(microbatches)]
     return batch.inputs, batch.targets, counts
 
 
@@ -146,8 +147,8 @@ def _concatenated_held_out(config: TrainConfig, order: HeldOutOrder, numbers: li
     documents it evaluates on, end to end in their fixed order, after the rows of the batches before it (see
     [Note: documents end to end] in :mod:`hintpipe.apps.corpus`), so one walk of the documents cuts them all;
     ``check_eval_batches`` made sure they hold every batch's rows."""
-    rows, length = config.microbatches * config.microbatch_size, config.model.max_seq_len - 1
+    rows, length = config.step_rows, config.model.max_seq_len - 1
     stream = (order[i] for i in range(len(order)))
     cut = concatenated_stream(stream, rows * (numbers[-1] + 1), length)
     assert cut is not None, f"held-out batches up to {numbers[-1]} of a corpus too short for them"
-    return [rows_batch(cut[number * rows : (number + 1) * rows], config.microbatches) for number in numbers]
+    return [rows_batch(cut[number * rows : (number + 1) * rows], config.pipeline.microbatches) for number in numbers]

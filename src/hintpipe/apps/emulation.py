@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
-from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.models import SeqLenDist, build_layers, loss_fn_for, make_batch, split_layers
 from hintpipe.apps.multimodal import sized_by_input
 from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.loop.executor import as_tensors
-from hintpipe.schedule.hint import Hint
+
+if TYPE_CHECKING:
+    from hintpipe.apps.train_config import TrainConfig
 
 
-class EmulatedRun(Protocol):
-    """What :func:`profile_costs` reads of a run (a :class:`~hintpipe.apps.training.TrainConfig` has it)."""
-
-    @property
-    def model(self) -> ModelConfig: ...
-    @property
-    def resolved_hint(self) -> Hint: ...
-    @property
-    def microbatch_size(self) -> int: ...
-    @property
-    def seq_len_dist(self) -> SeqLenDist: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def split_backward(self) -> bool: ...
-
-
-def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
+def profile_costs(config: TrainConfig, repeats: int = 5) -> EmulatedCosts:
     """Measure each stage's tasks on one reference micro-batch in this process (medians of ``repeats`` after a
     warm-up; :func:`~hintpipe.apps.split_costs.measure_stage_costs`): the costs ``--emulate`` sleeps. Under a
     hint that splits weight gradients off, B and W are the split backward's own two parts, measured (see
@@ -42,9 +26,8 @@ def profile_costs(config: EmulatedRun, repeats: int = 5) -> EmulatedCosts:
     torch.set_num_threads(1)
     stages = config.resolved_hint.stages
     modules = split_layers(build_layers(config.model), stages)
-    inputs, targets, _ = make_batch(
-        config.model, 1, config.microbatch_size, SeqLenDist(config.seq_len_dist.mean), 0, config.seed
-    )
+    size, length = config.training.microbatch_size, config.data.seq_len_dist.mean
+    inputs, targets, _ = make_batch(config.model, 1, size, SeqLenDist(length), 0, config.training.seed)
     costs = measure_stage_costs(
         modules, as_tensors(inputs[0]), targets[0], loss_fn_for(config.model), repeats
     )  # several tensors for mm-mini

@@ -3,8 +3,9 @@ that hold them to the run (see [Note: an evaluation corpus of its own] in :mod:`
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
+from hintpipe.apps.run_sections import DataConfig
 from hintpipe.data.prepared import DocumentView, open_prepared
 from hintpipe.data.run_data import document_parts
 from hintpipe.data.sources import data_entries
@@ -12,50 +13,66 @@ from hintpipe.forming.form import Forming
 from hintpipe.option import said
 
 
-def evaluation_parts(config: Any) -> tuple[DocumentView, ...]:
-    """The documents a run's evaluations draw from, per prepared folder (``config``: the run's config, or the
-    command line's arguments with its folders resolved): all of its ``eval_data``'s, else its data's held-out
-    ones (see [Note: an evaluation corpus of its own] in :mod:`hintpipe.apps.batches`)."""
-    if getattr(config, "eval_data", None) is not None:
-        return document_parts(config.eval_prepared, "all")
-    return document_parts(config.prepared, "held_out")
+def evaluation_parts(
+    data: DataConfig, prepared: tuple[str, ...], eval_prepared: tuple[str, ...]
+) -> tuple[DocumentView, ...]:
+    """The documents a run's evaluations draw from, per prepared folder (``prepared``, ``eval_prepared``: the
+    run's, resolved): all of its ``eval_data``'s, else its data's held-out ones (see [Note: an evaluation corpus
+    of its own] in :mod:`hintpipe.apps.batches`)."""
+    if data.eval_source is not None:
+        return document_parts(eval_prepared, "all")
+    return document_parts(prepared, "held_out")
 
 
-def check_eval_batches(config: Any, parts: tuple[DocumentView, ...]) -> None:
+@dataclasses.dataclass(frozen=True)
+class Evaluations:
+    """What a run's evaluations take: ``count`` batches (``eval_batches``; 0: one drawn each time) of
+    ``microbatches`` x ``size`` rows on each of ``dp`` replicas, rows of ``length`` tokens under concat."""
+
+    count: int
+    microbatches: int
+    size: int
+    dp: int
+    length: int
+
+
+def check_eval_batches(data: DataConfig, evaluations: Evaluations, parts: tuple[DocumentView, ...]) -> None:
     """Refuse ``eval_batches`` that the documents the run evaluates on (``parts``: :func:`evaluation_parts`)
-    cannot fill without replacement (``config``: the run's config): documents, or under ``--forming concat``
-    rows of its context's tokens (see [Note: documents end to end] in :mod:`hintpipe.apps.corpus`).
+    cannot fill without replacement: documents, or under ``--forming concat`` rows of its context's tokens (see
+    [Note: documents end to end] in :mod:`hintpipe.apps.corpus`).
 
     Raises:
         ValueError: naming the option as the caller wrote it, the documents needed and held, and the fix.
     """
-    count = getattr(config, "eval_batches", 0)
+    count = evaluations.count
     if not count:
         return
     if not parts:
         raise ValueError(
             f"{said('eval_batches')} {count} evaluates on a file corpus's held-out documents; {said('data')} "
-            f"{config.data} has none: leave {said('eval_batches')} out (each evaluation draws one batch)"
+            f"{data.source} has none: leave {said('eval_batches')} out (each evaluation draws one batch)"
         )
-    if config.forming is Forming.CONCAT:
-        _check_eval_tokens(config, parts, count, config.model.max_seq_len - 1)
+    if data.forming is Forming.CONCAT:
+        _check_eval_tokens(data, evaluations, parts)
         return
     held = sum(len(part) for part in parts)
-    per_batch = config.microbatches * config.microbatch_size * config.dp
+    microbatches, size, dp = evaluations.microbatches, evaluations.size, evaluations.dp
+    per_batch = microbatches * size * dp
     if count * per_batch > held:
         most = held // per_batch
         raise ValueError(
             f"{said('eval_batches')} {count} takes {count * per_batch:,} held-out documents ({count} x "
-            f"{config.microbatches} micro-batches x {config.microbatch_size} x {config.dp} replicas, without "
-            f"replacement); {_holder(config)} has {held:,}: {_fix(most)}"
+            f"{microbatches} micro-batches x {size} x {dp} replicas, without replacement); {_holder(data)} has "
+            f"{held:,}: {_fix(most)}"
         )
 
 
-def _check_eval_tokens(config: Any, parts: tuple[DocumentView, ...], count: int, length: int) -> None:
+def _check_eval_tokens(data: DataConfig, evaluations: Evaluations, parts: tuple[DocumentView, ...]) -> None:
     """:func:`check_eval_batches` under ``--forming concat``: the documents hold every batch's rows end to end
     (counted until they do, not over the whole corpus)."""
-    rows = config.microbatches * config.microbatch_size
-    need = count * config.dp * rows * length + 1
+    count, length, dp = evaluations.count, evaluations.length, evaluations.dp
+    rows = evaluations.microbatches * evaluations.size
+    need = count * dp * rows * length + 1
     held = 0
     for part in parts:
         for index in range(len(part)):
@@ -64,15 +81,15 @@ def _check_eval_tokens(config: Any, parts: tuple[DocumentView, ...], count: int,
                 return
     raise ValueError(
         f"{said('eval_batches')} {count} takes {need:,} held-out tokens under {said('forming')} concat ({count} x "
-        f"{config.microbatches} micro-batches x {config.microbatch_size} rows of {length} x {config.dp} replicas, "
-        f"and one, without replacement); {_holder(config)} has {held:,}: "
-        f"{_fix((held - 1) // (config.dp * rows * length))}"
+        f"{evaluations.microbatches} micro-batches x {evaluations.size} rows of {length} x {dp} replicas, "
+        f"and one, without replacement); {_holder(data)} has {held:,}: "
+        f"{_fix((held - 1) // (dp * rows * length))}"
     )
 
 
-def _holder(config: Any) -> str:
+def _holder(data: DataConfig) -> str:
     """What the run evaluates on, as the caller named it."""
-    evaluated = getattr(config, "eval_data", None)
+    evaluated = data.eval_source
     return "the run's held-out split" if evaluated is None else f"{said('eval_data')} {evaluated}"
 
 

@@ -38,7 +38,7 @@ def run_description(config: TrainConfig) -> dict[str, Any] | None:
         description = {"kind": HF, "architecture": architecture, "config": json.loads(said)}
         if config.model.spec.planned:
             description["hintpipe_model"] = dataclasses.asdict(config.model)
-    folder = config.tokenizer if config.tokenizer != BYTES else None
+    folder = config.data.tokenizer if config.data.tokenizer != BYTES else None
     if folder is None and config.model.spec.own_tokenizer and config.model.source is not None:
         folder = tokenizer_of(config.model.source)
     if folder is not None:
@@ -49,10 +49,12 @@ def run_description(config: TrainConfig) -> dict[str, Any] | None:
 def share_measured(config: TrainConfig) -> TrainConfig:
     """``config`` with rank 0's plan, sequence cost and emulated costs (call on every rank of the default group):
     under ``torchrun`` only rank 0 measures and plans (see [Note: plan once] in :mod:`hintpipe.cli.train_model`)."""
-    box: list[Any] = [(config.plan, config.sequence_cost, config.emulate) if dist.get_rank() == 0 else None]
+    box: list[Any] = [
+        (config.plan, config.data.sequence_cost, config.pipeline.emulate) if dist.get_rank() == 0 else None
+    ]
     dist.broadcast_object_list(box, src=0)
     plan, cost, emulate = box[0]
-    return dataclasses.replace(config, plan=plan, sequence_cost=cost, emulate=emulate, shared=False)
+    return config.replaced(plan=plan, sequence_cost=cost, emulate=emulate, shared=False)
 
 
 #: A whole model and the keyword inputs of every call of it.

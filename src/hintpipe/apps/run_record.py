@@ -32,9 +32,9 @@ def data_identity(config: TrainConfig) -> str:
     counts), the sources' weights, and whether the run trains on all of their documents (with ``eval_data``) or
     on all but the held-out ones."""
     if not config.prepared:
-        return str(config.data)
-    described: list[Any] = [[entry.weight for entry in data_entries(config.data)]]
-    if config.eval_data is not None:  # every document trains (see [Note: an evaluation corpus of its own])
+        return str(config.data.source)
+    described: list[Any] = [[entry.weight for entry in data_entries(config.data.source)]]
+    if config.data.eval_source is not None:  # every document trains (see [Note: an evaluation corpus of its own])
         described.append("all documents")
     for folder in config.prepared:
         manifest = open_prepared(folder).manifest
@@ -70,12 +70,12 @@ class BatchRecord:
     def of(cls, config: TrainConfig) -> BatchRecord:
         return cls(
             data_identity(config),
-            config.seed,
-            config.microbatches,
-            config.microbatch_size,
-            str(config.forming.value),
-            str(config.seq_len_dist),
-            config.dp,
+            config.training.seed,
+            config.pipeline.microbatches,
+            config.training.microbatch_size,
+            str(config.data.forming.value),
+            str(config.data.seq_len_dist),
+            config.parallelism.dp,
             config.model.max_seq_len,
         )
 
@@ -103,7 +103,9 @@ class RunRecord:
 
     @classmethod
     def of(cls, config: TrainConfig) -> RunRecord:
-        schedule = ScheduleRecord(config.lr_schedule, config.steps, config.warmup_steps, config.lr)
+        schedule = ScheduleRecord(
+            config.lr_schedule.kind, config.training.steps, config.lr_schedule.warmup_steps, config.optimizer.lr
+        )
         return cls(schedule, BatchRecord.of(config))
 
     def state_dict(self) -> dict[str, Any]:

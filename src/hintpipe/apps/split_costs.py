@@ -21,7 +21,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,21 +99,20 @@ def _timed(executor: StageExecutor, inputs: Sequence[Value], target: Any, mb: in
     return middle - began, as_values(outputs), time.perf_counter() - middle
 
 
-class AutoRun(Protocol):
-    """What :func:`auto_hint` reads of a run (a :class:`~hintpipe.apps.training.TrainConfig` has it)."""
+@dataclasses.dataclass(frozen=True)
+class AutoRun:
+    """What ``hint="auto"`` reads of a run, from a :class:`~hintpipe.apps.train_config.TrainConfig` or from
+    the command line's flags before there is one: what it measures, and whether it resumes a run whose
+    checkpoints record the hint already."""
 
-    @property
-    def model(self) -> ModelConfig: ...
-    @property
-    def ranks(self) -> int: ...
-    @property
-    def microbatches(self) -> int: ...
-    @property
-    def microbatch_size(self) -> int: ...
-    @property
-    def seq_len_dist(self) -> SeqLenDist: ...
-    @property
-    def seed(self) -> int: ...
+    model: ModelConfig
+    ranks: int
+    microbatches: int
+    microbatch_size: int
+    seq_len_dist: SeqLenDist
+    seed: int
+    checkpoint_dir: str | None = None
+    resume: bool = False
 
 
 def auto_hint(config: AutoRun, *, chunks: int | None = None) -> tuple[str, dict[str, float]]:

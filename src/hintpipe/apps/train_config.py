@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hintpipe.apps.evaluation_corpus import check_apart, check_eval_batches, evaluation_parts
-from hintpipe.apps.lr_schedule import LrSchedule
+from hintpipe.apps.evaluation_corpus import Evaluations, check_apart, check_eval_batches, evaluation_parts
+from hintpipe.apps.flat_keys import read_by_key, taking_keys_before
 from hintpipe.apps.model_rules import (
     check_activation_budgets,
     check_layer_count,
@@ -24,17 +24,24 @@ from hintpipe.apps.model_rules import (
     check_vocabulary,
     layers_and_parameters,
 )
-from hintpipe.apps.models import ModelConfig, SeqLenDist
-from hintpipe.apps.optimizer import OptimizerName, parse_betas
+from hintpipe.apps.models import ModelConfig
+from hintpipe.apps.run_sections import (
+    CheckpointConfig,
+    DataConfig,
+    LrScheduleConfig,
+    MetricsConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    TrainingConfig,
+    sectioned,
+)
 from hintpipe.data.run_data import resolve_data
-from hintpipe.forming.cost import SequenceCost
-from hintpipe.forming.form import Forming
 from hintpipe.modes import TransportChoice
 from hintpipe.observe.trace import Record
-from hintpipe.option import ChoiceField, said
-from hintpipe.options import OPTIONS, PipelineConfig, check_options, taking_names_before
+from hintpipe.option import said
+from hintpipe.options import RENAMED_OPTIONS, PipelineConfig
 from hintpipe.planner.plan import Plan
-from hintpipe.run_options import run_option
+from hintpipe.renamed import renamed
 from hintpipe.runtime.injection import Injection
 from hintpipe.runtime.pipeline import StepReport
 from hintpipe.schedule.hint import Hint
@@ -42,23 +49,6 @@ from hintpipe.schedule.resolve import resolve_hint
 
 if TYPE_CHECKING:
     from hintpipe.apps.split_costs import AutoRun
-    from hintpipe.dispatch.fit import AdmissionUnit
-    from hintpipe.dispatch.policy import Policy
-    from hintpipe.modes import DataParallel, OnNonFinite, Precision
-    from hintpipe.schedule.microbatch_order import MicrobatchOrder
-
-
-def _inherited() -> Any:
-    """A type checker's stand-in for a field :class:`~hintpipe.options.PipelineConfig` declares.
-
-    [Note: inherited choices]
-    mypy types the fields a frozen dataclass inherits as their ``__init__`` parameters' types: a
-    :class:`~hintpipe.option.ChoiceField` inherited by :class:`TrainConfig` would read as ``str`` (its
-    ``str | Policy``, a ``StrEnum`` being a ``str``), not as the enum it is. So the class declares them
-    again for the type checker alone (nothing runs: the fields are PipelineConfig's); a test holds the
-    list to PipelineConfig's choice fields.
-    """
-    return None
 
 
 #: ``hint="auto"``: see :func:`choose_auto_hint`.
@@ -98,8 +88,8 @@ def _resumed_hint(config: AutoRun) -> str | None:
     :func:`~hintpipe.runtime.checkpoint.run_folder.recorded_hint`)."""
     from hintpipe.runtime.checkpoint.run_folder import recorded_hint
 
-    folder = getattr(config, "checkpoint_dir", None)
-    found = recorded_hint(Path(folder)) if getattr(config, "resume", False) and folder else None
+    folder = config.checkpoint_dir
+    found = recorded_hint(Path(folder)) if config.resume and folder else None
     if found is None:
         return None
     hint, step = found
@@ -107,88 +97,68 @@ def _resumed_hint(config: AutoRun) -> str | None:
     return hint
 
 
-@taking_names_before
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(PipelineConfig):
-    """Everything a rank needs to train (picklable: it crosses process boundaries): the pipeline's options
-    (:class:`~hintpipe.options.PipelineConfig`, whose fields it has) and the run's own.
+class TrainConfig:
+    """Everything a rank needs to train (picklable: it crosses process boundaries), as a tree of sections (see
+    :mod:`~hintpipe.apps.run_sections`): the model, the pipeline's options (the
+    :class:`~hintpipe.options.PipelineConfig` a :class:`~hintpipe.runtime.pipeline.Pipeline` takes), and the
+    run's own, a section per concern. Each section checks its fields as it is made; the rules across sections
+    (a model and its data, checkpoint settings, a hint and its ranks) are checked here, once, as the config is
+    made, before any rank starts.
 
-    The fields that are options (:data:`hintpipe.options.OPTIONS`) have the option's name, default and range,
-    and are checked when the config is made; ``activation_budget`` may give one budget per pipeline rank.
+    ``TrainConfig.of(model=..., ranks=2, microbatches=8, lr=3e-4)`` makes one from the options' keys, the names
+    the command line's flags and a config file's keys have; :meth:`replaced` changes some by key.
     """
 
     model: ModelConfig
-    ranks: int  # pipeline ranks (one pipeline's length)
-    microbatch_size: int = 4
-    steps: int = 4
-    seq_len_dist: SeqLenDist = dataclasses.field(default_factory=lambda: SeqLenDist(64))
-    variability: tuple[str, ...] = ()
-    faults: tuple[str, ...] = ()
-    seed: int = 0
-    optimizer: ChoiceField[OptimizerName] = ChoiceField(run_option("optimizer"))  # (see hintpipe.apps.optimizer)
-    lr: float = 1e-3
-    weight_decay: float | None = None  # None: torch's default for the optimizer (AdamW 0.01, SGD 0)
-    betas: str = "0.9,0.999"  # AdamW's
-    momentum: float = 0.0  # SGD's
-    lr_schedule: ChoiceField[LrSchedule] = ChoiceField(run_option("lr_schedule"))  # (see hintpipe.apps.lr_schedule)
-    warmup_steps: int = 0
-    clip_grad_norm: float | None = None  # the whole model's gradient norm clipped to this before each update
-    eval_every: int = 0  # the held-out loss every this many steps and after the last (0: none)
-    eval_batches: int = 0  # each held-out loss over this many fixed batches of held-out documents (0: one drawn)
-    #: A corpus of its own to evaluate on, as ``data`` takes paths (its tokenizer, field and split): evaluations
-    #: draw from all of its documents, and ``data`` trains on all of its own (see [Note: an evaluation corpus of
-    #: its own] in hintpipe.apps.batches).
-    eval_data: str | tuple[str, ...] | None = None
-    tensorboard: str | None = None  # a folder for TensorBoard scalars, written by rank 0 every step
-    log_every: int = 0  # rank 0 prints step, loss, step time, throughput and ETA to stderr every this many steps
-    check_grads: bool = False
-    progress: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 2  # verified checkpoints kept (one more only while an export reads an old one)
-    replace_checkpoints: bool = False  # a fresh run in a folder of another run's checkpoints deletes them
-    group_readable: bool = False  # the checkpoint folder's files 0640 and folders 0750 (else 0600, 0700)
-    resume: bool = False
-    return_state: bool = False
+    pipeline: PipelineConfig
+    parallelism: ParallelismConfig
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    lr_schedule: LrScheduleConfig = dataclasses.field(default_factory=LrScheduleConfig)
+    training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     plan: Plan | None = None  # train this plan's stages (a plan file, or a Hugging Face model planned by the caller)
-    #: "synthetic", "stdlib" (the standard library's source, byte tokens), or paths (PATH[:WEIGHT]: one, or a
-    #: tuple of several with weights; see hintpipe.data.sources)
-    data: str | tuple[str, ...] = "synthetic"
-    data_field: str = "text"  # a JSONL line's (or a dataset's column's) document
-    data_split: str = "blank"  # plain text's documents: "blank", "file" or a separator (see hintpipe.data.split)
-    tokenizer: str = "bytes"  # a file corpus's tokens: UTF-8 bytes, or a Hugging Face tokenizer's folder
-    #: documents as they are (crop), or micro-batches formed by cost (padded, packed; see hintpipe.forming)
-    forming: ChoiceField[Forming] = ChoiceField(run_option("forming"))
-    sequence_cost: SequenceCost | None = None  # the model's cost per row, for forming (fitted once, by the caller)
-    shared: bool = False  # under torchrun: rank 0's plan, sequence cost and emulated costs go to every rank
-    dp: int = 1  # data-parallel replicas of the pipeline
-    tp: int = 1  # tensor-parallel ranks per stage: the world is dp x ranks x tp
-    #: The prepared folder of each ``data`` entry, resolved when the config is made (raw files prepared then, in
-    #: this process, before any rank starts): what the ranks read (see hintpipe.data.run_data).
+    #: The prepared folder of each ``data.source`` entry, resolved when the config is made (raw files prepared
+    #: then, in this process, before any rank starts): what the ranks read (see hintpipe.data.run_data).
     prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
-    #: The prepared folder of each ``eval_data`` entry, resolved as ``prepared`` is.
+    #: The prepared folder of each ``data.eval_source`` entry, resolved as ``prepared`` is.
     eval_prepared: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
-    if TYPE_CHECKING:  # the pipeline's choices, as PipelineConfig types them: see [Note: inherited choices]
-        policy: ChoiceField[Policy] = _inherited()
-        admission: ChoiceField[AdmissionUnit] = _inherited()
-        on_nonfinite: ChoiceField[OnNonFinite] = _inherited()
-        precision: ChoiceField[Precision] = _inherited()
-        data_parallel: ChoiceField[DataParallel] = _inherited()
-        microbatch_order: ChoiceField[MicrobatchOrder] = _inherited()
-        transport: ChoiceField[TransportChoice] = _inherited()
+    @classmethod
+    @renamed("TrainConfig.of", **RENAMED_OPTIONS)
+    def of(cls, **keys: Any) -> TrainConfig:
+        """The config of the options ``keys``, by the names the command line's flags and a config file's keys
+        have (``checkpoint_dir``, ``lr``, ``policy``; see [Note: a key per field] in
+        :mod:`~hintpipe.apps.run_sections`), each put in its section.
+
+        Raises:
+            TypeError: a key that is no option of a run, or a required one left out (``ranks``,
+                ``microbatches``, ``model``).
+            ValueError: as the config refuses its values.
+        """
+        return cls(**sectioned(keys))
+
+    def replaced(self, **keys: Any) -> TrainConfig:
+        """This config with the options ``keys`` (by key, as :meth:`of` takes them) changed, checked again."""
+        return dataclasses.replace(self, **sectioned(keys, into=self.__dict__))
+
+    def keys(self) -> dict[str, Any]:
+        """Every option of the config by its key, as :meth:`of` takes them (``TrainConfig.of(**config.keys())``
+        is ``config``)."""
+        sections = (self.data, self.optimizer, self.lr_schedule, self.training, self.parallelism)
+        keyed = {"model": self.model, "plan": self.plan} | self.pipeline.values()
+        for section in (*sections, self.checkpoint, self.metrics):
+            keyed |= section.keys()
+        return keyed
 
     def __post_init__(self) -> None:
-        if self.hint == AUTO:  # measured once, here, in the launcher (see hintpipe.apps.split_costs)
-            object.__setattr__(self, "hint", choose_auto_hint(self, self.chunks))
-        super().__post_init__()  # the pipeline's options
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in OPTIONS}
-        check_options({name: value for name, value in own.items() if name not in PipelineConfig.values(self)})
-        # ``data`` given as a list or a tuple of one is kept as its string (the same run).
-        object.__setattr__(self, "data", OPTIONS["data"].check(self.data))
-        object.__setattr__(self, "eval_data", OPTIONS["eval_data"].check(self.eval_data))
-        Injection.parse(self.variability, self.faults, self.seed)  # refuses bad specs here, not in every rank
-        parse_betas(self.betas, "betas")
+        if self.pipeline.hint == AUTO:  # measured once, here, in the launcher (see hintpipe.apps.split_costs)
+            hint = choose_auto_hint(self.auto_run, self.pipeline.chunks)
+            object.__setattr__(self, "pipeline", dataclasses.replace(self.pipeline, hint=hint))
+        training = self.training
+        Injection.parse(training.variability, training.faults, training.seed)  # refused here, not in every rank
         check_run_rules(self)
         self._check_model()
         self._check_data()
@@ -196,60 +166,98 @@ class TrainConfig(PipelineConfig):
     def _check_model(self) -> None:
         """What the model, its data and its parallelism can honour (see [Note: the model's rules are the
         config's] in :mod:`hintpipe.apps.model_rules`), here rather than in every rank."""
-        model, injection = self.model, self.injection
-        check_tensor_parallel(self.tp, model.spec, planned=self.plan is not None)
-        check_model_options(model, self.data, self.tp, self.forming, injection, self.steps, self.eval_data)
-        check_sequence_lengths(model, self.data, self.seq_len_dist)
+        model, injection, data, parallelism = self.model, self.injection, self.data, self.parallelism
+        check_tensor_parallel(parallelism.tp, model.spec, planned=self.plan is not None)
+        check_model_options(
+            model, data.source, parallelism.tp, data.forming, injection, self.training.steps, data.eval_source
+        )
+        check_sequence_lengths(model, data.source, data.seq_len_dist)
         hint = self.resolved_hint
-        injection.check(self.world, hint.stages, self.microbatches, self.tp)
+        injection.check(self.world, hint.stages, self.pipeline.microbatches, parallelism.tp)
         if not model.spec.planned and self.plan is None:
             check_layer_count(model, layers_and_parameters(model)[0], hint.stages)
-        budget = self.activation_budget
+        budget = self.pipeline.activation_budget
         if budget is not None:
             budgets = budget if isinstance(budget, tuple) else (budget,)
-            check_activation_budgets(budgets, model, self.microbatch_size, self.seq_len_dist.mean, self.precision)
+            size, precision = self.training.microbatch_size, self.pipeline.precision
+            check_activation_budgets(budgets, model, size, data.seq_len_dist.mean, precision)
 
     def _check_data(self) -> None:
         """Refuse data the model cannot take, here rather than in every rank: token ids beyond the model's
         vocabulary; files are prepared (once: see hintpipe.data.cache) and refused if bad."""
-        field, split, tokenizer = self.data_field, self.data_split, self.tokenizer
-        resolve = functools.partial(resolve_data, field=field, split=split, tokenizer=tokenizer)
-        resolved = resolve(self.data)
+        data = self.data
+        resolve = functools.partial(resolve_data, field=data.field, split=data.split, tokenizer=data.tokenizer)
+        resolved = resolve(data.source)
         object.__setattr__(self, "prepared", resolved.folders)
-        check_vocabulary(self.model, self.data, self.tokenizer, resolved.vocab)
-        if self.eval_data is not None:
-            evaluated = resolve(self.eval_data, option="eval_data")
-            check_apart(self.eval_data, evaluated.folders, resolved.folders)
+        check_vocabulary(self.model, data.source, data.tokenizer, resolved.vocab)
+        if data.eval_source is not None:
+            evaluated = resolve(data.eval_source, option="eval_data")
+            check_apart(data.eval_source, evaluated.folders, resolved.folders)
             object.__setattr__(self, "eval_prepared", evaluated.folders)
-            check_vocabulary(self.model, self.eval_data, self.tokenizer, evaluated.vocab, "eval_data")
-        check_eval_batches(self, evaluation_parts(self))
+            check_vocabulary(self.model, data.eval_source, data.tokenizer, evaluated.vocab, "eval_data")
+        size, dp, length = self.training.microbatch_size, self.parallelism.dp, self.model.max_seq_len - 1
+        evaluations = Evaluations(self.metrics.eval_batches, self.pipeline.microbatches, size, dp, length)
+        check_eval_batches(data, evaluations, evaluation_parts(data, self.prepared, self.eval_prepared))
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            return read_by_key(self, name)
+
+    @property
+    def auto_run(self) -> AutoRun:
+        """What ``hint="auto"`` reads of the run."""
+        from hintpipe.apps.split_costs import AutoRun
+
+        data, training, checkpoint = self.data, self.training, self.checkpoint
+        return AutoRun(
+            self.model,
+            self.parallelism.ranks,
+            self.pipeline.microbatches,
+            training.microbatch_size,
+            data.seq_len_dist,
+            training.seed,
+            checkpoint.folder,
+            checkpoint.resume,
+        )
 
     @property
     def world(self) -> int:
         """Every process of the run: dp x ranks x tp."""
-        return self.dp * self.ranks * self.tp
+        parallelism = self.parallelism
+        return parallelism.dp * parallelism.ranks * parallelism.tp
+
+    @property
+    def step_rows(self) -> int:
+        """The rows (samples, documents) one step draws on each replica: ``microbatches`` x ``microbatch_size``."""
+        return self.pipeline.microbatches * self.training.microbatch_size
 
     @property
     def injection(self) -> Injection:
         """The run's ``variability`` and ``faults``, parsed."""
-        return Injection.parse(self.variability, self.faults, self.seed)
+        training = self.training
+        return Injection.parse(training.variability, training.faults, training.seed)
 
     @property
     def formed(self) -> bool:
         """Whether the micro-batches are formed by cost (a summed loss over the step's tokens)."""
-        return self.forming.by_cost
+        return self.data.forming.by_cost
 
     @property
     def resolved_hint(self) -> Hint:
         """The run's hint for its ``ranks`` and ``microbatches``: generated by name (``chunks`` stages per rank),
         loaded from its file, or the given one checked; the one resolution of the run's hint, for its ranks, its
         reference model and its profile."""
-        return resolve_hint(self.hint, self.ranks, self.microbatches, self.chunks)
+        pipeline = self.pipeline
+        return resolve_hint(pipeline.hint, self.parallelism.ranks, pipeline.microbatches, pipeline.chunks)
 
     @property
     def split_backward(self) -> bool:
         """Whether the run's hint splits weight gradients off (W tasks)."""
         return self.resolved_hint.split_backward
+
+
+taking_keys_before(TrainConfig)
 
 
 def check_run_rules(config: TrainConfig) -> None:
@@ -265,30 +273,34 @@ def check_run_rules(config: TrainConfig) -> None:
     _check_checkpointing(config)
     _check_device(config)
     _check_grads_comparable(config)
-    if config.eval_data is not None and not config.eval_every:
+    training, metrics = config.training, config.metrics
+    if config.data.eval_source is not None and not metrics.eval_every:
         every = said("eval_every")
         raise ValueError(f"{said('eval_data')} is evaluated every {every} steps, and {every} is 0 (none): give both")
-    if config.warmup_steps > config.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
+    warmup_steps = config.lr_schedule.warmup_steps
+    if warmup_steps > training.steps:  # see [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule
         warmup, steps = said("warmup_steps"), said("steps")
         raise ValueError(
-            f"{warmup} {config.warmup_steps} is more than {steps} {config.steps}: the warm-up would never end; use "
-            f"{warmup} {config.steps} or fewer"
+            f"{warmup} {warmup_steps} is more than {steps} {training.steps}: the warm-up would never end; use "
+            f"{warmup} {training.steps} or fewer"
         )
 
 
 def _check_checkpointing(config: TrainConfig) -> None:
-    if config.checkpoint_dir is None:
+    checkpoint = config.checkpoint
+    if checkpoint.folder is None:
+        keys = checkpoint.keys()
         flags = ("resume", "replace_checkpoints", "checkpoint_every", "group_readable")
-        given = [said(name) for name in flags if getattr(config, name)]
+        given = [said(name) for name in flags if keys[name]]
         if given:
             needs = "needs" if len(given) == 1 else "need"
             raise ValueError(f"{' and '.join(given)} {needs} {said('checkpoint_dir')}")
-    elif config.resume and config.replace_checkpoints:
+    elif checkpoint.resume and checkpoint.replace:
         raise ValueError(
             f"{said('resume')} continues the folder's run, {said('replace_checkpoints')} deletes it: give one"
         )
     injection = config.injection
-    if (injection.save_failures or injection.save_stops) and not (config.checkpoint_dir and config.checkpoint_every):
+    if (injection.save_failures or injection.save_stops) and not (checkpoint.folder and checkpoint.every):
         raise ValueError(
             f"{said('faults')} savefail and savestop need {said('checkpoint_dir')} and {said('checkpoint_every')}"
         )
@@ -298,7 +310,7 @@ def _check_grads_comparable(config: TrainConfig) -> None:
     """``check_grads`` compares the pipeline's first step with the unsplit model's on the same batch; dropout
     draws other masks in each, so the two differ by far more than any tolerance, and the check would call a
     correct pipeline wrong."""
-    if not config.check_grads:
+    if not config.training.check_grads:
         return
     model = config.model
     dropout = f"{model.dropout:g}" if model.dropout else None
@@ -314,13 +326,14 @@ def _check_grads_comparable(config: TrainConfig) -> None:
 
 
 def _check_device(config: TrainConfig) -> None:
-    nccl = config.transport is TransportChoice.NCCL
-    if config.device == "cpu" and not nccl:
+    device = config.pipeline.device
+    nccl = config.pipeline.transport is TransportChoice.NCCL
+    if device == "cpu" and not nccl:
         return
     cuda = torch.cuda.is_available()
-    if config.device == "cuda" and not cuda:
+    if device == "cuda" and not cuda:
         raise ValueError(f"{said('device')} cuda was asked for, but torch.cuda.is_available() is False on this machine")
-    if nccl and (config.device == "cpu" or not cuda):
+    if nccl and (device == "cpu" or not cuda):
         raise ValueError(
             f"{said('transport')} nccl moves tensors between GPUs; it needs {said('device')} cuda on a machine "
             "with CUDA"

@@ -82,15 +82,21 @@ def train(config: TrainConfig) -> TrainResult | None:
         hintpipe.runtime.checkpoint.folder_lock.FolderInUse: another run holds the checkpoint folder (before any
             rank started).
     """
-    hold = config.checkpoint_dir is not None and not under_torchrun()
-    use_modes(config.group_readable)  # see [Note: a run folder is its owner's]
-    if config.checkpoint_dir is not None:
-        check_writable(Path(config.checkpoint_dir), "checkpoint_dir")  # a mistyped parent is refused, as the CLI does
-        check_not_foreign(Path(config.checkpoint_dir), "checkpoint_dir")  # before the lock writes there
-    description = run_description(config) if config.checkpoint_dir is not None else None
-    with FolderLock(config.checkpoint_dir or ".") if hold else contextlib.nullcontext():
+    folder = config.checkpoint.folder
+    hold = folder is not None and not under_torchrun()
+    use_modes(config.checkpoint.group_readable)  # see [Note: a run folder is its owner's]
+    if folder is not None:
+        check_writable(Path(folder), "checkpoint_dir")  # a mistyped parent is refused, as the CLI does
+        check_not_foreign(Path(folder), "checkpoint_dir")  # before the lock writes there
+    description = run_description(config) if folder is not None else None
+    with FolderLock(folder or ".") if hold else contextlib.nullcontext():
         results = run_ranks(
-            _train_rank, config.world, config, description, timeout=config.timeout, device=str(config.device)
+            _train_rank,
+            config.world,
+            config,
+            description,
+            timeout=config.pipeline.timeout,
+            device=str(config.pipeline.device),
         )
     # Rank 0's result (every rank's is None but its): in the launcher, or on rank 0 under torchrun, where each
     # rank returns its own so that one prints.
@@ -110,8 +116,9 @@ def _build_pipeline(
     in place, and a copy taken after would be half there and half on the host.
     """
     hint = config.resolved_hint
-    device = rank_device(config.device, rank)
-    mesh = build_mesh(world, dp=config.dp, tp=config.tp, device=device) if config.dp * config.tp > 1 else None
+    device = rank_device(config.pipeline.device, rank)
+    dp, tp = config.parallelism.dp, config.parallelism.tp
+    mesh = build_mesh(world, dp=dp, tp=tp, device=device) if dp * tp > 1 else None
     # The run's pipeline options as its config holds them (a new option reaches the pipeline without a list to
     # keep in step), with the mesh this rank builds; the hint resolved, unless the plan's.
     pipeline = pipeline_config(config, mesh=mesh)
@@ -120,7 +127,7 @@ def _build_pipeline(
     modules: list[torch.nn.Module] | None = None
     reference: list[torch.nn.Module] | Whole | None = None
     if config.plan is not None:
-        reference = unsplit_model(config) if config.check_grads and rank == 0 else None
+        reference = unsplit_model(config) if config.training.check_grads and rank == 0 else None
         pipe = Pipeline.from_plan(config.plan, loss_fn=loss_fn, config=pipeline, seams=seams)
     else:
         layers = build_layers(config.model)
@@ -129,16 +136,16 @@ def _build_pipeline(
         # another stage count. Tensor-parallel layers hold q, k and v apart (the unsplit model's qkv): their
         # names are the layers' own.
         names = ModelNames.of_sequential(nn.Sequential(*layers), layer_bounds(len(layers), len(modules)))
-        names = names if config.tp == 1 else dataclasses.replace(names, keys=())
-        if mesh is not None and config.tp > 1:
+        names = names if config.parallelism.tp == 1 else dataclasses.replace(names, keys=())
+        if mesh is not None and config.parallelism.tp > 1:
             modules = [parallelize_stage(m, mesh["tp"], config.model.heads) for m in modules]
         # Before the pipeline places rank 0's stages: the unsplit model runs whole on one device.
-        reference = unsplit_stages(config) if config.check_grads and rank == 0 else None
+        reference = unsplit_stages(config) if config.training.check_grads and rank == 0 else None
         pipeline = dataclasses.replace(pipeline, hint=hint)
         pipe = Pipeline.from_modules(modules, loss_fn=loss_fn, config=pipeline, seams=seams, names=names)
     # The stream each step's seed is drawn from, the same on every rank whatever built its stages (a checkpoint
     # puts its state back): see [Note: a task's random numbers] in hintpipe.runtime.loop.task_seeds.
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.training.seed)
     return pipe, modules, reference
 
 
@@ -146,7 +153,7 @@ def pipeline_config(config: TrainConfig, *, mesh: DeviceMesh | None) -> Pipeline
     """The run's pipeline options as a :class:`~hintpipe.options.PipelineConfig` (the run's own options left
     out), on ``mesh`` (this rank's, or None): what the run's :class:`~hintpipe.runtime.pipeline.Pipeline` is
     built from."""
-    return config.pipeline_options(mesh=mesh)
+    return dataclasses.replace(config.pipeline, mesh=mesh)
 
 
 @dataclasses.dataclass
@@ -171,7 +178,7 @@ def _train_rank(
     """What ``train`` runs on each rank: the run of ``config``, closed whatever happens (its mailboxes and
     threads stop, so that a process can go on to other work after a failed run). ``description``: the model's,
     for its checkpoints (None: described here)."""
-    if config.shared:
+    if config.parallelism.shared:
         config = share_measured(config)
     pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
@@ -188,19 +195,20 @@ def _train_rank(
         with pipe:
             if checkpoints is not None:
                 first = _start_or_resume(config, checkpoints, rank)
-            bar = progress_bar(config.steps - first) if config.progress and rank == 0 else None
+            metrics, steps = config.metrics, config.training.steps
+            bar = progress_bar(steps - first) if metrics.progress and rank == 0 else None
             run.first, run.started = first, time.perf_counter()
-            run.every = line_every(config.log_every, config.steps - first, shown=config.progress, bar=bar)
-            writer = tensorboard_writer(config.tensorboard) if config.tensorboard and rank == 0 else None
+            run.every = line_every(metrics.log_every, steps - first, shown=metrics.progress, bar=bar)
+            writer = tensorboard_writer(metrics.tensorboard) if metrics.tensorboard and rank == 0 else None
             with StopRequest() as stop:
-                for step in range(first, config.steps):
+                for step in range(first, steps):
                     _step(config, pipe, modules, reference, optimizer, step, run)
                     if scheduler is not None:
                         scheduler.step()
                     _after_step(config, pipe, step, run, bar, writer)
                     stopping = stop.agreed(step=step)
                     if checkpoints is not None:
-                        checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == config.steps)
+                        checkpoints.after_step(step + 1, stopping=stopping, last=step + 1 == steps)
                     if bar is not None:
                         bar.advance(bar.task_ids[0])
                     if stopping:
@@ -212,7 +220,7 @@ def _train_rank(
             bar.stop()
         if checkpoints is not None:
             checkpoints.close()
-    state = pipe.state_dict() if config.return_state else None
+    state = pipe.state_dict() if config.training.return_state else None
     if rank != 0:
         return None
     return TrainResult(
@@ -250,7 +258,7 @@ def _start_or_resume(config: TrainConfig, checkpoints: Checkpointer, rank: int) 
     """Start the run in its checkpoint folder, or resume the folder's; returns the step to start from. Rank 0
     keeps a planned run's profiles there (see [Note: a resume plans as its run did] in
     :mod:`hintpipe.apps.run_profiles`)."""
-    first = checkpoints.resume() if config.resume else checkpoints.start(replace=config.replace_checkpoints)
+    first = checkpoints.resume() if config.checkpoint.resume else checkpoints.start(replace=config.checkpoint.replace)
     if rank == 0 and config.plan is not None:
         record_profiles(checkpoints.directory, config.plan)
     record = checkpoints.extra.get("state")
@@ -264,8 +272,7 @@ def _optimizer(config: TrainConfig, params: list[torch.nn.Parameter]) -> torch.o
     """The run's optimizer over this rank's parameters (None: it holds none)."""
     if not params:
         return None
-    decay, betas, momentum = config.weight_decay, config.betas, config.momentum
-    return build_optimizer(params, config.optimizer, lr=config.lr, weight_decay=decay, betas=betas, momentum=momentum)
+    return build_optimizer(params, config.optimizer)
 
 
 def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
@@ -273,10 +280,10 @@ def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
     the last step) the time the rest of the run will take."""
     seconds = run.reports[-1].makespan
     unit = f"{config.model.spec.unit}/s"
-    left = config.steps - step - 1
+    left = config.training.steps - step - 1
     remaining = f", ETA {eta(time.perf_counter() - run.started, step + 1 - run.first, left)}" if left else ""
     return (
-        f"step {step + 1}/{config.steps}: loss {run.losses[-1]:.4f}, {seconds * 1e3:.1f} ms, "
+        f"step {step + 1}/{config.training.steps}: loss {run.losses[-1]:.4f}, {seconds * 1e3:.1f} ms, "
         f"{run.tokens[-1] / seconds:,.0f} {unit}{remaining}"
     )
 
@@ -306,15 +313,16 @@ def _decision_ms(pipe: Pipeline) -> float | None:
 def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: _Run, bar: Any, writer: Any) -> None:
     """What a user watches after a step: its log line, its TensorBoard points, and (every ``eval_every``
     steps and after the last) the held-out loss, on every rank (an evaluation is collective)."""
-    rank0 = pipe.global_rank == 0
-    if rank0 and run.every and ((step + 1) % run.every == 0 or step + 1 == config.steps):
+    rank0, done, steps = pipe.global_rank == 0, step + 1, config.training.steps
+    if rank0 and run.every and (done % run.every == 0 or done == steps):
         log_line(bar, _step_line(config, step, run))
     if writer is not None:
         _write_metrics(writer, config, step, run)
-    if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
-        run.evals.append((step + 1, _held_out_loss(config, pipe)))
+    every = config.metrics.eval_every
+    if every and (done % every == 0 or done == steps):
+        run.evals.append((done, _held_out_loss(config, pipe)))
         if rank0 and run.every:
-            log_line(bar, f"step {step + 1}/{config.steps}: held-out loss {run.evals[-1][1]:.4f}")
+            log_line(bar, f"step {done}/{steps}: held-out loss {run.evals[-1][1]:.4f}")
         if writer is not None:
             writer.add_scalar("held_out_loss", run.evals[-1][1], step + 1)
 
@@ -328,10 +336,10 @@ def _write_metrics(writer: Any, config: TrainConfig, step: int, run: _Run) -> No
 
 def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer | None) -> Any:
     """The run's learning-rate schedule on ``optimizer`` (None: a constant rate, or no parameters here)."""
-    schedule = config.lr_schedule
+    schedule = config.lr_schedule.kind
     if optimizer is None or schedule is LrSchedule.CONSTANT:
         return None
-    steps, warmup = config.steps, config.warmup_steps
+    steps, warmup = config.training.steps, config.lr_schedule.warmup_steps
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(schedule, step, steps, warmup))
 
 
@@ -346,7 +354,7 @@ def _held_out_loss(config: TrainConfig, pipe: Pipeline) -> float:
         losses.append(float(loss))
     mean = sum(losses) / len(losses)
     if pipe.replica_group is not None:  # the mean over the replicas' held-out batches
-        both = torch.tensor([mean / config.dp], dtype=torch.float64)
+        both = torch.tensor([mean / config.parallelism.dp], dtype=torch.float64)
         dist.all_reduce(both, group=pipe.replica_group)
         return float(both[0])
     return mean
@@ -361,21 +369,21 @@ def _checkpointer(
 ) -> Checkpointer | None:
     """The run's checkpoints (None without a folder), each describing the built-in model (``description``, or
     described here), so that ``hintpipe export`` rebuilds it from the checkpoint alone."""
-    if config.checkpoint_dir is None:
+    if config.checkpoint.folder is None:
         return None
     checkpoints = Checkpointer(
-        config.checkpoint_dir,
+        config.checkpoint.folder,
         pipe,
         optimizer,
         scheduler=scheduler,
-        every=config.checkpoint_every,
-        keep=config.checkpoint_keep,
+        every=config.checkpoint.every,
+        keep=config.checkpoint.keep,
         storage_writer=failing_writer(config.injection, pipe.global_rank),
         model_description=description if description is not None else run_description(config),
         # See [Note: a resume keeps the schedule] in hintpipe.apps.lr_schedule and [Note: a resume says when its
         # batches change] in hintpipe.apps.run_record.
         state=RunRecord.of(config),
-        group_readable=config.group_readable,
+        group_readable=config.checkpoint.group_readable,
     )
     return checkpoints
 
@@ -393,21 +401,21 @@ def _step(
     replica = pipe.layout.replica_of(pipe.global_rank)
     inputs, targets, counts = step_batch(config, step, replica)
     divisor = float(sum(counts)) if config.formed else None  # a summed loss over the step's own tokens
-    front_then_back = config.microbatch_order is MicrobatchOrder.FRONT_THEN_BACK
+    front_then_back = config.pipeline.microbatch_order is MicrobatchOrder.FRONT_THEN_BACK
     ends = microbatch_ends(config.model.spec, inputs) if front_then_back else None
     loss = pipe.step(inputs, targets, broadcast_loss=True, loss_divisor=divisor, ends=ends)
     assert loss is not None
     samples = config.model.spec.unit == "samples"
-    tokens = config.microbatches * config.microbatch_size if samples else sum(counts)
+    tokens = config.step_rows if samples else sum(counts)
     if pipe.replica_group is not None:  # the global batch's loss (the mean over replicas) and its tokens
-        both = torch.tensor([float(loss) / config.dp, float(tokens)], dtype=torch.float64)
+        both = torch.tensor([float(loss) / config.parallelism.dp, float(tokens)], dtype=torch.float64)
         dist.all_reduce(both, group=pipe.replica_group)
         loss, tokens = both[0].to(loss.dtype), int(both[1])
     run.reports.append(pipe.reports[-1])
     run.losses.append(float(loss))
     run.tokens.append(tokens)
-    if step == 0 and config.check_grads and config.plan is not None:
-        every = [step_batch(config, step, r) for r in range(config.dp)] if reference is not None else []
+    if step == 0 and config.training.check_grads and config.plan is not None:
+        every = [step_batch(config, step, r) for r in range(config.parallelism.dp)] if reference is not None else []
         assert reference is None or isinstance(reference, tuple)
         run.grad_diffs = compare_plan_gradients(
             pipe,
@@ -417,8 +425,8 @@ def _step(
             {} if reference is None else reference[1],
             [float(sum(c)) for _, _, c in every] if config.formed else None,
         )
-    elif step == 0 and config.check_grads and modules is not None:
-        every = [step_batch(config, step, r) for r in range(config.dp)] if reference is not None else []
+    elif step == 0 and config.training.check_grads and modules is not None:
+        every = [step_batch(config, step, r) for r in range(config.parallelism.dp)] if reference is not None else []
         assert not isinstance(reference, tuple)
         run.grad_diffs = compare_gradients(
             pipe,
@@ -429,8 +437,8 @@ def _step(
             lm_loss_sum if config.formed else None,
             [float(sum(c)) for _, _, c in every] if config.formed else None,
         )
-    if config.clip_grad_norm is not None:  # every rank: the norm is the whole model's
-        run.grad_norms.append(float(pipe.clip_grad_norm(config.clip_grad_norm)))
+    if config.optimizer.clip_grad_norm is not None:  # every rank: the norm is the whole model's
+        run.grad_norms.append(float(pipe.clip_grad_norm(config.optimizer.clip_grad_norm)))
     if optimizer is not None:
         run.learning_rates.append(float(optimizer.param_groups[0]["lr"]))
     if optimizer is not None and math.isfinite(float(loss)):

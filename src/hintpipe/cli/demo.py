@@ -106,7 +106,7 @@ def _stopped(result: TrainResult, policy: str) -> int:
 
     done = result.resumed_from + len(result.reports)
     print(
-        f"hintpipe demo: stopped by {result.stopped_by} after step {done} of {result.config.steps} of the "
+        f"hintpipe demo: stopped by {result.stopped_by} after step {done} of {result.config.training.steps} of the "
         f"{policy} run; nothing compared",
         file=sys.stderr,
     )

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import importlib.util
 import os
 import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from hintpipe.apps.model_config import ModelConfig, SeqLenDist
@@ -138,6 +136,7 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     output files, this machine's memory) and prepares the data (with a progress bar); every rule of the run is
     the config's, checked once, as it is made (naming flags: :func:`~hintpipe.option.said_as_flags`), before
     the model is planned and its sequence cost measured, which take seconds to minutes."""
+    from hintpipe.apps.run_sections import place_of
     from hintpipe.apps.train_config import AUTO, choose_auto_hint
     from hintpipe.apps.training import TrainConfig, profile_costs
 
@@ -159,30 +158,32 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     length = seq_len.mean if model.spec.reads_text else model.hidden
     check_memory(args.microbatches, args.microbatch_size, args.ranks, length)  # before the hint is built
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
-        run = types.SimpleNamespace(**(vars(args) | {"model": model, "seq_len_dist": seq_len}))
+        from hintpipe.apps.split_costs import AutoRun
+
+        flagged_run = (args.ranks, args.microbatches, args.microbatch_size, seq_len, args.seed)
+        run = AutoRun(model, *flagged_run, args.checkpoint_dir, args.resume)
         args.hint = choose_auto_hint(run, args.chunks)
     planned = None if plan_file is None else _plan_from_file(args, plan_file, model, run_data)
     if plan_file is None and not model.spec.planned:  # a list of layers every rank builds (sized, not built)
         check_model_memory(model, layers_and_parameters(model)[1], args.ranks * args.dp * args.tp)
     # Every option given as a flag, checked above, fills the field of its name; then what the command line
     # resolves itself (the model, the room, the plan file's answers, the data).
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    flags = {name: getattr(args, name) for name in flagged if name in fields}
+    flags = {name: getattr(args, name) for name in flagged if place_of(name) is not None}
     resolved = _resolved_fields(args, policy, model, seq_len, room(args, args.ranks), planned)
     with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
-        config = TrainConfig(**(flags | resolved))
+        config = TrainConfig.of(**(flags | resolved))
         if plan_file is None and model.spec.planned:
-            config = dataclasses.replace(config, plan=plan_once(args, model, build_hint(args)))
-        if config.forming.by_cost:
-            config = dataclasses.replace(config, sequence_cost=_sequence_cost(model, args.microbatch_size))
-    if config.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+            config = config.replaced(plan=plan_once(args, model, build_hint(args)))
+        if config.data.forming.by_cost:
+            config = config.replaced(sequence_cost=_sequence_cost(model, args.microbatch_size))
+    if config.metrics.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
-    if config.tensorboard is not None:
-        check_folder_writable(config.tensorboard, "--tensorboard", "TensorBoard")
-    if config.checkpoint_dir is not None:
+    if config.metrics.tensorboard is not None:
+        check_folder_writable(config.metrics.tensorboard, "--tensorboard", "TensorBoard")
+    if config.checkpoint.folder is not None:
         check_checkpoint_folder(config)
     if args.emulate and not planned_elsewhere():
-        config = dataclasses.replace(config, emulate=profile_costs(config))
+        config = config.replaced(emulate=profile_costs(config))
     return config
 
 
@@ -291,7 +292,7 @@ def _stopped(result: TrainResult) -> int:
         saved = f"checkpoint {result.checkpoint} saved; --resume continues from step {last}"
     else:
         saved = "nothing saved (no --checkpoint-dir)"
-    stopped = f"stopped by {result.stopped_by} after step {last} of {config.steps}"
+    stopped = f"stopped by {result.stopped_by} after step {last} of {config.training.steps}"
     print(f"hintpipe train: {stopped}: {saved}", file=sys.stderr)
     return 128 + int(signal.Signals[result.stopped_by])
 
@@ -311,9 +312,9 @@ def _held_before_the_ranks_meet(config: TrainConfig) -> contextlib.AbstractConte
     process (counted, not a second lock) and gives it back before this does."""
     from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 
-    if config.checkpoint_dir is None or not under_torchrun_here() or int(os.environ["RANK"]) != 0:
+    if config.checkpoint.folder is None or not under_torchrun_here() or int(os.environ["RANK"]) != 0:
         return contextlib.nullcontext()
-    return FolderLock(config.checkpoint_dir)
+    return FolderLock(config.checkpoint.folder)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,26 +343,31 @@ def run(args: argparse.Namespace) -> int:
         return _stopped(result)
     if not result.reports:
         raise ValueError(
-            f"--resume: the checkpoint in {config.checkpoint_dir} is at step {result.resumed_from}, the run has "
-            f"--steps {config.steps}: nothing left to train (raise --steps to go on)"
+            f"--resume: the checkpoint in {config.checkpoint.folder} is at step {result.resumed_from}, the run has "
+            f"--steps {config.training.steps}: nothing left to train (raise --steps to go on)"
         )
     if args.trace:
-        write_chrome_trace(result.records(), args.trace, unit_us=1e6, label=f"{config.hint} / {config.policy}")
+        write_chrome_trace(
+            result.records(), args.trace, unit_us=1e6, label=f"{config.pipeline.hint} / {config.pipeline.policy}"
+        )
     if args.timeline:
         plot_timelines(
-            [(f"{config.hint}, {config.policy}: last step", result.records())], args.timeline, unit="seconds"
+            [(f"{config.pipeline.hint}, {config.pipeline.policy}: last step", result.records())],
+            args.timeline,
+            unit="seconds",
         )
     failed = _grads_differ(result)
     if args.json:
         print_json(result_json(result))
         return failed
-    mode = " (emulated compute: tasks sleep their profiled cost)" if config.emulate else ""
+    mode = " (emulated compute: tasks sleep their profiled cost)" if config.pipeline.emulate else ""
+    parallelism = config.parallelism
     ranks = (
-        f"{config.dp} x {config.ranks} x {config.tp} ranks (data x pipeline x tensor)"
-        if config.dp * config.tp > 1
-        else f"{config.ranks} ranks"
+        f"{parallelism.dp} x {parallelism.ranks} x {parallelism.tp} ranks (data x pipeline x tensor)"
+        if parallelism.dp * parallelism.tp > 1
+        else f"{parallelism.ranks} ranks"
     )
-    stdout.print(f"{config.model.label} on {ranks}, {config.hint}, {config.policy}{mode}")
+    stdout.print(f"{config.model.label} on {ranks}, {config.pipeline.hint}, {config.pipeline.policy}{mode}")
     stdout.print(step_table(result))
     stdout.print(summary_line(result))
     if result.max_grad_abs_diff is not None:
@@ -369,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
 
         stdout.print(
             f"gradients vs unsplit model: max abs diff {result.max_grad_abs_diff:.3g}, "
-            f"max rel diff {result.max_grad_rel_diff:.3g} (tolerance {relative_tolerance(config.precision):g})"
+            f"max rel diff {result.max_grad_rel_diff:.3g} (tolerance {relative_tolerance(config.pipeline.precision):g})"
         )
     return failed
 
@@ -378,7 +384,7 @@ def _grads_differ(result: TrainResult) -> int:
     """1 (said on stderr) when ``--check-grads`` found a gradient beyond the tolerance, else 0."""
     from hintpipe.apps.gradcheck import relative_tolerance
 
-    worst, tolerance = result.max_grad_rel_diff, relative_tolerance(result.config.precision)
+    worst, tolerance = result.max_grad_rel_diff, relative_tolerance(result.config.pipeline.precision)
     if worst is None or worst <= tolerance:
         return 0
     print(

@@ -70,8 +70,8 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
     )
     from hintpipe.runtime.errors import CheckpointError
 
-    assert config.checkpoint_dir is not None
-    folder = Path(config.checkpoint_dir)
+    assert config.checkpoint.folder is not None
+    folder = Path(config.checkpoint.folder)
     check_writable(folder)
     try:
         check_layout(folder)
@@ -80,7 +80,7 @@ def check_checkpoint_folder(config: TrainConfig) -> None:
     except CheckpointError as exc:
         raise ValueError(str(exc)) from None
     found = step_folders(folder)
-    if not config.resume and not config.replace_checkpoints and found and owner is not None:
+    if not config.checkpoint.resume and not config.checkpoint.replace and found and owner is not None:
         raise ValueError(f"--checkpoint-dir {another_run(folder, found)}")
 
 

@@ -22,37 +22,39 @@ def result_json(result: TrainResult) -> dict[str, Any]:
 
     config = result.config
     unit = f"{config.model.spec.unit}_per_s"
-    by_size = config.admission is AdmissionUnit.SIZE and config.activation_budget is None
+    by_size = config.pipeline.admission is AdmissionUnit.SIZE and config.pipeline.activation_budget is None
     return {
-        "policy": config.policy,
-        "hint": config.hint,
-        "ranks": config.ranks,
-        "dp": config.dp,
-        "tp": config.tp,
+        "policy": config.pipeline.policy,
+        "hint": config.pipeline.hint,
+        "ranks": config.parallelism.ranks,
+        "dp": config.parallelism.dp,
+        "tp": config.parallelism.tp,
         "coordination_ms": result.coordination_ms,
         "dp_overlap_ms": None if result.dp_overlap_ms is None else list(result.dp_overlap_ms),
         "dp_exposed_ms": None if result.dp_exposed_ms is None else list(result.dp_exposed_ms),
         "runtime_cpu_ms": None if result.runtime_cpu_ms is None else list(result.runtime_cpu_ms),
-        "microbatches": config.microbatches,
-        "emulated": config.emulate is not None,
+        "microbatches": config.pipeline.microbatches,
+        "emulated": config.pipeline.emulate is not None,
         "step_time_median_s": result.step_time_median,
         unit: result.throughput,
         "efficiency": result.efficiency,
         "losses": list(result.losses),
         "peak_live_bytes": result.peak_live_bytes,
         "peak_live_slots": result.peak_live,
-        "admission": config.admission.value,
+        "admission": config.pipeline.admission.value,
         # Admitted by input elements (admission by size without a byte budget): per rank, the most it held.
         "peak_live_size": result.peak_admitted if by_size else None,
         "held_of_budget": result.held_of_budget,
-        "device": config.device,
+        "device": config.pipeline.device,
         "transport": result.transport,
         "device_peak_bytes": result.device_peak_bytes,
         "step_times_s": [r.makespan for r in result.reports],
         "bubble": [list(r.bubble) for r in result.reports],
         "max_grad_abs_diff": result.max_grad_abs_diff,
         "max_grad_rel_diff": result.max_grad_rel_diff,
-        "grad_rel_tolerance": None if result.max_grad_rel_diff is None else relative_tolerance(result.config.precision),
+        "grad_rel_tolerance": None
+        if result.max_grad_rel_diff is None
+        else relative_tolerance(result.config.pipeline.precision),
         "resumed_from": result.resumed_from,
         "resumed": None if result.resumed_checkpoint is None else resumed_line(result),
         "nonfinite_steps": list(result.nonfinite_steps),
@@ -60,7 +62,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
         "grad_norms": list(result.grad_norms),
         "eval_losses": [{"steps": steps, "loss": loss} for steps, loss in result.eval_losses],
         # What they are on: hintpipe.held_out_batches(config) makes the same batches again.
-        "eval_batches": config.eval_batches,
+        "eval_batches": config.metrics.eval_batches,
         "prepared_data": list(config.prepared),
         "prepared_eval_data": list(config.eval_prepared),
         "wall_time_s": result.wall_time,
@@ -70,7 +72,7 @@ def result_json(result: TrainResult) -> dict[str, Any]:
 
 def resumed_line(result: TrainResult) -> str:
     """``resumed from CK/step-00000008 (step 8 of 20)``: where a resumed run went on from."""
-    return f"resumed from {result.resumed_checkpoint} (step {result.resumed_from} of {result.config.steps})"
+    return f"resumed from {result.resumed_checkpoint} (step {result.resumed_from} of {result.config.training.steps})"
 
 
 #: Rows of the step table: a longer run shows its first and last steps (every step is in ``--json``).
@@ -82,7 +84,7 @@ def step_table(result: TrainResult) -> Table:
     throughput in total and per replica (loss: the global batch's)."""
     table = Table()
     unit = f"{result.config.model.spec.unit}/s"
-    dp = result.config.dp
+    dp = result.config.parallelism.dp
     throughput = [unit] if dp == 1 else [f"{unit} total", f"{unit} per replica"]
     for column in ("step", "time ms", *throughput, "efficiency", "bubble per rank", "peak live per rank", "loss"):
         table.add_column(column, justify="right")
@@ -114,7 +116,9 @@ def summary_line(result: TrainResult) -> str:
     config = result.config
     unit = config.model.spec.unit
     first, last = result.resumed_from + 1, result.resumed_from + len(result.reports)
-    steps = f"{len(result.reports)} steps" + (f" ({first}-{last} of {config.steps})" if result.resumed_from else "")
+    steps = f"{len(result.reports)} steps" + (
+        f" ({first}-{last} of {config.training.steps})" if result.resumed_from else ""
+    )
     tokens = sum(result.tokens)
     line = (
         f"{steps} in {result.wall_time:.1f} s: {tokens:,} {unit}, {tokens / result.wall_time:,.0f} {unit}/s, "
@@ -155,9 +159,9 @@ def say_where_it_evaluates(config: TrainConfig) -> str | None:
     from hintpipe.data.refusal import DataRefused
     from hintpipe.data.sources import BUILT_IN_DATA, data_entries, evaluation_source
 
-    if not config.eval_every or config.eval_data is not None:
+    if not config.metrics.eval_every or config.data.eval_source is not None:
         return None
-    for entry in data_entries(config.data):
+    for entry in data_entries(config.data.source):
         if entry.path in BUILT_IN_DATA:
             continue
         try:

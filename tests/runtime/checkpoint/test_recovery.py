@@ -300,7 +300,7 @@ def resumed(four_steps: Path, first_runs: dict[str, Any], tmp_path_factory: pyte
     folders["longer"] = first_runs["folders"]["cosine"]
     before["longer"] = _snapshot(folders["longer"])
     config = _config(steps=8, checkpoint_dir=str(folders["longer"]), resume=True, lr_schedule="warmup-cosine")
-    cases["longer"] = Case(_train_rank, (dataclasses.replace(config, warmup_steps=1),))
+    cases["longer"] = Case(_train_rank, (config.replaced(warmup_steps=1),))
     folder = folders["other rate"] = root / "other rate" / "ck"
     shutil.copytree(four_steps, folder)
     cases["other rate"] = Case(_train_rank, (_config(checkpoint_dir=str(folder), resume=True, lr=2e-3),))
