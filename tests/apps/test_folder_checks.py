@@ -53,3 +53,26 @@ def test_a_model_whose_logits_change_with_a_later_token_is_refused_and_left_in_i
         "attention sees the tokens it is to predict; a BERT-like model wants is_decoder in its config.json)"
     )
     assert ahead.training
+
+
+class _RescaledInEval(_Causal):
+    """RWKV's habit: its forward in eval mode divides a weight in place and sets a flag (see [Note: a probe leaves
+    the model as it was] in hintpipe.planner.state_kept)."""
+
+    def __init__(self) -> None:
+        super().__init__(sees_ahead=False)
+        self.rescaled = False
+
+    def forward(self, ids: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        if not self.training and not self.rescaled:
+            with torch.no_grad():
+                self.head.weight.div_(2.0)
+            self.rescaled = True
+        return super().forward(ids, use_cache)
+
+
+def test_the_check_leaves_a_model_that_changes_itself_in_eval_mode_as_it_was() -> None:
+    model = _RescaledInEval()
+    weight = model.head.weight.detach().clone()
+    check_causal(model, "f", vocab=16, positions=8, kwargs={})
+    assert model.training and not model.rescaled and torch.equal(model.head.weight, weight)

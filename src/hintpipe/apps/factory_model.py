@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from hintpipe.apps.model_config import ModelConfig
-from hintpipe.planner.buffer_updates import buffers_kept
+from hintpipe.planner.state_kept import state_kept
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -78,7 +78,7 @@ def factory_sizes(source: str, *, init: str = "pretrained", seed: int = 0) -> Mo
     if init != "pretrained":
         raise ValueError(f"--init {init}: --model {source} is a factory, its weights are the ones it makes")
     model, example, _ = made(source)
-    with torch.no_grad(), buffers_kept(model):  # the model trained is the one the factory made, as it made it
+    with torch.no_grad(), state_kept(model):  # the model trained is the one the factory made, as it made it
         logits = _logits(model(example))
     if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(example.shape):
         raise ValueError(

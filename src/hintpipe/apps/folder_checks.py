@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hintpipe.planner.state_kept import state_kept
+
 #: The tokens of :func:`check_causal`'s probe.
 _PROBE = 8
 
@@ -66,8 +68,8 @@ def check_causal(model: nn.Module, folder: str, vocab: int, positions: int, kwar
     changed[0, -1] = (changed[0, -1] + 1) % vocab
     training = model.training
     model.eval()  # dropout off: the two forwards differ by the last token alone
-    try:
-        with torch.no_grad():
+    try:  # a model that changes itself in eval mode (RWKV) put back: [Note: a probe leaves the model as it was]
+        with torch.no_grad(), state_kept(model):
             first, second = (_logits(model(x, **kwargs)) for x in (ids, changed))
     finally:
         model.train(training)

@@ -26,6 +26,7 @@ from hintpipe.apps.model_rules import (
 )
 from hintpipe.apps.models import ModelConfig
 from hintpipe.apps.run_sections import (
+    SECTIONS,
     CheckpointConfig,
     DataConfig,
     LrScheduleConfig,
@@ -142,15 +143,14 @@ class TrainConfig:
 
     def replaced(self, **keys: Any) -> TrainConfig:
         """This config with the options ``keys`` (by key, as :meth:`of` takes them) changed, checked again."""
-        return dataclasses.replace(self, **sectioned(keys, into=self.__dict__))
+        return dataclasses.replace(self, **sectioned(keys, into=vars(self)))
 
     def keys(self) -> dict[str, Any]:
         """Every option of the config by its key, as :meth:`of` takes them (``TrainConfig.of(**config.keys())``
         is ``config``)."""
-        sections = (self.data, self.optimizer, self.lr_schedule, self.training, self.parallelism)
         keyed = {"model": self.model, "plan": self.plan} | self.pipeline.values()
-        for section in (*sections, self.checkpoint, self.metrics):
-            keyed |= section.keys()
+        for section in SECTIONS:
+            keyed |= getattr(self, section.name).keys()
         return keyed
 
     def __post_init__(self) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from hintpipe.apps.batches import HELD_OUT_STEP as HELD_OUT_STEP
 from hintpipe.apps.batches import REPLICA_SEED_STRIDE as REPLICA_SEED_STRIDE
@@ -42,6 +41,7 @@ from hintpipe.apps.models import (
 from hintpipe.apps.optimizer import build_optimizer
 from hintpipe.apps.prediction import predict_step_time as predict_step_time
 from hintpipe.apps.progress import eta, line_every, log_line, progress_bar
+from hintpipe.apps.run_agreement import agree_on_run
 from hintpipe.apps.run_model import Whole, run_description, share_measured, unsplit_model, unsplit_stages
 from hintpipe.apps.run_profiles import record_profiles
 from hintpipe.apps.run_record import RunRecord
@@ -51,7 +51,6 @@ from hintpipe.apps.train_config import TrainConfig as TrainConfig
 from hintpipe.apps.train_config import TrainResult as TrainResult
 from hintpipe.device import rank_device
 from hintpipe.dispatch.policy import Policy
-from hintpipe.options import PipelineConfig
 from hintpipe.runtime.checkpoint.checkpointer import Checkpointer
 from hintpipe.runtime.checkpoint.folder_lock import FolderLock
 from hintpipe.runtime.checkpoint.permissions import use as use_modes
@@ -121,7 +120,7 @@ def _build_pipeline(
     mesh = build_mesh(world, dp=dp, tp=tp, device=device) if dp * tp > 1 else None
     # The run's pipeline options as its config holds them (a new option reaches the pipeline without a list to
     # keep in step), with the mesh this rank builds; the hint resolved, unless the plan's.
-    pipeline = pipeline_config(config, mesh=mesh)
+    pipeline = dataclasses.replace(config.pipeline, mesh=mesh)
     seams = Seams(injection=config.injection)
     loss_fn = lm_loss_sum if config.formed else loss_fn_for(config.model)
     modules: list[torch.nn.Module] | None = None
@@ -149,13 +148,6 @@ def _build_pipeline(
     return pipe, modules, reference
 
 
-def pipeline_config(config: TrainConfig, *, mesh: DeviceMesh | None) -> PipelineConfig:
-    """The run's pipeline options as a :class:`~hintpipe.options.PipelineConfig` (the run's own options left
-    out), on ``mesh`` (this rank's, or None): what the run's :class:`~hintpipe.runtime.pipeline.Pipeline` is
-    built from."""
-    return dataclasses.replace(config.pipeline, mesh=mesh)
-
-
 @dataclasses.dataclass
 class _Run:
     """What rank 0 collects over the steps."""
@@ -180,6 +172,8 @@ def _train_rank(
     for its checkpoints (None: described here)."""
     if config.parallelism.shared:
         config = share_measured(config)
+    if under_torchrun():  # [Note: a run made apart]
+        agree_on_run(config)
     pipe, modules, reference = _build_pipeline(rank, world, config)
     mine = dict(pipe.modules)
     params = list({id(p): p for module in mine.values() for p in module.parameters()}.values())

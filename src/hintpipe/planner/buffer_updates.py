@@ -42,7 +42,14 @@ from torch import nn
 
 from hintpipe.planner.inplace import in_place_target
 
-__all__ = ["as_at_forward", "buffers_kept", "keep_model_buffers", "noting_updates", "updated_buffer_spans"]
+__all__ = [
+    "as_at_forward",
+    "buffers_kept",
+    "keep_model_buffers",
+    "noting_updates",
+    "updated_buffer_spans",
+    "written_parameters",
+]
 
 #: Python's operators that write their first argument (``buffer[i] = x``, ``buffer += x`` as fx records them).
 _WRITING_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv})
@@ -94,6 +101,21 @@ def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> li
         if touching:
             spans.append((min(touching), max(touching)))
     return spans
+
+
+def written_parameters(module: fx.GraphModule) -> list[str]:
+    """The parameters of ``module`` that some node of its graph writes in place (a forward that rescales its own
+    weights under ``torch.no_grad()``): what a pipeline cannot run as the unsplit model does, since a stage runs
+    several micro-batches' forwards before their backwards, and a backward that saved the weight refuses it."""
+    parameters = {name for name, _ in module.named_parameters()}
+    attributes = {node: str(node.target) for node in module.graph.nodes if node.op == "get_attr"}
+    written = {
+        attributes[value]
+        for node in module.graph.nodes
+        for value in _written_arguments(module, node)
+        if value in attributes and attributes[value] in parameters
+    }
+    return sorted(written)
 
 
 def _written_arguments(module: fx.GraphModule, node: fx.Node) -> list[Any]:

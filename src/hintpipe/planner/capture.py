@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans
+from hintpipe.planner.buffer_updates import keep_model_buffers, updated_buffer_spans, written_parameters
 from hintpipe.planner.capture_error import CaptureError, split_point
 from hintpipe.planner.example_values import value_kinds
 from hintpipe.planner.export_trace import FIXED_DIMENSIONS, exported
@@ -36,6 +36,7 @@ __all__ = [
     "CaptureError",
     "CaptureSpec",
     "CapturedGraph",
+    "ParameterWriteWarning",
     "allowed_cuts",
     "attribute",
     "capture",
@@ -195,9 +196,29 @@ def capture(
     with torch.enable_grad():
         captured = _capture(model, modules, example, kwargs)
     keep_model_buffers(captured.module, model)
+    _warn_if_parameters_written(model, captured.module)
     if modules is None and example is not None:  # [Note: a branch on self.training]
         warn_if_eval_differs(model, captured.module, example, kwargs or {})
     return captured
+
+
+class ParameterWriteWarning(UserWarning):
+    """A model's forward writes its own parameters in place while training (see
+    :func:`~hintpipe.planner.buffer_updates.written_parameters`)."""
+
+
+def _warn_if_parameters_written(model: nn.Module, module: fx.GraphModule) -> None:
+    written = written_parameters(module)
+    if written:
+        warnings.warn(
+            ParameterWriteWarning(
+                f"{type(model).__name__}'s forward writes its parameters in place while training ("
+                f"{', '.join(written[:3])}{', ...' if len(written) > 3 else ''}): a stage runs several micro-batches' "
+                "forwards before their backwards, and a backward that saved such a parameter fails (modified by an "
+                "inplace operation); change them outside forward, between steps"
+            ),
+            stacklevel=3,
+        )
 
 
 def _capture(

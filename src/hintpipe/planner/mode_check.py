@@ -6,8 +6,9 @@ A model is captured in train mode, as a pipeline trains it. An operator that tak
 ([Note: operators that follow their module] in :mod:`hintpipe.planner.portable`), but a branch in Python
 (``if self.training: x = drop_path(x)``, a router's noise) is decided while tracing: the stages run the training
 branch in ``Pipeline.eval_step`` too. Nothing in the graph shows such a branch, so the model and its capture are
-both run once in eval mode on the example (no gradients, the random state and every module's mode restored,
-buffers untouched), and a difference is said in a warning, with the fix.
+both run once in eval mode on the example (no gradients; the random state, every module's mode, and the tensors
+and attributes the run changed put back: [Note: a probe leaves the model as it was] in
+:mod:`hintpipe.planner.state_kept`), and a difference is said in a warning, with the fix.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hintpipe.planner.buffer_updates import buffers_kept
+from hintpipe.planner.state_kept import state_kept
 from hintpipe.tensor_bytes import tensors_in
 
 __all__ = ["EvalModeWarning", "warn_if_eval_differs"]
@@ -71,7 +72,7 @@ def warn_if_eval_differs(
 def _in_eval(module: nn.Module) -> Iterator[None]:
     modes = [(m, m.training) for m in module.modules()]
     try:
-        with buffers_kept(module):
+        with state_kept(module):
             module.eval()
             yield
     finally:
