@@ -76,3 +76,23 @@ def test_the_check_leaves_a_model_that_changes_itself_in_eval_mode_as_it_was() -
     weight = model.head.weight.detach().clone()
     check_causal(model, "f", vocab=16, positions=8, kwargs={})
     assert model.training and not model.rescaled and torch.equal(model.head.weight, weight)
+
+
+class _Broken(_Causal):
+    """A folder whose sizes disagree: the model's own forward raises (a real case: a config.json edited by hand)."""
+
+    def __init__(self) -> None:
+        super().__init__(sees_ahead=False)
+
+    def forward(self, ids: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        raise RuntimeError("The size of tensor a (2) must match the size of tensor b (4) at non-singleton dimension 1")
+
+
+def test_a_model_whose_own_forward_fails_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError) as refused:
+        check_causal(_Broken(), "./broken", vocab=16, positions=8, kwargs={})
+    assert str(refused.value) == (
+        "--model ./broken: its own forward fails on 8 tokens, before hintpipe cuts it: RuntimeError: The size of "
+        "tensor a (2) must match the size of tensor b (4) at non-singleton dimension 1; check the folder's "
+        "config.json (its sizes agree?) with AutoModelForCausalLM.from_pretrained(folder)(ids)"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,19 @@ def test_the_command_line_and_the_simulator_run_without_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=allow(60))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["makespan_cost"] == 15.0  # (m + p - 1)(F + B) = 5 x (1 + 2)
+
+
+def test_hintpipes_own_warnings_are_the_commands_lines_and_others_pythons() -> None:
+    """A command's user saw ``.../planner/plan.py:377: EvalModeWarning: ...`` and then a line of hintpipe's source
+    (``graph = captured if captured is not None else capture(...)``); now one line in the command's words."""
+    from hintpipe.cli import _warning_line, _warnings_as_lines
+    from hintpipe.planner.mode_check import EvalModeWarning
+
+    before = warnings.formatwarning
+    with _warnings_as_lines("train"):
+        own = warnings.formatwarning("its router's noise", EvalModeWarning, "plan.py", 377, "graph = ...")
+        other = warnings.formatwarning("deprecated", FutureWarning, "lib.py", 3, "x = 1")
+    assert own == "hintpipe train: EvalModeWarning: its router's noise\n"
+    assert other == "lib.py:3: FutureWarning: deprecated\n  x = 1\n"
+    assert warnings.formatwarning is before  # put back: a test or a caller in the same process sees Python's
+    assert _warning_line("plan", "m", EvalModeWarning, "f", 1) == "hintpipe plan: EvalModeWarning: m\n"

@@ -71,6 +71,13 @@ def check_causal(model: nn.Module, folder: str, vocab: int, positions: int, kwar
     try:  # a model that changes itself in eval mode (RWKV) put back: [Note: a probe leaves the model as it was]
         with torch.no_grad(), state_kept(model):
             first, second = (_logits(model(x, **kwargs)) for x in (ids, changed))
+    except Exception as exc:  # the model's own code, whatever it raises: said in a line, not a traceback
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(
+            f"--model {folder}: its own forward fails on {length} tokens, before hintpipe cuts it: "
+            f"{type(exc).__name__}: {message}; check the folder's config.json (its sizes agree?) with "
+            "AutoModelForCausalLM.from_pretrained(folder)(ids)"
+        ) from exc
     finally:
         model.train(training)
     if not torch.allclose(first[:, :-1], second[:, :-1], rtol=1e-4, atol=1e-5):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -16,7 +17,8 @@ import platform
 import signal
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hintpipe.cli import data, demo, export, plan, simulate, train
@@ -83,6 +85,21 @@ def interrupted(command: str | None) -> int:
     return 128 + signal.SIGINT
 
 
+def _warning_line(
+    command: str, message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """A warning of hintpipe's own (an ``EvalModeWarning``, a ``ParameterWriteWarning``) as the command's line:
+    ``hintpipe train: EvalModeWarning: ...``, not Python's two lines of a file, a line number and a source line
+    that mean nothing to the command's user; another library's warning as Python writes it."""
+    if category.__module__.startswith("hintpipe"):
+        return f"hintpipe {command}: {category.__name__}: {message}\n"
+    return _PYTHONS_WARNING_LINE(message, category, filename, lineno, line)
+
+
+#: Python's own way of writing a warning.
+_PYTHONS_WARNING_LINE = warnings.formatwarning
+
+
 def _main(words: list[str]) -> int:
     parser = build_parser()
     try:
@@ -97,6 +114,22 @@ def _main(words: list[str]) -> int:
     if getattr(args, "print_config", False):
         print(config_text(parser, args), end="")
         return 0
+    with _warnings_as_lines(args.command):
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """Within: hintpipe's own warnings written as the command's lines (:func:`_warning_line`)."""
+    before = warnings.formatwarning
+    warnings.formatwarning = functools.partial(_warning_line, command)
+    try:
+        yield
+    finally:
+        warnings.formatwarning = before
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.run(args)
     except ValueError as exc:

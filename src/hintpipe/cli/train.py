@@ -160,8 +160,9 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     if args.hint == AUTO:  # measured here, once, on the model as flagged (see hintpipe.apps.split_costs)
         from hintpipe.apps.split_costs import AutoRun
 
-        flagged_run = (args.ranks, args.microbatches, args.microbatch_size, seq_len, args.seed)
-        run = AutoRun(model, *flagged_run, args.checkpoint_dir, args.resume)
+        sizes = {"microbatches": args.microbatches, "microbatch_size": args.microbatch_size, "seq_len_dist": seq_len}
+        resumed = {"checkpoint_dir": args.checkpoint_dir, "resume": args.resume}
+        run = AutoRun(model=model, ranks=args.ranks, seed=args.seed, **sizes, **resumed)
         args.hint = choose_auto_hint(run, args.chunks)
     planned = None if plan_file is None else _plan_from_file(args, plan_file, model, run_data)
     if plan_file is None and not model.spec.planned:  # a list of layers every rank builds (sized, not built)

@@ -48,6 +48,7 @@ __all__ = [
     "keep_model_buffers",
     "noting_updates",
     "updated_buffer_spans",
+    "written_arguments",
     "written_parameters",
 ]
 
@@ -91,7 +92,7 @@ def updated_buffer_spans(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> li
             continue
         same, written = {attribute}, False
         for node in module.graph.nodes:  # topological: what an in-place or out= call returns is the buffer again
-            if any(value in same for value in _written_arguments(module, node)):
+            if any(value in same for value in written_arguments(module, node)):
                 same.add(node)
                 written = True
         if not written:
@@ -112,13 +113,13 @@ def written_parameters(module: fx.GraphModule) -> list[str]:
     written = {
         attributes[value]
         for node in module.graph.nodes
-        for value in _written_arguments(module, node)
+        for value in written_arguments(module, node)
         if value in attributes and attributes[value] in parameters
     }
     return sorted(written)
 
 
-def _written_arguments(module: fx.GraphModule, node: fx.Node) -> list[Any]:
+def written_arguments(module: fx.GraphModule, node: fx.Node) -> list[Any]:
     """The arguments ``node`` writes into: an in-place method's tensor (``add_``), an operator's arguments its
     schema marks written (``aten.add_.Tensor``'s first, ``aten.div.out``'s ``out``), Python's ``[] =`` and
     ``+=``'s first, and what torch.fx's other in-place calls write (``F.relu(x, inplace=True)``, ``torch.relu_``,

@@ -7,7 +7,7 @@ import contextlib
 import inspect
 import pickle
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,6 +46,42 @@ def exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
     """``root`` through torch.export, its regions kept, made portable: :func:`exported` before its re-trace."""
+    with _keywords_bound(root, kwargs) as given:
+        return _export_bound(root, example, given)
+
+
+@contextlib.contextmanager
+def _keywords_bound(root: nn.Module, kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Within: ``root.forward`` with the keywords that are no tensors and that it takes through its ``**kwargs``
+    bound (``use_cache=False`` into ``def forward(self, input_ids=None, **kwargs)``, as Hugging Face's newer
+    models are written); the keywords left to give it. torch.export takes such a keyword's dynamic shape, None,
+    nested under ``kwargs``, and fails on it (``Must provide a tree_name when there might be a mismatch``);
+    bound, the keyword is a constant of the program, as a named one is."""
+    signature = inspect.signature(root.forward)
+    parameters = signature.parameters
+    kinds = inspect.Parameter
+    taken = any(p.kind is kinds.VAR_KEYWORD for p in parameters.values())
+    bound = {k: v for k, v in kwargs.items() if taken and k not in parameters and not isinstance(v, torch.Tensor)}
+    if not bound:
+        yield kwargs
+        return
+    method = root.forward
+
+    def forward(*args: Any, **more: Any) -> Any:
+        return method(*args, **more, **bound)
+
+    named = [p for p in parameters.values() if p.kind is not kinds.VAR_KEYWORD]
+    tensors = [kinds(k, kinds.KEYWORD_ONLY) for k in kwargs if k not in parameters and k not in bound]
+    forward.__signature__ = signature.replace(parameters=[*named, *tensors])  # type: ignore[attr-defined]
+    root.forward = forward  # the instance's own, over the class's
+    try:
+        yield {k: v for k, v in kwargs.items() if k not in bound}
+    finally:
+        del root.forward
+
+
+def _export_bound(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+    """:func:`_export_once` with ``root``'s keywords bound."""
     widened = _batch_of_two(example, kwargs)
     program, used = None, (example, kwargs)
     if widened is not None:  # [Note: a batch of one is exported as two]
@@ -225,7 +261,21 @@ def _shortened(error: str) -> str:
 
 
 def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
-    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them."""
-    names = [n for n in inspect.signature(root.forward).parameters if n not in ("self",)]
-    positional = dict(zip(names, shapes.pop("args"), strict=False))
-    return {**positional, **shapes}
+    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them: a keyword that
+    ``forward`` takes through its ``**kwargs`` (``def forward(self, input_ids, **kwargs)``, as Hugging Face's
+    newer models are written) under that parameter's name, in a dict of its own."""
+    parameters = inspect.signature(root.forward).parameters
+    kinds = inspect.Parameter
+    names = [n for n, p in parameters.items() if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    given = shapes.pop("args")
+    by_name: dict[str, Any] = dict(zip(names, given, strict=False))
+    more = next((n for n, p in parameters.items() if p.kind is kinds.VAR_POSITIONAL), None)
+    if more is not None and len(given) > len(names):  # ``def forward(self, *inputs)``
+        by_name[more] = tuple(given[len(names) :])
+    rest = next((n for n, p in parameters.items() if p.kind is kinds.VAR_KEYWORD), None)
+    for name, shape in shapes.items():
+        if name in parameters or rest is None:
+            by_name[name] = shape
+        else:
+            by_name.setdefault(rest, {})[name] = shape
+    return by_name

@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 
 from hintpipe.device import Clock, clock_for
+from hintpipe.planner.buffer_updates import written_arguments
 from hintpipe.planner.capture import CapturedGraph, attribute
 from hintpipe.planner.graph_timing import ClockMarks, graph_times, leaf, marks_for, run_seconds
 from hintpipe.planner.module_paths import module_path
@@ -58,6 +59,21 @@ def _detach(value: Any) -> Any:
         return tuple(_detach(v) for v in value)
     if isinstance(value, list):
         return [_detach(v) for v in value]
+    return value
+
+
+def _written_copy(value: Any) -> Any:
+    """An input that a node writes in place, as the node meets it in the whole graph: a value computed from a
+    leaf, not the leaf.
+
+    [Note: a node that writes its input, alone]
+    Each node is profiled alone, on its inputs made leaves (:func:`_detach`). A node that writes an input in
+    place (Qwen3-Next's gated delta rule fills a matrix row by row: ``attn[..., i, :i] = ...``, an ``index_put_``)
+    is refused by autograd on a leaf that requires grad (``a leaf Variable that requires grad is being used in an
+    in-place operation``), where in the graph it writes an intermediate value. So that input is given to it
+    as a copy made from the leaf, before its clock starts."""
+    if isinstance(value, torch.Tensor) and value.requires_grad and value.is_leaf:
+        return value.clone()
     return value
 
 
@@ -201,8 +217,11 @@ def _profile_node(
     """Time ``node`` and count what it saves; its output goes into ``env`` and its storages into ``owner``.
     A number the graph computes (``scalar``) may cross a cut: it counts as a tensor output."""
     forward, backward = [], []
+    written = {a for a in written_arguments(root, node) if isinstance(a, fx.Node)}
     for _ in range(repeats + 1):
         local = {a: _detach(env[a]) for a in node.all_input_nodes}
+        for a in written:  # [Note: a node that writes its input, alone]
+            local[a] = _written_copy(local[a])
         with count_saved(params) as counted:
             start = clock.now()
             out = run_node(root, node, local)
