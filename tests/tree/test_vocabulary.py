@@ -293,6 +293,11 @@ KEYWORDS: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         lambda: TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4, slack_microbatches=2),
     ),
     (
+        "TrainConfig.replaced(memory_slack=...) is now TrainConfig.replaced(slack_microbatches=...)",
+        lambda: _loose(TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4).replaced)(memory_slack=2),
+        lambda: TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4).replaced(slack_microbatches=2),
+    ),
+    (
         "TrainConfig.of(device_budget=...) is now TrainConfig.of(device_budget_fraction=...)",
         lambda: _loose(TrainConfig.of)(model=ModelConfig(), ranks=2, microbatches=4, device_budget=0.25),
         lambda: TrainConfig.of(model=ModelConfig(), ranks=2, microbatches=4, device_budget_fraction=0.25),

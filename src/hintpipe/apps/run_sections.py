@@ -187,7 +187,7 @@ def sectioned(keys: Mapping[str, Any], *, into: Mapping[str, Any] | None = None)
             out[place] = value
             continue
         section, field = place.split(".")
-        grouped.setdefault(section, {})[given if section == "pipeline" else field] = value
+        grouped.setdefault(section, {})[field] = value
     kinds: dict[str, type[Any]] = {s.name: s for s in SECTIONS} | {"pipeline": PipelineConfig}
     for section, values in grouped.items():
         before = None if into is None else into[section]

@@ -141,6 +141,7 @@ class TrainConfig:
         """
         return cls(**sectioned(keys))
 
+    @renamed("TrainConfig.replaced", **RENAMED_OPTIONS)
     def replaced(self, **keys: Any) -> TrainConfig:
         """This config with the options ``keys`` (by key, as :meth:`of` takes them) changed, checked again."""
         return dataclasses.replace(self, **sectioned(keys, into=vars(self)))
