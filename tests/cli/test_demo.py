@@ -20,7 +20,7 @@ def test_a_demo_stopped_by_a_signal_says_where_and_compares_nothing(
     ran: list[tuple[str, int]] = []
 
     def train(config: Any) -> Any:
-        ran.append((config.policy, config.steps))
+        ran.append((config.pipeline.policy, config.training.steps))
         return SimpleNamespace(stopped_by="SIGTERM", resumed_from=0, reports=[None] * 3, config=config)
 
     monkeypatch.setattr(training, "train", train)

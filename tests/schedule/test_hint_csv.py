@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import allow
 from hintpipe.schedule.generators import generate_hint
 from hintpipe.schedule.hint import HintError
 from hintpipe.schedule.hint_csv import hint_to_csv, load_hint_csv, parse_hint_csv, save_hint_csv
@@ -86,3 +90,25 @@ def test_cross_rank_deadlock_is_refused_with_a_dump() -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(HintError, match="cannot read hint file"):
         load_hint_csv(tmp_path / "missing.csv")
+
+
+def test_a_stage_number_far_past_the_others_is_refused_at_once_in_bounded_memory() -> None:
+    """Found by the parser's fuzz test, whose worker the kernel killed at 21 GB: ``99999999F0`` (a typo's stage)
+    made the parser list every stage number below it to find the ones without actions. Parsed here in a process
+    of its own held to 1 GiB of address space (the schedule package imports no torch)."""
+    code = (
+        "from hintpipe.schedule.hint_csv import parse_hint_csv\n"
+        "from hintpipe.schedule.hint import HintError\n"
+        "try:\n"
+        "    parse_hint_csv('0F0,0B0\\n99999999F0,99999999B0\\n')\n"
+        "except HintError as exc:\n"
+        "    print(exc)\n"
+    )
+
+    def held() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=held, timeout=allow(60)
+    )
+    assert (done.returncode, done.stdout) == (0, "<csv>: stages 1-99999998 have no actions\n"), done.stderr

@@ -55,6 +55,20 @@ def load_hint_csv(path: str | Path) -> Hint:
     return parse_hint_csv(text, name=str(path))
 
 
+def _missing(present: list[int]) -> str:
+    """The stage numbers absent below the largest of ``present`` (sorted), listed (``[1, 2]``) or, many, as the
+    runs they form (``1-999998``): a file that names stage 999999 by mistake is refused at once, not after
+    listing a million numbers."""
+    gaps, previous = [], -1
+    for stage in present:
+        if stage > previous + 1:
+            gaps.append((previous + 1, stage - 1))
+        previous = stage
+    if sum(last - first + 1 for first, last in gaps) <= 20:
+        return str([s for first, last in gaps for s in range(first, last + 1)])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in gaps)
+
+
 def parse_hint_csv(text: str, name: str = "<csv>") -> Hint:
     """Parse CSV text (see :func:`load_hint_csv`)."""
     rows: list[list[tuple[int, str, int, int, int]]] = []  # (stage, letter, mb, line, column)
@@ -101,9 +115,8 @@ def parse_hint_csv(text: str, name: str = "<csv>") -> Hint:
                     f"(line {owner + 1}) and on rank {rank}; a stage lives on one rank"
                 )
     stages = max(stage_rank) + 1
-    missing = sorted(set(range(stages)) - set(stage_rank))
-    if missing:
-        raise HintError(f"{name}: stages {missing} have no actions")
+    if stages > len(stage_rank):  # counted from the stages named, never a range of what a typo names (1000000F0)
+        raise HintError(f"{name}: stages {_missing(sorted(stage_rank))} have no actions")
     idle = [rank for rank, row in enumerate(rows) if not row]
     if idle:
         raise HintError(f"{name}: ranks {idle} (lines {[r + 1 for r in idle]}) have no actions")
