@@ -1,8 +1,10 @@
 """Every option of the pipeline, defined once: name, type, default, range and help.
 
 :class:`~hintpipe.runtime.pipeline.Pipeline`'s keywords,
-:class:`~hintpipe.apps.training.TrainConfig`'s fields and the command line's
-flags are the same options under the same names (``activation_budget`` is
+:meth:`TrainConfig.of <hintpipe.apps.train_config.TrainConfig.of>`'s keys (each
+placed in a section of the run's config: [Note: a key per field] in
+:mod:`hintpipe.apps.run_sections`) and the command line's flags are the same
+options under the same names (``activation_budget`` is
 ``--activation-budget``); a test holds the three to this table. Values are
 checked here and nowhere else, in one message style that names the option the
 way the caller wrote it (``timeout`` in Python, ``--timeout`` on the command
