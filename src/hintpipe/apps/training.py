@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,6 +44,7 @@ from hintpipe.apps.run_agreement import agree_on_run
 from hintpipe.apps.run_model import Whole, run_description, share_measured, unsplit_model, unsplit_stages
 from hintpipe.apps.run_profiles import record_profiles
 from hintpipe.apps.run_record import RunRecord
+from hintpipe.apps.run_result import Collected, train_result
 from hintpipe.apps.step_ends import microbatch_ends
 from hintpipe.apps.tensor_parallel import parallelize_stage
 from hintpipe.apps.train_config import TrainConfig as TrainConfig
@@ -58,11 +58,11 @@ from hintpipe.runtime.checkpoint.run_folder import check_not_foreign, check_writ
 from hintpipe.runtime.checkpoint.stopping import StopRequest
 from hintpipe.runtime.faults import failing_writer
 from hintpipe.runtime.launch import run_ranks, under_torchrun
-from hintpipe.runtime.loop.emulated import EmulatedCosts, EmulatedExecutor
+from hintpipe.runtime.loop.emulated import EmulatedCosts
 from hintpipe.runtime.model_names import ModelNames
 from hintpipe.runtime.parallel.mesh import build_mesh
 from hintpipe.runtime.parts import Seams
-from hintpipe.runtime.pipeline import Pipeline, StepReport
+from hintpipe.runtime.pipeline import Pipeline
 from hintpipe.schedule.microbatch_order import MicrobatchOrder
 
 
@@ -148,22 +148,6 @@ def _build_pipeline(
     return pipe, modules, reference
 
 
-@dataclasses.dataclass
-class _Run:
-    """What rank 0 collects over the steps."""
-
-    losses: list[float] = dataclasses.field(default_factory=list)
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    reports: list[StepReport] = dataclasses.field(default_factory=list)
-    grad_diffs: tuple[float, float] | None = None
-    learning_rates: list[float] = dataclasses.field(default_factory=list)
-    grad_norms: list[float] = dataclasses.field(default_factory=list)
-    evals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-    first: int = 0  # the step the loop started from (a resumed run's checkpoint)
-    started: float = 0.0  # time.perf_counter() when the loop started
-    every: int = 0  # a step line every this many steps (0: none; see hintpipe.apps.progress.line_every)
-
-
 def _train_rank(
     rank: int, world: int, config: TrainConfig, description: Mapping[str, Any] | None = None
 ) -> TrainResult | None:
@@ -181,7 +165,7 @@ def _train_rank(
     scheduler = _scheduler(config, optimizer)
     checkpoints = _checkpointer(config, pipe, optimizer, scheduler, description)
     first = 0
-    run = _Run()
+    run = Collected()
     bar = writer = None
     # Leaving `with pipe` on an error tells the neighbours at once (a graceful close would wait a whole timeout
     # for a rank that stopped); otherwise it closes gracefully.
@@ -217,35 +201,7 @@ def _train_rank(
     state = pipe.state_dict() if config.training.return_state else None
     if rank != 0:
         return None
-    return TrainResult(
-        config=config,
-        reports=tuple(run.reports),
-        losses=tuple(run.losses),
-        tokens=tuple(run.tokens),
-        max_grad_abs_diff=None if run.grad_diffs is None else run.grad_diffs[0],
-        max_grad_rel_diff=None if run.grad_diffs is None else run.grad_diffs[1],
-        resumed_from=first,
-        nonfinite_steps=tuple(pipe.nonfinite_steps),
-        state=state,
-        stopped_by=stop.name,
-        checkpoint=None if checkpoints is None or checkpoints.last is None else str(checkpoints.last),
-        resumed_checkpoint=None if checkpoints is None or checkpoints.resumed is None else str(checkpoints.resumed),
-        notes=() if checkpoints is None else tuple(checkpoints.skipped),
-        coordination_ms=_decision_ms(pipe),
-        decisions_per_step=None if pipe.coordination is None else pipe.coordination.decisions / len(run.reports or [0]),
-        decision_messages_per_step=(
-            None if pipe.coordination is None else pipe.coordination.messages / len(run.reports or [0])
-        ),
-        tp_wait_ms=_tp_wait_ms(pipe, len(run.reports)),
-        dp_overlap_ms=_per_rank_ms([r.dp_overlap for r in run.reports[1:] or run.reports]),
-        dp_exposed_ms=_per_rank_ms([r.dp_exposed for r in run.reports[1:] or run.reports]),
-        runtime_cpu_ms=_per_rank_ms([r.runtime_cpu for r in run.reports[1:] or run.reports]),
-        transport=pipe.transport.value,
-        learning_rates=tuple(run.learning_rates),
-        grad_norms=tuple(run.grad_norms),
-        eval_losses=tuple(run.evals),
-        wall_time=time.perf_counter() - run.started if run.reports else 0.0,
-    )
+    return train_result(config, pipe, run, first, state, stop.name, checkpoints)
 
 
 def _start_or_resume(config: TrainConfig, checkpoints: Checkpointer, rank: int) -> int:
@@ -269,7 +225,7 @@ def _optimizer(config: TrainConfig, params: list[torch.nn.Parameter]) -> torch.o
     return build_optimizer(params, config.optimizer)
 
 
-def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
+def _step_line(config: TrainConfig, step: int, run: Collected) -> str:
     """The step line for the step just run: the global batch's loss and tokens, the step's time, and (before
     the last step) the time the rest of the run will take."""
     seconds = run.reports[-1].makespan
@@ -282,29 +238,7 @@ def _step_line(config: TrainConfig, step: int, run: _Run) -> str:
     )
 
 
-def _per_rank_ms(steps: list[tuple[float, ...]]) -> tuple[float, ...] | None:
-    """Per rank, the mean over the steps in milliseconds; None without data parallelism (NaN values)."""
-    complete = [values for values in steps if values and not any(math.isnan(v) for v in values)]
-    if not complete:
-        return None
-    return tuple(1e3 * statistics.mean(column) for column in zip(*complete, strict=True))
-
-
-def _tp_wait_ms(pipe: Pipeline, steps: int) -> float | None:
-    executor = pipe.parts.compute
-    if not isinstance(executor, EmulatedExecutor) or executor.couple is None or not steps:
-        return None
-    return 1e3 * executor.coupled_seconds / steps
-
-
-def _decision_ms(pipe: Pipeline) -> float | None:
-    coordination = pipe.coordination
-    if coordination is None or not coordination.decisions:
-        return None
-    return 1e3 * coordination.announce_seconds / coordination.decisions
-
-
-def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: _Run, bar: Any, writer: Any) -> None:
+def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: Collected, bar: Any, writer: Any) -> None:
     """What a user watches after a step: its log line, its TensorBoard points, and (every ``eval_every``
     steps and after the last) the held-out loss, on every rank (an evaluation is collective)."""
     rank0, done, steps = pipe.global_rank == 0, step + 1, config.training.steps
@@ -321,7 +255,7 @@ def _after_step(config: TrainConfig, pipe: Pipeline, step: int, run: _Run, bar: 
             writer.add_scalar("held_out_loss", run.evals[-1][1], step + 1)
 
 
-def _write_metrics(writer: Any, config: TrainConfig, step: int, run: _Run) -> None:
+def _write_metrics(writer: Any, config: TrainConfig, step: int, run: Collected) -> None:
     unit = f"{config.model.spec.unit}_per_s"
     rate = run.learning_rates[-1] if run.learning_rates else None
     norm = run.grad_norms[-1] if run.grad_norms else None
@@ -389,7 +323,7 @@ def _step(
     reference: list[torch.nn.Module] | Whole | None,
     optimizer: torch.optim.Optimizer | None,
     step: int,
-    run: _Run,
+    run: Collected,
 ) -> None:
     """One training step: forward and backward through the pipeline, then the optimizer."""
     replica = pipe.layout.replica_of(pipe.global_rank)
