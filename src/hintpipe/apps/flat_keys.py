@@ -17,7 +17,7 @@ import warnings
 from typing import Any
 
 from hintpipe.apps.config_section import Section
-from hintpipe.apps.run_sections import SECTIONS, place_of, sectioned
+from hintpipe.apps.run_sections import SECTION_NAMED, place_of, sectioned
 from hintpipe.renamed import REMOVED_IN
 
 
@@ -27,7 +27,7 @@ def taking_keys_before(config_class: type[Any]) -> None:
     is no section (``data="corpus.txt"``), makes its sections of them."""
     generated = config_class.__init__
     fields = {f.name for f in dataclasses.fields(config_class) if f.init}
-    kinds = {s.name: s for s in SECTIONS}
+    kinds = SECTION_NAMED
 
     @functools.wraps(generated)
     def init(self: Any, **given: Any) -> None:
@@ -57,7 +57,7 @@ def _in_section(key: str) -> str:
     if "." not in place:
         return f"TrainConfig({place}=...)"
     section, field = place.split(".")
-    kind = "PipelineConfig" if section == "pipeline" else {s.name: s for s in SECTIONS}[section].__name__
+    kind = "PipelineConfig" if section == "pipeline" else SECTION_NAMED[section].__name__
     return f"TrainConfig({section}={kind}({field}=...))"
 
 

@@ -34,7 +34,7 @@ OWN = frozenset({"log_every", "tensorboard", "progress", "return_state"})
 
 def compared_keys(config: TrainConfig) -> dict[str, Any]:
     """What a rank compares with the others (see [Note: a run made apart]): its options by key, but the
-    pipeline's (the runtime compares them), :data:`OWN` and the plan (compared by its stages' count)."""
+    pipeline's (the runtime compares them), :data:`OWN` and the plan (compared by its cuts)."""
     keys = {k: v for k, v in config.keys().items() if k not in PIPELINE_KEYS and k not in OWN and k != "plan"}
     keys["plan"] = None if config.plan is None else tuple(config.plan.partition.cuts)
     return keys

@@ -94,12 +94,6 @@ class ParallelismConfig(Section):
     tp: int = 1  # tensor-parallel ranks per stage
     shared: bool = False  # under torchrun: rank 0's plan, sequence cost and emulated costs go to every rank
 
-    def __post_init__(self) -> None:
-        from hintpipe.run_options import RANKS
-
-        object.__setattr__(self, "ranks", RANKS.check(self.ranks))
-        super().__post_init__()
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointConfig(Section):
@@ -138,6 +132,9 @@ SECTIONS: tuple[type[Section], ...] = (
     CheckpointConfig,
     MetricsConfig,
 )
+
+#: Each section by its name in the run's config.
+SECTION_NAMED: dict[str, type[Section]] = {section.name: section for section in SECTIONS}
 
 #: Each key of the sections (see [Note: a key per field]): its section's name and its field's.
 KEYS: dict[str, tuple[str, str]] = {
@@ -188,7 +185,7 @@ def sectioned(keys: Mapping[str, Any], *, into: Mapping[str, Any] | None = None)
             continue
         section, field = place.split(".")
         grouped.setdefault(section, {})[field] = value
-    kinds: dict[str, type[Any]] = {s.name: s for s in SECTIONS} | {"pipeline": PipelineConfig}
+    kinds: dict[str, type[Any]] = {**SECTION_NAMED, "pipeline": PipelineConfig}
     for section, values in grouped.items():
         before = None if into is None else into[section]
         out[section] = kinds[section](**values) if before is None else dataclasses.replace(before, **values)

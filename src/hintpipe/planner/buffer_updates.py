@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ __all__ = [
     "buffers_kept",
     "keep_model_buffers",
     "noting_updates",
+    "schema_written",
     "updated_buffer_spans",
     "written_arguments",
     "written_parameters",
@@ -137,14 +138,20 @@ def written_arguments(module: fx.GraphModule, node: fx.Node) -> list[Any]:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return []
+    return schema_written(target, node.args, node.kwargs)
+
+
+def schema_written(operator: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+    """The arguments of a call of ``operator`` that its schema marks written (``aten.add_.Tensor``'s first,
+    ``aten.div.out``'s ``out``): in a graph, the nodes given; as it runs, the values."""
     written = []
-    for index, argument in enumerate(target._schema.arguments):
+    for index, argument in enumerate(operator._schema.arguments):
         if argument.alias_info is None or not argument.alias_info.is_write:
             continue
-        if index < len(node.args):
-            written.append(node.args[index])
-        elif argument.name in node.kwargs:
-            written.append(node.kwargs[argument.name])
+        if index < len(args):
+            written.append(args[index])
+        elif argument.name in kwargs:
+            written.append(kwargs[argument.name])
     return written
 
 

@@ -261,9 +261,9 @@ def _shortened(error: str) -> str:
 
 
 def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
-    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them: a keyword that
-    ``forward`` takes through its ``**kwargs`` (``def forward(self, input_ids, **kwargs)``, as Hugging Face's
-    newer models are written) under that parameter's name, in a dict of its own."""
+    """Dynamic shapes keyed by ``forward``'s parameter names, as torch.export wants them (a ``forward`` that takes
+    keywords through ``**kwargs`` is given them by name: :func:`_keywords_bound`); positional inputs past its named
+    parameters under its ``*inputs``, as a tuple."""
     parameters = inspect.signature(root.forward).parameters
     kinds = inspect.Parameter
     names = [n for n, p in parameters.items() if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
@@ -272,10 +272,4 @@ def _by_name(root: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
     more = next((n for n, p in parameters.items() if p.kind is kinds.VAR_POSITIONAL), None)
     if more is not None and len(given) > len(names):  # ``def forward(self, *inputs)``
         by_name[more] = tuple(given[len(names) :])
-    rest = next((n for n, p in parameters.items() if p.kind is kinds.VAR_KEYWORD), None)
-    for name, shape in shapes.items():
-        if name in parameters or rest is None:
-            by_name[name] = shape
-        else:
-            by_name.setdefault(rest, {})[name] = shape
-    return by_name
+    return {**by_name, **shapes}

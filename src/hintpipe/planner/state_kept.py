@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hintpipe.planner.buffer_updates import buffers_kept
+from hintpipe.planner.buffer_updates import buffers_kept, schema_written
 
 __all__ = ["state_kept"]
 
@@ -41,10 +41,7 @@ class _WritesKept(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        for position, argument in enumerate(func._schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            value = args[position] if position < len(args) else kwargs.get(argument.name)
+        for value in schema_written(func, args, kwargs):
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(tensor, torch.Tensor):
                     self._keep(tensor)
