@@ -20,6 +20,9 @@ class _Keywords(nn.Module):
         hidden = self.embed(input_ids)
         if kwargs.get("use_cache"):
             hidden = hidden * 2
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor):
+            hidden = hidden * mask.unsqueeze(-1)
         out: torch.Tensor = self.head(hidden)
         return out
 
@@ -52,3 +55,13 @@ def test_inputs_taken_through_args_are_captured() -> None:
     captured = capture(model, example=(a, b), kwargs={"scale": 2.0})
     c, d = torch.randn(5, 4), torch.randn(5, 4)
     torch.testing.assert_close(captured.module(c, d), model(c, d, scale=2.0))
+
+
+def test_a_tensor_taken_through_kwargs_alone_is_captured_with_its_dimensions_free() -> None:
+    model = _Keywords()
+    ids = torch.arange(12).reshape(2, 6) % 16
+    captured = capture(model, example=(ids,), kwargs={"attention_mask": torch.ones(2, 6)})
+    longer, mask = torch.arange(18).reshape(2, 9) % 16, torch.ones(2, 9)
+    mask[0, -2:] = 0.0
+    torch.testing.assert_close(captured.module(longer, mask), model(longer, attention_mask=mask))
+    assert captured.fixed == ()

@@ -54,24 +54,26 @@ def _export_once(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, An
 def _keywords_bound(root: nn.Module, kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Within: ``root.forward`` with the keywords that are no tensors and that it takes through its ``**kwargs``
     bound (``use_cache=False`` into ``def forward(self, input_ids=None, **kwargs)``, as Hugging Face's newer
-    models are written); the keywords left to give it. torch.export takes such a keyword's dynamic shape, None,
-    nested under ``kwargs``, and fails on it (``Must provide a tree_name when there might be a mismatch``);
-    bound, the keyword is a constant of the program, as a named one is."""
+    models are written), and the tensors it takes there named in its signature; the keywords left to give it.
+    torch.export takes such a keyword's dynamic shape, None, nested under ``kwargs``, and fails on it (``Must
+    provide a tree_name when there might be a mismatch``); bound, the keyword is a constant of the program, as a
+    named one is, and a named tensor is shaped by its name."""
     signature = inspect.signature(root.forward)
     parameters = signature.parameters
     kinds = inspect.Parameter
     taken = any(p.kind is kinds.VAR_KEYWORD for p in parameters.values())
-    bound = {k: v for k, v in kwargs.items() if taken and k not in parameters and not isinstance(v, torch.Tensor)}
-    if not bound:
+    through = {k: v for k, v in kwargs.items() if taken and k not in parameters}  # what **kwargs takes
+    if not through:
         yield kwargs
         return
+    bound = {k: v for k, v in through.items() if not isinstance(v, torch.Tensor)}
     method = root.forward
 
     def forward(*args: Any, **more: Any) -> Any:
         return method(*args, **more, **bound)
 
     named = [p for p in parameters.values() if p.kind is not kinds.VAR_KEYWORD]
-    tensors = [kinds(k, kinds.KEYWORD_ONLY) for k in kwargs if k not in parameters and k not in bound]
+    tensors = [kinds(k, kinds.KEYWORD_ONLY) for k in through if k not in bound]  # named, so shaped by name
     forward.__signature__ = signature.replace(parameters=[*named, *tensors])  # type: ignore[attr-defined]
     root.forward = forward  # the instance's own, over the class's
     try:
