@@ -47,13 +47,13 @@ class Run:
     schedule: str  # torch's class name, or hintpipe's hint
     policy: str = ""  # hintpipe only: fixed, ready
     per_rank: int = 1
-    send_thread: bool = True  # hintpipe only: a CPU rank's sends posted by a thread of their own (the default)
+    send_thread: bool = False  # hintpipe only: a CPU rank's sends posted by a thread of their own (not the default)
 
     @property
     def name(self) -> str:
         if self.library == "torch":
             return f"torch {self.schedule}"
-        return f"hintpipe {self.schedule}, {self.policy}" + ("" if self.send_thread else ", sends inline")
+        return f"hintpipe {self.schedule}, {self.policy}" + (", send thread" if self.send_thread else "")
 
 
 TORCH_RUNS = [
@@ -65,7 +65,11 @@ HINTPIPE_RUNS = [
     Run("hintpipe", hint, policy, per_rank)
     for hint, per_rank in (("1f1b", 1), ("zb-h1", 1), ("bfw", 1), ("interleaved-1f1b", 2), ("zbv", 2))
     for policy in ("fixed", "ready")
-] + [Run("hintpipe", "1f1b", policy, send_thread=False) for policy in ("fixed", "ready")]
+] + [
+    Run("hintpipe", hint, policy, per_rank, send_thread=True)
+    for hint, per_rank in (("1f1b", 1), ("zb-h1", 1), ("bfw", 1), ("interleaved-1f1b", 2), ("zbv", 2))
+    for policy in ("fixed", "ready")
+]
 
 
 def stages(args: argparse.Namespace, count: int) -> list[nn.Module]:

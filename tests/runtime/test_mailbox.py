@@ -124,6 +124,7 @@ def test_a_lost_connection_is_worded_as_one_and_a_peers_abort_as_its_words() -> 
 def _sends_worker(rank: int, world: int) -> list[list[int]] | None:
     group = dist.new_group(backend="gloo")
     post = GlooTransport([1 - rank], torch.device("cpu"), group=group)
+    assert not post.sender.threaded  # a CPU rank posts its own sends (see hintpipe.runtime.transport.sender)
     sizes: list[int] = []
     if rank == 0:
         post_data = post.sender._post

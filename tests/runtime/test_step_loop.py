@@ -238,6 +238,23 @@ def test_a_first_stage_given_more_tensors_than_it_takes_is_refused_before_it_run
     )
     check_arity(TakesMask(), 1, 0)  # the optional one may be left out
     check_arity(TakesMask(), 2, 0)
+    # Signatures are read once per forward function: a forward set on one module is that module's alone, and a
+    # plain function set as ``forward`` keeps its first parameter (no ``self`` to drop).
+    two = TakesIds()
+    two.forward = lambda ids, documents: ids  # type: ignore[method-assign,assignment,misc]
+    check_arity(two, 2, 0)
+    with pytest.raises(ValueError, match=r"^stage 0 takes 1 input\(s\) \(ids\); micro-batch 1 has 2"):
+        check_arity(TakesIds(), 2, 1)
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    plain, bound = TakesIds(), TakesIds()
+    plain.forward = forward  # type: ignore[method-assign]
+    check_arity(plain, 1, 0)
+    bound.forward = forward.__get__(bound)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match=r"^stage 0 takes 0 input\(s\) \(\)"):
+        check_arity(bound, 1, 0)
     check_arity(nn.Sequential(nn.Identity()), 1, 0)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeAlias
 
 import numpy as np
@@ -117,6 +117,22 @@ def as_inputs(microbatch: Microbatch) -> list[torch.Tensor]:
     return list(microbatch) if isinstance(microbatch, tuple) else [microbatch]
 
 
+#: Per ``forward`` function, its positional parameters (None: nothing to check): read once, since
+#: ``inspect.signature`` costs tens of microseconds and the check runs on every micro-batch of every step.
+_POSITIONAL: dict[tuple[object, bool], list[inspect.Parameter] | None] = {}
+
+
+def _positional(forward: Callable[..., object]) -> list[inspect.Parameter] | None:
+    """``forward``'s positional parameters; None where it has no signature or takes ``*args`` or ``**kwargs``."""
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a signature: nothing to check
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+        return None
+    return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def check_arity(stage: torch.nn.Module, given: int, mb: int) -> None:
     """Refuse, before anything runs, a first-stage micro-batch of more or fewer tensors than the stage's
     ``forward`` takes (a packed micro-batch is ``(ids, documents)``: a model that takes ids alone failed in its
@@ -125,13 +141,16 @@ def check_arity(stage: torch.nn.Module, given: int, mb: int) -> None:
     Raises:
         ValueError: naming the stage's inputs, the micro-batch and the fix.
     """
-    try:
-        parameters = list(inspect.signature(stage.forward).parameters.values())
-    except (TypeError, ValueError):  # a forward without a signature: nothing to check
+    forward = stage.forward
+    function = getattr(forward, "__func__", forward)
+    key = (function, function is not forward)  # one per function (a bound method's signature drops ``self``)
+    if key not in _POSITIONAL:
+        if len(_POSITIONAL) >= 256:  # bounded: a caller may make forwards without end
+            _POSITIONAL.clear()
+        _POSITIONAL[key] = _positional(forward)
+    positional = _POSITIONAL[key]
+    if positional is None:
         return
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
-        return
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = sum(p.default is p.empty for p in positional)
     if required <= given <= len(positional):
         return

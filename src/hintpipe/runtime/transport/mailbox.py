@@ -34,8 +34,8 @@ event loop on a busy host). gloo delivers a message smaller than the receive
 posted for it into the buffer's first bytes, so a payload that fits travels
 whole behind its header (a payload of no bytes sends the header alone). On a
 CPU rank that costs one copy of the payload behind the header, made by the
-sender thread (a GPU rank stages the payload there, after the header, with
-the copy it makes anyway). Only a payload larger than ``capacity`` sends its
+thread that posts the send (a GPU rank stages the payload there, after the
+header, with the copy it makes anyway). Only a payload larger than ``capacity`` sends its
 first ``capacity`` bytes with the header, then the rest as a message of its
 own (which waits for its receive), and both sides raise ``capacity`` by the
 same rule, so the sender always knows what is posted. The receiver copies a
@@ -80,8 +80,9 @@ log = logging.getLogger(__name__)
 #: kind of data on its way).
 _NOTICE_TAG = 1
 _NOTICE_FIELDS = 5
-#: Whether a CPU rank posts its sends from a thread of its own too (see [Note: the sender thread]).
-SEND_THREAD_ON_CPU = True
+#: Whether a CPU rank posts its sends from a thread of its own too, as a GPU rank does (off: the hand-over to the
+#: thread costs a message more than posting it inline; see :mod:`hintpipe.runtime.transport.sender`).
+SEND_THREAD_ON_CPU = False
 #: The bytes of a message's header, in front of its payload in the one send (see [Note: pre-posted payloads]).
 HEAD = HEADER * 8
 

@@ -1,18 +1,20 @@
 """Posting a rank's sends: in order, each once its bytes are there, and their buffers back once sent.
 
-Every rank hands its messages to a thread of its own (:class:`Sender` with ``threaded``), which posts their
-sends, so that the computing thread goes on to its next task at once:
+A GPU rank hands its messages to a thread of its own (:class:`Sender` with ``threaded``), which posts their
+sends, so that the computing thread goes on to its next task at once: a message's bytes are a copy from the
+device into a pinned buffer, queued on the transfer stream behind the compute that produced them, and waiting
+for that copy on the computing thread would hold the host to the device's pace, one task ahead at most, and the
+GPU would idle while Python dispatches the next task. The thread waits for the copy's event, then posts.
 
-- On a GPU rank (gloo transport) a message's bytes are a copy from the device into a pinned buffer, queued
-  on the transfer stream behind the compute that produced them: waiting for that copy on the computing
-  thread would hold the host to the device's pace, one task ahead at most, and the GPU would idle while
-  Python dispatches the next task. The thread waits for the copy's event, then posts.
-- On a CPU rank the bytes are the tensor's own, there when the task returns; but posting them is not free:
-  a gloo send per message (header and payload together, behind a copy of the payload) and a producer notice
-  per task under ``ready`` cost the computing thread tens of microseconds each, on the critical path of
-  every micro-batch of a 1F1B hint. Posted by the thread, they overlap the next task's compute (torch's
-  kernels release the GIL). ``SEND_THREAD_ON_CPU`` in :mod:`hintpipe.runtime.transport.mailbox` turns it off
-  (the computing thread then posts, as before 0.7; ``benchmarks/vs-torch`` measures both).
+A CPU rank's bytes are the tensor's own, there when the task returns, and its computing thread posts them
+itself (one gloo send per message, header and payload together). It could hand them to the thread too, so
+that the post overlaps the next task, but the hand-over costs more than it saves: the message waits for the
+thread to be woken and scheduled (on two cores shared by two ranks, a few hundred microseconds), on the
+critical path of every micro-batch of a 1F1B hint. ``benchmarks/vs-torch``'s ``paired.py`` measured, step by
+step in the same ranks, a producer's end to its consumer's start (a gradient to the first rank: 1.11 ms with the
+thread, 0.80 ms inline, 0.40 ms in torch's ``Schedule1F1B``) and hintpipe's ``1f1b`` at 0.94x torch's with the
+thread, 1.00x inline (its README has the runs). ``SEND_THREAD_ON_CPU`` in
+:mod:`hintpipe.runtime.transport.mailbox` turns the thread on for a CPU rank.
 
 [Note: the sender thread]
 - **Order.** gloo matches a peer's sends and receives on one tag in the
