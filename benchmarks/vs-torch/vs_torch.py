@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
             got = measure(run, args)
             figures[run.name].append(got)
             print(f"{run.name}: {tokens / got.seconds:,.0f} tokens/s", file=sys.stderr, flush=True)
-    print_table(figures, tokens, args)
+    if args.rounds > 0:  # (``--choose --rounds 0``: the split costs and the choice alone)
+        print_table(figures, tokens, args)
 
 
 def paired(rates: dict[str, list[float]], name: str, base: str) -> str:
