@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import task_spans
 import torch
-from vs_torch import HINTPIPE_RUNS, TORCH_RUNS, Run, batch, stages
+from vs_torch import HINTPIPE_RUNS, TORCH_RUNS, Run, add_work_arguments, batch, stages, torch_step
 
 import hintpipe
 from hintpipe import run_ranks
@@ -42,33 +42,6 @@ class Steps:
     seconds: dict[str, list[float]]
     cpu: dict[str, list[float]]
     spans: list[tuple[str, int, str, int, float, float]]
-
-
-def torch_step(run: Run, rank: int, world: int, args: argparse.Namespace) -> Callable[[], None]:
-    """One training step of ``run`` through torch's own schedule, on a model of its own."""
-    from torch.distributed.pipelining import PipelineStage, schedules
-
-    count = world * run.per_rank
-    all_stages = stages(args, count)
-    mine = [s for s in range(count) if s % world == rank]  # torch's loop placement
-    pipeline_stages = [PipelineStage(all_stages[s], s, count, torch.device("cpu")) for s in mine]
-    optimizer = torch.optim.AdamW([p for s in mine for p in all_stages[s].parameters()], lr=1e-4)
-    schedule_class = getattr(schedules, run.schedule)
-    given = pipeline_stages[0] if run.per_rank == 1 else pipeline_stages
-    schedule = schedule_class(given, args.microbatches, loss_fn=lm_loss)
-    inputs, targets = batch(args)
-    first, last = 0 in mine, count - 1 in mine
-
-    def one_step() -> None:
-        kwargs = {"target": targets, "losses": []} if last else {}
-        if first:
-            schedule.step(inputs, **kwargs)
-        else:
-            schedule.step(**kwargs)
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return one_step
 
 
 def hintpipe_step(run: Run, world: int, args: argparse.Namespace, stack: contextlib.ExitStack) -> Callable[[], None]:
@@ -183,15 +156,7 @@ def print_gaps(ranks: list[Steps], names: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--model", choices=("gpt-mini", "hf-gpt2"), default="gpt-mini")
-    parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--rows", type=int, default=1, help="packed rows per micro-batch")
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=256)
+    add_work_arguments(parser)
     parser.add_argument("--warmup", type=int, default=5, help="steps of each configuration before the timed ones")
     parser.add_argument("--cycles", type=int, default=100, help="timed steps of each configuration")
     parser.add_argument("--timeout", type=float, default=1800.0)

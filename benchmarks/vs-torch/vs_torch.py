@@ -23,6 +23,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,29 +157,23 @@ def batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def run_torch(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
-    """Seconds per step of ``run`` through torch's own schedule (this rank's view)."""
+def torch_step(run: Run, rank: int, world: int, args: argparse.Namespace) -> Callable[[], None]:
+    """One training step of ``run`` through torch's own schedule, on a model of its own."""
     from torch.distributed.pipelining import PipelineStage, schedules
 
     count = world * run.per_rank
     all_stages = stages(args, count)
-    # torch's interleaved schedules place stage s on rank s % world (loop placement)
-    mine = [s for s in range(count) if s % world == rank]
+    mine = [s for s in range(count) if s % world == rank]  # torch's loop placement
     pipeline_stages = [PipelineStage(all_stages[s], s, count, torch.device("cpu")) for s in mine]
-    params = [p for s in mine for p in all_stages[s].parameters()]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = torch.optim.AdamW([p for s in mine for p in all_stages[s].parameters()], lr=1e-4)
     schedule_class = getattr(schedules, run.schedule)
-    if run.per_rank == 1:
-        schedule = schedule_class(pipeline_stages[0], args.microbatches, loss_fn=lm_loss)
-    else:
-        schedule = schedule_class(pipeline_stages, args.microbatches, loss_fn=lm_loss)
+    given = pipeline_stages[0] if run.per_rank == 1 else pipeline_stages
+    schedule = schedule_class(given, args.microbatches, loss_fn=lm_loss)
     inputs, targets = batch(args)
     first, last = 0 in mine, count - 1 in mine
 
     def one_step() -> None:
-        kwargs: dict[str, Any] = {}
-        if last:
-            kwargs = {"target": targets, "losses": []}
+        kwargs = {"target": targets, "losses": []} if last else {}
         if first:
             schedule.step(inputs, **kwargs)
         else:
@@ -186,7 +181,12 @@ def run_torch(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figu
         optimizer.step()
         optimizer.zero_grad()
 
-    return timed(one_step, args)
+    return one_step
+
+
+def run_torch(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
+    """Seconds per step of ``run`` through torch's own schedule (this rank's view)."""
+    return timed(torch_step(run, rank, world, args), args)
 
 
 def run_hintpipe(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
@@ -283,8 +283,8 @@ def split_choice(args: argparse.Namespace) -> str:
     return f"per stage, ms: {ms}; predicted step: {steps}; auto chooses {choose_hint(predicted)}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_work_arguments(parser: argparse.ArgumentParser) -> None:
+    """The work both libraries run, as flags (this script's and ``paired.py``'s): ranks, model, batch."""
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument(
         "--model",
@@ -299,6 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_work_arguments(parser)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)

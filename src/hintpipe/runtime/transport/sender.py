@@ -25,8 +25,9 @@ thread, 1.00x inline (its README has the runs). ``SEND_THREAD_ON_CPU`` in
   copy is late holds back the ones behind it, never reorders them.
   Producer notices travel on a tag of their own: on a GPU rank they are
   posted at once by the calling thread (:meth:`Sender.post_now`), since a
-  notice must not wait behind a copy; on a CPU rank nothing in the queue
-  waits, and the thread posts them in turn.
+  notice must not wait behind a copy; on a CPU rank given the thread
+  (``SEND_THREAD_ON_CPU``) nothing in the queue waits, and the thread posts
+  them in turn.
 - **Buffers come back as soon as their sends complete.** gloo tells that a
   send completed only to whoever waits on it. Once it has posted a message,
   the thread waits on the sends of every message before it, and on all of
