@@ -9,9 +9,8 @@ it. A configuration's ratio to torch's ``Schedule1F1B`` is then taken per cycle,
 milliseconds apart, and the table gives the median of the cycles' ratios with a 95% confidence interval of that
 median (distribution-free: the order statistics that the binomial distribution puts around it).
 
-The lining up costs every step a barrier (the same for every configuration) and keeps consecutive steps from
-overlapping, which neither library's steps would do in a training loop without an optimizer step between them
-anyway.
+The lining up costs every step two barriers, the same for every configuration, and keeps a rank from starting
+its next step before its neighbours end theirs (which a training loop allows, in either library).
 """
 
 from __future__ import annotations
@@ -183,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         sys.exit(f"paired.py: no configuration named {unknown[0]!r}; known: {'; '.join(known)}")
     runs = [known[name] for name in wanted]
+    if args.gaps and (args.ranks != 2 or any(run.per_rank != 1 for run in runs)):
+        sys.exit("paired.py: --gaps times hand-overs between two ranks of one stage each: --ranks 2, no interleaving")
     ranks: list[Steps] = run_ranks(rank_main, args.ranks, runs, args, timeout=args.timeout, device="cpu")
     print_table(ranks, args)
 
