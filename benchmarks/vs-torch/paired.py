@@ -21,16 +21,13 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import task_spans
 import torch
-from vs_torch import HINTPIPE_RUNS, TORCH_RUNS, Run, add_work_arguments, batch, stages, torch_step
+from vs_torch import HINTPIPE_RUNS, TORCH_RUNS, Run, add_work_arguments, hintpipe_step, torch_step
 
-import hintpipe
 from hintpipe import run_ranks
-from hintpipe.apps.models import lm_loss
 
 
 @dataclass(frozen=True)
@@ -43,33 +40,6 @@ class Steps:
     spans: list[tuple[str, int, str, int, float, float]]
 
 
-def hintpipe_step(run: Run, world: int, args: argparse.Namespace, stack: contextlib.ExitStack) -> Callable[[], None]:
-    """One training step of ``run`` through a hintpipe pipeline of its own (closed with ``stack``)."""
-    import hintpipe.runtime.transport.mailbox as mailbox
-
-    mailbox.SEND_THREAD_ON_CPU = run.send_thread  # (read as each pipeline's transport is built)
-    pipe = stack.enter_context(
-        hintpipe.Pipeline.from_modules(
-            stages(args, world * run.per_rank),
-            loss_fn=lm_loss,
-            microbatches=args.microbatches,
-            hint=run.schedule,
-            policy=run.policy,
-            chunks=run.per_rank,
-            report_every=args.report_every,
-        )
-    )
-    optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], lr=1e-4)
-    inputs, targets = batch(args)
-
-    def one_step() -> None:
-        pipe.step(inputs, target=targets)
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return one_step
-
-
 def rank_main(rank: int, world: int, runs: list[Run], args: argparse.Namespace) -> Steps:
     """Build every configuration, warm each up, then time ``args.cycles`` cycles of one step each."""
     torch.set_num_threads(1)
@@ -79,7 +49,7 @@ def rank_main(rank: int, world: int, runs: list[Run], args: argparse.Namespace) 
         steps = {
             run.name: torch_step(run, rank, world, args)
             if run.library == "torch"
-            else hintpipe_step(run, world, args, stack)
+            else hintpipe_step(run, world, args, stack, report_every=args.report_every, timelines=False)[1]
             for run in runs
         }
         for one_step in steps.values():

@@ -16,6 +16,7 @@ hintpipe row from the stage costs measured by the runtime itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -189,33 +190,43 @@ def run_torch(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figu
     return timed(torch_step(run, rank, world, args), args)
 
 
+def hintpipe_step(
+    run: Run, world: int, args: argparse.Namespace, stack: contextlib.ExitStack, *, report_every: int, timelines: bool
+) -> tuple[hintpipe.Pipeline, Callable[[], None]]:
+    """A hintpipe pipeline of ``run`` (closed with ``stack``) and one training step through it."""
+    import hintpipe.runtime.transport.mailbox as mailbox
+
+    mailbox.SEND_THREAD_ON_CPU = run.send_thread  # (read as each pipeline's transport is built)
+    pipe = stack.enter_context(
+        hintpipe.Pipeline.from_modules(
+            stages(args, world * run.per_rank),
+            loss_fn=lm_loss,
+            microbatches=args.microbatches,
+            hint=run.schedule,
+            policy=run.policy,
+            chunks=run.per_rank,
+            timelines=timelines,
+            report_every=report_every,
+        )
+    )
+    optimizer = torch.optim.AdamW([p for m in pipe.modules.values() for p in m.parameters()], lr=1e-4)
+    inputs, targets = batch(args)
+
+    def one_step() -> None:
+        pipe.step(inputs, target=targets)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return pipe, one_step
+
+
 def run_hintpipe(rank: int, world: int, run: Run, args: argparse.Namespace) -> Figures:
     """Seconds and CPU seconds per step of ``run`` through hintpipe (this rank's view); with ``--predict``, the
     simulator's prediction of the last step from the runtime's own measured task times, beside that step's
     measured time (rank 0, which gathers every rank's timeline)."""
-    import hintpipe.runtime.transport.mailbox as mailbox
-
-    mailbox.SEND_THREAD_ON_CPU = run.send_thread
-    count = world * run.per_rank
-    with hintpipe.Pipeline.from_modules(
-        stages(args, count),
-        loss_fn=lm_loss,
-        microbatches=args.microbatches,
-        hint=run.schedule,
-        policy=run.policy,
-        chunks=run.per_rank,
-        timelines=args.predict,
-        report_every=1 if args.predict else 0,
-    ) as pipe:
-        params = [p for module in pipe.modules.values() for p in module.parameters()]
-        optimizer = torch.optim.AdamW(params, lr=1e-4)
-        inputs, targets = batch(args)
-
-        def one_step() -> None:
-            pipe.step(inputs, target=targets)
-            optimizer.step()
-            optimizer.zero_grad()
-
+    with contextlib.ExitStack() as stack:
+        report_every = 1 if args.predict else 0
+        pipe, one_step = hintpipe_step(run, world, args, stack, report_every=report_every, timelines=args.predict)
         figures = timed(one_step, args)
         if args.predict and rank == 0:
             report = pipe.reports[-1]
