@@ -121,6 +121,13 @@ def print_gaps(ranks: list[Steps], names: list[str]) -> None:
     for name in names:
         got = task_spans.hand_overs(spans, name)
         print(f"| {name} | " + " | ".join(f"{ms:.2f}" for ms in got.values()) + " |")
+    print()
+    print("| run | rank | F, ms/step | B | W | rest of the step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        for rank, rank_spans in enumerate(spans):
+            row = task_spans.busy(rank_spans, name)
+            print(f"| {name} | {rank} | " + " | ".join(f"{ms:.1f}" for ms in row.values()) + " |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--gaps",
         action="store_true",
-        help="time every F and B and give each configuration's hand-overs between ranks 0 and 1 (one stage a rank)",
+        help="time every F, B and W: each configuration's hand-overs between ranks 0 and 1 (one stage a rank) and "
+        "each rank's time in F, B and W",
     )
     args = parser.parse_args(argv)
     wanted = [name.strip() for name in args.only.split(";") if name.strip()]

@@ -24,15 +24,17 @@ CURRENT: list[Any] = ["", 0]
 
 
 def install() -> None:
-    """Time every F and B of both libraries from now on (in this process)."""
+    """Time every F, B and W of both libraries from now on (in this process)."""
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
     from hintpipe.runtime.loop.executor import StageExecutor
 
     _timed(_PipelineStageBase, "forward_one_chunk", "F", mb_at=1)
     _timed(_PipelineStageBase, "backward_one_chunk", "B", mb_at=1)
+    _timed(_PipelineStageBase, "backward_weight_one_chunk", "W", mb_at=1)
     _timed(StageExecutor, "forward", "F", mb_at=2)
     _timed(StageExecutor, "backward", "B", mb_at=2)
+    _timed(StageExecutor, "weight", "W", mb_at=2)
 
 
 def _timed(owner: type, name: str, kind: str, *, mb_at: int) -> None:
@@ -74,3 +76,21 @@ def hand_overs(ranks: list[list[tuple[str, int, str, int, float, float]]], name:
         "start to first F": statistics.median(first) * 1e3,
         "last B to end": statistics.median(last) * 1e3,
     }
+
+
+def busy(spans: list[tuple[str, int, str, int, float, float]], name: str) -> dict[str, float]:
+    """One rank's medians over ``name``'s cycles, in ms per step: its time in F, B and W, and the rest of the step
+    (waiting for messages, the optimizer's step, the runtime's own work). A split backward's cost shows here: its
+    forward (whose linear layers record what W needs) beside the unsplit hint's, and B + W beside B."""
+    mine = [s for s in spans if s[0] == name]
+    cycles = sorted({c for _, c, k, *_ in mine if k == "step"})
+    if not cycles:
+        raise ValueError(f"no step of {name!r} recorded")
+    per_cycle = {kind: [0.0] * len(cycles) for kind in ("F", "B", "W", "step")}
+    index = {c: i for i, c in enumerate(cycles)}
+    for _, cycle, kind, _, start, end in mine:
+        if cycle in index:
+            per_cycle[kind][index[cycle]] += end - start
+    rest = [s - f - b - w for s, f, b, w in zip(*(per_cycle[k] for k in ("step", "F", "B", "W")), strict=True)]
+    out = {kind: statistics.median(per_cycle[kind]) * 1e3 for kind in ("F", "B", "W")}
+    return out | {"rest": statistics.median(rest) * 1e3}
