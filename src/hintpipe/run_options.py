@@ -21,7 +21,8 @@ RANKS = Option(
     "ranks",
     "int",
     None,
-    "pipeline ranks (one process each); each holds --chunks stages",
+    "pipeline ranks (one process each); each holds --chunks stages (train under torchrun: by default torchrun's "
+    "ranks over --dp x --tp)",
     minimum=1,
     required=True,
     metavar="P",

@@ -34,6 +34,22 @@ def test_without_a_plan_the_run_says_its_ranks_and_micro_batches() -> None:
         answered_by_plan(_args(ranks=2))
 
 
+def test_under_torchrun_the_ranks_are_torchrun_s_over_dp_and_tp(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    for given, ranks in (({}, 4), ({"dp": 2}, 2), ({"dp": 2, "tp": 2}, 1), ({"ranks": 2, "dp": 1}, 2)):
+        args = _args(microbatches=4, **given)
+        assert answered_by_plan(args) is None
+        assert args.ranks == ranks, given
+    with pytest.raises(ValueError) as refused:
+        answered_by_plan(_args(microbatches=4, dp=3))
+    said = "--ranks must be given: torchrun started 4 ranks, which --dp 3 x --tp 1 does not divide"
+    assert str(refused.value) == said
+    monkeypatch.delenv("MASTER_ADDR")  # not under torchrun: the flag is needed
+    with pytest.raises(ValueError, match=r"^--ranks must be given \(or --plan FILE, which says them\)$"):
+        answered_by_plan(_args(microbatches=4))
+
+
 def test_a_folder_given_as_a_plan_is_refused_pointing_to_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as refused:
         answered_by_plan(_args(plan=str(tmp_path)))

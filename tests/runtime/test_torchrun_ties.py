@@ -68,6 +68,34 @@ def test_a_second_run_in_a_held_folder_under_torchrun_is_one_line_from_rank_0_be
     assert done.stdout == ""
 
 
+def test_a_rank_s_error_under_torchrun_is_its_one_line_and_torchrun_s_report_of_it() -> None:
+    # Before ([Note: a torchrun rank's error] in hintpipe.runtime.launch): each rank's error came out as a traceback
+    # ending "hintpipe.runtime.errors.NonFiniteLoss: ..." (three tracebacks in all), and torchrun's report said
+    # "To enable traceback see ..." for each rank.
+    done = subprocess.run(
+        [*TORCHRUN, *TRAIN, "--steps", "3", "--faults", "nan:1"],
+        capture_output=True,
+        text=True,
+        timeout=hang_bound(TIMEOUT),
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    said = (
+        "hintpipe train: failed: rank 1: NonFiniteLoss: rank 1: the loss of micro-batch 0 in step 1 is nan; the step "
+        "stops before the optimizer runs (on_nonfinite='skip' finishes it and zeroes the gradients)"
+    )
+    lines = done.stderr.splitlines()
+    assert said in lines and f"  traceback : {said}" in lines, done.stderr[-3000:]
+    # rank 0 says its own line (its neighbour failed), or torchrun stopped it first: either way one line, no traceback
+    ours = [line for line in lines if line.startswith("hintpipe train")]
+    assert all(
+        line == said or line.startswith(("hintpipe train: failed: rank 0: ", "hintpipe train: stopped"))
+        for line in ours
+    ), ours
+    assert "hintpipe.runtime.errors" not in done.stderr and "To enable traceback" not in done.stderr, done.stderr[
+        -3000:
+    ]
+
+
 #: A training script of the user's own: its process group, a Pipeline, a Checkpointer saving every step.
 USER_SCRIPT = """
 import sys

@@ -42,6 +42,8 @@ def answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
 
     path = getattr(args, "plan", None)
     if path is None:
+        if getattr(args, "ranks", None) is None:
+            args.ranks = torchrun_ranks(args)
         for name, default in FROM_PLAN.items():
             if getattr(args, name, None) is None:
                 setattr(args, name, default)
@@ -59,6 +61,25 @@ def answered_by_plan(args: argparse.Namespace) -> dict[str, Any] | None:
         return _fill_from_plan(args, path, payload)
     except (KeyError, TypeError, AttributeError) as exc:  # a file of the right format with wrong fields
         raise bad_fields(path, exc) from None
+
+
+def torchrun_ranks(args: argparse.Namespace) -> int | None:
+    """Under ``torchrun``, a run without ``--ranks`` or a plan: the pipeline's length is torchrun's ranks over
+    ``--dp`` x ``--tp`` (``torchrun --nproc-per-node 4 -m hintpipe train ...`` is a pipeline of 4 ranks); None
+    elsewhere (a spawned run says its ranks).
+
+    Raises:
+        ValueError: ``--dp`` x ``--tp`` does not divide torchrun's ranks.
+    """
+    if not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return None
+    world = int(os.environ["WORLD_SIZE"])
+    dp, tp = getattr(args, "dp", None) or 1, getattr(args, "tp", None) or 1
+    if world % (dp * tp):
+        raise ValueError(
+            f"--ranks must be given: torchrun started {world} ranks, which --dp {dp} x --tp {tp} does not divide"
+        )
+    return world // (dp * tp)
 
 
 def bad_fields(path: str, exc: BaseException) -> ValueError:

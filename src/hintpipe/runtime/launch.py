@@ -82,6 +82,7 @@ from hintpipe.runtime.rank_process import (
     INTERRUPTED,
     INTERRUPTED_STATUS,
     attempt,
+    error_text,
     free_port,
     init_rank,
     under_torchrun,
@@ -201,16 +202,30 @@ def run_ranks(
 def _as_a_torchrun_rank(
     fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float, device: DeviceChoice
 ) -> list[Any]:
-    """:func:`run_ranks` under ``torchrun``: this process is one of the ranks; every rank gets every result."""
+    """:func:`run_ranks` under ``torchrun``: this process is one of the ranks; every rank gets every result.
+
+    [Note: a torchrun rank's error]
+    A spawned rank's error reaches its launcher as a line of a ``RankFailure`` (``rank 1: PeerFailure: ...``),
+    which the command line says in one line. Under ``torchrun`` this process is the rank, and its error came out
+    as itself: the command line said it as a traceback (``hintpipe.runtime.errors.PeerFailure: rank 1: rank 0
+    never joined the run ...`` at the end of 40 lines), and torchrun's report as "To enable traceback see ...".
+    So it is raised as the ``RankFailure`` a spawned rank's would be, the same words, the error itself chained."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if size != world:
         raise RankFailure(f"torchrun started {size} ranks, the pipeline needs {world}")
     tie_to_agent()  # see [Note: ranks never outlive torchrun's agent]
-    init_rank(rank, size, timeout, device)
+    try:
+        init_rank(rank, size, timeout, device)
+    except Exception as exc:
+        raise RankFailure(f"rank {rank}: {error_text(exc)}") from exc
     try:
         results: list[Any] = [None] * size
         dist.all_gather_object(results, fn(rank, size, *args))
         return results
+    except RankFailure:
+        raise
+    except Exception as exc:  # this rank's error, worded as a spawned rank's (see [Note: a torchrun rank's error])
+        raise RankFailure(f"rank {rank}: {error_text(exc)}") from exc
     finally:
         liveness.stop()
         dist.destroy_process_group()

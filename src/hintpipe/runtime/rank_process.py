@@ -140,9 +140,7 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout: float, dev
         result = fn(rank, world, *args)
         path.write_bytes(pickle.dumps(("ok", result)))
     except BaseException as exc:
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        if type(exc).__module__.startswith("hintpipe."):  # our errors by their name alone
-            text = f"{type(exc).__name__}: {exc}"
+        text = error_text(exc)
         # Ctrl-C reached the rank (the launcher's process group) where it was not handling it: see [Note: Ctrl-C
         # to the process group] in hintpipe.runtime.launch.
         outcome = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else "error"
@@ -156,6 +154,14 @@ def run_rank(rank: int, world: int, packed: bytes, out: str, timeout: float, dev
     # a transport thread still returning from a C++ call would abort the process (exit code -6) for
     # nothing.
     _leave(0)
+
+
+def error_text(exc: BaseException) -> str:
+    """A rank's error as its launcher reports it (``RankFailure``'s ``rank N: ...`` lines): hintpipe's own errors by
+    their class's name alone (``PeerFailure: rank 1: ...``), any other as Python ends a traceback with it."""
+    if type(exc).__module__.startswith("hintpipe."):
+        return f"{type(exc).__name__}: {exc}"
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 def loopback_interface() -> str | None:
