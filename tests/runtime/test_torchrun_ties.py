@@ -91,7 +91,7 @@ def test_a_rank_s_error_under_torchrun_is_its_one_line_and_torchrun_s_report_of_
     # by torchrun (SIGTERM) before it says it, or even before it leaves it (its report then names the signal).
     lines = done.stderr.splitlines()
     ours = [line for line in lines if line.startswith("hintpipe train")]
-    assert all(line in said.values() or "SIGTERM" in line for line in ours), ours  # (torchrun's, as a rank ends)
+    assert all(line in said.values() or "SIGTERM" in line for line in ours), ours  # or a rank torchrun stopped
     reported = [line.removeprefix("  traceback : ") for line in lines if line.startswith("  traceback : ")]
     assert reported and all(r in said.values() or r.startswith("Signal 15 (SIGTERM)") for r in reported), reported
     assert set(said.values()) & set(ours + reported), done.stderr[-3000:]
