@@ -100,6 +100,40 @@ def test_a_rank_s_error_under_torchrun_is_its_one_line_and_torchrun_s_report_of_
     ]
 
 
+#: Rank 0 works (sleeps) before it joins, as the command line's rank 0 plans a model; ``planning`` beats meanwhile.
+LATE_RANK_0 = """
+import os
+import sys
+import time
+
+from hintpipe import run_ranks
+from hintpipe.runtime.rank_process import planning_heartbeat
+
+
+def rank_main(rank, world):
+    return rank
+
+
+if __name__ == "__main__":
+    if os.environ["RANK"] == "0":
+        with planning_heartbeat():
+            time.sleep(float(sys.argv[1]))
+    print(run_ranks(rank_main, 2, timeout=30, device="cpu"))
+"""
+
+
+def test_the_ranks_wait_for_a_rank_0_that_plans_longer_than_their_timeout(tmp_path: Path) -> None:
+    # [Note: a rank that plans before it joins]: before, rank 1 waited 30 s (its least wait at the start) for a rank
+    # 0 still planning, and ended: "rank 0 never joined the run (waited 30 s for it at the start: ...)".
+    script = tmp_path / "late.py"
+    script.write_text(LATE_RANK_0)
+    done = subprocess.run(
+        [*TORCHRUN, str(script), "36"], capture_output=True, text=True, timeout=hang_bound(120), cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("[0, 1]") == 2, done.stdout  # every rank's results (their lines may interleave)
+
+
 #: A training script of the user's own: its process group, a Pipeline, a Checkpointer saving every step.
 USER_SCRIPT = """
 import sys

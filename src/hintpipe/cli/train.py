@@ -322,8 +322,10 @@ def run(args: argparse.Namespace) -> int:
     from hintpipe.apps.training import train
     from hintpipe.runtime.checkpoint.folder_lock import FolderInUse
     from hintpipe.runtime.errors import CheckpointError
+    from hintpipe.runtime.rank_process import planning_heartbeat
 
-    config = config_from(args, args.policy)
+    with planning_heartbeat():  # under torchrun, rank 0 plans before it joins: the others wait on while it beats
+        config = config_from(args, args.policy)
     if not planned_elsewhere():  # (under torchrun, rank 0 says it)
         say_what_crop_trains(config)
         say_where_it_evaluates(config)

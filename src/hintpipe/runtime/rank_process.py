@@ -17,6 +17,7 @@ import pickle
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,7 +30,7 @@ from torch.distributed.rendezvous import rendezvous
 from hintpipe.device import gpu_identity, own_gpu, rank_device
 from hintpipe.device_choice import DeviceChoice
 from hintpipe.renamed import renamed
-from hintpipe.runtime import liveness
+from hintpipe.runtime import liveness, planning_beats
 from hintpipe.runtime.checkpoint.stopping import STOP_FILE_ENV
 from hintpipe.runtime.errors import PeerFailure
 
@@ -102,17 +103,39 @@ def gather_over_store(store: Any, rank: int, world: int, key: str, value: str) -
     """
     store.set(f"{key}/{rank}", value)
     keys = [f"{key}/{r}" for r in range(world)]
-    try:
-        return [v.decode() for v in store.multi_get(keys)]
-    except RuntimeError:  # torch.distributed.DistStoreError: the wait timed out
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        if not missing:
-            raise
-        names = ", ".join(f"rank {r}" for r in missing)
-        raise PeerFailure(
-            f"rank {rank}: {names} never joined the run (waited {store.timeout.total_seconds():g} s for "
-            f"{'it' if len(missing) == 1 else 'them'} at the start: stopped, killed, or still starting)"
-        ) from None
+    waited, heard = 0.0, planning_beats.beats(store)
+    while True:
+        try:
+            return [v.decode() for v in store.multi_get(keys)]
+        except RuntimeError:  # torch.distributed.DistStoreError: the wait timed out
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            if not missing:
+                raise
+            waited += store.timeout.total_seconds()
+            now = planning_beats.beats(store)
+            if now != heard and waited < planning_beats.PATIENCE:  # a rank still planning: [Note: a rank that
+                heard = now  # plans before it joins]
+                continue
+            names = ", ".join(f"rank {r}" for r in missing)
+            raise PeerFailure(
+                f"rank {rank}: {names} never joined the run (waited {waited:g} s for "
+                f"{'it' if len(missing) == 1 else 'them'} at the start: stopped, killed, or still starting)"
+            ) from None
+
+
+@contextlib.contextmanager
+def planning_heartbeat() -> Iterator[None]:
+    """Within, on rank 0 of a ``torchrun`` launch: beat in the rendezvous store while it plans before it joins (see
+    [Note: a rank that plans before it joins] in :mod:`hintpipe.runtime.planning_beats`). Nothing elsewhere, nor
+    where the rendezvous store is not torchrun's agent's (a launcher of the environment's variables alone would
+    have this rank serve the store, which ``init_rank`` then does)."""
+    if os.environ.get("RANK") != "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        yield
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    store, _, _ = next(rendezvous("env://", 0, world, timeout=datetime.timedelta(seconds=60)))
+    with planning_beats.beat_on(PrefixStore(f"hintpipe/attempt-{attempt()}", store)):
+        yield
 
 
 def attempt() -> int:
