@@ -71,7 +71,7 @@ def torchrun_ranks(args: argparse.Namespace) -> int | None:
     Raises:
         ValueError: ``--dp`` x ``--tp`` does not divide torchrun's ranks.
     """
-    if not all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+    if not under_torchrun():
         return None
     world = int(os.environ["WORLD_SIZE"])
     dp, tp = getattr(args, "dp", None) or 1, getattr(args, "tp", None) or 1
