@@ -109,8 +109,8 @@ def gather_over_store(store: Any, rank: int, world: int, key: str, value: str) -
             return [v.decode() for v in store.multi_get(keys)]
         except RuntimeError:  # torch.distributed.DistStoreError: the wait timed out
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
-            if not missing:
-                raise
+            if not missing:  # the last one came as the wait ran out: read them again
+                continue
             waited += store.timeout.total_seconds()
             now = planning_beats.beats(store)
             if now != heard and waited < planning_beats.PATIENCE:  # a rank still planning: [Note: a rank that
