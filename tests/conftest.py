@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,13 @@ def hang_bound(watchdog: float, grace: float = 5.0) -> float:
     hangs, not how fast the failure is seen, so the margin is wide on purpose (scaled as
     :func:`allow`'s)."""
     return allow(3.0 * (watchdog + grace) + STARTUP_ALLOWANCE)
+
+
+def raised_here(caught: Any) -> list[warnings.WarningMessage]:
+    """The warnings that ``pytest.warns``' ``caught`` recorded, less any ResourceWarning: those come from garbage
+    collection, which may run inside the block and finalise an object an earlier test left (an unclosed pipe of
+    a subprocess), not from the code the block called."""
+    return [w for w in caught if not issubclass(w.category, ResourceWarning)]
 
 
 #: A gpt-mini small enough for multi-process tests of training runs.

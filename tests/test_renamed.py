@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from conftest import raised_here
 from hintpipe.renamed import renamed, retired_attribute, retired_module
 
 
@@ -25,10 +26,10 @@ old_scale = cast(Any, scale)
 def test_an_old_keyword_is_its_new_name_with_a_warning_naming_both() -> None:
     with pytest.warns(DeprecationWarning, match=r"^scale\(factor=\.\.\.\) is now scale\(times=\.\.\.\)$") as caught:
         assert old_scale(2.0, factor=3.0) == 6.0
-    assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line, not the decorator's
+    assert [w.filename for w in raised_here(caught)] == [__file__]  # the caller's line, not the decorator's
     with pytest.warns(DeprecationWarning) as caught:
         assert old_scale(2.0, factor=3.0, base=1.0) == 7.0
-    assert [str(w.message) for w in caught] == [
+    assert [str(w.message) for w in raised_here(caught)] == [
         "scale(factor=...) is now scale(times=...)",
         "scale(base=...) is now scale(start=...)",
     ]
@@ -58,6 +59,6 @@ def test_a_retired_attribute_or_module_says_its_new_name_at_the_callers_line() -
     with pytest.warns(DeprecationWarning, match=r"^Thing\.old_name is now Thing\.new_name$") as caught:
         _reads_a_retired_attribute()  # stands for a property's getter: the warning points past it, here
         line = sys._getframe().f_lineno - 1
-    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+    assert [(w.filename, w.lineno) for w in raised_here(caught)] == [(__file__, line)]
     with pytest.warns(DeprecationWarning, match=r"^hintpipe\.old_home is now hintpipe\.new_home$"):
         _imports_a_retired_module()

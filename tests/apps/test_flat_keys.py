@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from conftest import raised_here
 from hintpipe.apps.flat_keys import read_by_key
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.run_sections import DataConfig
@@ -27,7 +28,7 @@ def _flat(**keys: Any) -> TrainConfig:
 def test_a_config_made_of_keys_warms_and_is_the_config_of_them() -> None:
     with pytest.warns(DeprecationWarning) as caught:
         flat = _flat(model=GPT, ranks=2, microbatches=4, lr=0.05, data="synthetic", optimizer="sgd")
-    assert [str(w.message) for w in caught] == [
+    assert [str(w.message) for w in raised_here(caught)] == [
         "TrainConfig(ranks=...) with the options' keys is now TrainConfig.of(ranks=...), or "
         "TrainConfig(parallelism=ParallelismConfig(ranks=...)); the flat form goes in 0.8"
     ]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import raised_here
 from hintpipe.planner.mode_check import EvalModeWarning, warn_if_eval_differs
 from hintpipe.planner.plan import plan
 
@@ -48,7 +49,7 @@ def _x() -> torch.Tensor:
 def test_a_branch_on_the_mode_is_said_in_a_warning_with_the_fix() -> None:
     with pytest.warns(EvalModeWarning) as caught:
         plan(Deep(drop_path=True), _x(), ranks=2, microbatches=2, repeats=1)
-    message = str(caught[0].message)
+    message = str(raised_here(caught)[0].message)
     assert message.startswith("Deep computes other values in eval mode than its capture does (largest relative ")
     assert "Pipeline.eval_step runs the training branch" in message and "hintpipe.load_merged" in message
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import raised_here
 from hintpipe.planner.buffer_updates import written_parameters
 from hintpipe.planner.capture import ParameterWriteWarning, capture
 from hintpipe.planner.mode_check import EvalModeWarning
@@ -113,7 +114,7 @@ class Clipped(nn.Module):
 def test_a_forward_that_writes_its_parameters_is_said() -> None:
     with pytest.warns(ParameterWriteWarning) as caught:
         capture(Clipped(), example=(torch.ones(2, 4),))
-    assert [str(w.message) for w in caught] == [
+    assert [str(w.message) for w in raised_here(caught)] == [
         "Clipped's forward writes its parameters in place while training (inner.weight): a stage runs several "
         "micro-batches' forwards before their backwards, and a backward that saved such a parameter fails (modified "
         "by an inplace operation); change them outside forward, between steps"

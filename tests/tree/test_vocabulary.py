@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed
 
+from conftest import raised_here
 from hintpipe.apps import training
 from hintpipe.apps.model_config import ModelConfig
 from hintpipe.apps.train_config import TrainConfig
@@ -169,7 +170,8 @@ def test_init_rank_s_retired_timeout_s_is_its_timeout(keyword: str, monkeypatch:
         warnings.simplefilter("always")
         _loose(rank_process.init_rank)(0, 1, device="cpu", store_file="unused", **{keyword: 45})
     assert waited.value.args == (datetime.timedelta(seconds=45),)
-    assert [re.match(said, str(w.message)) is not None for w in caught] == ([True] if keyword == "timeout_s" else [])
+    matched = [re.match(said, str(w.message)) is not None for w in raised_here(caught)]
+    assert matched == ([True] if keyword == "timeout_s" else [])
 
 
 def _loose(fn: Any) -> Any:
@@ -387,7 +389,7 @@ def test_each_retired_keyword_still_works_and_says_its_new_name(
 ) -> None:
     with pytest.warns(DeprecationWarning, match=f"^{re.escape(message)}$") as caught:
         before = old()
-    assert len(caught) == 1
+    assert len(raised_here(caught)) == 1
     assert _same(before, new())
 
 
@@ -443,7 +445,7 @@ def test_each_pipeline_constructor_takes_an_option_s_name_before_as_its_name_now
     said = f"^{re.escape(f'{where}({old}=...) is now {where}({new}=...)')}$"
     with pytest.warns(DeprecationWarning, match=said) as caught, pytest.raises(_Configured) as passed:
         first[constructor]({old: 0.5})
-    assert len(caught) == 1
+    assert len(raised_here(caught)) == 1
     assert passed.value.args[0] == {new: 0.5}
 
 

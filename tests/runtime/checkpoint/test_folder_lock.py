@@ -78,7 +78,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_dies(tmp_p
         assert str(refused.value) == _in_use(tmp_path)
     finally:
         holder.kill()  # SIGKILL: the kernel releases the lock
-        holder.wait(timeout=allow(30))
+        holder.communicate(timeout=allow(30))  # (closes its pipe)
     with FolderLock(tmp_path) as lock:
         assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert (tmp_path / LOCK_FILE).read_text() == ""  # released: it names no one
@@ -109,7 +109,7 @@ def test_the_python_entry_refuses_a_held_folder_before_any_rank_starts(
         assert str(refused.value) == _in_use(tmp_path)
     finally:
         holder.kill()
-        holder.wait(timeout=allow(30))
+        holder.communicate(timeout=allow(30))  # (closes its pipe)
     assert started == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
 
