@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import task_spans
 import torch
-from vs_torch import HINTPIPE_RUNS, TORCH_RUNS, Run, add_work_arguments, hintpipe_step, torch_step
+from vs_torch import HINTPIPE_RUNS, TORCH_RUNS, Run, add_work_arguments, hintpipe_step, split_choice, torch_step
 
 from hintpipe import run_ranks
 
@@ -93,18 +93,24 @@ def print_table(ranks: list[Steps], args: argparse.Namespace) -> None:
     slowest = {name: [max(r.seconds[name][i] for r in ranks) for i in range(args.cycles)] for name in names}
     tokens = args.microbatches * args.rows * args.seq
     print(
-        f"| run ({args.model}, {args.ranks} ranks, {args.cycles} cycles) | ms/step, median | tokens/s | "
-        "vs torch Schedule1F1B, per cycle (95% CI) | ready vs fixed, per cycle (95% CI) | CPU ms/step/rank |"
+        f"| run ({args.model}, {args.ranks} ranks, {args.microbatches} micro-batches, {args.cycles} cycles) | "
+        "ms/step, median | tokens/s | vs torch Schedule1F1B, per cycle (95% CI) | "
+        "ready vs fixed, per cycle (95% CI) | vs hintpipe 1f1b fixed, per cycle (95% CI) | CPU ms/step/rank |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    base = "torch Schedule1F1B"
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base, unsplit = "torch Schedule1F1B", "hintpipe 1f1b, fixed"
     for name in names:
         median = statistics.median(slowest[name])
         versus_torch = ratio_cell(slowest[name], slowest[base]) if base in slowest and name != base else ""
         fixed = name.replace(", ready", ", fixed")
         versus_fixed = ratio_cell(slowest[name], slowest[fixed]) if ", ready" in name and fixed in slowest else ""
+        other_hint = name.startswith("hintpipe ") and not name.startswith("hintpipe 1f1b,")
+        versus_1f1b = ratio_cell(slowest[name], slowest[unsplit]) if other_hint and unsplit in slowest else ""
         cpu = statistics.mean(statistics.median(r.cpu[name]) for r in ranks) * 1e3
-        print(f"| {name} | {median * 1e3:.1f} | {tokens / median:,.0f} | {versus_torch} | {versus_fixed} | {cpu:.1f} |")
+        print(
+            f"| {name} | {median * 1e3:.1f} | {tokens / median:,.0f} | {versus_torch} | {versus_fixed} | "
+            f"{versus_1f1b} | {cpu:.1f} |"
+        )
     if args.gaps:
         print_gaps(ranks, names)
 
@@ -153,6 +159,12 @@ def main(argv: list[str] | None = None) -> None:
         help="time every F, B and W: each configuration's hand-overs between ranks 0 and 1 (one stage a rank) and "
         "each rank's time in F, B and W",
     )
+    parser.add_argument(
+        "--choose",
+        action="store_true",
+        help="first the stages' costs, whole and split, and the simulator's step for 1f1b and zb-h1 on them (the "
+        "choice hint auto makes), as vs_torch.py --choose",
+    )
     args = parser.parse_args(argv)
     wanted = [name.strip() for name in args.only.split(";") if name.strip()]
     known = {run.name: run for run in TORCH_RUNS + HINTPIPE_RUNS}
@@ -162,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = [known[name] for name in wanted]
     if args.gaps and (args.ranks != 2 or any(run.per_rank != 1 for run in runs)):
         sys.exit("paired.py: --gaps times hand-overs between two ranks of one stage each: --ranks 2, no interleaving")
+    if args.choose:  # measured before the ranks start, on this process's one thread
+        print(split_choice(args), flush=True)
     ranks: list[Steps] = run_ranks(rank_main, args.ranks, runs, args, timeout=args.timeout, device="cpu")
     print_table(ranks, args)
 

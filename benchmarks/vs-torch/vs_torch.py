@@ -291,7 +291,9 @@ def split_choice(args: argparse.Namespace) -> str:
     )
     ms = {name: ", ".join(f"{v * 1e3:.2f}" for v in getattr(costs, name)) for name in dataclasses.asdict(costs)}
     steps = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items())
-    return f"per stage, ms: {ms}; predicted step: {steps}; auto chooses {choose_hint(predicted)}"
+    speed = predicted["1f1b"] / predicted["zb-h1"]
+    chosen = choose_hint(predicted)
+    return f"per stage, ms: {ms}; predicted step: {steps} (zb-h1 at {speed:.3f}x 1f1b); auto chooses {chosen}"
 
 
 def add_work_arguments(parser: argparse.ArgumentParser) -> None:

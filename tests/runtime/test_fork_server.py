@@ -80,3 +80,40 @@ def test_a_sigint_before_the_ranks_own_code_ends_it_as_a_sigint_does(tmp_path: P
         timeout=allow(120),
     )
     assert (done.stdout.strip(), done.stderr) == ("130", "")
+
+
+#: A user's script whose launcher imports GPT-2's code (``hf``) or not; each rank says which of transformers'
+#: modules it had as it imported the script again, before the script's own imports ([Note: what the fork server
+#: imports] in hintpipe.runtime.launch).
+_USER_SCRIPT = """
+import sys
+
+HAD = [name for name in ("transformers", "transformers.models.gpt2.modeling_gpt2") if name in sys.modules]
+
+if sys.argv[1] == "hf":
+    from transformers import GPT2LMHeadModel  # noqa: F401 (as a script that builds its model before run_ranks)
+
+import hintpipe
+
+
+def rank_main(rank: int, world: int) -> list[str]:
+    return HAD
+
+
+if __name__ == "__main__":
+    print(hintpipe.run_ranks(rank_main, 2))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["hf", "plain"])
+def test_the_ranks_inherit_the_hugging_face_code_their_launcher_imported_and_nothing_it_did_not(
+    launcher: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_USER_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), launcher], cwd=tmp_path, capture_output=True, text=True, timeout=allow(120)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    inherited = ["transformers", "transformers.models.gpt2.modeling_gpt2"] if launcher == "hf" else []
+    assert done.stdout.strip() == repr([inherited, inherited])

@@ -256,8 +256,26 @@ def rank_starter() -> multiprocessing.context.ForkServerContext | multiprocessin
     if sys.platform != "linux" or stat_fields(os.getpid()) is None:  # a forked rank finds its launcher in /proc
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["hintpipe.runtime.fork_server"])
+    context.set_forkserver_preload(["hintpipe.runtime.fork_server", *_loaded_libraries()])
     return context
+
+
+def _loaded_libraries() -> list[str]:
+    """transformers, where this process has imported it, and the Hugging Face model code it has (each
+    ``transformers.models.<name>.modeling_<name>`` module), in the order imported.
+
+    [Note: what the fork server imports]
+    A launcher that built or read a Hugging Face model (``hintpipe train --model FOLDER`` reads its config and
+    plans it, a script builds its model before ``run_ranks``) starts ranks that build it again: each rank
+    imported transformers, 1.3 s of CPU, and the model's code after it. The fork server imports them once
+    instead, as it does torch (see [Note: ranks forked from a server that imported torch once] in
+    :mod:`hintpipe.runtime.fork_server`), where the launcher imported them before its first launch: a
+    launcher that never imports them does not make its ranks pay for them. Importing them starts no thread (a
+    tokenizer's start when it first encodes), so forking after it is safe; ``datasets`` is left to the ranks:
+    its pyarrow starts jemalloc's background thread on import."""
+    if "transformers" not in sys.modules:
+        return []
+    return ["transformers"] + [n for n in sys.modules if n.startswith("transformers.models.") and ".modeling_" in n]
 
 
 #: The launcher's temporary folder (results, the stop file) and the file in it that names the launcher.
