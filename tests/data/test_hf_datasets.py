@@ -40,7 +40,10 @@ def test_a_column_that_is_not_text_or_not_there_is_refused_naming_it(saved: str)
     assert str(refused.value) == f"{saved}, record 0: column 'n' is a number, not a string"
     with pytest.raises(DataRefused) as refused:
         list(saved_texts(saved, "body"))
-    assert str(refused.value) == f"{saved}: no column 'body' (its columns: 'text', 'n'); name one with --data-field"
+    assert str(refused.value) == f"{saved}: no column 'body' (its columns: 'text', 'n')"
+    said = f"{saved}: no column 'body' (its columns: 'text', 'n'); name one with"
+    assert str(refused.value.said(cli=True)) == f"--data {said} --data-field"
+    assert str(refused.value.said(cli=False)) == f"data {said} data_field"
 
 
 def test_a_folder_that_is_no_saved_dataset_is_refused(tmp_path: Path) -> None:

@@ -329,7 +329,7 @@ def test_a_hugging_face_dataset_saved_or_in_local_files_is_streamed(tmp_path: Pa
             _config(data)
         assert str(info.value) == (
             f"data {data}: no column 'text' (its columns: 'content'{', ' + repr('n') if 'saved' in data else ''}); "
-            "name one with --data-field"
+            "name one with data_field"
         )
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})}).save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(ValueError) as info:
@@ -348,7 +348,7 @@ def test_a_hugging_face_dataset_saved_or_in_local_files_is_streamed(tmp_path: Pa
         ({"l.txt": b"fine\n\ncaf\xe9 au lait"}, "l.txt",
          "{tmp}/l.txt: not UTF-8 text (byte 9: invalid continuation byte); " + TO_UTF8),
         ({"c.jsonl": b'{"text": "ok"}\n{"body": "no"}\n'}, "c.jsonl",
-         "{tmp}/c.jsonl, line 2: no field 'text' (its fields: 'body')"),
+         "{tmp}/c.jsonl, line 2: no field 'text' (its fields: 'body'){fix}"),
         ({"a.txt": b"one doc"}, "{tmp}/a.txt:-1",
          "{tmp}/a.txt:-1: the weight -1 must be a positive number (PATH:WEIGHT, e.g. {tmp}/a.txt:0.5)"),
         ({}, "hf:jsn:*.jsonl",
@@ -363,17 +363,19 @@ def test_every_bad_source_is_refused_in_one_line(
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)
     data = data if data.startswith(("{", "hf:")) else f"{{tmp}}/{data}"
-    data, message = data.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    data = data.format(tmp=tmp_path)
+    # A fix that names another option ({fix}) ends the line, that option named as the caller names it.
+    python, cli = (message.format(tmp=tmp_path, fix=f"; name one with {o}") for o in ("data_field", "--data-field"))
     with pytest.raises(ValueError) as info:
         _config(data)
-    assert str(info.value) == f"data {message}"
+    assert str(info.value) == f"data {python}"
     with pytest.raises(DataRefused) as refused:
         prepare([data], tmp_path / "out")
-    assert data.endswith(":-1") or str(refused.value) == message
+    assert data.endswith(":-1") or str(refused.value) == message.format(tmp=tmp_path, fix="")
     assert not (tmp_path / "out").exists()
     argv = ["train", "--ranks", "2", "--microbatches", "2", "--layers", "2", "--hidden", "16", "--data", data]
     assert main(argv) == 2
-    assert capsys.readouterr().err == f"hintpipe train: error: --data {message}\n"
+    assert capsys.readouterr().err == f"hintpipe train: error: --data {cli}\n"
 
 
 def test_a_preparation_stopped_part_way_leaves_nothing_that_looks_prepared(

@@ -225,7 +225,10 @@ def test_a_file_its_compression_does_not_read_is_refused_saying_what_to_do(
     ("text", "why"),
     [
         ('[{"text": "a"}, 3]', "element 1: a JSON number, not an object"),
-        ('[{"text": "a"}, {"body": "b"}]', "element 1: no field 'text' (its fields: 'body')"),
+        (
+            '[{"text": "a"}, {"body": "b"}]',
+            "element 1: no field 'text' (its fields: 'body'); name one with --data-field",
+        ),
         ('[{"text": "a"},\n {"text": 2}]', "element 1: field 'text' is a JSON number, not a string"),
         ('[{"text": "a"},\n {"text": "b"}', "not JSON (Expecting ',' delimiter, line 2, column 15)"),
         ('{"text": "a"}\n[1]\n', "line 2: a JSON array, not an object"),

@@ -87,7 +87,7 @@ def test_training_steps_draw_the_training_documents_and_the_held_out_batch_the_h
          "c.jsonl, line 2: not JSON (Unterminated string starting at, column 10)"),
         ({"c.jsonl": b'{"text": "ok"}\n["text"]\n'}, "c.jsonl", "c.jsonl, line 2: a JSON array, not an object"),
         ({"c.jsonl": b'{"text": "ok"}\n{"txt": "no", "n": 2}\n'}, "c.jsonl",
-         "c.jsonl, line 2: no field 'text' (its fields: 'txt', 'n')"),
+         "c.jsonl, line 2: no field 'text' (its fields: 'txt', 'n'){fix}"),
         ({"c.jsonl": b'{"text": 3}\n'}, "c.jsonl", "c.jsonl, line 1: field 'text' is a JSON number, not a string"),
         ({"e.txt": b"\n\na\n \n\nb"}, "e.txt", "e.txt: no document of 2 tokens or more (an empty corpus)"),
         ({"d/notes.md": b"text"}, "d",
@@ -102,12 +102,13 @@ def test_bad_data_is_refused_in_one_line_naming_the_path(
     for name, content in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(content)
+    # A fix that names another option ({fix}) ends the line, that option named as the caller names it.
     with pytest.raises(ValueError) as info:
         text_corpus(str(tmp_path / data), cli=True)
-    assert str(info.value) == f"--data {tmp_path}/{message}"
+    assert str(info.value) == f"--data {tmp_path}/{message.format(fix='; name one with --data-field')}"
     with pytest.raises(ValueError) as info:
         TrainConfig.of(model=ModelConfig(vocab=256), ranks=2, microbatches=2, data=str(tmp_path / data))
-    assert str(info.value) == f"data {tmp_path}/{message}"
+    assert str(info.value) == f"data {tmp_path}/{message.format(fix='; name one with data_field')}"
 
 
 def test_bad_data_on_the_command_line_exits_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +116,8 @@ def test_bad_data_on_the_command_line_exits_2_in_one_line(tmp_path: Path, capsys
     assert main([*RUN, "--data", str(path)]) == 2
     assert (
         capsys.readouterr().err
-        == f"hintpipe train: error: --data {path}, line 2: no field 'text' (its fields: 'body')\n"
+        == f"hintpipe train: error: --data {path}, line 2: no field 'text' (its fields: 'body'); name one with "
+        "--data-field\n"
     )
     assert main([*RUN, "--data", str(path), "--data-field", "body"]) == 2
     assert "line 1: no field 'body' (its fields: 'text')" in capsys.readouterr().err

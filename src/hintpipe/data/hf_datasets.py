@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hintpipe.data.reading import json_kind
-from hintpipe.data.refusal import DataRefused
+from hintpipe.data.refusal import FIELD_FIX, DataRefused
 
 #: Records read at a time.
 ROWS = 1000
@@ -97,7 +97,7 @@ def _texts(
 def _check_column(path: str, field: str, columns: list[str]) -> None:
     if field not in columns:
         names = ", ".join(repr(c) for c in columns) or "none"
-        raise DataRefused("data", f"{path}: no column {field!r} (its columns: {names}); name one with --data-field")
+        raise DataRefused("data", f"{path}: no column {field!r} (its columns: {names})", fix=FIELD_FIX)
 
 
 def _datasets(path: str) -> Any:

@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from hintpipe.data.refusal import DataRefused
+from hintpipe.data.refusal import FIELD_FIX, DataRefused
 
 #: Bytes read at a time (a block is this or more: it runs to the next line break).
 BLOCK = 8 << 20
@@ -223,7 +223,7 @@ def _field(where: str, record: Any, field: str) -> str:
         raise DataRefused("data", f"{where}: a JSON {json_kind(record)}, not an object")
     if field not in record:
         keys = ", ".join(repr(k) for k in record) or "none"
-        raise DataRefused("data", f"{where}: no field {field!r} (its fields: {keys})")
+        raise DataRefused("data", f"{where}: no field {field!r} (its fields: {keys})", fix=FIELD_FIX)
     value = record[field]
     if not isinstance(value, str):
         raise DataRefused("data", f"{where}: field {field!r} is a JSON {json_kind(value)}, not a string")

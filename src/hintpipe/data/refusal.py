@@ -9,17 +9,31 @@ This module is torch-free.
 
 from __future__ import annotations
 
+#: The fix of a record or a dataset without the field that holds the text: the option that names another.
+FIELD_FIX = ("name one with", "data_field")
+
 
 class DataRefused(ValueError):
     """Data that cannot be used: ``option`` is the option the message is about (``data``, ``data_field``,
     ``data_split``, ``tokenizer``), the message names the path and says what is wrong."""
 
-    def __init__(self, option: str, message: str) -> None:
+    def __init__(self, option: str, message: str, *, fix: tuple[str, str] | None = None) -> None:
         super().__init__(message)
         self.option = option
+        #: The fix where it is another option, as the words before it and the option (``("name one with",
+        #: "data_field")``): worded by :meth:`said` as the caller names options, as ``option`` is.
+        self.fix = fix
 
     def said(self, cli: bool) -> ValueError:
         """The refusal as the caller reads it: ``--data PATH: ...`` on the command line, ``data PATH: ...`` in
-        Python."""
-        label = "--" + self.option.replace("_", "-") if cli else self.option
-        return ValueError(f"{label} {self}")
+        Python, its fix ending the line (``; name one with --data-field``, ``; name one with data_field``)."""
+        text = f"{_label(self.option, cli)} {self}"
+        if self.fix is not None:
+            words, option = self.fix
+            text += f"; {words} {_label(option, cli)}"
+        return ValueError(text)
+
+
+def _label(option: str, cli: bool) -> str:
+    """An option as the caller names it: its flag on the command line, its key in Python."""
+    return "--" + option.replace("_", "-") if cli else option
