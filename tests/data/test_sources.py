@@ -8,12 +8,13 @@ import gzip
 import hashlib
 import json
 import lzma
+import pickle
 from pathlib import Path
 
 import pytest
 
 from hintpipe.data.reading import read_blocks
-from hintpipe.data.refusal import DataRefused
+from hintpipe.data.refusal import FIELD_FIX, DataRefused
 from hintpipe.data.sources import DataEntry, Source, SourceKind, data_entries
 from hintpipe.data.split import DocumentSplit
 
@@ -246,3 +247,10 @@ def test_a_json_files_bad_record_is_refused_naming_where_it_is(tmp_path: Path, t
     with pytest.raises(DataRefused) as refused:
         list(Source.of(str(path)).texts(BLANK, "text"))
     assert str(refused.value.said(cli=True)) == f"--data {path}, {why}" if why[0] in "el" else f"--data {path}: {why}"
+
+
+def test_a_refusal_pickles_with_its_option_and_its_fix() -> None:
+    refused = DataRefused("data", "c.jsonl, line 2: no field 'text' (its fields: 'body')", fix=FIELD_FIX)
+    again = pickle.loads(pickle.dumps(refused))
+    assert (type(again), again.option, again.fix, str(again)) == (DataRefused, "data", FIELD_FIX, str(refused))
+    assert str(again.said(cli=True)) == f"--data {refused}; name one with --data-field"

@@ -24,6 +24,11 @@ class DataRefused(ValueError):
         #: "data_field")``): worded by :meth:`said` as the caller names options, as ``option`` is.
         self.fix = fix
 
+    def __reduce__(self) -> tuple[type[DataRefused], tuple[str, str], dict[str, tuple[str, str] | None]]:
+        """Pickled whole, option and fix with the message (an exception's default rebuilds it from its message
+        alone, which this ``__init__`` refuses)."""
+        return (DataRefused, (self.option, str(self)), {"fix": self.fix})
+
     def said(self, cli: bool) -> ValueError:
         """The refusal as the caller reads it: ``--data PATH: ...`` on the command line, ``data PATH: ...`` in
         Python, its fix ending the line (``; name one with --data-field``, ``; name one with data_field``)."""
