@@ -80,7 +80,7 @@ def init_rank(
         store.set_timeout(wait)
     else:
         store, _, _ = next(rendezvous("env://", rank, world, timeout=wait))
-    prefixed = PrefixStore(f"hintpipe/attempt-{attempt()}", store)
+    prefixed = attempt_store(store)
     gpus = gather_over_store(prefixed, rank, world, "hintpipe/gpu", gpu_identity(chosen))
     dist.init_process_group(
         backend="cpu:gloo,cuda:nccl" if own_gpu(gpus) else "gloo",
@@ -134,8 +134,14 @@ def planning_heartbeat() -> Iterator[None]:
         return
     world = int(os.environ["WORLD_SIZE"])
     store, _, _ = next(rendezvous("env://", 0, world, timeout=datetime.timedelta(seconds=60)))
-    with planning_beats.beat_on(PrefixStore(f"hintpipe/attempt-{attempt()}", store)):
+    with planning_beats.beat_on(attempt_store(store)):
         yield
+
+
+def attempt_store(store: Any) -> PrefixStore:
+    """``store`` as this attempt's ranks share it: every key under the attempt's prefix, so that a restarted job's
+    ranks never read what an earlier attempt left (the start's gathers, the liveness marks, the planning beats)."""
+    return PrefixStore(f"hintpipe/attempt-{attempt()}", store)
 
 
 def attempt() -> int:
