@@ -1,7 +1,8 @@
 """Hugging Face models end to end: captured through torch.export, planned, trained on ranks.
 
 GPT-2 and Llama (embeddings tied to the LM head) from small configs built in
-code, weights random, no download. Planned into 2 and 3 stages, trained three
+code, weights random, no download. Planned into 2 and 3 stages for float32 alone (``autocast=False``: one
+torch.export capture, not two; under ``precision="bf16"`` such a plan is refused on every rank), trained three
 AdamW steps on micro-batches of different lengths under ``fixed`` and
 ``ready``: losses and every parameter equal the unsplit model trained on the
 same micro-batches (rtol 1e-4, atol 1e-5: float32 sums in another order), and
@@ -23,7 +24,7 @@ import torch
 import transformers
 from torch import nn
 
-from groups import Case, run_cases, succeeded
+from groups import Case, failure_text, run_cases, succeeded
 from hintpipe.apps.hf_models import build_hf_model
 from hintpipe.apps.models import SeqLenDist, make_batch
 from hintpipe.apps.training import TrainConfig, _train_rank
@@ -100,7 +101,8 @@ def _planned(name: str, stages: int) -> tuple[nn.Module, Plan]:
     leaves the model untouched; each user copies what it changes)."""
     torch.manual_seed(0)
     model = BUILDERS[name]()
-    planned = plan(model, torch.randint(0, VOCAB, (2, 9)), ranks=stages, microbatches=4, repeats=1, kwargs=KWARGS)
+    example = torch.randint(0, VOCAB, (2, 9))
+    planned = plan(model, example, ranks=stages, microbatches=4, repeats=1, kwargs=KWARGS, autocast=False)
     return model, planned
 
 
@@ -110,6 +112,7 @@ def test_a_planned_hugging_face_model_trains_like_the_unsplit_model(
     two_ranks: dict[str, list[Any]], three_ranks: dict[str, list[Any]], name: str, stages: int
 ) -> None:
     model, planned = _planned(name, stages)
+    assert not planned.graph.follows_autocast
     head, embedding = planned.tied[0]
     assert head == "lm_head.weight" and embedding in ("transformer.wte.weight", "model.embed_tokens.weight")
     assert planned.tied_stages == ((0, stages - 1),)
@@ -234,7 +237,19 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     cases |= {f"train {n}": Case(_train_rank, (_cli_run(n),)) for n in ("hf-gpt2", "hf-llama")}
     cases["train hf-gpt2 plan file"] = Case(_train_rank, (_from_plan_file(tmp_path_factory),))
     cases["dropout"] = Case(_dropout_worker, (_planned_in_eval_mode()[1], _steps(2)))
+    cases["float32 plan under bf16"] = Case(_under_bf16, (_planned("gpt2", 2)[1],))
     return run_cases(2, cases, timeout=300)
+
+
+def _under_bf16(rank: int, world: int, planned: Plan) -> None:
+    Pipeline.from_plan(copy.deepcopy(planned), loss_fn=causal_lm_loss, precision="bf16").close()
+
+
+def test_a_plan_for_float32_alone_is_refused_under_bf16_on_every_rank(two_ranks: dict[str, list[Any]]) -> None:
+    assert failure_text(two_ranks["float32 plan under bf16"]) == (
+        "ranks 0, 1: ValueError: the plan was captured for float32 alone (plan(..., autocast=False)), and precision "
+        "bf16 runs its stages under a bfloat16 autocast: plan with autocast=True"
+    )
 
 
 def _from_plan_file(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:

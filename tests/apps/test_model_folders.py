@@ -87,6 +87,7 @@ def test_a_model_folder_trains_from_its_weights_as_the_unsplit_model(
 ) -> None:
     config = configs[name]
     assert config.model.name == "hf-folder" and config.model.init == "pretrained"
+    assert config.plan is not None and not config.plan.graph.follows_autocast  # float32: captured once
     assert config.data.tokenizer == str(zoo / name)  # the folder's own, unasked
     result = succeeded(runs[name])[0]
     assert result.losses[0] == pytest.approx(_unsplit_loss(zoo / name, config), rel=1e-5)

@@ -53,6 +53,7 @@ from hintpipe.cli.train_report import (
 )
 from hintpipe.forming.cost import SequenceCost
 from hintpipe.forming.form import Forming
+from hintpipe.modes import Precision
 from hintpipe.observe.timeline import plot_timelines
 from hintpipe.observe.trace import write_chrome_trace
 from hintpipe.option import said_as_flags
@@ -174,7 +175,8 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
     with said_as_flags():  # the config's rules name its flags (see hintpipe.apps.train_config.check_run_rules)
         config = TrainConfig.of(**(flags | resolved))
         if plan_file is None and model.spec.planned:
-            config = config.replaced(plan=plan_once(args, model, build_hint(args)))
+            bf16 = config.pipeline.precision is Precision.BF16
+            config = config.replaced(plan=plan_once(args, model, build_hint(args), autocast=bf16))
         if config.data.forming.by_cost:
             config = config.replaced(sequence_cost=_sequence_cost(model, args.microbatch_size))
     if config.metrics.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:

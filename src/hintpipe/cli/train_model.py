@@ -183,8 +183,10 @@ def under_torchrun() -> bool:
     return under_torchrun()
 
 
-def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan | None:
-    """A model captured (torch.export) and cut into stages once, here, for every rank.
+def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint, *, autocast: bool) -> Plan | None:
+    """A model captured (torch.export) and cut into stages once, here, for every rank; to follow a bfloat16
+    autocast where ``autocast`` (``--precision bf16``), else for float32 alone, in half the capture's time
+    (see :func:`hintpipe.planner.capture.capture`).
 
     [Note: plan once] Spawned ranks get the launcher's plan inside their config. Under ``torchrun`` every rank
     runs this command, and plans made apart differ (they rest on measured times): only rank 0 plans, and its
@@ -204,7 +206,7 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
     length = model.max_seq_len - 1 if args.forming is Forming.CONCAT else min(16, model.max_seq_len - 1)
     inputs, _, _ = make_batch(model, 1, args.microbatch_size, SeqLenDist(length), 0, args.seed)
     whole, kwargs = whole_model(model)
-    captured, profiles = _run_profiles(args, whole, inputs[0], kwargs)
+    captured, profiles = _run_profiles(args, whole, inputs[0], kwargs, autocast)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FixedShapeWarning)  # said below, in the command line's words
         planned = plan(
@@ -218,6 +220,7 @@ def plan_once(args: argparse.Namespace, model: ModelConfig, hint: Hint) -> Plan 
             captured=captured,
             profiles=profiles,
             cache_dir=profile_cache(),
+            autocast=autocast,
         )
     _check_fixed_shapes(planned.graph.fixed, model, args.forming, args.microbatch_size)
     return planned
@@ -262,7 +265,7 @@ def profile_cache() -> Path:
 
 
 def _run_profiles(
-    args: argparse.Namespace, whole: nn.Module, example: Any, kwargs: dict[str, Any]
+    args: argparse.Namespace, whole: nn.Module, example: Any, kwargs: dict[str, Any], autocast: bool
 ) -> tuple[CapturedGraph | None, list[NodeProfile] | None]:
     """A resume's capture of the model and the profiles its run planned with (see [Note: a resume plans as its
     run did] in :mod:`hintpipe.apps.run_profiles`); (None, None) for a new run or a folder that keeps none, which
@@ -276,8 +279,8 @@ def _run_profiles(
     recorded = recorded_profiles(folder)
     if recorded is None:
         return None, None
-    captured = capture(whole, example=(example,), kwargs=kwargs or None)
-    profiles = recorded.of(captured, CaptureSpec.of((example,), kwargs or None, None))
+    captured = capture(whole, example=(example,), kwargs=kwargs or None, autocast=autocast)
+    profiles = recorded.of(captured, CaptureSpec.of((example,), kwargs or None, None, autocast=autocast))
     if profiles is None:
         print(
             f"hintpipe train: {folder / PROFILES_FILE} measured another capture of the model (another micro-batch "

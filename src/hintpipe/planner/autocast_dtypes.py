@@ -16,6 +16,10 @@ autocast on the stage's device, the autocast's dtype (bfloat16, or float16 under
 dtype captured (float32 inside an ``enabled=False`` region too). Where the two graphs differ otherwise (code that
 branches on a dtype), or the second export fails, the first graph is kept as it is.
 
+A caller that will train in float32 alone says so (``plan(..., autocast=False)``; ``hintpipe train`` does
+where ``--precision`` is fp32): the model is exported once, in half the time, and each stage refuses to run
+under an autocast (:class:`Float32Only`), where its graph would round otherwise than the model.
+
 Also dropped: torch.export's check, before each ``x.to(...)``, that ``x`` has the dtype it had on the example
 (``_assert_tensor_metadata(x, dtype=torch.float32)``): under an autocast it has another, and the unsplit model
 goes on where such a check stopped (Qwen3, Gemma-2 and Mixtral: "Tensor dtype mismatch! Expected: Float, Got:
@@ -32,6 +36,27 @@ import torch.fx as fx
 from torch import nn
 
 from hintpipe.planner.portable import CONTAINER, FollowingOp, Method
+
+
+class Float32Only:
+    """A forward pre-hook of each stage of a plan captured for float32 alone (``plan(..., autocast=False)``): it
+    refuses to run under an autocast, where the graph would keep the dtypes the example had and compute otherwise
+    than the model (a class, not a closure: a stage pickles with its hooks)."""
+
+    def __init__(self, stage: int) -> None:
+        self.stage = stage
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if tensor is None:
+            tensor = next(iter(module.parameters()), None)
+        device = tensor.device.type if tensor is not None else "cpu"
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            raise ValueError(
+                f"stage {self.stage} of this plan was captured for float32 alone (autocast=False), and runs under "
+                f"an autocast to {str(torch.get_autocast_dtype(device)).removeprefix('torch.')}: plan with "
+                "autocast=True to train with precision bf16"
+            )
 
 
 def asserts_a_dtype(node: fx.Node) -> bool:

@@ -84,6 +84,10 @@ class CapturedGraph:
     #: The input dimensions torch.export fixed though they were to vary, as (input, dimension, size): the
     #: graph runs inputs of those sizes alone (see [Note: dimensions the capture fixes]).
     fixed: tuple[tuple[str, int, int], ...] = ()
+    #: Whether the graph computes what the model does under a bfloat16 autocast too: False for a graph
+    #: torch.export captured for float32 alone (``capture(..., autocast=False)``, see [Note: a dtype read off a
+    #: tensor] in :mod:`hintpipe.planner.autocast_dtypes`), whose stages refuse to run under one.
+    follows_autocast: bool = True
 
     @property
     def index(self) -> dict[fx.Node, int]:
@@ -97,7 +101,15 @@ class CapturedGraph:
         # ([Note: custom operators in a travelling graph]).
         sizes = [n.meta.get("example_bytes", 0) for n in self.inputs]
         module = _on_host(self.module)
-        state = (sizes, self.aliases, self.scalars, self.state_keys, self.gradient_free, self.fixed)
+        state = (
+            sizes,
+            self.aliases,
+            self.scalars,
+            self.state_keys,
+            self.gradient_free,
+            self.fixed,
+            self.follows_autocast,
+        )
         return (_captured_with_sizes, (op_libraries(module), module, *state))
 
 
@@ -113,15 +125,24 @@ class CaptureSpec:
         inputs: each positional input's shape and dtype (an example of zeros is enough to capture).
         kwargs: the keyword inputs that are not tensors (``use_cache=False``), as given.
         tensor_kwargs: the tensor keyword inputs' names, shapes and dtypes, in order.
+        autocast: whether the graph was made to follow an autocast (``capture``'s ``autocast``).
     """
 
     modules: tuple[str, ...] | None = None
     inputs: tuple[tuple[tuple[int, ...], str], ...] = ()
     kwargs: tuple[tuple[str, Any], ...] = ()
     tensor_kwargs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    autocast: bool = True
 
     @classmethod
-    def of(cls, example: tuple[Any, ...], kwargs: dict[str, Any] | None, modules: Sequence[str] | None) -> CaptureSpec:
+    def of(
+        cls,
+        example: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        modules: Sequence[str] | None,
+        *,
+        autocast: bool = True,
+    ) -> CaptureSpec:
         kwargs = kwargs or {}
         plain = tuple((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))
         for key, value in plain:
@@ -134,12 +155,15 @@ class CaptureSpec:
             tensor_kwargs=tuple(
                 (k, tuple(v.shape), _dtype_name(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor)
             ),
+            autocast=autocast,
         )
 
     def recapture(self, model: nn.Module) -> CapturedGraph:
         """``model`` captured as this spec says, on zeros of the recorded shapes on the model's device."""
         example, kwargs = self.zeros(model)
-        graph = capture(model, modules=self.modules, example=example or None, kwargs=kwargs or None)
+        graph = capture(
+            model, modules=self.modules, example=example or None, kwargs=kwargs or None, autocast=self.autocast
+        )
         inputs = (*example, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
         for node, value in zip(graph.inputs, inputs, strict=False):
             node.meta["example_bytes"] = value.numel() * value.element_size()
@@ -172,6 +196,7 @@ def capture(
     modules: Sequence[str] | None = None,
     example: tuple[Any, ...] | None = None,
     kwargs: dict[str, Any] | None = None,
+    autocast: bool = True,
 ) -> CapturedGraph:
     """Capture a deep copy of ``model`` as a graph (the user's model is never touched).
 
@@ -187,6 +212,10 @@ def capture(
         example: example positional inputs (one micro-batch), for torch.export.
         kwargs: keyword inputs for the capture (``use_cache=False``); tensors
             among them become inputs after the positional ones, in this order.
+        autocast: whether the graph must compute what the model does under a bfloat16 autocast too
+            (``precision="bf16"``): torch.export then captures the model twice ([Note: a dtype read off a
+            tensor] in :mod:`hintpipe.planner.autocast_dtypes`). False: once, for float32 training alone
+            (its stages refuse an autocast); torch.fx and ``modules`` follow one either way.
 
     Raises:
         CaptureError: naming what could not be captured and the fallback.
@@ -194,7 +223,7 @@ def capture(
     # Captured with gradients on, as a pipeline trains, whatever the caller's mode (a plan made under
     # ``torch.no_grad()``): the model's own grad-mode regions are changes from that ([Note: grad-mode regions]).
     with torch.enable_grad():
-        captured = _capture(model, modules, example, kwargs)
+        captured = _capture(model, modules, example, kwargs, autocast)
     keep_model_buffers(captured.module, model)
     _warn_if_parameters_written(model, captured.module)
     if modules is None and example is not None:  # [Note: a branch on self.training]
@@ -226,6 +255,7 @@ def _capture(
     modules: Sequence[str] | None,
     example: tuple[Any, ...] | None,
     kwargs: dict[str, Any] | None,
+    autocast: bool,
 ) -> CapturedGraph:
     root = copy.deepcopy(model)
     # Captured in train mode whatever the model's mode: that is what a pipeline trains, and the flags the
@@ -251,8 +281,9 @@ def _capture(
             "torch.export can capture it, make forward traceable (no data-dependent control flow), or pass "
             "modules=[...] naming the submodules to run in sequence"
         )
-    exported_module = exported(root, example, kwargs or {})
+    exported_module = exported(root, example, kwargs or {}, autocast=autocast)
     captured = _with_aliases(_captured(exported_module), root)
+    captured.follows_autocast = autocast
     captured.fixed = exported_module.meta.get(FIXED_DIMENSIONS, ())
     if captured.fixed:
         warnings.warn(
@@ -332,6 +363,7 @@ def _captured_with_sizes(
     state_keys: tuple[str, ...] = (),
     gradient_free: set[int] | None = None,
     fixed: tuple[tuple[str, int, int], ...] = (),
+    follows_autocast: bool = True,
 ) -> CapturedGraph:
     """A captured graph as it unpickles. ``libraries`` comes first: unpickling it imports the modules that
     define the custom operators ``module``'s code calls, before that code is re-traced."""
@@ -341,6 +373,7 @@ def _captured_with_sizes(
     graph.gradient_free = gradient_free or set()
     graph.state_keys = state_keys
     graph.fixed = fixed
+    graph.follows_autocast = follows_autocast
     for node, size in zip(graph.inputs, sizes, strict=True):
         node.meta["example_bytes"] = size
     return graph

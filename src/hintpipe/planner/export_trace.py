@@ -28,12 +28,17 @@ __all__ = ["FIXED_DIMENSIONS", "exported", "fixed_dimensions"]
 FIXED_DIMENSIONS = "hintpipe_fixed_dimensions"
 
 
-def exported(root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any]) -> fx.GraphModule:
+def exported(
+    root: nn.Module, example: tuple[Any, ...], kwargs: dict[str, Any], *, autocast: bool = True
+) -> fx.GraphModule:
     """``root`` through torch.export, as a plain GraphModule: parameters as attributes, inputs flat,
     no input guards. What the model returns comes out flat: one tensor as itself (a Hugging Face model's
-    logits, with ``use_cache=False``), several as a tuple, never silently dropped."""
+    logits, with ``use_cache=False``), several as a tuple, never silently dropped. With ``autocast``, exported a
+    second time under a bfloat16 autocast, so that the graph follows one ([Note: a dtype read off a tensor]);
+    without, once: a graph for float32 alone."""
     module = _export_once(root, example, kwargs)
-    follow_autocast_dtypes(module, lambda: _export_once(root, example, kwargs))  # [Note: a dtype read off a tensor]
+    if autocast:
+        follow_autocast_dtypes(module, lambda: _export_once(root, example, kwargs))
     # Re-trace now, as unpickling will on every rank: the plain tracer runs calls whose arguments are all
     # constants (an ``arange`` of a specialised length) instead of recording them, so the re-traced graph
     # can have fewer nodes; cutting the graph every rank will rebuild keeps the plan's positions valid.

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hintpipe.planner.autocast_dtypes import Float32Only
 from hintpipe.planner.baselines import balanced_cuts, uniform_cuts
 from hintpipe.planner.buffer_updates import keep_model_buffers
 from hintpipe.planner.capture import (
@@ -149,6 +150,8 @@ class Plan:
         module = extract(graph, nodes, inputs, outputs, groups=groups, output_value=output_value, boundary=True)
         if index == 0 and graph.fixed:  # [Note: dimensions the capture fixes]
             module.register_forward_pre_hook(FixedShapes(graph.fixed))
+        if not graph.follows_autocast:
+            module.register_forward_pre_hook(Float32Only(index))
         return module
 
     def activation_room(self, stages: Sequence[int]) -> float:
@@ -238,6 +241,7 @@ def plan(
     kwargs: dict[str, Any] | None = None,
     split_points: Sequence[str] | None = None,
     captured: CapturedGraph | None = None,
+    autocast: bool = True,
 ) -> Plan:
     """Plan ``model`` into ``ranks`` pipeline ranks (x ``chunks`` stages each).
 
@@ -266,6 +270,9 @@ def plan(
         captured: what :func:`~hintpipe.planner.capture.capture` returned for this model, example, ``kwargs``
             and ``modules`` (with ``profiles``, several pipelines are planned from one capture); captured
             afresh otherwise.
+        autocast: whether the stages must run under ``precision="bf16"`` too (a torch.export capture is then
+            made twice, see :func:`~hintpipe.planner.capture.capture`); False plans for float32 training
+            alone, in about half the capture time, and its stages refuse a bfloat16 autocast.
 
     Raises:
         hintpipe.planner.capture.CaptureError: the model cannot be captured.
@@ -273,10 +280,11 @@ def plan(
             point that names no submodule, falls where a value other than a tensor crosses, or is out of order.
     """
     graph, profiles, profiled = _measured(
-        model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir, captured=captured
-    )
+        model, example, modules, profiles, kwargs or {}, repeats=repeats, cache_dir=cache_dir, captured=captured,
+        autocast=autocast,
+    )  # fmt: skip
     positional = example if isinstance(example, tuple) else (example,)
-    spec = CaptureSpec.of(positional, kwargs, modules)
+    spec = CaptureSpec.of(positional, kwargs, modules, autocast=graph.follows_autocast)
     hint_obj = resolve_hint(hint, ranks, microbatches, chunks)
     size = microbatch_size or profiled
     memory = _memory_model(model, hint_obj, stage_memory, optimizer_factor, host_bandwidth, scale=size / profiled)
@@ -371,10 +379,13 @@ def _measured(
     repeats: int,
     cache_dir: str | Path | None,
     captured: CapturedGraph | None = None,
+    autocast: bool = True,
 ) -> tuple[CapturedGraph, Sequence[NodeProfile], int]:
     """The captured graph, its profiles (``profiles`` if given) and the profiled micro-batch size."""
     positional = example if isinstance(example, tuple) else (example,)
-    graph = captured if captured is not None else capture(model, modules=modules, example=positional, kwargs=kwargs)
+    if captured is None:
+        captured = capture(model, modules=modules, example=positional, kwargs=kwargs, autocast=autocast)
+    graph = captured
     inputs = (*positional, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
     for node, value in zip(graph.inputs, inputs, strict=False):
         node.meta["example_bytes"] = nbytes(value)

@@ -199,4 +199,5 @@ def _spec(data: dict[str, Any]) -> CaptureSpec:
         inputs=tuple((tuple(shape), dtype) for shape, dtype in data["inputs"]),
         kwargs=tuple((key, value) for key, value in data["kwargs"]),
         tensor_kwargs=tuple((key, tuple(shape), dtype) for key, shape, dtype in data["tensor_kwargs"]),
+        autocast=data.get("autocast", True),  # (a file written before the option: captured to follow one)
     )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch import nn
 
+from hintpipe.modes import Precision
 from hintpipe.options import PipelineConfig
 from hintpipe.runtime.assembly import layout_of
 from hintpipe.runtime.errors import OptionMismatch
@@ -88,7 +89,7 @@ def planned_stages(plan: Plan, config: PipelineConfig) -> PlannedStages:
     """This rank's stages of ``plan``, built with parameters of their own, and the config the plan implies.
 
     Raises:
-        ValueError: a plan for another number of ranks.
+        ValueError: a plan for another number of ranks, or captured for float32 alone under ``precision="bf16"``.
         OptionMismatch: ranks holding different plans.
     """
     layout = layout_of(config.mesh)
@@ -105,7 +106,12 @@ def planned_stages(plan: Plan, config: PipelineConfig) -> PlannedStages:
     if not room_given and config.emulate is None and math.isfinite(room := plan.activation_room(mine)):
         budget = room
     tied = config.tied or [TiedParameter(n, s) for n, s in zip(plan.tied, plan.tied_stages, strict=True)]
-    _same_plan(plan)
+    _same_plan(plan)  # (before the refusals that depend on the plan: every rank then refuses alike)
+    if config.precision is Precision.BF16 and not plan.graph.follows_autocast:
+        raise ValueError(
+            "the plan was captured for float32 alone (plan(..., autocast=False)), and precision bf16 runs its "
+            "stages under a bfloat16 autocast: plan with autocast=True"
+        )
     # The stages get parameters of their own, copied together (a tensor two of them share stays one): the plan
     # keeps its own, so one plan object can build several pipelines.
     modules = copy.deepcopy({s: plan.build_stage(s) for s in mine})
