@@ -402,6 +402,25 @@ def test_a_plan_file_saved_in_python_with_a_description_alone_trains(zoo: Path, 
         assert torch.equal(dict(config.plan.graph.module.named_parameters())[key], tensor), key
 
 
+def test_a_plan_file_for_float32_alone_is_refused_under_bf16_before_the_ranks_start(
+    zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hintpipe
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(zoo / "gpt2", dtype=torch.float32)
+    planned = hintpipe.plan(model, torch.zeros(2, 8, dtype=torch.int64), ranks=2, microbatches=2, repeats=1,
+                            kwargs={"use_cache": False}, autocast=False)  # fmt: skip
+    path = tmp_path / "gpt2.plan"
+    hintpipe.save_plan(planned, path, model=hintpipe.hf_description(model))
+    argv = ["train", "--plan", str(path), "--steps", "1", "--seq-len-dist", "fixed:16", "--precision", "bf16"]
+    capsys.readouterr()  # (loading the folder's weights drew a progress bar)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"hintpipe train: error: --plan {path} was planned for float32 alone (autocast=False), and --precision bf16 runs "
+        "its stages under a bfloat16 autocast: plan it with autocast=True (hintpipe plan does)\n"
+    )
+
+
 def _parsed(argv: list[str]) -> tuple[Any, Any]:
     args = parse_cli(argv)
     return args, args.policy

@@ -179,6 +179,11 @@ def config_from(args: argparse.Namespace, policy: str) -> TrainConfig:
             config = config.replaced(plan=plan_once(args, model, build_hint(args), autocast=bf16))
         if config.data.forming.by_cost:
             config = config.replaced(sequence_cost=_sequence_cost(model, args.microbatch_size))
+    if planned is not None and config.pipeline.precision is Precision.BF16 and not planned.graph.follows_autocast:
+        raise ValueError(
+            f"--plan {args.plan} was planned for float32 alone (autocast=False), and --precision bf16 runs its "
+            "stages under a bfloat16 autocast: plan it with autocast=True (hintpipe plan does)"
+        )
     if config.metrics.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("--tensorboard needs tensorboard: pip install -e '.[tensorboard]'")
     if config.metrics.tensorboard is not None:
