@@ -416,8 +416,8 @@ def test_a_plan_file_for_float32_alone_is_refused_under_bf16_before_the_ranks_st
     capsys.readouterr()  # (loading the folder's weights drew a progress bar)
     assert main(argv) == 2
     assert capsys.readouterr().err == (
-        f"hintpipe train: error: --plan {path} was planned for float32 alone (autocast=False), and --precision bf16 runs "
-        "its stages under a bfloat16 autocast: plan it with autocast=True (hintpipe plan does)\n"
+        f"hintpipe train: error: --plan {path} was planned for float32 alone (autocast=False), and --precision bf16 "
+        "runs its stages under a bfloat16 autocast: plan it with autocast=True (hintpipe plan does)\n"
     )
 
 
