@@ -146,20 +146,9 @@ def test_the_command_line_captures_to_follow_an_autocast_under_bf16_alone(
 
     monkeypatch.setattr(planning, "plan", stand_in)
     argv = [
-        "train",
-        "--model",
-        "hf-gpt2",
-        "--layers",
-        "2",
-        "--hidden",
-        "32",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "2",
-        "--steps",
-        "1",
-    ]
+        "train", "--model", "hf-gpt2", "--layers", "2", "--hidden", "32", "--ranks", "2", "--microbatches", "2",
+        "--steps", "1",
+    ]  # fmt: skip
     args: argparse.Namespace = parse_cli([*argv, "--precision", precision])
     with pytest.raises(_Planned) as planned:
         config_from(args, args.policy)
