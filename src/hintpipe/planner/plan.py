@@ -256,20 +256,18 @@ def plan(
         hint: the schedule the runtime will follow.
         microbatch_size: plan for this size (default: the example's).
         optimizer_factor: optimizer state bytes per parameter byte (Adam 2, SGD 0).
-        host_bandwidth: bytes/s to host memory for offloading; default 0 (no
-            offload) for a model on the CPU, where the host is the device, else 10e9.
+        host_bandwidth: bytes/s to host memory for offloading; default 0 (no offload) for a model on the CPU,
+            where the host is the device, else 10e9.
         modules: for untraceable models, the submodules to run in sequence.
         profiles: reuse profiles instead of measuring.
-        kwargs: keyword inputs of the capture (``{"use_cache": False}``):
-            torch.export captures the model with them (see
-            :func:`~hintpipe.planner.capture.capture`); tensors among them
-            become stage 0's inputs after the positional ones.
+        kwargs: keyword inputs of the capture (``{"use_cache": False}``): torch.export captures the model with
+            them (see :func:`~hintpipe.planner.capture.capture`); tensors among them become stage 0's inputs
+            after the positional ones.
         split_points: cut the model right before each of these submodules (``["transformer.h.4"]``, as
             torch.distributed.pipelining's ``split_spec`` at ``BEGINNING``), one fewer than the stages:
             the cuts are kept as given (the budgets still choose recompute and offload), not searched.
-        captured: what :func:`~hintpipe.planner.capture.capture` returned for this model, example, ``kwargs``
-            and ``modules`` (with ``profiles``, several pipelines are planned from one capture); captured
-            afresh otherwise.
+        captured: what :func:`~hintpipe.planner.capture.capture` returned for this model, example, ``kwargs`` and
+            ``modules`` (with ``profiles``, several pipelines plan from one capture); else captured afresh.
         autocast: whether the stages must run under ``precision="bf16"`` too (a torch.export capture is then
             made twice, see :func:`~hintpipe.planner.capture.capture`); False plans for float32 training
             alone, in about half the capture time, and its stages refuse a bfloat16 autocast.
